@@ -1,0 +1,44 @@
+# Every target installs what it needs, idempotently (stamps are keyed on the pinned files).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+SETUP_STAMP := $(VENV)/.setup-done
+NPM_STAMP := node_modules/.npm-done
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export CDK_DISABLE_VERSION_CHECK := 1
+export DS_BUILD_OPS := 0
+export DS_ACCELERATOR := cpu
+PYTEST_ARGS ?=
+
+.PHONY: setup synth test demo bench lint clean
+
+setup: $(SETUP_STAMP) $(NPM_STAMP)
+
+$(SETUP_STAMP): requirements.txt requirements-dev.txt pyproject.toml constructs/pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet -r requirements-dev.txt -e . -e ./constructs
+	$(PY) -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') and '+cu' not in v else f'torch must stay at the 2.13.0 CPU build, got {v}')"
+	touch $@
+
+$(NPM_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+synth: setup
+	rm -rf cdk.out
+	npx cdk synth --quiet --app "$(PY) app.py"
+	@echo "Templates written to cdk.out/"
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: synth
+
+bench: setup
+	@echo "make bench: the benchmarks are not written yet (see issue 'Benchmarks')."
+
+lint: setup
+	$(VENV)/bin/ruff check llmtrain training_jobs stacks constructs app.py tests
+
+clean:
+	rm -rf cdk.out .pytest_cache

@@ -1,0 +1,1 @@
+"""Reusable AWS CDK constructs for training LLMs on Amazon SageMaker."""

@@ -1,0 +1,1 @@
+"""llmtrain: job templates, rendering, validation, the launcher functions, the CLI and the local runner."""
