@@ -34,8 +34,11 @@ test: setup
 
 demo: synth
 
+# `make bench` (quick, this CPU, < 20 min) or `make bench MODE=full` (CUDA GPUs); docs/benchmarks.md.
+MODE ?= quick
 bench: setup
-	@echo "make bench: the benchmarks are not written yet (see issue 'Benchmarks')."
+	$(PY) -m bench.run --mode $(MODE) --out bench/results/latest.json
+	$(PY) -m bench.report bench/results/latest.json
 
 lint: setup
 	$(VENV)/bin/ruff check llmtrain training_jobs stacks constructs app.py tests

@@ -1,1 +1,7 @@
 """Reusable AWS CDK constructs for training LLMs on Amazon SageMaker."""
+
+from training_constructs.access import TrainingAccess, warm_pool_cap_statement
+from training_constructs.network import ExistingVpcAttributes, TrainingNetwork
+from training_constructs.storage import TrainingStorage
+from training_constructs._props import PropsError
+from training_constructs.job_template import JobTemplate

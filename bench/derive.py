@@ -1,0 +1,81 @@
+"""Figures computed from the measured records: MFU, ratios, and the issue's targets."""
+
+from __future__ import annotations
+
+from bench.flops import mfu
+
+# name -> (numerator configuration, denominator configuration)
+RATIOS = {
+    "ours_vs_hf_trainer": ("ours_bf16", "hf_trainer_bf16"),
+    "ours_fp32_vs_hf_trainer_fp32": ("ours_fp32", "hf_trainer_fp32"),
+    "ours_vs_plain_loop": ("ours_bf16", "plain_loop_bf16"),
+    "ours_fp32_vs_plain_loop_fp32": ("ours_fp32", "plain_loop_fp32"),
+    "fsdp2_vs_ddp": ("ours_fsdp2", "ours_ddp"),
+    "zero2_vs_ddp": ("ours_zero2", "ours_ddp"),
+    "zero3_vs_ddp": ("ours_zero3", "ours_ddp"),
+    "ddp_vs_single_fp32": ("ours_ddp", "ours_fp32"),
+    "fsdp2_bf16_vs_single_bf16": ("ours_fsdp2_bf16", "ours_bf16"),
+}
+
+# The issue's targets on the CPU machine: (key in the results, comparison, threshold).
+TARGETS = (
+    ("ratios.ours_vs_hf_trainer", ">=", 1.1),
+    ("mfu.ours_bf16", ">=", 0.70),
+    ("ratios.fsdp2_vs_ddp", ">=", 0.95),
+    ("checkpoint.stall_fraction", "<=", 0.05),
+    ("data_loader.ratio_to_consumption", ">=", 50.0),
+)
+
+
+def _tokens_per_s(configs: dict, name: str) -> float | None:
+    record = configs.get(name)
+    return record.get("tokens_per_s") if record and record.get("status") == "ok" else None
+
+
+def add_mfu_and_hf_ratio(configs: dict, peaks: dict, flops_per_token: int) -> None:
+    """Per configuration: MFU against the peak of its own precision, and the ratio to the HF
+    Trainer at the same precision."""
+    for record in configs.values():
+        if record.get("status") != "ok":
+            continue
+        peak = peaks[record["precision"]]["peak_flops"]
+        record["mfu"] = mfu(record["tokens_per_s"], flops_per_token, peak)
+        hf = _tokens_per_s(configs, f"hf_trainer_{record['precision']}")
+        record["ratio_to_hf_trainer"] = record["tokens_per_s"] / hf if hf else None
+
+
+def ratios(configs: dict) -> dict:
+    found = {}
+    for name, (numerator, denominator) in RATIOS.items():
+        top, bottom = _tokens_per_s(configs, numerator), _tokens_per_s(configs, denominator)
+        found[name] = top / bottom if top and bottom else None
+    return found
+
+
+def mfu_table(configs: dict) -> dict:
+    return {name: record.get("mfu") for name, record in configs.items()}
+
+
+def consumption(configs: dict) -> float | None:
+    """The fastest rate at which any of our configurations consumes tokens."""
+    rates = [r["tokens_per_s"] for r in configs.values() if r["runner"] == "ours" and r.get("status") == "ok"]
+    return max(rates) if rates else None
+
+
+def lookup(results: dict, dotted: str):
+    value = results
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def targets(results: dict) -> list[dict]:
+    checked = []
+    for key, comparison, threshold in TARGETS:
+        measured = lookup(results, key)
+        if measured is None:
+            met = None
+        else:
+            met = measured >= threshold if comparison == ">=" else measured <= threshold
+        checked.append({"key": key, "target": f"{comparison} {threshold}", "measured": measured, "met": met})
+    return checked

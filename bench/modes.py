@@ -1,0 +1,126 @@
+"""What one benchmark run measures: the mode (machine-sized settings) and the configurations.
+
+Every configuration trains the same model on the same token stream with the same GLOBAL batch
+(micro batch x processes x accumulation), so tokens/s compare like for like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class BenchMode:
+    """Sizes and switches of one benchmark mode."""
+
+    name: str
+    device: str  # "cpu" or "cuda"
+    model_preset: str
+    seq_len: int
+    global_batch_size: int  # samples per optimizer step, the same for every configuration
+    warmup_steps: int  # steps excluded from the timing (allocator, autotuning, compile)
+    measure_steps: int
+    rounds: int  # the configurations run this many times, interleaved; step times are pooled
+    distributed_world_size: int  # processes for DDP / FSDP2 / DeepSpeed configurations
+    compile: bool  # torch.compile for our program and the peers (GPU mode)
+    matmul_sizes: tuple[int, ...]
+    matmul_seconds: float  # time spent per size and dtype
+    checkpoint_every_steps: int  # interval used to measure the stall of one save
+    checkpoint_saves: int
+    data_loader_tokens: int  # tokens read by the data-loader benchmark
+    synth: bool  # time `cdk synth` of the whole app
+    step_timeout_s: int  # a configuration that takes longer is recorded as failed
+
+
+MODES: dict[str, BenchMode] = {
+    # The default on this project's 2-core CPU machine: all configurations in under 20 minutes.
+    "quick": BenchMode(
+        name="quick",
+        device="cpu",
+        model_preset="llama-20m",
+        seq_len=256,
+        global_batch_size=8,
+        warmup_steps=3,
+        measure_steps=10,
+        rounds=1,
+        distributed_world_size=2,
+        compile=False,
+        matmul_sizes=(512, 1024, 2048, 3072),
+        matmul_seconds=1.5,
+        checkpoint_every_steps=4,
+        checkpoint_saves=3,
+        data_loader_tokens=4_000_000,
+        synth=True,
+        step_timeout_s=600,
+    ),
+    # GPU machines: the same configurations on CUDA with bf16, fused AdamW, SDPA and torch.compile.
+    "full": BenchMode(
+        name="full",
+        device="cuda",
+        model_preset="llama-20m",
+        seq_len=256,
+        global_batch_size=64,
+        warmup_steps=10,
+        measure_steps=50,
+        rounds=1,
+        distributed_world_size=2,
+        compile=True,
+        matmul_sizes=(4096, 8192),
+        matmul_seconds=2.0,
+        checkpoint_every_steps=20,
+        checkpoint_saves=3,
+        data_loader_tokens=50_000_000,
+        synth=True,
+        step_timeout_s=600,
+    ),
+    # Seconds, for the smoke test: proves the harness end to end, measures nothing meaningful.
+    "tiny": BenchMode(
+        name="tiny",
+        device="cpu",
+        model_preset="llama-tiny",
+        seq_len=32,
+        global_batch_size=4,
+        warmup_steps=1,
+        measure_steps=2,
+        rounds=1,
+        distributed_world_size=2,
+        compile=False,
+        matmul_sizes=(128,),
+        matmul_seconds=0.2,
+        checkpoint_every_steps=2,
+        checkpoint_saves=1,
+        data_loader_tokens=20_000,
+        synth=False,
+        step_timeout_s=300,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One side-by-side configuration."""
+
+    name: str
+    runner: str  # "ours", "hf_trainer" or "plain_loop"
+    precision: str  # "fp32" or "bf16"
+    world_size: int = 1
+    parallelism: str = "single"  # our program's `parallelism` hyperparameter
+    hyperparameters: dict = field(default_factory=dict)  # extra hyperparameters for our program
+
+
+def configurations(mode: BenchMode) -> list[BenchConfig]:
+    """The configurations of one run, in the order they are measured."""
+    n = mode.distributed_world_size
+    return [
+        BenchConfig("ours_fp32", "ours", "fp32"),
+        BenchConfig("ours_bf16", "ours", "bf16"),
+        BenchConfig("ours_ddp", "ours", "fp32", n, "ddp"),
+        BenchConfig("ours_fsdp2", "ours", "fp32", n, "fsdp", {"fsdp_sharding": "full"}),
+        BenchConfig("ours_fsdp2_bf16", "ours", "bf16", n, "fsdp", {"fsdp_sharding": "full"}),
+        BenchConfig("ours_zero2", "ours", "fp32", n, "deepspeed", {"zero_stage": 2}),
+        BenchConfig("ours_zero3", "ours", "fp32", n, "deepspeed", {"zero_stage": 3}),
+        BenchConfig("hf_trainer_fp32", "hf_trainer", "fp32"),
+        BenchConfig("hf_trainer_bf16", "hf_trainer", "bf16"),
+        BenchConfig("plain_loop_fp32", "plain_loop", "fp32"),
+        BenchConfig("plain_loop_bf16", "plain_loop", "bf16"),
+    ]

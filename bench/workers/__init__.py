@@ -1,0 +1,1 @@
+"""Peer training programs, each run as its own process by bench.run."""

@@ -1,0 +1,36 @@
+"""Validation helpers shared by the constructs: props errors name the construct and the field."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from aws_cdk import Token
+
+
+class PropsError(ValueError):
+    """A construct was given invalid props; raised at synth, naming the construct and the field."""
+
+
+def require(condition: bool, construct: str, field: str, message: str) -> None:
+    """Raise PropsError as ``Construct(field=...): message`` unless ``condition`` holds."""
+    if not condition:
+        raise PropsError(f"{construct}({field}=...): {message}")
+
+
+def is_unresolved(value: object) -> bool:
+    """True for a CDK token (a value CloudFormation fills in at deploy time)."""
+    return isinstance(value, str) and Token.is_unresolved(value)
+
+
+def check_cidr(construct: str, field: str, cidr: str) -> ipaddress.IPv4Network | None:
+    """Validate an IPv4 CIDR block given as a literal (tokens are accepted as they are)."""
+    if is_unresolved(cidr):
+        return None
+    try:
+        network = ipaddress.IPv4Network(cidr, strict=True)
+    except ValueError as error:
+        raise PropsError(f"{construct}({field}=...): {cidr!r} is not an IPv4 network CIDR block "
+                         f"({error}); e.g. 10.20.0.0/16") from error
+    require(16 <= network.prefixlen <= 24, construct, field,
+            f"prefix /{network.prefixlen} is out of range: use /16 to /24")
+    return network

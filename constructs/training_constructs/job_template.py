@@ -1,0 +1,150 @@
+"""`JobTemplate`: publish one job-template version's code to the platform's code bucket.
+
+At synth it resolves `name@version` in the catalog, checks that the version is published and
+unchanged (templates/catalog.lock), renders it once with a dry-run platform context so an invalid
+template (multi-node on a non-EFA type, degrees that do not divide the world size, a warm pool over
+the cap, bad names) fails the synth with the reason, builds the deterministic `sourcedir.tar.gz`
+with llmtrain.sourcedir and uploads it to `templates/<name>/<version>/sourcedir.tar.gz`.
+
+It exposes what the launcher needs to register and resolve the version: `spec` (the template as
+data), `code_s3_uri`, `content_hash` and `registry_entry` (all of them as one JSON-ready mapping).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import Stack
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_deployment as s3_deployment
+from constructs import Construct
+
+from llmtrain.catalog import Catalog
+from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
+from llmtrain.render import RunInput, code_key, render
+from llmtrain.sourcedir import SOURCEDIR_NAME, build_sourcedir
+from llmtrain.spec import TemplateSpec
+from training_constructs.nag import acknowledge, acknowledge_wildcards
+
+# The dry-run context used to validate a template at synth: only its shape matters.
+_SYNTH_ACCOUNT = "123456789012"
+_SYNTH_REGION = "us-east-1"
+_ACKNOWLEDGED_MARKER = "JobTemplateNagAcknowledgments"
+
+
+class JobTemplate(Construct):
+    """One published template version, uploaded and ready for the launcher's registry.
+
+    Props (keyword-only):
+      template: "name@version" (or "name@latest") in the catalog.
+      code_bucket: the platform's code bucket; the code lands at templates/<name>/<version>/.
+      encryption_key: the bucket's KMS key, when it encrypts with one (the upload needs it).
+      catalog: the catalog to resolve in (default: the repository's templates/).
+      warm_pool_cap_seconds: the environment's warm-pool cap the template's default must respect.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        template: str,
+        code_bucket: s3.IBucket,
+        encryption_key: kms.IKey | None = None,
+        catalog: Catalog | None = None,
+        warm_pool_cap_seconds: int = MAX_KEEP_ALIVE_SECONDS,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.catalog = catalog or Catalog.load()
+        self.spec: TemplateSpec = self.catalog.resolve(template)
+        self.content_hash: str = self.catalog.verify(self.spec).content
+        _validate_defaults(self.spec, self.catalog, warm_pool_cap_seconds)
+
+        self.code_key: str = code_key(self.spec)
+        self.code_bucket = code_bucket
+        self.code_s3_uri: str = f"s3://{code_bucket.bucket_name}/{self.code_key}"
+        self.sourcedir_path: Path = _build_sourcedir(self.spec, self.catalog)
+        self.deployment = s3_deployment.BucketDeployment(
+            self,
+            "Code",
+            sources=[s3_deployment.Source.asset(str(self.sourcedir_path.parent))],
+            destination_bucket=code_bucket,
+            destination_key_prefix=self.code_key.rsplit("/", 1)[0] + "/",
+            # Published versions stay: never delete other objects, nor this one on stack deletion.
+            prune=False,
+            retain_on_delete=True,
+            extract=True,
+            server_side_encryption=s3_deployment.ServerSideEncryption.AWS_KMS if encryption_key else None,
+            server_side_encryption_aws_kms_key_id=encryption_key.key_arn if encryption_key else None,
+        )
+        if encryption_key is not None:
+            encryption_key.grant_encrypt_decrypt(self.deployment.handler_role)
+        _acknowledge_deployment_findings(self)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def version(self) -> str:
+        return self.spec.version
+
+    @property
+    def registry_entry(self) -> dict[str, Any]:
+        """What the launcher stores to resolve `name@version` and `name@latest`."""
+        return {
+            "name": self.spec.name,
+            "version": self.spec.version,
+            "content_hash": self.content_hash,
+            "code_s3_uri": self.code_s3_uri,
+            "spec": self.spec.to_dict(),
+        }
+
+
+def _validate_defaults(spec: TemplateSpec, catalog: Catalog, warm_pool_cap_seconds: int) -> None:
+    """Render the version's defaults against a dry-run context: raises naming what is wrong."""
+    platform = PlatformContext.placeholder(
+        environment="synth",
+        account=_SYNTH_ACCOUNT,
+        region=_SYNTH_REGION,
+        resource_prefix="synth",
+        warm_pool_cap_seconds=warm_pool_cap_seconds,
+    )
+    render(spec, RunInput(run_name="synth-check"), platform)
+
+
+def _build_sourcedir(spec: TemplateSpec, catalog: Catalog) -> Path:
+    # A folder holding only the archive: the asset zips the folder, the deployment unzips it.
+    folder = Path(tempfile.mkdtemp(prefix=f"llmtrain-{spec.name}-{spec.version}-"))
+    destination = folder / SOURCEDIR_NAME
+    build_sourcedir(spec.code, destination, catalog.repo_root)
+    return destination
+
+
+def _acknowledge_deployment_findings(template: JobTemplate) -> None:
+    """BucketDeployment's provider Lambda is CDK's singleton at the stack's root, shared by every
+    JobTemplate of the stack: acknowledge its findings once, on it, with the reasons."""
+    stack = Stack.of(template)
+    handler = next(
+        (child for child in stack.node.children if child.node.id.startswith("Custom::CDKBucketDeployment")),
+        None,
+    )
+    if handler is None or handler.node.try_find_child(_ACKNOWLEDGED_MARKER) is not None:
+        return
+    Construct(handler, _ACKNOWLEDGED_MARKER)
+    acknowledge(handler, "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+                         "AWSLambdaBasicExecutionRole]",
+                "CDK's BucketDeployment provider function uses the AWS managed basic execution role "
+                "for its CloudWatch Logs only")
+    acknowledge(handler, "AwsSolutions-L1",
+                "the BucketDeployment provider's runtime is chosen and updated by aws-cdk-lib, not by us")
+    acknowledge_wildcards(handler, {
+        "s3:GetObject*": "BucketDeployment copies the CDK asset (the sourcedir zip) into "
+                         "templates/<name>/<version>/ of the code bucket with the object-level actions CDK "
+                         "grants on both buckets; prune is off, so it deletes nothing",
+        "kms:GenerateDataKey*": "writing SSE-KMS objects to the code bucket needs data keys of its key "
+                                "(CDK's encrypt/decrypt grant)",
+    })

@@ -1,0 +1,424 @@
+"""`TrainingLauncher`: the Step Functions state machine that starts and follows training runs.
+
+An execution's input is `{"template": NAME, "version": SEMVER|"latest", "run_name": NAME,
+"overrides": {...}}`. The state machine:
+
+    Resolve ─> ChooseRequestLayout ─> CreateTrainingJob .sync ─> Summarize ─> NotifySuccess ─> Succeed
+      │ bad input         ^                     │ any failure
+      v                   │                     v
+    DescribeRejection   WaitBeforeRetry <─ NextAttempt ─ give up ─> NotifyFailure ─> Fail
+
+- Resolve checks the input, resolves the template in the registry, refuses a run that is in
+  progress or completed, and renders the CreateTrainingJob request: bad input fails here, before
+  any job exists, with an error (`InvalidRunInput`, ...) whose cause says what to fix.
+- CreateTrainingJob is a `CustomState` (the CDK task lacks KeepAlivePeriodInSeconds, CheckpointConfig,
+  managed spot, RetryStrategy, ...) on `sagemaker:createTrainingJob.sync`, passing every field of
+  the rendered request; it waits for the job to end, and stopping the execution stops the job.
+  Step Functions cannot splat an object into a task's parameters (JSONPath), so there is one such
+  state per request layout: the sets of top-level fields the registered templates render, computed
+  at synth (`llmtrain.handlers.launcher.request_layouts`) and picked by a Choice.
+- NextAttempt classifies a failure; capacity errors are retried with exponential backoff (a new
+  job name per attempt, the run's checkpoint prefix shared so the job resumes), then on the
+  template's fallback instance types; quota errors fail fast naming the quota and its numbers, or
+  wait, by the template's policy; other failures end the run with the job's FailureReason.
+- Both outcomes publish the run's summary to the SNS topic; it is the execution's output (or, on
+  failure, the execution's error and cause).
+
+The job-template registry is the set of `JobTemplate`s given: their YAML is bundled into the
+functions' code (`templates/<name>/<version>.yaml`), so `name@version` and `name@latest` resolve
+to exactly the versions this deployment uploaded; the code itself is at the JobTemplate's
+`templates/<name>/<version>/sourcedir.tar.gz` in the code bucket, where rendering points.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+import yaml
+from aws_cdk import Aws, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import aws_stepfunctions_tasks as tasks
+
+from constructs import Construct
+from llmtrain.handlers import launcher as handlers
+from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
+from llmtrain.render import RunInput, render
+from training_constructs._props import require
+from training_constructs.encryption import create_encryption_key
+from training_constructs.job_template import JobTemplate
+from training_constructs.lambda_code import lambda_code, matching_runtime
+from training_constructs.nag import acknowledge, acknowledge_wildcards
+
+_NAME = "TrainingLauncher"
+_JOB_NAME_PREFIX = re.compile(r"^[a-z0-9](-*[a-z0-9])*$")
+_STATE_MACHINE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+# Step Functions' .sync integration with SageMaker listens to job state changes through this
+# managed EventBridge rule, which it creates in the account on first use.
+SYNC_EVENTS_RULE = "StepFunctionsGetEventsForSageMakerTrainingJobsRule"
+# The functions vendor `regex` (llmtrain.validate reads AWS's Java-style patterns with it).
+VENDORED_PACKAGES = ("yaml", "regex")
+# Resolve errors that mean "the input cannot start a run": the execution fails with their message.
+REJECTION_ERRORS = ("InvalidRunInput", "RunAlreadyInProgress", "RunAlreadyCompleted")
+
+# Actions this construct allows on "*" because AWS offers no narrower resource for them.
+WILDCARD_RESOURCE_ACTIONS = {
+    "sagemaker:ListTrainingJobs": "List calls have no resource; the resolve function lists the run's own "
+                                  "jobs by name to refuse a second job for a run in progress",
+    "logs:CreateLogDelivery": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
+    "logs:GetLogDelivery": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
+    "logs:UpdateLogDelivery": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
+    "logs:DeleteLogDelivery": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
+    "logs:ListLogDeliveries": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
+    "logs:PutResourcePolicy": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
+    "logs:DescribeResourcePolicies": "Step Functions log delivery is configured account-wide "
+                                     "(CDK's logging grant)",
+    "logs:DescribeLogGroups": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
+    "xray:PutTraceSegments": "X-Ray trace segments have no resource (CDK's tracing grant)",
+    "xray:PutTelemetryRecords": "X-Ray telemetry has no resource (CDK's tracing grant)",
+    "xray:GetSamplingRules": "X-Ray sampling rules have no resource (CDK's tracing grant)",
+    "xray:GetSamplingTargets": "X-Ray sampling targets have no resource (CDK's tracing grant)",
+}
+
+
+class TrainingLauncher(Construct):
+    """The launcher: job-template registry, state machine, functions and notification topic.
+
+    Props (keyword-only):
+      job_templates: the published template versions runs may use (the registry).
+      execution_role: the SageMaker execution role the jobs run as (passed to SageMaker only).
+      datasets_bucket, checkpoints_bucket, artifacts_bucket, code_bucket: the platform's buckets.
+      data_key: the platform's KMS key: job outputs and volumes are encrypted with it.
+      subnets, security_groups: where the jobs' instances run (the EFA security group).
+      environment_name: the environment (e.g. dev), in the jobs' tags and resource descriptions.
+      job_name_prefix: the platform's job-name prefix; every job is `<prefix>-<run>-a<attempt>`.
+      warm_pool_cap_seconds: the environment's cap on KeepAlivePeriodInSeconds (0..21600).
+      state_machine_name: a fixed name (so other stacks can build its ARN without a reference).
+      notification_email: subscribed to the topic (optional; it must confirm the subscription).
+      encryption_key: encrypts the log groups and the topic; created (with rotation) when not given.
+        A given key must let CloudWatch Logs use it.
+      log_retention: how long the state machine's and the functions' logs are kept.
+
+    Attributes: ``state_machine``, ``state_machine_role``, ``topic``, ``encryption_key``,
+    ``resolve_function``, ``next_attempt_function``, ``summarize_function``, ``functions`` (by
+    step), ``log_group`` (the state machine's), ``function_log_groups``, ``train_states`` (by
+    layout), ``job_templates``, ``platform_context`` (what the functions receive, with tokens).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        job_templates: Sequence[JobTemplate],
+        execution_role: iam.IRole,
+        datasets_bucket: s3.IBucket,
+        checkpoints_bucket: s3.IBucket,
+        artifacts_bucket: s3.IBucket,
+        code_bucket: s3.IBucket,
+        data_key: kms.IKey,
+        subnets: Sequence[ec2.ISubnet],
+        security_groups: Sequence[ec2.ISecurityGroup],
+        environment_name: str,
+        job_name_prefix: str,
+        warm_pool_cap_seconds: int,
+        state_machine_name: str | None = None,
+        notification_email: str | None = None,
+        encryption_key: kms.IKey | None = None,
+        log_retention: logs.RetentionDays = logs.RetentionDays.ONE_YEAR,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        _validate(job_templates, subnets, security_groups, environment_name, job_name_prefix,
+                  warm_pool_cap_seconds, state_machine_name, notification_email)
+        self.stack = Stack.of(self)
+        self.job_templates = tuple(job_templates)
+        self.job_name_prefix = job_name_prefix
+        self.request_layouts = handlers.request_layouts(
+            [_synth_render(t, job_name_prefix, warm_pool_cap_seconds) for t in self.job_templates])
+        self.platform_context = {
+            "environment": environment_name,
+            "region": self.stack.region,
+            "account": self.stack.account,
+            "execution_role_arn": execution_role.role_arn,
+            "datasets_bucket": datasets_bucket.bucket_name,
+            "checkpoints_bucket": checkpoints_bucket.bucket_name,
+            "artifacts_bucket": artifacts_bucket.bucket_name,
+            "code_bucket": code_bucket.bucket_name,
+            "kms_key_arn": data_key.key_arn,
+            "subnet_ids": [subnet.subnet_id for subnet in subnets],
+            "security_group_ids": [group.security_group_id for group in security_groups],
+            "warm_pool_cap_seconds": warm_pool_cap_seconds,
+            "job_name_prefix": job_name_prefix,
+        }
+        self.encryption_key = encryption_key or self._create_key(environment_name)
+        self._log_retention = log_retention
+        self.function_log_groups: dict[str, logs.LogGroup] = {}
+        self.topic = self._topic(environment_name, notification_email)
+
+        code = lambda_code(extra_files=_registry_files(self.job_templates),
+                           vendored_packages=VENDORED_PACKAGES)
+        self.resolve_function = self._function(
+            "ResolveFunction", code, "resolve",
+            "Checks a run's input, resolves its template and renders its job")
+        self.resolve_function.add_to_role_policy(iam.PolicyStatement(
+            sid="ListRunJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"]))
+        acknowledge_wildcards(self.resolve_function.role, {
+            "ListRunJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListTrainingJobs"]})
+        self.next_attempt_function = self._function(
+            "NextAttemptFunction", code, "next_attempt", "Classifies a failed attempt and plans the retry")
+        self.summarize_function = self._function(
+            "SummarizeFunction", code, "summarize", "Summarizes a completed run")
+        self.functions = {"resolve": self.resolve_function, "next_attempt": self.next_attempt_function,
+                          "summarize": self.summarize_function}
+        for template in self.job_templates:
+            for function in self.functions.values():
+                # A run can only start once its template's code is in the bucket.
+                function.node.add_dependency(template)
+
+        self.log_group = logs.LogGroup(self, "StateMachineLogs", retention=log_retention,
+                                       encryption_key=self.encryption_key,
+                                       removal_policy=RemovalPolicy.RETAIN)
+        self.train_states: dict[str, sfn.CustomState] = {}
+        self.state_machine = sfn.StateMachine(
+            self, "StateMachine",
+            state_machine_name=state_machine_name,
+            definition_body=sfn.DefinitionBody.from_chainable(self._definition(execution_role)),
+            logs=sfn.LogOptions(destination=self.log_group, level=sfn.LogLevel.ALL,
+                                include_execution_data=True),
+            tracing_enabled=True,
+            comment=f"LLM training platform ({environment_name}): start a training run from a job template",
+        )
+        self.state_machine_role = self.state_machine.role
+        self._grant_training(execution_role)
+        self._acknowledge_state_machine_findings()
+
+    # -- encryption, notifications ----------------------------------------------------------------
+
+    def _create_key(self, environment_name: str) -> kms.Key:
+        key = create_encryption_key(
+            self, "Key", allow_cloudwatch_logs=True,
+            description=f"LLM training platform ({environment_name}): launcher logs and notifications")
+        # So the operations' CloudWatch alarms may publish to this topic too.
+        key.add_to_resource_policy(iam.PolicyStatement(
+            sid="CloudWatchAlarmsPublish", principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+            actions=["kms:Decrypt", "kms:GenerateDataKey*"], resources=["*"],
+            conditions={"StringEquals": {"aws:SourceAccount": self.stack.account}}))
+        return key
+
+    def _topic(self, environment_name: str, email: str | None) -> sns.Topic:
+        topic = sns.Topic(self, "Topic", master_key=self.encryption_key, enforce_ssl=True,
+                          display_name=f"LLM training runs ({environment_name})")
+        if email:
+            topic.add_subscription(subscriptions.EmailSubscription(email))
+        return topic
+
+    # -- the functions --------------------------------------------------------------------------
+
+    def _function(self, construct_id: str, code: lambda_.Code, handler: str,
+                  description: str) -> lambda_.Function:
+        log_group = logs.LogGroup(self, f"{construct_id}Logs", retention=self._log_retention,
+                                  encryption_key=self.encryption_key, removal_policy=RemovalPolicy.RETAIN)
+        role = iam.Role(self, f"{construct_id}Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+                        description=f"Launcher: {description}")
+        role.add_to_policy(iam.PolicyStatement(
+            sid="WriteOwnLogs", actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+            # The log group's ARN ends in ':*', which covers its log streams.
+            resources=[log_group.log_group_arn]))
+        runtime, architecture = matching_runtime()
+        function = lambda_.Function(
+            self, construct_id, code=code, handler=f"llmtrain.handlers.launcher.{handler}",
+            runtime=runtime, architecture=architecture, memory_size=512, timeout=Duration.minutes(1),
+            description=f"Launcher: {description}", role=role, log_group=log_group,
+            environment={handlers.ENV_PLATFORM_CONTEXT: self.stack.to_json_string(self.platform_context),
+                         handlers.ENV_REQUEST_LAYOUTS: json.dumps(self.request_layouts, separators=(",", ":"))},
+        )
+        acknowledge(function, "AwsSolutions-L1",
+                    "the runtime matches the synthesizing interpreter on purpose: the function vendors the "
+                    "compiled `regex` wheel from it (no Docker bundling), which loads only on that version")
+        self.function_log_groups[handler] = log_group
+        return function
+
+    # -- the state machine ----------------------------------------------------------------------
+
+    def _definition(self, execution_role: iam.IRole) -> sfn.IChainable:
+        fail = sfn.Fail(self, "RunFailed", error_path="$.summary.error", cause_path="$.summary.message",
+                        comment="The run failed: the summary's error and message say why and what to do")
+        notify_failure = self._notify("NotifyFailure", fail)
+        succeed = sfn.Succeed(self, "RunCompleted", output_path="$.summary")
+        notify_success = self._notify("NotifySuccess", succeed)
+
+        summarize = self._invoke("Summarize", self.summarize_function, {
+            "run": sfn.JsonPath.object_at("$.run"), "job": sfn.JsonPath.object_at("$.job")})
+        summarize.next(notify_success)
+        choose_layout = sfn.Choice(self, "ChooseRequestLayout",
+                                   comment="One CreateTrainingJob state per set of request fields")
+        next_attempt = self._invoke("NextAttempt", self.next_attempt_function, {
+            "run": sfn.JsonPath.object_at("$.run"), "request": sfn.JsonPath.object_at("$.request"),
+            "failure": sfn.JsonPath.object_at("$.failure")})
+        for layout, fields in self.request_layouts.items():
+            train = self._train_state(layout, fields, execution_role)
+            train.add_catch(next_attempt, errors=["States.ALL"], result_path="$.failure")
+            train.next(summarize)
+            choose_layout.when(sfn.Condition.string_equals("$.layout", layout), train)
+            self.train_states[layout] = train
+        choose_layout.otherwise(sfn.Fail(
+            self, "UnknownRequestLayout", error="LauncherStateError",
+            cause="the functions chose a request layout this state machine lacks"))
+        wait = sfn.Wait(self, "WaitBeforeRetry", time=sfn.WaitTime.seconds_path("$.wait_seconds"),
+                        comment="Backoff before the next attempt (never a tight loop)")
+        wait.next(choose_layout)
+        next_attempt.next(sfn.Choice(self, "RetryOrGiveUp")
+                          .when(sfn.Condition.string_equals("$.decision", "retry"), wait)
+                          .otherwise(notify_failure))
+
+        resolve = self._invoke("Resolve", self.resolve_function, {
+            "input": sfn.JsonPath.object_at("$"), "execution_arn": sfn.JsonPath.string_at("$$.Execution.Id")})
+        resolve.add_catch(self._rejection(notify_failure), errors=list(REJECTION_ERRORS),
+                          result_path="$.error")
+        launcher_error = self._launcher_error(notify_failure)
+        for step in (resolve, next_attempt, summarize):
+            step.add_catch(launcher_error, errors=["States.ALL"], result_path="$.error")
+        return resolve.next(choose_layout)
+
+    def _invoke(self, state_id: str, function: lambda_.IFunction, payload: dict) -> tasks.LambdaInvoke:
+        return tasks.LambdaInvoke(self, state_id, lambda_function=function,
+                                  payload=sfn.TaskInput.from_object(payload), output_path="$.Payload")
+
+    def _train_state(self, layout: str, fields: Sequence[str], execution_role: iam.IRole) -> sfn.CustomState:
+        # Every field comes from the rendered request except RoleArn: the state machine only ever
+        # hands SageMaker the platform's execution role (the one role it may pass), whatever the
+        # functions return. (The rendered request names the same role.)
+        parameters = {f"{field}.$": f"$.request.{field}" for field in fields if field != "RoleArn"}
+        return sfn.CustomState(self, f"CreateTrainingJob-{layout}", state_json={
+            "Type": "Task",
+            "Comment": "Start the training job and wait until it ends; stopping the execution stops the job",
+            "Resource": f"arn:{Aws.PARTITION}:states:::sagemaker:createTrainingJob.sync",
+            "Parameters": {"RoleArn": execution_role.role_arn, **parameters},
+            "ResultPath": "$.job",
+        })
+
+    def _notify(self, state_id: str, then: sfn.State) -> tasks.SnsPublish:
+        publish = tasks.SnsPublish(
+            self, state_id, topic=self.topic,
+            subject=sfn.JsonPath.string_at("$.summary.subject"),
+            message=sfn.TaskInput.from_json_path_at("$.summary.message"),
+            message_attributes={
+                "status": tasks.MessageAttribute(value=sfn.JsonPath.string_at("$.summary.status"))},
+            result_path=sfn.JsonPath.DISCARD,
+        )
+        # A notification that cannot be delivered must not change the run's outcome.
+        publish.add_catch(then, errors=["States.ALL"], result_path="$.notification_error")
+        return publish.next(then)
+
+    def _rejection(self, notify_failure: sfn.State) -> sfn.Pass:
+        describe = sfn.Pass(self, "DescribeRejection", parameters={"summary": {
+            "status": "Rejected",
+            "error": sfn.JsonPath.string_at("$.error.Error"),
+            "details": sfn.JsonPath.string_to_json(sfn.JsonPath.string_at("$.error.Cause")),
+            "subject": sfn.JsonPath.format("llmtrain: run {} rejected",
+                                           sfn.JsonPath.string_at("$$.Execution.Name")),
+        }})
+        shape = sfn.Pass(self, "ShapeRejection", parameters={"summary": {
+            "status": sfn.JsonPath.string_at("$.summary.status"),
+            "error": sfn.JsonPath.string_at("$.summary.error"),
+            "message": sfn.JsonPath.string_at("$.summary.details.errorMessage"),
+            "subject": sfn.JsonPath.string_at("$.summary.subject"),
+        }})
+        return describe.next(shape.next(notify_failure))
+
+    def _launcher_error(self, notify_failure: sfn.State) -> sfn.Pass:
+        return sfn.Pass(self, "DescribeLauncherError", parameters={"summary": {
+            "status": "Failed",
+            "error": sfn.JsonPath.string_at("$.error.Error"),
+            "message": sfn.JsonPath.string_at("$.error.Cause"),
+            "subject": sfn.JsonPath.format("llmtrain: run {} failed (launcher error)",
+                                           sfn.JsonPath.string_at("$$.Execution.Name")),
+        }}).next(notify_failure)
+
+    # -- permissions ----------------------------------------------------------------------------
+
+    def _grant_training(self, execution_role: iam.IRole) -> None:
+        jobs = self.stack.format_arn(service="sagemaker", resource="training-job",
+                                     resource_name=f"{self.job_name_prefix}-*")
+        rule = self.stack.format_arn(service="events", resource="rule", resource_name=SYNC_EVENTS_RULE)
+        for statement in (
+            iam.PolicyStatement(sid="RunPlatformTrainingJobs",
+                                actions=["sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob",
+                                         "sagemaker:StopTrainingJob", "sagemaker:AddTags"],
+                                resources=[jobs]),
+            iam.PolicyStatement(sid="PassExecutionRoleToSageMaker", actions=["iam:PassRole"],
+                                resources=[execution_role.role_arn],
+                                conditions={"StringEquals": {
+                                    "iam:PassedToService": "sagemaker.amazonaws.com"}}),
+            iam.PolicyStatement(sid="SyncWithTrainingJobEvents",
+                                actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
+                                resources=[rule]),
+            iam.PolicyStatement(sid="PublishEncryptedNotifications",
+                                actions=["kms:GenerateDataKey", "kms:Decrypt"],
+                                resources=[self.encryption_key.key_arn]),
+        ):
+            self.state_machine.add_to_role_policy(statement)
+
+    def _acknowledge_state_machine_findings(self) -> None:
+        logging = "Step Functions log delivery is configured account-wide: CDK's logging grant has no " \
+                  "narrower resource"
+        acknowledge_wildcards(self.state_machine.role, {
+            "logs:CreateLogDelivery": logging,
+            "xray:PutTraceSegments": "X-Ray traces, telemetry and sampling rules have no resource (CDK's "
+                                     "tracing grant)",
+            "lambda:InvokeFunction": "Step Functions may invoke every version of the launcher's own three "
+                                     "functions (CDK's grant names each function)",
+            "RunPlatformTrainingJobs": "every attempt of every run gets a new job name under the platform's "
+                                       "job-name prefix, so the jobs are named by that prefix",
+        })
+
+
+def _registry_files(job_templates: Sequence[JobTemplate]) -> dict[str, bytes]:
+    """The registry as the functions see it: one YAML file per template version."""
+    return {f"templates/{t.spec.name}/{t.spec.version}.yaml":
+            yaml.safe_dump(t.spec.to_dict(), sort_keys=True).encode() for t in job_templates}
+
+
+def _validate(job_templates, subnets, security_groups, environment_name, job_name_prefix,
+              warm_pool_cap_seconds, state_machine_name, notification_email) -> None:
+    require(len(job_templates) > 0, _NAME, "job_templates",
+            "must list at least one JobTemplate: runs start from one")
+    refs = [t.spec.ref for t in job_templates]
+    require(len(set(refs)) == len(refs), _NAME, "job_templates",
+            f"lists a version twice: {sorted({r for r in refs if refs.count(r) > 1})}")
+    require(1 <= len(subnets) <= 16, _NAME, "subnets",
+            "must hold 1 to 16 subnets (SageMaker's VpcConfig limit)")
+    require(1 <= len(security_groups) <= 5, _NAME, "security_groups",
+            "must hold 1 to 5 security groups (SageMaker's VpcConfig limit)")
+    require(bool(environment_name), _NAME, "environment_name", "must not be empty")
+    require(bool(_JOB_NAME_PREFIX.fullmatch(job_name_prefix)) and len(job_name_prefix) <= 24, _NAME,
+            "job_name_prefix", f"{job_name_prefix!r} must be 1-24 lowercase letters, digits and hyphens")
+    require(isinstance(warm_pool_cap_seconds, int) and not isinstance(warm_pool_cap_seconds, bool)
+            and 0 <= warm_pool_cap_seconds <= MAX_KEEP_ALIVE_SECONDS, _NAME, "warm_pool_cap_seconds",
+            f"must be a whole number of seconds from 0 to {MAX_KEEP_ALIVE_SECONDS}, "
+            f"got {warm_pool_cap_seconds!r}")
+    require(state_machine_name is None or bool(_STATE_MACHINE_NAME.fullmatch(state_machine_name)), _NAME,
+            "state_machine_name", f"{state_machine_name!r} must be 1-80 letters, digits, '-' or '_'")
+    require(notification_email is None or bool(_EMAIL.fullmatch(notification_email)), _NAME,
+            "notification_email", f"{notification_email!r} is not an e-mail address")
+
+
+def _synth_render(template: JobTemplate, job_name_prefix: str, warm_pool_cap_seconds: int) -> dict:
+    """The version's request with its defaults and a placeholder platform: its layout is what counts."""
+    platform = PlatformContext.placeholder(environment="synth", account="123456789012", region="us-east-1",
+                                           resource_prefix=job_name_prefix,
+                                           warm_pool_cap_seconds=warm_pool_cap_seconds)
+    return render(template.spec, RunInput(run_name="synth-check"), platform)
+
+
+__all__ = ["SYNC_EVENTS_RULE", "WILDCARD_RESOURCE_ACTIONS", "TrainingLauncher"]

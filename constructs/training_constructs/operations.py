@@ -1,0 +1,563 @@
+"""Guard rails and observability: quota usage and alarms, the warm-pool reaper, job events, a dashboard.
+
+``TrainingOperations`` deploys three functions (their code is ``llmtrain.handlers``, staged by
+``lambda_code`` without Docker):
+
+- the quota-usage function, on a schedule: instances in use per instance type and usage kind
+  (training jobs, spot training jobs, warm pools) against their Service Quotas, as metrics in
+  ``LLMTrain/Quotas``; one alarm per instance type when any of its three utilisations reaches the
+  threshold, and one when a quota cannot be read;
+- the warm-pool reaper, on a schedule: ends the platform's warm pools idle longer than the budget
+  (or only reports them, in dry-run mode) and publishes the retained billable time;
+- the job-events function, on an EventBridge rule for the platform's jobs reaching an end state:
+  failures by class, final training metrics by template, and a notification.
+
+Alarms and notifications go to one SNS topic: the one given (e.g. the launcher's), or one created
+here (KMS-encrypted, TLS only, with an optional e-mail subscription).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from aws_cdk import ArnFormat, Duration, Stack
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_stepfunctions as sfn
+
+from constructs import Construct
+from llmtrain.handlers import job_events, quotas, warm_pools
+from training_constructs._props import require
+from training_constructs.encryption import create_encryption_key
+from training_constructs.lambda_code import lambda_code
+from training_constructs.nag import acknowledge_wildcards
+from training_constructs.operations_dashboard import OperationsDashboard, TemplateMetrics
+
+_NAME = "TrainingOperations"
+_ENVIRONMENT_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
+_JOB_NAME_PREFIX = re.compile(r"^[a-z0-9](-*[a-z0-9])*$")
+_INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+MAX_KEEP_ALIVE_SECONDS = 21600  # SageMaker's limit for KeepAlivePeriodInSeconds: no pool idles longer
+RUNTIME = lambda_.Runtime.PYTHON_3_14
+DEFAULT_QUOTA_INTERVAL_MINUTES = 5
+DEFAULT_REAPER_INTERVAL_MINUTES = 10
+
+_QUOTA_LISTS = "Service Quotas list calls support no resource-level permissions"
+# Actions the functions need on "*", because AWS offers no narrower resource for them. The infra
+# tests' allow-list of Resource "*" actions includes these, with the same reasons.
+WILDCARD_RESOURCE_ACTIONS = {
+    "sagemaker:ListTrainingJobs": "List calls have no resource; descriptions are scoped",
+    "servicequotas:ListServiceQuotas": _QUOTA_LISTS,
+    "servicequotas:ListAWSDefaultServiceQuotas": _QUOTA_LISTS,
+    "cloudwatch:PutMetricData": "metrics have no ARN; limited to the platform's namespaces by condition",
+}
+
+
+class TrainingOperations(Construct):
+    """Quota alarms, the warm-pool reaper, job events and the operations dashboard of one environment.
+
+    Props (keyword-only):
+      environment_name: the environment, a metric dimension and part of resource names.
+      job_name_prefix: the platform's training-job name prefix; jobs are ``<prefix>-<run>-a<n>``.
+      instance_types: the SageMaker instance types the enabled templates use (quotas are watched
+        and alarmed for each).
+      quota_alarm_threshold_percent: alarm when usage reaches this share of a quota (0 < x <= 100).
+      warm_pool_idle_budget_seconds: the reaper ends the platform's pools idle longer than this.
+      reaper_dry_run: the reaper only reports what it would end.
+      notification_topic: where alarms and job notifications go; created here when not given.
+      notification_email: subscribed to the topic created here (only without notification_topic).
+      state_machine: the launcher, whose executions the dashboard shows (optional).
+      template_metrics: per enabled template, its loss and tokens/s metric names (dashboard).
+      quota_interval / reaper_interval: how often the scheduled functions run (default 5 and 10
+        minutes).
+      code: the functions' code (default: ``lambda_code()``, the installed llmtrain package).
+
+    Attributes: ``topic``, ``topic_key`` (None when the topic was given), ``quota_function``,
+    ``reaper_function``, ``job_events_function``, ``log_groups``, ``quota_schedule``,
+    ``reaper_schedule``, ``job_events_rule``, ``quota_alarms`` (by instance type),
+    ``unreadable_quota_alarm``, ``function_error_alarms`` (by function name), ``dashboard``.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        environment_name: str,
+        job_name_prefix: str,
+        instance_types: Sequence[str],
+        quota_alarm_threshold_percent: float,
+        warm_pool_idle_budget_seconds: int,
+        reaper_dry_run: bool = False,
+        notification_topic: sns.ITopic | None = None,
+        notification_email: str | None = None,
+        state_machine: sfn.IStateMachine | None = None,
+        template_metrics: Sequence[TemplateMetrics] = (),
+        quota_interval: Duration | None = None,
+        reaper_interval: Duration | None = None,
+        code: lambda_.Code | None = None,
+        log_retention: logs.RetentionDays = logs.RetentionDays.THREE_MONTHS,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        quota_interval = quota_interval or Duration.minutes(DEFAULT_QUOTA_INTERVAL_MINUTES)
+        reaper_interval = reaper_interval or Duration.minutes(DEFAULT_REAPER_INTERVAL_MINUTES)
+        _validate(
+            environment_name,
+            job_name_prefix,
+            instance_types,
+            quota_alarm_threshold_percent,
+            warm_pool_idle_budget_seconds,
+            notification_topic,
+            notification_email,
+            quota_interval,
+            reaper_interval,
+        )
+        self.stack = Stack.of(self)
+        self.environment_name = environment_name
+        self.job_name_prefix = job_name_prefix
+        self.instance_types = tuple(dict.fromkeys(instance_types))
+        self.quota_alarm_threshold_percent = float(quota_alarm_threshold_percent)
+        self._code = code or lambda_code()
+        self._log_retention = log_retention
+        self.log_groups: dict[str, logs.LogGroup] = {}
+
+        self.topic_key, self.topic = self._topic(notification_topic, notification_email)
+        self.quota_function = self._quota_function(quota_interval)
+        self.reaper_function = self._reaper_function(warm_pool_idle_budget_seconds, reaper_dry_run)
+        self.job_events_function = self._job_events_function()
+        self.quota_schedule = self._schedule("QuotaSchedule", self.quota_function, quota_interval)
+        self.reaper_schedule = self._schedule("ReaperSchedule", self.reaper_function, reaper_interval)
+        self.job_events_rule = self._job_events_rule()
+        self._alarms(quota_interval)
+        self.dashboard = OperationsDashboard(
+            self,
+            "Dashboard",
+            environment_name=environment_name,
+            job_name_prefix=job_name_prefix,
+            instance_types=self.instance_types,
+            threshold_percent=self.quota_alarm_threshold_percent,
+            quota_interval=quota_interval,
+            state_machine=state_machine,
+            template_metrics=template_metrics,
+            functions=[self.quota_function, self.reaper_function, self.job_events_function],
+        ).dashboard
+
+    # -- the notification topic -----------------------------------------------------------------
+
+    def _topic(self, given: sns.ITopic | None, email: str | None) -> tuple[kms.Key | None, sns.ITopic]:
+        if given is not None:
+            return None, given
+        key = create_encryption_key(
+            self, "TopicKey", description=f"LLM training platform ({self.environment_name}): operations topic"
+        )
+        # CloudWatch alarms publish to an encrypted topic only when the key lets CloudWatch use it.
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CloudWatchAlarmsPublish",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"],
+                conditions={"StringEquals": {"aws:SourceAccount": self.stack.account}},
+            )
+        )
+        topic = sns.Topic(
+            self,
+            "Topic",
+            master_key=key,
+            enforce_ssl=True,
+            display_name=f"LLM training platform ({self.environment_name})",
+        )
+        if email:
+            topic.add_subscription(subscriptions.EmailSubscription(email))
+        return key, topic
+
+    # -- the functions --------------------------------------------------------------------------
+
+    def _function(
+        self,
+        construct_id: str,
+        *,
+        handler: str,
+        description: str,
+        timeout: Duration,
+        environment: Mapping[str, str],
+    ) -> lambda_.Function:
+        log_group = logs.LogGroup(self, f"{construct_id}Logs", retention=self._log_retention)
+        role = iam.Role(
+            self,
+            f"{construct_id}Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"{description} ({self.environment_name})",
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="WriteOwnLogs",
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                # The log group's ARN ends in ':*', which covers its log streams.
+                resources=[log_group.log_group_arn],
+            )
+        )
+        function = lambda_.Function(
+            self,
+            construct_id,
+            code=self._code,
+            handler=handler,
+            runtime=RUNTIME,
+            architecture=lambda_.Architecture.ARM_64,
+            memory_size=256,
+            timeout=timeout,
+            description=description,
+            role=role,
+            log_group=log_group,
+            environment=dict(environment),
+        )
+        self.log_groups[construct_id] = log_group
+        _depend_on_policy_only(function)
+        return function
+
+    def _put_metrics_statement(self, *namespaces: str) -> iam.PolicyStatement:
+        return iam.PolicyStatement(
+            sid="PublishPlatformMetrics",
+            actions=["cloudwatch:PutMetricData"],
+            resources=["*"],
+            conditions={"StringEquals": {"cloudwatch:namespace": list(namespaces)}},
+        )
+
+    def _training_jobs_arn(self, name_pattern: str) -> str:
+        return self.stack.format_arn(
+            service="sagemaker",
+            resource="training-job",
+            resource_name=name_pattern,
+            arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+        )
+
+    def _quota_function(self, interval: Duration) -> lambda_.Function:
+        function = self._function(
+            "QuotaFunction",
+            handler="llmtrain.handlers.quotas.handler",
+            timeout=Duration.minutes(2),
+            description="Training instances in use against their Service Quotas",
+            environment={
+                "INSTANCE_TYPES": ",".join(self.instance_types),
+                "METRIC_NAMESPACE": quotas.DEFAULT_NAMESPACE,
+                "QUOTA_CACHE_TTL_SECONDS": str(max(3600, interval.to_seconds())),
+            },
+        )
+        all_jobs = self._training_jobs_arn("*")
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                sid="ListTrainingJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"]
+            )
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                sid="DescribeAccountTrainingJobs",
+                actions=["sagemaker:DescribeTrainingJob"],
+                resources=[all_jobs],
+            )
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                sid="ReadServiceQuotas",
+                actions=["servicequotas:ListServiceQuotas", "servicequotas:ListAWSDefaultServiceQuotas"],
+                resources=["*"],
+            )
+        )
+        function.add_to_role_policy(self._put_metrics_statement(quotas.DEFAULT_NAMESPACE))
+        acknowledge_wildcards(
+            function.role,
+            {
+                "ListTrainingJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListTrainingJobs"],
+                "ReadServiceQuotas": WILDCARD_RESOURCE_ACTIONS["servicequotas:ListServiceQuotas"],
+                "PublishPlatformMetrics": WILDCARD_RESOURCE_ACTIONS["cloudwatch:PutMetricData"],
+                "DescribeAccountTrainingJobs": "Quotas are account-wide: every training job of the account, "
+                "whoever started it, counts against them",
+            },
+        )
+        return function
+
+    def _reaper_function(self, idle_budget_seconds: int, dry_run: bool) -> lambda_.Function:
+        prefix = f"{self.job_name_prefix}-"
+        function = self._function(
+            "ReaperFunction",
+            handler="llmtrain.handlers.warm_pools.handler",
+            timeout=Duration.minutes(2),
+            description="Ends warm pools idle beyond the idle budget",
+            environment={
+                "JOB_NAME_PREFIX": prefix,
+                "IDLE_BUDGET_SECONDS": str(idle_budget_seconds),
+                "ENVIRONMENT_NAME": self.environment_name,
+                "INSTANCE_TYPES": ",".join(self.instance_types),
+                "DRY_RUN": "true" if dry_run else "false",
+                "METRIC_NAMESPACE": warm_pools.DEFAULT_NAMESPACE,
+            },
+        )
+        platform_jobs = self._training_jobs_arn(f"{prefix}*")
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                sid="ListTrainingJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"]
+            )
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                sid="EndPlatformWarmPools",
+                actions=["sagemaker:DescribeTrainingJob", "sagemaker:UpdateTrainingJob"],
+                resources=[platform_jobs],
+            )
+        )
+        function.add_to_role_policy(self._put_metrics_statement(warm_pools.DEFAULT_NAMESPACE))
+        acknowledge_wildcards(
+            function.role,
+            {
+                "ListTrainingJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListTrainingJobs"],
+                "PublishPlatformMetrics": WILDCARD_RESOURCE_ACTIONS["cloudwatch:PutMetricData"],
+                "EndPlatformWarmPools": "The reaper ends this platform's warm pools only: their job names "
+                "share the prefix and differ per run",
+            },
+        )
+        return function
+
+    def _job_events_function(self) -> lambda_.Function:
+        prefix = f"{self.job_name_prefix}-"
+        function = self._function(
+            "JobEventsFunction",
+            handler="llmtrain.handlers.job_events.handler",
+            timeout=Duration.seconds(30),
+            description="Training job outcomes: failure classes, final metrics, notifications",
+            environment={
+                "JOB_NAME_PREFIX": prefix,
+                "ENVIRONMENT_NAME": self.environment_name,
+                "NOTIFICATION_TOPIC_ARN": self.topic.topic_arn,
+                "METRIC_NAMESPACE": job_events.DEFAULT_NAMESPACE,
+                "TRAINING_METRIC_NAMESPACE": job_events.DEFAULT_TRAINING_NAMESPACE,
+            },
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                sid="ReadPlatformTrainingJobs",
+                actions=["sagemaker:DescribeTrainingJob", "sagemaker:ListTags"],
+                resources=[self._training_jobs_arn(f"{prefix}*")],
+            )
+        )
+        function.add_to_role_policy(
+            self._put_metrics_statement(job_events.DEFAULT_NAMESPACE, job_events.DEFAULT_TRAINING_NAMESPACE)
+        )
+        self.topic.grant_publish(function)
+        acknowledge_wildcards(
+            function.role,
+            {
+                "kms:GenerateDataKey*": "Publishing to the KMS-encrypted topic needs data keys of its key "
+                "(CDK's grant_publish names that key)",
+                "PublishPlatformMetrics": WILDCARD_RESOURCE_ACTIONS["cloudwatch:PutMetricData"],
+                "ReadPlatformTrainingJobs": "The function reads this platform's jobs only: their names share "
+                "the prefix and differ per run",
+            },
+        )
+        return function
+
+    # -- what triggers the functions ------------------------------------------------------------
+
+    def _schedule(self, construct_id: str, function: lambda_.IFunction, interval: Duration) -> events.Rule:
+        return events.Rule(
+            self,
+            construct_id,
+            schedule=events.Schedule.rate(interval),
+            description=f"Runs {function.node.id} every {interval.to_minutes()} minutes",
+            # A run that cannot be delivered before the next one is pointless: it is dropped.
+            targets=[targets.LambdaFunction(function, retry_attempts=2, max_event_age=interval)],
+        )
+
+    def _job_events_rule(self) -> events.Rule:
+        return events.Rule(
+            self,
+            "JobEventsRule",
+            description=f"The platform's training jobs ({self.job_name_prefix}-*) reaching an end state",
+            event_pattern=events.EventPattern(
+                source=[job_events.EVENT_SOURCE],
+                detail_type=[job_events.EVENT_DETAIL_TYPE],
+                detail={
+                    "TrainingJobName": [{"prefix": f"{self.job_name_prefix}-"}],
+                    "TrainingJobStatus": list(job_events.END_STATES),
+                },
+            ),
+            targets=[
+                targets.LambdaFunction(
+                    self.job_events_function, retry_attempts=8, max_event_age=Duration.hours(6)
+                )
+            ],
+        )
+
+    # -- alarms ---------------------------------------------------------------------------------
+
+    def _alarms(self, interval: Duration) -> None:
+        action = cloudwatch_actions.SnsAction(self.topic)
+        self.quota_alarms = {t: self._quota_alarm(t, interval) for t in self.instance_types}
+        self.unreadable_quota_alarm = cloudwatch.Alarm(
+            self,
+            "UnreadableQuotaAlarm",
+            alarm_name=f"{self.job_name_prefix}-quota-unreadable",
+            alarm_description="Service Quotas could not be read for some instance types, so their usage is "
+            "not checked; the quota function's log says why (permissions, throttling)",
+            metric=cloudwatch.Metric(
+                namespace=quotas.DEFAULT_NAMESPACE,
+                metric_name="UnreadableQuotas",
+                statistic="Maximum",
+                period=interval,
+            ),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=2,
+            datapoints_to_alarm=2,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        self.function_error_alarms = {
+            function.node.id: cloudwatch.Alarm(
+                self,
+                f"{function.node.id}Errors",
+                alarm_name=f"{self.job_name_prefix}-{function.node.id}-errors",
+                alarm_description=f"The guard-rail function {function.node.id} failed; its log says why",
+                metric=function.metric_errors(period=Duration.minutes(5), statistic="Sum"),
+                threshold=1,
+                evaluation_periods=1,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            )
+            for function in (self.quota_function, self.reaper_function, self.job_events_function)
+        }
+        for alarm in [
+            *self.quota_alarms.values(),
+            self.unreadable_quota_alarm,
+            *self.function_error_alarms.values(),
+        ]:
+            alarm.add_alarm_action(action)
+            alarm.add_ok_action(action)
+
+    def _quota_alarm(self, instance_type: str, interval: Duration) -> cloudwatch.Alarm:
+        threshold = self.quota_alarm_threshold_percent
+        return cloudwatch.Alarm(
+            self,
+            f"QuotaAlarm-{instance_type}",
+            alarm_name=f"{self.job_name_prefix}-quota-{instance_type}",
+            alarm_description=(
+                f"{instance_type}: instances in use reached {threshold:g}% of a Service Quota "
+                "(training jobs, spot training jobs or warm pools). "
+                f"Run `llmtrain quotas --env {self.environment_name}`, "
+                "end idle warm pools, or request a quota increase in Service Quotas."
+            ),
+            metric=utilization_expression(instance_type, interval),
+            threshold=threshold,
+            evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+
+
+def usage_metric(
+    metric_name: str, instance_type: str, kind: quotas.UsageKind, period: Duration
+) -> cloudwatch.Metric:
+    """One quota-usage series the quota function publishes."""
+    return cloudwatch.Metric(
+        namespace=quotas.DEFAULT_NAMESPACE,
+        metric_name=metric_name,
+        dimensions_map={"InstanceType": instance_type, "UsageKind": kind.value},
+        statistic="Maximum",
+        period=period,
+        label=kind.value,
+    )
+
+
+def utilization_expression(instance_type: str, period: Duration) -> cloudwatch.MathExpression:
+    """The highest of the instance type's three utilisations (training, spot, warm pool), in percent."""
+    using = {
+        kind.value.replace("-", "_"): usage_metric("Utilization", instance_type, kind, period)
+        for kind in quotas.UsageKind
+    }
+    return cloudwatch.MathExpression(
+        expression=f"MAX([{', '.join(using)}])",
+        using_metrics=using,
+        period=period,
+        label=f"{instance_type} highest utilisation (%)",
+    )
+
+
+def _depend_on_policy_only(function: lambda_.Function) -> None:
+    # CDK makes the function depend on its role and the role's policy; the role dependency is already
+    # implied by the function's GetAtt of the role ARN (cfn-lint W3005), the policy one is needed.
+    policy = function.role.node.find_child("DefaultPolicy").node.default_child
+    function.node.default_child.add_override("DependsOn", [Stack.of(function).get_logical_id(policy)])
+
+
+def _validate(
+    environment_name,
+    job_name_prefix,
+    instance_types,
+    threshold,
+    idle_budget,
+    topic,
+    email,
+    quota_interval,
+    reaper_interval,
+) -> None:
+    require(
+        bool(_ENVIRONMENT_NAME.fullmatch(environment_name)),
+        _NAME,
+        "environment_name",
+        f"{environment_name!r} must be 1-20 lowercase letters, digits and hyphens, starting with a letter",
+    )
+    require(
+        bool(_JOB_NAME_PREFIX.fullmatch(job_name_prefix)) and len(job_name_prefix) <= 24,
+        _NAME,
+        "job_name_prefix",
+        f"{job_name_prefix!r} must be 1-24 lowercase letters, digits and hyphens",
+    )
+    require(len(instance_types) > 0, _NAME, "instance_types", "list the instance types the templates use")
+    bad = [t for t in instance_types if not isinstance(t, str) or not _INSTANCE_TYPE.fullmatch(t)]
+    require(
+        not bad, _NAME, "instance_types", f"{bad} are not SageMaker instance types (e.g. ml.p4d.24xlarge)"
+    )
+    require(
+        isinstance(threshold, int | float) and not isinstance(threshold, bool) and 0 < threshold <= 100,
+        _NAME,
+        "quota_alarm_threshold_percent",
+        f"must be above 0 and at most 100, got {threshold!r}",
+    )
+    require(
+        isinstance(idle_budget, int)
+        and not isinstance(idle_budget, bool)
+        and 0 <= idle_budget <= MAX_KEEP_ALIVE_SECONDS,
+        _NAME,
+        "warm_pool_idle_budget_seconds",
+        f"must be whole seconds from 0 to {MAX_KEEP_ALIVE_SECONDS}, got {idle_budget!r}",
+    )
+    require(
+        email is None or bool(_EMAIL.fullmatch(email)),
+        _NAME,
+        "notification_email",
+        f"{email!r} is not an e-mail address",
+    )
+    require(
+        topic is None or email is None,
+        _NAME,
+        "notification_email",
+        "is only for the topic created here; subscribe the address to the notification_topic you pass",
+    )
+    for field, interval in (("quota_interval", quota_interval), ("reaper_interval", reaper_interval)):
+        require(
+            interval.to_seconds() >= 60 and interval.to_seconds() % 60 == 0,
+            _NAME,
+            field,
+            f"must be whole minutes, at least 1, got {interval.to_seconds()} s",
+        )
+
+
+__all__ = ["WILDCARD_RESOURCE_ACTIONS", "TemplateMetrics", "TrainingOperations", "utilization_expression"]

@@ -1,0 +1,145 @@
+"""Encrypted, private S3 buckets for training data, checkpoints, model artifacts and code, and their KMS key."""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from training_constructs._props import require
+from training_constructs.encryption import create_encryption_key
+from training_constructs.nag import acknowledge
+
+_NAME = "TrainingStorage"
+
+# Bucket logical names, also the prefixes of their server access logs in the logs bucket.
+DATA_BUCKETS = ("datasets", "checkpoints", "artifacts", "code")
+_LOGS_USE_BUCKET_POLICY_FLAG = "@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy"
+
+
+class TrainingStorage(Construct):
+    """A customer-managed KMS key and the platform's buckets.
+
+    Every data bucket blocks public access, refuses plain HTTP (and TLS below 1.2), encrypts with
+    SSE-KMS under ``key`` using S3 Bucket Keys (fewer KMS calls: cheaper and no throttling on
+    large checkpoints), enforces bucket-owner object ownership, and writes server access logs to
+    ``access_logs_bucket``. Checkpoints, artifacts and code are versioned (a bad overwrite or delete
+    is recoverable); old checkpoint versions expire after ``checkpoint_noncurrent_days`` and
+    incomplete multipart uploads are aborted. The logs bucket uses SSE-S3, because S3 server
+    access logging cannot deliver to a bucket encrypted with SSE-KMS.
+
+    All of it is retained when the stack is deleted (``removal_policy``), since deleting
+    training data or checkpoints by accident costs days of GPU time.
+
+    Attributes: ``key``, ``datasets_bucket``, ``checkpoints_bucket``, ``artifacts_bucket``,
+    ``code_bucket``, ``access_logs_bucket``, and ``buckets`` (the data buckets by name).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        key_alias: str | None = None,
+        version_datasets: bool = False,
+        checkpoint_noncurrent_days: int = 30,
+        incomplete_upload_days: int = 7,
+        access_log_retention_days: int = 365,
+        removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        # Grant S3's log delivery through the logs bucket's policy rather than the legacy ACL
+        # (ACLs are disabled here by BucketOwnerEnforced), whatever the consuming app's flags say.
+        self.node.set_context(_LOGS_USE_BUCKET_POLICY_FLAG, True)
+        _validate(key_alias, checkpoint_noncurrent_days, incomplete_upload_days, access_log_retention_days)
+        self.removal_policy = removal_policy
+        self.key: kms.Key = create_encryption_key(
+            self, "Key", alias=key_alias, removal_policy=removal_policy,
+            description="Encrypts the LLM training platform's datasets, checkpoints, artifacts and code")
+        self.access_logs_bucket = self._access_logs_bucket(access_log_retention_days)
+        abort_uploads = Duration.days(incomplete_upload_days)
+        self.datasets_bucket = self._data_bucket("datasets", versioned=version_datasets,
+                                                 lifecycle_rules=[s3.LifecycleRule(
+                                                     id="AbortIncompleteUploads",
+                                                     abort_incomplete_multipart_upload_after=abort_uploads)])
+        self.checkpoints_bucket = self._data_bucket("checkpoints", versioned=True, lifecycle_rules=[
+            s3.LifecycleRule(id="ExpireOldCheckpointVersions",
+                             noncurrent_version_expiration=Duration.days(checkpoint_noncurrent_days),
+                             expired_object_delete_marker=True,
+                             abort_incomplete_multipart_upload_after=abort_uploads)])
+        self.artifacts_bucket = self._data_bucket("artifacts", versioned=True, lifecycle_rules=[
+            s3.LifecycleRule(id="AbortIncompleteUploads",
+                             abort_incomplete_multipart_upload_after=abort_uploads)])
+        self.code_bucket = self._data_bucket("code", versioned=True)
+        self.buckets: dict[str, s3.Bucket] = {
+            "datasets": self.datasets_bucket, "checkpoints": self.checkpoints_bucket,
+            "artifacts": self.artifacts_bucket, "code": self.code_bucket,
+        }
+
+    def grant_read_datasets(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Read training data (and decrypt it)."""
+        return self.datasets_bucket.grant_read(grantee)
+
+    def grant_read_write_checkpoints(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Read and write checkpoints (and use the key for them)."""
+        return self.checkpoints_bucket.grant_read_write(grantee)
+
+    def grant_read_artifacts(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Download trained models."""
+        return self.artifacts_bucket.grant_read(grantee)
+
+    def grant_write_code(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Upload training code (``sourcedir.tar.gz``)."""
+        return self.code_bucket.grant_put(grantee)
+
+    def _access_logs_bucket(self, retention_days: int) -> s3.Bucket:
+        bucket = s3.Bucket(
+            self, "AccessLogsBucket",
+            # S3 server access logging delivers only to SSE-S3 buckets, never to SSE-KMS ones.
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            minimum_tls_version=1.2,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            versioned=False,
+            lifecycle_rules=[s3.LifecycleRule(id="ExpireAccessLogs",
+                                              expiration=Duration.days(retention_days))],
+            removal_policy=self.removal_policy,
+        )
+        acknowledge(bucket, "AwsSolutions-S1",
+                    "This is the server access log destination; logging its own access would loop")
+        return bucket
+
+    def _data_bucket(self, name: str, *, versioned: bool,
+                     lifecycle_rules: list[s3.LifecycleRule] | None = None) -> s3.Bucket:
+        return s3.Bucket(
+            self, f"{name.capitalize()}Bucket",
+            encryption=s3.BucketEncryption.KMS,
+            encryption_key=self.key,
+            bucket_key_enabled=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            minimum_tls_version=1.2,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            versioned=versioned,
+            lifecycle_rules=lifecycle_rules,
+            server_access_logs_bucket=self.access_logs_bucket,
+            server_access_logs_prefix=f"{name}/",
+            removal_policy=self.removal_policy,
+        )
+
+
+def _validate(key_alias: str | None, noncurrent_days: int, upload_days: int, log_days: int) -> None:
+    require(key_alias is None or (key_alias.startswith("alias/") and not key_alias.startswith("alias/aws/")
+                                  and len(key_alias) <= 256),
+            _NAME, "key_alias", f"{key_alias!r} must look like alias/<name> and not use the reserved alias/aws/")
+    for field, value in (("checkpoint_noncurrent_days", noncurrent_days),
+                         ("incomplete_upload_days", upload_days),
+                         ("access_log_retention_days", log_days)):
+        require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, _NAME, field,
+                f"must be a whole number of days of at least 1, got {value!r}")
+
+
+__all__ = ["DATA_BUCKETS", "TrainingStorage"]

@@ -1,0 +1,260 @@
+"""The job-template catalog: `templates/<name>/<semver>.yaml`, resolution and the lock.
+
+`name@1.2.3` names one version, `name` and `name@latest` the highest released (non-prerelease)
+version by semantic-version precedence. `templates/catalog.lock` records each published version's
+content hash (its spec and the code it wraps); `check_lock` fails when a published version changed,
+and `lock_new_versions` records new versions but never rewrites a published one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property, total_ordering
+from pathlib import Path
+
+import yaml
+
+from llmtrain.errors import LockError, TemplateNotFoundError, TemplateSpecError
+from llmtrain.sourcedir import code_hash, collect_files, repository_root
+from llmtrain.spec import SEMVER_PATTERN, TemplateSpec
+
+DEFAULT_TEMPLATE = "llama-pretrain-fsdp"
+LOCK_FILE = "catalog.lock"
+LATEST = "latest"
+
+
+@total_ordering
+@dataclass(frozen=True)
+class SemVer:
+    major: int
+    minor: int
+    patch: int
+    prerelease: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> SemVer:
+        match = SEMVER_PATTERN.fullmatch(text)
+        if not match:
+            raise TemplateNotFoundError(f"version {text!r} is not a semantic version such as 1.0.0 (or 'latest')")
+        prerelease = tuple(match.group(4).split(".")) if match.group(4) else ()
+        return cls(int(match.group(1)), int(match.group(2)), int(match.group(3)), prerelease)
+
+    @property
+    def is_prerelease(self) -> bool:
+        return bool(self.prerelease)
+
+    def _key(self):
+        # semver 2.0 precedence: a release sorts after its prereleases; numeric identifiers sort
+        # numerically and before alphanumeric ones.
+        pre = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in self.prerelease)
+        return (self.major, self.minor, self.patch, not self.prerelease, pre)
+
+    def __lt__(self, other: SemVer) -> bool:
+        return self._key() < other._key()
+
+    def __str__(self) -> str:
+        core = f"{self.major}.{self.minor}.{self.patch}"
+        return core + ("-" + ".".join(self.prerelease) if self.prerelease else "")
+
+
+def parse_ref(ref: str) -> tuple[str, str]:
+    """'name', 'name@latest' or 'name@1.2.3' -> (name, version or 'latest')."""
+    name, _, version = ref.partition("@")
+    if not name:
+        raise TemplateNotFoundError(f"template reference {ref!r} lacks a name; write NAME or NAME@VERSION")
+    return name, version or LATEST
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    content: str
+    spec: str
+    code: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"content": self.content, "spec": self.spec, "code": self.code}
+
+
+class Catalog:
+    def __init__(self, templates: Iterable[TemplateSpec], root: Path, repo_root: Path):
+        self.root = root
+        self.repo_root = repo_root
+        self._templates = {(t.name, t.version): t for t in templates}
+        self._code_hashes: dict[object, str] = {}
+
+    @classmethod
+    def load(cls, root: Path | None = None, repo_root: Path | None = None) -> Catalog:
+        repo = repo_root or repository_root()
+        folder = root or repo / "templates"
+        if not folder.is_dir():
+            raise TemplateNotFoundError(f"template catalog folder {folder} does not exist")
+        return cls((_load_file(path) for path in sorted(folder.glob("*/*.yaml"))), folder, repo)
+
+    # --- resolution -------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        return sorted({name for name, _ in self._templates})
+
+    def versions(self, name: str) -> list[str]:
+        """The versions of `name`, lowest first."""
+        found = [SemVer.parse(v) for n, v in self._templates if n == name]
+        if not found:
+            raise TemplateNotFoundError(
+                f"unknown template {name!r}; the catalog has: {', '.join(self.names()) or '(nothing)'}"
+            )
+        return [str(v) for v in sorted(found)]
+
+    def latest(self, name: str) -> TemplateSpec:
+        released = [v for v in self.versions(name) if not SemVer.parse(v).is_prerelease]
+        if not released:
+            raise TemplateNotFoundError(f"template {name!r} has only prerelease versions; name one explicitly")
+        return self._templates[(name, released[-1])]
+
+    def resolve(self, ref: str) -> TemplateSpec:
+        name, version = parse_ref(ref)
+        return self.get(name, version)
+
+    def get(self, name: str, version: str = LATEST) -> TemplateSpec:
+        if version == LATEST:
+            return self.latest(name)
+        SemVer.parse(version)
+        known = self.versions(name)
+        if version not in known:
+            raise TemplateNotFoundError(
+                f"template {name!r} has no version {version!r}; available: {', '.join(known)}"
+            )
+        return self._templates[(name, version)]
+
+    def all(self) -> list[TemplateSpec]:
+        """Every version, by name then version."""
+        return [self._templates[(name, v)] for name in self.names() for v in self.versions(name)]
+
+    # --- hashing and the lock ---------------------------------------------------------------
+    def lock_entry(self, spec: TemplateSpec) -> LockEntry:
+        spec_digest = spec_hash(spec)
+        if spec.code not in self._code_hashes:
+            self._code_hashes[spec.code] = code_hash(collect_files(spec.code, self.repo_root))
+        code_digest = self._code_hashes[spec.code]
+        content = "sha256:" + hashlib.sha256(f"{spec_digest}\n{code_digest}".encode()).hexdigest()
+        return LockEntry(content=content, spec=spec_digest, code=code_digest)
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / LOCK_FILE
+
+    @cached_property
+    def _lock(self) -> dict[str, dict[str, LockEntry]]:
+        return read_lock(self.lock_path)
+
+    def published_entry(self, spec: TemplateSpec) -> LockEntry | None:
+        return self._lock.get(spec.name, {}).get(spec.version)
+
+    def verify(self, spec: TemplateSpec) -> LockEntry:
+        """The lock entry of a published, unchanged version; LockError otherwise."""
+        published = self.published_entry(spec)
+        if published is None:
+            raise LockError(
+                f"{spec.ref} is not published: run `llmtrain templates lock` to record it in {self.lock_path}"
+            )
+        current = self.lock_entry(spec)
+        if current.content != published.content:
+            raise LockError(_changed_message(spec, published, current))
+        return current
+
+    def check_lock(self) -> None:
+        """Every version published and unchanged, and no published version deleted."""
+        problems = []
+        for spec in self.all():
+            try:
+                self.verify(spec)
+            except LockError as exc:
+                problems.append(str(exc))
+        for name, versions in self._lock.items():
+            for version in versions:
+                if (name, version) not in self._templates:
+                    problems.append(
+                        f"{name}@{version} is published in {LOCK_FILE} but its YAML file is gone; "
+                        "published versions are never deleted"
+                    )
+        if problems:
+            raise LockError("the template catalog does not match its lock:\n" + "\n".join(problems))
+
+    def lock_new_versions(self) -> list[str]:
+        """Record versions missing from the lock; refuses (LockError) if a published one changed."""
+        changed = []
+        added = []
+        lock = {name: dict(versions) for name, versions in self._lock.items()}
+        for spec in self.all():
+            published = self.published_entry(spec)
+            current = self.lock_entry(spec)
+            if published is None:
+                lock.setdefault(spec.name, {})[spec.version] = current
+                added.append(spec.ref)
+            elif published.content != current.content:
+                changed.append(_changed_message(spec, published, current))
+        if changed:
+            raise LockError("refusing to update the lock:\n" + "\n".join(changed))
+        write_lock(self.lock_path, lock)
+        self.__dict__.pop("_lock", None)
+        return added
+
+
+def _load_file(path: Path) -> TemplateSpec:
+    source = f"{path.parent.name}/{path.name}"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise TemplateSpecError(source, f"is not valid YAML: {exc}") from exc
+    spec = TemplateSpec.from_dict(data, source)
+    if (spec.name, spec.version) != (path.parent.name, path.stem):
+        raise TemplateSpecError(
+            source,
+            f"declares {spec.ref} but lives at {source}: the file must be templates/{spec.name}/{spec.version}.yaml",
+        )
+    return spec
+
+
+def spec_hash(spec: TemplateSpec) -> str:
+    """Hash of the template's data, insensitive to YAML formatting and comments."""
+    canonical = json.dumps(spec.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _changed_message(spec: TemplateSpec, published: LockEntry, current: LockEntry) -> str:
+    what = []
+    if published.spec != current.spec:
+        what.append("its YAML")
+    if published.code != current.code:
+        what.append(f"the code it wraps ({'training_jobs/' if spec.code.is_platform else spec.code.source})")
+    return (
+        f"{spec.ref} was published and has changed since ({' and '.join(what) or 'content'}); "
+        f"published versions are immutable: restore it and publish the change as a new version "
+        f"(templates/{spec.name}/<new semver>.yaml), then run `llmtrain templates lock`"
+    )
+
+
+def read_lock(path: Path) -> dict[str, dict[str, LockEntry]]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        return {
+            name: {version: LockEntry(**entry) for version, entry in versions.items()}
+            for name, versions in data["templates"].items()
+        }
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise LockError(f"{path} is malformed ({exc}); restore it from version control") from exc
+
+
+def write_lock(path: Path, lock: dict[str, dict[str, LockEntry]]) -> None:
+    data = {
+        "about": "Content hashes of published template versions. Written by `llmtrain templates lock`; "
+        "never edit a published entry: publish a new version instead.",
+        "templates": {
+            name: {version: lock[name][version].to_dict() for version in sorted(lock[name], key=SemVer.parse)}
+            for name in sorted(lock)
+        },
+    }
+    path.write_text(json.dumps(data, indent=2) + "\n")

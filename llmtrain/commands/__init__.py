@@ -1,0 +1,1 @@
+"""Command groups of the `llmtrain` CLI: one module per group, each with `register(subparsers)`."""

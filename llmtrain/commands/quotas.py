@@ -1,0 +1,108 @@
+"""`llmtrain quotas`: training instances in use against their Service Quotas, per instance type.
+
+Computes, with the caller's AWS credentials and in the environment's account and region, exactly what
+the platform's quota-usage function publishes: for every instance type the environment's enabled
+templates may run on, the instances held by in-progress training jobs, by spot training jobs and by
+available warm pools, against the matching quotas. Rows at or above the environment's alarm
+threshold are marked; a quota that cannot be read is shown with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+
+from llmtrain.catalog import Catalog
+from llmtrain.environments import EnvironmentConfig, EnvironmentConfigError, load_environment
+from llmtrain.errors import LlmtrainError
+from llmtrain.handlers.quotas import QuotaCache, QuotaUsage, collect_usage, template_instance_types
+from llmtrain.launcher_client import caller_identity
+from llmtrain.sourcedir import repository_root
+
+_HEADERS = ("INSTANCE TYPE", "USAGE", "IN USE", "QUOTA", "UTILISATION", "")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "quotas",
+        help="training instances in use against their Service Quotas",
+        description="For every instance type the environment's templates use: instances held by training "
+        "jobs, spot training jobs and warm pools, against their Service Quotas. Needs AWS credentials for "
+        "the environment's account.",
+    )
+    parser.add_argument("--env", default="dev", help="environment: config/<ENV>.yaml (default: dev)")
+    parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    parser.add_argument(
+        "--config-dir", type=Path, default=None, help="folder of environment files (default: config/)"
+    )
+    parser.add_argument("--catalog", type=Path, default=None, help="catalog folder (default: templates/)")
+    parser.set_defaults(handler=quotas_command)
+
+
+def quotas_command(args: argparse.Namespace) -> int:
+    environment = _environment(args)
+    catalog = Catalog.load(args.catalog)
+    templates = [t for t in catalog.all() if t.name in environment.enabled_templates]
+    session = boto3.Session()
+    identity = caller_identity(session, environment)
+    if identity["Account"] != environment.account:
+        raise LlmtrainError(
+            f"your AWS credentials are for account {identity['Account']} but environment "
+            f"{environment.name!r} is in account {environment.account}: use credentials for that account"
+        )
+    try:
+        usages = collect_usage(
+            sagemaker=session.client("sagemaker", region_name=environment.region),
+            service_quotas=session.client("service-quotas", region_name=environment.region),
+            instance_types=template_instance_types(templates),
+            cache=QuotaCache(ttl_seconds=0),
+        )
+    except (ClientError, BotoCoreError) as error:
+        raise LlmtrainError(
+            f"could not list the training jobs of account {environment.account} in {environment.region}: "
+            f"{error}; your credentials need sagemaker:ListTrainingJobs and sagemaker:DescribeTrainingJob"
+        ) from error
+    threshold = environment.quotas.alarm_threshold_percent
+    if args.json:
+        print(json.dumps([u.to_dict() | {"over_threshold": _over(u, threshold)} for u in usages], indent=2))
+    else:
+        _print_table(usages, threshold, environment)
+    return 0
+
+
+def _over(usage: QuotaUsage, threshold: float) -> bool:
+    return usage.utilization_percent is not None and usage.utilization_percent >= threshold
+
+
+def _print_table(usages: list[QuotaUsage], threshold: float, environment: EnvironmentConfig) -> None:
+    rows = [
+        (
+            u.instance_type,
+            u.kind.value,
+            str(u.in_use),
+            "?" if u.quota is None else f"{u.quota:g}",
+            "?" if u.utilization_percent is None else f"{u.utilization_percent:.0f}%",
+            u.error or (f"at or above the {threshold:g}% alarm threshold" if _over(u, threshold) else ""),
+        )
+        for u in usages
+    ]
+    widths = [max(len(row[i]) for row in (_HEADERS, *rows)) for i in range(len(_HEADERS))]
+    print(f"Environment {environment.name} (account {environment.account}, {environment.region})")
+    for row in (_HEADERS, *rows):
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def _environment(args: argparse.Namespace) -> EnvironmentConfig:
+    folder = args.config_dir or repository_root() / "config"
+    path = folder / f"{args.env}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.yaml"))) or "none"
+        raise LlmtrainError(f"--env {args.env}: no {path}; environments: {known}")
+    try:
+        return load_environment(path)
+    except EnvironmentConfigError as error:
+        raise LlmtrainError(str(error)) from error

@@ -1,0 +1,94 @@
+"""`llmtrain run --local NAME[@VERSION] --run-name R [--set k=v ...] [--data [CHANNEL=]DIR] [--workdir DIR]`
+
+Renders the same CreateTrainingJob request the launcher would (same template, same overrides, a
+local platform context), then runs it on this machine the way the SageMaker container does
+(llmtrain.local). Cloud runs go through the launcher: `llmtrain start`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from llmtrain.catalog import DEFAULT_TEMPLATE, Catalog
+from llmtrain.commands.render import parse_overrides
+from llmtrain.local import EXIT_CODES, LocalRunOptions, next_attempt, run_local
+from llmtrain.local.data import parse_data_option
+from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
+from llmtrain.render import RunInput, render
+
+LOCAL_ACCOUNT = "000000000000"
+LOCAL_REGION = "us-east-1"
+
+
+def local_platform_context() -> PlatformContext:
+    """Where a local run's request points: obviously local names; nothing of it is contacted."""
+    return PlatformContext(
+        environment="local",
+        region=LOCAL_REGION,
+        account=LOCAL_ACCOUNT,
+        execution_role_arn=f"arn:aws:iam::{LOCAL_ACCOUNT}:role/local-run",
+        datasets_bucket="local-datasets",
+        checkpoints_bucket="local-checkpoints",
+        artifacts_bucket="local-artifacts",
+        code_bucket="local-code",
+        kms_key_arn=f"arn:aws:kms:{LOCAL_REGION}:{LOCAL_ACCOUNT}:key/local",
+        subnet_ids=("subnet-local",),
+        security_group_ids=("sg-local",),
+        warm_pool_cap_seconds=MAX_KEEP_ALIVE_SECONDS,
+        job_name_prefix="local",
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="run a job template on this machine as SageMaker would (--local)",
+        description=(
+            "Render the CreateTrainingJob request of a template and run it on this machine with the "
+            "SageMaker PyTorch training toolkit: a job root laid out like /opt/ml, torchrun on CPU with "
+            "gloo, several emulated hosts for instance_count > 1. Resources too big for this machine "
+            "are scaled down, and every change is printed. Running again with the same --run-name "
+            "resumes from the run's latest checkpoint. See docs/local.md."
+        ),
+    )
+    parser.add_argument("template", nargs="?", default=DEFAULT_TEMPLATE, metavar="NAME[@VERSION]",
+                        help=f"the template version to run (default: {DEFAULT_TEMPLATE}, latest version)")
+    parser.add_argument("--local", action="store_true",
+                        help="run on this machine (cloud runs are started with `llmtrain start`)")
+    parser.add_argument("--run-name", required=True,
+                        help="names the run folder; the same name again resumes from its checkpoints")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a setting the template allows (repeatable)")
+    parser.add_argument("--data", action="append", default=[], metavar="[CHANNEL=]DIR",
+                        help="a local folder for a channel (a bare DIR is the train channel; repeatable); "
+                             "default: the shipped tiny corpus for train and validation")
+    parser.add_argument("--workdir", type=Path, default=Path("runs"),
+                        help="where run folders live (default: ./runs)")
+    parser.set_defaults(handler=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    console = Console(soft_wrap=True)
+    if not args.local:
+        console.print(
+            "[red]llmtrain run[/] runs a template on this machine: add --local. "
+            "Cloud runs are started through the launcher with `llmtrain start`."
+        )
+        return 2
+    settings = parse_overrides(args.settings)
+    options = LocalRunOptions(
+        run_name=args.run_name,
+        workdir=args.workdir,
+        data=parse_data_option(args.data),
+        user_settings=frozenset(settings),
+    )
+    template = Catalog.load().resolve(args.template)
+    run_input = RunInput(run_name=args.run_name, overrides=settings, attempt=next_attempt(options), owner="local")
+    request = render(template, run_input, local_platform_context())
+    console.print(f"[bold cyan]llmtrain[/] rendered {template.ref} for run {args.run_name!r} "
+                  f"(the request the launcher would send)")
+    summary = run_local(request, template.code, options, template_channels=template.inputs.channels, console=console)
+    return EXIT_CODES[summary["TrainingJobStatus"]]

@@ -1,0 +1,86 @@
+"""`llmtrain templates`: list the catalog, show one version, and lock newly published versions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from llmtrain.catalog import DEFAULT_TEMPLATE, Catalog
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "templates",
+        help="list the job-template catalog",
+        description="List every template version: name, version, strategy and instance type.",
+    )
+    parser.add_argument("--json", action="store_true", help="print a JSON list of objects instead of a table")
+    parser.add_argument("--catalog", type=Path, default=None, help="catalog folder (default: templates/)")
+    parser.set_defaults(handler=list_templates)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+
+    show = actions.add_parser("show", help="print one template version as JSON")
+    show.add_argument("ref", metavar="NAME[@VERSION]")
+    show.add_argument("--catalog", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    show.set_defaults(handler=show_template)
+
+    lock = actions.add_parser(
+        "lock",
+        help="record new template versions in templates/catalog.lock",
+        description="Add the content hash of every version missing from the lock. Refuses to run if a "
+        "published version changed: publish a new version instead.",
+    )
+    lock.add_argument("--check", action="store_true", help="only verify the lock; change nothing")
+    lock.add_argument("--catalog", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    lock.set_defaults(handler=lock_templates)
+
+
+def _rows(catalog: Catalog) -> list[dict]:
+    rows = []
+    for spec in catalog.all():
+        rows.append({
+            "name": spec.name,
+            "version": spec.version,
+            "latest": catalog.latest(spec.name).version == spec.version,
+            "default": spec.name == DEFAULT_TEMPLATE,
+            "strategy": spec.distribution.strategy,
+            "instance_type": spec.compute.instance_type,
+            "instance_count": spec.compute.instance_count,
+            "description": spec.description,
+        })
+    return rows
+
+
+def list_templates(args: argparse.Namespace) -> int:
+    rows = _rows(Catalog.load(args.catalog))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    headers = ("NAME", "VERSION", "STRATEGY", "INSTANCE TYPE", "COUNT", "")
+    table = [
+        (r["name"], r["version"], r["strategy"], r["instance_type"], str(r["instance_count"]),
+         ", ".join(tag for tag, on in (("latest", r["latest"]), ("default", r["default"])) if on))
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in (headers, *table)) for i in range(len(headers))]
+    for row in (headers, *table):
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def show_template(args: argparse.Namespace) -> int:
+    spec = Catalog.load(args.catalog).resolve(args.ref)
+    print(json.dumps(spec.to_dict(), indent=2))
+    return 0
+
+
+def lock_templates(args: argparse.Namespace) -> int:
+    catalog = Catalog.load(args.catalog)
+    if args.check:
+        catalog.check_lock()
+        print(f"{catalog.lock_path}: every template version is published and unchanged")
+        return 0
+    added = catalog.lock_new_versions()
+    print(f"locked {', '.join(added)}" if added else "nothing to lock: every version is already published")
+    return 0

@@ -1,0 +1,436 @@
+"""Per-environment configuration of the platform: the typed model of ``config/<name>.yaml``.
+
+One YAML file describes one deployment of the platform (an AWS account and region): its network,
+which job templates it offers, its guard rails (quota alarms, warm-pool limits) and who is notified.
+``app.py`` builds one CDK Stage per file; the launcher, the guard rails and the CLI read the same
+objects, so every consumer sees the same validated values.
+
+Everything here is pure Python (no aws_cdk): load with :func:`load_environments` or
+:func:`load_environment`; invalid input raises :class:`EnvironmentConfigError` naming the file and
+the field (``config/dev.yaml: network.vpc_cidr: ...``).
+
+The file format, field by field, is documented in ``docs/infrastructure.md``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+__all__ = [
+    "MAX_WARM_POOL_KEEP_ALIVE_SECONDS",
+    "EnvironmentConfig",
+    "EnvironmentConfigError",
+    "ExistingVpcConfig",
+    "NetworkConfig",
+    "NotificationConfig",
+    "QuotaConfig",
+    "StackOutput",
+    "WarmPoolConfig",
+    "load_environment",
+    "load_environments",
+]
+
+# SageMaker's own upper bound for ResourceConfig.KeepAlivePeriodInSeconds (botocore: 0..21600).
+MAX_WARM_POOL_KEEP_ALIVE_SECONDS = 21600
+
+_ENV_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
+_ACCOUNT = re.compile(r"^\d{12}$")
+_REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$")
+_VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
+_SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8,17}$")
+_ROUTE_TABLE_ID = re.compile(r"^rtb-[0-9a-f]{8,17}$")
+_PREFIX_LIST_ID = re.compile(r"^pl-[0-9a-f]{8,17}$")
+# Template names follow the catalog's rule: lowercase words joined by hyphens.
+_TEMPLATE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+# SageMaker job names match ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}; the prefix is lowercase because
+# SageMaker lowercases job names inside ARNs, and the IAM policies match ARNs by this prefix.
+_JOB_NAME_PREFIX = re.compile(r"^[a-z0-9](-*[a-z0-9])*$")
+_MAX_JOB_NAME_PREFIX = 24  # leaves room for "-<run name>-<timestamp>" within SageMaker's 63.
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_TAG_KEY = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
+_TAG_VALUE = re.compile(r"^[\w.:/=+\-@ ]{0,256}$")
+
+
+class EnvironmentConfigError(ValueError):
+    """An environment file is invalid; the message names the file, the field and the fix."""
+
+
+class StackOutput:
+    """Names of the CloudFormation outputs the platform stacks publish.
+
+    This is the contract between the stacks (which create the outputs) and the ``llmtrain`` CLI
+    (which reads them with ``DescribeStacks`` to build a platform context). The stack that holds
+    each output is :meth:`EnvironmentConfig.stack_name` of the part named in the comment.
+    """
+
+    # stack "network"
+    VPC_ID = "VpcId"
+    SUBNET_IDS = "SubnetIds"  # comma-separated
+    SECURITY_GROUP_ID = "TrainingSecurityGroupId"
+    # stack "storage"
+    KEY_ARN = "KeyArn"
+    DATASETS_BUCKET = "DatasetsBucketName"
+    CHECKPOINTS_BUCKET = "CheckpointsBucketName"
+    ARTIFACTS_BUCKET = "ArtifactsBucketName"
+    CODE_BUCKET = "CodeBucketName"
+    ACCESS_LOGS_BUCKET = "AccessLogsBucketName"
+    # stack "access"
+    EXECUTION_ROLE_ARN = "ExecutionRoleArn"
+    ENGINEER_POLICY_ARN = "EngineerPolicyArn"
+    WARM_POOL_GUARDRAIL_POLICY_ARN = "WarmPoolGuardrailPolicyArn"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExistingVpcConfig:
+    """A VPC that already exists, imported by its attributes (no lookups, no AWS calls at synth).
+
+    ``subnet_ids`` are private subnets, one per entry of ``NetworkConfig.availability_zones`` in
+    the same order; ``route_table_ids`` are their route tables (the S3 gateway endpoint is attached
+    to them). ``create_endpoints`` is false when the VPC already has the interface endpoints.
+    """
+
+    vpc_id: str
+    vpc_cidr: str
+    subnet_ids: tuple[str, ...]
+    route_table_ids: tuple[str, ...]
+    create_endpoints: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkConfig:
+    """Where training jobs run.
+
+    ``nat_gateways`` is 0 for isolated subnets (the default: jobs reach AWS only through VPC
+    endpoints); 1 or more adds public subnets with NAT gateways so jobs can reach the internet
+    (e.g. ``pip install`` of packages the container lacks). ``s3_prefix_list_id`` narrows the
+    security group's HTTPS egress to S3 (``com.amazonaws.<region>.s3``); without it, HTTPS egress
+    is open, which in isolated subnets only reaches the VPC endpoints and S3 anyway.
+    """
+
+    vpc_cidr: str
+    availability_zones: tuple[str, ...]
+    nat_gateways: int = 0
+    inter_container_traffic_encryption: bool = False
+    s3_prefix_list_id: str | None = None
+    existing_vpc: ExistingVpcConfig | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuotaConfig:
+    """Alarm when training-instance usage exceeds this share of the Service Quotas value."""
+
+    alarm_threshold_percent: float = 80.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarmPoolConfig:
+    """Limits on SageMaker warm pools.
+
+    ``max_keep_alive_seconds`` is the hard cap: an IAM Deny on ``sagemaker:KeepAlivePeriod``
+    rejects any CreateTrainingJob asking for more, and the launcher clamps requests to it.
+    ``idle_budget_seconds`` is the softer operational limit: the warm-pool reaper releases a pool
+    that has sat idle longer than this (it cannot exceed the cap, which SageMaker already enforces).
+    """
+
+    max_keep_alive_seconds: int = 3600
+    idle_budget_seconds: int = 1800
+
+
+@dataclass(frozen=True, kw_only=True)
+class NotificationConfig:
+    """Who hears about finished runs and alarms (an SNS e-mail subscription; none when unset)."""
+
+    email: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentConfig:
+    """One deployment of the platform, loaded from ``config/<name>.yaml``."""
+
+    name: str
+    account: str
+    region: str
+    network: NetworkConfig
+    enabled_templates: tuple[str, ...]
+    job_name_prefix: str
+    quotas: QuotaConfig = field(default_factory=QuotaConfig)
+    warm_pools: WarmPoolConfig = field(default_factory=WarmPoolConfig)
+    notifications: NotificationConfig = field(default_factory=NotificationConfig)
+    tags: Mapping[str, str] = field(default_factory=dict)
+    source: Path | None = None
+
+    def stack_name(self, part: str) -> str:
+        """The CloudFormation stack name of one part of this environment, e.g. ``llmtrain-dev-storage``."""
+        return f"llmtrain-{self.name}-{part}"
+
+
+def load_environments(config_dir: str | Path) -> dict[str, EnvironmentConfig]:
+    """Load every ``*.yaml`` file in ``config_dir``, keyed by environment name (sorted by name)."""
+    directory = Path(config_dir)
+    if not directory.is_dir():
+        raise EnvironmentConfigError(f"{directory}: not a directory; expected a folder of <env>.yaml files")
+    files = sorted(directory.glob("*.yaml"))
+    if not files:
+        raise EnvironmentConfigError(f"{directory}: no *.yaml environment files found")
+    environments = [load_environment(path) for path in files]
+    _check_unique(environments, "account", lambda env: (env.account, env.region),
+                  "two environments deploy to the same account and region; give each its own")
+    return {env.name: env for env in environments}
+
+
+def load_environment(path: str | Path) -> EnvironmentConfig:
+    """Load and validate one environment file; the file's stem must equal its ``name``."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise EnvironmentConfigError(f"{path}: cannot read: {error}") from error
+    except yaml.YAMLError as error:
+        raise EnvironmentConfigError(f"{path}: not valid YAML: {error}") from error
+    return parse_environment(data, source=path)
+
+
+def parse_environment(data: Any, *, source: Path | None = None) -> EnvironmentConfig:
+    """Validate a parsed environment document (what ``load_environment`` reads from a file)."""
+    reader = _Reader(data, prefix="", origin=str(source) if source else "<environment>")
+    config = _read_environment(reader, source)
+    if source is not None and source.stem != config.name:
+        reader.fail("name", f"must equal the file name {source.stem!r}, got {config.name!r}")
+    return config
+
+
+def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig:
+    reader.only_keys({"name", "account", "region", "network", "job_templates", "job_name_prefix",
+                      "quotas", "warm_pools", "notifications", "tags"})
+    region = reader.string("region", pattern=_REGION, hint="an AWS region such as us-east-1")
+    templates = reader.section("job_templates")
+    templates.only_keys({"enabled"})
+    return EnvironmentConfig(
+        name=reader.string("name", pattern=_ENV_NAME,
+                           hint="lowercase letters, digits and hyphens, starting with a letter, at most 20"),
+        account=_read_account(reader),
+        region=region,
+        network=_read_network(reader.section("network"), region),
+        enabled_templates=_read_template_names(templates),
+        job_name_prefix=_read_job_name_prefix(reader),
+        quotas=_read_quotas(reader.section("quotas", required=False)),
+        warm_pools=_read_warm_pools(reader.section("warm_pools", required=False)),
+        notifications=_read_notifications(reader.section("notifications", required=False)),
+        tags=_read_tags(reader),
+        source=source,
+    )
+
+
+def _read_account(reader: _Reader) -> str:
+    value = reader.raw("account")
+    if isinstance(value, int):
+        reader.fail("account", "must be a quoted string (YAML reads an unquoted number and drops "
+                               f"leading zeros): write account: \"{value:012d}\"")
+    return reader.string("account", pattern=_ACCOUNT, hint="a 12-digit AWS account id in quotes")
+
+
+def _read_network(reader: _Reader, region: str) -> NetworkConfig:
+    reader.only_keys({"vpc_cidr", "availability_zones", "nat_gateways",
+                      "inter_container_traffic_encryption", "s3_prefix_list_id", "existing_vpc"})
+    zones = reader.string_list("availability_zones", min_items=2)
+    for zone in zones:
+        if not re.fullmatch(re.escape(region) + r"[a-z]", zone):
+            reader.fail("availability_zones", f"{zone!r} is not an availability zone of {region} "
+                                              f"(expected e.g. {region}a)")
+    nat_gateways = reader.integer("nat_gateways", default=0, minimum=0, maximum=len(zones))
+    existing = reader.section("existing_vpc", required=False)
+    existing_vpc = _read_existing_vpc(existing, len(zones)) if existing.present else None
+    if existing_vpc is not None and nat_gateways:
+        reader.fail("nat_gateways", "must be 0 with existing_vpc: the existing VPC's routing is its own")
+    if existing_vpc is not None and "vpc_cidr" in reader.data:
+        reader.fail("vpc_cidr", "remove it: with existing_vpc, existing_vpc.vpc_cidr is used")
+    return NetworkConfig(
+        vpc_cidr=(existing_vpc.vpc_cidr if existing_vpc else _read_cidr(reader, "vpc_cidr")),
+        availability_zones=zones,
+        nat_gateways=nat_gateways,
+        inter_container_traffic_encryption=reader.boolean("inter_container_traffic_encryption",
+                                                          default=False),
+        s3_prefix_list_id=reader.optional_string("s3_prefix_list_id", pattern=_PREFIX_LIST_ID,
+                                                 hint="a prefix list id such as pl-63a5400a"),
+        existing_vpc=existing_vpc,
+    )
+
+
+def _read_existing_vpc(reader: _Reader, zone_count: int) -> ExistingVpcConfig:
+    reader.only_keys({"vpc_id", "vpc_cidr", "subnet_ids", "route_table_ids", "create_endpoints"})
+    subnet_ids = reader.string_list("subnet_ids", min_items=zone_count, pattern=_SUBNET_ID)
+    route_table_ids = reader.string_list("route_table_ids", min_items=zone_count, pattern=_ROUTE_TABLE_ID)
+    for key, ids in (("subnet_ids", subnet_ids), ("route_table_ids", route_table_ids)):
+        if len(ids) != zone_count:
+            reader.fail(key, f"needs one entry per availability zone ({zone_count}), got {len(ids)}")
+    return ExistingVpcConfig(
+        vpc_id=reader.string("vpc_id", pattern=_VPC_ID, hint="a VPC id such as vpc-0123456789abcdef0"),
+        vpc_cidr=_read_cidr(reader, "vpc_cidr"),
+        subnet_ids=subnet_ids,
+        route_table_ids=route_table_ids,
+        create_endpoints=reader.boolean("create_endpoints", default=True),
+    )
+
+
+def _read_cidr(reader: _Reader, key: str) -> str:
+    text = reader.string(key, hint="an IPv4 CIDR block such as 10.20.0.0/16")
+    try:
+        network = ipaddress.IPv4Network(text, strict=True)
+    except ValueError as error:
+        reader.fail(key, f"{text!r} is not an IPv4 network CIDR block ({error}); e.g. 10.20.0.0/16")
+    if not 16 <= network.prefixlen <= 24:
+        reader.fail(key, f"prefix /{network.prefixlen} is out of range: use /16 to /24 "
+                         "(a VPC allows /16 at most, and training nodes need addresses in every zone)")
+    return text
+
+
+def _read_template_names(reader: _Reader) -> tuple[str, ...]:
+    names = reader.string_list("enabled", min_items=1, pattern=_TEMPLATE_NAME)
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        reader.fail("enabled", f"lists {', '.join(duplicates)} more than once")
+    return names
+
+
+def _read_job_name_prefix(reader: _Reader) -> str:
+    prefix = reader.string("job_name_prefix", pattern=_JOB_NAME_PREFIX,
+                           hint="lowercase letters, digits and hyphens, e.g. llmtrain-dev")
+    if len(prefix) > _MAX_JOB_NAME_PREFIX:
+        reader.fail("job_name_prefix", f"is {len(prefix)} characters; at most {_MAX_JOB_NAME_PREFIX} "
+                                       "leave room for the run name in SageMaker's 63-character job names")
+    return prefix
+
+
+def _read_quotas(reader: _Reader) -> QuotaConfig:
+    reader.only_keys({"alarm_threshold_percent"})
+    percent = reader.number("alarm_threshold_percent", default=QuotaConfig.alarm_threshold_percent)
+    if not 0 < percent <= 100:
+        reader.fail("alarm_threshold_percent", f"must be above 0 and at most 100, got {percent}")
+    return QuotaConfig(alarm_threshold_percent=float(percent))
+
+
+def _read_warm_pools(reader: _Reader) -> WarmPoolConfig:
+    reader.only_keys({"max_keep_alive_seconds", "idle_budget_seconds"})
+    cap = reader.integer("max_keep_alive_seconds", default=WarmPoolConfig.max_keep_alive_seconds,
+                         minimum=0, maximum=MAX_WARM_POOL_KEEP_ALIVE_SECONDS)
+    idle = reader.integer("idle_budget_seconds", default=min(WarmPoolConfig.idle_budget_seconds, cap),
+                          minimum=0)
+    if idle > cap:
+        reader.fail("idle_budget_seconds", f"{idle} exceeds max_keep_alive_seconds ({cap}); a pool "
+                                           "never idles longer than the cap, so lower it to at most the cap")
+    return WarmPoolConfig(max_keep_alive_seconds=cap, idle_budget_seconds=idle)
+
+
+def _read_notifications(reader: _Reader) -> NotificationConfig:
+    reader.only_keys({"email"})
+    return NotificationConfig(
+        email=reader.optional_string("email", pattern=_EMAIL, hint="an e-mail address"))
+
+
+def _read_tags(reader: _Reader) -> dict[str, str]:
+    tags = reader.raw("tags", default={})
+    if not isinstance(tags, dict):
+        reader.fail("tags", "must be a mapping of tag key to string value")
+    for key, value in tags.items():
+        if not isinstance(key, str) or not _TAG_KEY.fullmatch(key) or key.lower().startswith("aws:"):
+            reader.fail(f"tags.{key}", "is not a valid tag key (1-128 characters, not starting with aws:)")
+        if not isinstance(value, str) or not _TAG_VALUE.fullmatch(value):
+            reader.fail(f"tags.{key}", "must be a string of at most 256 characters (quote numbers)")
+    return dict(tags)
+
+
+def _check_unique(environments, what, key, message) -> None:
+    seen: dict[Any, EnvironmentConfig] = {}
+    for env in environments:
+        other = seen.setdefault(key(env), env)
+        if other is not env:
+            raise EnvironmentConfigError(f"{env.source}: {what}: {message} (also used by {other.source})")
+
+
+class _Reader:
+    """Typed access to one mapping of the document; every error names the file and the dotted field."""
+
+    _MISSING = object()
+
+    def __init__(self, data: Any, *, prefix: str, origin: str, present: bool = True) -> None:
+        self.origin = origin
+        self.prefix = prefix
+        self.present = present
+        if data is None and not present:
+            data = {}
+        if not isinstance(data, dict):
+            where = prefix.rstrip(".") or "the document"
+            raise EnvironmentConfigError(f"{origin}: {where}: must be a mapping of field names to values")
+        self.data = data
+
+    def fail(self, key: str, message: str) -> NoReturn:
+        raise EnvironmentConfigError(f"{self.origin}: {self.prefix}{key}: {message}")
+
+    def only_keys(self, allowed: set[str]) -> None:
+        for key in self.data:
+            if key not in allowed:
+                self.fail(str(key), f"unknown field; allowed here: {', '.join(sorted(allowed))}")
+
+    def raw(self, key: str, default: Any = _MISSING) -> Any:
+        if key in self.data and self.data[key] is not None:
+            return self.data[key]
+        if default is self._MISSING:
+            self.fail(key, "is required")
+        return default
+
+    def section(self, key: str, *, required: bool = True) -> _Reader:
+        present = self.data.get(key) is not None
+        if required and not present:
+            self.fail(key, "is required")
+        return _Reader(self.data.get(key), prefix=f"{self.prefix}{key}.", origin=self.origin,
+                       present=present)
+
+    def string(self, key: str, *, pattern: re.Pattern | None = None, hint: str = "") -> str:
+        value = self.raw(key)
+        if not isinstance(value, str) or (pattern is not None and not pattern.fullmatch(value)):
+            self.fail(key, f"expected {hint or 'a string'}, got {value!r}")
+        return value
+
+    def optional_string(self, key: str, *, pattern: re.Pattern, hint: str) -> str | None:
+        if self.raw(key, default=None) is None:
+            return None
+        return self.string(key, pattern=pattern, hint=hint)
+
+    def string_list(self, key: str, *, min_items: int, pattern: re.Pattern | None = None) -> tuple[str, ...]:
+        values = self.raw(key)
+        if not isinstance(values, list) or not all(isinstance(item, str) for item in values):
+            self.fail(key, f"expected a list of strings, got {values!r}")
+        if len(values) < min_items:
+            self.fail(key, f"needs at least {min_items} entries, got {len(values)}")
+        for item in values:
+            if pattern is not None and not pattern.fullmatch(item):
+                self.fail(key, f"{item!r} is not valid (must match {pattern.pattern})")
+        return tuple(values)
+
+    def boolean(self, key: str, *, default: bool) -> bool:
+        value = self.raw(key, default=default)
+        if not isinstance(value, bool):
+            self.fail(key, f"expected true or false, got {value!r}")
+        return value
+
+    def integer(self, key: str, *, default: int, minimum: int, maximum: int | None = None) -> int:
+        value = self.raw(key, default=default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(key, f"expected a whole number, got {value!r}")
+        if value < minimum or (maximum is not None and value > maximum):
+            upper = f" and at most {maximum}" if maximum is not None else ""
+            self.fail(key, f"must be at least {minimum}{upper}, got {value}")
+        return value
+
+    def number(self, key: str, *, default: float) -> float:
+        value = self.raw(key, default=default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.fail(key, f"expected a number, got {value!r}")
+        return value

@@ -1,0 +1,63 @@
+"""Error types of the job-template model.
+
+Every message names the offending setting and says what to do about it, because these messages
+reach people through the CLI, the launcher's failed executions and synth errors.
+"""
+
+from __future__ import annotations
+
+
+class LlmtrainError(Exception):
+    """Base class: bad input or state that the user can fix (the CLI exits 2 on these)."""
+
+
+class TemplateSpecError(LlmtrainError):
+    """A template YAML file is malformed (unknown key, wrong type, inconsistent settings)."""
+
+    def __init__(self, source: str, problem: str):
+        super().__init__(f"{source}: {problem}")
+        self.source = source
+        self.problem = problem
+
+
+class TemplateNotFoundError(LlmtrainError):
+    """The requested template name or version is not in the catalog."""
+
+
+class OverrideError(LlmtrainError):
+    """A run tried to override a setting its template does not allow, or with a bad value."""
+
+    def __init__(self, setting: str, problem: str):
+        super().__init__(f"override '{setting}': {problem}")
+        self.setting = setting
+        self.problem = problem
+
+
+class RunInputError(LlmtrainError):
+    """A run's own input (run name, attempt, owner) is malformed."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"run input '{field}': {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class RequestValidationError(LlmtrainError):
+    """The rendered CreateTrainingJob request breaks SageMaker's rules or the platform's."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        listing = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"the training job request is invalid:\n{listing}")
+
+
+class LockError(LlmtrainError):
+    """A published template version no longer matches the content hash in the catalog lock."""
+
+
+class PlatformContextError(LlmtrainError):
+    """The platform context (role, buckets, network) is incomplete or malformed."""
+
+
+class SourceDirError(LlmtrainError):
+    """The code a template wraps cannot be packaged (missing folder or entry point)."""

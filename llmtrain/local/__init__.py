@@ -1,0 +1,15 @@
+"""`llmtrain run --local`: run a rendered CreateTrainingJob request on this machine as SageMaker would.
+
+plan      the request -> what runs here (scaled down, every change recorded)
+jobroot   each emulated host's job root, laid out like /opt/ml
+toolkit   the SageMaker training toolkit, one process per host; stopping like StopTrainingJob
+metrics   the template's MetricDefinitions applied to the log
+display   the log and progress in the terminal
+report    summary.json (DescribeTrainingJob's shape), the plot, the terminal summary
+runner    all of the above, in order
+"""
+
+from llmtrain.local.plan import LocalLimits, LocalRunError
+from llmtrain.local.runner import EXIT_CODES, LocalRunOptions, next_attempt, run_local
+
+__all__ = ["EXIT_CODES", "LocalLimits", "LocalRunError", "LocalRunOptions", "next_attempt", "run_local"]

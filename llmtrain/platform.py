@@ -1,0 +1,131 @@
+"""What rendering needs to know about one deployed environment of the platform.
+
+The stacks pass a `PlatformContext` to the launcher's functions as JSON (`to_dict`); the CLI reads it
+from a file written from the deployed stack outputs, or builds a clearly marked dry-run placeholder
+from `config/<env>.yaml`; tests and the local runner build it directly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from llmtrain.errors import PlatformContextError
+
+_REGION = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d")
+_ACCOUNT = re.compile(r"\d{12}")
+_ROLE_ARN = re.compile(r"arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+")
+_KMS_KEY_ARN = re.compile(r"arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/[a-zA-Z0-9\-]+")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
+_SUBNET = re.compile(r"subnet-[0-9a-zA-Z]+")
+_SECURITY_GROUP = re.compile(r"sg-[0-9a-zA-Z]+")
+# Job names are <prefix>-<run>-<attempt>: the prefix must leave room for a useful run name.
+JOB_NAME_PREFIX_PATTERN = re.compile(r"[a-zA-Z0-9](-?[a-zA-Z0-9]){0,23}")
+MAX_KEEP_ALIVE_SECONDS = 21600  # botocore: ResourceConfig.KeepAlivePeriodInSeconds max
+
+
+@dataclass(frozen=True)
+class PlatformContext:
+    environment: str
+    region: str
+    account: str
+    execution_role_arn: str
+    datasets_bucket: str
+    checkpoints_bucket: str
+    artifacts_bucket: str
+    code_bucket: str
+    kms_key_arn: str
+    subnet_ids: tuple[str, ...]
+    security_group_ids: tuple[str, ...]
+    warm_pool_cap_seconds: int
+    job_name_prefix: str
+    # True for a placeholder built from config only (`llmtrain render` without deployed outputs).
+    dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "subnet_ids", tuple(self.subnet_ids))
+        object.__setattr__(self, "security_group_ids", tuple(self.security_group_ids))
+        problems = list(self._problems())
+        if problems:
+            raise PlatformContextError("invalid platform context: " + "; ".join(problems))
+
+    def _problems(self):
+        checks = [
+            ("region", self.region, _REGION, "an AWS region such as us-east-1"),
+            ("account", self.account, _ACCOUNT, "a 12-digit AWS account id"),
+            ("execution_role_arn", self.execution_role_arn, _ROLE_ARN, "an IAM role ARN"),
+            ("kms_key_arn", self.kms_key_arn, _KMS_KEY_ARN, "a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)"),
+            ("job_name_prefix", self.job_name_prefix, JOB_NAME_PREFIX_PATTERN,
+             "letters, digits and single dashes, at most 24 characters"),
+        ]
+        for bucket_field in ("datasets_bucket", "checkpoints_bucket", "artifacts_bucket", "code_bucket"):
+            checks.append((bucket_field, getattr(self, bucket_field), _BUCKET, "an S3 bucket name"))
+        for name, value, pattern, expected in checks:
+            if not isinstance(value, str) or not pattern.fullmatch(value):
+                yield f"{name} {value!r} must be {expected}"
+        if not self.environment:
+            yield "environment must not be empty"
+        yield from _id_problems("subnet_ids", self.subnet_ids, _SUBNET, 16)
+        yield from _id_problems("security_group_ids", self.security_group_ids, _SECURITY_GROUP, 5)
+        cap = self.warm_pool_cap_seconds
+        if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= MAX_KEEP_ALIVE_SECONDS:
+            yield f"warm_pool_cap_seconds {cap!r} must be an integer in 0..{MAX_KEEP_ALIVE_SECONDS}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["subnet_ids"] = list(self.subnet_ids)
+        data["security_group_ids"] = list(self.security_group_ids)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlatformContext:
+        if not isinstance(data, Mapping):
+            raise PlatformContextError(f"platform context must be a JSON object, got {type(data).__name__}")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise PlatformContextError(f"unknown platform context field(s): {', '.join(unknown)}")
+        missing = sorted(f.name for f in fields(cls) if f.name not in data and f.name != "dry_run")
+        if missing:
+            raise PlatformContextError(f"platform context lacks field(s): {', '.join(missing)}")
+        return cls(**data)
+
+    @classmethod
+    def placeholder(
+        cls,
+        *,
+        environment: str,
+        account: str,
+        region: str,
+        resource_prefix: str,
+        warm_pool_cap_seconds: int,
+    ) -> PlatformContext:
+        """A dry-run context from configuration alone: names follow the platform's conventions, ids
+        are obviously fake. Rendering with it shows the request's shape, not a launchable job."""
+        prefix = resource_prefix.lower()
+        return cls(
+            environment=environment,
+            region=region,
+            account=account,
+            execution_role_arn=f"arn:aws:iam::{account}:role/{prefix}-sagemaker-execution-DRYRUN",
+            datasets_bucket=f"{prefix}-datasets-{account}-{region}",
+            checkpoints_bucket=f"{prefix}-checkpoints-{account}-{region}",
+            artifacts_bucket=f"{prefix}-artifacts-{account}-{region}",
+            code_bucket=f"{prefix}-code-{account}-{region}",
+            kms_key_arn=f"arn:aws:kms:{region}:{account}:key/00000000-0000-0000-0000-000000000000",
+            subnet_ids=("subnet-0dryrun0000000001", "subnet-0dryrun0000000002"),
+            security_group_ids=("sg-0dryrun0000000001",),
+            warm_pool_cap_seconds=warm_pool_cap_seconds,
+            job_name_prefix=prefix,
+            dry_run=True,
+        )
+
+
+def _id_problems(name: str, values: tuple[str, ...], pattern: re.Pattern, most: int):
+    if not 1 <= len(values) <= most:
+        yield f"{name} must hold 1..{most} ids, got {len(values)}"
+    for value in values:
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            yield f"{name} entry {value!r} is not a valid id"

@@ -1,0 +1,380 @@
+"""Render a template version and a run's input into a complete CreateTrainingJob request.
+
+`render(template, run_input, platform)` is one pure function (no AWS calls, no clock, no randomness):
+the launcher's Lambda, `llmtrain render` and the local runner get the same dict for the same input.
+It applies the run's overrides within the template's bounds, sets the framework hyperparameters
+the SageMaker PyTorch container reads exactly as the SageMaker Python SDK 2.x does for the same job
+(tests/llmtrain/test_sdk_equivalence.py compares them), and validates the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmtrain.errors import OverrideError, RequestValidationError, RunInputError
+from llmtrain.images import training_image_uri
+from llmtrain.instances import instance_type as lookup_instance_type
+from llmtrain.platform import PlatformContext
+from llmtrain.sourcedir import SOURCEDIR_NAME
+from llmtrain.spec import (
+    CHANNEL_SETTING_PREFIX,
+    DEGREE_NAMES,
+    RESOURCE_SETTINGS,
+    OverrideRule,
+    TemplateSpec,
+)
+from llmtrain.validate import JOB_NAME_MAX, degree_problems, validate_request
+
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+CONTAINER_LOG_LEVEL = 20  # logging.INFO: the SDK's default container_log_level
+MAX_ATTEMPTS = 99
+RUN_NAME_PATTERN = re.compile(r"[a-zA-Z0-9](-?[a-zA-Z0-9])*")
+_S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?")
+_TAG_VALUE = re.compile(r"[\w .:/=+\-@]{1,256}")
+TAG_PREFIX = "llmtrain:"
+
+
+@dataclass(frozen=True)
+class RunInput:
+    """One run of a template: its name, overrides, and which attempt of the run this is.
+
+    `attempt` makes every attempt's job name unique; all attempts share the run's checkpoint
+    prefix, so a retry resumes. `instance_type` is the launcher's capacity fallback choice.
+    """
+
+    run_name: str
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    attempt: int = 1
+    instance_type: str | None = None
+    owner: str = "unknown"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.run_name, str) or not RUN_NAME_PATTERN.fullmatch(self.run_name):
+            raise RunInputError("run_name", f"{self.run_name!r} must be letters, digits and single dashes, "
+                                "starting and ending with a letter or digit")
+        if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) \
+                or not 1 <= self.attempt <= MAX_ATTEMPTS:
+            raise RunInputError("attempt", f"{self.attempt!r} must be an integer in 1..{MAX_ATTEMPTS}")
+        if not isinstance(self.owner, str) or not _TAG_VALUE.fullmatch(self.owner):
+            raise RunInputError("owner", f"{self.owner!r} must be 1-256 letters, digits, spaces or _ . : / = + - @")
+        if not isinstance(self.overrides, Mapping):
+            raise RunInputError("overrides", "must be a mapping of setting name to value")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunInput:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise RunInputError(unknown[0], f"is not a run input field; use {', '.join(sorted(names))}")
+        if "run_name" not in data:
+            raise RunInputError("run_name", "is required")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """The template's settings after the run's overrides."""
+
+    instance_type: str
+    instance_count: int
+    volume_size_gb: int
+    max_runtime_seconds: int
+    spot: bool
+    max_wait_seconds: int | None
+    keep_alive_seconds: int
+    degrees: Mapping[str, int]
+    hyperparameters: Mapping[str, Any]
+    channels: Mapping[str, str]
+
+    @property
+    def world_size(self) -> int:
+        return self.instance_count * lookup_instance_type(self.instance_type).processes_per_host
+
+
+def code_key(template: TemplateSpec) -> str:
+    """Where the JobTemplate construct uploads the template's code in the code bucket."""
+    return f"templates/{template.name}/{template.version}/{SOURCEDIR_NAME}"
+
+
+def code_uri(template: TemplateSpec, platform: PlatformContext) -> str:
+    return f"s3://{platform.code_bucket}/{code_key(template)}"
+
+
+def job_name(platform: PlatformContext, run: RunInput) -> str:
+    return f"{platform.job_name_prefix}-{run.run_name}-a{run.attempt}"
+
+
+def max_run_name_length(platform: PlatformContext) -> int:
+    return JOB_NAME_MAX - len(f"{platform.job_name_prefix}--a{MAX_ATTEMPTS}")
+
+
+def render(template: TemplateSpec, run_input: RunInput | Mapping[str, Any], platform: PlatformContext) -> dict:
+    """The complete CreateTrainingJob request; raises OverrideError or RequestValidationError."""
+    run = run_input if isinstance(run_input, RunInput) else RunInput.from_dict(run_input)
+    _check_run_name(run, platform)
+    settings = resolve_settings(template, run, platform)
+    problems = degree_problems(settings.degrees, settings.world_size)
+    if problems:
+        raise RequestValidationError(problems)
+    request = build_request(template, settings, run, platform)
+    validate_request(request, platform)
+    return request
+
+
+def _check_run_name(run: RunInput, platform: PlatformContext) -> None:
+    longest = max_run_name_length(platform)
+    if len(run.run_name) > longest:
+        raise RunInputError(
+            "run_name",
+            f"{run.run_name!r} is {len(run.run_name)} characters; with the job-name prefix "
+            f"'{platform.job_name_prefix}' and the attempt suffix it may be at most {longest}",
+        )
+
+
+# --- overrides ------------------------------------------------------------------------------------
+
+def resolve_settings(template: TemplateSpec, run: RunInput, platform: PlatformContext) -> JobSettings:
+    compute = template.compute
+    values: dict[str, Any] = {
+        "instance_type": compute.instance_type,
+        "instance_count": compute.instance_count,
+        "volume_size_gb": compute.volume_size_gb,
+        "max_runtime_seconds": template.max_runtime_seconds,
+        "spot": template.spot.enabled,
+        "max_wait_seconds": template.spot.max_wait_seconds,
+        "keep_alive_seconds": template.keep_alive_seconds,
+    }
+    degrees = {name: getattr(template.distribution, name) for name in DEGREE_NAMES}
+    hyperparameters = dict(template.hyperparameters)
+    channels = {name: prefix for name, prefix in template.inputs.channels.items()}
+    for setting, raw in run.overrides.items():
+        value = coerce_override(template, setting, raw)
+        if setting in RESOURCE_SETTINGS:
+            values[setting] = value
+        elif setting in DEGREE_NAMES:
+            degrees[setting] = value
+        elif setting.startswith(CHANNEL_SETTING_PREFIX):
+            channels[setting[len(CHANNEL_SETTING_PREFIX):]] = value
+        else:
+            hyperparameters[setting] = value
+    if run.instance_type is not None:
+        values["instance_type"] = _fallback_instance_type(template, run.instance_type)
+    if not values["spot"]:
+        if "max_wait_seconds" in run.overrides:
+            raise OverrideError("max_wait_seconds", "only applies to managed spot training; also set spot=true")
+        values["max_wait_seconds"] = None
+    return JobSettings(
+        **values,
+        degrees=degrees,
+        hyperparameters=hyperparameters,
+        channels=_channel_uris(channels, platform),
+    )
+
+
+def coerce_override(template: TemplateSpec, setting: str, raw: Any) -> Any:
+    """The override's value in its declared type and bounds (strings from the CLI are parsed)."""
+    rule = template.overridable.get(setting)
+    if rule is None:
+        allowed = ", ".join(sorted(template.overridable))
+        raise OverrideError(setting, f"{template.ref} does not allow overriding it; it allows: {allowed}")
+    value = _parse_typed(setting, raw, rule)
+    _check_bounds(setting, value, rule)
+    return value
+
+
+def _parse_typed(setting: str, raw: Any, rule: OverrideRule) -> Any:
+    kind = rule.type
+    try:
+        if kind == "bool":
+            if isinstance(raw, bool):
+                return raw
+            if isinstance(raw, str) and raw.lower() in ("true", "false"):
+                return raw.lower() == "true"
+        elif kind == "int" and not isinstance(raw, bool):
+            if isinstance(raw, int) or (isinstance(raw, str) and re.fullmatch(r"[+-]?\d+", raw.strip())):
+                return int(raw)
+        elif kind == "float" and not isinstance(raw, bool):
+            if isinstance(raw, int | float | str) and math.isfinite(float(raw)):
+                return float(raw)
+        elif isinstance(raw, str):
+            if kind == "s3_uri" and not _S3_URI.fullmatch(raw):
+                raise OverrideError(setting, f"{raw!r} must be an S3 URI such as s3://bucket/prefix/")
+            return raw
+    except ValueError:
+        pass
+    raise OverrideError(setting, f"{raw!r} is not a valid {kind}; expected {rule.describe()}")
+
+
+def _check_bounds(setting: str, value: Any, rule: OverrideRule) -> None:
+    if rule.min is not None and value < rule.min:
+        raise OverrideError(setting, f"{value} is below the minimum {rule.min}; allowed: {rule.describe()}")
+    if rule.max is not None and value > rule.max:
+        raise OverrideError(setting, f"{value} is above the maximum {rule.max}; allowed: {rule.describe()}")
+    if rule.choices is not None and value not in rule.choices:
+        raise OverrideError(setting, f"{value!r} is not allowed; allowed: {rule.describe()}")
+
+
+def _fallback_instance_type(template: TemplateSpec, chosen: str) -> str:
+    allowed = (template.compute.instance_type, *template.retry.fallback_instance_types)
+    if chosen not in allowed:
+        raise OverrideError(
+            "instance_type",
+            f"capacity fallback {chosen!r} is not one of {template.ref}'s instance types: {', '.join(allowed)}",
+        )
+    return chosen
+
+
+def _channel_uris(channels: Mapping[str, str | None], platform: PlatformContext) -> dict[str, str]:
+    """Prefixes resolve in the datasets bucket; channels without a source are left out."""
+    uris = {}
+    for name, source in channels.items():
+        if source is None:
+            continue
+        uris[name] = source if source.startswith("s3://") else f"s3://{platform.datasets_bucket}/{source}"
+    return uris
+
+
+# --- the request ----------------------------------------------------------------------------------
+
+def build_request(template: TemplateSpec, settings: JobSettings, run: RunInput, platform: PlatformContext) -> dict:
+    name = job_name(platform, run)
+    request: dict[str, Any] = {
+        "TrainingJobName": name,
+        "RoleArn": platform.execution_role_arn,
+        "AlgorithmSpecification": {
+            "TrainingImage": image_uri(template, settings.instance_type, platform.region),
+            "TrainingInputMode": template.inputs.mode,
+            "MetricDefinitions": [{"Name": m.name, "Regex": m.regex} for m in template.metrics],
+            "EnableSageMakerMetricsTimeSeries": True,
+        },
+        "HyperParameters": hyperparameters(template, settings, name, platform),
+        "InputDataConfig": [_channel(channel, uri, template.inputs.mode) for channel, uri in settings.channels.items()],
+        "OutputDataConfig": {
+            "S3OutputPath": f"s3://{platform.artifacts_bucket}/{template.name}/{run.run_name}/",
+            "KmsKeyId": platform.kms_key_arn,
+        },
+        "ResourceConfig": _resource_config(settings, platform),
+        "VpcConfig": {"SecurityGroupIds": list(platform.security_group_ids), "Subnets": list(platform.subnet_ids)},
+        "StoppingCondition": _stopping_condition(settings),
+        "EnableNetworkIsolation": False,
+        "EnableInterContainerTrafficEncryption": template.inter_container_encryption,
+        "EnableManagedSpotTraining": settings.spot,
+        "RetryStrategy": {"MaximumRetryAttempts": template.retry.internal_error_attempts},
+        # SageMaker Debugger's system profiler stays off: the training program profiles itself.
+        "ProfilerConfig": {"DisableProfiler": True},
+        "Tags": _tags(template, run, platform),
+    }
+    if template.checkpoints:
+        request["CheckpointConfig"] = {
+            # One prefix per run, shared by all its attempts, so a retried job resumes.
+            "S3Uri": f"s3://{platform.checkpoints_bucket}/{template.name}/{run.run_name}/",
+            "LocalPath": CHECKPOINT_LOCAL_PATH,
+        }
+    return request
+
+
+def image_uri(template: TemplateSpec, instance_type_name: str, region: str) -> str:
+    if template.image.uri is not None:
+        return template.image.uri
+    return training_image_uri(
+        framework_version=template.image.framework_version,
+        py_version=template.image.py_version,
+        region=region,
+        instance_type_name=instance_type_name,
+        smp=template.distribution.strategy == "smp",
+    )
+
+
+def hyperparameters(template: TemplateSpec, settings: JobSettings, name: str, platform: PlatformContext) -> dict:
+    """Run hyperparameters plus framework ones, each JSON-encoded as the SageMaker SDK does."""
+    values = dict(settings.hyperparameters)
+    if template.code.is_platform:
+        values["parallelism"] = template.distribution.strategy
+        values.update(settings.degrees)
+    values.update(framework_hyperparameters(template, settings, name, platform))
+    return {key: json.dumps(value) for key, value in values.items()}
+
+
+def framework_hyperparameters(template: TemplateSpec, settings: JobSettings, name: str,
+                              platform: PlatformContext) -> dict[str, Any]:
+    """What the SageMaker PyTorch container reads: script mode, torchrun launch, SMP parameters."""
+    framework: dict[str, Any] = {
+        "sagemaker_program": template.code.entry_point,
+        "sagemaker_submit_directory": code_uri(template, platform),
+        "sagemaker_container_log_level": CONTAINER_LOG_LEVEL,
+        "sagemaker_job_name": name,
+        "sagemaker_region": platform.region,
+    }
+    if template.distribution.strategy == "smp":
+        framework["mp_parameters"] = smp_parameters(template, settings)
+        framework["sagemaker_distributed_dataparallel_enabled"] = False
+    framework["sagemaker_torch_distributed_enabled"] = True
+    # The toolkit turns EFA on (FI_PROVIDER=efa) for torchrun by this instance type.
+    framework["sagemaker_instance_type"] = settings.instance_type
+    return framework
+
+
+def smp_parameters(template: TemplateSpec, settings: JobSettings) -> dict[str, Any]:
+    """SMP v2's `mp_parameters`: degrees from the distribution, offloading from the hyperparameter."""
+    parameters: dict[str, Any] = {
+        "hybrid_shard_degree": settings.degrees["shard_degree"],
+        "tensor_parallel_degree": settings.degrees["tensor_parallel_degree"],
+    }
+    if "activation_offloading" in settings.hyperparameters:
+        parameters["sm_activation_offloading"] = bool(settings.hyperparameters["activation_offloading"])
+    parameters.update(template.distribution.smp_parameters)
+    return parameters
+
+
+def _channel(name: str, uri: str, mode: str) -> dict[str, Any]:
+    return {
+        "ChannelName": name,
+        "DataSource": {
+            "S3DataSource": {
+                "S3DataType": "S3Prefix",
+                "S3Uri": uri,
+                # Every node reads the whole channel; the training program shards by rank itself.
+                "S3DataDistributionType": "FullyReplicated",
+            }
+        },
+        "InputMode": mode,
+        "CompressionType": "None",
+    }
+
+
+def _resource_config(settings: JobSettings, platform: PlatformContext) -> dict[str, Any]:
+    resources: dict[str, Any] = {
+        "InstanceType": settings.instance_type,
+        "InstanceCount": settings.instance_count,
+        "VolumeSizeInGB": settings.volume_size_gb,
+        "KeepAlivePeriodInSeconds": settings.keep_alive_seconds,
+    }
+    # Instance storage is encrypted by the instance itself; SageMaker rejects a key for it.
+    if lookup_instance_type(settings.instance_type).local_storage_gb is None:
+        resources["VolumeKmsKeyId"] = platform.kms_key_arn
+    return resources
+
+
+def _stopping_condition(settings: JobSettings) -> dict[str, int]:
+    stopping = {"MaxRuntimeInSeconds": settings.max_runtime_seconds}
+    if settings.spot:
+        stopping["MaxWaitTimeInSeconds"] = settings.max_wait_seconds
+    return stopping
+
+
+def _tags(template: TemplateSpec, run: RunInput, platform: PlatformContext) -> list[dict[str, str]]:
+    values = {
+        "template": template.name,
+        "template-version": template.version,
+        "run": run.run_name,
+        "attempt": str(run.attempt),
+        "owner": run.owner,
+        "environment": platform.environment,
+    }
+    return [{"Key": TAG_PREFIX + key, "Value": value} for key, value in values.items()]

@@ -1,0 +1,113 @@
+"""Package the code a template wraps as a deterministic `sourcedir.tar.gz`, and hash it.
+
+Layout (docs/architecture.md, "The sourcedir"): platform templates get the `training_jobs/` folder at
+the archive root plus `requirements.txt` (a copy of `training_jobs/requirements.txt`, which the
+SageMaker container installs before it starts the entry point); byo templates get the user's folder
+as the archive root. The archive is byte-for-byte reproducible (sorted entries, fixed timestamps and
+owners, gzip without a name or time), so the same code always gives the same S3 asset and hash.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmtrain.errors import SourceDirError
+from llmtrain.spec import CodeSpec
+
+PLATFORM_PACKAGE = "training_jobs"
+REQUIREMENTS = "requirements.txt"
+SOURCEDIR_NAME = "sourcedir.tar.gz"
+_FIXED_MTIME = 315532800  # 1980-01-01: the earliest time every archive tool accepts
+_SKIPPED_DIRS = frozenset({"__pycache__", ".git", ".pytest_cache", ".ruff_cache", ".mypy_cache",
+                           ".ipynb_checkpoints", "node_modules"})
+_SKIPPED_SUFFIXES = (".pyc", ".pyo", ".egg-info")
+_SKIPPED_FILES = frozenset({".DS_Store"})
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    archive_path: str
+    path: Path
+
+
+def repository_root() -> Path:
+    """The checkout this package runs from (llmtrain/ sits at the repository root)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def collect_files(code: CodeSpec, repo_root: Path | None = None) -> list[SourceFile]:
+    """The files of the sourcedir in archive order, checked for the entry point."""
+    root = repo_root or repository_root()
+    if code.is_platform:
+        package = root / PLATFORM_PACKAGE
+        files = [SourceFile(f"{PLATFORM_PACKAGE}/{rel}", path) for rel, path in _walk(package)]
+        requirements = package / REQUIREMENTS
+        if not requirements.is_file():
+            raise SourceDirError(
+                f"{requirements} is missing: the SageMaker container installs the training program's "
+                "dependencies from it, so platform templates cannot be packaged without it"
+            )
+        files.append(SourceFile(REQUIREMENTS, requirements))
+    else:
+        files = [SourceFile(rel, path) for rel, path in _walk(root / code.source)]
+    files.sort(key=lambda f: f.archive_path)
+    if code.entry_point not in {f.archive_path for f in files}:
+        where = PLATFORM_PACKAGE if code.is_platform else code.source
+        raise SourceDirError(f"code.entry_point {code.entry_point!r} is not a file under {where}/")
+    return files
+
+
+def _walk(folder: Path):
+    if not folder.is_dir():
+        raise SourceDirError(f"code folder {folder} does not exist")
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIPPED_DIRS and not d.endswith(_SKIPPED_SUFFIXES))
+        for name in sorted(filenames):
+            if name in _SKIPPED_FILES or name.endswith(_SKIPPED_SUFFIXES):
+                continue
+            path = Path(dirpath) / name
+            if path.is_symlink():
+                raise SourceDirError(f"{path} is a symbolic link; copy the file into the code folder instead")
+            yield path.relative_to(folder).as_posix(), path
+
+
+def code_hash(files: list[SourceFile]) -> str:
+    """sha256 over (archive path, content) pairs: changes with any byte or name, not with mtimes."""
+    digest = hashlib.sha256()
+    for source in sorted(files, key=lambda f: f.archive_path):
+        digest.update(source.archive_path.encode())
+        digest.update(b"\0")
+        digest.update(hashlib.sha256(source.path.read_bytes()).hexdigest().encode())
+        digest.update(b"\n")
+    return "sha256:" + digest.hexdigest()
+
+
+def tarball_bytes(files: list[SourceFile]) -> bytes:
+    """The gzipped tar archive of `files`, identical for identical contents."""
+    raw = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as zipped:
+        with tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for source in sorted(files, key=lambda f: f.archive_path):
+                data = source.path.read_bytes()
+                info = tarfile.TarInfo(source.archive_path)
+                info.size = len(data)
+                info.mtime = _FIXED_MTIME
+                info.mode = 0o755 if os.access(source.path, os.X_OK) else 0o644
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                tar.addfile(info, io.BytesIO(data))
+    return raw.getvalue()
+
+
+def build_sourcedir(code: CodeSpec, destination: Path, repo_root: Path | None = None) -> str:
+    """Write the sourcedir archive to `destination` (a file path); returns the code hash."""
+    files = collect_files(code, repo_root)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    destination.write_bytes(tarball_bytes(files))
+    return code_hash(files)

@@ -1,0 +1,79 @@
+"""The operations stack: quota alarms, the warm-pool reaper, job events and the dashboard."""
+
+from __future__ import annotations
+
+from aws_cdk import Stack
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_stepfunctions as sfn
+from training_constructs.operations import TemplateMetrics, TrainingOperations
+
+from constructs import Construct
+from llmtrain.catalog import Catalog
+from llmtrain.environments import EnvironmentConfig
+from llmtrain.handlers.quotas import template_instance_types
+from llmtrain.spec import TemplateSpec
+from stacks._outputs import output
+
+DASHBOARD_OUTPUT = "OperationsDashboardName"
+TOPIC_OUTPUT = "OperationsTopicArn"
+
+
+class OperationsStack(Stack):
+    """Wires a ``TrainingOperations`` to the environment's configuration and its enabled templates.
+
+    The instance types watched are those the enabled templates may run on (every version's own type,
+    fallbacks and allowed overrides). Alarms and job notifications go to ``notification_topic`` (the
+    launcher's) when given, else to a topic of this stack subscribed to the environment's e-mail.
+
+    Attribute ``operations`` is the construct.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: EnvironmentConfig,
+        catalog: Catalog | None = None,
+        notification_topic: sns.ITopic | None = None,
+        state_machine: sfn.IStateMachine | None = None,
+    ) -> None:
+        super().__init__(
+            scope,
+            construct_id,
+            stack_name=config.stack_name("operations"),
+            description=f"LLM training platform ({config.name}): quota alarms, warm-pool reaper, job events, "
+            "operations dashboard",
+        )
+        catalog = catalog or Catalog.load()
+        templates = enabled_template_versions(catalog, config.enabled_templates)
+        self.operations = TrainingOperations(
+            self,
+            "Operations",
+            environment_name=config.name,
+            job_name_prefix=config.job_name_prefix,
+            instance_types=template_instance_types(templates),
+            quota_alarm_threshold_percent=config.quotas.alarm_threshold_percent,
+            warm_pool_idle_budget_seconds=config.warm_pools.idle_budget_seconds,
+            notification_topic=notification_topic,
+            notification_email=None if notification_topic else config.notifications.email,
+            state_machine=state_machine,
+            template_metrics=latest_template_metrics(catalog, config.enabled_templates),
+        )
+        output(self, DASHBOARD_OUTPUT, self.operations.dashboard.dashboard_name, "CloudWatch dashboard")
+        output(self, TOPIC_OUTPUT, self.operations.topic.topic_arn, "Where alarms and job notifications go")
+
+
+def enabled_template_versions(catalog: Catalog, enabled: tuple[str, ...]) -> list[TemplateSpec]:
+    """Every version of every enabled template: runs may name an older version."""
+    for name in enabled:
+        catalog.versions(name)  # raises TemplateNotFoundError naming the template and the catalog
+    return [template for template in catalog.all() if template.name in enabled]
+
+
+def latest_template_metrics(catalog: Catalog, enabled: tuple[str, ...]) -> list[TemplateMetrics]:
+    """Loss and tokens/s metric names per enabled template, from its latest version's definitions."""
+    return [
+        TemplateMetrics.from_metric_definitions(name, {m.name: m.regex for m in catalog.latest(name).metrics})
+        for name in sorted(enabled)
+    ]

@@ -1,0 +1,85 @@
+"""Helpers for the infra tests: synthesize an app with cdk-nag once, then read its templates."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+os.environ.setdefault("CDK_DISABLE_VERSION_CHECK", "1")
+
+import aws_cdk as cdk  # noqa: E402  (after the environment above, which jsii reads at import)
+from aws_cdk.assertions import Template  # noqa: E402
+from cdk_nag import AwsSolutionsChecks  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = ROOT / "config"
+PARTS = ("network", "storage", "access")
+ENV = cdk.Environment(account="111111111111", region="us-east-1")
+
+
+@dataclass
+class SynthesizedApp:
+    """An app synthesized with cdk-nag: its templates, manifests and validation report."""
+
+    app: cdk.App
+    outdir: Path
+    stacks: dict[tuple[str, str], cdk.Stack]
+    synth_error: str | None
+    stages: dict[str, Any] = field(default_factory=dict)
+    _templates: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+
+    def template_json(self, scope: str, part: str) -> dict[str, Any]:
+        key = (scope, part)
+        if key not in self._templates:
+            stack = self.stacks[key]
+            stage_dir = Path(cdk.Stage.of(stack).outdir)
+            self._templates[key] = json.loads((stage_dir / stack.template_file).read_text())
+        return self._templates[key]
+
+    def template(self, scope: str, part: str) -> Template:
+        return Template.from_json(self.template_json(scope, part))
+
+    def nag_violations(self) -> list[dict[str, Any]]:
+        report = json.loads((self.outdir / "validation-report.json").read_text())
+        return [violation for plugin in report["pluginReports"] for violation in plugin["violations"]]
+
+    def all_templates(self):
+        for (scope, part), stack in self.stacks.items():
+            yield scope, part, stack, self.template_json(scope, part)
+
+
+def synthesize(app: cdk.App, outdir: Path, stacks: dict[tuple[str, str], cdk.Stack]) -> SynthesizedApp:
+    """Synthesize with cdk-nag; a nag failure is recorded (and asserted on by a test), not raised."""
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    try:
+        app.synth()
+        error = None
+    except RuntimeError as failure:  # jsii surfaces "ValidationFailed" as a RuntimeError
+        error = str(failure)
+    return SynthesizedApp(app=app, outdir=outdir, stacks=stacks, synth_error=error)
+
+
+def resources_of_type(template_json: dict[str, Any], resource_type: str) -> dict[str, dict[str, Any]]:
+    return {logical_id: resource for logical_id, resource in template_json["Resources"].items()
+            if resource["Type"] == resource_type}
+
+
+def statements_by_sid(template_json: dict[str, Any], resource_type: str,
+                      logical_id_prefix: str = "") -> dict[str, dict[str, Any]]:
+    """All policy statements with a Sid in resources of one type, keyed by Sid."""
+    found: dict[str, dict[str, Any]] = {}
+    for logical_id, resource in resources_of_type(template_json, resource_type).items():
+        if not logical_id.startswith(logical_id_prefix):
+            continue
+        for statement in resource["Properties"]["PolicyDocument"]["Statement"]:
+            if "Sid" in statement:
+                found[statement["Sid"]] = statement
+    return found
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]

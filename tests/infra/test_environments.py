@@ -1,0 +1,186 @@
+"""llmtrain.environments: the committed files load, and every invalid field is named in the error."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from infra_helpers import CONFIG_DIR
+from llmtrain.environments import (
+    MAX_WARM_POOL_KEEP_ALIVE_SECONDS,
+    EnvironmentConfigError,
+    load_environment,
+    load_environments,
+    parse_environment,
+)
+
+import app as cdk_app
+
+CATALOG_TEMPLATES = {"llama-pretrain-fsdp", "llama-pretrain-hsdp-tp", "llama-pretrain-smp",
+                     "llama-finetune-deepspeed", "llama-finetune-lora", "gpt2-ddp", "byo-script"}
+
+
+def valid_document() -> dict:
+    return yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())
+
+
+def write(directory: Path, name: str, document: dict) -> Path:
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_committed_environments_load_with_their_values():
+    environments = load_environments(CONFIG_DIR)
+    assert list(environments) == ["dev", "prod"]
+    dev, prod = environments["dev"], environments["prod"]
+    assert (dev.account, dev.region) == ("111111111111", "us-east-1")
+    assert (prod.account, prod.region) == ("222222222222", "us-west-2")
+    assert dev.network.availability_zones == ("us-east-1a", "us-east-1b")
+    assert len(prod.network.availability_zones) == 3
+    assert dev.network.vpc_cidr == "10.40.0.0/16" and dev.network.nat_gateways == 0
+    assert prod.network.inter_container_traffic_encryption and not dev.network.inter_container_traffic_encryption
+    assert set(dev.enabled_templates) == CATALOG_TEMPLATES
+    assert set(prod.enabled_templates) == CATALOG_TEMPLATES - {"byo-script"}
+    assert dev.warm_pools.max_keep_alive_seconds == 3600 and dev.warm_pools.idle_budget_seconds == 1800
+    assert prod.quotas.alarm_threshold_percent == 90.0
+    assert dev.notifications.email == "ml-platform-dev@example.com"
+    assert dev.job_name_prefix == "llmtrain-dev"
+    assert dev.tags["environment"] == "dev"
+    assert dev.stack_name("storage") == "llmtrain-dev-storage"
+    assert dev.source == CONFIG_DIR / "dev.yaml"
+
+
+def test_optional_sections_take_documented_defaults(tmp_path):
+    document = valid_document()
+    for optional in ("quotas", "warm_pools", "notifications", "tags"):
+        del document[optional]
+    del document["network"]["nat_gateways"], document["network"]["inter_container_traffic_encryption"]
+    config = load_environment(write(tmp_path, "dev", document))
+    assert config.quotas.alarm_threshold_percent == 80.0
+    assert (config.warm_pools.max_keep_alive_seconds, config.warm_pools.idle_budget_seconds) == (3600, 1800)
+    assert config.notifications.email is None and dict(config.tags) == {}
+    assert config.network.nat_gateways == 0 and not config.network.inter_container_traffic_encryption
+
+
+def test_existing_vpc_replaces_the_cidr(tmp_path):
+    document = valid_document()
+    network = document["network"]
+    del network["vpc_cidr"]
+    network["existing_vpc"] = {"vpc_id": "vpc-0123456789abcdef0", "vpc_cidr": "10.9.0.0/16",
+                               "subnet_ids": ["subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb"],
+                               "route_table_ids": ["rtb-0aaaaaaaaaaaaaaaa", "rtb-0bbbbbbbbbbbbbbbb"]}
+    config = load_environment(write(tmp_path, "dev", document))
+    assert config.network.vpc_cidr == "10.9.0.0/16"
+    assert config.network.existing_vpc.subnet_ids == ("subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb")
+    assert config.network.existing_vpc.create_endpoints is True
+
+
+def _set(path: str, value):
+    def change(document):
+        *parents, leaf = path.split(".")
+        target = document
+        for key in parents:
+            target = target.setdefault(key, {})
+        if value is _DELETE:
+            del target[leaf]
+        else:
+            target[leaf] = value
+    return change
+
+
+_DELETE = object()
+_EXISTING = {"vpc_id": "vpc-0123456789abcdef0", "vpc_cidr": "10.9.0.0/16",
+             "subnet_ids": ["subnet-0aaaaaaaaaaaaaaaa"], "route_table_ids": ["rtb-0aaaaaaaaaaaaaaaa"]}
+
+INVALID = [
+    # (change, field named in the message, words of the explanation)
+    (_set("account", 111111111111), "account", "quoted string"),
+    (_set("account", "1234"), "account", "12-digit"),
+    (_set("account", _DELETE), "account", "is required"),
+    (_set("region", "mars-1"), "region", "AWS region"),
+    (_set("name", "Dev_1"), "name", "lowercase"),
+    (_set("name", "qa"), "name", "file name"),
+    (_set("colour", "blue"), "colour", "unknown field"),
+    (_set("network.vpc_cidr", "10.40.0.1/16"), "network.vpc_cidr", "IPv4 network"),
+    (_set("network.vpc_cidr", "10.0.0.0/8"), "network.vpc_cidr", "/16 to /24"),
+    (_set("network.vpc_cidr", "fd00::/64"), "network.vpc_cidr", "IPv4"),
+    (_set("network.availability_zones", ["us-east-1a"]), "network.availability_zones", "at least 2"),
+    (_set("network.availability_zones", ["us-west-2a", "us-west-2b"]), "network.availability_zones",
+     "us-east-1"),
+    (_set("network.nat_gateways", 3), "network.nat_gateways", "at most 2"),
+    (_set("network.nat_gateways", True), "network.nat_gateways", "whole number"),
+    (_set("network.inter_container_traffic_encryption", "yes"),
+     "network.inter_container_traffic_encryption", "true or false"),
+    (_set("network.s3_prefix_list_id", "s3"), "network.s3_prefix_list_id", "prefix list"),
+    (_set("network.existing_vpc", _EXISTING), "network.existing_vpc.subnet_ids", "at least 2"),
+    (_set("network.existing_vpc", {**_EXISTING, "vpc_id": "vpc-1",
+                                   "subnet_ids": ["subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb"],
+                                   "route_table_ids": ["rtb-0aaaaaaaaaaaaaaaa", "rtb-0bbbbbbbbbbbbbbbb"]}),
+     "network.existing_vpc.vpc_id", "VPC id"),
+    (_set("network.existing_vpc", {**_EXISTING,
+                                   "subnet_ids": ["subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb"],
+                                   "route_table_ids": ["rtb-0aaaaaaaaaaaaaaaa", "rtb-0bbbbbbbbbbbbbbbb"]}),
+     "network.vpc_cidr", "existing_vpc.vpc_cidr is used"),
+    (_set("job_templates.enabled", []), "job_templates.enabled", "at least 1"),
+    (_set("job_templates.enabled", ["gpt2-ddp", "gpt2-ddp"]), "job_templates.enabled", "more than once"),
+    (_set("job_templates.enabled", ["Llama 7B"]), "job_templates.enabled", "not valid"),
+    (_set("job_name_prefix", "LLMTrain"), "job_name_prefix", "lowercase"),
+    (_set("job_name_prefix", "a" * 25), "job_name_prefix", "at most 24"),
+    (_set("quotas.alarm_threshold_percent", 120), "quotas.alarm_threshold_percent", "at most 100"),
+    (_set("quotas.alarm_threshold_percent", "high"), "quotas.alarm_threshold_percent", "a number"),
+    (_set("warm_pools.max_keep_alive_seconds", MAX_WARM_POOL_KEEP_ALIVE_SECONDS + 1),
+     "warm_pools.max_keep_alive_seconds", "at most 21600"),
+    (_set("warm_pools.max_keep_alive_seconds", -1), "warm_pools.max_keep_alive_seconds", "at least 0"),
+    (_set("warm_pools.idle_budget_seconds", 7200), "warm_pools.idle_budget_seconds", "exceeds"),
+    (_set("notifications.email", "not-an-address"), "notifications.email", "e-mail"),
+    (_set("tags", ["a", "b"]), "tags", "mapping"),
+    (_set("tags.aws:owner", "me"), "tags.aws:owner", "tag key"),
+    (_set("tags.cost-center", 42), "tags.cost-center", "string"),
+    (_set("network", "10.0.0.0/16"), "network", "mapping"),
+]
+
+
+@pytest.mark.parametrize(("change", "field", "explanation"), INVALID,
+                         ids=[f"{field}-{explanation}" for _, field, explanation in INVALID])
+def test_an_invalid_field_is_named_with_the_file(tmp_path, change, field, explanation):
+    document = copy.deepcopy(valid_document())
+    change(document)
+    path = write(tmp_path, "dev", document)
+    with pytest.raises(EnvironmentConfigError) as raised:
+        load_environment(path)
+    message = str(raised.value)
+    assert message.startswith(f"{path}: {field}:"), message
+    assert explanation in message, message
+
+
+def test_unreadable_and_malformed_files_are_reported(tmp_path):
+    bad_yaml = tmp_path / "dev.yaml"
+    bad_yaml.write_text("name: [dev\n")
+    with pytest.raises(EnvironmentConfigError, match="not valid YAML"):
+        load_environment(bad_yaml)
+    with pytest.raises(EnvironmentConfigError, match="cannot read"):
+        load_environment(tmp_path / "missing.yaml")
+    with pytest.raises(EnvironmentConfigError, match="the document: must be a mapping"):
+        parse_environment(["dev"])
+
+
+def test_a_config_folder_needs_files_with_distinct_targets(tmp_path):
+    with pytest.raises(EnvironmentConfigError, match="no \\*.yaml environment files"):
+        load_environments(tmp_path)
+    with pytest.raises(EnvironmentConfigError, match="not a directory"):
+        load_environments(tmp_path / "nope")
+    write(tmp_path, "dev", valid_document())
+    clash = {**valid_document(), "name": "qa"}
+    write(tmp_path, "qa", clash)
+    with pytest.raises(EnvironmentConfigError, match="same account and region"):
+        load_environments(tmp_path)
+
+
+def test_app_selects_environments_by_name(environments):
+    assert [env.name for env in cdk_app.select_environments(environments, None)] == ["dev", "prod"]
+    assert [env.name for env in cdk_app.select_environments(environments, " prod ,")] == ["prod"]
+    with pytest.raises(EnvironmentConfigError, match="no environment file for staging"):
+        cdk_app.select_environments(environments, "dev,staging")

@@ -1,0 +1,422 @@
+"""The operations stack of every environment, from the app synthesized once per session (conftest).
+
+Alarms, the job-events rule, the schedules, the functions' settings and permissions and the dashboard
+are asserted in the synthesized templates against config/ and the template catalog; cdk-nag and
+cfn-lint run over them. The functions' code asset is imported the way Lambda would load it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_sns as sns
+from cfnlint.api import ManualArgs, lint
+from infra_helpers import as_list, resources_of_type
+from training_constructs import PropsError
+from training_constructs.lambda_code import stage_lambda_code
+from training_constructs.operations import WILDCARD_RESOURCE_ACTIONS, TrainingOperations
+from training_constructs.operations_dashboard import TemplateMetrics
+
+from llmtrain.catalog import Catalog
+from llmtrain.handlers import job_events, quotas, warm_pools
+from llmtrain.handlers.quotas import template_instance_types
+from stacks.operations import enabled_template_versions
+
+ENVIRONMENTS = ("dev", "prod")
+CATALOG = Catalog.load()
+
+
+@pytest.fixture(scope="module")
+def templates(platform) -> dict[str, dict]:
+    return {name: _template_json(platform.stages[name].operations) for name in ENVIRONMENTS}
+
+
+def _template_json(stack: cdk.Stack) -> dict:
+    return json.loads((Path(cdk.Stage.of(stack).outdir) / stack.template_file).read_text())
+
+
+def expected_instance_types(config) -> list[str]:
+    return list(template_instance_types(enabled_template_versions(CATALOG, config.enabled_templates)))
+
+
+def functions(template: dict) -> dict[str, dict]:
+    """The functions by handler module name (quotas, warm_pools, job_events)."""
+    found = {}
+    for resource in resources_of_type(template, "AWS::Lambda::Function").values():
+        module = resource["Properties"]["Handler"].split(".")[-2]
+        found[module] = resource
+    return found
+
+
+def logical_id_of(template: dict, resource: dict) -> str:
+    return next(
+        logical_id for logical_id, candidate in template["Resources"].items() if candidate is resource
+    )
+
+
+# -- cdk-nag, cfn-lint ------------------------------------------------------------------------------
+
+
+def test_cdk_nag_has_no_unacknowledged_finding_in_the_operations_stacks(platform):
+    mine = [v for v in platform.nag_violations() if "/Operations/" in json.dumps(v)]
+    assert mine == []
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_cfn_lint_reports_nothing(templates, environment):
+    matches = lint(json.dumps(templates[environment]), config=ManualArgs(regions=["us-east-1", "us-west-2"]))
+    assert [str(match) for match in matches] == []
+
+
+# -- alarms -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_one_quota_alarm_per_instance_type_at_the_environment_threshold(templates, environments, environment):
+    config, template = environments[environment], templates[environment]
+    alarms = {
+        alarm["Properties"]["AlarmName"]: alarm["Properties"]
+        for alarm in resources_of_type(template, "AWS::CloudWatch::Alarm").values()
+    }
+    types = expected_instance_types(config)
+    assert {f"{config.job_name_prefix}-quota-{t}" for t in types} <= set(alarms)
+    assert len([name for name in alarms if name.startswith(f"{config.job_name_prefix}-quota-ml.")]) == len(
+        types
+    )
+    topic = {
+        "Ref": logical_id_of(template, next(iter(resources_of_type(template, "AWS::SNS::Topic").values())))
+    }
+    for instance_type in types:
+        alarm = alarms[f"{config.job_name_prefix}-quota-{instance_type}"]
+        assert alarm["Threshold"] == config.quotas.alarm_threshold_percent
+        assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+        assert alarm["TreatMissingData"] == "notBreaching"
+        assert alarm["AlarmActions"] == [topic] and alarm["OKActions"] == [topic]
+        [expression] = [m for m in alarm["Metrics"] if "Expression" in m]
+        assert expression["Expression"] == "MAX([training, spot, warm_pool])" and expression["ReturnData"]
+        inputs = {m["Id"]: m["MetricStat"] for m in alarm["Metrics"] if "MetricStat" in m}
+        assert set(inputs) == {"training", "spot", "warm_pool"}
+        for metric_id, stat in inputs.items():
+            metric = stat["Metric"]
+            assert metric["Namespace"] == quotas.DEFAULT_NAMESPACE and metric["MetricName"] == "Utilization"
+            assert {d["Name"]: d["Value"] for d in metric["Dimensions"]} == {
+                "InstanceType": instance_type,
+                "UsageKind": metric_id.replace("_", "-"),
+            }
+
+
+def test_thresholds_differ_per_environment_as_configured(templates, environments):
+    thresholds = {
+        name: {
+            a["Properties"]["Threshold"]
+            for a in resources_of_type(templates[name], "AWS::CloudWatch::Alarm").values()
+            if "-quota-ml." in a["Properties"]["AlarmName"]
+        }
+        for name in ENVIRONMENTS
+    }
+    assert thresholds == {name: {environments[name].quotas.alarm_threshold_percent} for name in ENVIRONMENTS}
+    assert thresholds["dev"] != thresholds["prod"]
+
+
+def test_unreadable_quotas_and_function_errors_raise_alarms(templates):
+    template = templates["dev"]
+    alarms = {
+        a["Properties"]["AlarmName"]: a["Properties"]
+        for a in resources_of_type(template, "AWS::CloudWatch::Alarm").values()
+    }
+    unreadable = alarms["llmtrain-dev-quota-unreadable"]
+    assert (unreadable["MetricName"], unreadable["Namespace"], unreadable["Threshold"]) == (
+        "UnreadableQuotas",
+        quotas.DEFAULT_NAMESPACE,
+        1,
+    )
+    errors = [a for name, a in alarms.items() if name.endswith("-errors")]
+    assert len(errors) == 3 and all(
+        a["MetricName"] == "Errors" and a["Namespace"] == "AWS/Lambda" for a in errors
+    )
+
+
+# -- the rule, the schedules, the functions -------------------------------------------------------
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_the_job_events_rule_sends_the_platform_s_ended_jobs_to_the_function(
+    templates, environments, environment
+):
+    template, prefix = templates[environment], environments[environment].job_name_prefix
+    rules = [
+        r["Properties"]
+        for r in resources_of_type(template, "AWS::Events::Rule").values()
+        if "EventPattern" in r["Properties"]
+    ]
+    [rule] = rules
+    assert rule["EventPattern"] == {
+        "source": ["aws.sagemaker"],
+        "detail-type": ["SageMaker Training Job State Change"],
+        "detail": {
+            "TrainingJobName": [{"prefix": f"{prefix}-"}],
+            "TrainingJobStatus": ["Completed", "Failed", "Stopped"],
+        },
+    }
+    [target] = rule["Targets"]
+    job_events_id = logical_id_of(template, functions(template)["job_events"])
+    assert target["Arn"] == {"Fn::GetAtt": [job_events_id, "Arn"]}
+    assert target["RetryPolicy"]["MaximumRetryAttempts"] == 8
+
+
+def test_the_scheduled_functions_run_every_few_minutes(templates):
+    template = templates["dev"]
+    by_target = {}
+    for rule in resources_of_type(template, "AWS::Events::Rule").values():
+        if "ScheduleExpression" in rule["Properties"]:
+            [target] = rule["Properties"]["Targets"]
+            by_target[target["Arn"]["Fn::GetAtt"][0]] = rule["Properties"]["ScheduleExpression"]
+    lambdas = functions(template)
+    assert by_target == {
+        logical_id_of(template, lambdas["quotas"]): "rate(5 minutes)",
+        logical_id_of(template, lambdas["warm_pools"]): "rate(10 minutes)",
+    }
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_the_functions_get_the_environment_s_settings(templates, environments, environment):
+    config, lambdas = environments[environment], functions(templates[environment])
+    variables = {name: f["Properties"]["Environment"]["Variables"] for name, f in lambdas.items()}
+    instance_types = ",".join(expected_instance_types(config))
+    assert variables["quotas"]["INSTANCE_TYPES"] == instance_types
+    assert quotas.QuotaSettings.from_environ(variables["quotas"]).instance_types == tuple(
+        instance_types.split(",")
+    )
+    reaper = warm_pools.ReaperSettings.from_environ(variables["warm_pools"])
+    assert (reaper.job_name_prefix, reaper.idle_budget_seconds, reaper.dry_run, reaper.environment) == (
+        f"{config.job_name_prefix}-",
+        config.warm_pools.idle_budget_seconds,
+        False,
+        config.name,
+    )
+    events = job_events.JobEventSettings.from_environ(
+        {**variables["job_events"], "NOTIFICATION_TOPIC_ARN": "resolved at deploy time"}
+    )
+    assert (events.job_name_prefix, events.environment) == (f"{config.job_name_prefix}-", config.name)
+    assert "Ref" in variables["job_events"]["NOTIFICATION_TOPIC_ARN"]
+    for function in lambdas.values():
+        module, name = function["Properties"]["Handler"].rsplit(".", 1)
+        assert callable(getattr(importlib.import_module(module), name))
+        assert function["Properties"]["Runtime"] == "python3.14"
+
+
+def statements(template: dict, function_module: str) -> list[dict]:
+    function = functions(template)[function_module]
+    role_id = function["Properties"]["Role"]["Fn::GetAtt"][0]
+    return [
+        statement
+        for policy in resources_of_type(template, "AWS::IAM::Policy").values()
+        if {"Ref": role_id} in policy["Properties"]["Roles"]
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+def test_iam_is_least_privilege(templates):
+    template = templates["dev"]
+    for module in ("quotas", "warm_pools", "job_events"):
+        for statement in statements(template, module):
+            assert statement["Effect"] == "Allow"
+            actions = as_list(statement["Action"])
+            assert not any(action == "*" or action.endswith(":*") for action in actions)
+            if statement["Resource"] == "*":
+                assert set(actions) <= set(WILDCARD_RESOURCE_ACTIONS), actions
+            if "cloudwatch:PutMetricData" in actions:
+                assert set(as_list(statement["Condition"]["StringEquals"]["cloudwatch:namespace"])) <= {
+                    quotas.DEFAULT_NAMESPACE,
+                    warm_pools.DEFAULT_NAMESPACE,
+                    job_events.DEFAULT_NAMESPACE,
+                    job_events.DEFAULT_TRAINING_NAMESPACE,
+                }
+    [update] = [
+        s for s in statements(template, "warm_pools") if "sagemaker:UpdateTrainingJob" in as_list(s["Action"])
+    ]
+    assert json.dumps(update["Resource"]).endswith(':training-job/llmtrain-dev-*"]]}')
+    assert not any(
+        "sagemaker:UpdateTrainingJob" in as_list(s["Action"])
+        for m in ("quotas", "job_events")
+        for s in statements(template, m)
+    )
+
+
+def test_the_functions_write_only_their_own_log_groups(templates):
+    template = templates["dev"]
+    for module in ("quotas", "warm_pools", "job_events"):
+        function = functions(template)[module]
+        [logs] = [s for s in statements(template, module) if s.get("Sid") == "WriteOwnLogs"]
+        assert logs["Resource"] == {
+            "Fn::GetAtt": [function["Properties"]["LoggingConfig"]["LogGroup"]["Ref"], "Arn"]
+        }
+
+
+def test_without_the_launcher_s_topic_an_encrypted_topic_mails_the_configured_address(
+    templates, environments
+):
+    for name in ENVIRONMENTS:
+        template = templates[name]
+        [topic] = resources_of_type(template, "AWS::SNS::Topic").values()
+        assert "KmsMasterKeyId" in topic["Properties"]
+        [subscription] = resources_of_type(template, "AWS::SNS::Subscription").values()
+        assert subscription["Properties"]["Endpoint"] == environments[name].notifications.email
+
+
+# -- the dashboard ----------------------------------------------------------------------------------
+
+
+def dashboard(template: dict) -> dict:
+    [board] = resources_of_type(template, "AWS::CloudWatch::Dashboard").values()
+    parts = board["Properties"]["DashboardBody"]["Fn::Join"][1]
+    return json.loads("".join(p if isinstance(p, str) else "TOKEN" for p in parts))
+
+
+def widget_titles(board: dict) -> list[str]:
+    return [w["properties"].get("title") or w["properties"].get("markdown", "") for w in board["widgets"]]
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_the_dashboard_shows_every_part(templates, environments, environment):
+    config = environments[environment]
+    board = dashboard(templates[environment])
+    by_title = {w["properties"].get("title"): w["properties"] for w in board["widgets"]}
+    assert any(
+        t.startswith("### Launcher executions") or t == "Launcher executions" for t in widget_titles(board)
+    )
+
+    failures = by_title["Job failures by class"]["metrics"]
+    assert sorted(m[5] for m in failures) == sorted(c.value for c in job_events.FailureClass)
+
+    for instance_type in expected_instance_types(config):
+        widget = by_title[f"{instance_type}: quota utilisation (%)"]
+        assert widget["annotations"]["horizontal"][0]["value"] == config.quotas.alarm_threshold_percent
+        assert {(m[2], m[3]) for m in widget["metrics"]} == {("InstanceType", instance_type)}
+        assert sorted(m[5] for m in widget["metrics"]) == sorted(kind.value for kind in quotas.UsageKind)
+
+    warm = by_title["Warm-pool instances in use (account)"]["metrics"][0][0]["expression"]
+    assert (
+        warm.startswith("SEARCH('{LLMTrain/Quotas,InstanceType,UsageKind}")
+        and 'UsageKind="warm-pool"' in warm
+    )
+    assert by_title["Warm pools: retained billable time"]["metrics"][0][:2] == [
+        warm_pools.DEFAULT_NAMESPACE,
+        "RetainedBillableSeconds",
+    ]
+
+    live_loss = by_title["Training loss, live (train:loss)"]["metrics"][0][0]["expression"]
+    assert live_loss == (
+        'SEARCH(\'{"/aws/sagemaker/TrainingJobs",Host} MetricName="train:loss" '
+        f"Host={config.job_name_prefix}', 'Average', 300)"
+    )
+    assert "Tokens/s, live (train:tokens_per_sec)" in by_title
+
+    for name in config.enabled_templates:
+        widget = by_title[f"{name}: final loss and tokens/s per job"]
+        loss = widget["metrics"][0]
+        assert loss[:2] == [job_events.DEFAULT_TRAINING_NAMESPACE, "train:loss"]
+        assert loss[2:6] == ["Environment", config.name, "Template", name]
+    assert by_title["Guard-rail functions: errors"]["metrics"]
+
+
+def test_template_metrics_are_found_by_what_their_regexes_capture():
+    for template in CATALOG.all():
+        found = TemplateMetrics.from_metric_definitions(
+            template.name, {m.name: m.regex for m in template.metrics}
+        )
+        assert found.loss == "train:loss", template.ref
+        expected = None if template.name == "byo-script" else "train:tokens_per_sec"
+        assert found.tokens_per_second == expected, template.ref
+    odd = TemplateMetrics.from_metric_definitions(
+        "x", {"speed": r"tokens_per_sec=(\S+)", "l": r" loss=(\S+)"}
+    )
+    assert (odd.loss, odd.tokens_per_second) == ("l", "speed")
+
+
+# -- invalid props --------------------------------------------------------------------------------
+
+
+GOOD = dict(
+    environment_name="dev",
+    job_name_prefix="llmtrain-dev",
+    instance_types=["ml.p4d.24xlarge"],
+    quota_alarm_threshold_percent=80,
+    warm_pool_idle_budget_seconds=1800,
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"environment_name": "Dev"}, "environment_name"),
+        ({"job_name_prefix": "LLM_train"}, "job_name_prefix"),
+        ({"instance_types": []}, "instance_types"),
+        ({"instance_types": ["p4d.24xlarge"]}, "instance_types"),
+        ({"quota_alarm_threshold_percent": 0}, "quota_alarm_threshold_percent"),
+        ({"quota_alarm_threshold_percent": 120}, "quota_alarm_threshold_percent"),
+        ({"warm_pool_idle_budget_seconds": 30000}, "warm_pool_idle_budget_seconds"),
+        ({"warm_pool_idle_budget_seconds": True}, "warm_pool_idle_budget_seconds"),
+        ({"notification_email": "nobody"}, "notification_email"),
+        ({"quota_interval": cdk.Duration.seconds(90)}, "quota_interval"),
+    ],
+)
+def test_invalid_props_fail_naming_the_field(change, field):
+    stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account="111111111111", region="us-east-1"))
+    with pytest.raises(PropsError, match=rf"^TrainingOperations\({field}=\.\.\.\): "):
+        TrainingOperations(stack, "Ops", **(GOOD | change))
+
+
+def test_an_email_is_refused_when_a_topic_is_given():
+    stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account="111111111111", region="us-east-1"))
+    topic = sns.Topic(stack, "Given")
+    with pytest.raises(PropsError, match="subscribe the address to the notification_topic you pass"):
+        TrainingOperations(stack, "Ops", **GOOD, notification_topic=topic, notification_email="a@example.com")
+
+
+# -- the code asset --------------------------------------------------------------------------------
+
+_IMPORT_LIKE_LAMBDA = """
+import importlib.abc, sys
+# Lambda's Python runtime has the standard library and boto3 (with its dependencies), nothing else:
+# every other package of this environment is made unimportable.
+allowed = {"boto3", "botocore", "jmespath", "dateutil", "urllib3", "s3transfer", "six"}
+blocked = set(sys.argv[2].split(",")) - allowed
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ImportError(f"{name} is not in the Lambda runtime")
+sys.meta_path.insert(0, Block())
+sys.path.insert(0, sys.argv[1])
+for module in ("llmtrain.handlers.quotas", "llmtrain.handlers.warm_pools", "llmtrain.handlers.job_events"):
+    loaded = importlib.import_module(module)
+    assert loaded.__file__.startswith(sys.argv[1]), loaded.__file__
+    assert callable(loaded.handler)
+print("ok")
+"""
+
+
+def test_the_function_code_imports_with_only_what_lambda_provides(tmp_path):
+    folder = stage_lambda_code(staging_root=tmp_path)
+    site_packages = Path(importlib.import_module("boto3").__file__).parents[1]
+    installed = {p.name.split(".")[0].split("-")[0] for p in site_packages.iterdir()} | {
+        "regex",
+        "yaml",
+        "llmtrain",
+    }
+    installed -= {"yaml", "llmtrain"}  # shipped in the asset
+    result = subprocess.run(
+        [sys.executable, "-c", _IMPORT_LIKE_LAMBDA, str(folder), ",".join(sorted(installed))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

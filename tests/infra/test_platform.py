@@ -1,0 +1,206 @@
+"""The whole app, every environment: cdk-nag, cfn-lint, IAM hygiene, outputs, names and tags.
+
+These checks read every template the app synthesizes (including stacks added later to the
+stage), so a new stack is held to the same rules without changing this file.
+"""
+
+from __future__ import annotations
+
+import json
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_iam as iam
+from cfnlint.api import ManualArgs, lint
+from infra_helpers import ENV, as_list, resources_of_type, synthesize
+from llmtrain.environments import StackOutput
+from training_constructs.nag import acknowledge, acknowledge_wildcards, flatten_reference
+
+# Allow statements may use Resource "*" only for these actions: AWS offers no narrower resource.
+RESOURCE_STAR_ALLOWED = {
+    "ecr:GetAuthorizationToken": "an ECR login token is account-wide; the images pulled are scoped",
+    "cloudwatch:PutMetricData": "metrics have no ARN; the statement is limited to one namespace by condition",
+    "ec2:DescribeNetworkInterfaces": "EC2 Describe* actions support no resource-level permissions",
+    "ec2:DescribeVpcs": "EC2 Describe* actions support no resource-level permissions",
+    "ec2:DescribeDhcpOptions": "EC2 Describe* actions support no resource-level permissions",
+    "ec2:DescribeSubnets": "EC2 Describe* actions support no resource-level permissions",
+    "ec2:DescribeSecurityGroups": "EC2 Describe* actions support no resource-level permissions",
+    "sagemaker:ListTrainingJobs": "List actions have no resource; descriptions are scoped to the prefix",
+    "servicequotas:ListServiceQuotas": "Service Quotas List* actions have no resource ARN",
+    "servicequotas:ListAWSDefaultServiceQuotas": "Service Quotas List* actions have no resource ARN",
+}
+# cfn-lint warnings accepted, by (rule, logical ID prefix), each with its reason.
+CFN_LINT_ACCEPTED_WARNINGS = {
+    ("W3005", "CustomVpcRestrictDefaultSGCustomResourceProviderHandler"):
+        "aws-cdk-lib's own provider for restrict_default_security_group declares DependsOn on its role "
+        "next to a GetAtt of it; redundant but harmless, and generated code we do not own",
+    ("W3010", "NetworkVpctrainingSubnet"):
+        "the subnets' zones come from config/<env>.yaml on purpose: the app makes no context lookups, "
+        "and the platform team picks the zones that hold their accelerator capacity",
+}
+
+
+def assembly_templates(platform):
+    """Every synthesized template of every environment: (environment, path, template)."""
+    for path in sorted(platform.outdir.glob("assembly-*/*.template.json")):
+        yield path.parent.name.removeprefix("assembly-"), path, json.loads(path.read_text())
+
+
+def policy_documents(template):
+    """(logical ID, kind, document) of every IAM policy language document in a template."""
+    for logical_id, resource in template["Resources"].items():
+        props = resource.get("Properties", {})
+        kind = resource["Type"]
+        if kind in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy", "AWS::S3::BucketPolicy"):
+            yield logical_id, kind, props["PolicyDocument"]
+        elif kind == "AWS::IAM::Role":
+            yield logical_id, "trust", props["AssumeRolePolicyDocument"]
+            for policy in props.get("Policies", []):
+                yield logical_id, kind, policy["PolicyDocument"]
+        elif kind == "AWS::KMS::Key":
+            yield logical_id, kind, props["KeyPolicy"]
+
+
+def test_every_environment_synthesizes_every_stack(platform, environments):
+    environment_names = {name for name, _, _ in assembly_templates(platform)}
+    assert environment_names == set(environments) == {"dev", "prod"}
+    for name, config in environments.items():
+        stage = platform.stages[name]
+        for part in ("network", "storage", "access"):
+            stack = getattr(stage, part)
+            assert stack.stack_name == f"llmtrain-{name}-{part}"
+            assert (stack.account, stack.region) == (config.account, config.region)
+            assert stack.node.path == f"{name}/{part.capitalize()}"
+
+
+def test_cdk_nag_reports_nothing_left_unacknowledged(platform):
+    assert platform.nag_violations() == []
+    assert platform.synth_error is None, platform.synth_error
+
+
+def test_cfn_lint_finds_no_errors_in_any_template(platform, environments):
+    unexplained = []
+    for env, path, template in assembly_templates(platform):
+        for match in lint(json.dumps(template), config=ManualArgs(regions=[environments[env].region])):
+            rule = match.rule.id
+            logical_id = match.path[1] if len(match.path) > 1 else ""
+            accepted = any(rule == accepted_rule and str(logical_id).startswith(prefix)
+                           for accepted_rule, prefix in CFN_LINT_ACCEPTED_WARNINGS)
+            if rule.startswith("E") or not accepted:
+                unexplained.append(f"{path.name}: {rule} {match.message} at {match.path}")
+    assert unexplained == []
+
+
+def test_no_statement_allows_every_action_of_a_service(platform):
+    for _env, path, template in assembly_templates(platform):
+        for logical_id, _kind, document in policy_documents(template):
+            for statement in as_list(document["Statement"]):
+                if statement["Effect"] != "Allow":
+                    continue
+                for action in as_list(statement.get("Action", [])):
+                    assert action != "*" and not action.endswith(":*"), f"{path.name} {logical_id}: {action}"
+                assert "NotAction" not in statement and "NotResource" not in statement
+
+
+def test_resource_star_only_for_actions_without_resource_level_permissions(platform):
+    seen = set()
+    for _env, path, template in assembly_templates(platform):
+        for logical_id, kind, document in policy_documents(template):
+            for statement in as_list(document["Statement"]):
+                if statement["Effect"] != "Allow" or "*" not in as_list(statement.get("Resource", [])):
+                    continue
+                if kind == "AWS::KMS::Key":
+                    # In a key policy "*" is the key itself; only the account, CloudWatch Logs and (for alarm
+                    # actions on an encrypted topic) CloudWatch of this account hold it.
+                    principal = statement["Principal"]
+                    service = str(principal.get("Service", ""))
+                    alarms = service == "cloudwatch.amazonaws.com" and "aws:SourceAccount" in statement.get(
+                        "Condition", {}).get("StringEquals", {})
+                    assert "AWS" in principal or service.startswith("logs.") or alarms, principal
+                    continue
+                actions = as_list(statement["Action"])
+                assert as_list(statement["Resource"]) == ["*"], f"{path.name} {logical_id}: mixes * with ARNs"
+                unlisted = set(actions) - set(RESOURCE_STAR_ALLOWED)
+                assert not unlisted, f"{path.name} {logical_id}: {sorted(unlisted)} on Resource *"
+                seen.update(actions)
+    # The allow-list holds no stale entries: each is used somewhere.
+    assert seen == set(RESOURCE_STAR_ALLOWED)
+
+
+def test_put_metric_data_is_limited_to_the_sagemaker_namespace(platform):
+    for _env, _path, template in assembly_templates(platform):
+        for _logical_id, _kind, document in policy_documents(template):
+            for statement in as_list(document["Statement"]):
+                if "cloudwatch:PutMetricData" in as_list(statement.get("Action", [])):
+                    assert statement["Condition"]["StringEquals"]["cloudwatch:namespace"]
+
+
+@pytest.mark.parametrize(("part", "keys"), [
+    ("network", {StackOutput.VPC_ID, StackOutput.SUBNET_IDS, StackOutput.SECURITY_GROUP_ID}),
+    ("storage", {StackOutput.KEY_ARN, StackOutput.DATASETS_BUCKET, StackOutput.CHECKPOINTS_BUCKET,
+                 StackOutput.ARTIFACTS_BUCKET, StackOutput.CODE_BUCKET, StackOutput.ACCESS_LOGS_BUCKET}),
+    ("access", {StackOutput.EXECUTION_ROLE_ARN, StackOutput.ENGINEER_POLICY_ARN,
+                StackOutput.WARM_POOL_GUARDRAIL_POLICY_ARN}),
+])
+def test_stacks_publish_the_outputs_the_cli_reads(platform, part, keys):
+    for env in ("dev", "prod"):
+        outputs = platform.template_json(env, part)["Outputs"]
+        assert keys <= set(outputs), (env, part)
+        for key in keys:
+            assert outputs[key]["Description"]
+    storage = platform.template_json("dev", "storage")["Outputs"]
+    assert storage[StackOutput.DATASETS_BUCKET]["Value"] == {"Ref": "DatasetsBucket"}
+    assert storage[StackOutput.KEY_ARN]["Value"] == {"Fn::GetAtt": ["PlatformKey", "Arn"]}
+
+
+def test_config_tags_reach_the_resources(platform, environments):
+    for env, config in environments.items():
+        template = platform.template_json(env, "storage")
+        tags = {tag["Key"]: tag["Value"] for tag in template["Resources"]["DatasetsBucket"]["Properties"]["Tags"]}
+        assert tags == {**config.tags, "llmtrain:environment": env}
+
+
+# -- the acknowledgment helper itself ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def acknowledgment_probe(tmp_path_factory):
+    """Policies whose wildcards are partly explained, checked by the real cdk-nag."""
+    outdir = tmp_path_factory.mktemp("nag-probe")
+    app = cdk.App(outdir=str(outdir))
+    stack = cdk.Stack(app, "Probe", env=ENV)
+    role = iam.Role(stack, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))
+
+    def policy(name, sids):
+        statements = [iam.PolicyStatement(sid=sid, actions=["ecr:GetAuthorizationToken"], resources=["*"])
+                      for sid in sids]
+        return iam.Policy(stack, name, roles=[role], statements=statements)
+
+    acknowledge_wildcards(policy("AllExplained", ["First", "Second"]),
+                          {"First": "first wildcard, explained in detail", "Second": "second one, also explained"})
+    acknowledge_wildcards(policy("OneUnexplained", ["Explained", "Sneaky"]),
+                          {"Explained": "only this statement has a reason"})
+    return synthesize(app, outdir, {("probe", "nag"): stack})
+
+
+def test_wildcard_acknowledgment_needs_a_reason_for_every_statement(acknowledgment_probe):
+    flagged = {(violation["ruleName"], resource["constructPath"])
+               for violation in acknowledgment_probe.nag_violations()
+               for resource in violation.get("violatingConstructs", violation.get("violatingResources", []))}
+    assert flagged == {("AwsSolutions-IAM5[Resource::*]", "Probe/OneUnexplained/Resource")}
+
+
+def test_acknowledgments_need_a_specific_reason():
+    stack = cdk.Stack(cdk.App(), "Short")
+    with pytest.raises(ValueError, match="specific reason"):
+        acknowledge(stack, "AwsSolutions-S1", "not needed")
+    with pytest.raises(ValueError, match="specific reason"):
+        acknowledge_wildcards(stack, {"Sid": "because"})
+
+
+def test_references_are_named_as_cdk_nag_names_them():
+    assert flatten_reference({"Fn::Join": ["", [{"Fn::GetAtt": ["Bucket12", "Arn"]}, "/*"]]}) == "<Bucket12.Arn>/*"
+    assert flatten_reference({"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, ":s3:::b/*"]]}) == (
+        "arn:<AWS::Partition>:s3:::b/*")
+    assert flatten_reference({"Fn::ImportValue": "dev-Storage:Export1"}) == "dev-Storage:Export1"
+    assert flatten_reference({"Fn::Sub": "arn:${AWS::Partition}:x"}) == "arn:<AWS::Partition>:x"
+

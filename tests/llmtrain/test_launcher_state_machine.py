@@ -1,0 +1,257 @@
+"""The launcher state machine, executed: the synthesized definition runs in moto.
+
+The definition is the one CloudFormation would deploy: the `dev` stage is synthesized (as app.py
+does, for moto's account), and the launcher stack's `DefinitionString` is resolved with its
+references (tests/llmtrain/launcher_harness.py). moto's Step Functions interpreter executes it; the
+Lambda handlers are the real ones, with the environment and template registry of the synthesized
+functions; SageMaker, the functions' AWS calls and SNS are moto.
+
+Supplied in test code (moto has neither; see launcher_harness.py): Lambda execution (moto needs
+Docker, so the handlers are called in-process as the Lambda runtime would) and the
+`sagemaker:createTrainingJob.sync` integration (CreateTrainingJob into moto, then each job ends as
+the test scripts it). Wait states record their seconds instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from pathlib import Path
+
+import aws_cdk as cdk
+import pytest
+from launcher_harness import ACCOUNT, CloudFormationResolver, JobOutcome, launcher_in_moto
+
+from llmtrain.catalog import Catalog
+from llmtrain.environments import load_environment
+from llmtrain.platform import PlatformContext
+from llmtrain.render import RunInput, render
+from stacks.platform import PlatformStage
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFIX = "llmtrain-dev"
+
+
+@pytest.fixture(scope="module")
+def synthesized(tmp_path_factory):
+    """The dev stage, synthesized once for this module: its assembly folder and templates by stack."""
+    config = dataclasses.replace(load_environment(ROOT / "config" / "dev.yaml"), account=ACCOUNT)
+    outdir = tmp_path_factory.mktemp("cdk.out")
+    app = cdk.App(outdir=str(outdir))
+    stage = PlatformStage(app, config=config)
+    assembly = app.synth().get_nested_assembly(stage.artifact_id)
+    templates = {stack.stack_name: stack.template for stack in assembly.stacks}
+    return Path(assembly.directory), stage.launcher.stack_name, templates
+
+
+@pytest.fixture
+def launcher(synthesized):
+    assembly_dir, launcher_stack, templates = synthesized
+
+    def start(outcomes):
+        return launcher_in_moto(assembly_dir, launcher_stack, templates, outcomes)
+
+    return start
+
+
+def _platform(harness) -> PlatformContext:
+    """The platform context the deployed functions receive (from the synthesized template)."""
+    function = next(iter(harness.launcher.functions.values()))
+    return PlatformContext.from_dict(json.loads(function.environment["LLMTRAIN_PLATFORM_CONTEXT"]))
+
+
+def _sent(harness, field: str) -> list:
+    return [request[field] for request in harness.jobs.requests]
+
+
+def _instance_types(harness) -> list[str]:
+    return [request["ResourceConfig"]["InstanceType"] for request in harness.jobs.requests]
+
+
+def _states_entered(run) -> list[str]:
+    return [event["stateEnteredEventDetails"]["name"] for event in run.history if "stateEnteredEventDetails" in event]
+
+
+def test_happy_path_passes_every_rendered_field_and_summarizes_the_run(launcher):
+    with launcher([JobOutcome(metrics={"train:loss": 1.875, "eval:loss": 2.0}, billable_seconds=7200)]) as harness:
+        run = harness.run({"template": "llama-pretrain-fsdp", "version": "1.0.0", "run_name": "happy",
+                           "overrides": {"max_steps": 100, "instance_count": 4}})
+        notifications = harness.notifications()
+        platform = _platform(harness)
+
+    assert run.status == "SUCCEEDED", run.cause
+    # CreateTrainingJob received exactly the request render() produces: every field passed through.
+    template = Catalog.load().get("llama-pretrain-fsdp", "1.0.0")
+    expected = render(template, RunInput(run_name="happy", overrides={"max_steps": 100, "instance_count": 4},
+                                         owner="launcher"), platform)
+    assert harness.jobs.requests == [expected]
+    request = harness.jobs.requests[0]
+    assert request["TrainingJobName"] == f"{PREFIX}-happy-a1"
+    assert request["ResourceConfig"]["InstanceCount"] == 4
+    assert {"KeepAlivePeriodInSeconds"} <= set(request["ResourceConfig"])
+    assert {"CheckpointConfig", "RetryStrategy", "EnableManagedSpotTraining"} <= set(request)
+    assert json.loads(request["HyperParameters"]["max_steps"]) == 100
+
+    summary = run.output
+    assert summary["status"] == "Completed"
+    assert summary["job_name"] == f"{PREFIX}-happy-a1"
+    assert summary["final_metrics"] == {"train:loss": 1.875, "eval:loss": 2.0}
+    assert summary["model_artifacts"] == (f"s3://{platform.artifacts_bucket}/llama-pretrain-fsdp/happy/"
+                                          f"{PREFIX}-happy-a1/output/model.tar.gz")
+    assert summary["billable_seconds"] == 7200
+    assert summary["attempts"] == 1
+    assert summary["template"] == "llama-pretrain-fsdp@1.0.0"
+
+    # The notification carries the same summary.
+    assert len(notifications) == 1
+    note = notifications[0]
+    assert note["Subject"] == "llmtrain: run happy Completed"
+    assert note["MessageAttributes"]["status"]["Value"] == "Completed"
+    for fact in (f"{PREFIX}-happy-a1", "train:loss=1.875", "eval:loss=2", summary["model_artifacts"],
+                 "Billable seconds: 7200", "Attempts: 1", "Completed"):
+        assert fact in note["Message"]
+    assert harness.waits == []
+
+
+def test_bad_input_fails_before_any_training_job_with_what_to_fix(launcher):
+    bad_inputs = {
+        "unknown-template": ({"template": "no-such-template", "run_name": "r1"},
+                             ["unknown template 'no-such-template'", "llama-pretrain-fsdp"]),
+        "disallowed-override": ({"template": "gpt2-ddp", "run_name": "r2", "overrides": {"parallelism": "fsdp"}},
+                                ["override 'parallelism'", "does not allow", "max_steps"]),
+        "out-of-range": ({"template": "gpt2-ddp", "run_name": "r3", "overrides": {"max_steps": 0}},
+                         ["override 'max_steps'", "below the minimum"]),
+        "missing-run-name": ({"template": "gpt2-ddp"}, ["'run_name' is required"]),
+        "unknown-field": ({"template": "gpt2-ddp", "run_name": "r5", "overridez": {}}, ["unknown input field", "overridez"]),
+        "unknown-version": ({"template": "gpt2-ddp", "version": "9.9.9", "run_name": "r6"},
+                            ["has no version '9.9.9'", "1.0.0"]),
+    }
+    with launcher([]) as harness:
+        runs = {name: harness.run(execution_input, name=name) for name, (execution_input, _) in bad_inputs.items()}
+        notifications = harness.notifications()
+
+    assert harness.jobs.requests == []  # no CreateTrainingJob call at all
+    for name, (_, fragments) in bad_inputs.items():
+        run = runs[name]
+        assert run.status == "FAILED", name
+        assert run.error == "InvalidRunInput", (name, run.error, run.cause)
+        for fragment in fragments:
+            assert fragment in run.cause, (name, fragment, run.cause)
+        assert not any(state.startswith("CreateTrainingJob") for state in _states_entered(run))
+    assert sorted(n["Subject"] for n in notifications) == sorted(f"llmtrain: run {name} rejected" for name in bad_inputs)
+    assert all(n["MessageAttributes"]["status"]["Value"] == "Rejected" for n in notifications)
+
+
+def test_capacity_error_then_success_retries_with_a_new_name_and_the_same_checkpoints(launcher):
+    with launcher([JobOutcome.capacity_error(), JobOutcome()]) as harness:
+        run = harness.run({"template": "llama-pretrain-fsdp", "run_name": "busy"})
+
+    assert run.status == "SUCCEEDED", run.cause
+    assert _sent(harness, "TrainingJobName") == [f"{PREFIX}-busy-a1", f"{PREFIX}-busy-a2"]
+    checkpoints = {request["CheckpointConfig"]["S3Uri"] for request in harness.jobs.requests}
+    assert len(checkpoints) == 1 and checkpoints.pop().endswith("/llama-pretrain-fsdp/busy/")
+    assert _instance_types(harness) == ["ml.p4d.24xlarge", "ml.p4d.24xlarge"]
+    assert harness.waits == [600]  # the template's backoff_seconds before the first retry
+    assert run.output["attempts"] == 2
+    assert [a["outcome"] for a in run.output["attempt_history"]] == ["capacity", "Completed"]
+    assert "CapacityError" in run.output["attempt_history"][0]["reason"]
+
+
+def test_capacity_retries_exhausted_move_to_the_fallback_instance_type(launcher):
+    # gpt2-ddp: 3 capacity retries per type, backoff 120 s doubling, fallback ml.g5.24xlarge.
+    with launcher([JobOutcome.capacity_error()] * 4 + [JobOutcome()]) as harness:
+        run = harness.run({"template": "gpt2-ddp", "run_name": "fallback"})
+
+    assert run.status == "SUCCEEDED", run.cause
+    assert _instance_types(harness) == ["ml.g5.12xlarge"] * 4 + ["ml.g5.24xlarge"]
+    assert harness.waits == [120, 240, 480, 0]
+    assert _sent(harness, "TrainingJobName") == [f"{PREFIX}-fallback-a{n}" for n in range(1, 6)]
+    assert len({request["CheckpointConfig"]["S3Uri"] for request in harness.jobs.requests}) == 1
+    assert run.output["instance_type"] == "ml.g5.24xlarge"
+
+
+def test_capacity_exhausted_on_every_type_fails_with_what_was_tried(launcher):
+    with launcher([JobOutcome.capacity_error()] * 8) as harness:
+        run = harness.run({"template": "gpt2-ddp", "run_name": "nocapacity"})
+        notifications = harness.notifications()
+
+    assert run.status == "FAILED"
+    assert run.error == "CapacityUnavailable"
+    assert _instance_types(harness) == ["ml.g5.12xlarge"] * 4 + ["ml.g5.24xlarge"] * 4
+    assert harness.waits == [120, 240, 480, 0, 120, 240, 480]
+    assert "ml.g5.12xlarge, ml.g5.24xlarge" in run.cause and "Attempts: 8" in run.cause
+    assert notifications[0]["Subject"] == "llmtrain: run nocapacity Failed (CapacityUnavailable)"
+
+
+def test_quota_error_fails_fast_naming_the_quota_and_its_numbers(launcher):
+    quota = JobOutcome.quota_error("ml.p4d.24xlarge for training job usage", limit=2, in_use=2, requested=2)
+    with launcher([quota]) as harness:
+        run = harness.run({"template": "llama-pretrain-fsdp", "run_name": "quota"})
+        notifications = harness.notifications()
+
+    assert run.status == "FAILED"
+    assert run.error == "QuotaExceeded"
+    assert "quota 'ml.p4d.24xlarge for training job usage' is 2, 2 in use, and this job asks for 2 more" in run.cause
+    assert "Service Quotas" in run.cause
+    assert len(harness.jobs.requests) == 1 and harness.waits == []  # policy "fail": no retry
+    assert notifications[0]["MessageAttributes"]["status"]["Value"] == "Failed"
+
+
+def test_quota_error_waits_and_retries_when_the_template_says_wait(launcher):
+    # llama-pretrain-hsdp-tp has quota_policy: wait (backoff 900 s).
+    quota = JobOutcome.quota_error("ml.p5.48xlarge for training job usage", limit=8, in_use=4, requested=4)
+    with launcher([quota, quota, JobOutcome()]) as harness:
+        run = harness.run({"template": "llama-pretrain-hsdp-tp", "run_name": "waitquota"})
+
+    assert run.status == "SUCCEEDED", run.cause
+    assert harness.waits == [900, 1800]
+    assert [a["outcome"] for a in run.output["attempt_history"]] == ["quota", "quota", "Completed"]
+
+
+def test_algorithm_error_fails_with_the_jobs_failure_reason(launcher):
+    reason = "AlgorithmError: ExecuteUserScriptError: torch.OutOfMemoryError: CUDA out of memory"
+    with launcher([JobOutcome.algorithm_error(reason)]) as harness:
+        run = harness.run({"template": "gpt2-ddp", "run_name": "oom"})
+        notifications = harness.notifications()
+
+    assert run.status == "FAILED"
+    assert run.error == "TrainingJobFailed"
+    assert reason in run.cause and "llmtrain logs oom" in run.cause
+    assert len(harness.jobs.requests) == 1 and harness.waits == []
+    message = notifications[0]["Message"]
+    assert f"{PREFIX}-oom-a1" in message and reason in message and "Billable seconds: 120" in message
+
+
+def test_a_second_start_of_a_run_in_progress_creates_no_second_job(launcher):
+    release = threading.Event()
+    with launcher([JobOutcome(hold=release)]) as harness:
+        first = harness.start({"template": "gpt2-ddp", "run_name": "twice"})
+        deadline = time.monotonic() + 30
+        while not harness.jobs.requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # Another execution for the same run (e.g. from the console, under another name).
+        second = harness.run({"template": "gpt2-ddp", "run_name": "twice"}, name="twice-again")
+        release.set()
+        first_run = harness.wait(first)
+        third = harness.run({"template": "gpt2-ddp", "run_name": "twice"}, name="twice-after")
+
+    assert second.status == "FAILED" and second.error == "RunAlreadyInProgress"
+    assert f"{PREFIX}-twice-a1" in second.cause and "llmtrain status twice" in second.cause
+    assert first_run.status == "SUCCEEDED", first_run.cause
+    assert third.status == "FAILED" and third.error == "RunAlreadyCompleted"
+    assert len(harness.jobs.requests) == 1
+
+
+def test_the_definition_is_resolved_from_the_synthesized_template(synthesized):
+    """The harness executes what CloudFormation deploys: every reference resolves to a value."""
+    _, launcher_stack, templates = synthesized
+    template = templates[launcher_stack]
+    machine = next(r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine")
+    definition = json.loads(CloudFormationResolver(templates).resolve(machine["Properties"]["DefinitionString"],
+                                                                       launcher_stack))
+    states = definition["States"]
+    assert states["CreateTrainingJob-checkpointed"]["Resource"] == "arn:aws:states:::sagemaker:createTrainingJob.sync"
+    assert states["Resolve"]["Parameters"]["FunctionName"].startswith(f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:")
+    assert "${" not in json.dumps(definition) and "Fn::" not in json.dumps(definition)

@@ -1,0 +1,124 @@
+"""The local plan: what of a rendered request runs on this machine, and what is scaled down (loudly)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmtrain.catalog import Catalog
+from llmtrain.commands.run import local_platform_context
+from llmtrain.local.plan import (
+    PROCESSES_PER_HOST_HP,
+    LocalLimits,
+    LocalRunError,
+    plan_local_job,
+)
+from llmtrain.render import RunInput, render
+
+
+def rendered(ref: str, **overrides) -> dict:
+    template = Catalog.load().resolve(ref)
+    return render(template, RunInput(run_name="plan-test", overrides=overrides), local_platform_context())
+
+
+def decoded(plan) -> dict:
+    return {name: json.loads(value) for name, value in plan.hyperparameters.items()}
+
+
+def adjusted(plan) -> dict[str, tuple[str, str]]:
+    return {a.setting: (a.cloud, a.local) for a in plan.adjustments}
+
+
+def test_default_template_is_scaled_to_two_hosts_of_two_cpu_processes_and_says_so():
+    request = rendered("llama-pretrain-fsdp")
+    plan = plan_local_job(request)
+
+    assert plan.job_name == request["TrainingJobName"]
+    assert plan.hosts == ("algo-1", "algo-2")
+    assert plan.processes_per_host == 2
+    assert plan.world_size == 4
+    changes = adjusted(plan)
+    assert changes["ResourceConfig.InstanceType"][0].startswith("ml.p4d.24xlarge (8 GPUs)")
+    assert changes["processes per host"] == ("8 (one per GPU)", "2")
+    assert changes["HyperParameters.model_preset"] == ("llama-7b", "llama-tiny")
+    assert changes["HyperParameters.seq_len"] == ("4096", "256")
+    assert changes["HyperParameters.max_steps"] == ("20000", "50")
+    values = decoded(plan)
+    # The toolkit starts one process per GPU, and 1 on a CPU host unless this is set.
+    assert values[PROCESSES_PER_HOST_HP] == 2
+    assert values["model_preset"] == "llama-tiny"
+    assert values["warmup_steps"] <= values["max_steps"]
+
+
+def test_everything_not_adjusted_is_the_request_unchanged():
+    request = rendered("llama-pretrain-fsdp")
+    plan = plan_local_job(request)
+    changed = {a.setting.removeprefix("HyperParameters.") for a in plan.adjustments}
+    for name, value in request["HyperParameters"].items():
+        if name not in changed:
+            assert plan.hyperparameters[name] == value, name
+    assert plan.metric_definitions and [d.regex for d in plan.metric_definitions] == [
+        m["Regex"] for m in request["AlgorithmSpecification"]["MetricDefinitions"]
+    ]
+    assert plan.max_runtime_seconds == request["StoppingCondition"]["MaxRuntimeInSeconds"]
+    assert plan.checkpoint_subpath == "checkpoints"
+    assert [c.name for c in plan.channels] == [c["ChannelName"] for c in request["InputDataConfig"]]
+
+
+def test_settings_the_user_set_are_kept_with_a_note():
+    request = rendered("llama-pretrain-fsdp", model_preset="llama-1b", max_steps=80)
+    plan = plan_local_job(request, user_settings=frozenset({"model_preset", "max_steps"}))
+    values = decoded(plan)
+    assert values["model_preset"] == "llama-1b"
+    assert values["max_steps"] == 80
+    assert "HyperParameters.model_preset" not in adjusted(plan)
+    assert any(note.startswith("model_preset=llama-1b is kept") for note in plan.notes)
+
+
+def test_mesh_degrees_are_rederived_for_the_smaller_world():
+    request = rendered("llama-pretrain-hsdp-tp")
+    plan = plan_local_job(request)
+    values = decoded(plan)
+    # 4 hosts x 8 GPUs with shard 2 x tensor 4 -> 2 hosts x 2 processes: tensor parallel within a host.
+    assert plan.world_size == 4
+    assert values["tensor_parallel_degree"] == 2
+    assert values["shard_degree"] == 0
+    assert values["replicate_degree"] == 0
+    assert adjusted(plan)["HyperParameters.tensor_parallel_degree"] == ("4", "2")
+
+
+def test_limits_are_parameters():
+    plan = plan_local_job(rendered("llama-pretrain-fsdp"), limits=LocalLimits(max_hosts=1, max_processes_per_host=1))
+    assert plan.hosts == ("algo-1",)
+    assert plan.processes_per_host == 1
+
+
+def test_smp_templates_are_refused_before_anything_runs():
+    with pytest.raises(LocalRunError, match="SMP"):
+        plan_local_job(rendered("llama-pretrain-smp"))
+
+
+def test_requests_the_container_could_not_run_name_the_field():
+    request = rendered("gpt2-ddp")
+    broken = json.loads(json.dumps(request))
+    del broken["HyperParameters"]["sagemaker_program"]
+    with pytest.raises(LocalRunError, match="sagemaker_program"):
+        plan_local_job(broken)
+    outside = json.loads(json.dumps(request))
+    outside["CheckpointConfig"]["LocalPath"] = "/data/checkpoints"
+    with pytest.raises(LocalRunError, match="CheckpointConfig.LocalPath"):
+        plan_local_job(outside)
+    groups = json.loads(json.dumps(request))
+    groups["ResourceConfig"]["InstanceGroups"] = [{"InstanceGroupName": "a"}]
+    with pytest.raises(LocalRunError, match="InstanceGroups"):
+        plan_local_job(groups)
+
+
+def test_gpu_only_precision_and_quantization_are_replaced():
+    request = rendered("llama-finetune-lora")
+    request["HyperParameters"]["mixed_precision"] = json.dumps("fp16")
+    request["HyperParameters"]["quantization"] = json.dumps("nf4")
+    changes = adjusted(plan_local_job(request))
+    assert changes["HyperParameters.mixed_precision"] == ("fp16", "bf16")
+    assert changes["HyperParameters.quantization"] == ("nf4", "none")

@@ -1,0 +1,164 @@
+"""Metrics from the log, the job's outcome, and summary.json against DescribeTrainingJob's own shape."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import botocore.session
+import pytest
+from rich.console import Console
+
+from llmtrain.catalog import Catalog
+from llmtrain.commands.run import local_platform_context
+from llmtrain.local.jobroot import HostRoot
+from llmtrain.local.metrics import MetricDefinition, MetricExtractor
+from llmtrain.local.plan import plan_local_job
+from llmtrain.local.report import (
+    JobRecord,
+    JobTimes,
+    Outcome,
+    build_summary,
+    plot_run,
+    print_summary,
+    save_metrics,
+)
+from llmtrain.local.runner import decide_outcome
+from llmtrain.render import RunInput, render
+
+LINES = [
+    "2026-01-01 sagemaker-training-toolkit INFO     Invoking user training script.",
+    "[metrics] step=1 loss=4.500000 lr=1.000e-04 grad_norm=2.0 tokens_per_sec=1000.5 mfu=0.0 step_time=0.5",
+    "[metrics] step=2 loss=4.250000 lr=2.000e-04 grad_norm=1.5 tokens_per_sec=1100.0 mfu=0.0 step_time=0.4",
+    "[eval] step=2 eval_loss=4.400000",
+]
+
+
+@pytest.fixture(scope="module")
+def request_and_plan():
+    template = Catalog.load().resolve("llama-pretrain-fsdp")
+    request = render(template, RunInput(run_name="report"), local_platform_context())
+    return request, plan_local_job(request)
+
+
+def extractor(request) -> MetricExtractor:
+    metrics = MetricExtractor(MetricDefinition.from_request(request))
+    metrics.feed_all(LINES, host="algo-1")
+    return metrics
+
+
+def test_template_regexes_extract_values_with_their_steps(request_and_plan):
+    metrics = extractor(request_and_plan[0])
+    assert metrics.series("train:loss") == [(1, 4.5), (2, 4.25)]
+    assert metrics.series("eval:loss") == [(2, 4.4)]
+    final = metrics.final_values()
+    assert final["train:tokens_per_sec"].value == 1100.0
+    # The template defines memory_gb, which these lines lack: reported, not silently empty.
+    assert [d.name for d in metrics.unmatched()] == ["train:memory_gb"]
+
+
+def test_a_capture_that_is_not_a_number_is_dropped_like_sagemaker_does():
+    metrics = MetricExtractor((MetricDefinition("word", r"status=(\w+)"),))
+    metrics.feed("status=ok step=3", host="algo-1")
+    assert metrics.points == []
+    assert [d.name for d in metrics.unmatched()] == ["word"]
+
+
+def make_roots(tmp_path: Path, hosts=("algo-1", "algo-2")) -> list[HostRoot]:
+    roots = []
+    for host in hosts:
+        root = HostRoot(host, tmp_path / host)
+        root.output_dir.mkdir(parents=True)
+        roots.append(root)
+    return roots
+
+
+def test_completed_needs_every_host_to_exit_0_and_write_success(tmp_path):
+    roots = make_roots(tmp_path)
+    for root in roots:
+        root.success_file.write_text("")
+    outcome = decide_outcome(roots, {"algo-1": 0, "algo-2": 0}, None, {})
+    assert (outcome.status, outcome.failure_reason) == ("Completed", None)
+    roots[1].success_file.unlink()
+    outcome = decide_outcome(roots, {"algo-1": 0, "algo-2": 0}, None, {"algo-2": tmp_path / "algo-2.log"})
+    assert outcome.status == "Failed" and "algo-2 exited 0 but wrote no output/success" in outcome.failure_reason
+
+
+def test_failure_reason_is_the_failure_file_like_describe_training_job(tmp_path):
+    roots = make_roots(tmp_path)
+    roots[1].failure_file.write_text("ExecuteUserScriptError:\n" + "x" * 5000)
+    outcome = decide_outcome(roots, {"algo-1": 0, "algo-2": 1}, None, {})
+    assert outcome.status == "Failed"
+    assert outcome.failure_reason.startswith("AlgorithmError: ExecuteUserScriptError:")
+    assert len(outcome.failure_reason) == len("AlgorithmError: ") + 1024
+
+
+def test_a_nonzero_exit_without_failure_file_still_fails(tmp_path):
+    roots = make_roots(tmp_path, ("algo-1",))
+    roots[0].success_file.write_text("")
+    outcome = decide_outcome(roots, {"algo-1": 137}, None, {"algo-1": tmp_path / "algo-1.log"})
+    assert outcome.status == "Failed" and "exited with code 137" in outcome.failure_reason
+
+
+def test_the_toolkits_swallowed_gloo_error_is_a_failure(tmp_path):
+    roots = make_roots(tmp_path, ("algo-1",))
+    roots[0].success_file.write_text("")
+    log = tmp_path / "algo-1.log"
+    log.write_text("... WARNING  Known exception: ExecuteUserScriptError:\nRuntimeError: peer closed\n")
+    outcome = decide_outcome(roots, {"algo-1": 0}, None, {"algo-1": log})
+    assert outcome.status == "Failed" and "RuntimeError: peer closed" in outcome.failure_reason
+
+
+def test_a_stopped_job_is_stopped_whatever_the_processes_did(tmp_path):
+    roots = make_roots(tmp_path, ("algo-1",))
+    roots[0].failure_file.write_text("SignalException")
+    assert decide_outcome(roots, {"algo-1": 1}, "Stopped", {}).status == "Stopped"
+    outcome = decide_outcome(roots, {"algo-1": 1}, "MaxRuntimeExceeded", {})
+    assert (outcome.status, outcome.secondary_status) == ("Stopped", "MaxRuntimeExceeded")
+
+
+def test_summary_uses_describe_training_job_fields_and_values(request_and_plan, tmp_path):
+    request, plan = request_and_plan
+    metrics = extractor(request)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    record = JobRecord(run_name="report", run_dir=tmp_path, job_dir=tmp_path / "jobs" / plan.job_name,
+                       checkpoints_dir=tmp_path / "checkpoints", channel_dirs={"train": tmp_path / "data"},
+                       model_dir=tmp_path / "model", logs={"algo-1": tmp_path / "algo-1.log"},
+                       exit_codes={"algo-1": 1})
+    outcome = Outcome("Failed", "Failed", "AlgorithmError: ValueError: bad seq_len", "Training job failed")
+    summary = build_summary(request=request, plan=plan, outcome=outcome, metrics=metrics,
+                            times=JobTimes(start, start + timedelta(seconds=3), start + timedelta(seconds=93)),
+                            record=record, model_artifact=None, plot=None)
+
+    shape = botocore.session.get_session().get_service_model("sagemaker") \
+        .operation_model("DescribeTrainingJob").output_shape
+    assert set(summary) - {"LocalRun"} <= set(shape.members)
+    assert summary["TrainingJobStatus"] in shape.members["TrainingJobStatus"].enum
+    assert summary["SecondaryStatus"] in shape.members["SecondaryStatus"].enum
+    transition_status = shape.members["SecondaryStatusTransitions"].member.members["Status"]
+    assert all(t["Status"] in transition_status.enum for t in summary["SecondaryStatusTransitions"])
+    assert summary["FailureReason"] == "AlgorithmError: ValueError: bad seq_len"
+    assert summary["TrainingTimeInSeconds"] == 90
+    assert {m["MetricName"]: m["Value"] for m in summary["FinalMetricDataList"]}["train:loss"] == 4.25
+    assert summary["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] == (tmp_path / "data").as_uri()
+    assert summary["CheckpointConfig"]["S3Uri"] == (tmp_path / "checkpoints").as_uri()
+    assert summary["LocalRun"]["UnmatchedMetricDefinitions"][0]["Name"] == "train:memory_gb"
+
+    console = Console(record=True, width=200)
+    print_summary(console, summary)
+    text = console.export_text()
+    assert "Failed" in text and "ValueError: bad seq_len" in text
+    assert "train:memory_gb" in text and "no log line matched" in text
+
+
+def test_plot_shows_every_job_of_the_run(request_and_plan, tmp_path):
+    request, _ = request_and_plan
+    jobs = []
+    for name in ("local-report-a1", "local-report-a2"):
+        job = tmp_path / "jobs" / name
+        job.mkdir(parents=True)
+        save_metrics(extractor(request), job / "metrics.json")
+        jobs.append(job)
+    plot = plot_run(tmp_path, jobs, tmp_path / "metrics.png")
+    assert plot == tmp_path / "metrics.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

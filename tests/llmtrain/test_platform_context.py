@@ -1,0 +1,56 @@
+"""PlatformContext: what rendering needs from an environment, validated and JSON round-trippable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from templates_support import platform_context
+
+from llmtrain.errors import PlatformContextError
+from llmtrain.platform import PlatformContext
+
+
+def test_round_trip_through_json():
+    context = platform_context()
+    again = PlatformContext.from_dict(json.loads(json.dumps(context.to_dict())))
+    assert again == context
+    assert again.subnet_ids == ("subnet-0aaaaaaaaaaaaaaa1", "subnet-0aaaaaaaaaaaaaaa2")
+    assert again.dry_run is False
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"region": "mars-1"}, "region 'mars-1' must be an AWS region"),
+        ({"account": "12345"}, "account '12345' must be a 12-digit AWS account id"),
+        ({"execution_role_arn": "role/x"}, "execution_role_arn 'role/x' must be an IAM role ARN"),
+        ({"kms_key_arn": "alias/x"}, "kms_key_arn 'alias/x' must be a KMS key ARN"),
+        ({"code_bucket": "Bad_Bucket"}, "code_bucket 'Bad_Bucket' must be an S3 bucket name"),
+        ({"subnet_ids": ()}, "subnet_ids must hold 1..16 ids, got 0"),
+        ({"security_group_ids": ("group-1",)}, "security_group_ids entry 'group-1' is not a valid id"),
+        ({"warm_pool_cap_seconds": 30000}, "warm_pool_cap_seconds 30000 must be an integer in 0..21600"),
+        ({"job_name_prefix": "x" * 30}, "job_name_prefix"),
+    ],
+)
+def test_bad_fields_are_named(changes, message):
+    with pytest.raises(PlatformContextError, match=message):
+        platform_context(**changes)
+
+
+def test_from_dict_names_unknown_and_missing_fields():
+    data = platform_context().to_dict()
+    with pytest.raises(PlatformContextError, match="unknown platform context field.*: vpc"):
+        PlatformContext.from_dict({**data, "vpc": "vpc-1"})
+    del data["kms_key_arn"]
+    with pytest.raises(PlatformContextError, match="lacks field.*: kms_key_arn"):
+        PlatformContext.from_dict(data)
+
+
+def test_placeholder_is_marked_as_a_dry_run():
+    context = PlatformContext.placeholder(environment="dev", account="111111111111", region="eu-west-1",
+                                          resource_prefix="llmtrain-dev", warm_pool_cap_seconds=3600)
+    assert context.dry_run is True
+    assert "DRYRUN" in context.execution_role_arn
+    assert context.code_bucket == "llmtrain-dev-code-111111111111-eu-west-1"
+    assert context.job_name_prefix == "llmtrain-dev"

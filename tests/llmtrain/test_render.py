@@ -1,0 +1,289 @@
+"""render(): every catalog version gives a complete, valid CreateTrainingJob request; overrides stay
+within bounds; every rejection path fails with a message naming the setting."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from botocore.validate import ParamValidator
+from templates_support import EVAL_LINE, METRIC_LINE, catalog, import_training_config, platform_context
+
+from llmtrain.errors import OverrideError, RequestValidationError, RunInputError
+from llmtrain.instances import instance_type
+from llmtrain.render import RunInput, render
+from llmtrain.validate import create_training_job_shape, shape_problems
+
+CATALOG = catalog()
+ALL_VERSIONS = [spec.ref for spec in CATALOG.all()]
+PLATFORM = platform_context()
+
+
+def _render(ref: str, platform=PLATFORM, **run) -> dict:
+    run.setdefault("run_name", "r1")
+    return render(CATALOG.resolve(ref), RunInput(**run), platform)
+
+
+def _decoded_hyperparameters(request: dict) -> dict:
+    return {k: json.loads(v) for k, v in request["HyperParameters"].items()}
+
+
+@pytest.mark.parametrize("ref", ALL_VERSIONS)
+def test_every_catalog_version_renders_a_valid_request(ref):
+    request = _render(ref)
+    # render validated already; check again independently, botocore's validator included.
+    assert not ParamValidator().validate(request, create_training_job_shape()).has_errors()
+    assert shape_problems(request) == []
+    spec = CATALOG.resolve(ref)
+    assert request["TrainingJobName"] == "llmtrain-test-r1-a1"
+    assert request["RoleArn"] == PLATFORM.execution_role_arn
+    algorithm = request["AlgorithmSpecification"]
+    assert algorithm["TrainingInputMode"] == "File"
+    assert algorithm["EnableSageMakerMetricsTimeSeries"] is True
+    assert [m["Name"] for m in algorithm["MetricDefinitions"]] == [m.name for m in spec.metrics]
+    assert request["OutputDataConfig"] == {
+        "S3OutputPath": f"s3://llmtrain-test-artifacts/{spec.name}/r1/", "KmsKeyId": PLATFORM.kms_key_arn}
+    assert request["VpcConfig"] == {"SecurityGroupIds": ["sg-0bbbbbbbbbbbbbbb1"],
+                                    "Subnets": ["subnet-0aaaaaaaaaaaaaaa1", "subnet-0aaaaaaaaaaaaaaa2"]}
+    assert request["CheckpointConfig"] == {"S3Uri": f"s3://llmtrain-test-checkpoints/{spec.name}/r1/",
+                                           "LocalPath": "/opt/ml/checkpoints"}
+    assert request["EnableNetworkIsolation"] is False
+    assert request["EnableInterContainerTrafficEncryption"] is spec.inter_container_encryption
+    assert request["RetryStrategy"] == {"MaximumRetryAttempts": spec.retry.internal_error_attempts}
+    assert request["ResourceConfig"]["KeepAlivePeriodInSeconds"] == spec.keep_alive_seconds
+    assert {t["Key"]: t["Value"] for t in request["Tags"]} == {
+        "llmtrain:template": spec.name, "llmtrain:template-version": "1.0.0", "llmtrain:run": "r1",
+        "llmtrain:attempt": "1", "llmtrain:owner": "unknown", "llmtrain:environment": "test"}
+    hyperparameters = _decoded_hyperparameters(request)
+    assert hyperparameters["sagemaker_submit_directory"] == \
+        f"s3://llmtrain-test-code/templates/{spec.name}/1.0.0/sourcedir.tar.gz"
+    assert hyperparameters["sagemaker_program"] == spec.code.entry_point
+    assert hyperparameters["max_steps"] == spec.hyperparameters["max_steps"]
+
+
+@pytest.mark.parametrize("ref", ALL_VERSIONS)
+def test_metric_definitions_parse_the_contract_lines(ref):
+    expected = {"train:loss": 4.123456, "train:lr": 3.0e-4, "train:grad_norm": 1.2345,
+                "train:tokens_per_sec": 12345.6, "train:mfu": 0.4123, "train:step_time": 0.532,
+                "train:memory_gb": 1.23, "eval:loss": 3.987654}
+    for metric in _render(ref)["AlgorithmSpecification"]["MetricDefinitions"]:
+        line = EVAL_LINE if metric["Name"].startswith("eval:") else METRIC_LINE
+        other = METRIC_LINE if line is EVAL_LINE else EVAL_LINE
+        match = re.search(metric["Regex"], line)
+        assert match is not None, metric
+        assert float(match.group(1)) == pytest.approx(expected[metric["Name"]])
+        assert re.search(metric["Regex"], other) is None, f"{metric['Name']} also matches {other!r}"
+
+
+@pytest.mark.parametrize("ref", [r for r in ALL_VERSIONS if not r.startswith("byo-script")])
+def test_platform_hyperparameters_pass_the_training_programs_own_validation(ref):
+    """The training program rejects unknown or invalid hyperparameters at start; catch that here."""
+    config = import_training_config()
+    request = _render(ref)
+    hyperparameters = {k: v for k, v in _decoded_hyperparameters(request).items() if not k.startswith("sagemaker_")}
+    parsed = config.from_hyperparameters(hyperparameters)
+    spec = CATALOG.resolve(ref)
+    assert parsed.parallel.parallelism == spec.distribution.strategy
+    if spec.distribution.strategy != "smp":  # SMP resolves its own mesh inside torch.sagemaker
+        resources = request["ResourceConfig"]
+        hosts = resources["InstanceCount"]
+        world = hosts * instance_type(resources["InstanceType"]).processes_per_host
+        mesh = config.resolve_mesh(parsed.parallel, world, hosts)
+        assert mesh.replicate * mesh.shard * mesh.tensor == world
+
+
+def test_platform_code_gets_the_distribution_as_hyperparameters_and_byo_does_not():
+    fsdp = _decoded_hyperparameters(_render("llama-pretrain-hsdp-tp"))
+    assert (fsdp["parallelism"], fsdp["replicate_degree"], fsdp["shard_degree"], fsdp["tensor_parallel_degree"]) \
+        == ("fsdp", 0, 2, 4)
+    byo = _decoded_hyperparameters(_render("byo-script"))
+    assert not {"parallelism", "shard_degree", "replicate_degree", "tensor_parallel_degree"} & set(byo)
+    assert byo["sagemaker_torch_distributed_enabled"] is True
+
+
+def test_hyperparameters_are_json_encoded_like_the_sdk():
+    raw = _render("llama-finetune-lora")["HyperParameters"]
+    assert raw["max_steps"] == "1000"
+    assert raw["model_preset"] == '"llama-7b"'
+    assert raw["merge_lora"] == "false"
+    assert raw["lora_target_modules"] == '["all-linear"]'
+    assert all(isinstance(v, str) for v in raw.values())
+
+
+def test_channels_default_to_the_datasets_bucket_and_optional_ones_are_left_out():
+    request = _render("llama-finetune-deepspeed")
+    channels = {c["ChannelName"]: c for c in request["InputDataConfig"]}
+    assert set(channels) == {"train", "model"}
+    assert channels["train"]["DataSource"]["S3DataSource"] == {
+        "S3DataType": "S3Prefix", "S3Uri": "s3://llmtrain-test-datasets/tokens/finetune/train/",
+        "S3DataDistributionType": "FullyReplicated"}
+    overridden = _render("llama-finetune-deepspeed", overrides={"channels.validation": "s3://other-bucket/val/"})
+    uris = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in overridden["InputDataConfig"]}
+    assert uris["validation"] == "s3://other-bucket/val/"
+
+
+def test_attempts_get_unique_job_names_and_share_the_runs_checkpoints():
+    first = _render("llama-pretrain-fsdp", attempt=1)
+    retry = _render("llama-pretrain-fsdp", attempt=2, instance_type="ml.p5.48xlarge")
+    assert (first["TrainingJobName"], retry["TrainingJobName"]) == ("llmtrain-test-r1-a1", "llmtrain-test-r1-a2")
+    assert first["CheckpointConfig"] == retry["CheckpointConfig"]
+    assert retry["ResourceConfig"]["InstanceType"] == "ml.p5.48xlarge"
+    assert json.loads(retry["HyperParameters"]["sagemaker_instance_type"]) == "ml.p5.48xlarge"
+    assert json.loads(retry["HyperParameters"]["sagemaker_job_name"]) == "llmtrain-test-r1-a2"
+
+
+def test_capacity_fallback_must_be_one_of_the_templates_types():
+    with pytest.raises(OverrideError, match="capacity fallback 'ml.g5.48xlarge' is not one of"):
+        _render("llama-pretrain-fsdp", instance_type="ml.g5.48xlarge")
+
+
+def test_volume_key_only_where_the_instance_has_no_instance_storage():
+    p4d = _render("llama-pretrain-fsdp")["ResourceConfig"]
+    assert "VolumeKmsKeyId" not in p4d
+    cpu = _render("byo-script", overrides={"instance_type": "ml.c5.2xlarge"})
+    assert cpu["ResourceConfig"]["VolumeKmsKeyId"] == PLATFORM.kms_key_arn
+    assert cpu["AlgorithmSpecification"]["TrainingImage"].endswith("pytorch-training:2.8.0-cpu-py312")
+
+
+def test_spot_sets_max_wait_and_managed_spot():
+    request = _render("gpt2-ddp")
+    assert request["EnableManagedSpotTraining"] is True
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 21600, "MaxWaitTimeInSeconds": 43200}
+    on_demand = _render("gpt2-ddp", overrides={"spot": "false"})
+    assert on_demand["EnableManagedSpotTraining"] is False
+    assert on_demand["StoppingCondition"] == {"MaxRuntimeInSeconds": 21600}
+
+
+def test_smp_template_uses_the_smp_image_and_mp_parameters():
+    request = _render("llama-pretrain-smp", overrides={"shard_degree": "8"})
+    assert request["AlgorithmSpecification"]["TrainingImage"] == \
+        "658645717510.dkr.ecr.us-east-1.amazonaws.com/smdistributed-modelparallel:2.5.1-gpu-py311-cu124"
+    hyperparameters = _decoded_hyperparameters(request)
+    assert hyperparameters["mp_parameters"] == {"hybrid_shard_degree": 8, "tensor_parallel_degree": 1,
+                                                "sm_activation_offloading": True, "activation_loading_horizon": 2}
+    assert hyperparameters["sagemaker_distributed_dataparallel_enabled"] is False
+
+
+def test_render_is_deterministic():
+    assert _render("llama-pretrain-smp") == _render("llama-pretrain-smp")
+
+
+# --- overrides ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"max_steps": 100}, {"max_steps": 100}),
+        ({"max_steps": "100"}, {"max_steps": 100}),  # strings, as the CLI's --set gives them
+        ({"lr": "3e-4"}, {"lr": 3e-4}),
+        ({"lr": "0.001"}, {"lr": 0.001}),
+        ({"compile": "true"}, {"compile": True}),
+        ({"activation_checkpointing": "selective"}, {"activation_checkpointing": "selective"}),
+    ],
+)
+def test_allowed_overrides_reach_the_hyperparameters(overrides, expected):
+    hyperparameters = _decoded_hyperparameters(_render("llama-pretrain-fsdp", overrides=overrides))
+    for key, value in expected.items():
+        assert hyperparameters[key] == value
+
+
+def test_resource_overrides_reach_the_request():
+    request = _render("llama-pretrain-fsdp", overrides={
+        "instance_count": 4, "volume_size_gb": 1000, "max_runtime_seconds": 7200, "keep_alive_seconds": 600})
+    assert request["ResourceConfig"]["InstanceCount"] == 4
+    assert request["ResourceConfig"]["VolumeSizeInGB"] == 1000
+    assert request["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 600
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 7200}
+    assert request["EnableManagedSpotTraining"] is False
+    spot = _render("llama-pretrain-fsdp", overrides={"spot": True, "max_wait_seconds": 14400,
+                                                     "max_runtime_seconds": 7200})
+    assert spot["EnableManagedSpotTraining"] is True
+    assert spot["StoppingCondition"] == {"MaxRuntimeInSeconds": 7200, "MaxWaitTimeInSeconds": 14400}
+
+
+@pytest.mark.parametrize(
+    ("ref", "overrides", "message"),
+    [
+        ("llama-finetune-lora", {"instance_count": 2},
+         "override 'instance_count': llama-finetune-lora@1.0.0 does not allow overriding it; it allows: "),
+        ("llama-pretrain-fsdp", {"sagemaker_program": "evil.py"}, "does not allow overriding it"),
+        ("llama-pretrain-fsdp", {"max_steps": 0}, "override 'max_steps': 0 is below the minimum 1"),
+        ("llama-pretrain-fsdp", {"max_steps": 10**8}, "is above the maximum 10000000"),
+        ("llama-pretrain-fsdp", {"lr": "fast"}, "override 'lr': 'fast' is not a valid float; expected float >= 1e-06"),
+        ("llama-pretrain-fsdp", {"lr": "nan"}, "override 'lr': 'nan' is not a valid float"),
+        ("llama-pretrain-fsdp", {"max_steps": True}, "override 'max_steps': True is not a valid int"),
+        ("llama-pretrain-fsdp", {"max_steps": "1.5"}, "'1.5' is not a valid int"),
+        ("llama-pretrain-fsdp", {"compile": "yes"}, "override 'compile': 'yes' is not a valid bool"),
+        ("llama-pretrain-fsdp", {"seq_len": 3000}, "override 'seq_len': 3000 is not allowed; allowed: int one of 512"),
+        ("llama-pretrain-fsdp", {"instance_type": "ml.g5.48xlarge"}, "'ml.g5.48xlarge' is not allowed"),
+        ("llama-pretrain-fsdp", {"channels.train": "/local/path"}, "must be an S3 URI such as s3://bucket/prefix/"),
+        ("gpt2-ddp", {"spot": False, "max_wait_seconds": 7200},
+         "override 'max_wait_seconds': only applies to managed spot training"),
+    ],
+)
+def test_bad_overrides_are_rejected_naming_the_setting(ref, overrides, message):
+    with pytest.raises(OverrideError) as error:
+        _render(ref, overrides=overrides)
+    assert message in str(error.value)
+
+
+# --- the platform's rules -------------------------------------------------------------------------
+
+def _problems(ref: str, platform=PLATFORM, **run) -> str:
+    with pytest.raises(RequestValidationError) as error:
+        _render(ref, platform, **run)
+    return str(error.value)
+
+
+def test_multi_node_on_a_non_efa_instance_type_is_rejected():
+    message = _problems("gpt2-ddp", overrides={"instance_count": 2})
+    assert "instance_count 2 on ml.g5.12xlarge: more than one node needs an EFA-capable instance type" in message
+    # the same count on an EFA type is fine
+    assert _render("gpt2-ddp", overrides={"instance_count": 2, "instance_type": "ml.p4d.24xlarge"})
+
+
+def test_degrees_that_do_not_divide_the_world_size_are_rejected():
+    message = _problems("llama-pretrain-hsdp-tp", overrides={"instance_count": 1, "shard_degree": 4,
+                                                             "tensor_parallel_degree": 8})
+    assert "multiply to 32, which does not divide the world size 8" in message
+
+
+def test_warm_pool_over_the_environments_cap_is_rejected():
+    message = _problems("llama-finetune-deepspeed", platform_context(warm_pool_cap_seconds=600))
+    assert "keep_alive_seconds 1800 exceeds this environment's warm-pool cap of 600 seconds" in message
+    message = _problems("llama-pretrain-fsdp", platform_context(warm_pool_cap_seconds=1800),
+                        overrides={"keep_alive_seconds": 3600})
+    assert "keep_alive_seconds 3600 exceeds" in message
+
+
+def test_warm_pool_with_spot_is_rejected():
+    message = _problems("gpt2-ddp", overrides={"keep_alive_seconds": 600})
+    assert "warm pools do not work with managed spot training" in message
+
+
+@pytest.mark.parametrize(
+    ("run_name", "message"),
+    [
+        ("my_run", "run input 'run_name': 'my_run' must be letters, digits and single dashes"),
+        ("-run", "must be letters, digits and single dashes"),
+        ("x" * 46, "is 46 characters; with the job-name prefix 'llmtrain-test' and the attempt suffix it may be at most 45"),
+    ],
+)
+def test_bad_run_names_are_rejected(run_name, message):
+    with pytest.raises(RunInputError, match=re.escape(message)):
+        _render("gpt2-ddp", run_name=run_name)
+    _render("gpt2-ddp", run_name="x" * 45)  # the longest name that fits
+
+
+def test_run_input_from_dict_rejects_unknown_fields():
+    with pytest.raises(RunInputError, match="run input 'instances': is not a run input field"):
+        render(CATALOG.resolve("gpt2-ddp"), {"run_name": "r1", "instances": 3}, PLATFORM)
+    request = render(CATALOG.resolve("gpt2-ddp"), {"run_name": "r1", "attempt": 3, "owner": "ada@example.com"},
+                     PLATFORM)
+    assert request["TrainingJobName"] == "llmtrain-test-r1-a3"
+    assert {"Key": "llmtrain:owner", "Value": "ada@example.com"} in request["Tags"]
+    for bad in ({"run_name": "r1", "attempt": 0}, {"run_name": "r1", "attempt": True},
+                {"run_name": "r1", "owner": "a,b"}, {"attempt": 1}):
+        with pytest.raises(RunInputError):
+            render(CATALOG.resolve("gpt2-ddp"), bad, PLATFORM)

@@ -1,0 +1,1 @@
+"""The training program that runs inside the SageMaker PyTorch container (see docs/training.md)."""

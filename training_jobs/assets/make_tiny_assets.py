@@ -1,0 +1,100 @@
+"""Regenerate the tiny shipped assets: an English-like corpus and a small BPE tokenizer.
+
+    python training_jobs/assets/make_tiny_assets.py
+
+Writes examples/data/tiny_corpus/{train,validation}.jsonl (deterministic, a few hundred KB) and
+training_jobs/assets/tokenizer/ (a byte-level BPE trained on that corpus, saved as an HF tokenizer
+folder). Nothing is downloaded: the text comes from a small seeded grammar, so tests and examples
+run offline and the files are reproducible byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS_DIR = REPO / "examples" / "data" / "tiny_corpus"
+TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer"
+EOS = "<|endoftext|>"
+VOCAB_SIZE = 1024
+
+SUBJECTS = ["the cat", "a small dog", "the old farmer", "my sister", "the teacher", "a young bird",
+            "the captain", "our neighbour", "the baker", "a quiet child", "the river", "the wind",
+            "the student", "a tired horse", "the doctor", "the little boat", "her brother",
+            "the village", "a curious fox", "the engineer"]
+VERBS = ["sees", "finds", "carries", "watches", "follows", "builds", "paints", "remembers",
+         "visits", "opens", "counts", "reads", "cleans", "hears", "moves", "forgets", "helps",
+         "loves", "keeps", "pulls"]
+OBJECTS = ["the red door", "a wooden box", "the long road", "an apple", "the morning light",
+           "a heavy stone", "the green field", "a letter", "the broken clock", "some bread",
+           "the tall tree", "a blue cup", "the open window", "a map", "the warm fire",
+           "the empty house", "a basket of eggs", "the old bridge", "a song", "the garden"]
+ADVERBS = ["slowly", "quickly", "carefully", "again", "every day", "in the evening", "at dawn",
+           "without a word", "with great care", "before the rain", "after lunch", "once more"]
+CONNECTORS = ["and then", "but later", "because", "while", "so", "although", "and"]
+OPENERS = ["One day", "In the spring", "Long ago", "Every morning", "That winter", "At night",
+           "Near the sea", "On Sunday"]
+
+
+def sentence(rng: random.Random) -> str:
+    clause = f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)}"
+    if rng.random() < 0.5:
+        clause += f" {rng.choice(ADVERBS)}"
+    if rng.random() < 0.4:
+        clause += (f" {rng.choice(CONNECTORS)} {rng.choice(SUBJECTS)} {rng.choice(VERBS)} "
+                   f"{rng.choice(OBJECTS)}")
+    if rng.random() < 0.3:
+        clause = f"{rng.choice(OPENERS)}, {clause}"
+    return clause[0].upper() + clause[1:] + rng.choice([".", ".", ".", "!", "?"])
+
+
+def document(rng: random.Random) -> str:
+    paragraphs = []
+    for _ in range(rng.randint(1, 3)):
+        paragraphs.append(" ".join(sentence(rng) for _ in range(rng.randint(2, 7))))
+    return "\n\n".join(paragraphs)
+
+
+def write_corpus(path: Path, documents: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    texts = [document(rng) for _ in range(documents)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for text in texts:
+            out.write(json.dumps({"text": text}) + "\n")
+    return texts
+
+
+def train_tokenizer(texts: list[str], output: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, bos_token=EOS,
+                                      unk_token=EOS, pad_token=EOS, model_max_length=1 << 20)
+    output.mkdir(parents=True, exist_ok=True)
+    wrapped.save_pretrained(output)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--train-documents", type=int, default=500)
+    parser.add_argument("--validation-documents", type=int, default=50)
+    args = parser.parse_args(argv)
+    texts = write_corpus(CORPUS_DIR / "train.jsonl", args.train_documents, seed=1)
+    write_corpus(CORPUS_DIR / "validation.jsonl", args.validation_documents, seed=2)
+    train_tokenizer(texts, TOKENIZER_DIR)
+    print(f"wrote {CORPUS_DIR} and {TOKENIZER_DIR}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Entry point of the training job (sagemaker_program), launched by torchrun on every host.
+
+    torchrun --nproc_per_node N training_jobs/train.py [--name value ...]
+
+Reads the SageMaker container contract (SM_HPS or --name value flags, SM_CHANNEL_*, SM_MODEL_DIR,
+SM_OUTPUT_DATA_DIR, /opt/ml/checkpoints), validates the hyperparameters before anything slow, then:
+build the model and data, resume from the newest complete checkpoint, train, export. A bad
+hyperparameter, channel or diverged loss exits non-zero with a one-line reason; SIGTERM saves a
+checkpoint and exits 0 so the next attempt resumes. See docs/training.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# The toolkit runs this file as a script with cwd = the code folder: make `training_jobs` importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from training_jobs.trainer.config import from_hyperparameters  # noqa: E402
+from training_jobs.trainer.environment import read_environment  # noqa: E402
+from training_jobs.trainer.errors import ConfigError, DataError, TrainingError  # noqa: E402
+
+EXIT_FAILED = 1
+
+
+def run(argv: list[str]) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download at run time
+    env = read_environment(argv)
+    config = from_hyperparameters(env.hyperparameters)  # fails fast: no torch imported yet
+
+    import torch.distributed as dist
+    import transformers
+
+    from training_jobs.trainer import export, job, loop, metrics, parallel
+
+    transformers.utils.logging.disable_progress_bar()
+
+    device = parallel.pick_device(env.local_rank)
+    parallel.init_distributed(device, env.rank, env.world_size, timeout_minutes=30)
+    try:
+        job.prepare_folders(env)
+        training = job.build(config, env, device)
+        job.resume(training)
+        outcome = loop.run(training.loop)
+        if outcome == "finished":
+            path = export.export_model(training.loop.strategy, training.loop.strategy.hf_model, config,
+                                       training.tokenizer, env.model_dir, env.is_main)
+            if env.is_main:
+                metrics.log(f"finished at step {training.loop.step}; model written to {path}")
+        training.loop.metrics.close()
+        training.loop.strategy.close()
+        training.stop.restore()
+        return 0
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _report(error: TrainingError) -> None:
+    """One line per host for errors every rank hits alike, one per rank otherwise."""
+    same_everywhere = isinstance(error, ConfigError | DataError)
+    if not same_everywhere or os.environ.get("LOCAL_RANK", "0") == "0":
+        rank = os.environ.get("RANK", "0")
+        print(f"[error] {type(error).__name__}: {error}" + ("" if same_everywhere else f" (rank {rank})"),
+              file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except TrainingError as error:
+        _report(error)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The parts of the training program; training_jobs/train.py wires them together."""

@@ -1,0 +1,210 @@
+"""Checkpoints: atomic, sharded, self-resuming; and the SIGTERM / time triggers that write them.
+
+Layout under the checkpoint folder (/opt/ml/checkpoints, which SageMaker syncs with S3):
+
+    step_00000100/            one complete checkpoint
+        COMPLETE              written last: JSON with the step and the size of every file
+        trainer_state.json    step, data position, LR scheduler, hyperparameters
+        rng/rank_00000.pt     each rank's RNG states
+        ...                   the strategy's files (torch.distributed.checkpoint shards, or DeepSpeed's)
+    .tmp-step_00000200/       being written; never read
+
+A checkpoint is written into a temporary folder, renamed when every rank has finished, and only
+then marked COMPLETE; on start the job resumes from the newest folder whose COMPLETE marker lists
+files that are all present with their sizes, so a checkpoint cut short (a killed job, a partial S3
+sync) is never picked up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .errors import TrainingError
+
+MARKER = "COMPLETE"
+STATE_FILE = "trainer_state.json"
+_NAME = re.compile(r"^step_(\d{8})$")
+TMP_PREFIX = ".tmp-"
+
+
+def folder_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def _files_with_sizes(folder: Path) -> dict[str, int]:
+    return {str(path.relative_to(folder)): path.stat().st_size
+            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != MARKER}
+
+
+def is_complete(folder: Path) -> bool:
+    """The marker exists and every file it lists is present with the recorded size."""
+    try:
+        listed = json.loads((folder / MARKER).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return all((folder / name).is_file() and (folder / name).stat().st_size == size
+               for name, size in listed.items())
+
+
+@dataclass(frozen=True)
+class Found:
+    complete: list[tuple[int, Path]]
+    incomplete: list[Path]
+
+
+def scan(root: Path) -> Found:
+    complete, incomplete = [], []
+    if root.is_dir():
+        for child in root.iterdir():
+            match = _NAME.match(child.name)
+            if child.name.startswith(TMP_PREFIX) or (match and not is_complete(child)):
+                incomplete.append(child)
+            elif match:
+                complete.append((int(match[1]), child))
+    return Found(sorted(complete), sorted(incomplete))
+
+
+def latest_complete(root: Path) -> Path | None:
+    found = scan(root)
+    return found.complete[-1][1] if found.complete else None
+
+
+# --- RNG ----------------------------------------------------------------------------------------
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _rng_path(folder: Path, rank: int) -> Path:
+    return folder / "rng" / f"rank_{rank:05d}.pt"
+
+
+# --- writing and reading ------------------------------------------------------------------------
+
+class CheckpointStore:
+    """Writes and finds checkpoints in one folder; the local rank 0 of each host does the renames."""
+
+    def __init__(self, root: Path, keep: int, rank: int, local_main: bool) -> None:
+        self.root, self.keep, self.rank, self.local_main = root, keep, rank, local_main
+
+    def save(self, step: int, strategy, trainer_state: dict) -> Path:
+        final = self.root / folder_name(step)
+        temporary = self.root / (TMP_PREFIX + folder_name(step))
+        if self.local_main:
+            shutil.rmtree(temporary, ignore_errors=True)
+            temporary.mkdir(parents=True)
+        dist.barrier()
+        strategy.save_checkpoint(temporary)
+        _rng_path(temporary, self.rank).parent.mkdir(exist_ok=True)
+        torch.save(rng_state(), _rng_path(temporary, self.rank))
+        dist.barrier()
+        if self.local_main:
+            (temporary / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
+            self._commit(temporary, final, step)
+            self.prune()
+        dist.barrier()
+        return final
+
+    def _commit(self, temporary: Path, final: Path, step: int) -> None:
+        shutil.rmtree(final, ignore_errors=True)  # an incomplete folder of the same step
+        try:
+            os.replace(temporary, final)
+        except FileNotFoundError:  # a shared file system where another host renamed it first
+            if not final.is_dir():
+                raise
+        marker = {"step": step, "files": _files_with_sizes(final), "written_at": time.time()}
+        (final / (MARKER + ".tmp")).write_text(json.dumps(marker))
+        os.replace(final / (MARKER + ".tmp"), final / MARKER)
+
+    def prune(self) -> None:
+        """Keep the newest `keep` complete checkpoints; drop abandoned temporary folders."""
+        found = scan(self.root)
+        for _, folder in found.complete[:-self.keep]:
+            shutil.rmtree(folder, ignore_errors=True)
+        for folder in found.incomplete:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def load(self, folder: Path, strategy) -> dict:
+        """Restore the strategy's state and this rank's RNG; returns the trainer state."""
+        state = json.loads((folder / STATE_FILE).read_text())
+        strategy.load_checkpoint(folder)
+        rng_file = _rng_path(folder, self.rank)
+        if rng_file.is_file():
+            set_rng_state(torch.load(rng_file, weights_only=False))
+        return state
+
+
+# --- when to save ---------------------------------------------------------------------------------
+
+class StopSignal:
+    """Turns SIGTERM (spot interruption, StopTrainingJob) into a flag the loop checks each step."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = True
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+class Triggers:
+    """Agree across ranks, once per step, on whether to checkpoint and whether to stop.
+
+    Each rank sees its own SIGTERM and its own clock; a MAX all-reduce of two flags on a CPU tensor
+    (gloo, no device synchronisation) makes every rank take the same decision at the same step.
+    """
+
+    def __init__(self, every_steps: int, every_minutes: float, stop: StopSignal) -> None:
+        self.every_steps, self.every_seconds = every_steps, every_minutes * 60
+        self.stop = stop
+        self.last_save = time.monotonic()
+        self.flags = torch.zeros(2, dtype=torch.int32)
+
+    def poll(self, step: int) -> tuple[bool, bool]:
+        """(save now, stop now) after optimizer step `step`."""
+        by_time = self.every_seconds > 0 and time.monotonic() - self.last_save >= self.every_seconds
+        self.flags[0], self.flags[1] = int(self.stop.received), int(by_time)
+        if dist.get_world_size() > 1:
+            dist.all_reduce(self.flags, op=dist.ReduceOp.MAX)
+        stop, timed = bool(self.flags[0]), bool(self.flags[1])
+        by_steps = self.every_steps > 0 and step % self.every_steps == 0
+        return stop or timed or by_steps, stop
+
+    def saved(self) -> None:
+        self.last_save = time.monotonic()
+
+
+def check_resumable(state: dict, config_flat: dict) -> None:
+    """Refuse to resume into a different model: the shapes would not fit anyway, say why."""
+    saved = state.get("hyperparameters", {})
+    for name in ("model_preset", "model_overrides", "lora_r", "lora_target_modules"):
+        if name in saved and saved[name] != config_flat[name]:
+            raise TrainingError(f"the checkpoint in the checkpoint folder was written with {name}="
+                                f"{saved[name]!r} but this job has {name}={config_flat[name]!r}: use "
+                                "a new checkpoint location (CheckpointConfig.S3Uri) for a new model")

@@ -1,0 +1,435 @@
+"""Typed configuration of the training program: the hyperparameter contract.
+
+Every hyperparameter a job template may set is a field of one of the frozen dataclasses below,
+under its contract name; docs/architecture.md keeps a summary table in step with this file and
+docs/training.md documents every field. Values arrive as JSON values (SM_HPS, decoded by the
+SageMaker training toolkit) or as strings (command-line flags); both are validated up front so that
+a bad hyperparameter stops the job before any expensive work, with a message naming it.
+
+This module imports nothing heavy (no torch) so that a bad configuration fails in well under a
+second, on every rank identically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+from .errors import ConfigError
+
+__all__ = ["ConfigError", "TrainConfig", "from_hyperparameters", "resolve_mesh"]
+
+
+def _hp(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None,
+        exclusive_minimum: bool = False) -> Any:
+    """A hyperparameter field: its default, its documentation and its numeric range."""
+    metadata = {"help": help, "minimum": minimum, "maximum": maximum,
+                "exclusive_minimum": exclusive_minimum}
+    if isinstance(default, dict | list):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+MODEL_PRESETS = ("llama-tiny", "llama-20m", "llama-1b", "llama-7b", "llama-13b", "llama-70b",
+                 "gpt2-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
+
+Parallelism = Literal["single", "ddp", "fsdp", "deepspeed", "smp"]
+FsdpSharding = Literal["full", "hybrid", "grad_op"]
+MixedPrecision = Literal["bf16", "fp16", "fp32"]
+ActivationCheckpointing = Literal["none", "full", "selective"]
+LrSchedule = Literal["cosine", "linear", "constant"]
+Quantization = Literal["none", "nf4"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_preset: str = _hp("", "Named model size (see MODEL_PRESETS); ignored when the `model` "
+                                "channel holds a checkpoint. Required otherwise.")
+    model_overrides: dict = _hp({}, "HF config fields set on top of the preset, e.g. "
+                                    '{"num_hidden_layers": 4}.')
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    seq_len: int = _hp(1024, "Tokens per sample.", minimum=1)
+    micro_batch_size: int = _hp(4, "Samples per data-parallel rank per micro step.", minimum=1)
+    grad_accum_steps: int = _hp(1, "Micro steps per optimizer step.", minimum=1)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = _hp(3e-4, "Peak learning rate.", minimum=0.0, exclusive_minimum=True)
+    min_lr: float = _hp(0.0, "Learning rate at the end of the decay.", minimum=0.0)
+    warmup_steps: int = _hp(0, "Linear warm-up steps from 0 to `lr`.", minimum=0)
+    lr_schedule: LrSchedule = _hp("cosine", "Decay from `lr` to `min_lr` after warm-up.")
+    lr_decay_steps: int = _hp(0, "Step at which the decay reaches `min_lr` (0 = max_steps). Keep "
+                                 "it fixed when a run is trained in stages with growing max_steps.",
+                              minimum=0)
+    weight_decay: float = _hp(0.1, "AdamW weight decay (not applied to biases and norms).",
+                              minimum=0.0)
+    max_grad_norm: float = _hp(1.0, "Clip the global gradient norm to this (0 = no clipping).",
+                               minimum=0.0)
+    adam_beta1: float = _hp(0.9, "AdamW beta1.", minimum=0.0, maximum=0.999999)
+    adam_beta2: float = _hp(0.95, "AdamW beta2.", minimum=0.0, maximum=0.999999)
+    scale_lr_by_global_batch: bool = _hp(False, "`lr` is per 256 samples and scales linearly with "
+                                                "the global batch size.")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    parallelism: Parallelism = _hp("ddp", "single, ddp, fsdp (FSDP2, with tensor parallel when "
+                                          "tensor_parallel_degree > 1), deepspeed or smp (SMP v2).")
+    fsdp_sharding: FsdpSharding = _hp("full", "FSDP2 sharding: full, hybrid (replicate across "
+                                              "nodes, shard within) or grad_op.")
+    replicate_degree: int = _hp(0, "Data-parallel replicas (hybrid sharding); 0 = number of hosts.",
+                                minimum=0)
+    shard_degree: int = _hp(0, "Ranks one parameter is sharded over; 0 = derive.", minimum=0)
+    tensor_parallel_degree: int = _hp(1, "Tensor-parallel ranks (fsdp and smp); 0 or 1 = none.",
+                                      minimum=0)
+    zero_stage: int = _hp(2, "DeepSpeed ZeRO stage.", minimum=1, maximum=3)
+    offload_optimizer: bool = _hp(False, "Keep optimizer state on the CPU (DeepSpeed; FSDP2 "
+                                         "offloads parameters, gradients and optimizer together).")
+    offload_params: bool = _hp(False, "Keep parameters on the CPU (FSDP2 CPUOffloadPolicy, "
+                                      "DeepSpeed ZeRO-3 offload_param).")
+    mixed_precision: MixedPrecision = _hp("bf16", "Compute precision; master weights stay fp32.")
+    activation_checkpointing: ActivationCheckpointing = _hp(
+        "none", "Recompute activations in backward: full layers, or selective (keep matmul "
+                "outputs, recompute the rest).")
+    activation_checkpointing_every: int = _hp(1, "Checkpoint every k-th decoder layer.", minimum=1)
+    activation_offloading: bool = _hp(False, "Offload checkpointed activations to the CPU.")
+    compile: bool = _hp(False, "torch.compile each decoder layer.")
+    mp_parameters: dict = _hp({}, "SMP v2 settings passed through to torch.sagemaker.init (set by "
+                                  "the SageMaker SDK's `distribution`); named settings win.")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    lora_r: int = _hp(0, "LoRA rank; 0 trains the full model.", minimum=0)
+    lora_alpha: float = _hp(16.0, "LoRA scaling numerator (scale = alpha / r).", minimum=0.0,
+                            exclusive_minimum=True)
+    lora_dropout: float = _hp(0.0, "Dropout on the LoRA input.", minimum=0.0, maximum=0.99)
+    lora_target_modules: list = _hp(["all-linear"], "Module names LoRA adapts (a list or a comma-"
+                                                    "separated string); all-linear = every linear.")
+    quantization: Quantization = _hp("none", "nf4 loads the base model in 4 bits (QLoRA, GPU "
+                                             "only; needs lora_r > 0).")
+    merge_lora: bool = _hp(False, "Export the merged model instead of the adapter.")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    checkpoint_every_steps: int = _hp(500, "Save every N optimizer steps (0 = never by steps).",
+                                      minimum=0)
+    checkpoint_every_minutes: float = _hp(0.0, "Save when this many minutes passed since the last "
+                                               "save (0 = never by time).", minimum=0.0)
+    keep_checkpoints: int = _hp(3, "Complete checkpoints to keep (older ones are deleted).",
+                                minimum=1)
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    log_every_steps: int = _hp(10, "Print a [metrics] line every N steps.", minimum=1)
+    eval_every_steps: int = _hp(0, "Evaluate on the validation channel every N steps (0 = only "
+                                   "after the last step).", minimum=0)
+    eval_steps: int = _hp(10, "Validation batches per evaluation.", minimum=1)
+    tensorboard: bool = _hp(False, "Write TensorBoard logs to <output data dir>/tensorboard.")
+    profile_steps: str = _hp("", '"START-END": torch.profiler trace of those steps; empty for none.')
+    preflight_check: bool = _hp(False, "Check collectives (all-reduce bandwidth per rank, hung "
+                                       "ranks) before training.")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    max_steps: int = _hp(1000, "Optimizer steps to train.", minimum=1)
+    seed: int = _hp(42, "Seed of initialisation, data order and dropout.", minimum=0)
+
+
+GROUPS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
+          "parallel": ParallelConfig, "lora": LoraConfig, "checkpoint": CheckpointConfig,
+          "logging": LoggingConfig, "run": RunConfig}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def decay_steps(self) -> int:
+        return self.optim.lr_decay_steps or self.run.max_steps
+
+    def flat(self) -> dict[str, Any]:
+        """Every hyperparameter by its contract name (what the job ran with)."""
+        return {name: getattr(getattr(self, group), name)
+                for group, cls in GROUPS.items() for name in _field_names(cls)}
+
+
+def _field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def hyperparameter_fields() -> dict[str, tuple[str, dataclasses.Field, Any]]:
+    """name -> (group, dataclass field, resolved type) for every hyperparameter."""
+    table = {}
+    for group, cls in GROUPS.items():
+        hints = get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            table[f.name] = (group, f, hints[f.name])
+    return table
+
+
+# --- parsing ------------------------------------------------------------------------------------
+
+_INT = re.compile(r"^[+-]?\d+$")
+
+
+def parse_command_line(argv: list[str]) -> dict[str, str]:
+    """`--name value` / `--name=value` pairs (as the SageMaker toolkit passes them) to a dict."""
+    values: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(f"unexpected command-line argument {arg!r}: pass hyperparameters as "
+                              "--name value")
+        name, has_value, value = arg[2:].partition("=")
+        if not has_value:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"hyperparameter {name!r} has no value: pass --{name} VALUE")
+            value = argv[i + 1]
+            i += 1
+        values[name.replace("-", "_")] = value
+        i += 1
+    return values
+
+
+def _invalid(name: str, value: Any, expected: str) -> ConfigError:
+    return ConfigError(f"invalid hyperparameter {name!r}: got {value!r}, expected {expected}")
+
+
+def _coerce_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise _invalid(name, value, "true or false (JSON booleans, not 0/1)")
+
+
+def _coerce_int(name: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise _invalid(name, value, "an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and _INT.match(value.strip()):
+        return int(value.strip())
+    raise _invalid(name, value, "an integer")
+
+
+def _coerce_float(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise _invalid(name, value, "a number")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
+    raise _invalid(name, value, "a number")
+
+
+def _decode_json_text(name: str, value: Any, kind: type) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as error:
+            raise _invalid(name, value, f"a JSON {kind.__name__}") from error
+    return value
+
+
+def _coerce_dict(name: str, value: Any) -> dict:
+    value = _decode_json_text(name, value, dict)
+    if not isinstance(value, dict):
+        raise _invalid(name, value, "a JSON object")
+    return value
+
+
+def _coerce_list(name: str, value: Any) -> list:
+    if isinstance(value, str) and not value.strip().startswith("["):
+        value = [item.strip() for item in value.split(",") if item.strip()]
+    value = _decode_json_text(name, value, list)
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise _invalid(name, value, "a list of names (JSON list or comma-separated)")
+    return value
+
+
+def _coerce_literal(name: str, value: Any, choices: tuple) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise _invalid(name, value, "one of " + ", ".join(choices))
+    return value
+
+
+def _coerce_str(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _invalid(name, value, "a string")
+    return value
+
+
+_COERCERS = {bool: _coerce_bool, int: _coerce_int, float: _coerce_float, dict: _coerce_dict,
+             list: _coerce_list, str: _coerce_str}
+
+
+def coerce(name: str, value: Any, hint: Any) -> Any:
+    """Convert one raw hyperparameter value to its declared type, or raise naming it."""
+    if get_origin(hint) is Literal:
+        return _coerce_literal(name, value, get_args(hint))
+    return _COERCERS[hint](name, value)
+
+
+def _check_range(name: str, value: Any, spec: dataclasses.Field) -> None:
+    meta = spec.metadata
+    low, high = meta.get("minimum"), meta.get("maximum")
+    if low is not None and (value < low or (meta.get("exclusive_minimum") and value == low)):
+        bound = f"> {low}" if meta.get("exclusive_minimum") else f">= {low}"
+        raise _invalid(name, value, f"a value {bound}")
+    if high is not None and value > high:
+        raise _invalid(name, value, f"a value <= {high}")
+
+
+def from_hyperparameters(raw: dict[str, Any]) -> TrainConfig:
+    """Build the validated configuration from raw hyperparameters (SM_HPS or command line)."""
+    table = hyperparameter_fields()
+    unknown = sorted(set(raw) - set(table))
+    if unknown:
+        raise ConfigError(f"unknown hyperparameter {unknown[0]!r}"
+                          + (f" (and {', '.join(map(repr, unknown[1:]))})" if unknown[1:] else "")
+                          + _did_you_mean(unknown[0], table))
+    grouped: dict[str, dict[str, Any]] = {group: {} for group in GROUPS}
+    for name, value in raw.items():
+        group, spec, hint = table[name]
+        converted = coerce(name, value, hint)
+        if isinstance(converted, int | float) and not isinstance(converted, bool):
+            _check_range(name, converted, spec)
+        grouped[group][name] = converted
+    config = TrainConfig(**{group: GROUPS[group](**values) for group, values in grouped.items()})
+    validate(config)
+    return config
+
+
+def _did_you_mean(name: str, table: dict) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, table, n=1)
+    return f"; did you mean {close[0]!r}?" if close else "; see docs/training.md for the list"
+
+
+# --- cross-field rules --------------------------------------------------------------------------
+
+_PROFILE = re.compile(r"^(\d+)-(\d+)$")
+
+
+def profile_window(text: str) -> tuple[int, int] | None:
+    """(first, last) step of the profiler window, or None when profiling is off."""
+    if not text:
+        return None
+    match = _PROFILE.match(text.strip())
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise _invalid("profile_steps", text, '"START-END" with 1 <= START <= END, e.g. "5-7"')
+    return int(match[1]), int(match[2])
+
+
+def validate(config: TrainConfig) -> None:
+    """Rules that involve more than one hyperparameter."""
+    optim, par, lora = config.optim, config.parallel, config.lora
+    if config.model.model_preset and config.model.model_preset not in MODEL_PRESETS:
+        raise _invalid("model_preset", config.model.model_preset, "one of " + ", ".join(MODEL_PRESETS))
+    if optim.min_lr > optim.lr:
+        raise _invalid("min_lr", optim.min_lr, f"a value <= lr ({optim.lr})")
+    if optim.warmup_steps > config.decay_steps:
+        raise _invalid("warmup_steps", optim.warmup_steps,
+                       f"at most the decay horizon ({config.decay_steps} steps: lr_decay_steps or "
+                       "max_steps)")
+    profile_window(config.logging.profile_steps)
+    _validate_parallel(par)
+    if lora.quantization == "nf4" and lora.lora_r == 0:
+        raise _invalid("quantization", "nf4", "none unless lora_r > 0 (QLoRA trains adapters on "
+                                              "a 4-bit base)")
+    if lora.merge_lora and lora.lora_r == 0:
+        raise _invalid("merge_lora", True, "false unless lora_r > 0")
+    if lora.lora_r and par.tensor_parallel_degree > 1:
+        raise _invalid("lora_r", lora.lora_r, "0 with tensor_parallel_degree > 1 (LoRA with tensor "
+                                              "parallel is not supported; use fsdp sharding)")
+
+
+def _validate_parallel(par: ParallelConfig) -> None:
+    tp = par.tensor_parallel_degree
+    if tp > 1 and par.parallelism not in ("fsdp", "smp"):
+        raise _invalid("tensor_parallel_degree", tp,
+                       f"1 with parallelism={par.parallelism} (tensor parallel runs with fsdp or smp)")
+    if par.fsdp_sharding != "hybrid" and par.parallelism == "fsdp" and par.replicate_degree > 1:
+        raise _invalid("replicate_degree", par.replicate_degree,
+                       "0 or 1 unless fsdp_sharding=hybrid")
+    if par.offload_params and par.parallelism in ("single", "ddp"):
+        raise _invalid("offload_params", True, "false with parallelism=" + par.parallelism
+                       + " (parameter offload needs fsdp or deepspeed)")
+    if par.offload_params and par.parallelism == "deepspeed" and par.zero_stage != 3:
+        raise _invalid("offload_params", True, "false unless zero_stage=3 (DeepSpeed offloads "
+                                               "parameters only in ZeRO-3)")
+    if par.activation_offloading and par.activation_checkpointing == "none":
+        raise _invalid("activation_offloading", True,
+                       "false unless activation_checkpointing is full or selective")
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """Degrees of the device mesh, resolved against the world size (their product)."""
+
+    replicate: int
+    shard: int
+    tensor: int
+
+    @property
+    def data_parallel(self) -> int:
+        return self.replicate * self.shard
+
+
+def resolve_mesh(par: ParallelConfig, world_size: int, num_hosts: int) -> MeshShape:
+    """Turn the degree hyperparameters (0 = derive) into a mesh whose product is the world size."""
+    tp = max(par.tensor_parallel_degree, 1)
+    if world_size % tp:
+        raise _invalid("tensor_parallel_degree", tp, f"a divisor of the world size {world_size}")
+    data_parallel = world_size // tp
+    if par.parallelism in ("single", "ddp", "deepspeed"):
+        if par.parallelism == "single" and world_size != 1:
+            raise _invalid("parallelism", "single", f"ddp, fsdp or deepspeed: {world_size} "
+                                                    "processes were launched")
+        _expect_degree("shard_degree", par.shard_degree, (0, 1, data_parallel))
+        return MeshShape(replicate=data_parallel, shard=1, tensor=1)
+    if par.parallelism == "fsdp" and par.fsdp_sharding == "hybrid":
+        replicate = par.replicate_degree or max(1, min(num_hosts, data_parallel))
+        if data_parallel % replicate:
+            raise _invalid("replicate_degree", replicate, f"a divisor of the data-parallel size "
+                                                          f"{data_parallel}")
+        shard = par.shard_degree or data_parallel // replicate
+    else:
+        replicate, shard = 1, par.shard_degree or data_parallel
+    if replicate * shard * tp != world_size:
+        raise ConfigError(f"invalid hyperparameter 'shard_degree': replicate_degree ({replicate}) x "
+                          f"shard_degree ({shard}) x tensor_parallel_degree ({tp}) must equal the "
+                          f"world size {world_size}")
+    return MeshShape(replicate=replicate, shard=shard, tensor=tp)
+
+
+def _expect_degree(name: str, value: int, allowed: tuple[int, ...]) -> None:
+    if value not in allowed:
+        raise _invalid(name, value, "one of " + ", ".join(str(v) for v in sorted(set(allowed))))

@@ -1,0 +1,166 @@
+"""Packed, deterministically shuffled, rank-sharded and resumable batches from token shards.
+
+The token stream of each shard is cut into samples of seq_len + 1 tokens that overlap by one token
+(sample i covers tokens [i*seq_len, (i+1)*seq_len]), so every token is a prediction target once;
+documents are packed back to back, separated by the end-of-sequence id. Samples are visited in a
+permutation drawn from (seed, epoch); a global batch is the next `data_parallel * micro_batch_size
+* grad_accum_steps` samples of that order, split into micro batches by (micro step, rank). The
+only state is the number of samples consumed, so a resumed job continues exactly where it stopped
+(even with a different number of data-parallel ranks, as long as the global batch is unchanged).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import DataError
+from .shards import Manifest, read_manifest
+
+
+class TokenSamples:
+    """Random access to the packed samples of one dataset folder (memory-mapped)."""
+
+    def __init__(self, folder: Path, seq_len: int, channel: str, model_vocab_size: int) -> None:
+        self.channel, self.seq_len = channel, seq_len
+        self.manifest: Manifest = read_manifest(folder)
+        if self.manifest.vocab_size > model_vocab_size:
+            raise DataError(f"the {channel} channel was tokenized with a vocabulary of "
+                            f"{self.manifest.vocab_size} tokens, larger than the model's "
+                            f"{model_vocab_size}: use the same tokenizer for data and model")
+        self.vocab_size = model_vocab_size
+        self.maps = [np.memmap(shard.path, dtype=self.manifest.numpy_dtype, mode="r")
+                     for shard in self.manifest.shards]
+        per_shard = [max(len(tokens) - 1, 0) // seq_len for tokens in self.maps]
+        self.starts = np.cumsum([0, *per_shard])
+        self.num_samples = int(self.starts[-1])
+        if self.num_samples == 0:
+            raise DataError(f"the {channel} channel ({self.manifest.folder}) holds "
+                            f"{self.manifest.num_tokens} tokens, not enough for one sample of "
+                            f"seq_len + 1 = {seq_len + 1} tokens in any shard: add data or lower seq_len")
+
+    def gather(self, indices: np.ndarray) -> np.ndarray:
+        """int64 array [len(indices), seq_len + 1] of the given sample indices."""
+        out = np.empty((len(indices), self.seq_len + 1), dtype=np.int64)
+        shards = np.searchsorted(self.starts, indices, side="right") - 1
+        for row, (index, shard) in enumerate(zip(indices, shards, strict=True)):
+            offset = int(index - self.starts[shard]) * self.seq_len
+            out[row] = self.maps[shard][offset:offset + self.seq_len + 1]
+        if out.max() >= self.vocab_size or out.min() < 0:
+            raise DataError(f"the {self.channel} channel holds token id {int(out.max())} outside the "
+                            f"model's vocabulary of {self.vocab_size}: the shards are corrupt or were "
+                            "made with another tokenizer")
+        return out
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How one global batch is split: per micro step, per data-parallel rank."""
+
+    data_parallel_size: int
+    data_parallel_rank: int
+    micro_batch_size: int
+    grad_accum_steps: int
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.data_parallel_size * self.micro_batch_size * self.grad_accum_steps
+
+    def positions(self, first: int, micro_step: int) -> np.ndarray:
+        """Positions in the sample order that this rank trains on in `micro_step`."""
+        start = first + (micro_step * self.data_parallel_size + self.data_parallel_rank) \
+            * self.micro_batch_size
+        return np.arange(start, start + self.micro_batch_size, dtype=np.int64)
+
+
+class ShuffledOrder:
+    """Sample order: a fresh permutation of all samples per epoch, drawn from (seed, epoch)."""
+
+    def __init__(self, num_samples: int, seed: int) -> None:
+        self.num_samples, self.seed = num_samples, seed
+        self._epoch, self._permutation = -1, np.empty(0, dtype=np.int64)
+
+    def _for_epoch(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:
+            self._permutation = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+            self._epoch = epoch
+        return self._permutation
+
+    def __getitem__(self, positions: np.ndarray) -> np.ndarray:
+        epochs, offsets = np.divmod(positions, self.num_samples)
+        result = np.empty_like(positions)
+        for epoch in np.unique(epochs):
+            mask = epochs == epoch
+            result[mask] = self._for_epoch(int(epoch))[offsets[mask]]
+        return result
+
+
+def to_device(batch: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) on the device: the sample without its last / first token."""
+    tokens = torch.from_numpy(batch)
+    if device.type != "cpu":
+        tokens = tokens.pin_memory().to(device, non_blocking=True)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+class TrainBatches:
+    """The training stream for one rank. `consumed_samples` is its whole resumable state."""
+
+    def __init__(self, samples: TokenSamples, layout: BatchLayout, seed: int,
+                 device: torch.device) -> None:
+        self.samples, self.layout, self.device = samples, layout, device
+        self.order = ShuffledOrder(samples.num_samples, seed)
+        self.seed = seed
+        self.consumed_samples = 0
+
+    def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The micro batches of the next optimizer step for this rank."""
+        first = self.consumed_samples
+        micro_batches = [to_device(self.samples.gather(self.order[self.layout.positions(first, m)]),
+                                   self.device)
+                         for m in range(self.layout.grad_accum_steps)]
+        self.consumed_samples += self.layout.global_batch_size
+        return micro_batches
+
+    @property
+    def epoch(self) -> float:
+        return self.consumed_samples / self.samples.num_samples
+
+    def state_dict(self) -> dict:
+        return {"consumed_samples": self.consumed_samples, "num_samples": self.samples.num_samples,
+                "seed": self.seed, "seq_len": self.samples.seq_len,
+                "global_batch_size": self.layout.global_batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        expected = {"num_samples": self.samples.num_samples, "seed": self.seed,
+                    "seq_len": self.samples.seq_len}
+        for key, value in expected.items():
+            if state.get(key) != value:
+                raise DataError(f"cannot resume the data order: the checkpoint was written with "
+                                f"{key}={state.get(key)} and this job has {key}={value} (the train "
+                                "channel, seed and seq_len must not change between resumes)")
+        self.consumed_samples = int(state["consumed_samples"])
+
+
+class EvalBatches:
+    """A fixed, unshuffled slice of the validation channel, split across data-parallel ranks."""
+
+    def __init__(self, samples: TokenSamples, layout: BatchLayout, steps: int,
+                 device: torch.device) -> None:
+        per_batch = layout.data_parallel_size * layout.micro_batch_size
+        self.steps = min(steps, samples.num_samples // per_batch)
+        if self.steps == 0:
+            raise DataError(f"the validation channel holds {samples.num_samples} samples, fewer than "
+                            f"one evaluation batch of {per_batch} (data-parallel ranks x "
+                            "micro_batch_size)")
+        self.samples, self.layout, self.device = samples, layout, device
+
+    def __iter__(self):
+        single = BatchLayout(self.layout.data_parallel_size, self.layout.data_parallel_rank,
+                             self.layout.micro_batch_size, 1)
+        for step in range(self.steps):
+            positions = single.positions(step * single.global_batch_size, 0)
+            yield to_device(self.samples.gather(positions), self.device)

@@ -1,0 +1,133 @@
+"""DeepSpeed ZeRO stage 1, 2 or 3, with optimizer and parameter offload.
+
+The optimizer is torch's AdamW (the same update as the other strategies, so losses are comparable)
+and the learning-rate schedule is ours; DeepSpeed partitions them, reduces gradients, clips, scales
+fp16 losses and writes its own checkpoint files, which the atomic checkpoint scheme wraps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from . import parallel
+from .config import TrainConfig, resolve_mesh
+from .errors import ConfigError
+from .optim import build_optimizer, build_scheduler, peak_lr
+
+TAG = "deepspeed"
+
+
+def deepspeed_config(config: TrainConfig, data_parallel_size: int, on_gpu: bool) -> dict:
+    """The DeepSpeed JSON config equivalent to our hyperparameters."""
+    par, data = config.parallel, config.data
+    zero: dict = {"stage": par.zero_stage, "contiguous_gradients": True, "overlap_comm": on_gpu,
+                  "reduce_scatter": True}
+    if par.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu}
+    if par.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": on_gpu}
+    ds = {
+        "train_micro_batch_size_per_gpu": data.micro_batch_size,
+        "gradient_accumulation_steps": data.grad_accum_steps,
+        "train_batch_size": data.micro_batch_size * data.grad_accum_steps * data_parallel_size,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "bf16": {"enabled": par.mixed_precision == "bf16"},
+        "fp16": {"enabled": par.mixed_precision == "fp16", "loss_scale": 0},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    if config.optim.max_grad_norm > 0:
+        ds["gradient_clipping"] = config.optim.max_grad_norm
+    return ds
+
+
+class DeepSpeedStrategy:
+    def __init__(self, ctx) -> None:
+        import deepspeed
+
+        from .lora import check_quantization
+        from .strategy import prepare_model
+
+        config = ctx.config
+        self.config, self.device, self.kind = config, ctx.device, "deepspeed"
+        check_quantization(config.lora, self.kind)
+        if config.parallel.activation_offloading:
+            raise ConfigError("invalid hyperparameter 'activation_offloading': not supported with "
+                              "deepspeed; use fsdp or smp")
+        shape = resolve_mesh(config.parallel, ctx.world_size, ctx.num_hosts)
+        self.topology = parallel.build_topology(shape, ctx.device, needs_mesh=False)
+        model = prepare_model(ctx, materialize=True, load_weights=ctx.rank == 0).to(ctx.device)
+        if ctx.world_size > 1:
+            parallel.broadcast_module(model)
+        parallel.apply_activation_checkpointing(model, config.parallel.activation_checkpointing,
+                                                config.parallel.activation_checkpointing_every)
+        if config.parallel.compile:
+            parallel.apply_compile(model)
+        self.hf_model = model
+        self.peak_lr = peak_lr(config, shape.data_parallel * config.data.micro_batch_size
+                               * config.data.grad_accum_steps)
+        optimizer = build_optimizer(model, config.optim, self.peak_lr)
+        self.scheduler = build_scheduler(optimizer, config, self.peak_lr)
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=self.scheduler,
+            config=deepspeed_config(config, shape.data_parallel, ctx.device.type == "cuda"))
+        self.model = self.engine
+
+    @contextlib.contextmanager
+    def micro_step(self, last: bool):
+        yield  # DeepSpeed knows the accumulation boundary from its config
+
+    def backward(self, loss: torch.Tensor, grad_accum_steps: int, last: bool) -> None:
+        self.engine.backward(loss)  # scales by 1 / gradient_accumulation_steps itself
+        if last:
+            self.applied_lr = self.scheduler.get_last_lr()[0]
+        self.engine.step()  # steps the optimizer and the schedule only at the boundary
+
+    def step(self) -> torch.Tensor:
+        norm = self.engine.get_global_grad_norm()
+        return torch.as_tensor(0.0 if norm is None else norm, dtype=torch.float32)
+
+    def current_lr(self) -> float:
+        """The learning rate of the last optimizer step."""
+        return getattr(self, "applied_lr", self.scheduler.get_last_lr()[0])
+
+    def train(self, mode: bool = True) -> None:
+        self.engine.train(mode)
+
+    def save_checkpoint(self, folder: Path) -> None:
+        self.engine.save_checkpoint(str(folder), tag=TAG, save_latest=False)
+
+    def load_checkpoint(self, folder: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(folder), tag=TAG, load_optimizer_states=True,
+                                              load_lr_scheduler_states=True)
+        if path is None:
+            raise ConfigError(f"DeepSpeed found no checkpoint in {folder}")
+
+    def load_scheduler(self, state: dict) -> None:
+        self.scheduler.load_state_dict(state)
+
+    def full_state_dict(self) -> dict:
+        """Every weight, gathered to rank 0 one parameter at a time (ZeRO-3 partitions them)."""
+        import deepspeed
+
+        module = self.engine.module
+        state = {}
+        for name, param in module.named_parameters():
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=None,
+                                                   enabled=self.config.parallel.zero_stage == 3):
+                if dist.get_rank() == 0:
+                    state[name] = param.data.detach().float().cpu().clone()
+        if dist.get_rank() == 0:
+            state.update({name: buffer.detach().cpu().clone() for name, buffer in module.named_buffers()
+                          if name in module.state_dict()})
+        return state
+
+    def close(self) -> None:
+        self.engine.destroy()

@@ -1,0 +1,118 @@
+"""The steps of a training job, in the order train.py calls them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from . import checkpoint, health
+from .checkpoint import CheckpointStore, StopSignal, Triggers
+from .config import TrainConfig
+from .data import BatchLayout, EvalBatches, TokenSamples, TrainBatches
+from .environment import JobEnvironment
+from .errors import DataError
+from .loop import LoopContext, Throughput
+from .metrics import MetricsLogger, flops_per_token, log, measured_peak_flops, table_peak_flops
+from .models import load_tokenizer, model_source, non_embedding_parameters, parameter_count
+from .parallel import COMPUTE_DTYPES
+from .strategy import SetupContext, build_strategy
+
+
+@dataclass
+class Job:
+    loop: LoopContext
+    tokenizer: object
+    stop: StopSignal
+    resumed_from: Path | None = None
+
+
+def _channel_samples(env: JobEnvironment, name: str, seq_len: int, vocab: int) -> TokenSamples | None:
+    path = env.channel(name)
+    if path is None:
+        if name == "train":
+            raise DataError("no `train` channel: the job needs pre-tokenized shards in "
+                            "SM_CHANNEL_TRAIN (see `python -m training_jobs.prepare_data`)")
+        return None
+    return TokenSamples(path, seq_len, name, vocab)
+
+
+def _throughput(config: TrainConfig, strategy, env: JobEnvironment, device: torch.device) -> Throughput:
+    model_config = strategy.hf_model.config
+    layers = getattr(model_config, "num_hidden_layers", None) or model_config.n_layer
+    hidden = getattr(model_config, "hidden_size", None) or model_config.n_embd
+    tokens = config.data.seq_len * config.data.micro_batch_size * config.data.grad_accum_steps \
+        * strategy.topology.data_parallel_size
+    per_token = flops_per_token(non_embedding_parameters(strategy.hf_model), layers, hidden,
+                                config.data.seq_len)
+    peak = table_peak_flops(env.instance_type) if device.type == "cuda" else None
+    if peak is None:
+        peak = measured_peak_flops(device, COMPUTE_DTYPES[config.parallel.mixed_precision])
+    return Throughput(tokens, per_token, peak * dist.get_world_size())
+
+
+def build(config: TrainConfig, env: JobEnvironment, device: torch.device) -> Job:
+    stop = StopSignal()  # before anything slow, so an early SIGTERM is not lost
+    if config.logging.preflight_check:
+        results = health.preflight(device, env.current_host)
+        if env.is_main:
+            slowest = max(results, key=lambda r: r.allreduce_seconds)
+            log(f"preflight ok: {len(results)} ranks, slowest all-reduce {slowest.bus_gbps:.2f} GB/s "
+                f"(rank {slowest.rank} on {slowest.host})")
+    tokenizer, tokenizer_path = load_tokenizer(env.channel("tokenizer"), env.channel("model"))
+    source = model_source(config.model, env.channel("model"), tokenizer, config.data.seq_len)
+    vocab = source.config.vocab_size
+    train_samples = _channel_samples(env, "train", config.data.seq_len, vocab)
+    eval_samples = _channel_samples(env, "validation", config.data.seq_len, vocab)
+    strategy = build_strategy(SetupContext(config, source, device, env.num_hosts))
+    topo = strategy.topology
+    layout = BatchLayout(topo.data_parallel_size, topo.data_parallel_rank,
+                         config.data.micro_batch_size, config.data.grad_accum_steps)
+    store = CheckpointStore(env.checkpoint_dir, config.checkpoint.keep_checkpoints, env.rank,
+                            env.is_local_main)
+    loop = LoopContext(
+        config=config, strategy=strategy,
+        train=TrainBatches(train_samples, layout, config.run.seed, device),
+        evaluation=EvalBatches(eval_samples, layout, config.logging.eval_steps, device)
+        if eval_samples else None,
+        store=store,
+        triggers=Triggers(config.checkpoint.checkpoint_every_steps,
+                          config.checkpoint.checkpoint_every_minutes, stop),
+        metrics=MetricsLogger(env.output_data_dir, env.is_main, config.logging.tensorboard),
+        throughput=_throughput(config, strategy, env, device),
+        output_dir=env.output_data_dir, device=device, dp_group=topo.data_parallel_group())
+    if env.is_main:
+        log(f"model {source.description}: {sum(map(parameter_count, strategy.hf_model.parameters())):,} "
+            f"parameters, tokenizer {tokenizer_path}, {topo.shape}, "
+            f"{train_samples.num_samples} training samples of {config.data.seq_len} tokens")
+    return Job(loop, tokenizer, stop)
+
+
+def resume(job: Job) -> None:
+    """Continue from the newest complete checkpoint, if there is one."""
+    loop = job.loop
+    root = loop.store.root
+    found = checkpoint.scan(root)
+    if found.incomplete and dist.get_rank() == 0:
+        log(f"ignoring incomplete checkpoints: {', '.join(p.name for p in found.incomplete)}")
+    if not found.complete:
+        return
+    folder = found.complete[-1][1]
+    state = loop.store.load(folder, loop.strategy)
+    checkpoint.check_resumable(state, loop.config.flat())
+    loop.step = int(state["step"])
+    loop.train.load_state_dict(state["data"])
+    loop.strategy.load_scheduler(state["scheduler"])
+    job.resumed_from = folder
+    if dist.get_rank() == 0:
+        log(f"resumed from {folder} at step {loop.step}")
+
+
+def prepare_folders(env: JobEnvironment) -> None:
+    if env.is_local_main:
+        for folder in (env.checkpoint_dir, env.model_dir, env.output_data_dir):
+            os.makedirs(folder, exist_ok=True)
+    dist.barrier()

@@ -1,0 +1,195 @@
+"""The training loop: micro steps with gradient accumulation, the optimizer step, logging,
+evaluation, the profiler window, checkpoints and the stop signal.
+
+The hot path never waits for the device: losses and gradient norms stay on the device and are
+read once per logging step (one all-reduce of the window's losses), which is also where a
+non-finite loss is detected; a checkpoint is only written after that check.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint import CheckpointStore, Triggers
+from .config import TrainConfig, profile_window
+from .data import EvalBatches, TrainBatches
+from .errors import DivergenceError
+from .metrics import MetricsLogger, log, peak_memory_gb
+from .models import causal_lm_loss, forward_logits
+
+
+@dataclass
+class Throughput:
+    """Inputs of the per-window speed metrics."""
+
+    tokens_per_step: int
+    flops_per_token: float
+    peak_flops_total: float
+
+
+@dataclass
+class Window:
+    """Device-side values of the steps since the last log line."""
+
+    first_step: int
+    started: float
+    losses: list[torch.Tensor] = field(default_factory=list)
+    grad_norm: torch.Tensor | None = None
+
+
+@dataclass
+class LoopContext:
+    config: TrainConfig
+    strategy: object
+    train: TrainBatches
+    evaluation: EvalBatches | None
+    store: CheckpointStore | None
+    triggers: Triggers
+    metrics: MetricsLogger
+    throughput: Throughput
+    output_dir: Path
+    device: torch.device
+    dp_group: object
+    step: int = 0
+
+    def trainer_state(self) -> dict:
+        return {"step": self.step, "data": self.train.state_dict(),
+                "scheduler": self.strategy.scheduler.state_dict(),
+                "hyperparameters": self.config.flat()}
+
+
+def train_step(ctx: LoopContext) -> torch.Tensor:
+    """One optimizer step; returns this rank's mean loss (a device tensor)."""
+    strategy, accum = ctx.strategy, ctx.config.data.grad_accum_steps
+    total = torch.zeros((), device=ctx.device)
+    micro_batches = ctx.train.next_step()
+    for index, (inputs, targets) in enumerate(micro_batches):
+        last = index == len(micro_batches) - 1
+        with strategy.micro_step(last):
+            loss = causal_lm_loss(forward_logits(strategy.model, inputs), targets)
+        strategy.backward(loss, accum, last)
+        total += loss.detach()
+    return total / accum
+
+
+def _global_losses(ctx: LoopContext, window: Window) -> list[float]:
+    """Each step's loss averaged over the data-parallel ranks (one all-reduce per window)."""
+    stacked = torch.stack(window.losses).float()
+    dist.all_reduce(stacked, group=ctx.dp_group)
+    return (stacked / dist.get_world_size(ctx.dp_group)).tolist()
+
+
+def _check_finite(losses: list[float], window: Window, grad_norm: float) -> None:
+    for offset, value in enumerate(losses):
+        if not math.isfinite(value):
+            raise DivergenceError(
+                f"the loss is {value} at step {window.first_step + offset}: training diverged. Lower "
+                "lr, raise warmup_steps, enable gradient clipping (max_grad_norm), or check the data")
+    if not math.isfinite(grad_norm):
+        raise DivergenceError(f"the gradient norm is {grad_norm} at step {window.first_step + len(losses) - 1}: "
+                              "training diverged. Lower lr or enable gradient clipping (max_grad_norm)")
+
+
+def report(ctx: LoopContext, window: Window) -> None:
+    """Synchronise once: check the window for divergence and write the metrics line."""
+    losses = _global_losses(ctx, window)
+    grad_norm = float(window.grad_norm)
+    _check_finite(losses, window, grad_norm)
+    steps = len(losses)
+    elapsed = max(time.perf_counter() - window.started, 1e-9)
+    tokens_per_sec = ctx.throughput.tokens_per_step * steps / elapsed
+    mfu = ctx.throughput.flops_per_token * tokens_per_sec / ctx.throughput.peak_flops_total \
+        if ctx.throughput.peak_flops_total else 0.0
+    ctx.metrics.train({"step": ctx.step, "loss": sum(losses) / steps, "lr": ctx.strategy.current_lr(),
+                       "grad_norm": grad_norm, "tokens_per_sec": tokens_per_sec, "mfu": mfu,
+                       "step_time": elapsed / steps, "memory_gb": peak_memory_gb(ctx.device)})
+
+
+@torch.no_grad()
+def evaluate(ctx: LoopContext) -> float:
+    strategy = ctx.strategy
+    strategy.train(False)
+    total = torch.zeros((), device=ctx.device)
+    for inputs, targets in ctx.evaluation:
+        with strategy.micro_step(True):
+            total += causal_lm_loss(forward_logits(strategy.model, inputs), targets).float()
+    strategy.train(True)
+    dist.all_reduce(total, group=ctx.dp_group)
+    value = float(total) / (ctx.evaluation.steps * dist.get_world_size(ctx.dp_group))
+    ctx.metrics.eval({"step": ctx.step, "eval_loss": value})
+    return value
+
+
+class Profiler:
+    """A torch.profiler trace of steps START..END (profile_steps), one file per rank."""
+
+    def __init__(self, window: tuple[int, int] | None, output_dir: Path, rank: int) -> None:
+        self.window, self.output_dir, self.rank = window, output_dir, rank
+        self.active = None
+
+    def before(self, step: int) -> None:
+        if self.window and step == self.window[0]:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.active = torch.profiler.profile(activities=activities, record_shapes=True)
+            self.active.__enter__()
+
+    def after(self, step: int) -> None:
+        if self.active is not None and step == self.window[1]:
+            self.active.__exit__(None, None, None)
+            folder = self.output_dir / "profile"
+            folder.mkdir(parents=True, exist_ok=True)
+            self.active.export_chrome_trace(str(folder / f"trace_rank{self.rank}_steps"
+                                                         f"{self.window[0]}-{self.window[1]}.json"))
+            self.active = None
+
+
+def _due(every: int, step: int, last: bool) -> bool:
+    return last or (every > 0 and step % every == 0)
+
+
+def save(ctx: LoopContext, window: Window | None) -> None:
+    if window is not None and window.losses:
+        report(ctx, window)  # never checkpoint a diverged model
+    if ctx.store is None:
+        return
+    started = time.perf_counter()
+    path = ctx.store.save(ctx.step, ctx.strategy, ctx.trainer_state())
+    ctx.triggers.saved()
+    if dist.get_rank() == 0:
+        log(f"checkpoint step={ctx.step} path={path} seconds={time.perf_counter() - started:.2f}")
+
+
+def run(ctx: LoopContext) -> str:
+    """Train until max_steps or a stop signal; returns "finished" or "interrupted"."""
+    config = ctx.config
+    max_steps, log_every = config.run.max_steps, config.logging.log_every_steps
+    profiler = Profiler(profile_window(config.logging.profile_steps), ctx.output_dir, dist.get_rank())
+    ctx.strategy.train(True)
+    window = Window(ctx.step + 1, time.perf_counter())
+    while ctx.step < max_steps:
+        profiler.before(ctx.step + 1)
+        window.losses.append(train_step(ctx))
+        window.grad_norm = ctx.strategy.step()
+        ctx.step += 1
+        profiler.after(ctx.step)
+        last = ctx.step == max_steps
+        checkpoint_now, stop = ctx.triggers.poll(ctx.step)
+        if _due(log_every, ctx.step, last) or checkpoint_now or stop:
+            report(ctx, window)
+            window = Window(ctx.step + 1, time.perf_counter())
+        if ctx.evaluation is not None and _due(config.logging.eval_every_steps, ctx.step, last):
+            evaluate(ctx)
+        if checkpoint_now or stop or (last and ctx.store is not None):
+            save(ctx, None)
+        if stop:
+            log(f"stop signal received: saved step {ctx.step} and stopping")
+            return "interrupted"
+    return "finished"

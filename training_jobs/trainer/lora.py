@@ -1,0 +1,86 @@
+"""LoRA adapters with peft, and the QLoRA (4-bit NF4 base) guard.
+
+The base weights are frozen; only the adapters train. QLoRA needs bitsandbytes' CUDA kernels, so on
+a host without a GPU it stops at once with a message rather than failing deep inside a library.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import LoraConfig
+from .errors import ConfigError
+
+
+def peft_config(lora: LoraConfig):
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import TaskType
+
+    targets = lora.lora_target_modules
+    return PeftLoraConfig(r=lora.lora_r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
+                          target_modules="all-linear" if targets == ["all-linear"] else targets,
+                          task_type=TaskType.CAUSAL_LM, bias="none")
+
+
+def apply_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
+    """Wrap the model in peft LoRA adapters (base frozen); a no-op when lora_r is 0."""
+    if lora.lora_r == 0:
+        return model
+    from peft import get_peft_model
+
+    try:
+        return get_peft_model(model, peft_config(lora))
+    except ValueError as error:  # peft names the modules it could not find
+        raise ConfigError(f"invalid hyperparameter 'lora_target_modules': {error}") from error
+
+
+def check_quantization(lora: LoraConfig, parallelism: str) -> None:
+    """QLoRA runs on CUDA with bitsandbytes, on one process or with DDP."""
+    if lora.quantization == "none":
+        return
+    if not torch.cuda.is_available():
+        raise ConfigError("invalid hyperparameter 'quantization': nf4 (QLoRA) needs a CUDA GPU and "
+                          "this host has none; use quantization=none (plain LoRA) here")
+    if parallelism not in ("single", "ddp"):
+        raise ConfigError(f"invalid hyperparameter 'quantization': nf4 runs with parallelism single or "
+                          f"ddp, not {parallelism}")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as error:
+        raise ConfigError("invalid hyperparameter 'quantization': nf4 needs the bitsandbytes package in "
+                          "the container (add it to requirements.txt)") from error
+
+
+def quantization_config(lora: LoraConfig):
+    """transformers' 4-bit NF4 loading config for QLoRA, or None."""
+    if lora.quantization != "nf4":
+        return None
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                              bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_use_double_quant=True)
+
+
+def adapter_state(model: nn.Module, full_state: dict) -> dict:
+    """The adapter weights (peft's on-disk names) out of a full state dict of the peft model."""
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model, state_dict=full_state)
+
+
+def merged_model(config, lora: LoraConfig, full_state: dict) -> nn.Module:
+    """A plain transformers model with the adapters folded into the base weights."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        skeleton = get_peft_model(AutoModelForCausalLM.from_config(config), peft_config(lora))
+    skeleton.load_state_dict(full_state, assign=True, strict=True)
+    return skeleton.merge_and_unload()
+
+
+def save_adapter(model: nn.Module, directory: Path, adapter: dict) -> None:
+    model.save_pretrained(str(directory), state_dict=adapter, safe_serialization=True)

@@ -1,0 +1,126 @@
+"""Metrics: the contract's `[metrics]`/`[eval]` lines, JSON lines, TensorBoard, and MFU.
+
+Rank 0 prints one line per logging step, e.g.
+
+    [metrics] step=10 loss=4.123456 lr=3.000e-04 grad_norm=1.2345 tokens_per_sec=12345.6 mfu=0.4123 step_time=0.532 memory_gb=1.23
+    [eval] step=100 eval_loss=3.987654
+
+which the template's MetricDefinitions (and `llmtrain run --local`) parse; the same values go to
+SM_OUTPUT_DATA_DIR/metrics.jsonl. Keys are stable: new ones are appended, never renamed.
+
+MFU = achieved model FLOPs / peak FLOPs. Model FLOPs per token are 6 x non-embedding parameters
+(forward and backward of every weight) plus 12 x layers x hidden size x sequence length for
+attention scores (PaLM, appendix B), counted without activation recomputation. The peak is the
+accelerator's dense bf16 number by instance type, or a measured matmul peak where the type is not
+in the table (CPU, local runs).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+# Dense bf16 tensor-core peak per accelerator, TFLOP/s, from the vendors' data sheets.
+PEAK_TFLOPS_BY_INSTANCE_FAMILY = {
+    "ml.p4d": 312.0,   # A100
+    "ml.p4de": 312.0,  # A100 80 GB
+    "ml.p5": 989.0,    # H100 SXM
+    "ml.p5e": 989.0,   # H200
+    "ml.p5en": 989.0,  # H200
+    "ml.p6-b200": 2250.0,  # B200
+    "ml.g5": 70.0,     # A10G
+    "ml.g6": 121.0,    # L4
+    "ml.g6e": 362.0,   # L40S
+    "ml.p3": 125.0,    # V100 (fp16)
+}
+
+
+def table_peak_flops(instance_type: str) -> float | None:
+    family = instance_type.rsplit(".", 1)[0] if instance_type.count(".") >= 2 else instance_type
+    tflops = PEAK_TFLOPS_BY_INSTANCE_FAMILY.get(family)
+    return tflops * 1e12 if tflops else None
+
+
+def measured_peak_flops(device: torch.device, dtype: torch.dtype, size: int = 1024,
+                        repeats: int = 5) -> float:
+    """Best observed FLOP/s of a square matmul on this device, in the training's compute dtype."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first run warms up
+        _synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        _synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def flops_per_token(non_embedding_params: int, num_layers: int, hidden_size: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N + 12 L H T (PaLM's formula)."""
+    return 6.0 * non_embedding_params + 12.0 * num_layers * hidden_size * seq_len
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
+
+
+class MetricsLogger:
+    """Writes metrics on rank 0: stdout lines, metrics.jsonl and (optionally) TensorBoard."""
+
+    def __init__(self, output_dir: Path, enabled: bool, tensorboard: bool) -> None:
+        self.enabled = enabled
+        self.jsonl = None
+        self.writer = None
+        if not enabled:
+            return
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = (output_dir / "metrics.jsonl").open("a", buffering=1)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(output_dir / "tensorboard"))
+
+    def train(self, values: dict[str, float]) -> None:
+        self._emit("metrics", values, {"loss": "{:.6f}", "lr": "{:.3e}", "grad_norm": "{:.4f}",
+                                       "tokens_per_sec": "{:.1f}", "mfu": "{:.4f}",
+                                       "step_time": "{:.3f}", "memory_gb": "{:.2f}"})
+
+    def eval(self, values: dict[str, float]) -> None:
+        self._emit("eval", values, {"eval_loss": "{:.6f}"})
+
+    def _emit(self, tag: str, values: dict[str, float], formats: dict[str, str]) -> None:
+        if not self.enabled:
+            return
+        fields = " ".join(f"{key}={formats.get(key, '{}').format(value)}" for key, value in values.items())
+        print(f"[{tag}] {fields}", flush=True)
+        self.jsonl.write(json.dumps({"kind": "train" if tag == "metrics" else "eval", **values}) + "\n")
+        if self.writer is not None:
+            for key, value in values.items():
+                if key != "step":
+                    self.writer.add_scalar(f"{tag}/{key}", value, int(values["step"]))
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.jsonl is not None:
+            self.jsonl.close()
+
+
+def log(message: str) -> None:
+    """Human-readable progress (not parsed by anyone), flushed so CloudWatch shows it at once."""
+    print(f"[train] {message}", file=sys.stdout, flush=True)

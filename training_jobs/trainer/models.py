@@ -1,0 +1,208 @@
+"""The model: a Hugging Face causal LM from a size preset or from the `model` channel.
+
+Only model definition lives here; how the model is spread over devices is parallel.py's job. The
+tokenizer comes from the `tokenizer` channel, else from the `model` channel, else the tiny one
+shipped in training_jobs/assets/tokenizer. Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import ConfigError, ModelConfig
+from .errors import ContainerError
+
+SHIPPED_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tokenizer"
+
+# Architecture of each preset (vocabulary and context length come from the tokenizer and seq_len).
+_LLAMA = {"hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama-tiny": ("llama", {**_LLAMA, "hidden_size": 64, "intermediate_size": 176,
+                             "num_hidden_layers": 2, "num_attention_heads": 4,
+                             "num_key_value_heads": 2}),
+    "llama-20m": ("llama", {**_LLAMA, "hidden_size": 512, "intermediate_size": 1408,
+                            "num_hidden_layers": 6, "num_attention_heads": 8,
+                            "num_key_value_heads": 8}),
+    "llama-1b": ("llama", {**_LLAMA, "hidden_size": 2048, "intermediate_size": 8192,
+                           "num_hidden_layers": 16, "num_attention_heads": 32,
+                           "num_key_value_heads": 8, "tie_word_embeddings": True,
+                           "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}),
+    "llama-7b": ("llama", {**_LLAMA, "hidden_size": 4096, "intermediate_size": 11008,
+                           "num_hidden_layers": 32, "num_attention_heads": 32,
+                           "num_key_value_heads": 32}),
+    "llama-13b": ("llama", {**_LLAMA, "hidden_size": 5120, "intermediate_size": 13824,
+                            "num_hidden_layers": 40, "num_attention_heads": 40,
+                            "num_key_value_heads": 40}),
+    "llama-70b": ("llama", {**_LLAMA, "hidden_size": 8192, "intermediate_size": 28672,
+                            "num_hidden_layers": 80, "num_attention_heads": 64,
+                            "num_key_value_heads": 8,
+                            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}),
+    "gpt2-tiny": ("gpt2", {"n_embd": 64, "n_layer": 2, "n_head": 4}),
+    "gpt2-small": ("gpt2", {"n_embd": 768, "n_layer": 12, "n_head": 12}),
+    "gpt2-medium": ("gpt2", {"n_embd": 1024, "n_layer": 24, "n_head": 16}),
+    "gpt2-large": ("gpt2", {"n_embd": 1280, "n_layer": 36, "n_head": 20}),
+    "gpt2-xl": ("gpt2", {"n_embd": 1600, "n_layer": 48, "n_head": 25}),
+}
+# Pretraining from scratch: no dropout (the modern recipe, and exactly reproducible).
+_GPT2_NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from: a preset (random init) or a pretrained folder."""
+
+    config: Any  # transformers.PretrainedConfig
+    pretrained_dir: Path | None
+    description: str
+
+
+def _is_model_dir(path: Path | None) -> bool:
+    return path is not None and (path / "config.json").is_file()
+
+
+def load_tokenizer(tokenizer_channel: Path | None, model_channel: Path | None):
+    """The tokenizer: the tokenizer channel, else the model channel, else the shipped one."""
+    from transformers import AutoTokenizer
+
+    candidates = [tokenizer_channel, model_channel if _has_tokenizer(model_channel) else None,
+                  SHIPPED_TOKENIZER]
+    path = next(p for p in candidates if p is not None)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True), path
+    except (OSError, ValueError) as error:
+        raise ContainerError(f"cannot load a tokenizer from {path}: {error}") from error
+
+
+def _has_tokenizer(path: Path | None) -> bool:
+    return path is not None and any((path / name).is_file() for name in
+                                    ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+
+
+def padded_vocab_size(tokenizer_size: int, multiple: int = 64) -> int:
+    """Round the embedding rows up to a multiple of 64: faster matmuls, unused rows are harmless."""
+    return -(-tokenizer_size // multiple) * multiple
+
+
+def preset_config(model: ModelConfig, tokenizer, seq_len: int):
+    """The HF config of a preset, sized to the tokenizer and the sequence length."""
+    from transformers import GPT2Config, LlamaConfig
+
+    family, architecture = PRESETS[model.model_preset]
+    special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+               "pad_token_id": tokenizer.pad_token_id}
+    vocab = padded_vocab_size(len(tokenizer))
+    if family == "llama":
+        values = {**architecture, "vocab_size": vocab, "max_position_embeddings": seq_len, **special}
+        config_class = LlamaConfig
+    else:
+        values = {**architecture, **_GPT2_NO_DROPOUT, "vocab_size": vocab, "n_positions": seq_len,
+                  **special}
+        config_class = GPT2Config
+    config = config_class(**values)
+    _apply_overrides(config, model.model_overrides)
+    return config
+
+
+def _apply_overrides(config, overrides: dict[str, Any]) -> None:
+    known = set(config.to_dict())
+    for key, value in overrides.items():
+        if key not in known:
+            raise ConfigError(f"invalid hyperparameter 'model_overrides': {key!r} is not a field of "
+                              f"{type(config).__name__}")
+        setattr(config, key, value)
+
+
+def model_source(model: ModelConfig, model_channel: Path | None, tokenizer, seq_len: int) -> ModelSource:
+    """Decide where the model comes from and build its config (no weights yet)."""
+    from transformers import AutoConfig
+
+    if _is_model_dir(model_channel):
+        config = AutoConfig.from_pretrained(str(model_channel), local_files_only=True)
+        _apply_overrides(config, model.model_overrides)
+        _check_context_length(config, seq_len)
+        return ModelSource(config, model_channel, f"pretrained from {model_channel}")
+    if model_channel is not None:
+        raise ContainerError(f"the model channel {model_channel} holds no config.json: it must be an "
+                             "HF model folder (config.json + *.safetensors)")
+    if not model.model_preset:
+        raise ConfigError("invalid hyperparameter 'model_preset': set it (e.g. llama-1b) or provide a "
+                          "`model` channel holding a pretrained checkpoint")
+    return ModelSource(preset_config(model, tokenizer, seq_len), None, f"preset {model.model_preset}")
+
+
+def _check_context_length(config, seq_len: int) -> None:
+    limit = getattr(config, "n_positions", None)  # learned positions cannot extrapolate
+    if limit is not None and seq_len > limit:
+        raise ConfigError(f"invalid hyperparameter 'seq_len': {seq_len} exceeds the model's "
+                          f"{limit} learned positions")
+
+
+def build_model(source: ModelSource, *, materialize: bool, seed: int, load_weights: bool = True,
+                quantization=None) -> nn.Module:
+    """The causal LM in fp32: real weights when `materialize`, else on the meta device.
+
+    Only rank 0 needs to read pretrained weights (`load_weights`); the other ranks receive them
+    after the model is sharded or replicated, so a large model is read once per job.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if not materialize:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(source.config, dtype=torch.float32)
+    torch.manual_seed(seed)
+    if source.pretrained_dir is not None and (load_weights or quantization is not None):
+        return AutoModelForCausalLM.from_pretrained(
+            str(source.pretrained_dir), config=source.config, local_files_only=True,
+            dtype=torch.bfloat16 if quantization is not None else torch.float32,
+            quantization_config=quantization)
+    return AutoModelForCausalLM.from_config(source.config, dtype=torch.float32)
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The ModuleList of transformer blocks (found by the class names HF keeps unsplit)."""
+    names = set(getattr(_base_hf_model(model), "_no_split_modules", None) or ())
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) and \
+                type(_unwrap(module[0])).__name__ in names:
+            return module
+    raise ContainerError(f"cannot find the decoder layers of {type(model).__name__}")
+
+
+def _unwrap(module: nn.Module) -> nn.Module:
+    while hasattr(module, "_checkpoint_wrapped_module"):
+        module = module._checkpoint_wrapped_module
+    return module
+
+
+def _base_hf_model(model: nn.Module) -> nn.Module:
+    """The transformers model under any peft wrapper."""
+    with contextlib.suppress(AttributeError):
+        return model.get_base_model()
+    return model
+
+
+def non_embedding_parameters(model: nn.Module) -> int:
+    """Parameters outside the token and position embeddings (for FLOPs per token)."""
+    embeddings = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    return sum(parameter_count(p) for p in model.parameters() if id(p) not in embeddings)
+
+
+def parameter_count(param: torch.Tensor) -> int:
+    """Elements of the whole parameter, also when sharded (DTensor reports the global shape;
+    DeepSpeed ZeRO-3 keeps it in ds_numel)."""
+    return getattr(param, "ds_numel", None) or param.numel()
+
+
+def forward_logits(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=inputs, use_cache=False).logits
+
+
+def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over every position (packed samples have no padding)."""
+    return nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))

@@ -1,0 +1,67 @@
+"""AdamW with decoupled weight decay, and the learning-rate schedule.
+
+Weight decay skips biases and norm weights (every parameter with fewer than two dimensions).
+Parameters are also grouped by the device mesh they live on: with FSDP + tensor parallel some are
+2-D DTensors and some 1-D, and the optimizer's fused multi-tensor kernels run per group, never
+across meshes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from .config import OptimConfig, TrainConfig
+
+
+def _mesh_key(param: torch.Tensor) -> object:
+    mesh = getattr(param, "device_mesh", None)
+    return None if mesh is None else (tuple(mesh.mesh.flatten().tolist()), mesh.mesh_dim_names)
+
+
+def parameter_groups(named: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:
+    groups: dict[tuple, list[nn.Parameter]] = {}
+    for _, param in named:
+        if param.requires_grad:
+            decays = param.ndim >= 2
+            groups.setdefault((decays, _mesh_key(param)), []).append(param)
+    return [{"params": params, "weight_decay": weight_decay if decays else 0.0}
+            for (decays, _), params in groups.items()]
+
+
+def peak_lr(config: TrainConfig, global_batch_size: int) -> float:
+    """`lr`, or `lr` per 256 samples scaled to the global batch (scale_lr_by_global_batch)."""
+    if config.optim.scale_lr_by_global_batch:
+        return config.optim.lr * global_batch_size / 256
+    return config.optim.lr
+
+
+def build_optimizer(model: nn.Module, optim: OptimConfig, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(parameter_groups(model.named_parameters(), optim.weight_decay), lr=lr,
+                             betas=(optim.adam_beta1, optim.adam_beta2), eps=1e-8, foreach=True)
+
+
+def lr_multiplier(config: TrainConfig, peak: float) -> Callable[[int], float]:
+    """Factor applied to the peak lr after `step` optimizer steps (LambdaLR's contract)."""
+    warmup, horizon = config.optim.warmup_steps, config.decay_steps
+    floor = config.optim.min_lr / peak if peak else 0.0
+    schedule = config.optim.lr_schedule
+
+    def multiplier(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, horizon - warmup))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1 - progress
+        return floor + (1 - floor) * shape
+
+    return multiplier
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig,
+                    peak: float) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(config, peak))

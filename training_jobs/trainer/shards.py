@@ -1,0 +1,136 @@
+"""The on-disk format of pre-tokenized data: flat token shards plus a manifest.
+
+A dataset folder holds `manifest.json` and one or more `shard_NNNNN.bin` files. Each shard is the
+raw little-endian token ids of whole documents back to back, each document followed by the
+tokenizer's end-of-sequence id (and preceded by its begin-of-sequence id when it has a distinct
+one), so the loader can pack fixed-length samples with plain slicing of a memory map. The manifest
+is written last: a folder without one was never finished.
+
+numpy only, so prepare_data and tests can use it without torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DataError
+
+FORMAT = "llmtrain-token-shards"
+VERSION = 1
+MANIFEST = "manifest.json"
+DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+
+
+def dtype_for_vocab(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= np.iinfo(np.uint16).max + 1 else "uint32"
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    path: Path
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    folder: Path
+    dtype: str
+    vocab_size: int
+    eos_token_id: int
+    num_documents: int
+    shards: tuple[ShardInfo, ...]
+    fingerprint: str
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(shard.num_tokens for shard in self.shards)
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return DTYPES[self.dtype]
+
+
+def write_manifest(folder: Path, *, dtype: str, vocab_size: int, eos_token_id: int,
+                   num_documents: int, shards: list[tuple[str, int]], tokenizer: str) -> Path:
+    """Write the manifest last, atomically, so a half-written dataset has none."""
+    body = {
+        "format": FORMAT, "version": VERSION, "dtype": dtype, "vocab_size": vocab_size,
+        "eos_token_id": eos_token_id, "num_documents": num_documents,
+        "num_tokens": sum(count for _, count in shards),
+        "shards": [{"path": name, "num_tokens": count} for name, count in shards],
+        "tokenizer": tokenizer,
+    }
+    target = folder / MANIFEST
+    temporary = folder / (MANIFEST + ".tmp")
+    temporary.write_text(json.dumps(body, indent=2) + "\n")
+    os.replace(temporary, target)
+    return target
+
+
+def _fail(folder: Path, problem: str) -> DataError:
+    return DataError(f"malformed dataset in {folder}: {problem}. Prepare it with "
+                     "`python -m training_jobs.prepare_data --input ... --tokenizer ... --output ...`")
+
+
+def _field(body: dict, name: str, kind: type, folder: Path):
+    value = body.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise _fail(folder, f"manifest field {name!r} is missing or not a {kind.__name__}")
+    return value
+
+
+def _shard_infos(body: dict, folder: Path, itemsize: int) -> tuple[ShardInfo, ...]:
+    entries = body.get("shards")
+    if not isinstance(entries, list):
+        raise _fail(folder, "manifest field 'shards' is missing or not a list")
+    infos = []
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise _fail(folder, f"shard entry {entry!r} is not an object")
+        name = _field(entry, "path", str, folder)
+        count = _field(entry, "num_tokens", int, folder)
+        path = folder / name
+        if not path.is_file():
+            raise _fail(folder, f"shard {name} listed in the manifest does not exist")
+        size = path.stat().st_size
+        if size != count * itemsize:
+            raise _fail(folder, f"shard {name} has {size} bytes but the manifest says {count} tokens "
+                                f"of {itemsize} bytes ({count * itemsize} bytes); it is truncated or "
+                                "was not written by prepare_data")
+        infos.append(ShardInfo(path=path, num_tokens=count))
+    return tuple(infos)
+
+
+def read_manifest(folder: Path) -> Manifest:
+    """Read and check a dataset folder; any inconsistency is a DataError naming the file."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise DataError(f"no {MANIFEST} in {folder}: the channel must hold token shards written by "
+                        "`python -m training_jobs.prepare_data`")
+    raw = path.read_bytes()
+    try:
+        body = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise _fail(folder, f"{MANIFEST} is not valid JSON ({error})") from error
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise _fail(folder, f"{MANIFEST} is not a {FORMAT} manifest")
+    if body.get("version") != VERSION:
+        raise _fail(folder, f"manifest version {body.get('version')!r} is not supported (expected "
+                            f"{VERSION})")
+    dtype = _field(body, "dtype", str, folder)
+    if dtype not in DTYPES:
+        raise _fail(folder, f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    return Manifest(
+        folder=folder, dtype=dtype,
+        vocab_size=_field(body, "vocab_size", int, folder),
+        eos_token_id=_field(body, "eos_token_id", int, folder),
+        num_documents=_field(body, "num_documents", int, folder),
+        shards=_shard_infos(body, folder, DTYPES[dtype].itemsize),
+        fingerprint=hashlib.sha256(raw).hexdigest()[:16],
+    )
