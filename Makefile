@@ -32,7 +32,9 @@ synth: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The README's main command: setup, synth every environment, a local run and its resumption.
 demo: synth
+	scripts/demo.sh
 
 # `make bench` (quick, this CPU, < 20 min) or `make bench MODE=full` (CUDA GPUs); docs/benchmarks.md.
 MODE ?= quick

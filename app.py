@@ -13,23 +13,26 @@ from pathlib import Path
 
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
-from llmtrain.environments import EnvironmentConfig, EnvironmentConfigError, load_environments
 
+from llmtrain.environments import EnvironmentConfig, EnvironmentConfigError, load_environments
 from stacks import add_platform_stages
 
 ROOT = Path(__file__).resolve().parent
 
 
-def select_environments(environments: dict[str, EnvironmentConfig],
-                        selection: str | None) -> list[EnvironmentConfig]:
+def select_environments(
+    environments: dict[str, EnvironmentConfig], selection: str | None
+) -> list[EnvironmentConfig]:
     """The environments named in ``selection`` (comma-separated), or all of them when it is empty."""
     names = [name.strip() for name in (selection or "").split(",") if name.strip()]
     if not names:
         return list(environments.values())
     unknown = sorted(set(names) - set(environments))
     if unknown:
-        raise EnvironmentConfigError(f"-c environments={selection}: no environment file for "
-                                     f"{', '.join(unknown)} (have: {', '.join(environments)})")
+        raise EnvironmentConfigError(
+            f"-c environments={selection}: no environment file for "
+            f"{', '.join(unknown)} (have: {', '.join(environments)})"
+        )
     return [environments[name] for name in dict.fromkeys(names)]
 
 

@@ -38,7 +38,9 @@ class SemVer:
     def parse(cls, text: str) -> SemVer:
         match = SEMVER_PATTERN.fullmatch(text)
         if not match:
-            raise TemplateNotFoundError(f"version {text!r} is not a semantic version such as 1.0.0 (or 'latest')")
+            raise TemplateNotFoundError(
+                f"version {text!r} is not a semantic version such as 1.0.0 (or 'latest')"
+            )
         prerelease = tuple(match.group(4).split(".")) if match.group(4) else ()
         return cls(int(match.group(1)), int(match.group(2)), int(match.group(3)), prerelease)
 
@@ -109,7 +111,9 @@ class Catalog:
     def latest(self, name: str) -> TemplateSpec:
         released = [v for v in self.versions(name) if not SemVer.parse(v).is_prerelease]
         if not released:
-            raise TemplateNotFoundError(f"template {name!r} has only prerelease versions; name one explicitly")
+            raise TemplateNotFoundError(
+                f"template {name!r} has only prerelease versions; name one explicitly"
+            )
         return self._templates[(name, released[-1])]
 
     def resolve(self, ref: str) -> TemplateSpec:
@@ -211,7 +215,8 @@ def _load_file(path: Path) -> TemplateSpec:
     if (spec.name, spec.version) != (path.parent.name, path.stem):
         raise TemplateSpecError(
             source,
-            f"declares {spec.ref} but lives at {source}: the file must be templates/{spec.name}/{spec.version}.yaml",
+            f"declares {spec.ref} but lives at {source}: "
+            f"the file must be templates/{spec.name}/{spec.version}.yaml",
         )
     return spec
 
@@ -227,10 +232,11 @@ def _changed_message(spec: TemplateSpec, published: LockEntry, current: LockEntr
     if published.spec != current.spec:
         what.append("its YAML")
     if published.code != current.code:
-        what.append(f"the code it wraps ({'training_jobs/' if spec.code.is_platform else spec.code.source})")
+        where = "training_jobs/" if spec.code.is_platform else spec.code.source
+        what.append(f"the code it wraps in {where}")
     return (
-        f"{spec.ref} was published and has changed since ({' and '.join(what) or 'content'}); "
-        f"published versions are immutable: restore it and publish the change as a new version "
+        f"{spec.ref} was published and has changed since: {' and '.join(what) or 'its content'} changed. "
+        f"Published versions are immutable: restore it and publish the change as a new version "
         f"(templates/{spec.name}/<new semver>.yaml), then run `llmtrain templates lock`"
     )
 

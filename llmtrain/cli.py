@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "llmtrain.commands.templates",
     "llmtrain.commands.render",
     "llmtrain.commands.run",
+    "llmtrain.commands.launch",
     "llmtrain.commands.quotas",
 )
 USAGE_ERROR = 2

@@ -134,7 +134,7 @@ class WarmPoolConfig:
     """Limits on SageMaker warm pools.
 
     ``max_keep_alive_seconds`` is the hard cap: an IAM Deny on ``sagemaker:KeepAlivePeriod``
-    rejects any CreateTrainingJob asking for more, and the launcher clamps requests to it.
+    rejects any CreateTrainingJob asking for more, and the platform's rendering enforces it too.
     ``idle_budget_seconds`` is the softer operational limit: the warm-pool reaper releases a pool
     that has sat idle longer than this (it cannot exceed the cap, which SageMaker already enforces).
     """
@@ -180,8 +180,12 @@ def load_environments(config_dir: str | Path) -> dict[str, EnvironmentConfig]:
     if not files:
         raise EnvironmentConfigError(f"{directory}: no *.yaml environment files found")
     environments = [load_environment(path) for path in files]
-    _check_unique(environments, "account", lambda env: (env.account, env.region),
-                  "two environments deploy to the same account and region; give each its own")
+    _check_unique(
+        environments,
+        "account",
+        lambda env: (env.account, env.region),
+        "two environments deploy to the same account and region; give each its own",
+    )
     return {env.name: env for env in environments}
 
 
@@ -207,14 +211,29 @@ def parse_environment(data: Any, *, source: Path | None = None) -> EnvironmentCo
 
 
 def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig:
-    reader.only_keys({"name", "account", "region", "network", "job_templates", "job_name_prefix",
-                      "quotas", "warm_pools", "notifications", "tags"})
+    reader.only_keys(
+        {
+            "name",
+            "account",
+            "region",
+            "network",
+            "job_templates",
+            "job_name_prefix",
+            "quotas",
+            "warm_pools",
+            "notifications",
+            "tags",
+        }
+    )
     region = reader.string("region", pattern=_REGION, hint="an AWS region such as us-east-1")
     templates = reader.section("job_templates")
     templates.only_keys({"enabled"})
     return EnvironmentConfig(
-        name=reader.string("name", pattern=_ENV_NAME,
-                           hint="lowercase letters, digits and hyphens, starting with a letter, at most 20"),
+        name=reader.string(
+            "name",
+            pattern=_ENV_NAME,
+            hint="lowercase letters, digits and hyphens, starting with a letter, at most 20",
+        ),
         account=_read_account(reader),
         region=region,
         network=_read_network(reader.section("network"), region),
@@ -231,19 +250,32 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
 def _read_account(reader: _Reader) -> str:
     value = reader.raw("account")
     if isinstance(value, int):
-        reader.fail("account", "must be a quoted string (YAML reads an unquoted number and drops "
-                               f"leading zeros): write account: \"{value:012d}\"")
+        reader.fail(
+            "account",
+            "must be a quoted string (YAML reads an unquoted number and drops "
+            f'leading zeros): write account: "{value:012d}"',
+        )
     return reader.string("account", pattern=_ACCOUNT, hint="a 12-digit AWS account id in quotes")
 
 
 def _read_network(reader: _Reader, region: str) -> NetworkConfig:
-    reader.only_keys({"vpc_cidr", "availability_zones", "nat_gateways",
-                      "inter_container_traffic_encryption", "s3_prefix_list_id", "existing_vpc"})
+    reader.only_keys(
+        {
+            "vpc_cidr",
+            "availability_zones",
+            "nat_gateways",
+            "inter_container_traffic_encryption",
+            "s3_prefix_list_id",
+            "existing_vpc",
+        }
+    )
     zones = reader.string_list("availability_zones", min_items=2)
     for zone in zones:
         if not re.fullmatch(re.escape(region) + r"[a-z]", zone):
-            reader.fail("availability_zones", f"{zone!r} is not an availability zone of {region} "
-                                              f"(expected e.g. {region}a)")
+            reader.fail(
+                "availability_zones",
+                f"{zone!r} is not an availability zone of {region} (expected e.g. {region}a)",
+            )
     nat_gateways = reader.integer("nat_gateways", default=0, minimum=0, maximum=len(zones))
     existing = reader.section("existing_vpc", required=False)
     existing_vpc = _read_existing_vpc(existing, len(zones)) if existing.present else None
@@ -255,10 +287,12 @@ def _read_network(reader: _Reader, region: str) -> NetworkConfig:
         vpc_cidr=(existing_vpc.vpc_cidr if existing_vpc else _read_cidr(reader, "vpc_cidr")),
         availability_zones=zones,
         nat_gateways=nat_gateways,
-        inter_container_traffic_encryption=reader.boolean("inter_container_traffic_encryption",
-                                                          default=False),
-        s3_prefix_list_id=reader.optional_string("s3_prefix_list_id", pattern=_PREFIX_LIST_ID,
-                                                 hint="a prefix list id such as pl-63a5400a"),
+        inter_container_traffic_encryption=reader.boolean(
+            "inter_container_traffic_encryption", default=False
+        ),
+        s3_prefix_list_id=reader.optional_string(
+            "s3_prefix_list_id", pattern=_PREFIX_LIST_ID, hint="a prefix list id such as pl-63a5400a"
+        ),
         existing_vpc=existing_vpc,
     )
 
@@ -286,8 +320,11 @@ def _read_cidr(reader: _Reader, key: str) -> str:
     except ValueError as error:
         reader.fail(key, f"{text!r} is not an IPv4 network CIDR block ({error}); e.g. 10.20.0.0/16")
     if not 16 <= network.prefixlen <= 24:
-        reader.fail(key, f"prefix /{network.prefixlen} is out of range: use /16 to /24 "
-                         "(a VPC allows /16 at most, and training nodes need addresses in every zone)")
+        reader.fail(
+            key,
+            f"prefix /{network.prefixlen} is out of range: use /16 to /24 "
+            "(a VPC allows /16 at most, and training nodes need addresses in every zone)",
+        )
     return text
 
 
@@ -300,11 +337,17 @@ def _read_template_names(reader: _Reader) -> tuple[str, ...]:
 
 
 def _read_job_name_prefix(reader: _Reader) -> str:
-    prefix = reader.string("job_name_prefix", pattern=_JOB_NAME_PREFIX,
-                           hint="lowercase letters, digits and hyphens, e.g. llmtrain-dev")
+    prefix = reader.string(
+        "job_name_prefix",
+        pattern=_JOB_NAME_PREFIX,
+        hint="lowercase letters, digits and hyphens, e.g. llmtrain-dev",
+    )
     if len(prefix) > _MAX_JOB_NAME_PREFIX:
-        reader.fail("job_name_prefix", f"is {len(prefix)} characters; at most {_MAX_JOB_NAME_PREFIX} "
-                                       "leave room for the run name in SageMaker's 63-character job names")
+        reader.fail(
+            "job_name_prefix",
+            f"is {len(prefix)} characters; at most {_MAX_JOB_NAME_PREFIX} "
+            "leave room for the run name in SageMaker's 63-character job names",
+        )
     return prefix
 
 
@@ -318,20 +361,27 @@ def _read_quotas(reader: _Reader) -> QuotaConfig:
 
 def _read_warm_pools(reader: _Reader) -> WarmPoolConfig:
     reader.only_keys({"max_keep_alive_seconds", "idle_budget_seconds"})
-    cap = reader.integer("max_keep_alive_seconds", default=WarmPoolConfig.max_keep_alive_seconds,
-                         minimum=0, maximum=MAX_WARM_POOL_KEEP_ALIVE_SECONDS)
-    idle = reader.integer("idle_budget_seconds", default=min(WarmPoolConfig.idle_budget_seconds, cap),
-                          minimum=0)
+    cap = reader.integer(
+        "max_keep_alive_seconds",
+        default=WarmPoolConfig.max_keep_alive_seconds,
+        minimum=0,
+        maximum=MAX_WARM_POOL_KEEP_ALIVE_SECONDS,
+    )
+    idle = reader.integer(
+        "idle_budget_seconds", default=min(WarmPoolConfig.idle_budget_seconds, cap), minimum=0
+    )
     if idle > cap:
-        reader.fail("idle_budget_seconds", f"{idle} exceeds max_keep_alive_seconds ({cap}); a pool "
-                                           "never idles longer than the cap, so lower it to at most the cap")
+        reader.fail(
+            "idle_budget_seconds",
+            f"{idle} exceeds max_keep_alive_seconds ({cap}); a pool "
+            "never idles longer than the cap, so lower it to at most the cap",
+        )
     return WarmPoolConfig(max_keep_alive_seconds=cap, idle_budget_seconds=idle)
 
 
 def _read_notifications(reader: _Reader) -> NotificationConfig:
     reader.only_keys({"email"})
-    return NotificationConfig(
-        email=reader.optional_string("email", pattern=_EMAIL, hint="an e-mail address"))
+    return NotificationConfig(email=reader.optional_string("email", pattern=_EMAIL, hint="an e-mail address"))
 
 
 def _read_tags(reader: _Reader) -> dict[str, str]:
@@ -389,8 +439,7 @@ class _Reader:
         present = self.data.get(key) is not None
         if required and not present:
             self.fail(key, "is required")
-        return _Reader(self.data.get(key), prefix=f"{self.prefix}{key}.", origin=self.origin,
-                       present=present)
+        return _Reader(self.data.get(key), prefix=f"{self.prefix}{key}.", origin=self.origin, present=present)
 
     def string(self, key: str, *, pattern: re.Pattern | None = None, hint: str = "") -> str:
         value = self.raw(key)

@@ -13,27 +13,68 @@ from llmtrain.instances import instance_type
 
 # The AWS account that hosts the PyTorch training DLC in each region (the SDK's pytorch.json).
 _DLC_ACCOUNTS = {
-    "af-south-1": "626614931356", "ap-east-1": "871362719292", "ap-east-2": "975050140332",
-    "ap-northeast-1": "763104351884", "ap-northeast-2": "763104351884", "ap-northeast-3": "364406365360",
-    "ap-south-1": "763104351884", "ap-south-2": "772153158452", "ap-southeast-1": "763104351884",
-    "ap-southeast-2": "763104351884", "ap-southeast-3": "907027046896", "ap-southeast-4": "457447274322",
-    "ap-southeast-5": "550225433462", "ap-southeast-6": "633930458069", "ap-southeast-7": "590183813437",
-    "ca-central-1": "763104351884", "ca-west-1": "204538143572", "cn-north-1": "727897471807",
-    "cn-northwest-1": "727897471807", "eu-central-1": "763104351884", "eu-central-2": "380420809688",
-    "eu-north-1": "763104351884", "eu-south-1": "692866216735", "eu-south-2": "503227376785",
-    "eu-west-1": "763104351884", "eu-west-2": "763104351884", "eu-west-3": "763104351884",
-    "il-central-1": "780543022126", "me-central-1": "914824155844", "me-south-1": "217643126080",
-    "mx-central-1": "637423239942", "sa-east-1": "763104351884", "us-east-1": "763104351884",
-    "us-east-2": "763104351884", "us-gov-east-1": "446045086412", "us-gov-west-1": "442386744353",
-    "us-west-1": "763104351884", "us-west-2": "763104351884",
+    "af-south-1": "626614931356",
+    "ap-east-1": "871362719292",
+    "ap-east-2": "975050140332",
+    "ap-northeast-1": "763104351884",
+    "ap-northeast-2": "763104351884",
+    "ap-northeast-3": "364406365360",
+    "ap-south-1": "763104351884",
+    "ap-south-2": "772153158452",
+    "ap-southeast-1": "763104351884",
+    "ap-southeast-2": "763104351884",
+    "ap-southeast-3": "907027046896",
+    "ap-southeast-4": "457447274322",
+    "ap-southeast-5": "550225433462",
+    "ap-southeast-6": "633930458069",
+    "ap-southeast-7": "590183813437",
+    "ca-central-1": "763104351884",
+    "ca-west-1": "204538143572",
+    "cn-north-1": "727897471807",
+    "cn-northwest-1": "727897471807",
+    "eu-central-1": "763104351884",
+    "eu-central-2": "380420809688",
+    "eu-north-1": "763104351884",
+    "eu-south-1": "692866216735",
+    "eu-south-2": "503227376785",
+    "eu-west-1": "763104351884",
+    "eu-west-2": "763104351884",
+    "eu-west-3": "763104351884",
+    "il-central-1": "780543022126",
+    "me-central-1": "914824155844",
+    "me-south-1": "217643126080",
+    "mx-central-1": "637423239942",
+    "sa-east-1": "763104351884",
+    "us-east-1": "763104351884",
+    "us-east-2": "763104351884",
+    "us-gov-east-1": "446045086412",
+    "us-gov-west-1": "442386744353",
+    "us-west-1": "763104351884",
+    "us-west-2": "763104351884",
 }
 # The SageMaker model parallelism (SMP v2) images live in one account, in fewer regions.
 _SMP_ACCOUNT = "658645717510"
-_SMP_REGIONS = frozenset({
-    "ap-northeast-1", "ap-northeast-2", "ap-northeast-3", "ap-south-1", "ap-southeast-1",
-    "ap-southeast-2", "ca-central-1", "eu-central-1", "eu-north-1", "eu-west-1", "eu-west-2",
-    "eu-west-3", "sa-east-1", "us-east-1", "us-east-2", "us-west-1", "us-west-2",
-})
+_SMP_REGIONS = frozenset(
+    {
+        "ap-northeast-1",
+        "ap-northeast-2",
+        "ap-northeast-3",
+        "ap-south-1",
+        "ap-southeast-1",
+        "ap-southeast-2",
+        "ca-central-1",
+        "eu-central-1",
+        "eu-north-1",
+        "eu-west-1",
+        "eu-west-2",
+        "eu-west-3",
+        "sa-east-1",
+        "us-east-1",
+        "us-east-2",
+        "us-west-1",
+        "us-west-2",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -60,8 +101,9 @@ class ImageNotAvailableError(LlmtrainError):
     """No Deep Learning Container matches the requested framework, Python version and region."""
 
 
-def training_image_uri(*, framework_version: str, py_version: str, region: str, instance_type_name: str,
-                       smp: bool = False) -> str:
+def training_image_uri(
+    *, framework_version: str, py_version: str, region: str, instance_type_name: str, smp: bool = False
+) -> str:
     """The PyTorch training image for these inputs; `smp=True` picks the SMP v2-enabled image."""
     releases = _SMP_RELEASES if smp else _PYTORCH_RELEASES
     kind = "SMP v2 (smdistributed-modelparallel)" if smp else "PyTorch training"
@@ -73,15 +115,19 @@ def training_image_uri(*, framework_version: str, py_version: str, region: str, 
         )
     if py_version != release.py_version:
         raise ImageNotAvailableError(
-            f"image.py_version {py_version!r}: the {kind} {framework_version} image ships {release.py_version}"
+            f"image.py_version {py_version!r}: "
+            f"the {kind} {framework_version} image ships {release.py_version}"
         )
     device = "gpu" if instance_type(instance_type_name).gpus else "cpu"
     if smp:
         return _smp_uri(framework_version, release, region, device)
     account = _DLC_ACCOUNTS.get(region)
     if account is None:
-        raise ImageNotAvailableError(f"region {region!r} has no PyTorch training image in the platform's table")
-    return f"{account}.dkr.ecr.{region}.{_domain(region)}/pytorch-training:{framework_version}-{device}-{py_version}"
+        raise ImageNotAvailableError(
+            f"region {region!r} has no PyTorch training image in the platform's table"
+        )
+    registry = f"{account}.dkr.ecr.{region}.{_domain(region)}"
+    return f"{registry}/pytorch-training:{framework_version}-{device}-{py_version}"
 
 
 def _domain(region: str) -> str:

@@ -74,4 +74,6 @@ def instance_type(name: str) -> InstanceType:
     try:
         return INSTANCE_TYPES[name]
     except KeyError:
-        raise KeyError(f"unknown instance type {name!r}; known: {', '.join(sorted(INSTANCE_TYPES))}") from None
+        raise KeyError(
+            f"unknown instance type {name!r}; known: {', '.join(sorted(INSTANCE_TYPES))}"
+        ) from None

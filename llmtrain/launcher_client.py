@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import boto3
@@ -59,18 +60,34 @@ class RunStatus:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "run_name": self.run_name, "execution_arn": self.execution_arn,
-            "execution_status": self.execution_status, "started": self.started, "stopped": self.stopped,
-            "summary": self.summary, "error": self.error, "cause": self.cause, "jobs": self.jobs,
-            "job": dict(self.job) if self.job else None, "metrics": self.metrics,
+            "run_name": self.run_name,
+            "execution_arn": self.execution_arn,
+            "execution_status": self.execution_status,
+            "started": self.started,
+            "stopped": self.stopped,
+            "summary": self.summary,
+            "error": self.error,
+            "cause": self.cause,
+            "jobs": self.jobs,
+            "job": dict(self.job) if self.job else None,
+            "metrics": self.metrics,
         }
 
 
 class LauncherClient:
     """One environment's launcher, through the caller's AWS credentials."""
 
-    def __init__(self, *, session: boto3.Session, region: str, state_machine_arn: str, job_name_prefix: str):
+    def __init__(
+        self,
+        *,
+        session: boto3.Session,
+        region: str,
+        state_machine_arn: str,
+        job_name_prefix: str,
+        identity: Mapping[str, Any] | None = None,
+    ):
         self.session = session
+        self.identity = dict(identity or {})
         self.region = region
         self.state_machine_arn = state_machine_arn
         self.job_name_prefix = job_name_prefix
@@ -84,8 +101,13 @@ class LauncherClient:
     # -- finding the launcher -----------------------------------------------------------------------
 
     @classmethod
-    def discover(cls, environment: EnvironmentConfig, *, session: boto3.Session | None = None,
-                 state_machine_arn: str | None = None) -> LauncherClient:
+    def discover(
+        cls,
+        environment: EnvironmentConfig,
+        *,
+        session: boto3.Session | None = None,
+        state_machine_arn: str | None = None,
+    ) -> LauncherClient:
         """The launcher of `environment`: checks credentials and account, reads the stack output."""
         session = session or boto3.Session()
         identity = caller_identity(session, environment)
@@ -93,10 +115,16 @@ class LauncherClient:
             raise LauncherError(
                 f"your AWS credentials are for account {identity['Account']} but environment "
                 f"{environment.name!r} is in account {environment.account}: use credentials for that account "
-                "(e.g. AWS_PROFILE)")
+                "(e.g. AWS_PROFILE)"
+            )
         arn = state_machine_arn or _state_machine_from_stack(session, environment)
-        return cls(session=session, region=environment.region, state_machine_arn=arn,
-                   job_name_prefix=environment.job_name_prefix)
+        return cls(
+            session=session,
+            region=environment.region,
+            state_machine_arn=arn,
+            job_name_prefix=environment.job_name_prefix,
+            identity=identity,
+        )
 
     # -- runs -----------------------------------------------------------------------------------------
 
@@ -105,23 +133,30 @@ class LauncherClient:
         prefix, _, name = self.state_machine_arn.rpartition(":stateMachine:")
         return f"{prefix}:execution:{name}:{run_name}"
 
-    def start(self, *, template_ref: str, run_name: str, overrides: Mapping[str, Any],
-              owner: str | None = None) -> dict[str, Any]:
+    def start(
+        self, *, template_ref: str, run_name: str, overrides: Mapping[str, Any], owner: str | None = None
+    ) -> dict[str, Any]:
         """Start the run's execution; refuses a run name already used (a run is never started twice)."""
         existing = self._describe(self.execution_arn(run_name))
         if existing is not None:
             raise LauncherError(
                 f"run {run_name!r} was already started (execution {existing['status']}, "
                 f"{existing['startDate']:%Y-%m-%d %H:%M}); follow it with `llmtrain status {run_name}`, "
-                "or choose a new --run-name for a new run")
+                "or choose a new --run-name for a new run"
+            )
         name, version = parse_ref(template_ref)
-        execution_input = {"template": name, "version": version or LATEST, "run_name": run_name,
-                           "overrides": dict(overrides)}
+        execution_input = {
+            "template": name,
+            "version": version or LATEST,
+            "run_name": run_name,
+            "overrides": dict(overrides),
+        }
         if owner:
             execution_input["owner"] = owner
         try:
             return self.client("stepfunctions").start_execution(
-                stateMachineArn=self.state_machine_arn, name=run_name, input=json.dumps(execution_input))
+                stateMachineArn=self.state_machine_arn, name=run_name, input=json.dumps(execution_input)
+            )
         except ClientError as error:
             raise _launcher_error(error, f"starting run {run_name!r}") from error
 
@@ -130,8 +165,13 @@ class LauncherClient:
         found = self._describe(self.execution_arn(run_name))
         if found is not None:
             return found
-        pages = self.client("stepfunctions").get_paginator("list_executions").paginate(
-            stateMachineArn=self.state_machine_arn, PaginationConfig={"MaxItems": _EXECUTIONS_SCANNED})
+        pages = (
+            self.client("stepfunctions")
+            .get_paginator("list_executions")
+            .paginate(
+                stateMachineArn=self.state_machine_arn, PaginationConfig={"MaxItems": _EXECUTIONS_SCANNED}
+            )
+        )
         for page in pages:
             for item in page["executions"]:
                 execution = self._describe(item["executionArn"])
@@ -139,7 +179,8 @@ class LauncherClient:
                     return execution
         raise LauncherError(
             f"no run named {run_name!r} in launcher {self.state_machine_arn} (checked the "
-            f"{_EXECUTIONS_SCANNED} latest executions); list runs in the Step Functions console")
+            f"{_EXECUTIONS_SCANNED} latest executions); list runs in the Step Functions console"
+        )
 
     def _describe(self, execution_arn: str) -> dict[str, Any] | None:
         try:
@@ -163,30 +204,62 @@ class LauncherClient:
             metrics = self.latest_metrics(job["TrainingJobName"])
         output = json.loads(execution["output"]) if execution.get("output") else None
         return RunStatus(
-            run_name=run_name, execution_arn=execution["executionArn"], execution_status=execution["status"],
-            started=_time(execution.get("startDate")), stopped=_time(execution.get("stopDate")),
-            summary=output, error=execution.get("error"), cause=execution.get("cause"),
-            jobs=jobs, job=_job_view(job) if job else None, metrics=metrics)
+            run_name=run_name,
+            execution_arn=execution["executionArn"],
+            execution_status=execution["status"],
+            started=_time(execution.get("startDate")),
+            stopped=_time(execution.get("stopDate")),
+            summary=output,
+            error=execution.get("error"),
+            cause=execution.get("cause"),
+            jobs=jobs,
+            job=_job_view(job) if job else None,
+            metrics=metrics,
+        )
 
     def latest_metrics(self, job_name: str) -> dict[str, float]:
         """The latest value of each metric a running job published (SageMaker's CloudWatch metrics,
         dimension Host = <job>/algo-1); empty when there are none yet."""
         cloudwatch = self.client("cloudwatch")
         host = {"Name": "Host", "Value": f"{job_name}/algo-1"}
-        names = [metric["MetricName"] for page in cloudwatch.get_paginator("list_metrics").paginate(
-            Namespace=TRAINING_METRIC_NAMESPACE, Dimensions=[host]) for metric in page["Metrics"]]
+        names = [
+            metric["MetricName"]
+            for page in cloudwatch.get_paginator("list_metrics").paginate(
+                Namespace=TRAINING_METRIC_NAMESPACE, Dimensions=[host]
+            )
+            for metric in page["Metrics"]
+        ]
         if not names:
             return {}
-        queries = [{"Id": f"m{index}", "Label": name, "ReturnData": True, "MetricStat": {
-            "Metric": {"Namespace": TRAINING_METRIC_NAMESPACE, "MetricName": name, "Dimensions": [host]},
-            "Period": 60, "Stat": "Average"}} for index, name in enumerate(names[:100])]
-        job = self.client("sagemaker").describe_training_job(TrainingJobName=job_name)
-        start = job.get("TrainingStartTime") or job["CreationTime"]
-        end = job.get("TrainingEndTime") or job["LastModifiedTime"]
-        response = cloudwatch.get_metric_data(MetricDataQueries=queries, StartTime=start, EndTime=end,
-                                              ScanBy="TimestampDescending")
-        return {result["Label"]: result["Values"][0] for result in response["MetricDataResults"]
-                if result["Values"]}
+        queries = [
+            {
+                "Id": f"m{index}",
+                "Label": name,
+                "ReturnData": True,
+                "MetricStat": {
+                    "Metric": {
+                        "Namespace": TRAINING_METRIC_NAMESPACE,
+                        "MetricName": name,
+                        "Dimensions": [host],
+                    },
+                    "Period": 60,
+                    "Stat": "Average",
+                },
+            }
+            for index, name in enumerate(names[:100])
+        ]
+        created = self.client("sagemaker").describe_training_job(TrainingJobName=job_name)["CreationTime"]
+        response = cloudwatch.get_metric_data(
+            MetricDataQueries=queries,
+            StartTime=created,
+            EndTime=datetime.now(UTC),
+            ScanBy="TimestampDescending",
+        )
+        return {
+            result["Label"]: result["Values"][0]
+            for result in response["MetricDataResults"]
+            if result["Values"]
+        }
 
     def stop(self, run_name: str, *, by: str | None = None) -> dict[str, Any]:
         execution = self.find_execution(run_name)
@@ -194,8 +267,10 @@ class LauncherClient:
             raise LauncherError(f"run {run_name!r} is not running (its execution is {execution['status']})")
         try:
             self.client("stepfunctions").stop_execution(
-                executionArn=execution["executionArn"], error="StoppedByUser",
-                cause=f"llmtrain stop {run_name}" + (f" by {by}" if by else ""))
+                executionArn=execution["executionArn"],
+                error="StoppedByUser",
+                cause=f"llmtrain stop {run_name}" + (f" by {by}" if by else ""),
+            )
         except ClientError as error:
             raise _launcher_error(error, f"stopping run {run_name!r}") from error
         return execution
@@ -207,17 +282,24 @@ class LauncherClient:
             jobs = [job for job in jobs if job["attempt"] == attempt]
         if not jobs:
             which = f"attempt {attempt} of run" if attempt is not None else "run"
-            raise LauncherError(f"{which} {run_name!r} has no training job yet; "
-                                f"see `llmtrain status {run_name}`")
+            raise LauncherError(
+                f"{which} {run_name!r} has no training job yet; see `llmtrain status {run_name}`"
+            )
         job_name = jobs[-1]["job_name"]
         logs = self.client("logs")
         pages = logs.get_paginator("describe_log_streams").paginate(
-            logGroupName=TRAINING_LOG_GROUP, logStreamNamePrefix=f"{job_name}/")
+            logGroupName=TRAINING_LOG_GROUP, logStreamNamePrefix=f"{job_name}/"
+        )
         streams = [stream["logStreamName"] for page in pages for stream in page["logStreams"]]
         if not streams:
             return []
-        events = [event for page in logs.get_paginator("filter_log_events").paginate(
-            logGroupName=TRAINING_LOG_GROUP, logStreamNames=streams[:100]) for event in page["events"]]
+        events = [
+            event
+            for page in logs.get_paginator("filter_log_events").paginate(
+                logGroupName=TRAINING_LOG_GROUP, logStreamNames=streams[:100]
+            )
+            for event in page["events"]
+        ]
         events.sort(key=lambda event: (event["timestamp"], event.get("logStreamName", "")))
         return events[-limit:] if limit else events
 
@@ -229,10 +311,12 @@ def caller_identity(session: boto3.Session, environment: EnvironmentConfig) -> d
     except (NoCredentialsError, NoRegionError) as error:
         raise LauncherError(
             f"no AWS credentials found ({error}): configure them for account {environment.account} "
-            "(`aws configure`, `aws sso login` or AWS_PROFILE) and try again") from error
+            "(`aws configure`, `aws sso login` or AWS_PROFILE) and try again"
+        ) from error
     except (ClientError, BotoCoreError) as error:
-        raise LauncherError(f"your AWS credentials were refused ({error}); "
-                            "refresh them and try again") from error
+        raise LauncherError(
+            f"your AWS credentials were refused ({error}); refresh them and try again"
+        ) from error
 
 
 def owner_from_identity(identity: Mapping[str, Any]) -> str | None:
@@ -246,18 +330,22 @@ def _state_machine_from_stack(session: boto3.Session, environment: EnvironmentCo
     deploy = f"deploy it with `npx cdk deploy '{environment.name}/*'`"
     try:
         stacks = session.client("cloudformation", region_name=environment.region).describe_stacks(
-            StackName=stack_name)["Stacks"]
+            StackName=stack_name
+        )["Stacks"]
     except ClientError as error:
         if "does not exist" in error.response["Error"].get("Message", ""):
             raise LauncherError(
                 f"the platform's launcher is not deployed in environment {environment.name!r}: stack "
                 f"{stack_name} does not exist in account {environment.account}, region "
-                f"{environment.region}; {deploy}") from error
+                f"{environment.region}; {deploy}"
+            ) from error
         raise _launcher_error(error, f"reading stack {stack_name}") from error
     outputs = {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
     if LauncherOutput.STATE_MACHINE_ARN not in outputs:
-        raise LauncherError(f"stack {stack_name} has no output {LauncherOutput.STATE_MACHINE_ARN} (status "
-                            f"{stacks[0].get('StackStatus')}); {deploy}")
+        raise LauncherError(
+            f"stack {stack_name} has no output {LauncherOutput.STATE_MACHINE_ARN} (status "
+            f"{stacks[0].get('StackStatus')}); {deploy}"
+        )
     return outputs[LauncherOutput.STATE_MACHINE_ARN]
 
 
@@ -265,8 +353,10 @@ def _launcher_error(error: ClientError, doing: str) -> LauncherError:
     code = error.response["Error"]["Code"]
     message = error.response["Error"].get("Message", "")
     if code in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
-        return LauncherError(f"{doing}: access denied ({message}); ML engineers need the platform's "
-                             "engineer policy (output EngineerPolicyArn of the access stack)")
+        return LauncherError(
+            f"{doing}: access denied ({message}); ML engineers need the platform's "
+            "engineer policy (output EngineerPolicyArn of the access stack)"
+        )
     return LauncherError(f"{doing}: {code}: {message}")
 
 

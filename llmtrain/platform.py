@@ -56,9 +56,18 @@ class PlatformContext:
             ("region", self.region, _REGION, "an AWS region such as us-east-1"),
             ("account", self.account, _ACCOUNT, "a 12-digit AWS account id"),
             ("execution_role_arn", self.execution_role_arn, _ROLE_ARN, "an IAM role ARN"),
-            ("kms_key_arn", self.kms_key_arn, _KMS_KEY_ARN, "a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)"),
-            ("job_name_prefix", self.job_name_prefix, JOB_NAME_PREFIX_PATTERN,
-             "letters, digits and single dashes, at most 24 characters"),
+            (
+                "kms_key_arn",
+                self.kms_key_arn,
+                _KMS_KEY_ARN,
+                "a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)",
+            ),
+            (
+                "job_name_prefix",
+                self.job_name_prefix,
+                JOB_NAME_PREFIX_PATTERN,
+                "letters, digits and single dashes, at most 24 characters",
+            ),
         ]
         for bucket_field in ("datasets_bucket", "checkpoints_bucket", "artifacts_bucket", "code_bucket"):
             checks.append((bucket_field, getattr(self, bucket_field), _BUCKET, "an S3 bucket name"))

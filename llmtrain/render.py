@@ -56,13 +56,21 @@ class RunInput:
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_name, str) or not RUN_NAME_PATTERN.fullmatch(self.run_name):
-            raise RunInputError("run_name", f"{self.run_name!r} must be letters, digits and single dashes, "
-                                "starting and ending with a letter or digit")
-        if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) \
-                or not 1 <= self.attempt <= MAX_ATTEMPTS:
+            raise RunInputError(
+                "run_name",
+                f"{self.run_name!r} must be letters, digits and single dashes, "
+                "starting and ending with a letter or digit",
+            )
+        if (
+            isinstance(self.attempt, bool)
+            or not isinstance(self.attempt, int)
+            or not 1 <= self.attempt <= MAX_ATTEMPTS
+        ):
             raise RunInputError("attempt", f"{self.attempt!r} must be an integer in 1..{MAX_ATTEMPTS}")
         if not isinstance(self.owner, str) or not _TAG_VALUE.fullmatch(self.owner):
-            raise RunInputError("owner", f"{self.owner!r} must be 1-256 letters, digits, spaces or _ . : / = + - @")
+            raise RunInputError(
+                "owner", f"{self.owner!r} must be 1-256 letters, digits, spaces or _ . : / = + - @"
+            )
         if not isinstance(self.overrides, Mapping):
             raise RunInputError("overrides", "must be a mapping of setting name to value")
 
@@ -114,7 +122,9 @@ def max_run_name_length(platform: PlatformContext) -> int:
     return JOB_NAME_MAX - len(f"{platform.job_name_prefix}--a{MAX_ATTEMPTS}")
 
 
-def render(template: TemplateSpec, run_input: RunInput | Mapping[str, Any], platform: PlatformContext) -> dict:
+def render(
+    template: TemplateSpec, run_input: RunInput | Mapping[str, Any], platform: PlatformContext
+) -> dict:
     """The complete CreateTrainingJob request; raises OverrideError or RequestValidationError."""
     run = run_input if isinstance(run_input, RunInput) else RunInput.from_dict(run_input)
     _check_run_name(run, platform)
@@ -139,6 +149,7 @@ def _check_run_name(run: RunInput, platform: PlatformContext) -> None:
 
 # --- overrides ------------------------------------------------------------------------------------
 
+
 def resolve_settings(template: TemplateSpec, run: RunInput, platform: PlatformContext) -> JobSettings:
     compute = template.compute
     values: dict[str, Any] = {
@@ -160,14 +171,16 @@ def resolve_settings(template: TemplateSpec, run: RunInput, platform: PlatformCo
         elif setting in DEGREE_NAMES:
             degrees[setting] = value
         elif setting.startswith(CHANNEL_SETTING_PREFIX):
-            channels[setting[len(CHANNEL_SETTING_PREFIX):]] = value
+            channels[setting[len(CHANNEL_SETTING_PREFIX) :]] = value
         else:
             hyperparameters[setting] = value
     if run.instance_type is not None:
         values["instance_type"] = _fallback_instance_type(template, run.instance_type)
     if not values["spot"]:
         if "max_wait_seconds" in run.overrides:
-            raise OverrideError("max_wait_seconds", "only applies to managed spot training; also set spot=true")
+            raise OverrideError(
+                "max_wait_seconds", "only applies to managed spot training; also set spot=true"
+            )
         values["max_wait_seconds"] = None
     return JobSettings(
         **values,
@@ -225,7 +238,8 @@ def _fallback_instance_type(template: TemplateSpec, chosen: str) -> str:
     if chosen not in allowed:
         raise OverrideError(
             "instance_type",
-            f"capacity fallback {chosen!r} is not one of {template.ref}'s instance types: {', '.join(allowed)}",
+            f"capacity fallback {chosen!r} is not one of {template.ref}'s instance types: "
+            f"{', '.join(allowed)}",
         )
     return chosen
 
@@ -242,7 +256,10 @@ def _channel_uris(channels: Mapping[str, str | None], platform: PlatformContext)
 
 # --- the request ----------------------------------------------------------------------------------
 
-def build_request(template: TemplateSpec, settings: JobSettings, run: RunInput, platform: PlatformContext) -> dict:
+
+def build_request(
+    template: TemplateSpec, settings: JobSettings, run: RunInput, platform: PlatformContext
+) -> dict:
     name = job_name(platform, run)
     request: dict[str, Any] = {
         "TrainingJobName": name,
@@ -254,13 +271,18 @@ def build_request(template: TemplateSpec, settings: JobSettings, run: RunInput, 
             "EnableSageMakerMetricsTimeSeries": True,
         },
         "HyperParameters": hyperparameters(template, settings, name, platform),
-        "InputDataConfig": [_channel(channel, uri, template.inputs.mode) for channel, uri in settings.channels.items()],
+        "InputDataConfig": [
+            _channel(channel, uri, template.inputs.mode) for channel, uri in settings.channels.items()
+        ],
         "OutputDataConfig": {
             "S3OutputPath": f"s3://{platform.artifacts_bucket}/{template.name}/{run.run_name}/",
             "KmsKeyId": platform.kms_key_arn,
         },
         "ResourceConfig": _resource_config(settings, platform),
-        "VpcConfig": {"SecurityGroupIds": list(platform.security_group_ids), "Subnets": list(platform.subnet_ids)},
+        "VpcConfig": {
+            "SecurityGroupIds": list(platform.security_group_ids),
+            "Subnets": list(platform.subnet_ids),
+        },
         "StoppingCondition": _stopping_condition(settings),
         "EnableNetworkIsolation": False,
         "EnableInterContainerTrafficEncryption": template.inter_container_encryption,
@@ -291,7 +313,9 @@ def image_uri(template: TemplateSpec, instance_type_name: str, region: str) -> s
     )
 
 
-def hyperparameters(template: TemplateSpec, settings: JobSettings, name: str, platform: PlatformContext) -> dict:
+def hyperparameters(
+    template: TemplateSpec, settings: JobSettings, name: str, platform: PlatformContext
+) -> dict:
     """Run hyperparameters plus framework ones, each JSON-encoded as the SageMaker SDK does."""
     values = dict(settings.hyperparameters)
     if template.code.is_platform:
@@ -301,8 +325,9 @@ def hyperparameters(template: TemplateSpec, settings: JobSettings, name: str, pl
     return {key: json.dumps(value) for key, value in values.items()}
 
 
-def framework_hyperparameters(template: TemplateSpec, settings: JobSettings, name: str,
-                              platform: PlatformContext) -> dict[str, Any]:
+def framework_hyperparameters(
+    template: TemplateSpec, settings: JobSettings, name: str, platform: PlatformContext
+) -> dict[str, Any]:
     """What the SageMaker PyTorch container reads: script mode, torchrun launch, SMP parameters."""
     framework: dict[str, Any] = {
         "sagemaker_program": template.code.entry_point,

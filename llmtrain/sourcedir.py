@@ -24,8 +24,17 @@ PLATFORM_PACKAGE = "training_jobs"
 REQUIREMENTS = "requirements.txt"
 SOURCEDIR_NAME = "sourcedir.tar.gz"
 _FIXED_MTIME = 315532800  # 1980-01-01: the earliest time every archive tool accepts
-_SKIPPED_DIRS = frozenset({"__pycache__", ".git", ".pytest_cache", ".ruff_cache", ".mypy_cache",
-                           ".ipynb_checkpoints", "node_modules"})
+_SKIPPED_DIRS = frozenset(
+    {
+        "__pycache__",
+        ".git",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".mypy_cache",
+        ".ipynb_checkpoints",
+        "node_modules",
+    }
+)
 _SKIPPED_SUFFIXES = (".pyc", ".pyo", ".egg-info")
 _SKIPPED_FILES = frozenset({".DS_Store"})
 
@@ -67,7 +76,9 @@ def _walk(folder: Path):
     if not folder.is_dir():
         raise SourceDirError(f"code folder {folder} does not exist")
     for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIPPED_DIRS and not d.endswith(_SKIPPED_SUFFIXES))
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in _SKIPPED_DIRS and not d.endswith(_SKIPPED_SUFFIXES)
+        )
         for name in sorted(filenames):
             if name in _SKIPPED_FILES or name.endswith(_SKIPPED_SUFFIXES):
                 continue

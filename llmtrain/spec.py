@@ -42,6 +42,19 @@ RESOURCE_SETTINGS = (
     "keep_alive_seconds",
 )
 CHANNEL_SETTING_PREFIX = "channels."
+# The type each non-hyperparameter setting must be declared with under `overridable`.
+_SETTING_TYPES = {
+    "instance_type": "str",
+    "instance_count": "int",
+    "volume_size_gb": "int",
+    "max_runtime_seconds": "int",
+    "spot": "bool",
+    "max_wait_seconds": "int",
+    "keep_alive_seconds": "int",
+    "shard_degree": "int",
+    "replicate_degree": "int",
+    "tensor_parallel_degree": "int",
+}
 # Hyperparameters that render derives from `distribution` for the platform's own training code.
 DERIVED_HYPERPARAMETERS = ("parallelism", *DEGREE_NAMES)
 SAGEMAKER_LIMIT_MAX_RUNTIME_SECONDS = 28 * 24 * 3600
@@ -128,7 +141,9 @@ class CodeSpec:
         if source == PLATFORM_CODE and entry_point != PLATFORM_ENTRY_POINT:
             raise _fail(f.source, f"'code.entry_point' must be {PLATFORM_ENTRY_POINT} for platform code")
         if source != PLATFORM_CODE and (source.startswith("/") or ".." in source.split("/")):
-            raise _fail(f.source, "'code.source' must be 'platform' or a folder relative to the repository root")
+            raise _fail(
+                f.source, "'code.source' must be 'platform' or a folder relative to the repository root"
+            )
         if entry_point.startswith("/") or not entry_point.endswith(".py"):
             raise _fail(f.source, "'code.entry_point' must be a relative path to a .py script")
         return cls(source=source, entry_point=entry_point)
@@ -153,7 +168,9 @@ class ImageSpec:
         if spec.uri is None and (spec.framework_version is None or spec.py_version is None):
             raise _fail(f.source, "'image' needs either 'uri' or both 'framework_version' and 'py_version'")
         if spec.uri is not None and (spec.framework_version or spec.py_version):
-            raise _fail(f.source, "'image.uri' excludes 'framework_version' and 'py_version': give one or the other")
+            raise _fail(
+                f.source, "'image.uri' excludes 'framework_version' and 'py_version': give one or the other"
+            )
         return spec
 
 
@@ -171,7 +188,9 @@ class DistributionSpec:
     def parse(cls, f: _Fields) -> DistributionSpec:
         strategy = f.get("strategy", str)
         if strategy not in STRATEGIES:
-            raise _fail(f.source, f"'distribution.strategy' must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+            raise _fail(
+                f.source, f"'distribution.strategy' must be one of {', '.join(STRATEGIES)}, got {strategy!r}"
+            )
         degrees = {}
         for name in DEGREE_NAMES:
             degrees[name] = f.get(name, int, getattr(cls, name))
@@ -180,7 +199,9 @@ class DistributionSpec:
         f.done()
         if smp_parameters and strategy != "smp":
             raise _fail(f.source, "'distribution.smp_parameters' is only valid with strategy 'smp'")
-        reserved = {"hybrid_shard_degree", "tensor_parallel_degree", "sm_activation_offloading"} & set(smp_parameters)
+        reserved = {"hybrid_shard_degree", "tensor_parallel_degree", "sm_activation_offloading"} & set(
+            smp_parameters
+        )
         if reserved:
             raise _fail(
                 f.source,
@@ -339,7 +360,9 @@ class OverrideRule:
         f.done()
         for choice in rule.choices or ():
             if not _matches_type(choice, kind):
-                raise _fail(source, f"'overridable.{name}.choices' holds {choice!r}, which is not of type {kind}")
+                raise _fail(
+                    source, f"'overridable.{name}.choices' holds {choice!r}, which is not of type {kind}"
+                )
         if (rule.min is not None or rule.max is not None) and kind not in ("int", "float"):
             raise _fail(source, f"'overridable.{name}': min/max only apply to int and float settings")
         if rule.min is not None and rule.max is not None and rule.min > rule.max:
@@ -438,7 +461,8 @@ def _check_identity(name: str, version: str, source: str) -> None:
     if len(name) > TEMPLATE_NAME_MAX or not TEMPLATE_NAME_PATTERN.fullmatch(name):
         raise _fail(
             source,
-            f"'name' {name!r} must be lowercase letters, digits and single dashes, at most {TEMPLATE_NAME_MAX}",
+            f"'name' {name!r} must be lowercase letters, digits and single dashes, "
+            f"at most {TEMPLATE_NAME_MAX}",
         )
     if not SEMVER_PATTERN.fullmatch(version):
         raise _fail(source, f"'version' {version!r} is not a semantic version such as 1.0.0")
@@ -459,7 +483,9 @@ def _parse_stopping(f: _Fields) -> int:
     seconds = f.get("max_runtime_seconds", int)
     f.done()
     if not 1 <= seconds <= SAGEMAKER_LIMIT_MAX_RUNTIME_SECONDS:
-        raise _fail(f.source, f"'stopping.max_runtime_seconds' must be 1..{SAGEMAKER_LIMIT_MAX_RUNTIME_SECONDS}")
+        raise _fail(
+            f.source, f"'stopping.max_runtime_seconds' must be 1..{SAGEMAKER_LIMIT_MAX_RUNTIME_SECONDS}"
+        )
     return seconds
 
 
@@ -470,7 +496,9 @@ def _parse_checkpoints(f: _Fields) -> bool:
 
 
 def _parse_spot(f: _Fields) -> SpotSpec:
-    spec = SpotSpec(enabled=f.get("enabled", bool, False), max_wait_seconds=f.get("max_wait_seconds", int, None))
+    spec = SpotSpec(
+        enabled=f.get("enabled", bool, False), max_wait_seconds=f.get("max_wait_seconds", int, None)
+    )
     f.done()
     if spec.enabled and spec.max_wait_seconds is None:
         raise _fail(f.source, "'spot.max_wait_seconds' is required when spot is enabled")
@@ -497,7 +525,9 @@ def _parse_overridable(raw: Mapping, source: str) -> dict[str, OverrideRule]:
 def _check_consistency(spec: TemplateSpec, source: str) -> None:
     """Rules across sections, checked once at load so every later step can rely on them."""
     if "max_steps" not in spec.hyperparameters or "max_steps" not in spec.overridable:
-        raise _fail(source, "'max_steps' must be a hyperparameter and listed in 'overridable' (every template)")
+        raise _fail(
+            source, "'max_steps' must be a hyperparameter and listed in 'overridable' (every template)"
+        )
     bad = sorted(k for k in spec.hyperparameters if k.startswith("sagemaker_") or k == "mp_parameters")
     if bad:
         raise _fail(source, f"hyperparameters {', '.join(bad)} are reserved for the SageMaker container")
@@ -509,7 +539,9 @@ def _check_consistency(spec: TemplateSpec, source: str) -> None:
                 f"hyperparameters {', '.join(derived)} come from the 'distribution' section; remove them",
             )
     if spec.distribution.strategy == "smp" and spec.image.uri is None and not spec.code.is_platform:
-        raise _fail(source, "strategy 'smp' needs the SMP-enabled image: use platform code or an explicit image.uri")
+        raise _fail(
+            source, "strategy 'smp' needs the SMP-enabled image: use platform code or an explicit image.uri"
+        )
     if spec.spot.enabled and spec.keep_alive_seconds:
         raise _fail(source, "warm pools do not work with managed spot training: set keep_alive_seconds to 0")
     if "spot" in spec.overridable and spec.spot.max_wait_seconds is None:
@@ -522,12 +554,24 @@ def _check_consistency(spec: TemplateSpec, source: str) -> None:
 
 def _check_overridable_name(setting: str, spec: TemplateSpec, source: str) -> None:
     if setting.startswith(CHANNEL_SETTING_PREFIX):
-        channel = setting[len(CHANNEL_SETTING_PREFIX):]
+        channel = setting[len(CHANNEL_SETTING_PREFIX) :]
         if channel not in spec.inputs.channels:
-            raise _fail(source, f"'overridable.{setting}' names channel {channel!r}, which 'input.channels' lacks")
+            raise _fail(
+                source, f"'overridable.{setting}' names channel {channel!r}, which 'input.channels' lacks"
+            )
         if spec.overridable[setting].type != "s3_uri":
             raise _fail(source, f"'overridable.{setting}.type' must be s3_uri")
     elif setting.startswith("sagemaker_") or setting == "mp_parameters":
         raise _fail(source, f"'overridable.{setting}' is reserved for the SageMaker container")
-    elif setting in ("parallelism",) and spec.code.is_platform:
+    elif setting == "parallelism" and spec.code.is_platform:
         raise _fail(source, "'overridable.parallelism': the strategy is fixed by the template version")
+    elif setting in _SETTING_TYPES and spec.overridable[setting].type != _SETTING_TYPES[setting]:
+        raise _fail(source, f"'overridable.{setting}.type' must be {_SETTING_TYPES[setting]}")
+    if setting == "instance_type":
+        unknown = sorted(set(spec.overridable[setting].choices or ()) - KNOWN_INSTANCE_TYPES)
+        if unknown or spec.overridable[setting].choices is None:
+            raise _fail(
+                source,
+                "'overridable.instance_type' needs 'choices' of instance types the platform knows"
+                + (f"; unknown: {', '.join(unknown)}" if unknown else ""),
+            )

@@ -74,8 +74,11 @@ def constraint_problems(value: Any, shape: Shape, path: str) -> list[str]:
         return problems
     if kind == "string" and isinstance(value, str):
         return _string_problems(value, shape, path)
-    if kind in ("integer", "long", "float", "double") and isinstance(value, int | float) \
-            and not isinstance(value, bool):
+    if (
+        kind in ("integer", "long", "float", "double")
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+    ):
         return _number_problems(value, shape, path)
     return []
 
@@ -112,6 +115,7 @@ def _number_problems(value: float, shape: Shape, path: str) -> list[str]:
 
 # --- the platform's rules -------------------------------------------------------------------------
 
+
 def job_name_problems(job_name: str, prefix: str) -> list[str]:
     problems = []
     if len(job_name) > JOB_NAME_MAX:
@@ -125,7 +129,9 @@ def job_name_problems(job_name: str, prefix: str) -> list[str]:
             "letter or digit"
         )
     if not job_name.startswith(prefix + "-"):
-        problems.append(f"training job name {job_name!r} must start with the environment's prefix '{prefix}-'")
+        problems.append(
+            f"training job name {job_name!r} must start with the environment's prefix '{prefix}-'"
+        )
     return problems
 
 
@@ -145,11 +151,15 @@ def degree_problems(degrees: Mapping[str, int], world_size: int) -> list[str]:
     product = prod(fixed.values())
     shown = ", ".join(f"{name}={d}" for name, d in degrees.items())
     if world_size % product:
-        return [f"parallel degrees ({shown}) multiply to {product}, which does not divide the world size "
-                f"{world_size} (instance_count x GPUs per instance); pick degrees whose product divides it"]
+        return [
+            f"parallel degrees ({shown}) multiply to {product}, which does not divide the world size "
+            f"{world_size} (instance_count x GPUs per instance); pick degrees whose product divides it"
+        ]
     if len(fixed) == len(degrees) and product != world_size:
-        return [f"parallel degrees ({shown}) multiply to {product} but the world size is {world_size}; "
-                "set one degree to 0 to derive it, or make the product equal the world size"]
+        return [
+            f"parallel degrees ({shown}) multiply to {product} but the world size is {world_size}; "
+            "set one degree to 0 to derive it, or make the product equal the world size"
+        ]
     return []
 
 
@@ -161,7 +171,9 @@ def warm_pool_problems(keep_alive_seconds: int, cap_seconds: int, spot: bool) ->
             f"{cap_seconds} seconds; lower it to at most {cap_seconds}"
         )
     if spot and keep_alive_seconds:
-        problems.append("warm pools do not work with managed spot training: set keep_alive_seconds to 0 or spot off")
+        problems.append(
+            "warm pools do not work with managed spot training: set keep_alive_seconds to 0 or spot off"
+        )
     return problems
 
 
@@ -198,7 +210,9 @@ def platform_problems(request: Mapping[str, Any], platform: PlatformContext) -> 
     return [
         *job_name_problems(request.get("TrainingJobName", ""), platform.job_name_prefix),
         *efa_problems(instance_type, resources.get("InstanceCount", 1)),
-        *warm_pool_problems(resources.get("KeepAlivePeriodInSeconds", 0), platform.warm_pool_cap_seconds, spot),
+        *warm_pool_problems(
+            resources.get("KeepAlivePeriodInSeconds", 0), platform.warm_pool_cap_seconds, spot
+        ),
         *storage_problems(instance_type, resources.get("VolumeSizeInGB", 0), "VolumeKmsKeyId" in resources),
         *spot_problems(request.get("StoppingCondition", {}), spot),
     ]

@@ -5,5 +5,11 @@ from stacks.network import NetworkStack
 from stacks.platform import PlatformStage, add_platform_stages
 from stacks.storage import PINNED_LOGICAL_IDS, StorageStack
 
-__all__ = ["PINNED_LOGICAL_IDS", "AccessStack", "NetworkStack", "PlatformStage", "StorageStack",
-           "add_platform_stages"]
+__all__ = [
+    "PINNED_LOGICAL_IDS",
+    "AccessStack",
+    "NetworkStack",
+    "PlatformStage",
+    "StorageStack",
+    "add_platform_stages",
+]

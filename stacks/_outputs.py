@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from aws_cdk import CfnOutput, CfnResource, Stack
+
 from constructs import IConstruct
 
 

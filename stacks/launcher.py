@@ -21,8 +21,12 @@ def state_machine_name(config: EnvironmentConfig) -> str:
 
 def state_machine_arn(stack: Stack, config: EnvironmentConfig) -> str:
     """The launcher's ARN as seen from `stack` (same account and region), from its fixed name."""
-    return stack.format_arn(service="states", resource="stateMachine", resource_name=state_machine_name(config),
-                            arn_format=ArnFormat.COLON_RESOURCE_NAME)
+    return stack.format_arn(
+        service="states",
+        resource="stateMachine",
+        resource_name=state_machine_name(config),
+        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+    )
 
 
 class LauncherStack(Stack):
@@ -33,22 +37,42 @@ class LauncherStack(Stack):
     construct), ``job_templates`` (by `name@version`).
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, config: EnvironmentConfig,
-                 network: TrainingNetwork, storage: TrainingStorage, access: TrainingAccess,
-                 catalog: Catalog | None = None) -> None:
-        super().__init__(scope, construct_id, stack_name=config.stack_name(LAUNCHER_STACK_PART),
-                         description=f"LLM training platform ({config.name}): job-template registry, "
-                                     "launcher state machine, run notifications")
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: EnvironmentConfig,
+        network: TrainingNetwork,
+        storage: TrainingStorage,
+        access: TrainingAccess,
+        catalog: Catalog | None = None,
+    ) -> None:
+        super().__init__(
+            scope,
+            construct_id,
+            stack_name=config.stack_name(LAUNCHER_STACK_PART),
+            description=f"LLM training platform ({config.name}): job-template registry, "
+            "launcher state machine, run notifications",
+        )
         catalog = catalog or Catalog.load()
         cap = config.warm_pools.max_keep_alive_seconds
         self.job_templates = {
             f"{name}@{version}": JobTemplate(
-                self, f"Template-{name}-{version}", template=f"{name}@{version}", catalog=catalog,
-                code_bucket=storage.code_bucket, encryption_key=storage.key, warm_pool_cap_seconds=cap)
-            for name in config.enabled_templates for version in catalog.versions(name)
+                self,
+                f"Template-{name}-{version}",
+                template=f"{name}@{version}",
+                catalog=catalog,
+                code_bucket=storage.code_bucket,
+                encryption_key=storage.key,
+                warm_pool_cap_seconds=cap,
+            )
+            for name in config.enabled_templates
+            for version in catalog.versions(name)
         }
         self.launcher = TrainingLauncher(
-            self, "Launcher",
+            self,
+            "Launcher",
             job_templates=list(self.job_templates.values()),
             execution_role=access.execution_role,
             datasets_bucket=storage.datasets_bucket,
@@ -64,7 +88,15 @@ class LauncherStack(Stack):
             state_machine_name=state_machine_name(config),
             notification_email=config.notifications.email,
         )
-        output(self, LauncherOutput.STATE_MACHINE_ARN, self.launcher.state_machine.state_machine_arn,
-               "Start runs here (llmtrain start finds it by this output)")
-        output(self, LauncherOutput.TOPIC_ARN, self.launcher.topic.topic_arn,
-               "Run summaries (success and failure) are published here")
+        output(
+            self,
+            LauncherOutput.STATE_MACHINE_ARN,
+            self.launcher.state_machine.state_machine_arn,
+            "Start runs here (llmtrain start finds it by this output)",
+        )
+        output(
+            self,
+            LauncherOutput.TOPIC_ARN,
+            self.launcher.topic.topic_arn,
+            "Run summaries (success and failure) are published here",
+        )

@@ -61,7 +61,10 @@ class OperationsStack(Stack):
             template_metrics=latest_template_metrics(catalog, config.enabled_templates),
         )
         output(self, DASHBOARD_OUTPUT, self.operations.dashboard.dashboard_name, "CloudWatch dashboard")
-        output(self, TOPIC_OUTPUT, self.operations.topic.topic_arn, "Where alarms and job notifications go")
+        if notification_topic is None:  # a given topic is its own stack's output already
+            output(
+                self, TOPIC_OUTPUT, self.operations.topic.topic_arn, "Where alarms and job notifications go"
+            )
 
 
 def enabled_template_versions(catalog: Catalog, enabled: tuple[str, ...]) -> list[TemplateSpec]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from aws_cdk import Environment, Stage, Tags
+
 from constructs import Construct
 from llmtrain.environments import EnvironmentConfig
-
 from stacks.access import AccessStack
+from stacks.launcher import LauncherStack, state_machine_arn
 from stacks.network import NetworkStack
 from stacks.operations import OperationsStack
 from stacks.storage import StorageStack
@@ -37,7 +38,11 @@ class PlatformStage(Stage):
 
         # Stacks built on the foundation (the launcher, operations) are added below this line,
         # each taking what it needs from the attributes above.
-        self.operations = OperationsStack(self, "Operations", config=config)
+        self.launcher = LauncherStack(self, "Launcher", config=config, network=self.network.network,
+                                      storage=self.storage.storage, access=self.access.access)
+        self.access.access.allow_launcher(state_machine_arn(self.access, config))
+        self.operations = OperationsStack(self, "Operations", config=config,
+                                          state_machine=self.launcher.launcher.state_machine)
 
 
 def add_platform_stages(scope: Construct, environments: Iterable[EnvironmentConfig]) -> list[PlatformStage]:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from aws_cdk import Stack
-from constructs import Construct
-from llmtrain.environments import EnvironmentConfig, StackOutput
 from training_constructs import TrainingStorage
 
+from constructs import Construct
+from llmtrain.environments import EnvironmentConfig, StackOutput
 from stacks._outputs import output, pin_logical_id
-
 
 # Logical IDs of the stateful resources. Changing one makes CloudFormation create a new resource
 # (a new, empty bucket) and orphan the old one: never change them.
@@ -29,10 +28,13 @@ class StorageStack(Stack):
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, config: EnvironmentConfig) -> None:
-        super().__init__(scope, construct_id, stack_name=config.stack_name("storage"),
-                         termination_protection=True,
-                         description=f"LLM training platform ({config.name}): KMS key and S3 buckets "
-                                     "(stateful, retained)")
+        super().__init__(
+            scope,
+            construct_id,
+            stack_name=config.stack_name("storage"),
+            termination_protection=True,
+            description=f"LLM training platform ({config.name}): KMS key and S3 buckets (stateful, retained)",
+        )
         self.storage = TrainingStorage(self, "Storage", key_alias=f"alias/llmtrain/{config.name}")
         storage = self.storage
         pin_logical_id(storage.key, PINNED_LOGICAL_IDS["key"])
@@ -42,9 +44,10 @@ class StorageStack(Stack):
 
         output(self, StackOutput.KEY_ARN, storage.key.key_arn, "KMS key of the buckets and volumes")
         for key, bucket, what in (
-                (StackOutput.DATASETS_BUCKET, storage.datasets_bucket, "training data"),
-                (StackOutput.CHECKPOINTS_BUCKET, storage.checkpoints_bucket, "checkpoints"),
-                (StackOutput.ARTIFACTS_BUCKET, storage.artifacts_bucket, "model artifacts"),
-                (StackOutput.CODE_BUCKET, storage.code_bucket, "training code"),
-                (StackOutput.ACCESS_LOGS_BUCKET, storage.access_logs_bucket, "S3 server access logs")):
+            (StackOutput.DATASETS_BUCKET, storage.datasets_bucket, "training data"),
+            (StackOutput.CHECKPOINTS_BUCKET, storage.checkpoints_bucket, "checkpoints"),
+            (StackOutput.ARTIFACTS_BUCKET, storage.artifacts_bucket, "model artifacts"),
+            (StackOutput.CODE_BUCKET, storage.code_bucket, "training code"),
+            (StackOutput.ACCESS_LOGS_BUCKET, storage.access_logs_bucket, "S3 server access logs"),
+        ):
             output(self, key, bucket.bucket_name, f"Bucket for {what}")

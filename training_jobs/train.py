@@ -20,12 +20,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from training_jobs.trainer.config import from_hyperparameters  # noqa: E402
 from training_jobs.trainer.environment import read_environment  # noqa: E402
-from training_jobs.trainer.errors import ConfigError, DataError, TrainingError  # noqa: E402
+from training_jobs.trainer.errors import ConfigError, DataError, DivergenceError, TrainingError  # noqa: E402
 
 EXIT_FAILED = 1
 
 
-def run(argv: list[str]) -> int:
+def run(argv: list[str], *, own_process_group: bool = True) -> int:
+    """One training job. `own_process_group=False` keeps an existing process group alive (tests
+    run several jobs in one torchrun launch to save its start-up time)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download at run time
     env = read_environment(argv)
     config = from_hyperparameters(env.hyperparameters)  # fails fast: no torch imported yet
@@ -39,28 +41,27 @@ def run(argv: list[str]) -> int:
 
     device = parallel.pick_device(env.local_rank)
     parallel.init_distributed(device, env.rank, env.world_size, timeout_minutes=30)
+    training = None
     try:
         job.prepare_folders(env)
         training = job.build(config, env, device)
         job.resume(training)
-        outcome = loop.run(training.loop)
-        if outcome == "finished":
-            path = export.export_model(training.loop.strategy, training.loop.strategy.hf_model, config,
-                                       training.tokenizer, env.model_dir, env.is_main)
+        if loop.run(training.loop) == "finished":
+            path = export.export_model(training.loop.strategy, config, training.tokenizer,
+                                       env.model_dir, env.is_main)
             if env.is_main:
                 metrics.log(f"finished at step {training.loop.step}; model written to {path}")
-        training.loop.metrics.close()
-        training.loop.strategy.close()
-        training.stop.restore()
         return 0
     finally:
-        if dist.is_initialized():
+        if training is not None:
+            training.close()
+        if own_process_group and dist.is_initialized():
             dist.destroy_process_group()
 
 
 def _report(error: TrainingError) -> None:
     """One line per host for errors every rank hits alike, one per rank otherwise."""
-    same_everywhere = isinstance(error, ConfigError | DataError)
+    same_everywhere = isinstance(error, ConfigError | DataError | DivergenceError)
     if not same_everywhere or os.environ.get("LOCAL_RANK", "0") == "0":
         rank = os.environ.get("RANK", "0")
         print(f"[error] {type(error).__name__}: {error}" + ("" if same_everywhere else f" (rank {rank})"),

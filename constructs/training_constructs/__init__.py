@@ -5,3 +5,5 @@ from training_constructs.network import ExistingVpcAttributes, TrainingNetwork
 from training_constructs.storage import TrainingStorage
 from training_constructs._props import PropsError
 from training_constructs.job_template import JobTemplate
+from training_constructs.operations import TemplateMetrics, TrainingOperations
+from training_constructs.launcher import TrainingLauncher

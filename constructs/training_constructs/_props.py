@@ -29,8 +29,14 @@ def check_cidr(construct: str, field: str, cidr: str) -> ipaddress.IPv4Network |
     try:
         network = ipaddress.IPv4Network(cidr, strict=True)
     except ValueError as error:
-        raise PropsError(f"{construct}({field}=...): {cidr!r} is not an IPv4 network CIDR block "
-                         f"({error}); e.g. 10.20.0.0/16") from error
-    require(16 <= network.prefixlen <= 24, construct, field,
-            f"prefix /{network.prefixlen} is out of range: use /16 to /24")
+        raise PropsError(
+            f"{construct}({field}=...): {cidr!r} is not an IPv4 network CIDR block "
+            f"({error}); e.g. 10.20.0.0/16"
+        ) from error
+    require(
+        16 <= network.prefixlen <= 24,
+        construct,
+        field,
+        f"prefix /{network.prefixlen} is out of range: use /16 to /24",
+    )
     return network

@@ -20,8 +20,8 @@ from aws_cdk import Stack
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_deployment as s3_deployment
-from constructs import Construct
 
+from constructs import Construct
 from llmtrain.catalog import Catalog
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, code_key, render
@@ -135,16 +135,25 @@ def _acknowledge_deployment_findings(template: JobTemplate) -> None:
     if handler is None or handler.node.try_find_child(_ACKNOWLEDGED_MARKER) is not None:
         return
     Construct(handler, _ACKNOWLEDGED_MARKER)
-    acknowledge(handler, "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
-                         "AWSLambdaBasicExecutionRole]",
-                "CDK's BucketDeployment provider function uses the AWS managed basic execution role "
-                "for its CloudWatch Logs only")
-    acknowledge(handler, "AwsSolutions-L1",
-                "the BucketDeployment provider's runtime is chosen and updated by aws-cdk-lib, not by us")
-    acknowledge_wildcards(handler, {
-        "s3:GetObject*": "BucketDeployment copies the CDK asset (the sourcedir zip) into "
-                         "templates/<name>/<version>/ of the code bucket with the object-level actions CDK "
-                         "grants on both buckets; prune is off, so it deletes nothing",
-        "kms:GenerateDataKey*": "writing SSE-KMS objects to the code bucket needs data keys of its key "
-                                "(CDK's encrypt/decrypt grant)",
-    })
+    acknowledge(
+        handler,
+        "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+        "AWSLambdaBasicExecutionRole]",
+        "CDK's BucketDeployment provider function uses the AWS managed basic execution role "
+        "for its CloudWatch Logs only",
+    )
+    acknowledge(
+        handler,
+        "AwsSolutions-L1",
+        "the BucketDeployment provider's runtime is chosen and updated by aws-cdk-lib, not by us",
+    )
+    acknowledge_wildcards(
+        handler,
+        {
+            "s3:GetObject*": "BucketDeployment copies the CDK asset (the sourcedir zip) into "
+            "templates/<name>/<version>/ of the code bucket with the object-level actions CDK "
+            "grants on both buckets; prune is off, so it deletes nothing",
+            "kms:GenerateDataKey*": "writing SSE-KMS objects to the code bucket needs data keys of its key "
+            "(CDK's encrypt/decrypt grant)",
+        },
+    )

@@ -72,8 +72,12 @@ def lambda_code(
         comes along). One with compiled modules needs `matching_runtime()` for its function.
     staging_root: where the content-addressed folders are written (default: the system temp dir).
     """
-    folder = stage_lambda_code(template_files=template_files, extra_files=extra_files,
-                               vendored_packages=vendored_packages, staging_root=staging_root)
+    folder = stage_lambda_code(
+        template_files=template_files,
+        extra_files=extra_files,
+        vendored_packages=vendored_packages,
+        staging_root=staging_root,
+    )
     return lambda_.Code.from_asset(str(folder))
 
 
@@ -99,8 +103,12 @@ def matching_runtime() -> tuple[lambda_.Runtime, lambda_.Architecture]:
     system, machine = platform.system(), platform.machine().lower()
     version = f"{sys.version_info.major}_{sys.version_info.minor}"
     runtime = getattr(lambda_.Runtime, f"PYTHON_{version}", None)
-    if (sys.implementation.name != "cpython" or system != "Linux" or machine not in _LAMBDA_ARCHITECTURES
-            or runtime is None):
+    if (
+        sys.implementation.name != "cpython"
+        or system != "Linux"
+        or machine not in _LAMBDA_ARCHITECTURES
+        or runtime is None
+    ):
         raise LambdaCodeError(
             f"the launcher functions vendor compiled Python packages from the synthesizing environment "
             f"({sys.implementation.name} {sys.version_info.major}.{sys.version_info.minor} on {system} "
@@ -110,8 +118,9 @@ def matching_runtime() -> tuple[lambda_.Runtime, lambda_.Architecture]:
     return runtime, getattr(lambda_.Architecture, _LAMBDA_ARCHITECTURES[machine])
 
 
-def _collect_files(template_files: Sequence[Path | str], extra_files: Mapping[str, bytes],
-                   vendored_packages: Sequence[str]) -> dict[str, bytes]:
+def _collect_files(
+    template_files: Sequence[Path | str], extra_files: Mapping[str, bytes], vendored_packages: Sequence[str]
+) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     files.update(_package_files(Path(llmtrain.__file__).parent, "llmtrain", keep_compiled=False))
     for name in dict.fromkeys(vendored_packages):

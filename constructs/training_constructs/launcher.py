@@ -37,7 +37,7 @@ import re
 from collections.abc import Sequence
 
 import yaml
-from aws_cdk import Aws, Duration, RemovalPolicy, Stack
+from aws_cdk import Aws, CfnResource, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -74,7 +74,7 @@ REJECTION_ERRORS = ("InvalidRunInput", "RunAlreadyInProgress", "RunAlreadyComple
 # Actions this construct allows on "*" because AWS offers no narrower resource for them.
 WILDCARD_RESOURCE_ACTIONS = {
     "sagemaker:ListTrainingJobs": "List calls have no resource; the resolve function lists the run's own "
-                                  "jobs by name to refuse a second job for a run in progress",
+    "jobs by name to refuse a second job for a run in progress",
     "logs:CreateLogDelivery": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
     "logs:GetLogDelivery": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
     "logs:UpdateLogDelivery": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
@@ -82,7 +82,7 @@ WILDCARD_RESOURCE_ACTIONS = {
     "logs:ListLogDeliveries": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
     "logs:PutResourcePolicy": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
     "logs:DescribeResourcePolicies": "Step Functions log delivery is configured account-wide "
-                                     "(CDK's logging grant)",
+    "(CDK's logging grant)",
     "logs:DescribeLogGroups": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
     "xray:PutTraceSegments": "X-Ray trace segments have no resource (CDK's tracing grant)",
     "xray:PutTelemetryRecords": "X-Ray telemetry has no resource (CDK's tracing grant)",
@@ -138,13 +138,22 @@ class TrainingLauncher(Construct):
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_YEAR,
     ) -> None:
         super().__init__(scope, construct_id)
-        _validate(job_templates, subnets, security_groups, environment_name, job_name_prefix,
-                  warm_pool_cap_seconds, state_machine_name, notification_email)
+        _validate(
+            job_templates,
+            subnets,
+            security_groups,
+            environment_name,
+            job_name_prefix,
+            warm_pool_cap_seconds,
+            state_machine_name,
+            notification_email,
+        )
         self.stack = Stack.of(self)
         self.job_templates = tuple(job_templates)
         self.job_name_prefix = job_name_prefix
         self.request_layouts = handlers.request_layouts(
-            [_synth_render(t, job_name_prefix, warm_pool_cap_seconds) for t in self.job_templates])
+            [_synth_render(t, job_name_prefix, warm_pool_cap_seconds) for t in self.job_templates]
+        )
         self.platform_context = {
             "environment": environment_name,
             "region": self.stack.region,
@@ -165,155 +174,255 @@ class TrainingLauncher(Construct):
         self.function_log_groups: dict[str, logs.LogGroup] = {}
         self.topic = self._topic(environment_name, notification_email)
 
-        code = lambda_code(extra_files=_registry_files(self.job_templates),
-                           vendored_packages=VENDORED_PACKAGES)
+        code = lambda_code(
+            extra_files=_registry_files(self.job_templates), vendored_packages=VENDORED_PACKAGES
+        )
         self.resolve_function = self._function(
-            "ResolveFunction", code, "resolve",
-            "Checks a run's input, resolves its template and renders its job")
-        self.resolve_function.add_to_role_policy(iam.PolicyStatement(
-            sid="ListRunJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"]))
-        acknowledge_wildcards(self.resolve_function.role, {
-            "ListRunJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListTrainingJobs"]})
+            "ResolveFunction",
+            code,
+            "resolve",
+            "Checks a run's input, resolves its template and renders its job",
+        )
+        self.resolve_function.add_to_role_policy(
+            iam.PolicyStatement(sid="ListRunJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"])
+        )
+        acknowledge_wildcards(
+            self.resolve_function.role,
+            {"ListRunJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListTrainingJobs"]},
+        )
         self.next_attempt_function = self._function(
-            "NextAttemptFunction", code, "next_attempt", "Classifies a failed attempt and plans the retry")
+            "NextAttemptFunction", code, "next_attempt", "Classifies a failed attempt and plans the retry"
+        )
         self.summarize_function = self._function(
-            "SummarizeFunction", code, "summarize", "Summarizes a completed run")
-        self.functions = {"resolve": self.resolve_function, "next_attempt": self.next_attempt_function,
-                          "summarize": self.summarize_function}
-        for template in self.job_templates:
-            for function in self.functions.values():
-                # A run can only start once its template's code is in the bucket.
-                function.node.add_dependency(template)
+            "SummarizeFunction", code, "summarize", "Summarizes a completed run"
+        )
+        self.functions = {
+            "resolve": self.resolve_function,
+            "next_attempt": self.next_attempt_function,
+            "summarize": self.summarize_function,
+        }
 
-        self.log_group = logs.LogGroup(self, "StateMachineLogs", retention=log_retention,
-                                       encryption_key=self.encryption_key,
-                                       removal_policy=RemovalPolicy.RETAIN)
+        self.log_group = logs.LogGroup(
+            self,
+            "StateMachineLogs",
+            retention=log_retention,
+            encryption_key=self.encryption_key,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
         self.train_states: dict[str, sfn.CustomState] = {}
         self.state_machine = sfn.StateMachine(
-            self, "StateMachine",
+            self,
+            "StateMachine",
             state_machine_name=state_machine_name,
             definition_body=sfn.DefinitionBody.from_chainable(self._definition(execution_role)),
-            logs=sfn.LogOptions(destination=self.log_group, level=sfn.LogLevel.ALL,
-                                include_execution_data=True),
+            logs=sfn.LogOptions(
+                destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True
+            ),
             tracing_enabled=True,
             comment=f"LLM training platform ({environment_name}): start a training run from a job template",
         )
         self.state_machine_role = self.state_machine.role
         self._grant_training(execution_role)
         self._acknowledge_state_machine_findings()
+        self._order_deployment()
 
     # -- encryption, notifications ----------------------------------------------------------------
 
     def _create_key(self, environment_name: str) -> kms.Key:
         key = create_encryption_key(
-            self, "Key", allow_cloudwatch_logs=True,
-            description=f"LLM training platform ({environment_name}): launcher logs and notifications")
+            self,
+            "Key",
+            allow_cloudwatch_logs=True,
+            description=f"LLM training platform ({environment_name}): launcher logs and notifications",
+        )
         # So the operations' CloudWatch alarms may publish to this topic too.
-        key.add_to_resource_policy(iam.PolicyStatement(
-            sid="CloudWatchAlarmsPublish", principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
-            actions=["kms:Decrypt", "kms:GenerateDataKey*"], resources=["*"],
-            conditions={"StringEquals": {"aws:SourceAccount": self.stack.account}}))
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CloudWatchAlarmsPublish",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"],
+                conditions={"StringEquals": {"aws:SourceAccount": self.stack.account}},
+            )
+        )
         return key
 
     def _topic(self, environment_name: str, email: str | None) -> sns.Topic:
-        topic = sns.Topic(self, "Topic", master_key=self.encryption_key, enforce_ssl=True,
-                          display_name=f"LLM training runs ({environment_name})")
+        topic = sns.Topic(
+            self,
+            "Topic",
+            master_key=self.encryption_key,
+            enforce_ssl=True,
+            display_name=f"LLM training runs ({environment_name})",
+        )
         if email:
             topic.add_subscription(subscriptions.EmailSubscription(email))
         return topic
 
     # -- the functions --------------------------------------------------------------------------
 
-    def _function(self, construct_id: str, code: lambda_.Code, handler: str,
-                  description: str) -> lambda_.Function:
-        log_group = logs.LogGroup(self, f"{construct_id}Logs", retention=self._log_retention,
-                                  encryption_key=self.encryption_key, removal_policy=RemovalPolicy.RETAIN)
-        role = iam.Role(self, f"{construct_id}Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-                        description=f"Launcher: {description}")
-        role.add_to_policy(iam.PolicyStatement(
-            sid="WriteOwnLogs", actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-            # The log group's ARN ends in ':*', which covers its log streams.
-            resources=[log_group.log_group_arn]))
+    def _function(
+        self, construct_id: str, code: lambda_.Code, handler: str, description: str
+    ) -> lambda_.Function:
+        log_group = logs.LogGroup(
+            self,
+            f"{construct_id}Logs",
+            retention=self._log_retention,
+            encryption_key=self.encryption_key,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        role = iam.Role(
+            self,
+            f"{construct_id}Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"Launcher: {description}",
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="WriteOwnLogs",
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                # The log group's ARN ends in ':*', which covers its log streams.
+                resources=[log_group.log_group_arn],
+            )
+        )
         runtime, architecture = matching_runtime()
         function = lambda_.Function(
-            self, construct_id, code=code, handler=f"llmtrain.handlers.launcher.{handler}",
-            runtime=runtime, architecture=architecture, memory_size=512, timeout=Duration.minutes(1),
-            description=f"Launcher: {description}", role=role, log_group=log_group,
-            environment={handlers.ENV_PLATFORM_CONTEXT: self.stack.to_json_string(self.platform_context),
-                         handlers.ENV_REQUEST_LAYOUTS: json.dumps(self.request_layouts, separators=(",", ":"))},
+            self,
+            construct_id,
+            code=code,
+            handler=f"llmtrain.handlers.launcher.{handler}",
+            runtime=runtime,
+            architecture=architecture,
+            memory_size=512,
+            timeout=Duration.minutes(1),
+            description=f"Launcher: {description}",
+            role=role,
+            log_group=log_group,
+            environment={
+                handlers.ENV_PLATFORM_CONTEXT: self.stack.to_json_string(self.platform_context),
+                handlers.ENV_REQUEST_LAYOUTS: json.dumps(self.request_layouts, separators=(",", ":")),
+            },
         )
-        acknowledge(function, "AwsSolutions-L1",
-                    "the runtime matches the synthesizing interpreter on purpose: the function vendors the "
-                    "compiled `regex` wheel from it (no Docker bundling), which loads only on that version")
+        acknowledge(
+            function,
+            "AwsSolutions-L1",
+            "the runtime matches the synthesizing interpreter on purpose: the function vendors the "
+            "compiled `regex` wheel from it (no Docker bundling), which loads only on that version",
+        )
         self.function_log_groups[handler] = log_group
         return function
 
     # -- the state machine ----------------------------------------------------------------------
 
     def _definition(self, execution_role: iam.IRole) -> sfn.IChainable:
-        fail = sfn.Fail(self, "RunFailed", error_path="$.summary.error", cause_path="$.summary.message",
-                        comment="The run failed: the summary's error and message say why and what to do")
+        fail = sfn.Fail(
+            self,
+            "RunFailed",
+            error_path="$.summary.error",
+            cause_path="$.summary.message",
+            comment="The run failed: the summary's error and message say why and what to do",
+        )
         notify_failure = self._notify("NotifyFailure", fail)
         succeed = sfn.Succeed(self, "RunCompleted", output_path="$.summary")
         notify_success = self._notify("NotifySuccess", succeed)
 
-        summarize = self._invoke("Summarize", self.summarize_function, {
-            "run": sfn.JsonPath.object_at("$.run"), "job": sfn.JsonPath.object_at("$.job")})
+        summarize = self._invoke(
+            "Summarize",
+            self.summarize_function,
+            {"run": sfn.JsonPath.object_at("$.run"), "job": sfn.JsonPath.object_at("$.job")},
+        )
         summarize.next(notify_success)
-        choose_layout = sfn.Choice(self, "ChooseRequestLayout",
-                                   comment="One CreateTrainingJob state per set of request fields")
-        next_attempt = self._invoke("NextAttempt", self.next_attempt_function, {
-            "run": sfn.JsonPath.object_at("$.run"), "request": sfn.JsonPath.object_at("$.request"),
-            "failure": sfn.JsonPath.object_at("$.failure")})
+        choose_layout = sfn.Choice(
+            self, "ChooseRequestLayout", comment="One CreateTrainingJob state per set of request fields"
+        )
+        next_attempt = self._invoke(
+            "NextAttempt",
+            self.next_attempt_function,
+            {
+                "run": sfn.JsonPath.object_at("$.run"),
+                "request": sfn.JsonPath.object_at("$.request"),
+                "failure": sfn.JsonPath.object_at("$.failure"),
+            },
+        )
         for layout, fields in self.request_layouts.items():
             train = self._train_state(layout, fields, execution_role)
             train.add_catch(next_attempt, errors=["States.ALL"], result_path="$.failure")
             train.next(summarize)
             choose_layout.when(sfn.Condition.string_equals("$.layout", layout), train)
             self.train_states[layout] = train
-        choose_layout.otherwise(sfn.Fail(
-            self, "UnknownRequestLayout", error="LauncherStateError",
-            cause="the functions chose a request layout this state machine lacks"))
-        wait = sfn.Wait(self, "WaitBeforeRetry", time=sfn.WaitTime.seconds_path("$.wait_seconds"),
-                        comment="Backoff before the next attempt (never a tight loop)")
+        choose_layout.otherwise(
+            sfn.Fail(
+                self,
+                "UnknownRequestLayout",
+                error="LauncherStateError",
+                cause="the functions chose a request layout this state machine lacks",
+            )
+        )
+        wait = sfn.Wait(
+            self,
+            "WaitBeforeRetry",
+            time=sfn.WaitTime.seconds_path("$.wait_seconds"),
+            comment="Backoff before the next attempt (never a tight loop)",
+        )
         wait.next(choose_layout)
-        next_attempt.next(sfn.Choice(self, "RetryOrGiveUp")
-                          .when(sfn.Condition.string_equals("$.decision", "retry"), wait)
-                          .otherwise(notify_failure))
+        next_attempt.next(
+            sfn.Choice(self, "RetryOrGiveUp")
+            .when(sfn.Condition.string_equals("$.decision", "retry"), wait)
+            .otherwise(notify_failure)
+        )
 
-        resolve = self._invoke("Resolve", self.resolve_function, {
-            "input": sfn.JsonPath.object_at("$"), "execution_arn": sfn.JsonPath.string_at("$$.Execution.Id")})
-        resolve.add_catch(self._rejection(notify_failure), errors=list(REJECTION_ERRORS),
-                          result_path="$.error")
+        resolve = self._invoke(
+            "Resolve",
+            self.resolve_function,
+            {
+                "input": sfn.JsonPath.object_at("$"),
+                "execution_arn": sfn.JsonPath.string_at("$$.Execution.Id"),
+            },
+        )
+        resolve.add_catch(
+            self._rejection(notify_failure), errors=list(REJECTION_ERRORS), result_path="$.error"
+        )
         launcher_error = self._launcher_error(notify_failure)
         for step in (resolve, next_attempt, summarize):
             step.add_catch(launcher_error, errors=["States.ALL"], result_path="$.error")
         return resolve.next(choose_layout)
 
     def _invoke(self, state_id: str, function: lambda_.IFunction, payload: dict) -> tasks.LambdaInvoke:
-        return tasks.LambdaInvoke(self, state_id, lambda_function=function,
-                                  payload=sfn.TaskInput.from_object(payload), output_path="$.Payload")
+        return tasks.LambdaInvoke(
+            self,
+            state_id,
+            lambda_function=function,
+            payload=sfn.TaskInput.from_object(payload),
+            output_path="$.Payload",
+        )
 
     def _train_state(self, layout: str, fields: Sequence[str], execution_role: iam.IRole) -> sfn.CustomState:
         # Every field comes from the rendered request except RoleArn: the state machine only ever
         # hands SageMaker the platform's execution role (the one role it may pass), whatever the
         # functions return. (The rendered request names the same role.)
         parameters = {f"{field}.$": f"$.request.{field}" for field in fields if field != "RoleArn"}
-        return sfn.CustomState(self, f"CreateTrainingJob-{layout}", state_json={
-            "Type": "Task",
-            "Comment": "Start the training job and wait until it ends; stopping the execution stops the job",
-            "Resource": f"arn:{Aws.PARTITION}:states:::sagemaker:createTrainingJob.sync",
-            "Parameters": {"RoleArn": execution_role.role_arn, **parameters},
-            "ResultPath": "$.job",
-        })
+        return sfn.CustomState(
+            self,
+            f"CreateTrainingJob-{layout}",
+            state_json={
+                "Type": "Task",
+                "Comment": "Start the training job and wait until it ends; stopping the execution stops it",
+                "Resource": f"arn:{Aws.PARTITION}:states:::sagemaker:createTrainingJob.sync",
+                "Parameters": {"RoleArn": execution_role.role_arn, **parameters},
+                "ResultPath": "$.job",
+            },
+        )
 
     def _notify(self, state_id: str, then: sfn.State) -> tasks.SnsPublish:
         publish = tasks.SnsPublish(
-            self, state_id, topic=self.topic,
+            self,
+            state_id,
+            topic=self.topic,
             subject=sfn.JsonPath.string_at("$.summary.subject"),
             message=sfn.TaskInput.from_json_path_at("$.summary.message"),
             message_attributes={
-                "status": tasks.MessageAttribute(value=sfn.JsonPath.string_at("$.summary.status"))},
+                "status": tasks.MessageAttribute(value=sfn.JsonPath.string_at("$.summary.status"))
+            },
             result_path=sfn.JsonPath.DISCARD,
         )
         # A notification that cannot be delivered must not change the run's outcome.
@@ -321,103 +430,216 @@ class TrainingLauncher(Construct):
         return publish.next(then)
 
     def _rejection(self, notify_failure: sfn.State) -> sfn.Pass:
-        describe = sfn.Pass(self, "DescribeRejection", parameters={"summary": {
-            "status": "Rejected",
-            "error": sfn.JsonPath.string_at("$.error.Error"),
-            "details": sfn.JsonPath.string_to_json(sfn.JsonPath.string_at("$.error.Cause")),
-            "subject": sfn.JsonPath.format("llmtrain: run {} rejected",
-                                           sfn.JsonPath.string_at("$$.Execution.Name")),
-        }})
-        shape = sfn.Pass(self, "ShapeRejection", parameters={"summary": {
-            "status": sfn.JsonPath.string_at("$.summary.status"),
-            "error": sfn.JsonPath.string_at("$.summary.error"),
-            "message": sfn.JsonPath.string_at("$.summary.details.errorMessage"),
-            "subject": sfn.JsonPath.string_at("$.summary.subject"),
-        }})
+        describe = sfn.Pass(
+            self,
+            "DescribeRejection",
+            parameters={
+                "summary": {
+                    "status": "Rejected",
+                    "error": sfn.JsonPath.string_at("$.error.Error"),
+                    "details": sfn.JsonPath.string_to_json(sfn.JsonPath.string_at("$.error.Cause")),
+                    "subject": sfn.JsonPath.format(
+                        "llmtrain: run {} rejected", sfn.JsonPath.string_at("$$.Execution.Name")
+                    ),
+                }
+            },
+        )
+        shape = sfn.Pass(
+            self,
+            "ShapeRejection",
+            parameters={
+                "summary": {
+                    "status": sfn.JsonPath.string_at("$.summary.status"),
+                    "error": sfn.JsonPath.string_at("$.summary.error"),
+                    "message": sfn.JsonPath.string_at("$.summary.details.errorMessage"),
+                    "subject": sfn.JsonPath.string_at("$.summary.subject"),
+                }
+            },
+        )
         return describe.next(shape.next(notify_failure))
 
     def _launcher_error(self, notify_failure: sfn.State) -> sfn.Pass:
-        return sfn.Pass(self, "DescribeLauncherError", parameters={"summary": {
-            "status": "Failed",
-            "error": sfn.JsonPath.string_at("$.error.Error"),
-            "message": sfn.JsonPath.string_at("$.error.Cause"),
-            "subject": sfn.JsonPath.format("llmtrain: run {} failed (launcher error)",
-                                           sfn.JsonPath.string_at("$$.Execution.Name")),
-        }}).next(notify_failure)
+        return sfn.Pass(
+            self,
+            "DescribeLauncherError",
+            parameters={
+                "summary": {
+                    "status": "Failed",
+                    "error": sfn.JsonPath.string_at("$.error.Error"),
+                    "message": sfn.JsonPath.string_at("$.error.Cause"),
+                    "subject": sfn.JsonPath.format(
+                        "llmtrain: run {} failed (launcher error)",
+                        sfn.JsonPath.string_at("$$.Execution.Name"),
+                    ),
+                }
+            },
+        ).next(notify_failure)
 
     # -- permissions ----------------------------------------------------------------------------
 
     def _grant_training(self, execution_role: iam.IRole) -> None:
-        jobs = self.stack.format_arn(service="sagemaker", resource="training-job",
-                                     resource_name=f"{self.job_name_prefix}-*")
+        jobs = self.stack.format_arn(
+            service="sagemaker", resource="training-job", resource_name=f"{self.job_name_prefix}-*"
+        )
         rule = self.stack.format_arn(service="events", resource="rule", resource_name=SYNC_EVENTS_RULE)
         for statement in (
-            iam.PolicyStatement(sid="RunPlatformTrainingJobs",
-                                actions=["sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob",
-                                         "sagemaker:StopTrainingJob", "sagemaker:AddTags"],
-                                resources=[jobs]),
-            iam.PolicyStatement(sid="PassExecutionRoleToSageMaker", actions=["iam:PassRole"],
-                                resources=[execution_role.role_arn],
-                                conditions={"StringEquals": {
-                                    "iam:PassedToService": "sagemaker.amazonaws.com"}}),
-            iam.PolicyStatement(sid="SyncWithTrainingJobEvents",
-                                actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
-                                resources=[rule]),
-            iam.PolicyStatement(sid="PublishEncryptedNotifications",
-                                actions=["kms:GenerateDataKey", "kms:Decrypt"],
-                                resources=[self.encryption_key.key_arn]),
+            iam.PolicyStatement(
+                sid="RunPlatformTrainingJobs",
+                actions=[
+                    "sagemaker:CreateTrainingJob",
+                    "sagemaker:DescribeTrainingJob",
+                    "sagemaker:StopTrainingJob",
+                    "sagemaker:AddTags",
+                ],
+                resources=[jobs],
+            ),
+            iam.PolicyStatement(
+                sid="PassExecutionRoleToSageMaker",
+                actions=["iam:PassRole"],
+                resources=[execution_role.role_arn],
+                conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
+            ),
+            iam.PolicyStatement(
+                sid="SyncWithTrainingJobEvents",
+                actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
+                resources=[rule],
+            ),
+            iam.PolicyStatement(
+                sid="PublishEncryptedNotifications",
+                actions=["kms:GenerateDataKey", "kms:Decrypt"],
+                resources=[self.encryption_key.key_arn],
+            ),
         ):
             self.state_machine.add_to_role_policy(statement)
 
     def _acknowledge_state_machine_findings(self) -> None:
-        logging = "Step Functions log delivery is configured account-wide: CDK's logging grant has no " \
-                  "narrower resource"
-        acknowledge_wildcards(self.state_machine.role, {
-            "logs:CreateLogDelivery": logging,
-            "xray:PutTraceSegments": "X-Ray traces, telemetry and sampling rules have no resource (CDK's "
-                                     "tracing grant)",
-            "lambda:InvokeFunction": "Step Functions may invoke every version of the launcher's own three "
-                                     "functions (CDK's grant names each function)",
-            "RunPlatformTrainingJobs": "every attempt of every run gets a new job name under the platform's "
-                                       "job-name prefix, so the jobs are named by that prefix",
-        })
+        logging = (
+            "Step Functions log delivery is configured account-wide: CDK's logging grant has no "
+            "narrower resource"
+        )
+        acknowledge_wildcards(
+            self.state_machine.role,
+            {
+                "logs:CreateLogDelivery": logging,
+                "xray:PutTraceSegments": "X-Ray traces, telemetry and sampling rules have no resource "
+                "(CDK's tracing grant)",
+                "lambda:InvokeFunction": "Step Functions may invoke every version of the launcher's own "
+                "three functions (CDK's grant names each function)",
+                "RunPlatformTrainingJobs": "every attempt of every run gets a new job name under the "
+                "platform's job-name prefix, so the jobs are named by that prefix",
+            },
+        )
+
+    def _order_deployment(self) -> None:
+        """Depend on exactly what must exist first. CDK's dependency of a function (or the state
+        machine) on its role is already implied by the GetAtt of the role's ARN (cfn-lint W3005); the
+        one on the role's policy is needed. The state machine also waits for every JobTemplate's
+        upload, so no run can start before its template's code is in the bucket."""
+        uploads = []
+        for template in self.job_templates:
+            if Stack.of(template) is not self.stack:
+                self.state_machine.node.add_dependency(template)  # a dependency between stacks
+                continue
+            uploads += [
+                child
+                for child in template.node.find_all()
+                if isinstance(child, CfnResource) and child.cfn_resource_type.startswith("Custom::")
+            ]
+        for function in self.functions.values():
+            _depend_on(function, [_default_policy(function.role)])
+        _depend_on(self.state_machine, [_default_policy(self.state_machine.role), *uploads])
+
+
+def _default_policy(role: iam.IRole) -> CfnResource:
+    return role.node.find_child("DefaultPolicy").node.default_child
+
+
+def _depend_on(construct: Construct, resources: Sequence[CfnResource]) -> None:
+    stack = Stack.of(construct)
+    construct.node.default_child.add_override("DependsOn", [stack.get_logical_id(r) for r in resources])
 
 
 def _registry_files(job_templates: Sequence[JobTemplate]) -> dict[str, bytes]:
     """The registry as the functions see it: one YAML file per template version."""
-    return {f"templates/{t.spec.name}/{t.spec.version}.yaml":
-            yaml.safe_dump(t.spec.to_dict(), sort_keys=True).encode() for t in job_templates}
+    return {
+        f"templates/{t.spec.name}/{t.spec.version}.yaml": yaml.safe_dump(
+            t.spec.to_dict(), sort_keys=True
+        ).encode()
+        for t in job_templates
+    }
 
 
-def _validate(job_templates, subnets, security_groups, environment_name, job_name_prefix,
-              warm_pool_cap_seconds, state_machine_name, notification_email) -> None:
-    require(len(job_templates) > 0, _NAME, "job_templates",
-            "must list at least one JobTemplate: runs start from one")
-    refs = [t.spec.ref for t in job_templates]
-    require(len(set(refs)) == len(refs), _NAME, "job_templates",
-            f"lists a version twice: {sorted({r for r in refs if refs.count(r) > 1})}")
-    require(1 <= len(subnets) <= 16, _NAME, "subnets",
-            "must hold 1 to 16 subnets (SageMaker's VpcConfig limit)")
-    require(1 <= len(security_groups) <= 5, _NAME, "security_groups",
-            "must hold 1 to 5 security groups (SageMaker's VpcConfig limit)")
+def _validate(
+    job_templates,
+    subnets,
+    security_groups,
+    environment_name,
+    job_name_prefix,
+    warm_pool_cap_seconds,
+    state_machine_name,
+    notification_email,
+) -> None:
+    require(
+        1 <= len(subnets) <= 16, _NAME, "subnets", "must hold 1 to 16 subnets (SageMaker's VpcConfig limit)"
+    )
+    require(
+        1 <= len(security_groups) <= 5,
+        _NAME,
+        "security_groups",
+        "must hold 1 to 5 security groups (SageMaker's VpcConfig limit)",
+    )
     require(bool(environment_name), _NAME, "environment_name", "must not be empty")
-    require(bool(_JOB_NAME_PREFIX.fullmatch(job_name_prefix)) and len(job_name_prefix) <= 24, _NAME,
-            "job_name_prefix", f"{job_name_prefix!r} must be 1-24 lowercase letters, digits and hyphens")
-    require(isinstance(warm_pool_cap_seconds, int) and not isinstance(warm_pool_cap_seconds, bool)
-            and 0 <= warm_pool_cap_seconds <= MAX_KEEP_ALIVE_SECONDS, _NAME, "warm_pool_cap_seconds",
-            f"must be a whole number of seconds from 0 to {MAX_KEEP_ALIVE_SECONDS}, "
-            f"got {warm_pool_cap_seconds!r}")
-    require(state_machine_name is None or bool(_STATE_MACHINE_NAME.fullmatch(state_machine_name)), _NAME,
-            "state_machine_name", f"{state_machine_name!r} must be 1-80 letters, digits, '-' or '_'")
-    require(notification_email is None or bool(_EMAIL.fullmatch(notification_email)), _NAME,
-            "notification_email", f"{notification_email!r} is not an e-mail address")
+    require(
+        bool(_JOB_NAME_PREFIX.fullmatch(job_name_prefix)) and len(job_name_prefix) <= 24,
+        _NAME,
+        "job_name_prefix",
+        f"{job_name_prefix!r} must be 1-24 lowercase letters, digits and hyphens",
+    )
+    require(
+        isinstance(warm_pool_cap_seconds, int)
+        and not isinstance(warm_pool_cap_seconds, bool)
+        and 0 <= warm_pool_cap_seconds <= MAX_KEEP_ALIVE_SECONDS,
+        _NAME,
+        "warm_pool_cap_seconds",
+        f"must be a whole number of seconds from 0 to {MAX_KEEP_ALIVE_SECONDS}, "
+        f"got {warm_pool_cap_seconds!r}",
+    )
+    require(
+        state_machine_name is None or bool(_STATE_MACHINE_NAME.fullmatch(state_machine_name)),
+        _NAME,
+        "state_machine_name",
+        f"{state_machine_name!r} must be 1-80 letters, digits, '-' or '_'",
+    )
+    require(
+        notification_email is None or bool(_EMAIL.fullmatch(notification_email)),
+        _NAME,
+        "notification_email",
+        f"{notification_email!r} is not an e-mail address",
+    )
+    require(
+        len(job_templates) > 0,
+        _NAME,
+        "job_templates",
+        "must list at least one JobTemplate: runs start from one",
+    )
+    refs = [t.spec.ref for t in job_templates]
+    require(
+        len(set(refs)) == len(refs),
+        _NAME,
+        "job_templates",
+        f"lists a version twice: {sorted({r for r in refs if refs.count(r) > 1})}",
+    )
 
 
 def _synth_render(template: JobTemplate, job_name_prefix: str, warm_pool_cap_seconds: int) -> dict:
     """The version's request with its defaults and a placeholder platform: its layout is what counts."""
-    platform = PlatformContext.placeholder(environment="synth", account="123456789012", region="us-east-1",
-                                           resource_prefix=job_name_prefix,
-                                           warm_pool_cap_seconds=warm_pool_cap_seconds)
+    platform = PlatformContext.placeholder(
+        environment="synth",
+        account="123456789012",
+        region="us-east-1",
+        resource_prefix=job_name_prefix,
+        warm_pool_cap_seconds=warm_pool_cap_seconds,
+    )
     return render(template.spec, RunInput(run_name="synth-check"), platform)
 
 

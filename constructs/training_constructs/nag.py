@@ -18,6 +18,7 @@ from typing import Any
 import jsii
 from aws_cdk import Acknowledgment, CfnResource, Stack, Validations
 from aws_cdk import aws_iam as iam
+
 from constructs import IConstruct, IValidation
 
 _MIN_REASON = 20
@@ -57,7 +58,7 @@ def wildcard_findings(statement: Mapping[str, Any]) -> list[str]:
 
 
 def flatten_reference(node: Any) -> str:
-    """Render a CloudFormation value as cdk-nag does in finding names (``<Logical.Arn>``, ``<AWS::Partition>``)."""
+    """A CloudFormation value as cdk-nag writes it in findings (``<Logical.Arn>``, ``<AWS::Partition>``)."""
     if node is None:
         return ""
     if isinstance(node, str):

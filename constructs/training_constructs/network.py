@@ -1,4 +1,4 @@
-"""The network SageMaker training jobs run in: private subnets, the EFA security group, VPC endpoints, flow logs."""
+"""Where SageMaker training jobs run: private subnets, the EFA security group, VPC endpoints, flow logs."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
-from constructs import Construct
 
+from constructs import Construct
 from training_constructs._props import check_cidr, is_unresolved, require
 from training_constructs.encryption import create_encryption_key
 
@@ -81,8 +81,15 @@ class TrainingNetwork(Construct):
         flow_log_key: kms.IKey | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        _validate(Stack.of(self).region, availability_zones, vpc_cidr, nat_gateways, existing_vpc,
-                  s3_prefix_list_id, flow_log_retention)
+        _validate(
+            Stack.of(self).region,
+            availability_zones,
+            vpc_cidr,
+            nat_gateways,
+            existing_vpc,
+            s3_prefix_list_id,
+            flow_log_retention,
+        )
         self.availability_zones = tuple(availability_zones)
         self.vpc_cidr = existing_vpc.vpc_cidr if existing_vpc else vpc_cidr
         self.inter_container_traffic_encryption = inter_container_traffic_encryption
@@ -99,25 +106,38 @@ class TrainingNetwork(Construct):
         if inter_container_traffic_encryption:
             self._allow_ipsec_within_group()
         self.endpoint_security_group, self.s3_endpoint, self.interface_endpoints = self._endpoints(
-            create_interface_endpoints=existing_vpc is None or existing_vpc.create_endpoints)
+            create_interface_endpoints=existing_vpc is None or existing_vpc.create_endpoints
+        )
         self.flow_log_key, self.flow_log_group, self.flow_log = self._flow_log(
-            flow_log_retention, flow_log_key)
+            flow_log_retention, flow_log_key
+        )
 
     @property
     def subnet_ids(self) -> list[str]:
         return [subnet.subnet_id for subnet in self.subnets]
 
     def _create_vpc(self, vpc_cidr: str, nat_gateways: int) -> ec2.Vpc:
-        subnets = [ec2.SubnetConfiguration(
-            name="training",
-            subnet_type=(ec2.SubnetType.PRIVATE_ISOLATED if nat_gateways == 0
-                         else ec2.SubnetType.PRIVATE_WITH_EGRESS))]
+        subnets = [
+            ec2.SubnetConfiguration(
+                name="training",
+                subnet_type=(
+                    ec2.SubnetType.PRIVATE_ISOLATED
+                    if nat_gateways == 0
+                    else ec2.SubnetType.PRIVATE_WITH_EGRESS
+                ),
+            )
+        ]
         if nat_gateways:
             # Only NAT gateways live here; no security group admits traffic from the internet.
-            subnets.insert(0, ec2.SubnetConfiguration(name="nat", subnet_type=ec2.SubnetType.PUBLIC,
-                                                      cidr_mask=28, map_public_ip_on_launch=False))
+            subnets.insert(
+                0,
+                ec2.SubnetConfiguration(
+                    name="nat", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=28, map_public_ip_on_launch=False
+                ),
+            )
         return ec2.Vpc(
-            self, "Vpc",
+            self,
+            "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(vpc_cidr),
             availability_zones=list(self.availability_zones),
             nat_gateways=nat_gateways,
@@ -129,7 +149,8 @@ class TrainingNetwork(Construct):
 
     def _import_vpc(self, existing: ExistingVpcAttributes) -> ec2.IVpc:
         return ec2.Vpc.from_vpc_attributes(
-            self, "Vpc",
+            self,
+            "Vpc",
             vpc_id=existing.vpc_id,
             vpc_cidr_block=existing.vpc_cidr,
             availability_zones=list(self.availability_zones),
@@ -139,20 +160,28 @@ class TrainingNetwork(Construct):
 
     def _training_security_group(self, s3_prefix_list_id: str | None) -> ec2.SecurityGroup:
         group = ec2.SecurityGroup(
-            self, "TrainingSecurityGroup", vpc=self.vpc, allow_all_outbound=False,
-            description="SageMaker training jobs: all traffic within the group (EFA), HTTPS out")
+            self,
+            "TrainingSecurityGroup",
+            vpc=self.vpc,
+            allow_all_outbound=False,
+            description="SageMaker training jobs: all traffic within the group (EFA), HTTPS out",
+        )
         # EFA's health check fails unless all traffic is allowed both in from AND out to the group.
         group.add_ingress_rule(group, ec2.Port.all_traffic(), "EFA and NCCL between training nodes")
         group.add_egress_rule(group, ec2.Port.all_traffic(), "EFA and NCCL between training nodes")
         group.add_egress_rule(ec2.Peer.ipv4(self.vpc_cidr), _HTTPS, "HTTPS to the VPC interface endpoints")
         if s3_prefix_list_id:
-            group.add_egress_rule(ec2.Peer.prefix_list(s3_prefix_list_id), _HTTPS,
-                                  "HTTPS to Amazon S3 through the gateway endpoint")
+            group.add_egress_rule(
+                ec2.Peer.prefix_list(s3_prefix_list_id),
+                _HTTPS,
+                "HTTPS to Amazon S3 through the gateway endpoint",
+            )
         else:
             # S3's addresses are only known as a regional prefix list, which CloudFormation cannot
             # look up; in isolated subnets the route tables still confine this to S3 and the VPC.
-            group.add_egress_rule(ec2.Peer.any_ipv4(), _HTTPS,
-                                  "HTTPS to Amazon S3 (gateway endpoint) and AWS APIs")
+            group.add_egress_rule(
+                ec2.Peer.any_ipv4(), _HTTPS, "HTTPS to Amazon S3 (gateway endpoint) and AWS APIs"
+            )
         return group
 
     def _allow_ipsec_within_group(self) -> None:
@@ -162,60 +191,120 @@ class TrainingNetwork(Construct):
         group.add_egress_rule(group, _IKE, "IKE for inter-container traffic encryption")
         group_id = group.security_group_id
         ec2.CfnSecurityGroupIngress(
-            self, "EspIngress", group_id=group_id, source_security_group_id=group_id,
-            ip_protocol=_ESP_PROTOCOL, description="ESP for inter-container traffic encryption")
+            self,
+            "EspIngress",
+            group_id=group_id,
+            source_security_group_id=group_id,
+            ip_protocol=_ESP_PROTOCOL,
+            description="ESP for inter-container traffic encryption",
+        )
         ec2.CfnSecurityGroupEgress(
-            self, "EspEgress", group_id=group_id, destination_security_group_id=group_id,
-            ip_protocol=_ESP_PROTOCOL, description="ESP for inter-container traffic encryption")
+            self,
+            "EspEgress",
+            group_id=group_id,
+            destination_security_group_id=group_id,
+            ip_protocol=_ESP_PROTOCOL,
+            description="ESP for inter-container traffic encryption",
+        )
 
     def _endpoints(self, *, create_interface_endpoints: bool):
         s3_endpoint = ec2.GatewayVpcEndpoint(
-            self, "S3Endpoint", vpc=self.vpc, service=ec2.GatewayVpcEndpointAwsService.S3,
-            subnets=[self.subnet_selection])
+            self,
+            "S3Endpoint",
+            vpc=self.vpc,
+            service=ec2.GatewayVpcEndpointAwsService.S3,
+            subnets=[self.subnet_selection],
+        )
         if not create_interface_endpoints:
             return None, s3_endpoint, {}
         endpoint_group = ec2.SecurityGroup(
-            self, "EndpointSecurityGroup", vpc=self.vpc, allow_all_outbound=False,
-            description="VPC interface endpoints: HTTPS in from the VPC")
+            self,
+            "EndpointSecurityGroup",
+            vpc=self.vpc,
+            allow_all_outbound=False,
+            description="VPC interface endpoints: HTTPS in from the VPC",
+        )
         endpoint_group.add_ingress_rule(ec2.Peer.ipv4(self.vpc_cidr), _HTTPS, "HTTPS from the VPC")
         interface_endpoints = {
             name: ec2.InterfaceVpcEndpoint(
-                self, f"{name}Endpoint", vpc=self.vpc, service=service, subnets=self.subnet_selection,
-                security_groups=[endpoint_group], private_dns_enabled=True, open=False)
+                self,
+                f"{name}Endpoint",
+                vpc=self.vpc,
+                service=service,
+                subnets=self.subnet_selection,
+                security_groups=[endpoint_group],
+                private_dns_enabled=True,
+                open=False,
+            )
             for name, service in INTERFACE_ENDPOINT_SERVICES.items()
         }
         return endpoint_group, s3_endpoint, interface_endpoints
 
     def _flow_log(self, retention: logs.RetentionDays, key: kms.IKey | None):
         if key is None:
-            key = create_encryption_key(self, "FlowLogKey", allow_cloudwatch_logs=True,
-                                        description="Encrypts the VPC flow logs of the training network")
-        group = logs.LogGroup(self, "FlowLogGroup", retention=retention, encryption_key=key,
-                              removal_policy=RemovalPolicy.RETAIN)
+            key = create_encryption_key(
+                self,
+                "FlowLogKey",
+                allow_cloudwatch_logs=True,
+                description="Encrypts the VPC flow logs of the training network",
+            )
+        group = logs.LogGroup(
+            self, "FlowLogGroup", retention=retention, encryption_key=key, removal_policy=RemovalPolicy.RETAIN
+        )
         flow_log = ec2.FlowLog(
-            self, "FlowLog", resource_type=ec2.FlowLogResourceType.from_vpc(self.vpc),
+            self,
+            "FlowLog",
+            resource_type=ec2.FlowLogResourceType.from_vpc(self.vpc),
             destination=ec2.FlowLogDestination.to_cloud_watch_logs(group),
-            traffic_type=ec2.FlowLogTrafficType.ALL)
+            traffic_type=ec2.FlowLogTrafficType.ALL,
+        )
         return key, group, flow_log
 
 
-def _validate(region: str, zones: Sequence[str], vpc_cidr: str, nat_gateways: int,
-              existing: ExistingVpcAttributes | None, s3_prefix_list_id: str | None,
-              retention: logs.RetentionDays) -> None:
+def _validate(
+    region: str,
+    zones: Sequence[str],
+    vpc_cidr: str,
+    nat_gateways: int,
+    existing: ExistingVpcAttributes | None,
+    s3_prefix_list_id: str | None,
+    retention: logs.RetentionDays,
+) -> None:
     zones = list(zones)
-    require(len(zones) >= 2 and len(set(zones)) == len(zones), _NAME, "availability_zones",
-            f"needs at least two distinct availability zones, got {zones}")
+    require(
+        len(zones) >= 2 and len(set(zones)) == len(zones),
+        _NAME,
+        "availability_zones",
+        f"needs at least two distinct availability zones, got {zones}",
+    )
     if not is_unresolved(region):
         for zone in zones:
-            require(bool(re.fullmatch(re.escape(region) + r"[a-z]", zone)), _NAME, "availability_zones",
-                    f"{zone!r} is not an availability zone of the stack's region {region}")
-    require(isinstance(nat_gateways, int) and not isinstance(nat_gateways, bool)
-            and 0 <= nat_gateways <= len(zones), _NAME, "nat_gateways",
-            f"must be a whole number from 0 to the number of zones ({len(zones)}), got {nat_gateways!r}")
-    require(s3_prefix_list_id is None or bool(_PREFIX_LIST_ID.fullmatch(s3_prefix_list_id)), _NAME,
-            "s3_prefix_list_id", f"{s3_prefix_list_id!r} is not a prefix list id such as pl-63a5400a")
-    require(retention != logs.RetentionDays.INFINITE, _NAME, "flow_log_retention",
-            "set a finite retention so flow logs do not accumulate forever")
+            require(
+                bool(re.fullmatch(re.escape(region) + r"[a-z]", zone)),
+                _NAME,
+                "availability_zones",
+                f"{zone!r} is not an availability zone of the stack's region {region}",
+            )
+    require(
+        isinstance(nat_gateways, int)
+        and not isinstance(nat_gateways, bool)
+        and 0 <= nat_gateways <= len(zones),
+        _NAME,
+        "nat_gateways",
+        f"must be a whole number from 0 to the number of zones ({len(zones)}), got {nat_gateways!r}",
+    )
+    require(
+        s3_prefix_list_id is None or bool(_PREFIX_LIST_ID.fullmatch(s3_prefix_list_id)),
+        _NAME,
+        "s3_prefix_list_id",
+        f"{s3_prefix_list_id!r} is not a prefix list id such as pl-63a5400a",
+    )
+    require(
+        retention != logs.RetentionDays.INFINITE,
+        _NAME,
+        "flow_log_retention",
+        "set a finite retention so flow logs do not accumulate forever",
+    )
     if existing is None:
         check_cidr(_NAME, "vpc_cidr", vpc_cidr)
         return
@@ -225,13 +314,23 @@ def _validate(region: str, zones: Sequence[str], vpc_cidr: str, nat_gateways: in
 
 def _validate_existing(existing: ExistingVpcAttributes, zone_count: int) -> None:
     field = "existing_vpc"
-    require(bool(_VPC_ID.fullmatch(existing.vpc_id)), _NAME, f"{field}.vpc_id",
-            f"{existing.vpc_id!r} is not a VPC id such as vpc-0123456789abcdef0")
+    require(
+        bool(_VPC_ID.fullmatch(existing.vpc_id)),
+        _NAME,
+        f"{field}.vpc_id",
+        f"{existing.vpc_id!r} is not a VPC id such as vpc-0123456789abcdef0",
+    )
     check_cidr(_NAME, f"{field}.vpc_cidr", existing.vpc_cidr)
-    for name, ids, pattern in (("subnet_ids", existing.subnet_ids, _SUBNET_ID),
-                               ("route_table_ids", existing.route_table_ids, _ROUTE_TABLE_ID)):
-        require(len(ids) == zone_count, _NAME, f"{field}.{name}",
-                f"needs one entry per availability zone ({zone_count}), got {len(ids)}")
+    for name, ids, pattern in (
+        ("subnet_ids", existing.subnet_ids, _SUBNET_ID),
+        ("route_table_ids", existing.route_table_ids, _ROUTE_TABLE_ID),
+    ):
+        require(
+            len(ids) == zone_count,
+            _NAME,
+            f"{field}.{name}",
+            f"needs one entry per availability zone ({zone_count}), got {len(ids)}",
+        )
         bad = [item for item in ids if not pattern.fullmatch(item)]
         require(not bad, _NAME, f"{field}.{name}", f"{bad} do not look like {pattern.pattern}")
 

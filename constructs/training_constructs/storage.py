@@ -1,4 +1,4 @@
-"""Encrypted, private S3 buckets for training data, checkpoints, model artifacts and code, and their KMS key."""
+"""Encrypted, private S3 buckets for datasets, checkpoints, model artifacts and code, and their KMS key."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
-from constructs import Construct
 
+from constructs import Construct
 from training_constructs._props import require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.nag import acknowledge
@@ -56,26 +56,50 @@ class TrainingStorage(Construct):
         _validate(key_alias, checkpoint_noncurrent_days, incomplete_upload_days, access_log_retention_days)
         self.removal_policy = removal_policy
         self.key: kms.Key = create_encryption_key(
-            self, "Key", alias=key_alias, removal_policy=removal_policy,
-            description="Encrypts the LLM training platform's datasets, checkpoints, artifacts and code")
+            self,
+            "Key",
+            alias=key_alias,
+            removal_policy=removal_policy,
+            description="Encrypts the LLM training platform's datasets, checkpoints, artifacts and code",
+        )
         self.access_logs_bucket = self._access_logs_bucket(access_log_retention_days)
         abort_uploads = Duration.days(incomplete_upload_days)
-        self.datasets_bucket = self._data_bucket("datasets", versioned=version_datasets,
-                                                 lifecycle_rules=[s3.LifecycleRule(
-                                                     id="AbortIncompleteUploads",
-                                                     abort_incomplete_multipart_upload_after=abort_uploads)])
-        self.checkpoints_bucket = self._data_bucket("checkpoints", versioned=True, lifecycle_rules=[
-            s3.LifecycleRule(id="ExpireOldCheckpointVersions",
-                             noncurrent_version_expiration=Duration.days(checkpoint_noncurrent_days),
-                             expired_object_delete_marker=True,
-                             abort_incomplete_multipart_upload_after=abort_uploads)])
-        self.artifacts_bucket = self._data_bucket("artifacts", versioned=True, lifecycle_rules=[
-            s3.LifecycleRule(id="AbortIncompleteUploads",
-                             abort_incomplete_multipart_upload_after=abort_uploads)])
+        self.datasets_bucket = self._data_bucket(
+            "datasets",
+            versioned=version_datasets,
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="AbortIncompleteUploads", abort_incomplete_multipart_upload_after=abort_uploads
+                )
+            ],
+        )
+        self.checkpoints_bucket = self._data_bucket(
+            "checkpoints",
+            versioned=True,
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="ExpireOldCheckpointVersions",
+                    noncurrent_version_expiration=Duration.days(checkpoint_noncurrent_days),
+                    expired_object_delete_marker=True,
+                    abort_incomplete_multipart_upload_after=abort_uploads,
+                )
+            ],
+        )
+        self.artifacts_bucket = self._data_bucket(
+            "artifacts",
+            versioned=True,
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="AbortIncompleteUploads", abort_incomplete_multipart_upload_after=abort_uploads
+                )
+            ],
+        )
         self.code_bucket = self._data_bucket("code", versioned=True)
         self.buckets: dict[str, s3.Bucket] = {
-            "datasets": self.datasets_bucket, "checkpoints": self.checkpoints_bucket,
-            "artifacts": self.artifacts_bucket, "code": self.code_bucket,
+            "datasets": self.datasets_bucket,
+            "checkpoints": self.checkpoints_bucket,
+            "artifacts": self.artifacts_bucket,
+            "code": self.code_bucket,
         }
 
     def grant_read_datasets(self, grantee: iam.IGrantable) -> iam.Grant:
@@ -96,7 +120,8 @@ class TrainingStorage(Construct):
 
     def _access_logs_bucket(self, retention_days: int) -> s3.Bucket:
         bucket = s3.Bucket(
-            self, "AccessLogsBucket",
+            self,
+            "AccessLogsBucket",
             # S3 server access logging delivers only to SSE-S3 buckets, never to SSE-KMS ones.
             encryption=s3.BucketEncryption.S3_MANAGED,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
@@ -104,18 +129,24 @@ class TrainingStorage(Construct):
             minimum_tls_version=1.2,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             versioned=False,
-            lifecycle_rules=[s3.LifecycleRule(id="ExpireAccessLogs",
-                                              expiration=Duration.days(retention_days))],
+            lifecycle_rules=[
+                s3.LifecycleRule(id="ExpireAccessLogs", expiration=Duration.days(retention_days))
+            ],
             removal_policy=self.removal_policy,
         )
-        acknowledge(bucket, "AwsSolutions-S1",
-                    "This is the server access log destination; logging its own access would loop")
+        acknowledge(
+            bucket,
+            "AwsSolutions-S1",
+            "This is the server access log destination; logging its own access would loop",
+        )
         return bucket
 
-    def _data_bucket(self, name: str, *, versioned: bool,
-                     lifecycle_rules: list[s3.LifecycleRule] | None = None) -> s3.Bucket:
+    def _data_bucket(
+        self, name: str, *, versioned: bool, lifecycle_rules: list[s3.LifecycleRule] | None = None
+    ) -> s3.Bucket:
         return s3.Bucket(
-            self, f"{name.capitalize()}Bucket",
+            self,
+            f"{name.capitalize()}Bucket",
             encryption=s3.BucketEncryption.KMS,
             encryption_key=self.key,
             bucket_key_enabled=True,
@@ -132,14 +163,28 @@ class TrainingStorage(Construct):
 
 
 def _validate(key_alias: str | None, noncurrent_days: int, upload_days: int, log_days: int) -> None:
-    require(key_alias is None or (key_alias.startswith("alias/") and not key_alias.startswith("alias/aws/")
-                                  and len(key_alias) <= 256),
-            _NAME, "key_alias", f"{key_alias!r} must look like alias/<name> and not use the reserved alias/aws/")
-    for field, value in (("checkpoint_noncurrent_days", noncurrent_days),
-                         ("incomplete_upload_days", upload_days),
-                         ("access_log_retention_days", log_days)):
-        require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, _NAME, field,
-                f"must be a whole number of days of at least 1, got {value!r}")
+    require(
+        key_alias is None
+        or (
+            key_alias.startswith("alias/")
+            and not key_alias.startswith("alias/aws/")
+            and len(key_alias) <= 256
+        ),
+        _NAME,
+        "key_alias",
+        f"{key_alias!r} must look like alias/<name> and not use the reserved alias/aws/",
+    )
+    for field, value in (
+        ("checkpoint_noncurrent_days", noncurrent_days),
+        ("incomplete_upload_days", upload_days),
+        ("access_log_retention_days", log_days),
+    ):
+        require(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            _NAME,
+            field,
+            f"must be a whole number of days of at least 1, got {value!r}",
+        )
 
 
 __all__ = ["DATA_BUCKETS", "TrainingStorage"]

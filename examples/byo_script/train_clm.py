@@ -43,7 +43,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--train_dir", default=os.environ.get("SM_CHANNEL_TRAIN"))
     parser.add_argument("--validation_dir", default=os.environ.get("SM_CHANNEL_VALIDATION"))
-    parser.add_argument("--model_dir", default=os.environ.get("SM_MODEL_DIR", os.path.join(base_dir, "model")))
+    parser.add_argument(
+        "--model_dir", default=os.environ.get("SM_MODEL_DIR", os.path.join(base_dir, "model"))
+    )
     parser.add_argument("--checkpoint_dir", default=os.path.join(base_dir, "checkpoints"))
     args = parser.parse_args(argv)
     if not args.train_dir:
@@ -64,8 +66,10 @@ class ByteBlocks(Dataset):
             tokens.append(EOS)
         count = len(tokens) // block_size
         if count == 0:
-            raise SystemExit(f"{folder} holds {len(tokens)} tokens, fewer than one block of {block_size}: "
-                             "add text or lower --block_size")
+            raise SystemExit(
+                f"{folder} holds {len(tokens)} tokens, fewer than one block of {block_size}: "
+                "add text or lower --block_size"
+            )
         self.blocks = torch.tensor(tokens[: count * block_size], dtype=torch.long).view(count, block_size)
 
     def __len__(self) -> int:
@@ -83,9 +87,12 @@ class MetricLines(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         if "loss" in logs:
-            print(f"[metrics] step={state.global_step} loss={float(logs['loss']):.6f} "
-                  f"lr={float(logs.get('learning_rate', 0.0)):.3e} "
-                  f"grad_norm={float(logs.get('grad_norm', 0.0)):.4f}", flush=True)
+            print(
+                f"[metrics] step={state.global_step} loss={float(logs['loss']):.6f} "
+                f"lr={float(logs.get('learning_rate', 0.0)):.3e} "
+                f"grad_norm={float(logs.get('grad_norm', 0.0)):.4f}",
+                flush=True,
+            )
         if "eval_loss" in logs:
             print(f"[eval] step={state.global_step} eval_loss={float(logs['eval_loss']):.6f}", flush=True)
 
@@ -118,8 +125,15 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     train = ByteBlocks(args.train_dir, args.block_size)
     validation = ByteBlocks(args.validation_dir, args.block_size) if args.validation_dir else None
-    config = GPT2Config(vocab_size=VOCAB_SIZE, n_positions=args.block_size, n_layer=args.n_layer,
-                        n_embd=args.n_embd, n_head=args.n_head, bos_token_id=EOS, eos_token_id=EOS)
+    config = GPT2Config(
+        vocab_size=VOCAB_SIZE,
+        n_positions=args.block_size,
+        n_layer=args.n_layer,
+        n_embd=args.n_embd,
+        n_head=args.n_head,
+        bos_token_id=EOS,
+        eos_token_id=EOS,
+    )
     trainer = Trainer(
         model=GPT2LMHeadModel(config),
         args=training_arguments(args, validation is not None),

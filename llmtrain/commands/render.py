@@ -31,16 +31,26 @@ def register(subparsers) -> None:
     )
     parser.add_argument("ref", metavar="NAME[@VERSION]", help="template name, optionally @VERSION or @latest")
     parser.add_argument("--run-name", required=True, help="the run's name (part of the job name)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a setting the template allows (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a setting the template allows (repeatable)",
+    )
     parser.add_argument("--env", default="dev", help="environment: config/<ENV>.yaml (default: dev)")
-    parser.add_argument("--config-dir", type=Path, default=None, help="folder of environment files (default: config/)")
+    parser.add_argument(
+        "--config-dir", type=Path, default=None, help="folder of environment files (default: config/)"
+    )
     parser.add_argument("--catalog", type=Path, default=None, help="catalog folder (default: templates/)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--outputs", type=Path, help="stack outputs JSON from `cdk deploy --outputs-file`")
     source.add_argument("--platform", type=Path, help="a PlatformContext JSON file")
     parser.add_argument("--attempt", type=int, default=1, help="attempt number of the run (default: 1)")
-    parser.add_argument("--instance-type", default=None, help="capacity fallback instance type of the template")
+    parser.add_argument(
+        "--instance-type", default=None, help="capacity fallback instance type of the template"
+    )
     parser.add_argument("--owner", default="unknown", help="value of the owner tag")
     parser.set_defaults(handler=render_command)
 

@@ -86,9 +86,11 @@ def run_command(args: argparse.Namespace) -> int:
         user_settings=frozenset(settings),
     )
     template = Catalog.load().resolve(args.template)
-    run_input = RunInput(run_name=args.run_name, overrides=settings, attempt=next_attempt(options), owner="local")
+    run_input = RunInput(run_name=args.run_name, overrides=settings, attempt=next_attempt(options),
+                         owner="local")
     request = render(template, run_input, local_platform_context())
     console.print(f"[bold cyan]llmtrain[/] rendered {template.ref} for run {args.run_name!r} "
                   f"(the request the launcher would send)")
-    summary = run_local(request, template.code, options, template_channels=template.inputs.channels, console=console)
+    summary = run_local(request, template.code, options, template_channels=template.inputs.channels,
+                        console=console)
     return EXIT_CODES[summary["TrainingJobStatus"]]

@@ -39,16 +39,18 @@ def register(subparsers) -> None:
 def _rows(catalog: Catalog) -> list[dict]:
     rows = []
     for spec in catalog.all():
-        rows.append({
-            "name": spec.name,
-            "version": spec.version,
-            "latest": catalog.latest(spec.name).version == spec.version,
-            "default": spec.name == DEFAULT_TEMPLATE,
-            "strategy": spec.distribution.strategy,
-            "instance_type": spec.compute.instance_type,
-            "instance_count": spec.compute.instance_count,
-            "description": spec.description,
-        })
+        rows.append(
+            {
+                "name": spec.name,
+                "version": spec.version,
+                "latest": catalog.latest(spec.name).version == spec.version,
+                "default": spec.name == DEFAULT_TEMPLATE,
+                "strategy": spec.distribution.strategy,
+                "instance_type": spec.compute.instance_type,
+                "instance_count": spec.compute.instance_count,
+                "description": spec.description,
+            }
+        )
     return rows
 
 
@@ -59,8 +61,14 @@ def list_templates(args: argparse.Namespace) -> int:
         return 0
     headers = ("NAME", "VERSION", "STRATEGY", "INSTANCE TYPE", "COUNT", "")
     table = [
-        (r["name"], r["version"], r["strategy"], r["instance_type"], str(r["instance_count"]),
-         ", ".join(tag for tag, on in (("latest", r["latest"]), ("default", r["default"])) if on))
+        (
+            r["name"],
+            r["version"],
+            r["strategy"],
+            r["instance_type"],
+            str(r["instance_count"]),
+            ", ".join(tag for tag, on in (("latest", r["latest"]), ("default", r["default"])) if on),
+        )
         for r in rows
     ]
     widths = [max(len(row[i]) for row in (headers, *table)) for i in range(len(headers))]

@@ -54,7 +54,8 @@ QUOTA_MARKER = "ResourceLimitExceeded"
 ACTIVE_JOB_STATUSES = ("InProgress", "Stopping")
 _QUOTA_MESSAGE = re.compile(
     r"service limit '(?P<name>[^']+)' is (?P<limit>\d+) \w+, with current utilization of "
-    r"(?P<used>\d+) \w+ and a request delta of (?P<delta>\d+) \w+")
+    r"(?P<used>\d+) \w+ and a request delta of (?P<delta>\d+) \w+"
+)
 _SUBJECT_MAX = 100
 
 
@@ -76,6 +77,7 @@ class LauncherStateError(Exception):
 
 # --- Lambda entry points ----------------------------------------------------------------------------
 
+
 def resolve(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
     """`{"input": execution input, "execution_arn": ...}` -> `{"run", "request", "layout"}`."""
     platform = platform_from_environment()
@@ -86,16 +88,28 @@ def resolve(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
     except LlmtrainError as error:
         raise _rejected(error) from error
     previous = run_jobs(_sagemaker(platform), platform.job_name_prefix, run_input["run_name"])
-    return start_run(template, run_input, platform, previous, layouts_from_environment(),
-                     execution_arn=event.get("execution_arn"))
+    return start_run(
+        template,
+        run_input,
+        platform,
+        previous,
+        layouts_from_environment(),
+        execution_arn=event.get("execution_arn"),
+    )
 
 
 def next_attempt(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
     """`{"run", "request", "failure": {"Error", "Cause"}}` -> a retry plan or a failure summary."""
     run, request = _state(event)
     template = _catalog().get(run["template"], run["version"])
-    return plan_next_attempt(template, run, request, event.get("failure") or {}, platform_from_environment(),
-                             layouts_from_environment())
+    return plan_next_attempt(
+        template,
+        run,
+        request,
+        event.get("failure") or {},
+        platform_from_environment(),
+        layouts_from_environment(),
+    )
 
 
 def summarize(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
@@ -107,6 +121,7 @@ def summarize(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
 
 
 # --- settings --------------------------------------------------------------------------------------
+
 
 def platform_from_environment() -> PlatformContext:
     raw = os.environ.get(ENV_PLATFORM_CONTEXT)
@@ -139,32 +154,35 @@ def _sagemaker(platform: PlatformContext):
 def _state(event: Mapping[str, Any], *, need_request: bool = True) -> tuple[dict, dict]:
     run, request = event.get("run"), event.get("request")
     if not isinstance(run, Mapping) or (need_request and not isinstance(request, Mapping)):
-        raise LauncherStateError("the state lacks 'run' or 'request': the state machine and the functions "
-                                 "disagree (deploy them together)")
+        raise LauncherStateError(
+            "the state lacks 'run' or 'request': the state machine and the functions "
+            "disagree (deploy them together)"
+        )
     return dict(run), dict(request or {})
 
 
 # --- resolve ---------------------------------------------------------------------------------------
 
+
 def parse_execution_input(data: Any) -> dict[str, Any]:
     """The checked execution input: template, version, run_name, overrides, owner."""
-    expected = ('{"template": NAME, "version": SEMVER or "latest", "run_name": NAME, '
-                '"overrides": {SETTING: VALUE}}')
+    expected = (
+        '{"template": NAME, "version": SEMVER or "latest", "run_name": NAME, "overrides": {SETTING: VALUE}}'
+    )
     if not isinstance(data, Mapping):
-        raise InvalidRunInput(f"the execution input must be a JSON object like {expected}")
+        raise _invalid(f"the execution input must be a JSON object like {expected}")
     unknown = sorted(set(data) - set(INPUT_FIELDS))
     if unknown:
-        raise InvalidRunInput(f"unknown input field(s) {', '.join(unknown)}; the input is {expected}")
+        raise _invalid(f"unknown input field(s) {', '.join(unknown)}; the input is {expected}")
     for name in ("template", "run_name"):
         if not isinstance(data.get(name), str) or not data[name]:
-            raise InvalidRunInput(f"'{name}' is required and must be a non-empty string; "
-                                  f"the input is {expected}")
+            raise _invalid(f"'{name}' is required and must be a non-empty string; the input is {expected}")
     for name in ("version", "owner"):
         if name in data and not isinstance(data[name], str):
-            raise InvalidRunInput(f"'{name}' must be a string, got {data[name]!r}")
+            raise _invalid(f"'{name}' must be a string, got {data[name]!r}")
     overrides = data.get("overrides", {})
     if overrides is None or not isinstance(overrides, Mapping):
-        raise InvalidRunInput(f"'overrides' must be an object of setting name to value, got {overrides!r}")
+        raise _invalid(f"'overrides' must be an object of setting name to value, got {overrides!r}")
     return {
         "template": data["template"],
         "version": data.get("version") or LATEST,
@@ -174,8 +192,12 @@ def parse_execution_input(data: Any) -> dict[str, Any]:
     }
 
 
+def _invalid(problem: str) -> InvalidRunInput:
+    return InvalidRunInput(f"run input rejected before any training job was created: {problem}")
+
+
 def _rejected(error: Exception) -> InvalidRunInput:
-    return InvalidRunInput(f"run input rejected before any training job was created: {error}")
+    return _invalid(str(error))
 
 
 def check_run_name(run_name: str, platform: PlatformContext) -> None:
@@ -183,8 +205,11 @@ def check_run_name(run_name: str, platform: PlatformContext) -> None:
     RunInput(run_name=run_name)
     longest = max_run_name_length(platform)
     if len(run_name) > longest:
-        raise OverrideError("run_name", f"{run_name!r} is {len(run_name)} characters; with the job-name "
-                                        f"prefix '{platform.job_name_prefix}' it may be at most {longest}")
+        raise OverrideError(
+            "run_name",
+            f"{run_name!r} is {len(run_name)} characters; with the job-name "
+            f"prefix '{platform.job_name_prefix}' it may be at most {longest}",
+        )
 
 
 def attempt_name_stem(job_name_prefix: str, run_name: str) -> str:
@@ -202,14 +227,25 @@ def run_jobs(sagemaker, job_name_prefix: str, run_name: str) -> list[dict[str, A
         for job in page["TrainingJobSummaries"]:
             match = own.fullmatch(job["TrainingJobName"])
             if match:
-                found.append({"attempt": int(match.group(1)), "job_name": job["TrainingJobName"],
-                              "status": job["TrainingJobStatus"]})
+                found.append(
+                    {
+                        "attempt": int(match.group(1)),
+                        "job_name": job["TrainingJobName"],
+                        "status": job["TrainingJobStatus"],
+                    }
+                )
     return sorted(found, key=lambda job: job["attempt"])
 
 
-def start_run(template: TemplateSpec, run_input: Mapping[str, Any], platform: PlatformContext,
-              previous: Sequence[Mapping[str, Any]], layouts: Mapping[str, Sequence[str]], *,
-              execution_arn: str | None = None) -> dict[str, Any]:
+def start_run(
+    template: TemplateSpec,
+    run_input: Mapping[str, Any],
+    platform: PlatformContext,
+    previous: Sequence[Mapping[str, Any]],
+    layouts: Mapping[str, Sequence[str]],
+    *,
+    execution_arn: str | None = None,
+) -> dict[str, Any]:
     """Render the run's first attempt here, after checking what earlier attempts left behind."""
     _refuse_duplicate_run(run_input["run_name"], previous)
     attempt = previous[-1]["attempt"] + 1 if previous else 1
@@ -230,18 +266,21 @@ def _refuse_duplicate_run(run_name: str, previous: Sequence[Mapping[str, Any]]) 
         raise RunAlreadyInProgress(
             f"run {run_name!r} already has training job {active[-1]} in progress, so no second job was "
             f"started: follow it with `llmtrain status {run_name}` or stop it with "
-            f"`llmtrain stop {run_name}`")
+            f"`llmtrain stop {run_name}`"
+        )
     completed = [job["job_name"] for job in previous if job["status"] == "Completed"]
     if completed:
         raise RunAlreadyCompleted(
             f"run {run_name!r} already completed (training job {completed[-1]}); a run name identifies one "
-            "run: choose a new run_name")
+            "run: choose a new run_name"
+        )
     if previous and previous[-1]["attempt"] >= MAX_ATTEMPTS:
-        raise InvalidRunInput(f"run {run_name!r} has used all {MAX_ATTEMPTS} attempts; choose a new run_name")
+        raise _invalid(f"run {run_name!r} has used all {MAX_ATTEMPTS} attempts; choose a new run_name")
 
 
-def _new_run_state(template: TemplateSpec, run_input: Mapping[str, Any], attempt: int,
-                   execution_arn: str | None) -> dict[str, Any]:
+def _new_run_state(
+    template: TemplateSpec, run_input: Mapping[str, Any], attempt: int, execution_arn: str | None
+) -> dict[str, Any]:
     return {
         "run_name": run_input["run_name"],
         "template": template.name,
@@ -250,10 +289,10 @@ def _new_run_state(template: TemplateSpec, run_input: Mapping[str, Any], attempt
         "owner": run_input["owner"],
         "execution_arn": execution_arn,
         "attempt": attempt,
-        "type_index": 0,          # index into instance_types: 0 is the run's own instance type
-        "capacity_retries": 0,    # capacity retries on the current instance type
+        "type_index": 0,  # index into instance_types: 0 is the run's own instance type
+        "capacity_retries": 0,  # capacity retries on the current instance type
         "quota_waits": 0,
-        "history": [],            # one entry per ended attempt
+        "history": [],  # one entry per ended attempt
     }
 
 
@@ -265,8 +304,13 @@ def _instance_types(template: TemplateSpec, request: Mapping[str, Any]) -> list[
 
 def _render_attempt(template: TemplateSpec, run: Mapping[str, Any], platform: PlatformContext) -> dict:
     fallback = run["instance_types"][run["type_index"]] if run["type_index"] else None
-    run_input = RunInput(run_name=run["run_name"], overrides=run["overrides"], attempt=run["attempt"],
-                         instance_type=fallback, owner=run["owner"])
+    run_input = RunInput(
+        run_name=run["run_name"],
+        overrides=run["overrides"],
+        attempt=run["attempt"],
+        instance_type=fallback,
+        owner=run["owner"],
+    )
     return render(template, run_input, platform)
 
 
@@ -296,12 +340,15 @@ def request_layout(request: Mapping[str, Any], layouts: Mapping[str, Sequence[st
             return name
     known = set().union(*map(set, layouts.values())) if layouts else set()
     raise LlmtrainError(
-        f"these settings produce a CreateTrainingJob request with fields {sorted(fields - known) or sorted(fields)} "
+        f"these settings produce a CreateTrainingJob request with fields "
+        f"{sorted(fields - known) or sorted(fields)} "
         "in a combination the deployed launcher cannot pass (it was built for the layouts "
-        f"{sorted(layouts)}); redeploy the platform with this template enabled, or change the overrides")
+        f"{sorted(layouts)}); redeploy the platform with this template enabled, or change the overrides"
+    )
 
 
 # --- failures and retries --------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Quota:
@@ -313,8 +360,10 @@ class Quota:
     requested: int
 
     def describe(self) -> str:
-        return (f"quota '{self.name}' is {self.limit}, {self.in_use} in use, and this job asks for "
-                f"{self.requested} more")
+        return (
+            f"quota '{self.name}' is {self.limit}, {self.in_use} in use, and this job asks for "
+            f"{self.requested} more"
+        )
 
 
 @dataclass(frozen=True)
@@ -369,8 +418,12 @@ def parse_quota(message: str) -> Quota | None:
     match = _QUOTA_MESSAGE.search(message)
     if match is None:
         return None
-    return Quota(name=match["name"], limit=int(match["limit"]), in_use=int(match["used"]),
-                 requested=int(match["delta"]))
+    return Quota(
+        name=match["name"],
+        limit=int(match["limit"]),
+        in_use=int(match["used"]),
+        requested=int(match["delta"]),
+    )
 
 
 @dataclass(frozen=True)
@@ -408,31 +461,56 @@ def plan_retry(retry: RetrySpec, run: Mapping[str, Any], failure: Failure) -> Re
     return None
 
 
-def plan_next_attempt(template: TemplateSpec, run: Mapping[str, Any], request: Mapping[str, Any],
-                      caught: Mapping[str, Any], platform: PlatformContext,
-                      layouts: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+def plan_next_attempt(
+    template: TemplateSpec,
+    run: Mapping[str, Any],
+    request: Mapping[str, Any],
+    caught: Mapping[str, Any],
+    platform: PlatformContext,
+    layouts: Mapping[str, Sequence[str]],
+) -> dict[str, Any]:
     failure = classify_failure(caught)
-    run = _record_attempt(run, request.get("TrainingJobName", ""), failure.kind, failure.reason,
-                          instance_type=request.get("ResourceConfig", {}).get("InstanceType"))
+    run = _record_attempt(
+        run,
+        request.get("TrainingJobName", ""),
+        failure.kind,
+        failure.reason,
+        instance_type=request.get("ResourceConfig", {}).get("InstanceType"),
+    )
     plan = plan_retry(template.retry, run, failure)
     if plan is None:
         return {"decision": "fail", "summary": failure_summary(template, run, failure)}
-    run.update(attempt=run["attempt"] + 1, type_index=plan.type_index,
-               capacity_retries=plan.capacity_retries, quota_waits=plan.quota_waits)
+    run.update(
+        attempt=run["attempt"] + 1,
+        type_index=plan.type_index,
+        capacity_retries=plan.capacity_retries,
+        quota_waits=plan.quota_waits,
+    )
     try:
         next_request = _render_attempt(template, run, platform)
         layout = request_layout(next_request, layouts)
     except LlmtrainError as error:
         bad = Failure(kind="invalid_retry", reason=f"the retry could not be rendered: {error}")
         return {"decision": "fail", "summary": failure_summary(template, run, bad)}
-    return {"decision": "retry", "wait_seconds": plan.wait_seconds, "run": run, "request": next_request,
-            "layout": layout}
+    return {
+        "decision": "retry",
+        "wait_seconds": plan.wait_seconds,
+        "run": run,
+        "request": next_request,
+        "layout": layout,
+    }
 
 
-def _record_attempt(run: Mapping[str, Any], job: str, outcome: str, reason: str, *,
-                    instance_type: str | None = None) -> dict[str, Any]:
-    entry = {"attempt": run["attempt"], "job_name": job, "instance_type": instance_type
-             or run["instance_types"][run["type_index"]], "outcome": outcome, "reason": reason[:1000]}
+def _record_attempt(
+    run: Mapping[str, Any], job: str, outcome: str, reason: str, *, instance_type: str | None = None
+) -> dict[str, Any]:
+    entry = {
+        "attempt": run["attempt"],
+        "job_name": job,
+        "instance_type": instance_type or run["instance_types"][run["type_index"]],
+        "outcome": outcome,
+        "reason": reason[:1000],
+    }
     return {**run, "history": [*run.get("history", []), entry]}
 
 
@@ -451,26 +529,43 @@ FAILURE_ERRORS = {
 
 def failure_summary(template: TemplateSpec, run: Mapping[str, Any], failure: Failure) -> dict[str, Any]:
     status = "Stopped" if failure.kind == "stopped" else "Failed"
-    summary = build_summary(run, status=status, job=failure.job or {}, error=FAILURE_ERRORS[failure.kind],
-                            reason=failure.reason, advice=_advice(template, run, failure))
+    summary = build_summary(
+        run,
+        status=status,
+        job=failure.job or {},
+        error=FAILURE_ERRORS[failure.kind],
+        reason=failure.reason,
+        advice=_advice(template, run, failure),
+    )
     if failure.quota is not None:
-        summary["quota"] = {"name": failure.quota.name, "limit": failure.quota.limit,
-                            "in_use": failure.quota.in_use, "requested": failure.quota.requested}
+        summary["quota"] = {
+            "name": failure.quota.name,
+            "limit": failure.quota.limit,
+            "in_use": failure.quota.in_use,
+            "requested": failure.quota.requested,
+        }
     return summary
 
 
 def _advice(template: TemplateSpec, run: Mapping[str, Any], failure: Failure) -> str:
     types = ", ".join(run["instance_types"])
     if failure.kind == "capacity":
-        return (f"SageMaker had no capacity for {types} after {len(run['history'])} attempt(s) "
-                f"({template.retry.capacity_retry_attempts} retries per type); start the run again later "
-                "(it resumes from its checkpoints) or override instance_type")
+        return (
+            f"SageMaker had no capacity for {types} after {len(run['history'])} attempt(s) "
+            f"({template.retry.capacity_retry_attempts} retries per type); start the run again later "
+            "(it resumes from its checkpoints) or override instance_type"
+        )
     if failure.kind == "quota":
         numbers = failure.quota.describe() if failure.quota else failure.reason
-        policy = ("" if template.retry.quota_policy == "fail"
-                  else f" (waited {run['quota_waits']} time(s) for it to free up)")
-        return (f"the account's {numbers}{policy}: request an increase in Service Quotas (service "
-                "Amazon SageMaker), wait for running jobs to end, or use fewer or other instances")
+        policy = (
+            ""
+            if template.retry.quota_policy == "fail"
+            else f" (waited {run['quota_waits']} time(s) for it to free up)"
+        )
+        return (
+            f"the account's {numbers}{policy}: request an increase in Service Quotas (service "
+            "Amazon SageMaker), wait for running jobs to end, or use fewer or other instances"
+        )
     if failure.kind == "job_failed":
         return f"the training job failed: read its logs with `llmtrain logs {run['run_name']}`"
     if failure.kind == "stopped":
@@ -478,8 +573,15 @@ def _advice(template: TemplateSpec, run: Mapping[str, Any], failure: Failure) ->
     return "SageMaker refused the request; fix what the message names and start a new run"
 
 
-def build_summary(run: Mapping[str, Any], *, status: str, job: Mapping[str, Any], error: str | None = None,
-                  reason: str | None = None, advice: str | None = None) -> dict[str, Any]:
+def build_summary(
+    run: Mapping[str, Any],
+    *,
+    status: str,
+    job: Mapping[str, Any],
+    error: str | None = None,
+    reason: str | None = None,
+    advice: str | None = None,
+) -> dict[str, Any]:
     """The run's outcome: the execution output, the notification and what `llmtrain status` shows."""
     history = list(run.get("history", []))
     last = history[-1] if history else {}
@@ -507,8 +609,11 @@ def build_summary(run: Mapping[str, Any], *, status: str, job: Mapping[str, Any]
 
 
 def final_metrics(job: Mapping[str, Any]) -> dict[str, float]:
-    return {metric["MetricName"]: metric["Value"] for metric in job.get("FinalMetricDataList") or ()
-            if "MetricName" in metric and "Value" in metric}
+    return {
+        metric["MetricName"]: metric["Value"]
+        for metric in job.get("FinalMetricDataList") or ()
+        if "MetricName" in metric and "Value" in metric
+    }
 
 
 def _subject(summary: Mapping[str, Any]) -> str:
@@ -534,6 +639,8 @@ def summary_message(summary: Mapping[str, Any]) -> str:
     lines.append(f"Attempts: {summary['attempts']}")
     for entry in summary.get("attempt_history", ()):
         detail = f": {entry['reason']}" if entry.get("reason") and entry["outcome"] != "Completed" else ""
-        lines.append(f"  {entry['attempt']}. {entry['job_name']} on {entry['instance_type']}: "
-                     f"{entry['outcome']}{detail}")
+        lines.append(
+            f"  {entry['attempt']}. {entry['job_name']} on {entry['instance_type']}: "
+            f"{entry['outcome']}{detail}"
+        )
     return "\n".join(lines)

@@ -21,7 +21,9 @@ _ALWAYS_SHOWN = (" ERROR ", "Traceback", "Error:")
 
 
 class JobDisplay:
-    def __init__(self, console: Console, *, max_steps: int | None, metric_names: list[str], hosts: tuple[str, ...]):
+    def __init__(
+        self, console: Console, *, max_steps: int | None, metric_names: list[str], hosts: tuple[str, ...]
+    ):
         self.console = console
         self.max_steps = max_steps
         self.loss_name = loss_metric(metric_names)

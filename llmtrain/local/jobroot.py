@@ -9,17 +9,25 @@
   code/                           the toolkit extracts sourcedir.tar.gz here
   model/                          SM_MODEL_DIR
   output/                         output/failure or output/success, output/data
-  checkpoints -> <run>/checkpoints
+  checkpoints/                    CheckpointConfig.LocalPath
 ```
 
 Every job gets fresh roots: the toolkit skips extracting the code when code/ is not empty, and keeps
 an old output/failure, so a reused root would run old code or report an old failure.
+
+Checkpoints move like SageMaker moves them between a host's local folder and CheckpointConfig.S3Uri:
+every host starts with a copy of the run's checkpoint folder (the download at job start), and what
+every host wrote is copied back into it when the job ends (the upload; S3 keys that several hosts
+write hold the last writer's file). Each host keeps its own folder, as each SageMaker host has its
+own disk: a training program that relied on a folder shared between hosts would fail here as it
+would in the cloud.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +81,9 @@ def resource_config(plan: LocalPlan, host: str) -> dict:
         "current_instance_type": "local",
         "current_group_name": INSTANCE_GROUP,
         "hosts": hosts,
-        "instance_groups": [{"instance_group_name": INSTANCE_GROUP, "instance_type": "local", "hosts": hosts}],
+        "instance_groups": [
+            {"instance_group_name": INSTANCE_GROUP, "instance_type": "local", "hosts": hosts},
+        ],
         "network_interface_name": NETWORK_INTERFACE,
     }
 
@@ -107,21 +117,40 @@ def write_host_roots(
         _write_json(root.config_dir / "resourceconfig.json", resource_config(plan, host))
         _write_json(root.config_dir / "inputdataconfig.json", {c.name: dict(c.config) for c in plan.channels})
         for channel in plan.channels:
-            _link_channel(channel, channel_dirs[channel.name], root.data_dir / channel.name, index, len(plan.hosts))
+            _link_channel(channel, channel_dirs[channel.name], root.data_dir / channel.name,
+                          host_index=index, host_count=len(plan.hosts))
         if plan.checkpoint_subpath and checkpoints_dir is not None:
-            link = root.root / plan.checkpoint_subpath
-            link.parent.mkdir(parents=True, exist_ok=True)
-            # All hosts share the run's checkpoint folder, as they share its S3 prefix in the cloud.
-            link.symlink_to(checkpoints_dir.resolve(), target_is_directory=True)
+            download_checkpoints(checkpoints_dir, root.root / plan.checkpoint_subpath)
         roots.append(root)
     return roots
+
+
+def download_checkpoints(run_checkpoints: Path, host_checkpoints: Path) -> None:
+    """The host's checkpoint folder, filled from the run's (SageMaker's download at job start)."""
+    host_checkpoints.parent.mkdir(parents=True, exist_ok=True)
+    if run_checkpoints.is_dir():
+        shutil.copytree(run_checkpoints, host_checkpoints, symlinks=True)
+    else:
+        host_checkpoints.mkdir()
+
+
+def upload_checkpoints(roots: list[HostRoot], subpath: str, run_checkpoints: Path) -> None:
+    """Every host's checkpoint files into the run's folder (SageMaker's upload); files are never
+    deleted there, as the upload never deletes S3 objects."""
+    run_checkpoints.mkdir(parents=True, exist_ok=True)
+    for root in roots:
+        host_checkpoints = root.root / subpath
+        if host_checkpoints.is_dir():
+            shutil.copytree(host_checkpoints, run_checkpoints, symlinks=True, dirs_exist_ok=True)
 
 
 def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def _link_channel(channel: LocalChannel, source: Path, target: Path, host_index: int, host_count: int) -> None:
+def _link_channel(
+    channel: LocalChannel, source: Path, target: Path, *, host_index: int, host_count: int
+) -> None:
     source = source.resolve()
     if not source.is_dir():
         raise LocalRunError(f"channel '{channel.name}': {source} is not a folder")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 # The training program's metric lines carry the optimizer step (docs/architecture.md, "Metric lines").
 _STEP = re.compile(r"\bstep=(\d+)\b")
@@ -64,7 +64,7 @@ class MetricExtractor:
                     name=name,
                     value=value,
                     step=int(step.group(1)) if step else None,
-                    timestamp=when or datetime.now(timezone.utc),
+                    timestamp=when or datetime.now(UTC),
                     host=host,
                 )
             )

@@ -254,7 +254,8 @@ def _fit_schedule(hps: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
     if not isinstance(max_steps, int) or max_steps < 1:
         return {}
     limits = {
-        "warmup_steps": (max(1, max_steps // 10), "a warm-up longer than the run keeps the learning rate near 0"),
+        "warmup_steps": (max(1, max_steps // 10),
+                         "a warm-up longer than the run keeps the learning rate near 0"),
         "log_every_steps": (max(1, max_steps // 20), "log often enough to show a short run's progress"),
     }
     wanted = {}

@@ -178,7 +178,8 @@ def _local_channels(request: Mapping[str, Any], channel_dirs: Mapping[str, Path]
 
 def _transitions(outcome: Outcome, times: JobTimes) -> list[dict[str, str]]:
     return [
-        {"Status": "Starting", "StartTime": times.created.isoformat(), "EndTime": times.training_start.isoformat(),
+        {"Status": "Starting", "StartTime": times.created.isoformat(),
+         "EndTime": times.training_start.isoformat(),
          "StatusMessage": "Preparing the job roots and the input data"},
         {"Status": "Training", "StartTime": times.training_start.isoformat(),
          "EndTime": times.training_end.isoformat(), "StatusMessage": "Training the model"},
@@ -193,7 +194,8 @@ def write_json(path: Path, data: Any) -> None:
 
 def save_metrics(metrics: MetricExtractor, path: Path) -> None:
     write_json(path, [
-        {"name": p.name, "value": p.value, "step": p.step, "timestamp": p.timestamp.isoformat(), "host": p.host}
+        {"name": p.name, "value": p.value, "step": p.step, "timestamp": p.timestamp.isoformat(),
+         "host": p.host}
         for p in metrics.points
     ])
 
@@ -218,7 +220,8 @@ def plot_run(run_dir: Path, job_dirs: list[Path], destination: Path) -> Path | N
     figure, axes = pyplot.subplots(len(panels), 1, figsize=(8, 3.2 * len(panels)), sharex=True, squeeze=False)
     for axis, (metric, label) in zip(axes[:, 0], panels, strict=True):
         for job_name, points in jobs:
-            series = sorted((p["step"], p["value"]) for p in points if p["name"] == metric and p["step"] is not None)
+            series = sorted((p["step"], p["value"]) for p in points
+                            if p["name"] == metric and p["step"] is not None)
             if series:
                 axis.plot(*zip(*series, strict=True), marker=".", label=job_name)
         axis.set_ylabel(metric)
@@ -244,7 +247,8 @@ def print_summary(console: Console, summary: Mapping[str, Any]) -> None:
         # Text, not markup: paths, regexes and error messages hold square brackets.
         table.add_row(Text(label), Text(value, style=style))
 
-    row("Status", status if secondary == status else f"{status} ({secondary})", STATUS_STYLE.get(status, "bold"))
+    shown = status if secondary == status else f"{status} ({secondary})"
+    row("Status", shown, STATUS_STYLE.get(status, "bold"))
     if summary.get("FailureReason"):
         _failure_rows(row, summary["FailureReason"], local["ErrorLines"])
     row("Training time", f"{summary['TrainingTimeInSeconds']} s")

@@ -4,7 +4,7 @@ The run folder (`<workdir>/<run-name>/`) plays the part of the run's S3 prefixes
 
 ```
 <workdir>/<run-name>/
-  checkpoints/                  CheckpointConfig.S3Uri: shared by every job of the run
+  checkpoints/                  CheckpointConfig.S3Uri: every job of the run resumes from it
   jobs/<job-name>/              one folder per job, fresh every time
     request.json                the rendered CreateTrainingJob request
     sourcedir.tar.gz            the code, packaged as for the code bucket
@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from queue import Empty
 from typing import Any
@@ -37,7 +37,7 @@ from rich.text import Text
 
 from llmtrain.local import data as local_data
 from llmtrain.local.display import JobDisplay
-from llmtrain.local.jobroot import HostRoot, write_host_roots
+from llmtrain.local.jobroot import HostRoot, upload_checkpoints, write_host_roots
 from llmtrain.local.metrics import MetricExtractor
 from llmtrain.local.plan import (
     SUBMIT_DIRECTORY_HP,
@@ -49,10 +49,10 @@ from llmtrain.local.plan import (
     plan_local_job,
 )
 from llmtrain.local.report import (
+    FAILURE_REASON_CHARS,
     METRICS_FILE,
     PLOT_FILE,
     SUMMARY_FILE,
-    FAILURE_REASON_CHARS,
     JobRecord,
     JobTimes,
     Outcome,
@@ -136,6 +136,8 @@ def run_local(
         stop_reason = _supervise(processes, job.plan, metrics, console, options.stop_grace_seconds)
     finally:
         processes.kill_if_running()
+        if job.checkpoints_dir is not None:
+            upload_checkpoints(job.roots, job.plan.checkpoint_subpath, job.checkpoints_dir)
     times = JobTimes(created, training_start, _now())
     outcome = decide_outcome(job.roots, processes.returncodes(), stop_reason, processes.log_paths)
     record = JobRecord(
@@ -158,7 +160,8 @@ def _prepare(
     as a rejected CreateTrainingJob leaves no job."""
     job_dir = options.run_dir / JOBS_DIR / request["TrainingJobName"]
     if job_dir.exists():
-        raise LocalRunError(f"{job_dir} already exists: a job name is used once (run again for a new attempt)")
+        raise LocalRunError(f"{job_dir} already exists: a job name is used once (run again for a new "
+                            "attempt)")
     sourcedir = job_dir / "sourcedir.tar.gz"
     plan = plan_local_job(request, limits=options.limits, user_settings=options.user_settings)
     plan = _with_local_code(plan, request, sourcedir)
@@ -179,7 +182,7 @@ def _prepare(
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _with_local_code(plan: LocalPlan, request: Mapping[str, Any], sourcedir: Path) -> LocalPlan:
@@ -234,7 +237,8 @@ def _drop_channel(name: str, request: Mapping[str, Any]) -> Adjustment:
         raise LocalRunError(f"no local folder for channel '{name}': pass --data {name}=DIR")
     uri = next((item["DataSource"]["S3DataSource"]["S3Uri"] for item in request.get("InputDataConfig", [])
                 if item["ChannelName"] == name), "")
-    return Adjustment(f"InputDataConfig.{name}", uri, "(not provided)", f"{reason}; --data {name}=DIR provides it")
+    return Adjustment(f"InputDataConfig.{name}", uri, "(not provided)",
+                      f"{reason}; --data {name}=DIR provides it")
 
 
 def _print_plan(console: Console, plan: LocalPlan, run_dir: Path, checkpoints_dir: Path | None) -> None:
@@ -244,7 +248,8 @@ def _print_plan(console: Console, plan: LocalPlan, run_dir: Path, checkpoints_di
         f"{plan.processes_per_host} process(es), CPU + gloo, world size {plan.world_size}"
     )
     if plan.adjustments:
-        console.print("[bold cyan]llmtrain[/] scaled for this machine (the cloud job keeps the template's values):")
+        console.print("[bold cyan]llmtrain[/] scaled for this machine "
+                      "(the cloud job keeps the template's values):")
         for adjustment in plan.adjustments:
             console.print(Text(f"  - {adjustment.describe()}", style="yellow"), soft_wrap=True)
     for note in plan.notes:

@@ -32,13 +32,11 @@ class CliRun:
         return [json.loads(p.read_text()) for p in sorted((self.run_dir / "jobs").glob("*/summary.json"))]
 
 
-def cli_command(template: str, run_name: str, workdir: Path, *settings: str, data: tuple[str, ...] = ()) -> list[str]:
+def cli_command(template: str, run_name: str, workdir: Path, *settings: str) -> list[str]:
     command = [sys.executable, "-m", "llmtrain.cli", "run", "--local", template, "--run-name", run_name,
                "--workdir", str(workdir)]
     for setting in settings:
         command += ["--set", setting]
-    for item in data:
-        command += ["--data", item]
     return command
 
 
@@ -48,8 +46,8 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def run_cli(template: str, run_name: str, workdir: Path, *settings: str, data: tuple[str, ...] = ()) -> CliRun:
-    result = subprocess.run(cli_command(template, run_name, workdir, *settings, data=data), cwd=REPO_ROOT,
+def run_cli(template: str, run_name: str, workdir: Path, *settings: str) -> CliRun:
+    result = subprocess.run(cli_command(template, run_name, workdir, *settings), cwd=REPO_ROOT,
                             env=cli_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS)
     return CliRun(result.returncode, result.stdout + result.stderr, workdir / run_name)
 

@@ -43,7 +43,8 @@ def test_a_metric_regex_that_matches_nothing_is_reported(tmp_path):
 
     assert summary["TrainingJobStatus"] == "Completed"
     # The toy's loss is world_size/step: 1 process, 3 steps.
-    assert {m["MetricName"]: m["Value"] for m in summary["FinalMetricDataList"]} == {"train:loss": pytest.approx(1 / 3)}
+    final = {m["MetricName"]: m["Value"] for m in summary["FinalMetricDataList"]}
+    assert final == {"train:loss": pytest.approx(1 / 3)}
     assert summary["LocalRun"]["UnmatchedMetricDefinitions"] == [
         {"Name": "train:loss_typo", "Regex": r"\[metrics\] loss: ([0-9.]+)"}]
     assert "train:loss_typo" in output and "no log line matched" in output
@@ -54,8 +55,8 @@ def test_a_metric_regex_that_matches_nothing_is_reported(tmp_path):
 def test_the_toolkits_swallowed_gloo_error_is_not_reported_as_success(tmp_path):
     # The PyTorch toolkit treats a gloo::EnforceNotMet abort as harmless: it writes output/success
     # and exits 0 although the training program failed.
-    summary, output = run_toy(tmp_path, "gloo", toy_template(overridable={"max_steps": {"type": "int"}, "gloo_quirk": {"type": "bool"}}),
-                              gloo_quirk="true")
+    template = toy_template(overridable={"max_steps": {"type": "int"}, "gloo_quirk": {"type": "bool"}})
+    summary, output = run_toy(tmp_path, "gloo", template, gloo_quirk="true")
     root = Path(summary["LocalRun"]["JobFolder"]) / "algo-1"
 
     assert (root / "output" / "success").is_file()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import aws_cdk as cdk
 import pytest
 from infra_helpers import CONFIG_DIR, PARTS, SynthesizedApp, synthesize
-from llmtrain.environments import EnvironmentConfig, load_environments
 
+from llmtrain.environments import EnvironmentConfig, load_environments
 from stacks import add_platform_stages
 
 
@@ -29,5 +29,3 @@ def platform(environments, tmp_path_factory) -> SynthesizedApp:
     synthesized = synthesize(app, outdir, stacks)
     synthesized.stages = {stage.config.name: stage for stage in stages}
     return synthesized
-
-

@@ -64,12 +64,16 @@ def synthesize(app: cdk.App, outdir: Path, stacks: dict[tuple[str, str], cdk.Sta
 
 
 def resources_of_type(template_json: dict[str, Any], resource_type: str) -> dict[str, dict[str, Any]]:
-    return {logical_id: resource for logical_id, resource in template_json["Resources"].items()
-            if resource["Type"] == resource_type}
+    return {
+        logical_id: resource
+        for logical_id, resource in template_json["Resources"].items()
+        if resource["Type"] == resource_type
+    }
 
 
-def statements_by_sid(template_json: dict[str, Any], resource_type: str,
-                      logical_id_prefix: str = "") -> dict[str, dict[str, Any]]:
+def statements_by_sid(
+    template_json: dict[str, Any], resource_type: str, logical_id_prefix: str = ""
+) -> dict[str, dict[str, Any]]:
     """All policy statements with a Sid in resources of one type, keyed by Sid."""
     found: dict[str, dict[str, Any]] = {}
     for logical_id, resource in resources_of_type(template_json, resource_type).items():

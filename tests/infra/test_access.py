@@ -23,7 +23,9 @@ STATE_MACHINE = "arn:aws:states:us-east-1:111111111111:stateMachine:llmtrain-lau
 
 
 def execution_statements(platform, env):
-    return statements_by_sid(platform.template_json(env, "access"), "AWS::IAM::Policy", "AccessExecutionPolicy")
+    return statements_by_sid(
+        platform.template_json(env, "access"), "AWS::IAM::Policy", "AccessExecutionPolicy"
+    )
 
 
 def engineer_statements(template):
@@ -58,16 +60,24 @@ def test_role_reads_inputs_and_writes_only_checkpoints_and_artifacts(platform, e
     artifacts = statements["WriteArtifacts"]
     assert set(artifacts["Action"]) == {"s3:PutObject", "s3:AbortMultipartUpload"}
     assert "ArtifactsBucketArn" in as_text(artifacts["Resource"])
-    writers = [s for s in statements.values() if {"s3:PutObject", "s3:DeleteObject"} & set(as_list(s["Action"]))]
+    writers = [
+        s for s in statements.values() if {"s3:PutObject", "s3:DeleteObject"} & set(as_list(s["Action"]))
+    ]
     assert {s["Sid"] for s in writers} == {"WriteCheckpoints", "WriteArtifacts"}
     for statement in writers:
-        assert "Datasets" not in as_text(statement["Resource"]) and "Code" not in as_text(statement["Resource"])
+        assert "Datasets" not in as_text(statement["Resource"]) and "Code" not in as_text(
+            statement["Resource"]
+        )
 
 
 @pytest.mark.parametrize("env", ENVS)
 def test_role_uses_the_platform_key(platform, env):
     statements = execution_statements(platform, env)
-    assert set(statements["UsePlatformKey"]["Action"]) == {"kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey"}
+    assert set(statements["UsePlatformKey"]["Action"]) == {
+        "kms:Decrypt",
+        "kms:GenerateDataKey",
+        "kms:DescribeKey",
+    }
     assert "PlatformKeyArn" in as_text(statements["UsePlatformKey"]["Resource"])
     assert statements["GrantKeyToVolumes"]["Condition"] == {"Bool": {"kms:GrantIsForAWSResource": True}}
 
@@ -77,14 +87,23 @@ def test_role_pulls_only_the_deep_learning_container_repositories(platform, envi
     region = environments[env].region
     statements = execution_statements(platform, env)
     pull = statements["PullTrainingImages"]
-    assert set(pull["Action"]) == {"ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
-                                   "ecr:BatchCheckLayerAvailability"}
+    assert set(pull["Action"]) == {
+        "ecr:BatchGetImage",
+        "ecr:GetDownloadUrlForLayer",
+        "ecr:BatchCheckLayerAvailability",
+    }
     repositories = {arn["Fn::Join"][1][-1] for arn in pull["Resource"]}
-    assert repositories == {f":ecr:{region}:763104351884:repository/pytorch-training",
-                            f":ecr:{region}:763104351884:repository/huggingface-pytorch-training",
-                            f":ecr:{region}:658645717510:repository/smdistributed-modelparallel"}
-    assert statements["EcrLogin"] == {"Sid": "EcrLogin", "Effect": "Allow", "Action": "ecr:GetAuthorizationToken",
-                                      "Resource": "*"}
+    assert repositories == {
+        f":ecr:{region}:763104351884:repository/pytorch-training",
+        f":ecr:{region}:763104351884:repository/huggingface-pytorch-training",
+        f":ecr:{region}:658645717510:repository/smdistributed-modelparallel",
+    }
+    assert statements["EcrLogin"] == {
+        "Sid": "EcrLogin",
+        "Effect": "Allow",
+        "Action": "ecr:GetAuthorizationToken",
+        "Resource": "*",
+    }
 
 
 @pytest.mark.parametrize("env", ENVS)
@@ -110,27 +129,42 @@ def test_role_manages_network_interfaces_in_the_platform_subnets(platform, envir
     assert resources.count(":security-group/") == 1 and "TrainingSecurityGroup" in resources
     assert "subnet/*" not in resources and "security-group/*" not in resources
     manage = statements["ManageJobNetworkInterfaces"]
-    assert set(manage["Action"]) == {"ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface",
-                                     "ec2:DeleteNetworkInterfacePermission"}
+    assert set(manage["Action"]) == {
+        "ec2:CreateNetworkInterfacePermission",
+        "ec2:DeleteNetworkInterface",
+        "ec2:DeleteNetworkInterfacePermission",
+    }
     assert manage["Resource"]["Fn::Join"][1][-1].endswith(":network-interface/*")
     assert set(statements["DescribeJobNetwork"]["Action"]) == {
-        "ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs", "ec2:DescribeDhcpOptions", "ec2:DescribeSubnets",
-        "ec2:DescribeSecurityGroups"}
+        "ec2:DescribeNetworkInterfaces",
+        "ec2:DescribeVpcs",
+        "ec2:DescribeDhcpOptions",
+        "ec2:DescribeSubnets",
+        "ec2:DescribeSecurityGroups",
+    }
 
 
 @pytest.mark.parametrize("env", ENVS)
 def test_warm_pool_cap_denies_longer_keep_alive_for_role_and_engineers(platform, environments, env):
     cap = environments[env].warm_pools.max_keep_alive_seconds
     template = platform.template_json(env, "access")
-    expected = {"Sid": "CapWarmPoolKeepAlive", "Effect": "Deny",
-                "Action": ["sagemaker:CreateTrainingJob", "sagemaker:UpdateTrainingJob"], "Resource": "*",
-                "Condition": {"NumericGreaterThan": {"sagemaker:KeepAlivePeriod": cap}}}
+    expected = {
+        "Sid": "CapWarmPoolKeepAlive",
+        "Effect": "Deny",
+        "Action": ["sagemaker:CreateTrainingJob", "sagemaker:UpdateTrainingJob"],
+        "Resource": "*",
+        "Condition": {"NumericGreaterThan": {"sagemaker:KeepAlivePeriod": cap}},
+    }
     guardrail = statements_by_sid(template, "AWS::IAM::ManagedPolicy", "AccessWarmPoolGuardrailPolicy")
     assert guardrail == {"CapWarmPoolKeepAlive": expected}
     assert engineer_statements(template)["CapWarmPoolKeepAlive"] == expected
     [role] = resources_of_type(template, "AWS::IAM::Role").values()
-    guardrail_id = next(iter(resources_of_type(template, "AWS::IAM::ManagedPolicy").keys()
-                             & {k for k in template["Resources"] if k.startswith("AccessWarmPoolGuardrail")}))
+    guardrail_id = next(
+        iter(
+            resources_of_type(template, "AWS::IAM::ManagedPolicy").keys()
+            & {k for k in template["Resources"] if k.startswith("AccessWarmPoolGuardrail")}
+        )
+    )
     assert {"Ref": guardrail_id} in role["Properties"]["ManagedPolicyArns"]
 
 
@@ -141,12 +175,14 @@ def test_engineers_read_only_the_platform_jobs_and_logs(platform, environments, 
     read = statements["ReadPlatformTrainingJobs"]
     assert set(read["Action"]) == {"sagemaker:DescribeTrainingJob", "sagemaker:ListTags"}
     assert read["Resource"]["Fn::Join"][1][-1] == (
-        f":sagemaker:{config.region}:{config.account}:training-job/{config.job_name_prefix}*")
+        f":sagemaker:{config.region}:{config.account}:training-job/{config.job_name_prefix}*"
+    )
     assert statements["ListTrainingJobs"]["Resource"] == "*"
     logs = statements["ReadTrainingLogs"]
     assert set(logs["Action"]) == {"logs:DescribeLogStreams", "logs:FilterLogEvents", "logs:GetLogEvents"}
     assert logs["Resource"][1]["Fn::Join"][1][-1].endswith(
-        f"log-group:/aws/sagemaker/TrainingJobs:log-stream:{config.job_name_prefix}*")
+        f"log-group:/aws/sagemaker/TrainingJobs:log-stream:{config.job_name_prefix}*"
+    )
     # Nothing that starts, stops or changes a training job directly.
     allowed = {a for s in statements.values() if s["Effect"] == "Allow" for a in as_list(s["Action"])}
     assert not {"sagemaker:CreateTrainingJob", "sagemaker:StopTrainingJob", "iam:PassRole"} & allowed
@@ -160,10 +196,18 @@ def launcher_wiring(tmp_path_factory):
     stack = cdk.Stack(app, "Wired", env=ENV)
     storage = TrainingStorage(stack, "Storage")
     access = TrainingAccess(
-        stack, "Access", datasets_bucket=storage.datasets_bucket, checkpoints_bucket=storage.checkpoints_bucket,
-        artifacts_bucket=storage.artifacts_bucket, code_bucket=storage.code_bucket, key=storage.key,
-        job_name_prefix="team-a", max_keep_alive_seconds=600, launcher_state_machine_arns=[STATE_MACHINE],
-        image_repository_arns=["arn:aws:ecr:us-east-1:111111111111:repository/team-a/trainer"])
+        stack,
+        "Access",
+        datasets_bucket=storage.datasets_bucket,
+        checkpoints_bucket=storage.checkpoints_bucket,
+        artifacts_bucket=storage.artifacts_bucket,
+        code_bucket=storage.code_bucket,
+        key=storage.key,
+        job_name_prefix="team-a",
+        max_keep_alive_seconds=600,
+        launcher_state_machine_arns=[STATE_MACHINE],
+        image_repository_arns=["arn:aws:ecr:us-east-1:111111111111:repository/team-a/trainer"],
+    )
     launcher_role = iam.Role(stack, "LauncherRole", assumed_by=iam.ServicePrincipal("states.amazonaws.com"))
     access.grant_pass_execution_role(launcher_role)
     return synthesize(app, outdir, {("wired", "access"): stack}), access
@@ -175,22 +219,35 @@ def test_launcher_executions_are_granted_to_engineers(launcher_wiring):
     template = synthesized.template_json("wired", "access")
     statements = engineer_statements(template)
     assert statements["StartLauncherRuns1"]["Resource"] == STATE_MACHINE
-    assert set(statements["StartLauncherRuns1"]["Action"]) == {"states:StartExecution", "states:ListExecutions"}
+    assert set(statements["StartLauncherRuns1"]["Action"]) == {
+        "states:StartExecution",
+        "states:ListExecutions",
+    }
     follow = statements["FollowLauncherRuns1"]
-    assert set(follow["Action"]) == {"states:DescribeExecution", "states:StopExecution",
-                                     "states:GetExecutionHistory"}
-    assert follow["Resource"]["Fn::Join"][1][-1] == ":states:us-east-1:111111111111:execution:llmtrain-launcher:*"
+    assert set(follow["Action"]) == {
+        "states:DescribeExecution",
+        "states:StopExecution",
+        "states:GetExecutionHistory",
+    }
+    assert (
+        follow["Resource"]["Fn::Join"][1][-1]
+        == ":states:us-east-1:111111111111:execution:llmtrain-launcher:*"
+    )
 
 
 def test_pass_role_goes_to_sagemaker_only(launcher_wiring):
     synthesized, _ = launcher_wiring
     template = synthesized.template_json("wired", "access")
-    launcher_policy = next(p for logical_id, p in resources_of_type(template, "AWS::IAM::Policy").items()
-                           if logical_id.startswith("LauncherRole"))
+    launcher_policy = next(
+        p
+        for logical_id, p in resources_of_type(template, "AWS::IAM::Policy").items()
+        if logical_id.startswith("LauncherRole")
+    )
     [statement] = launcher_policy["Properties"]["PolicyDocument"]["Statement"]
     assert statement["Action"] == "iam:PassRole"
-    assert statement["Resource"] == {"Fn::GetAtt": [next(k for k in template["Resources"]
-                                                         if k.startswith("AccessExecutionRole")), "Arn"]}
+    assert statement["Resource"] == {
+        "Fn::GetAtt": [next(k for k in template["Resources"] if k.startswith("AccessExecutionRole")), "Arn"]
+    }
     assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
 
 
@@ -234,9 +291,15 @@ def test_image_registries_match_the_sagemaker_sdk():
 
 def access_props(stack, **overrides):
     storage = TrainingStorage(stack, "Storage")
-    props = dict(datasets_bucket=storage.datasets_bucket, checkpoints_bucket=storage.checkpoints_bucket,
-                 artifacts_bucket=storage.artifacts_bucket, code_bucket=storage.code_bucket, key=storage.key,
-                 job_name_prefix="llmtrain-dev", max_keep_alive_seconds=3600)
+    props = dict(
+        datasets_bucket=storage.datasets_bucket,
+        checkpoints_bucket=storage.checkpoints_bucket,
+        artifacts_bucket=storage.artifacts_bucket,
+        code_bucket=storage.code_bucket,
+        key=storage.key,
+        job_name_prefix="llmtrain-dev",
+        max_keep_alive_seconds=3600,
+    )
     return {**props, **overrides}
 
 
@@ -247,13 +310,19 @@ INVALID_PROPS = [
     ({"job_name_prefix": "LLM_train"}, "job_name_prefix", "lowercase"),
     ({"job_name_prefix": "x" * 25}, "job_name_prefix", "1-24"),
     ({"image_repository_arns": []}, "image_repository_arns", "at least one"),
-    ({"image_repository_arns": ["763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training"]},
-     "image_repository_arns", "not ECR repository ARNs"),
+    (
+        {"image_repository_arns": ["763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training"]},
+        "image_repository_arns",
+        "not ECR repository ARNs",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("overrides", "field", "explanation"), INVALID_PROPS,
-                         ids=[f"{field}-{explanation}" for _, field, explanation in INVALID_PROPS])
+@pytest.mark.parametrize(
+    ("overrides", "field", "explanation"),
+    INVALID_PROPS,
+    ids=[f"{field}-{explanation}" for _, field, explanation in INVALID_PROPS],
+)
 def test_invalid_props_fail_at_synth_naming_the_field(overrides, field, explanation):
     stack = cdk.Stack(cdk.App(), "Invalid", env=ENV)
     with pytest.raises(PropsError) as raised:
@@ -262,10 +331,16 @@ def test_invalid_props_fail_at_synth_naming_the_field(overrides, field, explanat
     assert explanation in str(raised.value)
 
 
-@pytest.mark.parametrize(("env", "message"), [
-    (cdk.Environment(account="111111111111", region="xx-nowhere-1"), "no Deep Learning Container registry"),
-    (None, "no explicit region"),
-])
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            cdk.Environment(account="111111111111", region="xx-nowhere-1"),
+            "no Deep Learning Container registry",
+        ),
+        (None, "no explicit region"),
+    ],
+)
 def test_image_registry_must_be_known_for_the_region(env, message):
     stack = cdk.Stack(cdk.App(), "Region", env=env)
     with pytest.raises(PropsError, match=message):

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 from infra_helpers import CONFIG_DIR
+
+import app as cdk_app
 from llmtrain.environments import (
     MAX_WARM_POOL_KEEP_ALIVE_SECONDS,
     EnvironmentConfigError,
@@ -16,10 +18,15 @@ from llmtrain.environments import (
     parse_environment,
 )
 
-import app as cdk_app
-
-CATALOG_TEMPLATES = {"llama-pretrain-fsdp", "llama-pretrain-hsdp-tp", "llama-pretrain-smp",
-                     "llama-finetune-deepspeed", "llama-finetune-lora", "gpt2-ddp", "byo-script"}
+CATALOG_TEMPLATES = {
+    "llama-pretrain-fsdp",
+    "llama-pretrain-hsdp-tp",
+    "llama-pretrain-smp",
+    "llama-finetune-deepspeed",
+    "llama-finetune-lora",
+    "gpt2-ddp",
+    "byo-script",
+}
 
 
 def valid_document() -> dict:
@@ -41,7 +48,9 @@ def test_committed_environments_load_with_their_values():
     assert dev.network.availability_zones == ("us-east-1a", "us-east-1b")
     assert len(prod.network.availability_zones) == 3
     assert dev.network.vpc_cidr == "10.40.0.0/16" and dev.network.nat_gateways == 0
-    assert prod.network.inter_container_traffic_encryption and not dev.network.inter_container_traffic_encryption
+    assert (
+        prod.network.inter_container_traffic_encryption and not dev.network.inter_container_traffic_encryption
+    )
     assert set(dev.enabled_templates) == CATALOG_TEMPLATES
     assert set(prod.enabled_templates) == CATALOG_TEMPLATES - {"byo-script"}
     assert dev.warm_pools.max_keep_alive_seconds == 3600 and dev.warm_pools.idle_budget_seconds == 1800
@@ -69,9 +78,12 @@ def test_existing_vpc_replaces_the_cidr(tmp_path):
     document = valid_document()
     network = document["network"]
     del network["vpc_cidr"]
-    network["existing_vpc"] = {"vpc_id": "vpc-0123456789abcdef0", "vpc_cidr": "10.9.0.0/16",
-                               "subnet_ids": ["subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb"],
-                               "route_table_ids": ["rtb-0aaaaaaaaaaaaaaaa", "rtb-0bbbbbbbbbbbbbbbb"]}
+    network["existing_vpc"] = {
+        "vpc_id": "vpc-0123456789abcdef0",
+        "vpc_cidr": "10.9.0.0/16",
+        "subnet_ids": ["subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb"],
+        "route_table_ids": ["rtb-0aaaaaaaaaaaaaaaa", "rtb-0bbbbbbbbbbbbbbbb"],
+    }
     config = load_environment(write(tmp_path, "dev", document))
     assert config.network.vpc_cidr == "10.9.0.0/16"
     assert config.network.existing_vpc.subnet_ids == ("subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb")
@@ -88,12 +100,17 @@ def _set(path: str, value):
             del target[leaf]
         else:
             target[leaf] = value
+
     return change
 
 
 _DELETE = object()
-_EXISTING = {"vpc_id": "vpc-0123456789abcdef0", "vpc_cidr": "10.9.0.0/16",
-             "subnet_ids": ["subnet-0aaaaaaaaaaaaaaaa"], "route_table_ids": ["rtb-0aaaaaaaaaaaaaaaa"]}
+_EXISTING = {
+    "vpc_id": "vpc-0123456789abcdef0",
+    "vpc_cidr": "10.9.0.0/16",
+    "subnet_ids": ["subnet-0aaaaaaaaaaaaaaaa"],
+    "route_table_ids": ["rtb-0aaaaaaaaaaaaaaaa"],
+}
 
 INVALID = [
     # (change, field named in the message, words of the explanation)
@@ -108,22 +125,45 @@ INVALID = [
     (_set("network.vpc_cidr", "10.0.0.0/8"), "network.vpc_cidr", "/16 to /24"),
     (_set("network.vpc_cidr", "fd00::/64"), "network.vpc_cidr", "IPv4"),
     (_set("network.availability_zones", ["us-east-1a"]), "network.availability_zones", "at least 2"),
-    (_set("network.availability_zones", ["us-west-2a", "us-west-2b"]), "network.availability_zones",
-     "us-east-1"),
+    (
+        _set("network.availability_zones", ["us-west-2a", "us-west-2b"]),
+        "network.availability_zones",
+        "us-east-1",
+    ),
     (_set("network.nat_gateways", 3), "network.nat_gateways", "at most 2"),
     (_set("network.nat_gateways", True), "network.nat_gateways", "whole number"),
-    (_set("network.inter_container_traffic_encryption", "yes"),
-     "network.inter_container_traffic_encryption", "true or false"),
+    (
+        _set("network.inter_container_traffic_encryption", "yes"),
+        "network.inter_container_traffic_encryption",
+        "true or false",
+    ),
     (_set("network.s3_prefix_list_id", "s3"), "network.s3_prefix_list_id", "prefix list"),
     (_set("network.existing_vpc", _EXISTING), "network.existing_vpc.subnet_ids", "at least 2"),
-    (_set("network.existing_vpc", {**_EXISTING, "vpc_id": "vpc-1",
-                                   "subnet_ids": ["subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb"],
-                                   "route_table_ids": ["rtb-0aaaaaaaaaaaaaaaa", "rtb-0bbbbbbbbbbbbbbbb"]}),
-     "network.existing_vpc.vpc_id", "VPC id"),
-    (_set("network.existing_vpc", {**_EXISTING,
-                                   "subnet_ids": ["subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb"],
-                                   "route_table_ids": ["rtb-0aaaaaaaaaaaaaaaa", "rtb-0bbbbbbbbbbbbbbbb"]}),
-     "network.vpc_cidr", "existing_vpc.vpc_cidr is used"),
+    (
+        _set(
+            "network.existing_vpc",
+            {
+                **_EXISTING,
+                "vpc_id": "vpc-1",
+                "subnet_ids": ["subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb"],
+                "route_table_ids": ["rtb-0aaaaaaaaaaaaaaaa", "rtb-0bbbbbbbbbbbbbbbb"],
+            },
+        ),
+        "network.existing_vpc.vpc_id",
+        "VPC id",
+    ),
+    (
+        _set(
+            "network.existing_vpc",
+            {
+                **_EXISTING,
+                "subnet_ids": ["subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb"],
+                "route_table_ids": ["rtb-0aaaaaaaaaaaaaaaa", "rtb-0bbbbbbbbbbbbbbbb"],
+            },
+        ),
+        "network.vpc_cidr",
+        "existing_vpc.vpc_cidr is used",
+    ),
     (_set("job_templates.enabled", []), "job_templates.enabled", "at least 1"),
     (_set("job_templates.enabled", ["gpt2-ddp", "gpt2-ddp"]), "job_templates.enabled", "more than once"),
     (_set("job_templates.enabled", ["Llama 7B"]), "job_templates.enabled", "not valid"),
@@ -131,8 +171,11 @@ INVALID = [
     (_set("job_name_prefix", "a" * 25), "job_name_prefix", "at most 24"),
     (_set("quotas.alarm_threshold_percent", 120), "quotas.alarm_threshold_percent", "at most 100"),
     (_set("quotas.alarm_threshold_percent", "high"), "quotas.alarm_threshold_percent", "a number"),
-    (_set("warm_pools.max_keep_alive_seconds", MAX_WARM_POOL_KEEP_ALIVE_SECONDS + 1),
-     "warm_pools.max_keep_alive_seconds", "at most 21600"),
+    (
+        _set("warm_pools.max_keep_alive_seconds", MAX_WARM_POOL_KEEP_ALIVE_SECONDS + 1),
+        "warm_pools.max_keep_alive_seconds",
+        "at most 21600",
+    ),
     (_set("warm_pools.max_keep_alive_seconds", -1), "warm_pools.max_keep_alive_seconds", "at least 0"),
     (_set("warm_pools.idle_budget_seconds", 7200), "warm_pools.idle_budget_seconds", "exceeds"),
     (_set("notifications.email", "not-an-address"), "notifications.email", "e-mail"),
@@ -143,8 +186,11 @@ INVALID = [
 ]
 
 
-@pytest.mark.parametrize(("change", "field", "explanation"), INVALID,
-                         ids=[f"{field}-{explanation}" for _, field, explanation in INVALID])
+@pytest.mark.parametrize(
+    ("change", "field", "explanation"),
+    INVALID,
+    ids=[f"{field}-{explanation}" for _, field, explanation in INVALID],
+)
 def test_an_invalid_field_is_named_with_the_file(tmp_path, change, field, explanation):
     document = copy.deepcopy(valid_document())
     change(document)

@@ -11,9 +11,11 @@ from training_constructs import ExistingVpcAttributes, PropsError, TrainingNetwo
 
 ZONES = ["us-east-1a", "us-east-1b"]
 EXISTING = ExistingVpcAttributes(
-    vpc_id="vpc-0123456789abcdef0", vpc_cidr="10.9.0.0/16",
+    vpc_id="vpc-0123456789abcdef0",
+    vpc_cidr="10.9.0.0/16",
     subnet_ids=["subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb"],
-    route_table_ids=["rtb-0aaaaaaaaaaaaaaaa", "rtb-0bbbbbbbbbbbbbbbb"])
+    route_table_ids=["rtb-0aaaaaaaaaaaaaaaa", "rtb-0bbbbbbbbbbbbbbbb"],
+)
 INTERFACE_SERVICES = {"sagemaker.api", "sts", "logs", "monitoring", "ecr.api", "ecr.dkr", "kms"}
 
 
@@ -24,8 +26,9 @@ def variants(tmp_path_factory):
     app = cdk.App(outdir=str(outdir))
     options = {
         "existing": {"existing_vpc": EXISTING},
-        "existing-no-endpoints": {"existing_vpc": ExistingVpcAttributes(
-            **{**EXISTING.__dict__, "create_endpoints": False})},
+        "existing-no-endpoints": {
+            "existing_vpc": ExistingVpcAttributes(**{**EXISTING.__dict__, "create_endpoints": False})
+        },
         "nat": {"nat_gateways": 2, "vpc_cidr": "10.60.0.0/20"},
         "prefix-list": {"s3_prefix_list_id": "pl-63a5400a"},
     }
@@ -54,8 +57,9 @@ def test_vpc_has_only_private_subnets_in_the_configured_zones(platform, environm
     config = environments[env].network
     vpc = resources_of_type(template, "AWS::EC2::VPC")
     assert [v["Properties"]["CidrBlock"] for v in vpc.values()] == [config.vpc_cidr]
-    assert all(v["Properties"]["EnableDnsHostnames"] and v["Properties"]["EnableDnsSupport"]
-               for v in vpc.values())
+    assert all(
+        v["Properties"]["EnableDnsHostnames"] and v["Properties"]["EnableDnsSupport"] for v in vpc.values()
+    )
     subnets = resources_of_type(template, "AWS::EC2::Subnet").values()
     assert sorted(s["Properties"]["AvailabilityZone"] for s in subnets) == sorted(config.availability_zones)
     assert not any(s["Properties"]["MapPublicIpOnLaunch"] for s in subnets)
@@ -91,8 +95,10 @@ def test_efa_group_allows_https_out_and_nothing_in_from_outside(platform, enviro
 
 def test_inter_container_encryption_rules_follow_the_config(platform):
     prod = platform.template_json("prod", "network")
-    for rule_type, peer in (("AWS::EC2::SecurityGroupIngress", "SourceSecurityGroupId"),
-                            ("AWS::EC2::SecurityGroupEgress", "DestinationSecurityGroupId")):
+    for rule_type, peer in (
+        ("AWS::EC2::SecurityGroupIngress", "SourceSecurityGroupId"),
+        ("AWS::EC2::SecurityGroupEgress", "DestinationSecurityGroupId"),
+    ):
         rules = self_rules(prod, rule_type, peer)
         assert rules["udp"] == [(500, 500)], rule_type
         assert "50" in rules, rule_type  # ESP
@@ -106,38 +112,75 @@ def test_endpoints_cover_every_service_a_job_calls(platform, environments, env):
     template = platform.template_json(env, "network")
     region = environments[env].region
     endpoints = resources_of_type(template, "AWS::EC2::VPCEndpoint").values()
-    interface = {e["Properties"]["ServiceName"].removeprefix(f"com.amazonaws.{region}.")
-                 for e in endpoints if e["Properties"]["VpcEndpointType"] == "Interface"}
+    interface = {
+        e["Properties"]["ServiceName"].removeprefix(f"com.amazonaws.{region}.")
+        for e in endpoints
+        if e["Properties"]["VpcEndpointType"] == "Interface"
+    }
     assert interface == INTERFACE_SERVICES
-    assert all(e["Properties"]["PrivateDnsEnabled"] for e in endpoints
-               if e["Properties"]["VpcEndpointType"] == "Interface")
+    assert all(
+        e["Properties"]["PrivateDnsEnabled"]
+        for e in endpoints
+        if e["Properties"]["VpcEndpointType"] == "Interface"
+    )
     gateways = [e for e in endpoints if e["Properties"]["VpcEndpointType"] == "Gateway"]
     assert len(gateways) == 1
     assert gateways[0]["Properties"]["ServiceName"]["Fn::Join"][1][-1] == ".s3"
     route_tables = resources_of_type(template, "AWS::EC2::RouteTable")
     assert {ref["Ref"] for ref in gateways[0]["Properties"]["RouteTableIds"]} == set(route_tables)
     # The endpoints accept HTTPS from the VPC only.
-    endpoint_group = next(g for logical_id, g in resources_of_type(template, "AWS::EC2::SecurityGroup").items()
-                          if "EndpointSecurityGroup" in logical_id)
+    endpoint_group = next(
+        g
+        for logical_id, g in resources_of_type(template, "AWS::EC2::SecurityGroup").items()
+        if "EndpointSecurityGroup" in logical_id
+    )
     [ingress] = endpoint_group["Properties"]["SecurityGroupIngress"]
     assert (ingress["CidrIp"], ingress["FromPort"], ingress["ToPort"]) == (
-        environments[env].network.vpc_cidr, 443, 443)
+        environments[env].network.vpc_cidr,
+        443,
+        443,
+    )
 
 
 @pytest.mark.parametrize("env", ["dev", "prod"])
 def test_flow_logs_go_to_an_encrypted_log_group_with_retention(platform, env):
     template = platform.template(env, "network")
-    template.has_resource_properties("AWS::EC2::FlowLog", {
-        "ResourceType": "VPC", "TrafficType": "ALL", "LogDestinationType": "cloud-watch-logs",
-        "LogGroupName": {"Ref": "FlowLogGroup"}})
-    template.has_resource("AWS::Logs::LogGroup", {
-        "Properties": {"RetentionInDays": 365, "KmsKeyId": {"Fn::GetAtt": ["FlowLogKey", "Arn"]}},
-        "DeletionPolicy": "Retain"})
-    template.has_resource_properties("AWS::KMS::Key", {
-        "EnableKeyRotation": True,
-        "KeyPolicy": {"Statement": Match.array_with([Match.object_like({
-            "Sid": "CloudWatchLogsOfThisAccount",
-            "Condition": {"ArnLike": {"kms:EncryptionContext:aws:logs:arn": Match.any_value()}}})])}})
+    template.has_resource_properties(
+        "AWS::EC2::FlowLog",
+        {
+            "ResourceType": "VPC",
+            "TrafficType": "ALL",
+            "LogDestinationType": "cloud-watch-logs",
+            "LogGroupName": {"Ref": "FlowLogGroup"},
+        },
+    )
+    template.has_resource(
+        "AWS::Logs::LogGroup",
+        {
+            "Properties": {"RetentionInDays": 365, "KmsKeyId": {"Fn::GetAtt": ["FlowLogKey", "Arn"]}},
+            "DeletionPolicy": "Retain",
+        },
+    )
+    template.has_resource_properties(
+        "AWS::KMS::Key",
+        {
+            "EnableKeyRotation": True,
+            "KeyPolicy": {
+                "Statement": Match.array_with(
+                    [
+                        Match.object_like(
+                            {
+                                "Sid": "CloudWatchLogsOfThisAccount",
+                                "Condition": {
+                                    "ArnLike": {"kms:EncryptionContext:aws:logs:arn": Match.any_value()}
+                                },
+                            }
+                        )
+                    ]
+                )
+            },
+        },
+    )
 
 
 def test_existing_vpc_is_imported_by_attributes(variants):
@@ -170,17 +213,24 @@ def test_nat_gateways_give_private_subnets_egress_without_public_ingress(variant
     assert len(subnets) == 4 and not any(s["Properties"]["MapPublicIpOnLaunch"] for s in subnets)
     default_routes = [r["Properties"] for r in resources_of_type(template, "AWS::EC2::Route").values()]
     assert sum("NatGatewayId" in r for r in default_routes) == 2
-    training = next(g for logical_id, g in resources_of_type(template, "AWS::EC2::SecurityGroup").items()
-                    if "TrainingSecurityGroup" in logical_id)
+    training = next(
+        g
+        for logical_id, g in resources_of_type(template, "AWS::EC2::SecurityGroup").items()
+        if "TrainingSecurityGroup" in logical_id
+    )
     assert "SecurityGroupIngress" not in training["Properties"]
 
 
 def test_s3_prefix_list_narrows_https_egress(variants):
     template = variants.template_json("prefix-list", "network")
-    training = next(g for logical_id, g in resources_of_type(template, "AWS::EC2::SecurityGroup").items()
-                    if "TrainingSecurityGroup" in logical_id)
+    training = next(
+        g
+        for logical_id, g in resources_of_type(template, "AWS::EC2::SecurityGroup").items()
+        if "TrainingSecurityGroup" in logical_id
+    )
     egress = training["Properties"]["SecurityGroupEgress"] + [
-        rule["Properties"] for rule in resources_of_type(template, "AWS::EC2::SecurityGroupEgress").values()]
+        rule["Properties"] for rule in resources_of_type(template, "AWS::EC2::SecurityGroupEgress").values()
+    ]
     to_s3 = [rule for rule in egress if rule.get("DestinationPrefixListId") == "pl-63a5400a"]
     assert [(rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) for rule in to_s3] == [("tcp", 443, 443)]
     assert not [rule for rule in egress if rule.get("CidrIp") == "0.0.0.0/0"]
@@ -189,11 +239,26 @@ def test_s3_prefix_list_narrows_https_egress(variants):
 def test_construct_exposes_what_later_stacks_need(platform):
     network = platform.stages["prod"].network.network
     assert len(network.subnets) == 3 and len(network.subnet_ids) == 3
-    assert set(network.interface_endpoints) == {"SageMakerApi", "Sts", "Logs", "Monitoring", "EcrApi",
-                                                "EcrDocker", "Kms"}
+    assert set(network.interface_endpoints) == {
+        "SageMakerApi",
+        "Sts",
+        "Logs",
+        "Monitoring",
+        "EcrApi",
+        "EcrDocker",
+        "Kms",
+    }
     assert network.inter_container_traffic_encryption is True
-    for attribute in ("vpc", "security_group", "endpoint_security_group", "s3_endpoint", "flow_log",
-                      "flow_log_group", "flow_log_key", "subnet_selection"):
+    for attribute in (
+        "vpc",
+        "security_group",
+        "endpoint_security_group",
+        "s3_endpoint",
+        "flow_log",
+        "flow_log_group",
+        "flow_log_key",
+        "subnet_selection",
+    ):
         assert getattr(network, attribute) is not None, attribute
 
 
@@ -207,17 +272,37 @@ INVALID_PROPS = [
     ({"nat_gateways": 1, "existing_vpc": EXISTING}, "nat_gateways", "existing_vpc"),
     ({"s3_prefix_list_id": "com.amazonaws.us-east-1.s3"}, "s3_prefix_list_id", "prefix list id"),
     ({"flow_log_retention": logs.RetentionDays.INFINITE}, "flow_log_retention", "finite"),
-    ({"existing_vpc": ExistingVpcAttributes(**{**EXISTING.__dict__, "vpc_id": "my-vpc"})},
-     "existing_vpc.vpc_id", "VPC id"),
-    ({"existing_vpc": ExistingVpcAttributes(**{**EXISTING.__dict__, "subnet_ids": ["subnet-0aaaaaaaaaaaaaaaa"]})},
-     "existing_vpc.subnet_ids", "one entry per availability zone"),
-    ({"existing_vpc": ExistingVpcAttributes(**{**EXISTING.__dict__, "route_table_ids": ["rtb-1", "rtb-2"]})},
-     "existing_vpc.route_table_ids", "do not look like"),
+    (
+        {"existing_vpc": ExistingVpcAttributes(**{**EXISTING.__dict__, "vpc_id": "my-vpc"})},
+        "existing_vpc.vpc_id",
+        "VPC id",
+    ),
+    (
+        {
+            "existing_vpc": ExistingVpcAttributes(
+                **{**EXISTING.__dict__, "subnet_ids": ["subnet-0aaaaaaaaaaaaaaaa"]}
+            )
+        },
+        "existing_vpc.subnet_ids",
+        "one entry per availability zone",
+    ),
+    (
+        {
+            "existing_vpc": ExistingVpcAttributes(
+                **{**EXISTING.__dict__, "route_table_ids": ["rtb-1", "rtb-2"]}
+            )
+        },
+        "existing_vpc.route_table_ids",
+        "do not look like",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("props", "field", "explanation"), INVALID_PROPS,
-                         ids=[f"{field}-{explanation}" for _, field, explanation in INVALID_PROPS])
+@pytest.mark.parametrize(
+    ("props", "field", "explanation"),
+    INVALID_PROPS,
+    ids=[f"{field}-{explanation}" for _, field, explanation in INVALID_PROPS],
+)
 def test_invalid_props_fail_at_synth_naming_the_field(props, field, explanation):
     stack = cdk.Stack(cdk.App(), "Invalid", env=ENV)
     with pytest.raises(PropsError) as raised:

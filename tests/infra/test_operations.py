@@ -1,8 +1,10 @@
 """The operations stack of every environment, from the app synthesized once per session (conftest).
 
 Alarms, the job-events rule, the schedules, the functions' settings and permissions and the dashboard
-are asserted in the synthesized templates against config/ and the template catalog; cdk-nag and
-cfn-lint run over them. The functions' code asset is imported the way Lambda would load it.
+are asserted in the synthesized templates against config/ and the template catalog; cdk-nag runs
+over them (cfn-lint too: tests/infra/test_platform.py lints every template of the app, this one's
+included; the construct on its own is linted here). The functions' code asset is imported the way
+Lambda would load it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_sns as sns
+from aws_cdk.assertions import Template
+from cdk_nag import AwsSolutionsChecks
 from cfnlint.api import ManualArgs, lint
 from infra_helpers import as_list, resources_of_type
 from training_constructs import PropsError
@@ -30,6 +34,13 @@ from stacks.operations import enabled_template_versions
 
 ENVIRONMENTS = ("dev", "prod")
 CATALOG = Catalog.load()
+GOOD = dict(
+    environment_name="dev",
+    job_name_prefix="llmtrain-dev",
+    instance_types=["ml.p4d.24xlarge"],
+    quota_alarm_threshold_percent=80,
+    warm_pool_idle_budget_seconds=1800,
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,24 +65,25 @@ def functions(template: dict) -> dict[str, dict]:
     return found
 
 
+def notification_topic(template: dict) -> dict:
+    """Where the job-events function sends notifications; the alarms must notify the same topic."""
+    return functions(template)["job_events"]["Properties"]["Environment"]["Variables"][
+        "NOTIFICATION_TOPIC_ARN"
+    ]
+
+
 def logical_id_of(template: dict, resource: dict) -> str:
     return next(
         logical_id for logical_id, candidate in template["Resources"].items() if candidate is resource
     )
 
 
-# -- cdk-nag, cfn-lint ------------------------------------------------------------------------------
+# -- cdk-nag ------------------------------------------------------------------------------
 
 
 def test_cdk_nag_has_no_unacknowledged_finding_in_the_operations_stacks(platform):
     mine = [v for v in platform.nag_violations() if "/Operations/" in json.dumps(v)]
     assert mine == []
-
-
-@pytest.mark.parametrize("environment", ENVIRONMENTS)
-def test_cfn_lint_reports_nothing(templates, environment):
-    matches = lint(json.dumps(templates[environment]), config=ManualArgs(regions=["us-east-1", "us-west-2"]))
-    assert [str(match) for match in matches] == []
 
 
 # -- alarms -----------------------------------------------------------------------------------------
@@ -204,7 +216,6 @@ def test_the_functions_get_the_environment_s_settings(templates, environments, e
         {**variables["job_events"], "NOTIFICATION_TOPIC_ARN": "resolved at deploy time"}
     )
     assert (events.job_name_prefix, events.environment) == (f"{config.job_name_prefix}-", config.name)
-    assert "Ref" in variables["job_events"]["NOTIFICATION_TOPIC_ARN"]
     for function in lambdas.values():
         module, name = function["Properties"]["Handler"].rsplit(".", 1)
         assert callable(getattr(importlib.import_module(module), name))
@@ -259,15 +270,77 @@ def test_the_functions_write_only_their_own_log_groups(templates):
         }
 
 
-def test_without_the_launcher_s_topic_an_encrypted_topic_mails_the_configured_address(
-    templates, environments
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_alarms_and_job_notifications_reach_the_configured_address(
+    platform, templates, environments, environment
 ):
-    for name in ENVIRONMENTS:
-        template = templates[name]
-        [topic] = resources_of_type(template, "AWS::SNS::Topic").values()
-        assert "KmsMasterKeyId" in topic["Properties"]
-        [subscription] = resources_of_type(template, "AWS::SNS::Subscription").values()
-        assert subscription["Properties"]["Endpoint"] == environments[name].notifications.email
+    template, config = templates[environment], environments[environment]
+    operations = platform.stages[environment].operations.operations
+    topic_arn = notification_topic(template)
+    if operations.topic_key is None:  # the stage passed the launcher's topic, which mails the address
+        assert topic_arn["Fn::ImportValue"].startswith(f"{config.stack_name('launcher')}:")
+        return
+    [(topic_id, topic)] = resources_of_type(template, "AWS::SNS::Topic").items()
+    assert topic_arn == {"Ref": topic_id} and "KmsMasterKeyId" in topic["Properties"]
+    [subscription] = resources_of_type(template, "AWS::SNS::Subscription").values()
+    assert subscription["Properties"]["Endpoint"] == config.notifications.email
+
+
+def test_a_given_topic_is_used_and_no_other_is_created():
+    stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account="111111111111", region="us-east-1"))
+    given = sns.Topic(stack, "Given")
+    operations = TrainingOperations(stack, "Ops", **GOOD, notification_topic=given)
+    template = Template.from_stack(stack).to_json()
+    assert operations.topic is given and operations.topic_key is None
+    assert list(resources_of_type(template, "AWS::SNS::Topic")) == [
+        stack.get_logical_id(given.node.default_child)
+    ]
+    assert resources_of_type(template, "AWS::KMS::Key") == {}
+    topic_ref = {"Ref": stack.get_logical_id(given.node.default_child)}
+    assert notification_topic(template) == topic_ref
+    assert all(
+        a["Properties"]["AlarmActions"] == [topic_ref]
+        for a in resources_of_type(template, "AWS::CloudWatch::Alarm").values()
+    )
+
+
+@pytest.fixture(scope="module")
+def standalone():
+    """The construct on its own, as another team's app would use it: no launcher, its own topic."""
+    app = cdk.App()
+    stack = cdk.Stack(app, "Ops", env=cdk.Environment(account="111111111111", region="us-east-1"))
+    operations = TrainingOperations(
+        stack, "Operations", **GOOD, notification_email="oncall@example.com", reaper_dry_run=True
+    )
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    app.synth()
+    report = json.loads((Path(app.outdir) / "validation-report.json").read_text())
+    violations = [v for plugin in report["pluginReports"] for v in plugin["violations"]]
+    return operations, Template.from_stack(stack).to_json(), violations
+
+
+def test_standalone_it_creates_an_encrypted_topic_that_alarms_may_publish_to(standalone):
+    operations, template, violations = standalone
+    assert violations == []
+    assert lint(json.dumps(template), config=ManualArgs(regions=["us-east-1"])) == []
+    [(topic_id, topic)] = resources_of_type(template, "AWS::SNS::Topic").items()
+    [(key_id, key)] = resources_of_type(template, "AWS::KMS::Key").items()
+    assert topic["Properties"]["KmsMasterKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
+    [subscription] = resources_of_type(template, "AWS::SNS::Subscription").values()
+    assert (subscription["Properties"]["Protocol"], subscription["Properties"]["Endpoint"]) == (
+        "email",
+        "oncall@example.com",
+    )
+    [alarms_statement] = [
+        s for s in key["Properties"]["KeyPolicy"]["Statement"] if s.get("Sid") == "CloudWatchAlarmsPublish"
+    ]
+    assert alarms_statement["Principal"] == {"Service": "cloudwatch.amazonaws.com"}
+    assert set(alarms_statement["Action"]) == {"kms:Decrypt", "kms:GenerateDataKey*"}
+    assert notification_topic(template) == {"Ref": topic_id}
+    for alarm in resources_of_type(template, "AWS::CloudWatch::Alarm").values():
+        assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}]
+    assert functions(template)["warm_pools"]["Properties"]["Environment"]["Variables"]["DRY_RUN"] == "true"
+    assert operations.topic_key is not None and set(operations.quota_alarms) == {"ml.p4d.24xlarge"}
 
 
 # -- the dashboard ----------------------------------------------------------------------------------
@@ -279,18 +352,20 @@ def dashboard(template: dict) -> dict:
     return json.loads("".join(p if isinstance(p, str) else "TOKEN" for p in parts))
 
 
-def widget_titles(board: dict) -> list[str]:
-    return [w["properties"].get("title") or w["properties"].get("markdown", "") for w in board["widgets"]]
-
-
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_the_dashboard_shows_every_part(templates, environments, environment):
     config = environments[environment]
     board = dashboard(templates[environment])
     by_title = {w["properties"].get("title"): w["properties"] for w in board["widgets"]}
-    assert any(
-        t.startswith("### Launcher executions") or t == "Launcher executions" for t in widget_titles(board)
-    )
+    launcher = by_title["Launcher executions"]["metrics"]
+    assert [m[1] for m in launcher] == [
+        "ExecutionsStarted",
+        "ExecutionsSucceeded",
+        "ExecutionsFailed",
+        "ExecutionsAborted",
+        "ExecutionsTimedOut",
+    ]
+    assert all(m[0] == "AWS/States" and m[2] == "StateMachineArn" for m in launcher)
 
     failures = by_title["Job failures by class"]["metrics"]
     assert sorted(m[5] for m in failures) == sorted(c.value for c in job_events.FailureClass)
@@ -341,15 +416,6 @@ def test_template_metrics_are_found_by_what_their_regexes_capture():
 
 
 # -- invalid props --------------------------------------------------------------------------------
-
-
-GOOD = dict(
-    environment_name="dev",
-    job_name_prefix="llmtrain-dev",
-    instance_types=["ml.p4d.24xlarge"],
-    quota_alarm_threshold_percent=80,
-    warm_pool_idle_budget_seconds=1800,
-)
 
 
 @pytest.mark.parametrize(

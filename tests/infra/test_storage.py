@@ -21,9 +21,14 @@ def bucket(template, logical_id):
 @pytest.mark.parametrize("env", ENVS)
 def test_stateful_resources_keep_their_pinned_logical_ids(platform, env):
     resources = platform.template_json(env, "storage")["Resources"]
-    assert PINNED_LOGICAL_IDS == {"key": "PlatformKey", "datasets": "DatasetsBucket",
-                                  "checkpoints": "CheckpointsBucket", "artifacts": "ArtifactsBucket",
-                                  "code": "CodeBucket", "access_logs": "AccessLogsBucket"}
+    assert PINNED_LOGICAL_IDS == {
+        "key": "PlatformKey",
+        "datasets": "DatasetsBucket",
+        "checkpoints": "CheckpointsBucket",
+        "artifacts": "ArtifactsBucket",
+        "code": "CodeBucket",
+        "access_logs": "AccessLogsBucket",
+    }
     assert resources["PlatformKey"]["Type"] == "AWS::KMS::Key"
     for logical_id in [*DATA_BUCKETS, "AccessLogsBucket"]:
         assert resources[logical_id]["Type"] == "AWS::S3::Bucket", logical_id
@@ -60,10 +65,14 @@ def test_key_rotates_and_its_policy_names_every_action(platform, env):
 def test_data_buckets_use_sse_kms_with_bucket_keys(platform, env):
     template = platform.template_json(env, "storage")
     for logical_id in DATA_BUCKETS:
-        [rule] = bucket(template, logical_id)["Properties"]["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+        [rule] = bucket(template, logical_id)["Properties"]["BucketEncryption"][
+            "ServerSideEncryptionConfiguration"
+        ]
         assert rule["BucketKeyEnabled"] is True, logical_id
         assert rule["ServerSideEncryptionByDefault"] == {
-            "SSEAlgorithm": "aws:kms", "KMSMasterKeyID": {"Fn::GetAtt": ["PlatformKey", "Arn"]}}, logical_id
+            "SSEAlgorithm": "aws:kms",
+            "KMSMasterKeyID": {"Fn::GetAtt": ["PlatformKey", "Arn"]},
+        }, logical_id
 
 
 @pytest.mark.parametrize("env", ENVS)
@@ -74,13 +83,19 @@ def test_access_logs_bucket_uses_sse_s3_because_log_delivery_cannot_use_kms(plat
     assert rule["ServerSideEncryptionByDefault"] == {"SSEAlgorithm": "AES256"}
     assert logs["LifecycleConfiguration"]["Rules"][0]["ExpirationInDays"] == 365
     # Log delivery is granted by bucket policy (ACLs are disabled), only for this account's buckets.
-    policy = next(p["Properties"]["PolicyDocument"] for p in
-                  resources_of_type(template, "AWS::S3::BucketPolicy").values()
-                  if p["Properties"]["Bucket"] == {"Ref": "AccessLogsBucket"})
-    delivery = [s for s in policy["Statement"] if s.get("Principal", {}).get("Service") == "logging.s3.amazonaws.com"]
+    policy = next(
+        p["Properties"]["PolicyDocument"]
+        for p in resources_of_type(template, "AWS::S3::BucketPolicy").values()
+        if p["Properties"]["Bucket"] == {"Ref": "AccessLogsBucket"}
+    )
+    delivery = [
+        s for s in policy["Statement"] if s.get("Principal", {}).get("Service") == "logging.s3.amazonaws.com"
+    ]
     assert len(delivery) == 4
-    assert all(s["Action"] == "s3:PutObject" and "aws:SourceAccount" in s["Condition"]["StringEquals"]
-               for s in delivery)
+    assert all(
+        s["Action"] == "s3:PutObject" and "aws:SourceAccount" in s["Condition"]["StringEquals"]
+        for s in delivery
+    )
     for logical_id in DATA_BUCKETS:
         logging = bucket(template, logical_id)["Properties"]["LoggingConfiguration"]
         assert logging["DestinationBucketName"] == {"Ref": "AccessLogsBucket"}
@@ -90,13 +105,18 @@ def test_access_logs_bucket_uses_sse_s3_because_log_delivery_cannot_use_kms(plat
 @pytest.mark.parametrize("env", ENVS)
 def test_every_bucket_is_private_and_refuses_plain_http(platform, env):
     template = platform.template_json(env, "storage")
-    policies = {p["Properties"]["Bucket"]["Ref"]: p["Properties"]["PolicyDocument"]["Statement"]
-                for p in resources_of_type(template, "AWS::S3::BucketPolicy").values()}
+    policies = {
+        p["Properties"]["Bucket"]["Ref"]: p["Properties"]["PolicyDocument"]["Statement"]
+        for p in resources_of_type(template, "AWS::S3::BucketPolicy").values()
+    }
     for logical_id in [*DATA_BUCKETS, "AccessLogsBucket"]:
         props = bucket(template, logical_id)["Properties"]
         assert props["PublicAccessBlockConfiguration"] == {
-            "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True,
-            "RestrictPublicBuckets": True}, logical_id
+            "BlockPublicAcls": True,
+            "BlockPublicPolicy": True,
+            "IgnorePublicAcls": True,
+            "RestrictPublicBuckets": True,
+        }, logical_id
         assert props["OwnershipControls"]["Rules"] == [{"ObjectOwnership": "BucketOwnerEnforced"}]
         denies = [s for s in policies[logical_id] if s["Effect"] == "Deny"]
         assert {"Bool": {"aws:SecureTransport": "false"}} in [s["Condition"] for s in denies], logical_id
@@ -106,8 +126,11 @@ def test_every_bucket_is_private_and_refuses_plain_http(platform, env):
 @pytest.mark.parametrize("env", ENVS)
 def test_versioning_and_lifecycle(platform, env):
     template = platform.template_json(env, "storage")
-    versioned = {logical_id for logical_id in DATA_BUCKETS
-                 if bucket(template, logical_id)["Properties"].get("VersioningConfiguration") == {"Status": "Enabled"}}
+    versioned = {
+        logical_id
+        for logical_id in DATA_BUCKETS
+        if bucket(template, logical_id)["Properties"].get("VersioningConfiguration") == {"Status": "Enabled"}
+    }
     assert versioned == {"CheckpointsBucket", "ArtifactsBucket", "CodeBucket"}
     [rule] = bucket(template, "CheckpointsBucket")["Properties"]["LifecycleConfiguration"]["Rules"]
     assert rule["NoncurrentVersionExpiration"] == {"NoncurrentDays": 30}
@@ -120,29 +143,46 @@ def test_versioning_and_lifecycle(platform, env):
 
 def test_construct_options_and_attributes():
     stack = cdk.Stack(cdk.App(), "Options", env=ENV)
-    storage = TrainingStorage(stack, "Storage", version_datasets=True, checkpoint_noncurrent_days=3,
-                              removal_policy=cdk.RemovalPolicy.DESTROY)
+    storage = TrainingStorage(
+        stack,
+        "Storage",
+        version_datasets=True,
+        checkpoint_noncurrent_days=3,
+        removal_policy=cdk.RemovalPolicy.DESTROY,
+    )
     assert set(storage.buckets) == {"datasets", "checkpoints", "artifacts", "code"}
     assert storage.buckets["checkpoints"] is storage.checkpoints_bucket
     template = cdk.assertions.Template.from_stack(stack).to_json()
-    datasets = next(r for logical_id, r in template["Resources"].items() if logical_id.startswith("StorageDatasets")
-                    and r["Type"] == "AWS::S3::Bucket")
+    datasets = next(
+        r
+        for logical_id, r in template["Resources"].items()
+        if logical_id.startswith("StorageDatasets") and r["Type"] == "AWS::S3::Bucket"
+    )
     assert datasets["Properties"]["VersioningConfiguration"] == {"Status": "Enabled"}
     assert datasets["DeletionPolicy"] == "Delete"
-    checkpoints = next(r for logical_id, r in template["Resources"].items()
-                       if logical_id.startswith("StorageCheckpoints") and r["Type"] == "AWS::S3::Bucket")
+    checkpoints = next(
+        r
+        for logical_id, r in template["Resources"].items()
+        if logical_id.startswith("StorageCheckpoints") and r["Type"] == "AWS::S3::Bucket"
+    )
     assert checkpoints["Properties"]["LifecycleConfiguration"]["Rules"][0]["NoncurrentVersionExpiration"] == {
-        "NoncurrentDays": 3}
+        "NoncurrentDays": 3
+    }
 
 
 def test_grant_helpers_scope_access_to_one_bucket():
     stack = cdk.Stack(cdk.App(), "Grants", env=ENV)
     storage = TrainingStorage(stack, "Storage")
-    reader = cdk.aws_iam.Role(stack, "Reader", assumed_by=cdk.aws_iam.ServicePrincipal("lambda.amazonaws.com"))
+    reader = cdk.aws_iam.Role(
+        stack, "Reader", assumed_by=cdk.aws_iam.ServicePrincipal("lambda.amazonaws.com")
+    )
     storage.grant_read_datasets(reader)
     storage.grant_write_code(reader)
-    policy = next(r for r in cdk.assertions.Template.from_stack(stack).to_json()["Resources"].values()
-                  if r["Type"] == "AWS::IAM::Policy")
+    policy = next(
+        r
+        for r in cdk.assertions.Template.from_stack(stack).to_json()["Resources"].values()
+        if r["Type"] == "AWS::IAM::Policy"
+    )
     resources = str(policy["Properties"]["PolicyDocument"])
     assert "StorageDatasetsBucket" in resources and "StorageCodeBucket" in resources
     assert "StorageCheckpointsBucket" not in resources and "StorageArtifactsBucket" not in resources
@@ -157,8 +197,11 @@ INVALID_PROPS = [
 ]
 
 
-@pytest.mark.parametrize(("props", "field", "explanation"), INVALID_PROPS,
-                         ids=[f"{field}-{explanation}" for _, field, explanation in INVALID_PROPS])
+@pytest.mark.parametrize(
+    ("props", "field", "explanation"),
+    INVALID_PROPS,
+    ids=[f"{field}-{explanation}" for _, field, explanation in INVALID_PROPS],
+)
 def test_invalid_props_fail_at_synth_naming_the_field(props, field, explanation):
     stack = cdk.Stack(cdk.App(), "Invalid", env=ENV)
     with pytest.raises(PropsError) as raised:

@@ -49,15 +49,17 @@ from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetai
 from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import CustomErrorName
 from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import FailureEvent
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
-from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
+from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
+    StatesErrorNameType,
+)
 from moto.stepfunctions.parser.asl.component.state.exec.state_task import (
     lambda_eval_utils,
     state_task_factory,
 )
-from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.resource import ResourceCondition
-from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
-    StateTaskServiceCallback,
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+    state_task_service_callback as callback,
 )
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.resource import ResourceCondition
 from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
@@ -67,6 +69,7 @@ REGION = "us-east-1"
 
 # --- resolving the synthesized templates ---------------------------------------------------------
 
+
 class CloudFormationResolver:
     """Resolves intrinsic functions across the stacks of one synthesized stage.
 
@@ -74,8 +77,14 @@ class CloudFormationResolver:
     bucket names); ``physical`` overrides them, e.g. with the ARN of a topic created in moto.
     """
 
-    def __init__(self, templates: Mapping[str, Mapping[str, Any]], *, account: str = ACCOUNT,
-                 region: str = REGION, physical: Mapping[tuple[str, str], str] | None = None):
+    def __init__(
+        self,
+        templates: Mapping[str, Mapping[str, Any]],
+        *,
+        account: str = ACCOUNT,
+        region: str = REGION,
+        physical: Mapping[tuple[str, str], str] | None = None,
+    ):
         self.templates = templates
         self.account = account
         self.region = region
@@ -88,7 +97,7 @@ class CloudFormationResolver:
         if not isinstance(node, dict):
             return node
         if len(node) == 1:
-            (key, value), = node.items()
+            ((key, value),) = node.items()
             function = _INTRINSICS.get(key)
             if function is not None:
                 return function(self, value, stack)
@@ -98,8 +107,13 @@ class CloudFormationResolver:
         return self.templates[stack]["Resources"][logical_id]
 
     def ref(self, logical_id: str, stack: str) -> str:
-        pseudo = {"AWS::Partition": "aws", "AWS::Region": self.region, "AWS::AccountId": self.account,
-                  "AWS::URLSuffix": "amazonaws.com", "AWS::StackName": stack}
+        pseudo = {
+            "AWS::Partition": "aws",
+            "AWS::Region": self.region,
+            "AWS::AccountId": self.account,
+            "AWS::URLSuffix": "amazonaws.com",
+            "AWS::StackName": stack,
+        }
         if logical_id in pseudo:
             return pseudo[logical_id]
         if (stack, logical_id) in self.physical:
@@ -111,7 +125,9 @@ class CloudFormationResolver:
             "AWS::EC2::Subnet": "subnet-" + _digest(name, 17),
             "AWS::EC2::SecurityGroup": "sg-" + _digest(name, 17),
             "AWS::SNS::Topic": f"arn:aws:sns:{self.region}:{self.account}:{name}",
-            "AWS::StepFunctions::StateMachine": f"arn:aws:states:{self.region}:{self.account}:stateMachine:{name}",
+            "AWS::StepFunctions::StateMachine": (
+                f"arn:aws:states:{self.region}:{self.account}:stateMachine:{name}"
+            ),
             "AWS::Lambda::Function": name,
             "AWS::Logs::LogGroup": name,
             "AWS::IAM::Role": name,
@@ -190,6 +206,7 @@ _INTRINSICS: dict[str, Callable[[CloudFormationResolver, Any, str], Any]] = {
 
 # --- the synthesized launcher ------------------------------------------------------------------------
 
+
 @dataclass
 class LambdaFunction:
     """One launcher function as the template deploys it."""
@@ -210,15 +227,23 @@ class SynthesizedLauncher:
     template: Mapping[str, Any]
 
     @classmethod
-    def from_assembly(cls, assembly_dir: Path, launcher_stack: str, templates: Mapping[str, Mapping[str, Any]],
-                      topic_arn: str) -> SynthesizedLauncher:
+    def from_assembly(
+        cls,
+        assembly_dir: Path,
+        launcher_stack: str,
+        templates: Mapping[str, Mapping[str, Any]],
+        topic_arn: str,
+    ) -> SynthesizedLauncher:
         template = templates[launcher_stack]
         topic_id = _only(template, "AWS::SNS::Topic")
         resolver = CloudFormationResolver(templates, physical={(launcher_stack, topic_id): topic_arn})
         machine = template["Resources"][_only(template, "AWS::StepFunctions::StateMachine")]
         definition = json.loads(resolver.resolve(machine["Properties"]["DefinitionString"], launcher_stack))
-        assets = {key: value for manifest in assembly_dir.glob("*.assets.json")
-                  for key, value in json.loads(manifest.read_text())["files"].items()}
+        assets = {
+            key: value
+            for manifest in assembly_dir.glob("*.assets.json")
+            for key, value in json.loads(manifest.read_text())["files"].items()
+        }
         functions = {}
         for logical_id, resource in template["Resources"].items():
             properties = resource["Properties"]
@@ -227,8 +252,11 @@ class SynthesizedLauncher:
             asset = assets[properties["Code"]["S3Key"].removesuffix(".zip")]["source"]["path"]
             arn = resolver.get_att(logical_id, "Arn", launcher_stack)
             functions[arn] = LambdaFunction(
-                arn=arn, handler=properties["Handler"], code_dir=(assembly_dir / asset).resolve(),
-                environment=resolver.resolve(properties["Environment"]["Variables"], launcher_stack))
+                arn=arn,
+                handler=properties["Handler"],
+                code_dir=(assembly_dir / asset).resolve(),
+                environment=resolver.resolve(properties["Environment"]["Variables"], launcher_stack),
+            )
         return cls(definition=definition, functions=functions, topic_logical_id=topic_id, template=template)
 
 
@@ -239,6 +267,7 @@ def _only(template: Mapping[str, Any], resource_type: str) -> str:
 
 
 # --- Lambda, in process ----------------------------------------------------------------------------
+
 
 class InProcessLambda:
     """Calls the launcher's handlers in this process, as the Lambda Python runtime would."""
@@ -259,37 +288,60 @@ class InProcessLambda:
             try:
                 result = json.loads(json.dumps(handler(event, None)))
             except Exception as error:  # noqa: BLE001 - the runtime reports every exception this way
-                return {"StatusCode": 200, "FunctionError": "Unhandled", "Payload": {
-                    "errorType": type(error).__name__, "errorMessage": str(error),
-                    "requestId": str(uuid.uuid4()), "stackTrace": traceback.format_tb(error.__traceback__)}}
+                return {
+                    "StatusCode": 200,
+                    "FunctionError": "Unhandled",
+                    "Payload": {
+                        "errorType": type(error).__name__,
+                        "errorMessage": str(error),
+                        "requestId": str(uuid.uuid4()),
+                        "stackTrace": traceback.format_tb(error.__traceback__),
+                    },
+                }
         return {"StatusCode": 200, "Payload": result, "ExecutedVersion": "$LATEST"}
 
 
 # --- SageMaker's optimised integration, simulated ----------------------------------------------------
 
+
 @dataclass
 class JobOutcome:
     """How one CreateTrainingJob attempt ends."""
 
-    status: str = "Completed"                 # Completed, Failed or Stopped
+    status: str = "Completed"  # Completed, Failed or Stopped
     failure_reason: str | None = None
     api_error: tuple[str, str] | None = None  # (code, message): CreateTrainingJob itself fails
     metrics: Mapping[str, float] = field(default_factory=lambda: {"train:loss": 2.25, "eval:loss": 2.5})
     billable_seconds: int = 5400
-    hold: threading.Event | None = None       # the job stays InProgress until this is set
+    hold: threading.Event | None = None  # the job stays InProgress until this is set
 
     @classmethod
     def capacity_error(cls) -> JobOutcome:
-        return cls(status="Failed", failure_reason="CapacityError: Unable to provision requested ML compute "
-                   "capacity. Please retry using a different ML instance type.", billable_seconds=0)
+        return cls(
+            status="Failed",
+            failure_reason="CapacityError: Unable to provision requested ML compute "
+            "capacity. Please retry using a different ML instance type.",
+            billable_seconds=0,
+        )
 
     @classmethod
-    def quota_error(cls, quota: str = "ml.p4d.24xlarge for training job usage", limit: int = 2,
-                    in_use: int = 2, requested: int = 2) -> JobOutcome:
-        return cls(api_error=("ResourceLimitExceeded", (
-            f"The account-level service limit '{quota}' is {limit} Instances, with current utilization of "
-            f"{in_use} Instances and a request delta of {requested} Instances. Please use AWS Service Quotas "
-            "to request an increase for this quota.")))
+    def quota_error(
+        cls,
+        quota: str = "ml.p4d.24xlarge for training job usage",
+        limit: int = 2,
+        in_use: int = 2,
+        requested: int = 2,
+    ) -> JobOutcome:
+        return cls(
+            api_error=(
+                "ResourceLimitExceeded",
+                (
+                    f"The account-level service limit '{quota}' is {limit} Instances, with current "
+                    f"utilization of {in_use} Instances and a request delta of {requested} Instances. "
+                    "Please use AWS Service Quotas to request an increase for this quota."
+                ),
+            )
+        )
 
     @classmethod
     def algorithm_error(cls, reason: str) -> JobOutcome:
@@ -313,21 +365,26 @@ class SimulatedTrainingJobs:
         self._outcome_of: dict[str, JobOutcome] = {}
 
     def create(self, request: dict[str, Any]) -> str:
-        self.requests.append(request)
         if not self.outcomes:
-            raise AssertionError(f"no scripted outcome left for CreateTrainingJob #{len(self.requests)}")
+            raise AssertionError(f"no scripted outcome left for CreateTrainingJob #{len(self.requests) + 1}")
         outcome = self.outcomes.pop(0)
         if outcome.api_error:
+            self.requests.append(request)
             code, message = outcome.api_error
-            raise ClientError({"Error": {"Code": code, "Message": message},
-                               "ResponseMetadata": {"HTTPStatusCode": 400, "RequestId": str(uuid.uuid4())}},
-                              "CreateTrainingJob")
+            raise ClientError(
+                {
+                    "Error": {"Code": code, "Message": message},
+                    "ResponseMetadata": {"HTTPStatusCode": 400, "RequestId": str(uuid.uuid4())},
+                },
+                "CreateTrainingJob",
+            )
         # A client that validates the request against SageMaker's API model, as the service does.
         client = boto3.client("sagemaker", region_name=REGION)
         arn = client.create_training_job(**request)["TrainingJobArn"]
         job = self._moto_job(request["TrainingJobName"])
         job.training_job_status = job.secondary_status = "InProgress"
         self._outcome_of[request["TrainingJobName"]] = outcome
+        self.requests.append(request)  # last: a test that sees it may rely on the job being in moto
         return arn
 
     def finish(self, job_name: str) -> dict[str, Any] | None:
@@ -338,12 +395,19 @@ class SimulatedTrainingJobs:
         job = self._moto_job(job_name)
         job.training_job_status = job.secondary_status = outcome.status
         job.billable_time_in_seconds = outcome.billable_seconds
-        job.final_metric_data_list = [{"MetricName": name, "Value": value, "Timestamp": job.creation_time}
-                                      for name, value in outcome.metrics.items()] if outcome.status == "Completed" else []
+        job.final_metric_data_list = (
+            [
+                {"MetricName": name, "Value": value, "Timestamp": job.creation_time}
+                for name, value in outcome.metrics.items()
+            ]
+            if outcome.status == "Completed"
+            else []
+        )
         if outcome.failure_reason:
             job.failure_reason = outcome.failure_reason
-        description = _json_ready(boto3.client("sagemaker", region_name=REGION).describe_training_job(
-            TrainingJobName=job_name))
+        description = _json_ready(
+            boto3.client("sagemaker", region_name=REGION).describe_training_job(TrainingJobName=job_name)
+        )
         description.pop("ResponseMetadata", None)
         if outcome.status != "Completed":
             raise TrainingJobEnded(description)
@@ -355,21 +419,28 @@ class SimulatedTrainingJobs:
 
 
 def _json_ready(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=lambda v: v.isoformat() if isinstance(v, datetime.datetime) else str(v)))
+    return json.loads(
+        json.dumps(value, default=lambda v: v.isoformat() if isinstance(v, datetime.datetime) else str(v))
+    )
 
 
-def _simulated_service(jobs: SimulatedTrainingJobs) -> type[StateTaskServiceCallback]:
-    class StateTaskServiceSageMakerSimulated(StateTaskServiceCallback):
+def _simulated_service(jobs: SimulatedTrainingJobs) -> type[callback.StateTaskServiceCallback]:
+    class StateTaskServiceSageMakerSimulated(callback.StateTaskServiceCallback):
         def __init__(self):
-            super().__init__(supported_integration_patterns={ResourceCondition.WaitForTaskToken,
-                                                             ResourceCondition.Sync})
+            super().__init__(
+                supported_integration_patterns={ResourceCondition.WaitForTaskToken, ResourceCondition.Sync}
+            )
 
         def _validate_service_integration_is_supported(self):
             assert self.resource.api_action == "createTrainingJob", self.resource.resource_arn
 
         def _eval_service_task(self, env, resource_runtime_part, normalised_parameters, state_credentials):
-            env.stack.append({"TrainingJobArn": jobs.create(normalised_parameters),
-                              "TrainingJobName": normalised_parameters["TrainingJobName"]})
+            env.stack.append(
+                {
+                    "TrainingJobArn": jobs.create(normalised_parameters),
+                    "TrainingJobName": normalised_parameters["TrainingJobName"],
+                }
+            )
 
         def _build_sync_resolver(self, env, resource_runtime_part, normalised_parameters, state_credentials):
             submitted = env.stack.pop()
@@ -383,20 +454,32 @@ def _simulated_service(jobs: SimulatedTrainingJobs) -> type[StateTaskServiceCall
                 details = ex.response["Error"]
                 error = "SageMaker.AmazonSageMakerException"
                 error_name = CustomErrorName(error)
-                cause = (f"{details['Message']} (Service: AmazonSageMaker; Status Code: 400; Error Code: "
-                         f"{details['Code']}; Request ID: {ex.response['ResponseMetadata']['RequestId']}; "
-                         "Proxy: null)")
+                cause = (
+                    f"{details['Message']} (Service: AmazonSageMaker; Status Code: 400; Error Code: "
+                    f"{details['Code']}; Request ID: {ex.response['ResponseMetadata']['RequestId']}; "
+                    "Proxy: null)"
+                )
             else:
                 return super()._from_error(env=env, ex=ex)
-            return FailureEvent(env=env, error_name=error_name, event_type=HistoryEventType.TaskFailed,
-                                event_details=EventDetails(taskFailedEventDetails=TaskFailedEventDetails(
-                                    error=error, cause=cause, resource=self._get_sfn_resource(),
-                                    resourceType=self._get_sfn_resource_type())))
+            return FailureEvent(
+                env=env,
+                error_name=error_name,
+                event_type=HistoryEventType.TaskFailed,
+                event_details=EventDetails(
+                    taskFailedEventDetails=TaskFailedEventDetails(
+                        error=error,
+                        cause=cause,
+                        resource=self._get_sfn_resource(),
+                        resourceType=self._get_sfn_resource_type(),
+                    )
+                ),
+            )
 
     return StateTaskServiceSageMakerSimulated
 
 
 # --- the harness -----------------------------------------------------------------------------------
+
 
 @dataclass
 class LauncherRun:
@@ -424,18 +507,24 @@ class LauncherHarness:
 
     def deploy(self, topic_arn: str) -> None:
         self.state_machine_arn = self.sfn.create_state_machine(
-            name="llmtrain-launcher", definition=json.dumps(self.launcher.definition),
-            roleArn=f"arn:aws:iam::{ACCOUNT}:role/launcher")["stateMachineArn"]
+            name="llmtrain-launcher",
+            definition=json.dumps(self.launcher.definition),
+            roleArn=f"arn:aws:iam::{ACCOUNT}:role/launcher",
+        )["stateMachineArn"]
         self.queue_url = self.sqs.create_queue(QueueName="notifications")["QueueUrl"]
         queue_arn = self.sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])[
-            "Attributes"]["QueueArn"]
+            "Attributes"
+        ]["QueueArn"]
         boto3.client("sns", region_name=REGION).subscribe(
-            TopicArn=topic_arn, Protocol="sqs", Endpoint=queue_arn, Attributes={"RawMessageDelivery": "false"})
+            TopicArn=topic_arn, Protocol="sqs", Endpoint=queue_arn, Attributes={"RawMessageDelivery": "false"}
+        )
 
     def start(self, execution_input: Mapping[str, Any], *, name: str | None = None) -> str:
         return self.sfn.start_execution(
-            stateMachineArn=self.state_machine_arn, name=name or str(execution_input.get("run_name", uuid.uuid4())),
-            input=json.dumps(execution_input))["executionArn"]
+            stateMachineArn=self.state_machine_arn,
+            name=name or str(execution_input.get("run_name", uuid.uuid4())),
+            input=json.dumps(execution_input),
+        )["executionArn"]
 
     def wait(self, execution_arn: str, timeout: float = 60.0) -> LauncherRun:
         deadline = time.monotonic() + timeout
@@ -447,9 +536,13 @@ class LauncherHarness:
                 raise AssertionError(f"execution {execution_arn} still RUNNING after {timeout} s")
             time.sleep(0.05)
         history = self.sfn.get_execution_history(executionArn=execution_arn)["events"]
-        return LauncherRun(status=described["status"],
-                           output=json.loads(described["output"]) if described.get("output") else None,
-                           error=described.get("error"), cause=described.get("cause"), history=history)
+        return LauncherRun(
+            status=described["status"],
+            output=json.loads(described["output"]) if described.get("output") else None,
+            error=described.get("error"),
+            cause=described.get("cause"),
+            history=history,
+        )
 
     def run(self, execution_input: Mapping[str, Any], **kwargs) -> LauncherRun:
         return self.wait(self.start(execution_input, **kwargs))
@@ -457,7 +550,9 @@ class LauncherHarness:
     def notifications(self) -> list[dict[str, Any]]:
         messages = []
         while True:
-            batch = self.sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10).get("Messages", [])
+            batch = self.sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10).get(
+                "Messages", []
+            )
             if not batch:
                 return messages
             for message in batch:
@@ -466,8 +561,12 @@ class LauncherHarness:
 
 
 @contextmanager
-def launcher_in_moto(assembly_dir: Path, launcher_stack: str, templates: Mapping[str, Mapping[str, Any]],
-                     outcomes: list[JobOutcome]) -> Iterator[LauncherHarness]:
+def launcher_in_moto(
+    assembly_dir: Path,
+    launcher_stack: str,
+    templates: Mapping[str, Mapping[str, Any]],
+    outcomes: list[JobOutcome],
+) -> Iterator[LauncherHarness]:
     """moto with execution on, the synthesized launcher created in it, and the two simulations."""
     jobs = SimulatedTrainingJobs(outcomes)
     original_factory = state_task_factory.state_task_service_for
@@ -476,9 +575,17 @@ def launcher_in_moto(assembly_dir: Path, launcher_stack: str, templates: Mapping
     def service_for(service_name: str):
         return simulated() if service_name == "sagemaker" else original_factory(service_name)
 
-    with mock.patch.dict(os.environ, {"AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing",
-                                      "AWS_SECRET_ACCESS_KEY": "testing"}), \
-            mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+    with (
+        mock.patch.dict(
+            os.environ,
+            {
+                "AWS_DEFAULT_REGION": REGION,
+                "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing",
+            },
+        ),
+        mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
+    ):
         topic_arn = boto3.client("sns", region_name=REGION).create_topic(Name="launcher-topic")["TopicArn"]
         launcher = SynthesizedLauncher.from_assembly(assembly_dir, launcher_stack, templates, topic_arn)
         harness = LauncherHarness(launcher, jobs)
@@ -486,8 +593,10 @@ def launcher_in_moto(assembly_dir: Path, launcher_stack: str, templates: Mapping
         def record_wait(self, env, wait_seconds):
             harness.waits.append(wait_seconds)
 
-        with mock.patch.object(state_task_factory, "state_task_service_for", service_for), \
-                mock.patch.object(lambda_eval_utils, "_invoke_lambda_function", harness.lambdas.invoke), \
-                mock.patch.object(WaitFunction, "_wait_interval", record_wait):
+        with (
+            mock.patch.object(state_task_factory, "state_task_service_for", service_for),
+            mock.patch.object(lambda_eval_utils, "_invoke_lambda_function", harness.lambdas.invoke),
+            mock.patch.object(WaitFunction, "_wait_interval", record_wait),
+        ):
             harness.deploy(topic_arn)
             yield harness

@@ -19,8 +19,10 @@ TEMPLATE_NAMES = (
     "llama-pretrain-smp",
 )
 # The contract's example lines (docs/architecture.md, "Metric lines").
-METRIC_LINE = ("[metrics] step=10 loss=4.123456 lr=3.000e-04 grad_norm=1.2345 tokens_per_sec=12345.6 "
-               "mfu=0.4123 step_time=0.532 memory_gb=1.23")
+METRIC_LINE = (
+    "[metrics] step=10 loss=4.123456 lr=3.000e-04 grad_norm=1.2345 tokens_per_sec=12345.6 "
+    "mfu=0.4123 step_time=0.532 memory_gb=1.23"
+)
 EVAL_LINE = "[eval] step=100 eval_loss=3.987654"
 
 

@@ -21,14 +21,42 @@ def test_example_script_trains_and_reports_the_templates_metrics(tmp_path):
     validation = tmp_path / "validation"
     validation.mkdir()
     (validation / "part-0.txt").write_text("models are trained on the platform. " * 40)
-    env = {**os.environ, "SM_CHANNEL_TRAIN": str(train), "SM_CHANNEL_VALIDATION": str(validation),
-           "SM_MODEL_DIR": str(tmp_path / "model"), "SAGEMAKER_BASE_DIR": str(tmp_path),
-           "CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}
+    env = {
+        **os.environ,
+        "SM_CHANNEL_TRAIN": str(train),
+        "SM_CHANNEL_VALIDATION": str(validation),
+        "SM_MODEL_DIR": str(tmp_path / "model"),
+        "SAGEMAKER_BASE_DIR": str(tmp_path),
+        "CUDA_VISIBLE_DEVICES": "",
+        "DS_ACCELERATOR": "cpu",
+    }
     # Hyperparameters arrive as --name value, the way the SageMaker toolkit passes them.
-    args = ["--max_steps", "4", "--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32",
-            "--per_device_train_batch_size", "4", "--logging_steps", "2", "--save_steps", "2"]
-    result = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, cwd=tmp_path, capture_output=True,
-                            text=True, timeout=300)
+    args = [
+        "--max_steps",
+        "4",
+        "--n_layer",
+        "1",
+        "--n_embd",
+        "32",
+        "--n_head",
+        "2",
+        "--block_size",
+        "32",
+        "--per_device_train_batch_size",
+        "4",
+        "--logging_steps",
+        "2",
+        "--save_steps",
+        "2",
+    ]
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
 
     definitions = catalog().resolve("byo-script").metrics
@@ -38,4 +66,3 @@ def test_example_script_trains_and_reports_the_templates_metrics(tmp_path):
     assert len(values["eval:loss"]) >= 1
     assert (tmp_path / "model" / "model.safetensors").is_file()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-4"]
-

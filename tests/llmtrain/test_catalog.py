@@ -40,8 +40,16 @@ def test_parse_ref_defaults_to_latest():
 @pytest.mark.parametrize(
     "ordered",
     [
-        ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2", "1.0.0-beta.11",
-         "1.0.0-rc.1", "1.0.0"],  # the semver 2.0 specification's own example
+        [
+            "1.0.0-alpha",
+            "1.0.0-alpha.1",
+            "1.0.0-alpha.beta",
+            "1.0.0-beta",
+            "1.0.0-beta.2",
+            "1.0.0-beta.11",
+            "1.0.0-rc.1",
+            "1.0.0",
+        ],  # the semver 2.0 specification's own example
         ["0.9.9", "1.0.0", "1.2.0", "1.10.0", "2.0.0"],
     ],
 )
@@ -81,11 +89,14 @@ def test_malformed_version_is_rejected(repo_catalog, version):
 def test_file_must_live_at_name_and_version(tmp_path):
     folder = copy_catalog(tmp_path)
     shutil.move(folder / "gpt2-ddp" / "1.0.0.yaml", folder / "gpt2-ddp" / "1.0.1.yaml")
-    with pytest.raises(TemplateSpecError, match=r"declares gpt2-ddp@1\.0\.0 but lives at gpt2-ddp/1\.0\.1\.yaml"):
+    with pytest.raises(
+        TemplateSpecError, match=r"declares gpt2-ddp@1\.0\.0 but lives at gpt2-ddp/1\.0\.1\.yaml"
+    ):
         Catalog.load(folder)
 
 
 # --- the lock -------------------------------------------------------------------------------------
+
 
 def test_every_published_version_matches_the_lock(repo_catalog):
     """Fails when a published template or the code it wraps changed without a new version."""
@@ -102,7 +113,7 @@ def test_a_changed_published_spec_fails_with_instructions(tmp_path):
     with pytest.raises(LockError) as error:
         changed.check_lock()
     message = str(error.value)
-    assert "gpt2-ddp@1.0.0 was published and has changed since (its YAML)" in message
+    assert "gpt2-ddp@1.0.0 was published and has changed since: its YAML changed" in message
     assert "publish the change as a new version" in message
     with pytest.raises(LockError, match="refusing to update the lock"):
         changed.lock_new_versions()
@@ -113,13 +124,15 @@ def test_changed_wrapped_code_fails_naming_the_code(tmp_path):
     folder = copy_catalog(tmp_path)
     repo = tmp_path
     shutil.copytree(REPO_ROOT / "examples" / "byo_script", repo / "examples" / "byo_script")
-    shutil.copytree(REPO_ROOT / "training_jobs", repo / "training_jobs",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO_ROOT / "training_jobs", repo / "training_jobs", ignore=shutil.ignore_patterns("__pycache__")
+    )
     Catalog.load(folder, repo_root=repo).check_lock()  # an identical copy still matches
 
     script = repo / "examples" / "byo_script" / "train_clm.py"
     script.write_text(script.read_text() + "\n# a silent change\n")
-    with pytest.raises(LockError, match=r"byo-script@1\.0\.0 .*the code it wraps \(examples/byo_script\)"):
+    expected = r"byo-script@1\.0\.0 .*the code it wraps in examples/byo_script changed"
+    with pytest.raises(LockError, match=expected):
         Catalog.load(folder, repo_root=repo).check_lock()
 
 
@@ -150,7 +163,9 @@ def test_a_new_version_is_locked_and_published_ones_are_kept(tmp_path):
 def test_deleting_a_published_version_fails(tmp_path):
     folder = copy_catalog(tmp_path)
     (folder / "gpt2-ddp" / "1.0.0.yaml").unlink()
-    with pytest.raises(LockError, match=r"gpt2-ddp@1\.0\.0 is published in catalog.lock but its YAML file is gone"):
+    with pytest.raises(
+        LockError, match=r"gpt2-ddp@1\.0\.0 is published in catalog.lock but its YAML file is gone"
+    ):
         Catalog.load(folder).check_lock()
 
 

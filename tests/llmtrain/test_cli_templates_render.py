@@ -49,8 +49,17 @@ def test_templates_show_prints_the_version(capsys):
 
 
 def test_render_prints_a_dry_run_request(capsys):
-    code, out, err = run(capsys, "render", "llama-pretrain-fsdp@1.0.0", "--run-name", "exp1",
-                         "--set", "max_steps=100", "--set", "lr=1e-4")
+    code, out, err = run(
+        capsys,
+        "render",
+        "llama-pretrain-fsdp@1.0.0",
+        "--run-name",
+        "exp1",
+        "--set",
+        "max_steps=100",
+        "--set",
+        "lr=1e-4",
+    )
     assert code == 0
     request = json.loads(out)
     assert request["TrainingJobName"] == "llmtrain-dev-exp1-a1"
@@ -63,13 +72,17 @@ def test_render_prints_a_dry_run_request(capsys):
 def test_render_from_stack_outputs_is_launchable(capsys, tmp_path):
     platform = platform_context()
     outputs = {
-        "llmtrain-dev-network": {StackOutput.SUBNET_IDS: ",".join(platform.subnet_ids),
-                                 StackOutput.SECURITY_GROUP_ID: platform.security_group_ids[0]},
-        "llmtrain-dev-storage": {StackOutput.KEY_ARN: platform.kms_key_arn,
-                                 StackOutput.DATASETS_BUCKET: "real-datasets",
-                                 StackOutput.CHECKPOINTS_BUCKET: "real-checkpoints",
-                                 StackOutput.ARTIFACTS_BUCKET: "real-artifacts",
-                                 StackOutput.CODE_BUCKET: "real-code"},
+        "llmtrain-dev-network": {
+            StackOutput.SUBNET_IDS: ",".join(platform.subnet_ids),
+            StackOutput.SECURITY_GROUP_ID: platform.security_group_ids[0],
+        },
+        "llmtrain-dev-storage": {
+            StackOutput.KEY_ARN: platform.kms_key_arn,
+            StackOutput.DATASETS_BUCKET: "real-datasets",
+            StackOutput.CHECKPOINTS_BUCKET: "real-checkpoints",
+            StackOutput.ARTIFACTS_BUCKET: "real-artifacts",
+            StackOutput.CODE_BUCKET: "real-code",
+        },
         "llmtrain-dev-access": {StackOutput.EXECUTION_ROLE_ARN: "arn:aws:iam::111111111111:role/exec"},
         "llmtrain-prod-storage": {StackOutput.CODE_BUCKET: "not-this-one"},
     }
@@ -89,8 +102,21 @@ def test_render_from_stack_outputs_is_launchable(capsys, tmp_path):
 def test_render_with_a_platform_file(capsys, tmp_path):
     path = tmp_path / "platform.json"
     path.write_text(json.dumps(platform_context().to_dict()))
-    code, out, _ = run(capsys, "render", "byo-script", "--run-name", "r3", "--platform", str(path),
-                       "--attempt", "2", "--instance-type", "ml.g5.4xlarge", "--owner", "ada")
+    code, out, _ = run(
+        capsys,
+        "render",
+        "byo-script",
+        "--run-name",
+        "r3",
+        "--platform",
+        str(path),
+        "--attempt",
+        "2",
+        "--instance-type",
+        "ml.g5.4xlarge",
+        "--owner",
+        "ada",
+    )
     request = json.loads(out)
     assert code == 0
     assert request["TrainingJobName"] == "llmtrain-test-r3-a2"
@@ -102,12 +128,19 @@ def test_render_with_a_platform_file(capsys, tmp_path):
     [
         (["render", "nope", "--run-name", "r"], "unknown template 'nope'"),
         (["render", "gpt2-ddp@7.0.0", "--run-name", "r"], "has no version '7.0.0'"),
-        (["render", "gpt2-ddp", "--run-name", "r", "--set", "zero_stage=3"],
-         "override 'zero_stage': gpt2-ddp@1.0.0 does not allow overriding it"),
+        (
+            ["render", "gpt2-ddp", "--run-name", "r", "--set", "zero_stage=3"],
+            "override 'zero_stage': gpt2-ddp@1.0.0 does not allow overriding it",
+        ),
         (["render", "gpt2-ddp", "--run-name", "r", "--set", "max_steps=-5"], "is below the minimum 1"),
-        (["render", "gpt2-ddp", "--run-name", "r", "--set", "max_steps"], "write overrides as --set KEY=VALUE"),
-        (["render", "gpt2-ddp", "--run-name", "r", "--set", "instance_count=2"],
-         "more than one node needs an EFA-capable instance type"),
+        (
+            ["render", "gpt2-ddp", "--run-name", "r", "--set", "max_steps"],
+            "write overrides as --set KEY=VALUE",
+        ),
+        (
+            ["render", "gpt2-ddp", "--run-name", "r", "--set", "instance_count=2"],
+            "more than one node needs an EFA-capable instance type",
+        ),
         (["render", "gpt2-ddp", "--run-name", "bad_name"], "run input 'run_name'"),
         (["render", "gpt2-ddp", "--run-name", "r", "--env", "staging"], "--env staging: no "),
         (["templates", "show", "gpt2-ddp@x"], "not a semantic version"),

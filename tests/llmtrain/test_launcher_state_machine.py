@@ -71,21 +71,36 @@ def _instance_types(harness) -> list[str]:
 
 
 def _states_entered(run) -> list[str]:
-    return [event["stateEnteredEventDetails"]["name"] for event in run.history if "stateEnteredEventDetails" in event]
+    return [
+        event["stateEnteredEventDetails"]["name"]
+        for event in run.history
+        if "stateEnteredEventDetails" in event
+    ]
 
 
 def test_happy_path_passes_every_rendered_field_and_summarizes_the_run(launcher):
-    with launcher([JobOutcome(metrics={"train:loss": 1.875, "eval:loss": 2.0}, billable_seconds=7200)]) as harness:
-        run = harness.run({"template": "llama-pretrain-fsdp", "version": "1.0.0", "run_name": "happy",
-                           "overrides": {"max_steps": 100, "instance_count": 4}})
+    with launcher(
+        [JobOutcome(metrics={"train:loss": 1.875, "eval:loss": 2.0}, billable_seconds=7200)]
+    ) as harness:
+        run = harness.run(
+            {
+                "template": "llama-pretrain-fsdp",
+                "version": "1.0.0",
+                "run_name": "happy",
+                "overrides": {"max_steps": 100, "instance_count": 4},
+            }
+        )
         notifications = harness.notifications()
         platform = _platform(harness)
 
     assert run.status == "SUCCEEDED", run.cause
     # CreateTrainingJob received exactly the request render() produces: every field passed through.
     template = Catalog.load().get("llama-pretrain-fsdp", "1.0.0")
-    expected = render(template, RunInput(run_name="happy", overrides={"max_steps": 100, "instance_count": 4},
-                                         owner="launcher"), platform)
+    expected = render(
+        template,
+        RunInput(run_name="happy", overrides={"max_steps": 100, "instance_count": 4}, owner="launcher"),
+        platform,
+    )
     assert harness.jobs.requests == [expected]
     request = harness.jobs.requests[0]
     assert request["TrainingJobName"] == f"{PREFIX}-happy-a1"
@@ -98,8 +113,9 @@ def test_happy_path_passes_every_rendered_field_and_summarizes_the_run(launcher)
     assert summary["status"] == "Completed"
     assert summary["job_name"] == f"{PREFIX}-happy-a1"
     assert summary["final_metrics"] == {"train:loss": 1.875, "eval:loss": 2.0}
-    assert summary["model_artifacts"] == (f"s3://{platform.artifacts_bucket}/llama-pretrain-fsdp/happy/"
-                                          f"{PREFIX}-happy-a1/output/model.tar.gz")
+    assert summary["model_artifacts"] == (
+        f"s3://{platform.artifacts_bucket}/llama-pretrain-fsdp/happy/{PREFIX}-happy-a1/output/model.tar.gz"
+    )
     assert summary["billable_seconds"] == 7200
     assert summary["attempts"] == 1
     assert summary["template"] == "llama-pretrain-fsdp@1.0.0"
@@ -109,27 +125,47 @@ def test_happy_path_passes_every_rendered_field_and_summarizes_the_run(launcher)
     note = notifications[0]
     assert note["Subject"] == "llmtrain: run happy Completed"
     assert note["MessageAttributes"]["status"]["Value"] == "Completed"
-    for fact in (f"{PREFIX}-happy-a1", "train:loss=1.875", "eval:loss=2", summary["model_artifacts"],
-                 "Billable seconds: 7200", "Attempts: 1", "Completed"):
+    for fact in (
+        f"{PREFIX}-happy-a1",
+        "train:loss=1.875",
+        "eval:loss=2",
+        summary["model_artifacts"],
+        "Billable seconds: 7200",
+        "Attempts: 1",
+        "Completed",
+    ):
         assert fact in note["Message"]
     assert harness.waits == []
 
 
 def test_bad_input_fails_before_any_training_job_with_what_to_fix(launcher):
     bad_inputs = {
-        "unknown-template": ({"template": "no-such-template", "run_name": "r1"},
-                             ["unknown template 'no-such-template'", "llama-pretrain-fsdp"]),
-        "disallowed-override": ({"template": "gpt2-ddp", "run_name": "r2", "overrides": {"parallelism": "fsdp"}},
-                                ["override 'parallelism'", "does not allow", "max_steps"]),
-        "out-of-range": ({"template": "gpt2-ddp", "run_name": "r3", "overrides": {"max_steps": 0}},
-                         ["override 'max_steps'", "below the minimum"]),
+        "unknown-template": (
+            {"template": "no-such-template", "run_name": "r1"},
+            ["unknown template 'no-such-template'", "llama-pretrain-fsdp"],
+        ),
+        "disallowed-override": (
+            {"template": "gpt2-ddp", "run_name": "r2", "overrides": {"parallelism": "fsdp"}},
+            ["override 'parallelism'", "does not allow", "max_steps"],
+        ),
+        "out-of-range": (
+            {"template": "gpt2-ddp", "run_name": "r3", "overrides": {"max_steps": 0}},
+            ["override 'max_steps'", "below the minimum"],
+        ),
         "missing-run-name": ({"template": "gpt2-ddp"}, ["'run_name' is required"]),
-        "unknown-field": ({"template": "gpt2-ddp", "run_name": "r5", "overridez": {}}, ["unknown input field", "overridez"]),
-        "unknown-version": ({"template": "gpt2-ddp", "version": "9.9.9", "run_name": "r6"},
-                            ["has no version '9.9.9'", "1.0.0"]),
+        "unknown-field": (
+            {"template": "gpt2-ddp", "run_name": "r5", "overridez": {}},
+            ["unknown input field", "overridez"],
+        ),
+        "unknown-version": (
+            {"template": "gpt2-ddp", "version": "9.9.9", "run_name": "r6"},
+            ["has no version '9.9.9'", "1.0.0"],
+        ),
     }
     with launcher([]) as harness:
-        runs = {name: harness.run(execution_input, name=name) for name, (execution_input, _) in bad_inputs.items()}
+        runs = {
+            name: harness.run(execution_input, name=name) for name, (execution_input, _) in bad_inputs.items()
+        }
         notifications = harness.notifications()
 
     assert harness.jobs.requests == []  # no CreateTrainingJob call at all
@@ -140,7 +176,9 @@ def test_bad_input_fails_before_any_training_job_with_what_to_fix(launcher):
         for fragment in fragments:
             assert fragment in run.cause, (name, fragment, run.cause)
         assert not any(state.startswith("CreateTrainingJob") for state in _states_entered(run))
-    assert sorted(n["Subject"] for n in notifications) == sorted(f"llmtrain: run {name} rejected" for name in bad_inputs)
+    assert sorted(n["Subject"] for n in notifications) == sorted(
+        f"llmtrain: run {name} rejected" for name in bad_inputs
+    )
     assert all(n["MessageAttributes"]["status"]["Value"] == "Rejected" for n in notifications)
 
 
@@ -193,7 +231,10 @@ def test_quota_error_fails_fast_naming_the_quota_and_its_numbers(launcher):
 
     assert run.status == "FAILED"
     assert run.error == "QuotaExceeded"
-    assert "quota 'ml.p4d.24xlarge for training job usage' is 2, 2 in use, and this job asks for 2 more" in run.cause
+    assert (
+        "quota 'ml.p4d.24xlarge for training job usage' is 2, 2 in use, and this job asks for 2 more"
+        in run.cause
+    )
     assert "Service Quotas" in run.cause
     assert len(harness.jobs.requests) == 1 and harness.waits == []  # policy "fail": no retry
     assert notifications[0]["MessageAttributes"]["status"]["Value"] == "Failed"
@@ -248,10 +289,15 @@ def test_the_definition_is_resolved_from_the_synthesized_template(synthesized):
     """The harness executes what CloudFormation deploys: every reference resolves to a value."""
     _, launcher_stack, templates = synthesized
     template = templates[launcher_stack]
-    machine = next(r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine")
-    definition = json.loads(CloudFormationResolver(templates).resolve(machine["Properties"]["DefinitionString"],
-                                                                       launcher_stack))
+    machine = next(
+        r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine"
+    )
+    definition = json.loads(
+        CloudFormationResolver(templates).resolve(machine["Properties"]["DefinitionString"], launcher_stack)
+    )
     states = definition["States"]
-    assert states["CreateTrainingJob-checkpointed"]["Resource"] == "arn:aws:states:::sagemaker:createTrainingJob.sync"
-    assert states["Resolve"]["Parameters"]["FunctionName"].startswith(f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:")
+    assert states["CreateTrainingJob-all"]["Resource"] == "arn:aws:states:::sagemaker:createTrainingJob.sync"
+    assert states["Resolve"]["Parameters"]["FunctionName"].startswith(
+        f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:"
+    )
     assert "${" not in json.dumps(definition) and "Fn::" not in json.dumps(definition)

@@ -12,7 +12,7 @@ import pytest
 
 from llmtrain.catalog import Catalog
 from llmtrain.commands.run import local_platform_context
-from llmtrain.local.jobroot import write_host_roots
+from llmtrain.local.jobroot import upload_checkpoints, write_host_roots
 from llmtrain.local.plan import LocalChannel, LocalRunError, plan_local_job
 from llmtrain.local.toolkit import host_environment
 from llmtrain.render import RunInput, render
@@ -57,11 +57,14 @@ def toolkit_view(root, plan, port=None) -> dict:
 
 def test_every_host_root_reads_back_through_the_toolkit(plan, train_dir, tmp_path):
     checkpoints = tmp_path / "run" / "checkpoints"
-    checkpoints.mkdir(parents=True)
-    roots = write_host_roots(plan, tmp_path / "job", channel_dirs={"train": train_dir}, checkpoints_dir=checkpoints)
+    (checkpoints / "step_00000002").mkdir(parents=True)
+    (checkpoints / "step_00000002" / "__0_0.distcp").write_text("shard of rank 0")
+    roots = write_host_roots(plan, tmp_path / "job", channel_dirs={"train": train_dir},
+                             checkpoints_dir=checkpoints)
 
     assert [r.host for r in roots] == ["algo-1", "algo-2"]
-    expected_hps = {k: json.loads(v) for k, v in plan.hyperparameters.items() if not k.startswith("sagemaker_")}
+    expected_hps = {k: json.loads(v) for k, v in plan.hyperparameters.items()
+                    if not k.startswith("sagemaker_")}
     for root in roots:
         view = toolkit_view(root, plan)
         assert view["hosts"] == ["algo-1", "algo-2"]
@@ -78,8 +81,26 @@ def test_every_host_root_reads_back_through_the_toolkit(plan, train_dir, tmp_pat
         assert (root.output_dir / "intermediate").is_dir()
         assert (root.data_dir / "train").resolve() == train_dir.resolve()
         assert sorted(p.name for p in (root.data_dir / "train").iterdir()) == ["a.bin", "b.bin", "c.bin"]
-        # Every host shares the run's checkpoint folder, as every host syncs the same S3 prefix.
-        assert (root.root / "checkpoints").resolve() == checkpoints.resolve()
+        # Every host starts from its own copy of the run's checkpoints (SageMaker's download).
+        host_checkpoints = root.root / "checkpoints"
+        assert not host_checkpoints.is_symlink()
+        assert (host_checkpoints / "step_00000002" / "__0_0.distcp").read_text() == "shard of rank 0"
+
+
+def test_what_every_host_checkpoints_is_uploaded_to_the_run(plan, train_dir, tmp_path):
+    checkpoints = tmp_path / "run" / "checkpoints"
+    roots = write_host_roots(plan, tmp_path / "job", channel_dirs={"train": train_dir},
+                             checkpoints_dir=checkpoints)
+    for rank, root in enumerate(roots):
+        step = root.root / "checkpoints" / "step_00000004"
+        step.mkdir()
+        (step / f"__{rank}_0.distcp").write_text(f"shard of host {root.host}")
+    (roots[0].root / "checkpoints" / "step_00000004" / ".metadata").write_text("rank 0 writes this")
+
+    upload_checkpoints(roots, "checkpoints", checkpoints)
+
+    uploaded = sorted(p.name for p in (checkpoints / "step_00000004").iterdir())
+    assert uploaded == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
 
 def test_a_job_root_is_never_reused(plan, train_dir, tmp_path):
@@ -97,7 +118,8 @@ def test_sharded_by_s3_key_gives_each_host_its_share(plan, train_dir, tmp_path):
     sharded = replace(plan, channels=(LocalChannel("train", {"TrainingInputMode": "File",
                                                              "S3DistributionType": "ShardedByS3Key",
                                                              "RecordWrapperType": "None"}, sharded=True),))
-    roots = write_host_roots(sharded, tmp_path / "job", channel_dirs={"train": train_dir}, checkpoints_dir=None)
+    roots = write_host_roots(sharded, tmp_path / "job", channel_dirs={"train": train_dir},
+                             checkpoints_dir=None)
     shares = [sorted(p.name for p in (r.data_dir / "train").iterdir()) for r in roots]
     assert shares == [["a.bin", "c.bin"], ["b.bin"]]
     config = json.loads((roots[0].config_dir / "inputdataconfig.json").read_text())
@@ -105,7 +127,8 @@ def test_sharded_by_s3_key_gives_each_host_its_share(plan, train_dir, tmp_path):
 
 
 def test_host_environment_isolates_the_job(plan, train_dir, tmp_path):
-    root = write_host_roots(plan, tmp_path / "job", channel_dirs={"train": train_dir}, checkpoints_dir=None)[0]
+    root = write_host_roots(plan, tmp_path / "job", channel_dirs={"train": train_dir},
+                            checkpoints_dir=None)[0]
     outer = {"PATH": "/usr/bin", "SM_HPS": "{}", "PET_NNODES": "9", "RANK": "3", "HOME": "/home/me"}
     env = host_environment(root, job_name="j", container_env={"MY_FLAG": "1"}, rendezvous_port=29999,
                            parent_env=outer)

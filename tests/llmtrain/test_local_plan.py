@@ -89,7 +89,8 @@ def test_mesh_degrees_are_rederived_for_the_smaller_world():
 
 
 def test_limits_are_parameters():
-    plan = plan_local_job(rendered("llama-pretrain-fsdp"), limits=LocalLimits(max_hosts=1, max_processes_per_host=1))
+    limits = LocalLimits(max_hosts=1, max_processes_per_host=1)
+    plan = plan_local_job(rendered("llama-pretrain-fsdp"), limits=limits)
     assert plan.hosts == ("algo-1",)
     assert plan.processes_per_host == 1
 

@@ -81,7 +81,8 @@ def test_completed_needs_every_host_to_exit_0_and_write_success(tmp_path):
     assert (outcome.status, outcome.failure_reason) == ("Completed", None)
     roots[1].success_file.unlink()
     outcome = decide_outcome(roots, {"algo-1": 0, "algo-2": 0}, None, {"algo-2": tmp_path / "algo-2.log"})
-    assert outcome.status == "Failed" and "algo-2 exited 0 but wrote no output/success" in outcome.failure_reason
+    assert outcome.status == "Failed"
+    assert "algo-2 exited 0 but wrote no output/success" in outcome.failure_reason
 
 
 def test_failure_reason_is_the_failure_file_like_describe_training_job(tmp_path):
@@ -127,7 +128,8 @@ def test_summary_uses_describe_training_job_fields_and_values(request_and_plan, 
                        exit_codes={"algo-1": 1})
     outcome = Outcome("Failed", "Failed", "AlgorithmError: ValueError: bad seq_len", "Training job failed")
     summary = build_summary(request=request, plan=plan, outcome=outcome, metrics=metrics,
-                            times=JobTimes(start, start + timedelta(seconds=3), start + timedelta(seconds=93)),
+                            times=JobTimes(start, start + timedelta(seconds=3),
+                                           start + timedelta(seconds=93)),
                             record=record, model_artifact=None, plot=None)
 
     shape = botocore.session.get_session().get_service_model("sagemaker") \
@@ -140,7 +142,8 @@ def test_summary_uses_describe_training_job_fields_and_values(request_and_plan, 
     assert summary["FailureReason"] == "AlgorithmError: ValueError: bad seq_len"
     assert summary["TrainingTimeInSeconds"] == 90
     assert {m["MetricName"]: m["Value"] for m in summary["FinalMetricDataList"]}["train:loss"] == 4.25
-    assert summary["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] == (tmp_path / "data").as_uri()
+    channel = summary["InputDataConfig"][0]["DataSource"]["S3DataSource"]
+    assert channel["S3Uri"] == (tmp_path / "data").as_uri()
     assert summary["CheckpointConfig"]["S3Uri"] == (tmp_path / "checkpoints").as_uri()
     assert summary["LocalRun"]["UnmatchedMetricDefinitions"][0]["Name"] == "train:memory_gb"
 

@@ -48,8 +48,13 @@ def test_from_dict_names_unknown_and_missing_fields():
 
 
 def test_placeholder_is_marked_as_a_dry_run():
-    context = PlatformContext.placeholder(environment="dev", account="111111111111", region="eu-west-1",
-                                          resource_prefix="llmtrain-dev", warm_pool_cap_seconds=3600)
+    context = PlatformContext.placeholder(
+        environment="dev",
+        account="111111111111",
+        region="eu-west-1",
+        resource_prefix="llmtrain-dev",
+        warm_pool_cap_seconds=3600,
+    )
     assert context.dry_run is True
     assert "DRYRUN" in context.execution_role_arn
     assert context.code_bucket == "llmtrain-dev-code-111111111111-eu-west-1"

@@ -43,30 +43,50 @@ def test_every_catalog_version_renders_a_valid_request(ref):
     assert algorithm["EnableSageMakerMetricsTimeSeries"] is True
     assert [m["Name"] for m in algorithm["MetricDefinitions"]] == [m.name for m in spec.metrics]
     assert request["OutputDataConfig"] == {
-        "S3OutputPath": f"s3://llmtrain-test-artifacts/{spec.name}/r1/", "KmsKeyId": PLATFORM.kms_key_arn}
-    assert request["VpcConfig"] == {"SecurityGroupIds": ["sg-0bbbbbbbbbbbbbbb1"],
-                                    "Subnets": ["subnet-0aaaaaaaaaaaaaaa1", "subnet-0aaaaaaaaaaaaaaa2"]}
-    assert request["CheckpointConfig"] == {"S3Uri": f"s3://llmtrain-test-checkpoints/{spec.name}/r1/",
-                                           "LocalPath": "/opt/ml/checkpoints"}
+        "S3OutputPath": f"s3://llmtrain-test-artifacts/{spec.name}/r1/",
+        "KmsKeyId": PLATFORM.kms_key_arn,
+    }
+    assert request["VpcConfig"] == {
+        "SecurityGroupIds": ["sg-0bbbbbbbbbbbbbbb1"],
+        "Subnets": ["subnet-0aaaaaaaaaaaaaaa1", "subnet-0aaaaaaaaaaaaaaa2"],
+    }
+    assert request["CheckpointConfig"] == {
+        "S3Uri": f"s3://llmtrain-test-checkpoints/{spec.name}/r1/",
+        "LocalPath": "/opt/ml/checkpoints",
+    }
     assert request["EnableNetworkIsolation"] is False
     assert request["EnableInterContainerTrafficEncryption"] is spec.inter_container_encryption
     assert request["RetryStrategy"] == {"MaximumRetryAttempts": spec.retry.internal_error_attempts}
     assert request["ResourceConfig"]["KeepAlivePeriodInSeconds"] == spec.keep_alive_seconds
     assert {t["Key"]: t["Value"] for t in request["Tags"]} == {
-        "llmtrain:template": spec.name, "llmtrain:template-version": "1.0.0", "llmtrain:run": "r1",
-        "llmtrain:attempt": "1", "llmtrain:owner": "unknown", "llmtrain:environment": "test"}
+        "llmtrain:template": spec.name,
+        "llmtrain:template-version": "1.0.0",
+        "llmtrain:run": "r1",
+        "llmtrain:attempt": "1",
+        "llmtrain:owner": "unknown",
+        "llmtrain:environment": "test",
+    }
     hyperparameters = _decoded_hyperparameters(request)
-    assert hyperparameters["sagemaker_submit_directory"] == \
-        f"s3://llmtrain-test-code/templates/{spec.name}/1.0.0/sourcedir.tar.gz"
+    assert (
+        hyperparameters["sagemaker_submit_directory"]
+        == f"s3://llmtrain-test-code/templates/{spec.name}/1.0.0/sourcedir.tar.gz"
+    )
     assert hyperparameters["sagemaker_program"] == spec.code.entry_point
     assert hyperparameters["max_steps"] == spec.hyperparameters["max_steps"]
 
 
 @pytest.mark.parametrize("ref", ALL_VERSIONS)
 def test_metric_definitions_parse_the_contract_lines(ref):
-    expected = {"train:loss": 4.123456, "train:lr": 3.0e-4, "train:grad_norm": 1.2345,
-                "train:tokens_per_sec": 12345.6, "train:mfu": 0.4123, "train:step_time": 0.532,
-                "train:memory_gb": 1.23, "eval:loss": 3.987654}
+    expected = {
+        "train:loss": 4.123456,
+        "train:lr": 3.0e-4,
+        "train:grad_norm": 1.2345,
+        "train:tokens_per_sec": 12345.6,
+        "train:mfu": 0.4123,
+        "train:step_time": 0.532,
+        "train:memory_gb": 1.23,
+        "eval:loss": 3.987654,
+    }
     for metric in _render(ref)["AlgorithmSpecification"]["MetricDefinitions"]:
         line = EVAL_LINE if metric["Name"].startswith("eval:") else METRIC_LINE
         other = METRIC_LINE if line is EVAL_LINE else EVAL_LINE
@@ -81,7 +101,9 @@ def test_platform_hyperparameters_pass_the_training_programs_own_validation(ref)
     """The training program rejects unknown or invalid hyperparameters at start; catch that here."""
     config = import_training_config()
     request = _render(ref)
-    hyperparameters = {k: v for k, v in _decoded_hyperparameters(request).items() if not k.startswith("sagemaker_")}
+    hyperparameters = {
+        k: v for k, v in _decoded_hyperparameters(request).items() if not k.startswith("sagemaker_")
+    }
     parsed = config.from_hyperparameters(hyperparameters)
     spec = CATALOG.resolve(ref)
     assert parsed.parallel.parallelism == spec.distribution.strategy
@@ -95,8 +117,12 @@ def test_platform_hyperparameters_pass_the_training_programs_own_validation(ref)
 
 def test_platform_code_gets_the_distribution_as_hyperparameters_and_byo_does_not():
     fsdp = _decoded_hyperparameters(_render("llama-pretrain-hsdp-tp"))
-    assert (fsdp["parallelism"], fsdp["replicate_degree"], fsdp["shard_degree"], fsdp["tensor_parallel_degree"]) \
-        == ("fsdp", 0, 2, 4)
+    assert (
+        fsdp["parallelism"],
+        fsdp["replicate_degree"],
+        fsdp["shard_degree"],
+        fsdp["tensor_parallel_degree"],
+    ) == ("fsdp", 0, 2, 4)
     byo = _decoded_hyperparameters(_render("byo-script"))
     assert not {"parallelism", "shard_degree", "replicate_degree", "tensor_parallel_degree"} & set(byo)
     assert byo["sagemaker_torch_distributed_enabled"] is True
@@ -116,9 +142,13 @@ def test_channels_default_to_the_datasets_bucket_and_optional_ones_are_left_out(
     channels = {c["ChannelName"]: c for c in request["InputDataConfig"]}
     assert set(channels) == {"train", "model"}
     assert channels["train"]["DataSource"]["S3DataSource"] == {
-        "S3DataType": "S3Prefix", "S3Uri": "s3://llmtrain-test-datasets/tokens/finetune/train/",
-        "S3DataDistributionType": "FullyReplicated"}
-    overridden = _render("llama-finetune-deepspeed", overrides={"channels.validation": "s3://other-bucket/val/"})
+        "S3DataType": "S3Prefix",
+        "S3Uri": "s3://llmtrain-test-datasets/tokens/finetune/train/",
+        "S3DataDistributionType": "FullyReplicated",
+    }
+    overridden = _render(
+        "llama-finetune-deepspeed", overrides={"channels.validation": "s3://other-bucket/val/"}
+    )
     uris = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in overridden["InputDataConfig"]}
     assert uris["validation"] == "s3://other-bucket/val/"
 
@@ -126,7 +156,10 @@ def test_channels_default_to_the_datasets_bucket_and_optional_ones_are_left_out(
 def test_attempts_get_unique_job_names_and_share_the_runs_checkpoints():
     first = _render("llama-pretrain-fsdp", attempt=1)
     retry = _render("llama-pretrain-fsdp", attempt=2, instance_type="ml.p5.48xlarge")
-    assert (first["TrainingJobName"], retry["TrainingJobName"]) == ("llmtrain-test-r1-a1", "llmtrain-test-r1-a2")
+    assert (first["TrainingJobName"], retry["TrainingJobName"]) == (
+        "llmtrain-test-r1-a1",
+        "llmtrain-test-r1-a2",
+    )
     assert first["CheckpointConfig"] == retry["CheckpointConfig"]
     assert retry["ResourceConfig"]["InstanceType"] == "ml.p5.48xlarge"
     assert json.loads(retry["HyperParameters"]["sagemaker_instance_type"]) == "ml.p5.48xlarge"
@@ -157,11 +190,17 @@ def test_spot_sets_max_wait_and_managed_spot():
 
 def test_smp_template_uses_the_smp_image_and_mp_parameters():
     request = _render("llama-pretrain-smp", overrides={"shard_degree": "8"})
-    assert request["AlgorithmSpecification"]["TrainingImage"] == \
-        "658645717510.dkr.ecr.us-east-1.amazonaws.com/smdistributed-modelparallel:2.5.1-gpu-py311-cu124"
+    assert (
+        request["AlgorithmSpecification"]["TrainingImage"]
+        == "658645717510.dkr.ecr.us-east-1.amazonaws.com/smdistributed-modelparallel:2.5.1-gpu-py311-cu124"
+    )
     hyperparameters = _decoded_hyperparameters(request)
-    assert hyperparameters["mp_parameters"] == {"hybrid_shard_degree": 8, "tensor_parallel_degree": 1,
-                                                "sm_activation_offloading": True, "activation_loading_horizon": 2}
+    assert hyperparameters["mp_parameters"] == {
+        "hybrid_shard_degree": 8,
+        "tensor_parallel_degree": 1,
+        "sm_activation_offloading": True,
+        "activation_loading_horizon": 2,
+    }
     assert hyperparameters["sagemaker_distributed_dataparallel_enabled"] is False
 
 
@@ -170,6 +209,7 @@ def test_render_is_deterministic():
 
 
 # --- overrides ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     ("overrides", "expected"),
@@ -189,15 +229,24 @@ def test_allowed_overrides_reach_the_hyperparameters(overrides, expected):
 
 
 def test_resource_overrides_reach_the_request():
-    request = _render("llama-pretrain-fsdp", overrides={
-        "instance_count": 4, "volume_size_gb": 1000, "max_runtime_seconds": 7200, "keep_alive_seconds": 600})
+    request = _render(
+        "llama-pretrain-fsdp",
+        overrides={
+            "instance_count": 4,
+            "volume_size_gb": 1000,
+            "max_runtime_seconds": 7200,
+            "keep_alive_seconds": 600,
+        },
+    )
     assert request["ResourceConfig"]["InstanceCount"] == 4
     assert request["ResourceConfig"]["VolumeSizeInGB"] == 1000
     assert request["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 600
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 7200}
     assert request["EnableManagedSpotTraining"] is False
-    spot = _render("llama-pretrain-fsdp", overrides={"spot": True, "max_wait_seconds": 14400,
-                                                     "max_runtime_seconds": 7200})
+    spot = _render(
+        "llama-pretrain-fsdp",
+        overrides={"spot": True, "max_wait_seconds": 14400, "max_runtime_seconds": 7200},
+    )
     assert spot["EnableManagedSpotTraining"] is True
     assert spot["StoppingCondition"] == {"MaxRuntimeInSeconds": 7200, "MaxWaitTimeInSeconds": 14400}
 
@@ -205,21 +254,39 @@ def test_resource_overrides_reach_the_request():
 @pytest.mark.parametrize(
     ("ref", "overrides", "message"),
     [
-        ("llama-finetune-lora", {"instance_count": 2},
-         "override 'instance_count': llama-finetune-lora@1.0.0 does not allow overriding it; it allows: "),
+        (
+            "llama-finetune-lora",
+            {"instance_count": 2},
+            "override 'instance_count': llama-finetune-lora@1.0.0 does not allow overriding it; it allows: ",
+        ),
         ("llama-pretrain-fsdp", {"sagemaker_program": "evil.py"}, "does not allow overriding it"),
         ("llama-pretrain-fsdp", {"max_steps": 0}, "override 'max_steps': 0 is below the minimum 1"),
         ("llama-pretrain-fsdp", {"max_steps": 10**8}, "is above the maximum 10000000"),
-        ("llama-pretrain-fsdp", {"lr": "fast"}, "override 'lr': 'fast' is not a valid float; expected float >= 1e-06"),
+        (
+            "llama-pretrain-fsdp",
+            {"lr": "fast"},
+            "override 'lr': 'fast' is not a valid float; expected float >= 1e-06",
+        ),
         ("llama-pretrain-fsdp", {"lr": "nan"}, "override 'lr': 'nan' is not a valid float"),
         ("llama-pretrain-fsdp", {"max_steps": True}, "override 'max_steps': True is not a valid int"),
         ("llama-pretrain-fsdp", {"max_steps": "1.5"}, "'1.5' is not a valid int"),
         ("llama-pretrain-fsdp", {"compile": "yes"}, "override 'compile': 'yes' is not a valid bool"),
-        ("llama-pretrain-fsdp", {"seq_len": 3000}, "override 'seq_len': 3000 is not allowed; allowed: int one of 512"),
+        (
+            "llama-pretrain-fsdp",
+            {"seq_len": 3000},
+            "override 'seq_len': 3000 is not allowed; allowed: int one of 512",
+        ),
         ("llama-pretrain-fsdp", {"instance_type": "ml.g5.48xlarge"}, "'ml.g5.48xlarge' is not allowed"),
-        ("llama-pretrain-fsdp", {"channels.train": "/local/path"}, "must be an S3 URI such as s3://bucket/prefix/"),
-        ("gpt2-ddp", {"spot": False, "max_wait_seconds": 7200},
-         "override 'max_wait_seconds': only applies to managed spot training"),
+        (
+            "llama-pretrain-fsdp",
+            {"channels.train": "/local/path"},
+            "must be an S3 URI such as s3://bucket/prefix/",
+        ),
+        (
+            "gpt2-ddp",
+            {"spot": False, "max_wait_seconds": 7200},
+            "override 'max_wait_seconds': only applies to managed spot training",
+        ),
     ],
 )
 def test_bad_overrides_are_rejected_naming_the_setting(ref, overrides, message):
@@ -230,6 +297,7 @@ def test_bad_overrides_are_rejected_naming_the_setting(ref, overrides, message):
 
 # --- the platform's rules -------------------------------------------------------------------------
 
+
 def _problems(ref: str, platform=PLATFORM, **run) -> str:
     with pytest.raises(RequestValidationError) as error:
         _render(ref, platform, **run)
@@ -238,22 +306,29 @@ def _problems(ref: str, platform=PLATFORM, **run) -> str:
 
 def test_multi_node_on_a_non_efa_instance_type_is_rejected():
     message = _problems("gpt2-ddp", overrides={"instance_count": 2})
-    assert "instance_count 2 on ml.g5.12xlarge: more than one node needs an EFA-capable instance type" in message
+    assert (
+        "instance_count 2 on ml.g5.12xlarge: more than one node needs an EFA-capable instance type" in message
+    )
     # the same count on an EFA type is fine
     assert _render("gpt2-ddp", overrides={"instance_count": 2, "instance_type": "ml.p4d.24xlarge"})
 
 
 def test_degrees_that_do_not_divide_the_world_size_are_rejected():
-    message = _problems("llama-pretrain-hsdp-tp", overrides={"instance_count": 1, "shard_degree": 4,
-                                                             "tensor_parallel_degree": 8})
+    message = _problems(
+        "llama-pretrain-hsdp-tp",
+        overrides={"instance_count": 1, "shard_degree": 4, "tensor_parallel_degree": 8},
+    )
     assert "multiply to 32, which does not divide the world size 8" in message
 
 
 def test_warm_pool_over_the_environments_cap_is_rejected():
     message = _problems("llama-finetune-deepspeed", platform_context(warm_pool_cap_seconds=600))
     assert "keep_alive_seconds 1800 exceeds this environment's warm-pool cap of 600 seconds" in message
-    message = _problems("llama-pretrain-fsdp", platform_context(warm_pool_cap_seconds=1800),
-                        overrides={"keep_alive_seconds": 3600})
+    message = _problems(
+        "llama-pretrain-fsdp",
+        platform_context(warm_pool_cap_seconds=1800),
+        overrides={"keep_alive_seconds": 3600},
+    )
     assert "keep_alive_seconds 3600 exceeds" in message
 
 
@@ -267,7 +342,11 @@ def test_warm_pool_with_spot_is_rejected():
     [
         ("my_run", "run input 'run_name': 'my_run' must be letters, digits and single dashes"),
         ("-run", "must be letters, digits and single dashes"),
-        ("x" * 46, "is 46 characters; with the job-name prefix 'llmtrain-test' and the attempt suffix it may be at most 45"),
+        (
+            "x" * 46,
+            "is 46 characters; with the job-name prefix 'llmtrain-test' and the attempt suffix "
+            "it may be at most 45",
+        ),
     ],
 )
 def test_bad_run_names_are_rejected(run_name, message):
@@ -279,11 +358,16 @@ def test_bad_run_names_are_rejected(run_name, message):
 def test_run_input_from_dict_rejects_unknown_fields():
     with pytest.raises(RunInputError, match="run input 'instances': is not a run input field"):
         render(CATALOG.resolve("gpt2-ddp"), {"run_name": "r1", "instances": 3}, PLATFORM)
-    request = render(CATALOG.resolve("gpt2-ddp"), {"run_name": "r1", "attempt": 3, "owner": "ada@example.com"},
-                     PLATFORM)
+    request = render(
+        CATALOG.resolve("gpt2-ddp"), {"run_name": "r1", "attempt": 3, "owner": "ada@example.com"}, PLATFORM
+    )
     assert request["TrainingJobName"] == "llmtrain-test-r1-a3"
     assert {"Key": "llmtrain:owner", "Value": "ada@example.com"} in request["Tags"]
-    for bad in ({"run_name": "r1", "attempt": 0}, {"run_name": "r1", "attempt": True},
-                {"run_name": "r1", "owner": "a,b"}, {"attempt": 1}):
+    for bad in (
+        {"run_name": "r1", "attempt": 0},
+        {"run_name": "r1", "attempt": True},
+        {"run_name": "r1", "owner": "a,b"},
+        {"attempt": 1},
+    ):
         with pytest.raises(RunInputError):
             render(CATALOG.resolve("gpt2-ddp"), bad, PLATFORM)

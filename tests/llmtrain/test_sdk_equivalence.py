@@ -26,7 +26,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*SageMaker Python SDK v2")
 PLATFORM = platform_context()
 CATALOG = catalog()
 # CreateTrainingJob's booleans default to false; the SDK leaves false ones out.
-FALSE_BY_DEFAULT = ("EnableInterContainerTrafficEncryption", "EnableManagedSpotTraining", "EnableNetworkIsolation")
+FALSE_BY_DEFAULT = (
+    "EnableInterContainerTrafficEncryption",
+    "EnableManagedSpotTraining",
+    "EnableNetworkIsolation",
+)
 
 
 def _is_framework(name: str) -> bool:
@@ -44,18 +48,22 @@ def _sdk_distribution(ours: dict, strategy: str) -> dict:
 def sdk_request(ref: str, ours: dict) -> dict:
     """The CreateTrainingJob parameters the SDK's PyTorch estimator sends for the same job."""
     spec = CATALOG.resolve(ref)
-    user_hyperparameters = {k: json.loads(v) for k, v in ours["HyperParameters"].items() if not _is_framework(k)}
+    user_hyperparameters = {
+        k: json.loads(v) for k, v in ours["HyperParameters"].items() if not _is_framework(k)
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import sagemaker
         from sagemaker.inputs import TrainingInput
         from sagemaker.pytorch import PyTorch
     with mock_aws():
-        boto_session = boto3.Session(region_name=PLATFORM.region, aws_access_key_id="testing",
-                                     aws_secret_access_key="testing")
+        boto_session = boto3.Session(
+            region_name=PLATFORM.region, aws_access_key_id="testing", aws_secret_access_key="testing"
+        )
         captured: dict = {}
-        boto_session.events.register("provide-client-params.sagemaker.CreateTrainingJob",
-                                     lambda params, **_: captured.update(params))
+        boto_session.events.register(
+            "provide-client-params.sagemaker.CreateTrainingJob", lambda params, **_: captured.update(params)
+        )
         session = sagemaker.Session(boto_session=boto_session, default_bucket="sdk-default-bucket")
         estimator = PyTorch(
             entry_point=spec.code.entry_point,
@@ -88,13 +96,18 @@ def sdk_request(ref: str, ours: dict) -> dict:
             sagemaker_session=session,
         )
         inputs = {
-            channel["ChannelName"]: TrainingInput(channel["DataSource"]["S3DataSource"]["S3Uri"],
-                                                  distribution="FullyReplicated", input_mode="File",
-                                                  compression="None")
+            channel["ChannelName"]: TrainingInput(
+                channel["DataSource"]["S3DataSource"]["S3Uri"],
+                distribution="FullyReplicated",
+                input_mode="File",
+                compression="None",
+            )
             for channel in ours["InputDataConfig"]
         }
         estimator.fit(inputs=inputs, job_name=ours["TrainingJobName"], wait=False, logs=False)
-        described = boto_session.client("sagemaker").describe_training_job(TrainingJobName=ours["TrainingJobName"])
+        described = boto_session.client("sagemaker").describe_training_job(
+            TrainingJobName=ours["TrainingJobName"]
+        )
     assert described["TrainingJobName"] == ours["TrainingJobName"]  # moto accepted the SDK's request
     return captured
 
@@ -118,10 +131,15 @@ def test_request_equals_the_sdks(ref):
 
 
 def test_smp_case_sends_mp_parameters_like_the_sdk():
-    ours = render(CATALOG.resolve("llama-pretrain-smp"), RunInput(run_name="smp", overrides={"shard_degree": 16}),
-                  PLATFORM)
+    ours = render(
+        CATALOG.resolve("llama-pretrain-smp"),
+        RunInput(run_name="smp", overrides={"shard_degree": 16}),
+        PLATFORM,
+    )
     sdk = sdk_request("llama-pretrain-smp", ours)
     assert sdk["HyperParameters"]["mp_parameters"] == ours["HyperParameters"]["mp_parameters"]
     assert json.loads(ours["HyperParameters"]["mp_parameters"])["hybrid_shard_degree"] == 16
     assert sdk["HyperParameters"]["sagemaker_distributed_dataparallel_enabled"] == "false"
-    assert "smdistributed-modelparallel:2.5.1-gpu-py311-cu124" in sdk["AlgorithmSpecification"]["TrainingImage"]
+    assert (
+        "smdistributed-modelparallel:2.5.1-gpu-py311-cu124" in sdk["AlgorithmSpecification"]["TrainingImage"]
+    )

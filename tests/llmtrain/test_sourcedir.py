@@ -44,9 +44,16 @@ def _members(data: bytes) -> dict[str, tarfile.TarInfo]:
 
 def test_platform_layout_is_training_jobs_plus_requirements(repo):
     members = _members(tarball_bytes(collect_files(PLATFORM_CODE, repo)))
-    assert sorted(members) == ["requirements.txt", "training_jobs/__init__.py", "training_jobs/requirements.txt",
-                               "training_jobs/train.py", "training_jobs/trainer/config.py"]
-    with tarfile.open(fileobj=io.BytesIO(tarball_bytes(collect_files(PLATFORM_CODE, repo))), mode="r:gz") as tar:
+    assert sorted(members) == [
+        "requirements.txt",
+        "training_jobs/__init__.py",
+        "training_jobs/requirements.txt",
+        "training_jobs/train.py",
+        "training_jobs/trainer/config.py",
+    ]
+    with tarfile.open(
+        fileobj=io.BytesIO(tarball_bytes(collect_files(PLATFORM_CODE, repo))), mode="r:gz"
+    ) as tar:
         assert tar.extractfile("requirements.txt").read() == b"transformers==5.23.0\n"
 
 
@@ -89,12 +96,22 @@ def test_build_writes_the_archive_and_returns_the_hash(repo, tmp_path):
 @pytest.mark.parametrize(
     ("code", "prepare", "message"),
     [
-        (CodeSpec(source="mine", entry_point="missing.py"), None, "code.entry_point 'missing.py' is not a file under mine/"),
+        (
+            CodeSpec(source="mine", entry_point="missing.py"),
+            None,
+            "code.entry_point 'missing.py' is not a file under mine/",
+        ),
         (CodeSpec(source="absent", entry_point="run.py"), None, "code folder .*absent does not exist"),
-        (PLATFORM_CODE, lambda repo: (repo / "training_jobs" / "requirements.txt").unlink(),
-         "requirements.txt is missing: the SageMaker container installs"),
-        (CodeSpec(source="mine", entry_point="run.py"),
-         lambda repo: (repo / "mine" / "link.py").symlink_to(repo / "mine" / "run.py"), "is a symbolic link"),
+        (
+            PLATFORM_CODE,
+            lambda repo: (repo / "training_jobs" / "requirements.txt").unlink(),
+            "requirements.txt is missing: the SageMaker container installs",
+        ),
+        (
+            CodeSpec(source="mine", entry_point="run.py"),
+            lambda repo: (repo / "mine" / "link.py").symlink_to(repo / "mine" / "run.py"),
+            "is a symbolic link",
+        ),
     ],
 )
 def test_unpackageable_code_says_what_to_fix(repo, code, prepare, message):

@@ -51,26 +51,63 @@ REJECTIONS = [
     ("surprise", 1, "unknown field(s) surprise"),
     ("version", "1.0", "'version' '1.0' is not a semantic version"),
     ("name", "Llama_FSDP", "'name' 'Llama_FSDP' must be lowercase letters, digits and single dashes"),
-    ("distribution.strategy", "zero", "'distribution.strategy' must be one of single, ddp, fsdp, deepspeed, smp"),
+    (
+        "distribution.strategy",
+        "zero",
+        "'distribution.strategy' must be one of single, ddp, fsdp, deepspeed, smp",
+    ),
     ("distribution.shard_degree", -1, "'distribution.shard_degree' must be >= 0"),
-    ("distribution.smp_parameters", {"activation_loading_horizon": 2},
-     "'distribution.smp_parameters' is only valid with strategy 'smp'"),
-    ("hyperparameters.sagemaker_program", "x.py", "sagemaker_program are reserved for the SageMaker container"),
+    (
+        "distribution.smp_parameters",
+        {"activation_loading_horizon": 2},
+        "'distribution.smp_parameters' is only valid with strategy 'smp'",
+    ),
+    (
+        "hyperparameters.sagemaker_program",
+        "x.py",
+        "sagemaker_program are reserved for the SageMaker container",
+    ),
     ("hyperparameters.parallelism", "ddp", "parallelism come from the 'distribution' section"),
-    ("hyperparameters.max_steps", _DELETE, "'max_steps' must be a hyperparameter and listed in 'overridable'"),
+    (
+        "hyperparameters.max_steps",
+        _DELETE,
+        "'max_steps' must be a hyperparameter and listed in 'overridable'",
+    ),
     ("overridable.max_steps", _DELETE, "'max_steps' must be a hyperparameter and listed in 'overridable'"),
     ("overridable.lr", {"type": "float", "min": 1, "max": 0.1}, "'overridable.lr': min is greater than max"),
-    ("overridable.lr", {"type": "decimal"}, "'overridable.lr.type' must be one of int, float, bool, str, s3_uri"),
-    ("overridable.seq_len", {"type": "int", "choices": [1024, "2048"]},
-     "'overridable.seq_len.choices' holds '2048', which is not of type int"),
+    (
+        "overridable.lr",
+        {"type": "decimal"},
+        "'overridable.lr.type' must be one of int, float, bool, str, s3_uri",
+    ),
+    (
+        "overridable.seq_len",
+        {"type": "int", "choices": [1024, "2048"]},
+        "'overridable.seq_len.choices' holds '2048', which is not of type int",
+    ),
     ("overridable.channels.model", {"type": "s3_uri"}, "names channel 'model', which 'input.channels' lacks"),
     ("overridable.parallelism", {"type": "str"}, "the strategy is fixed by the template version"),
-    ("input.channels.train", "s3://bucket/x/", "'input.channels.train' must be a key prefix in the datasets bucket"),
+    ("overridable.instance_count", {"type": "str"}, "'overridable.instance_count.type' must be int"),
+    ("overridable.instance_type", {"type": "str"}, "'overridable.instance_type' needs 'choices'"),
+    (
+        "overridable.instance_type",
+        {"type": "str", "choices": ["ml.p4d.24xlarge", "ml.z9.huge"]},
+        "unknown: ml.z9.huge",
+    ),
+    (
+        "input.channels.train",
+        "s3://bucket/x/",
+        "'input.channels.train' must be a key prefix in the datasets bucket",
+    ),
     ("input.channels", {"validation": None}, "'input.channels' must define the 'train' channel"),
     ("input.mode", "Pipe", "'input.mode' must be one of File, FastFile"),
     ("image.uri", "123.dkr.ecr.us-east-1.amazonaws.com/x:1", "'image.uri' excludes 'framework_version'"),
     ("code.entry_point", "train.py", "'code.entry_point' must be training_jobs/train.py for platform code"),
-    ("code.source", "../elsewhere", "'code.source' must be 'platform' or a folder relative to the repository root"),
+    (
+        "code.source",
+        "../elsewhere",
+        "'code.source' must be 'platform' or a folder relative to the repository root",
+    ),
     ("stopping.max_runtime_seconds", 0, "'stopping.max_runtime_seconds' must be 1..2419200"),
     ("warm_pool.keep_alive_seconds", -5, "'warm_pool.keep_alive_seconds' must be >= 0"),
     ("spot.max_wait_seconds", 60, "'spot.max_wait_seconds' must be >= 'stopping.max_runtime_seconds'"),
@@ -78,14 +115,23 @@ REJECTIONS = [
     ("retry.quota_policy", "retry", "'retry.quota_policy' must be one of fail, wait"),
     ("retry.fallback_instance_types", ["ml.p9.mega"], "'retry.fallback_instance_types[0]' 'ml.p9.mega'"),
     ("retry.backoff_rate", 0.5, "'retry.backoff_rate' must be >= 1.0"),
-    ("metrics", [{"name": "a", "regex": "(x)=(y)"}], "'metrics[0].regex' must have exactly one capture group"),
+    (
+        "metrics",
+        [{"name": "a", "regex": "(x)=(y)"}],
+        "'metrics[0].regex' must have exactly one capture group",
+    ),
     ("metrics", [{"name": "a", "regex": "x=("}], "'metrics[0].regex' does not compile"),
-    ("metrics", [{"name": "a", "regex": "a=(1)"}, {"name": "a", "regex": "b=(1)"}],
-     "metric names must be unique; repeated: a"),
+    (
+        "metrics",
+        [{"name": "a", "regex": "a=(1)"}, {"name": "a", "regex": "b=(1)"}],
+        "metric names must be unique; repeated: a",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("path", "value", "message"), REJECTIONS, ids=[r[0] + ":" + r[2][:30] for r in REJECTIONS])
+@pytest.mark.parametrize(
+    ("path", "value", "message"), REJECTIONS, ids=[r[0] + ":" + r[2][:30] for r in REJECTIONS]
+)
 def test_malformed_template_is_rejected_naming_the_field(path, value, message):
     with pytest.raises(TemplateSpecError) as error:
         TemplateSpec.from_dict(_set(_data(), path, value), "fsdp.yaml")
@@ -102,11 +148,15 @@ def test_spot_with_a_warm_pool_is_rejected():
 
 def test_spot_overridable_needs_a_max_wait():
     data = _set(_data(), "spot.max_wait_seconds", _DELETE)
-    with pytest.raises(TemplateSpecError, match="'spot.max_wait_seconds' is required when runs may turn spot on"):
+    with pytest.raises(
+        TemplateSpecError, match="'spot.max_wait_seconds' is required when runs may turn spot on"
+    ):
         TemplateSpec.from_dict(data, "fsdp.yaml")
 
 
 def test_smp_parameters_may_not_shadow_the_degrees():
     data = _set(_data("llama-pretrain-smp"), "distribution.smp_parameters", {"hybrid_shard_degree": 8})
-    with pytest.raises(TemplateSpecError, match="must not set hybrid_shard_degree: they come from shard_degree"):
+    with pytest.raises(
+        TemplateSpecError, match="must not set hybrid_shard_degree: they come from shard_degree"
+    ):
         TemplateSpec.from_dict(data, "smp.yaml")

@@ -22,8 +22,10 @@ with warnings.catch_warnings():
 
 # A spot check of CPU images is enough: the account and tag rules are the same as for GPU.
 CPU_REGIONS = ("us-east-1", "eu-central-1", "cn-north-1", "us-gov-west-1")
-SMP_DISTRIBUTION = {"torch_distributed": {"enabled": True},
-                    "smdistributed": {"modelparallel": {"enabled": True, "parameters": {}}}}
+SMP_DISTRIBUTION = {
+    "torch_distributed": {"enabled": True},
+    "smdistributed": {"modelparallel": {"enabled": True, "parameters": {}}},
+}
 
 
 @pytest.fixture(autouse=True)
@@ -33,17 +35,31 @@ def fast_sdk_lookups(monkeypatch):
 
     import sagemaker.utils
 
-    monkeypatch.setattr(sagemaker.utils, "_botocore_resolver", functools.cache(sagemaker.utils._botocore_resolver))
+    monkeypatch.setattr(
+        sagemaker.utils, "_botocore_resolver", functools.cache(sagemaker.utils._botocore_resolver)
+    )
 
 
 @pytest.mark.parametrize(("version", "py_version"), sorted(supported_framework_versions().items()))
 def test_pytorch_images_match_the_sagemaker_sdk(version, py_version):
     for region in sorted(supported_regions()):
-        for instance_type in ("ml.p4d.24xlarge", "ml.c5.2xlarge") if region in CPU_REGIONS else ("ml.p4d.24xlarge",):
-            expected = image_uris.retrieve("pytorch", region, version=version, py_version=py_version,
-                                           instance_type=instance_type, image_scope="training")
-            ours = training_image_uri(framework_version=version, py_version=py_version, region=region,
-                                      instance_type_name=instance_type)
+        for instance_type in (
+            ("ml.p4d.24xlarge", "ml.c5.2xlarge") if region in CPU_REGIONS else ("ml.p4d.24xlarge",)
+        ):
+            expected = image_uris.retrieve(
+                "pytorch",
+                region,
+                version=version,
+                py_version=py_version,
+                instance_type=instance_type,
+                image_scope="training",
+            )
+            ours = training_image_uri(
+                framework_version=version,
+                py_version=py_version,
+                region=region,
+                instance_type_name=instance_type,
+            )
             assert ours == expected, (region, instance_type)
 
 
@@ -51,24 +67,52 @@ def test_pytorch_images_match_the_sagemaker_sdk(version, py_version):
 def test_smp_images_match_the_sagemaker_sdk(version, py_version):
     for region in sorted(supported_regions(smp=True)):
         for instance_type in ("ml.p4d.24xlarge", "ml.p5.48xlarge"):
-            expected = image_uris.get_training_image_uri(region, "pytorch", framework_version=version,
-                                                         py_version=py_version, distribution=SMP_DISTRIBUTION,
-                                                         instance_type=instance_type)
-            ours = training_image_uri(framework_version=version, py_version=py_version, region=region,
-                                      instance_type_name=instance_type, smp=True)
+            expected = image_uris.get_training_image_uri(
+                region,
+                "pytorch",
+                framework_version=version,
+                py_version=py_version,
+                distribution=SMP_DISTRIBUTION,
+                instance_type=instance_type,
+            )
+            ours = training_image_uri(
+                framework_version=version,
+                py_version=py_version,
+                region=region,
+                instance_type_name=instance_type,
+                smp=True,
+            )
             assert ours == expected, (region, instance_type)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"framework_version": "1.13.1", "py_version": "py39"}, "image.framework_version '1.13.1': no PyTorch training"),
-        ({"framework_version": "2.8.0", "py_version": "py311"}, "the PyTorch training 2.8.0 image ships py312"),
-        ({"framework_version": "2.8.0", "py_version": "py312", "region": "xx-nowhere-1"}, "region 'xx-nowhere-1'"),
-        ({"framework_version": "2.5.1", "py_version": "py311", "region": "af-south-1", "smp": True},
-         "region 'af-south-1' has no SMP v2 image"),
-        ({"framework_version": "2.5.1", "py_version": "py311", "instance_type_name": "ml.c5.2xlarge", "smp": True},
-         "SMP v2 images exist for GPU instances only"),
+        (
+            {"framework_version": "1.13.1", "py_version": "py39"},
+            "image.framework_version '1.13.1': no PyTorch training",
+        ),
+        (
+            {"framework_version": "2.8.0", "py_version": "py311"},
+            "the PyTorch training 2.8.0 image ships py312",
+        ),
+        (
+            {"framework_version": "2.8.0", "py_version": "py312", "region": "xx-nowhere-1"},
+            "region 'xx-nowhere-1'",
+        ),
+        (
+            {"framework_version": "2.5.1", "py_version": "py311", "region": "af-south-1", "smp": True},
+            "region 'af-south-1' has no SMP v2 image",
+        ),
+        (
+            {
+                "framework_version": "2.5.1",
+                "py_version": "py311",
+                "instance_type_name": "ml.c5.2xlarge",
+                "smp": True,
+            },
+            "SMP v2 images exist for GPU instances only",
+        ),
     ],
 )
 def test_unavailable_images_say_why(kwargs, message):
@@ -78,7 +122,9 @@ def test_unavailable_images_say_why(kwargs, message):
 
 
 def test_gpu_counts_match_the_sdks_instance_table():
-    table = json.loads((Path(image_uris.__file__).parent / "image_uri_config" / "instance_gpu_info.json").read_text())
+    table = json.loads(
+        (Path(image_uris.__file__).parent / "image_uri_config" / "instance_gpu_info.json").read_text()
+    )
     sdk = table["us-east-1"]
     checked = [name for name in INSTANCE_TYPES if name in sdk]
     assert len(checked) >= 20
@@ -87,7 +133,9 @@ def test_gpu_counts_match_the_sdks_instance_table():
     # CPU types have no GPUs; the SDK's table lacks ml.p5e (8 H200) and spells ml.g5.xlarge "ml.g5n.xlarge".
     unchecked = {name for name in INSTANCE_TYPES if name not in sdk}
     assert unchecked == {name for name in INSTANCE_TYPES if name.startswith(("ml.c5.", "ml.m5."))} | {
-        "ml.g5.xlarge", "ml.p5e.48xlarge"}
+        "ml.g5.xlarge",
+        "ml.p5e.48xlarge",
+    }
     assert all(INSTANCE_TYPES[name].gpus == 0 for name in unchecked if name.startswith(("ml.c5.", "ml.m5.")))
 
 

@@ -40,28 +40,55 @@ def _with(request: dict, path: str, value) -> dict:
 
 # Each violates metadata that botocore's ParamValidator does not check (max, pattern, enum, map size).
 CONSTRAINT_CASES = [
-    ("ResourceConfig.KeepAlivePeriodInSeconds", 30000,
-     "CreateTrainingJob.ResourceConfig.KeepAlivePeriodInSeconds is 30000; SageMaker allows at most 21600"),
-    ("TrainingJobName", "bad_name", "CreateTrainingJob.TrainingJobName 'bad_name' does not match SageMaker's pattern"),
-    ("TrainingJobName", "a" * 64, "CreateTrainingJob.TrainingJobName is 64 characters long; SageMaker allows at most 63"),
+    (
+        "ResourceConfig.KeepAlivePeriodInSeconds",
+        30000,
+        "CreateTrainingJob.ResourceConfig.KeepAlivePeriodInSeconds is 30000; SageMaker allows at most 21600",
+    ),
+    (
+        "TrainingJobName",
+        "bad_name",
+        "CreateTrainingJob.TrainingJobName 'bad_name' does not match SageMaker's pattern",
+    ),
+    (
+        "TrainingJobName",
+        "a" * 64,
+        "CreateTrainingJob.TrainingJobName is 64 characters long; SageMaker allows at most 63",
+    ),
     ("ResourceConfig.InstanceType", "ml.p9.mega", "'ml.p9.mega' is not one of SageMaker's values"),
     ("AlgorithmSpecification.TrainingInputMode", "Stream", "'Stream' is not one of SageMaker's values"),
     ("RetryStrategy.MaximumRetryAttempts", 31, "MaximumRetryAttempts is 31; SageMaker allows at most 30"),
     ("Tags.0.Value", "a,b", "CreateTrainingJob.Tags[0].Value 'a,b' does not match SageMaker's pattern"),
     ("HyperParameters.long", "x" * 2501, "is 2501 characters long; SageMaker allows at most 2500"),
-    ("HyperParameters", {f"k{i}": "1" for i in range(101)},
-     "CreateTrainingJob.HyperParameters holds 101 entries; SageMaker allows at most 100"),
-    ("RoleArn", "arn:aws:iam::123:role/x", "CreateTrainingJob.RoleArn 'arn:aws:iam::123:role/x' does not match"),
-    ("VpcConfig.Subnets", [f"subnet-{i}" for i in range(17)], "VpcConfig.Subnets holds 17 items; SageMaker allows at most 16"),
-    ("CheckpointConfig.S3Uri", "ftp://x/y", "CheckpointConfig.S3Uri 'ftp://x/y' does not match SageMaker's pattern"),
+    (
+        "HyperParameters",
+        {f"k{i}": "1" for i in range(101)},
+        "CreateTrainingJob.HyperParameters holds 101 entries; SageMaker allows at most 100",
+    ),
+    (
+        "RoleArn",
+        "arn:aws:iam::123:role/x",
+        "CreateTrainingJob.RoleArn 'arn:aws:iam::123:role/x' does not match",
+    ),
+    (
+        "VpcConfig.Subnets",
+        [f"subnet-{i}" for i in range(17)],
+        "VpcConfig.Subnets holds 17 items; SageMaker allows at most 16",
+    ),
+    (
+        "CheckpointConfig.S3Uri",
+        "ftp://x/y",
+        "CheckpointConfig.S3Uri 'ftp://x/y' does not match SageMaker's pattern",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("path", "value", "message"), CONSTRAINT_CASES, ids=[c[0] for c in CONSTRAINT_CASES])
 def test_constraints_botocore_skips_are_enforced(request_template, path, value, message):
     bad = _with(request_template, path, value)
-    assert not ParamValidator().validate(bad, create_training_job_shape()).has_errors(), \
+    assert not ParamValidator().validate(bad, create_training_job_shape()).has_errors(), (
         "botocore's ParamValidator alone would have let this through"
+    )
     problems = shape_problems(bad)
     assert any(message in p for p in problems), problems
 
@@ -81,7 +108,9 @@ def test_validate_request_lists_every_problem(request_template):
         validate_request(bad, PLATFORM)
     assert len(error.value.problems) == 2
     assert "must start with the environment's prefix 'llmtrain-test-'" in str(error.value)
-    assert "keep_alive_seconds 7200 exceeds this environment's warm-pool cap of 3600 seconds" in str(error.value)
+    assert "keep_alive_seconds 7200 exceeds this environment's warm-pool cap of 3600 seconds" in str(
+        error.value
+    )
 
 
 @pytest.mark.parametrize(

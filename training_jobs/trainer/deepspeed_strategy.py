@@ -30,7 +30,7 @@ def deepspeed_config(config: TrainConfig, data_parallel_size: int, on_gpu: bool)
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu}
     if par.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": on_gpu}
-    ds = {
+    return {
         "train_micro_batch_size_per_gpu": data.micro_batch_size,
         "gradient_accumulation_steps": data.grad_accum_steps,
         "train_batch_size": data.micro_batch_size * data.grad_accum_steps * data_parallel_size,
@@ -41,10 +41,8 @@ def deepspeed_config(config: TrainConfig, data_parallel_size: int, on_gpu: bool)
         "fp16": {"enabled": par.mixed_precision == "fp16", "loss_scale": 0},
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
+        "gradient_clipping": config.optim.max_grad_norm,  # DeepSpeed's default is 1.0, ours says 0 = off
     }
-    if config.optim.max_grad_norm > 0:
-        ds["gradient_clipping"] = config.optim.max_grad_norm
-    return ds
 
 
 class DeepSpeedStrategy:
@@ -74,6 +72,11 @@ class DeepSpeedStrategy:
                                * config.data.grad_accum_steps)
         optimizer = build_optimizer(model, config.optim, self.peak_lr)
         self.scheduler = build_scheduler(optimizer, config, self.peak_lr)
+        if ctx.device.type == "cpu":
+            # DeepSpeed's CPU shared-memory all-reduce is compiled at run time (minutes, and again on
+            # every launch); gloo is what CPU runs use anyway. The probe result is a module-level
+            # dict that DeepSpeed documents as editable.
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=self.scheduler,

@@ -34,10 +34,10 @@ def _save_full(config, state: dict, directory: Path, dtype: torch.dtype) -> None
                              max_shard_size="5GB")
 
 
-def export_model(strategy, hf_model: nn.Module, config: TrainConfig, tokenizer, directory: Path,
-                 is_main: bool) -> Path | None:
+def export_model(strategy, config: TrainConfig, tokenizer, directory: Path, is_main: bool) -> Path | None:
     """Gather and write the final model; every rank must call this (the gather is a collective)."""
     state = strategy.full_state_dict()
+    hf_model = strategy.hf_model
     if not is_main:
         return None
     directory.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,11 @@ class Job:
     stop: StopSignal
     resumed_from: Path | None = None
 
+    def close(self) -> None:
+        self.loop.metrics.close()
+        self.loop.strategy.close()
+        self.stop.restore()
+
 
 def _channel_samples(env: JobEnvironment, name: str, seq_len: int, vocab: int) -> TokenSamples | None:
     path = env.channel(name)

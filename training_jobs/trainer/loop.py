@@ -190,6 +190,7 @@ def run(ctx: LoopContext) -> str:
         if checkpoint_now or stop or (last and ctx.store is not None):
             save(ctx, None)
         if stop:
-            log(f"stop signal received: saved step {ctx.step} and stopping")
+            if dist.get_rank() == 0:
+                log(f"stop signal received: saved step {ctx.step} and stopping")
             return "interrupted"
     return "finished"

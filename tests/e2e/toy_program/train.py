@@ -24,7 +24,8 @@ def main() -> int:
         raise ValueError("hyperparameter 'fail' is true: set it to false to train")
     if hps.get("gloo_quirk"):
         print("RuntimeError: a peer closed the connection", file=sys.stderr, flush=True)
-        print("terminate called after throwing an instance of 'gloo::EnforceNotMet'", file=sys.stderr, flush=True)
+        print("terminate called after throwing an instance of 'gloo::EnforceNotMet'", file=sys.stderr,
+              flush=True)
         return 1
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

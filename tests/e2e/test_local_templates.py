@@ -1,0 +1,137 @@
+"""`llmtrain run --local` on the platform's own templates: the real CLI, toolkit, torchrun and program.
+
+Every job is tiny (llama-tiny, a few steps, the shipped tiny corpus) so the whole module stays within
+a few minutes on two cores. SageMaker itself cannot run here: everything up to it does, for real.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from local_e2e_support import JOB_TIMEOUT_SECONDS, REPO_ROOT, cli_command, cli_env, losses_by_step, run_cli
+
+pytestmark = pytest.mark.slow
+
+STEPS = 12
+# Every step logs its own loss (no averaging over a window), so runs compare step by step.
+SHORT_FSDP = ("instance_count=1", f"max_steps={STEPS}", "log_every_steps=1")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def straight(workdir):
+    """A single-host, 2-process FSDP run that is never interrupted: the reference for resumption."""
+    return run_cli("llama-pretrain-fsdp", "straight", workdir, *SHORT_FSDP)
+
+
+def log_text(summary: dict, host: str = "algo-1") -> str:
+    return Path(summary["LocalRun"]["Logs"][host]).read_text()
+
+
+def test_fsdp_template_runs_on_one_host_with_two_processes(straight):
+    assert straight.returncode == 0, straight.output[-3000:]
+    summary = straight.summary
+    assert summary["TrainingJobStatus"] == "Completed"
+    assert summary["LocalRun"]["Hosts"] == ["algo-1"]
+    assert summary["LocalRun"]["ProcessesPerHost"] == 2
+    log = log_text(summary)
+    assert "torchrun --nnodes 1 --nproc_per_node 2 training_jobs/train.py" in log
+    assert "MeshShape(replicate=1, shard=2, tensor=1)" in log
+    assert sorted(losses_by_step(straight.run_dir)) == list(range(1, STEPS + 1))
+    # Scaled down, and said so, never silently.
+    settings = {a["Setting"] for a in summary["LocalRun"]["Adjustments"]}
+    assert {"HyperParameters.model_preset", "processes per host", "ResourceConfig.InstanceType"} <= settings
+    assert "llama-7b -> llama-tiny" in straight.output
+    # The template's own regexes: eval:loss has no line without a validation channel, and says so.
+    assert [m["Name"] for m in summary["LocalRun"]["UnmatchedMetricDefinitions"]] == ["eval:loss"]
+    final = {m["MetricName"] for m in summary["FinalMetricDataList"]}
+    assert {"train:loss", "train:tokens_per_sec"} <= final
+    # The model as SageMaker would upload it: HF safetensors in model.tar.gz.
+    artifact = Path(summary["ModelArtifacts"]["S3ModelArtifacts"].removeprefix("file://"))
+    with tarfile.open(artifact) as tar:
+        assert {"config.json", "model.safetensors"} <= set(tar.getnames())
+    assert (straight.run_dir / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_stopped_run_resumes_by_run_name_with_the_same_losses(straight, workdir):
+    assert straight.returncode == 0, straight.output[-3000:]
+    # Stop like StopTrainingJob: SIGTERM to llmtrain once training is under way.
+    process = subprocess.Popen(cli_command("llama-pretrain-fsdp", "stopped", workdir, *SHORT_FSDP),
+                               cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    output = []
+    deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+    for line in process.stdout:
+        output.append(line)
+        if f"step 1/{STEPS}" in line:
+            process.send_signal(signal.SIGTERM)
+            break
+        assert time.monotonic() < deadline, "".join(output)
+    output.extend(process.stdout)
+    assert process.wait(timeout=JOB_TIMEOUT_SECONDS) == 130, "".join(output)[-3000:]
+    stopped_dir = workdir / "stopped"
+    stopped = json.loads((stopped_dir / "summary.json").read_text())
+    assert stopped["TrainingJobStatus"] == "Stopped"
+    saved = sorted(p.name for p in (stopped_dir / "checkpoints").glob("step_*"))
+    assert saved, "the stopped job saved no checkpoint"
+    stopped_at = max(losses_by_step(stopped_dir))
+    assert stopped_at < STEPS
+
+    resumed = run_cli("llama-pretrain-fsdp", "stopped", workdir, *SHORT_FSDP)
+
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    assert resumed.summary["TrainingJobStatus"] == "Completed"
+    assert "resumed from" in log_text(resumed.summary)
+    second_job = json.loads(Path(resumed.summary["LocalRun"]["JobFolder"], "metrics.json").read_text())
+    assert min(p["step"] for p in second_job if p["name"] == "train:loss") == stopped_at + 1
+    assert losses_by_step(stopped_dir) == losses_by_step(straight.run_dir)
+
+
+def test_two_hosts_are_emulated_in_one_process_group(workdir):
+    run = run_cli("llama-pretrain-fsdp", "two-hosts", workdir, "max_steps=2")
+
+    assert run.returncode == 0, run.output[-3000:]
+    summary = run.summary
+    assert summary["TrainingJobStatus"] == "Completed"
+    assert summary["LocalRun"]["Hosts"] == ["algo-1", "algo-2"]
+    assert "--nnodes 2 --nproc_per_node 2 --master_addr algo-1 --master_port 7777 --node_rank 1" \
+        in log_text(summary, "algo-2")
+    assert "MeshShape(replicate=1, shard=4, tensor=1)" in log_text(summary)
+    # One checkpoint from both hosts' shards, as the S3 prefix would hold it.
+    shards = sorted(p.name for p in (run.run_dir / "checkpoints" / "step_00000002").glob("*.distcp"))
+    assert shards == [f"__{rank}_0.distcp" for rank in range(4)]
+
+
+def test_deepspeed_template_runs(workdir):
+    run = run_cli("llama-finetune-deepspeed", "deepspeed", workdir, "max_steps=2")
+
+    assert run.returncode == 0, run.output[-3000:]
+    summary = run.summary
+    assert summary["TrainingJobStatus"] == "Completed"
+    assert json.loads(summary["HyperParameters"]["zero_stage"]) == 3
+    # The 7B checkpoint of the model channel is not used locally; the program builds llama-tiny.
+    adjustments = {a["Setting"]: a["Local"] for a in summary["LocalRun"]["Adjustments"]}
+    assert adjustments["InputDataConfig.model"] == "(not provided)"
+    assert sorted(losses_by_step(run.run_dir)) == [1, 2]
+
+
+def test_a_bad_hyperparameter_fails_the_job_with_the_reason(workdir):
+    run = run_cli("llama-pretrain-fsdp", "bad-hp", workdir, "instance_count=1", "profile_steps=soon")
+
+    assert run.returncode == 1, run.output[-3000:]
+    summary = run.summary
+    assert summary["TrainingJobStatus"] == "Failed"
+    assert summary["FailureReason"].startswith("AlgorithmError: ")
+    reason = summary["FailureReason"] + "\n".join(summary["LocalRun"]["ErrorLines"])
+    assert "profile_steps" in reason
+    assert "profile_steps" in run.output.split("training job local-bad-hp-a1")[-1]

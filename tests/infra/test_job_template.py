@@ -1,0 +1,200 @@
+"""JobTemplate: uploads a published version's sourcedir.tar.gz, validates the version at synth, and
+exposes what the launcher registers. One stack of our own (a KMS key and a code bucket), synthesized
+once with cdk-nag; cfn-lint over its template."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from aws_cdk.assertions import Match, Template
+from cfnlint.api import ManualArgs, lint
+from infra_helpers import ENV, ROOT, SynthesizedApp, resources_of_type, synthesize
+from training_constructs import JobTemplate
+
+from llmtrain.catalog import Catalog
+from llmtrain.errors import LockError, RequestValidationError, TemplateNotFoundError
+from llmtrain.sourcedir import collect_files, tarball_bytes
+
+TEMPLATES = ("byo-script@1.0.0", "llama-pretrain-fsdp@latest")
+
+
+def _bucket_stack(app: cdk.App, name: str) -> tuple[cdk.Stack, s3.Bucket, kms.Key]:
+    stack = cdk.Stack(app, name, env=ENV)
+    key = kms.Key(stack, "Key", enable_key_rotation=True)
+    bucket = s3.Bucket(
+        stack,
+        "Code",
+        encryption=s3.BucketEncryption.KMS,
+        encryption_key=key,
+        enforce_ssl=True,
+        block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+        versioned=True,
+    )
+    cdk.Validations.of(bucket).acknowledge(
+        cdk.Acknowledgment(
+            id="AwsSolutions-S1",
+            reason="this test stack's bucket needs no access logs (TrainingStorage has them)",
+        )
+    )
+    return stack, bucket, key
+
+
+@pytest.fixture(scope="module")
+def synthesized(tmp_path_factory) -> tuple[SynthesizedApp, dict[str, JobTemplate]]:
+    outdir = tmp_path_factory.mktemp("cdk.out")
+    app = cdk.App(outdir=str(outdir))
+    stack, bucket, key = _bucket_stack(app, "JobTemplates")
+    templates = {
+        ref: JobTemplate(
+            stack,
+            ref.split("@")[0],
+            template=ref,
+            code_bucket=bucket,
+            encryption_key=key,
+            warm_pool_cap_seconds=3600,
+        )
+        for ref in TEMPLATES
+    }
+    return synthesize(app, outdir, {("test", "templates"): stack}), templates
+
+
+@pytest.fixture(scope="module")
+def template_json(synthesized) -> dict:
+    app, _ = synthesized
+    return app.template_json("test", "templates")
+
+
+def test_synth_passes_cdk_nag(synthesized):
+    app, _ = synthesized
+    assert app.synth_error is None, app.synth_error
+    errors = [v for v in app.nag_violations() if v.get("severity") == "error" and not v.get("acknowledgedId")]
+    assert errors == []
+
+
+def test_cfn_lint_finds_nothing(template_json):
+    matches = lint(json.dumps(template_json), config=ManualArgs(regions=["us-east-1"]))
+    # W3005: CDK's own BucketDeployment singleton both DependsOn and GetAtt's its role; not ours to change.
+    unexpected = [
+        str(m) for m in matches if not (m.rule.id == "W3005" and "CustomCDKBucketDeployment" in str(m))
+    ]
+    assert unexpected == []
+
+
+def test_code_is_deployed_under_the_versions_prefix(template_json):
+    template = Template.from_json(template_json)
+    for prefix in ("templates/byo-script/1.0.0/", "templates/llama-pretrain-fsdp/1.0.0/"):
+        template.has_resource(
+            "Custom::CDKBucketDeployment",
+            {
+                "Properties": Match.object_like(
+                    {
+                        "DestinationBucketName": {"Ref": Match.string_like_regexp("^Code")},
+                        "DestinationBucketKeyPrefix": prefix,
+                        "Prune": False,
+                        "RetainOnDelete": True,
+                        "Extract": True,
+                        "SystemMetadata": {
+                            "sse": "aws:kms",
+                            "sse-kms-key-id": {"Fn::GetAtt": [Match.any_value(), "Arn"]},
+                        },
+                    }
+                ),
+            },
+        )
+    assert len(resources_of_type(template_json, "Custom::CDKBucketDeployment")) == 2
+
+
+def test_uploaded_asset_is_the_deterministic_sourcedir(synthesized, template_json):
+    """The asset CDK uploads holds exactly sourcedir.tar.gz, byte-identical to llmtrain.sourcedir's."""
+    app, templates = synthesized
+    catalog = Catalog.load()
+    deployments = resources_of_type(template_json, "Custom::CDKBucketDeployment").values()
+    assets = json.loads((app.outdir / "JobTemplates.assets.json").read_text())["files"]
+    for ref, construct in templates.items():
+        prefix = construct.code_key.rsplit("/", 1)[0] + "/"
+        deployment = next(d for d in deployments if d["Properties"]["DestinationBucketKeyPrefix"] == prefix)
+        asset_hash = deployment["Properties"]["SourceObjectKeys"][0].removesuffix(".zip")
+        staged = app.outdir / assets[asset_hash]["source"]["path"]  # a directory asset, zipped when published
+        assert assets[asset_hash]["source"]["packaging"] == "zip"
+        assert [p.name for p in staged.iterdir()] == ["sourcedir.tar.gz"]
+        data = (staged / "sourcedir.tar.gz").read_bytes()
+        spec = catalog.resolve(ref)
+        assert data == tarball_bytes(collect_files(spec.code))
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            names = tar.getnames()
+        assert spec.code.entry_point in names
+        assert "requirements.txt" in names  # the container installs it (both folders have one)
+
+
+def test_construct_exposes_what_the_launcher_registers(synthesized):
+    _, templates = synthesized
+    catalog = Catalog.load()
+    fsdp = templates["llama-pretrain-fsdp@latest"]
+    assert (fsdp.name, fsdp.version) == ("llama-pretrain-fsdp", "1.0.0")
+    assert fsdp.code_key == "templates/llama-pretrain-fsdp/1.0.0/sourcedir.tar.gz"
+    entry = fsdp.registry_entry
+    assert entry["content_hash"] == catalog.published_entry(fsdp.spec).content
+    assert entry["spec"] == catalog.resolve("llama-pretrain-fsdp@1.0.0").to_dict()
+    resolved = cdk.Stack.of(fsdp).resolve(entry["code_s3_uri"])
+    bucket_ref = cdk.Stack.of(fsdp).resolve(fsdp.code_bucket.bucket_name)
+    assert resolved == {"Fn::Join": ["", ["s3://", bucket_ref, "/" + fsdp.code_key]]}
+
+
+# --- validation at synth --------------------------------------------------------------------------
+
+
+def _construct(ref: str, **props) -> JobTemplate:
+    app = cdk.App()
+    stack, bucket, key = _bucket_stack(app, "Invalid")
+    return JobTemplate(stack, "Template", template=ref, code_bucket=bucket, encryption_key=key, **props)
+
+
+@pytest.mark.parametrize(
+    ("ref", "error", "message"),
+    [
+        (
+            "byo-script@9.9.9",
+            TemplateNotFoundError,
+            "template 'byo-script' has no version '9.9.9'; available: 1.0.0",
+        ),
+        ("byo-script@1.0", TemplateNotFoundError, "version '1.0' is not a semantic version"),
+        ("byo-script@v1.0.0", TemplateNotFoundError, "is not a semantic version"),
+        ("no-such-template@1.0.0", TemplateNotFoundError, "unknown template 'no-such-template'"),
+    ],
+)
+def test_invalid_version_fails_at_synth(ref, error, message):
+    with pytest.raises(error) as raised:
+        _construct(ref)
+    assert message in str(raised.value)
+
+
+def test_unpublished_version_fails_at_synth(tmp_path):
+    folder = tmp_path / "templates"
+    shutil.copytree(ROOT / "templates", folder)
+    text = (folder / "gpt2-ddp" / "1.0.0.yaml").read_text().replace("version: 1.0.0", "version: 1.1.0")
+    (folder / "gpt2-ddp" / "1.1.0.yaml").write_text(text)
+    with pytest.raises(LockError, match=r"gpt2-ddp@1\.1\.0 is not published: run `llmtrain templates lock`"):
+        _construct("gpt2-ddp@1.1.0", catalog=Catalog.load(folder))
+
+
+def test_changed_published_version_fails_at_synth(tmp_path):
+    folder = tmp_path / "templates"
+    shutil.copytree(ROOT / "templates", folder)
+    path = folder / "gpt2-ddp" / "1.0.0.yaml"
+    path.write_text(path.read_text().replace("max_steps: 3000", "max_steps: 3001"))
+    with pytest.raises(LockError, match=r"gpt2-ddp@1\.0\.0 was published and has changed"):
+        _construct("gpt2-ddp@1.0.0", catalog=Catalog.load(folder))
+
+
+def test_defaults_over_the_environments_warm_pool_cap_fail_at_synth():
+    with pytest.raises(
+        RequestValidationError, match="keep_alive_seconds 1800 exceeds this environment's warm-pool cap"
+    ):
+        _construct("llama-finetune-deepspeed@1.0.0", warm_pool_cap_seconds=600)

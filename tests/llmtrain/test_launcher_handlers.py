@@ -1,0 +1,345 @@
+"""The launcher's Lambda handlers, called directly; their AWS calls (ListTrainingJobs) go to moto.
+
+The handlers run with the environment the construct gives them (platform context, request layouts)
+and the repository's template catalog as their registry.
+"""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+from moto import mock_aws
+from moto.sagemaker.models import sagemaker_backends
+
+from llmtrain.catalog import Catalog
+from llmtrain.errors import LlmtrainError
+from llmtrain.handlers import launcher
+from llmtrain.handlers.launcher import (
+    Failure,
+    InvalidRunInput,
+    LauncherStateError,
+    RunAlreadyCompleted,
+    RunAlreadyInProgress,
+    attempt_name_stem,
+    backoff_seconds,
+    classify_failure,
+    parse_execution_input,
+    plan_retry,
+    request_layout,
+    request_layouts,
+)
+from llmtrain.platform import PlatformContext
+from llmtrain.render import RunInput, job_name, render
+
+ACCOUNT, REGION = "123456789012", "us-east-1"
+CATALOG = Catalog.load()
+PLATFORM = PlatformContext(
+    environment="test",
+    region=REGION,
+    account=ACCOUNT,
+    execution_role_arn=f"arn:aws:iam::{ACCOUNT}:role/execution",
+    datasets_bucket="datasets-bucket",
+    checkpoints_bucket="checkpoints-bucket",
+    artifacts_bucket="artifacts-bucket",
+    code_bucket="code-bucket",
+    kms_key_arn=f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+    subnet_ids=("subnet-0123456789abcdef0",),
+    security_group_ids=("sg-0123456789abcdef0",),
+    warm_pool_cap_seconds=3600,
+    job_name_prefix="llmtrain-test",
+)
+LAYOUTS = request_layouts([render(t, RunInput(run_name="layout"), PLATFORM) for t in CATALOG.all()])
+CAPACITY = {
+    "Error": "States.TaskFailed",
+    "Cause": json.dumps(
+        {
+            "TrainingJobName": "llmtrain-test-r-a1",
+            "TrainingJobStatus": "Failed",
+            "FailureReason": "CapacityError: Unable to provision requested ML compute capacity.",
+        }
+    ),
+}
+QUOTA = {
+    "Error": "SageMaker.AmazonSageMakerException",
+    "Cause": (
+        "The account-level service limit 'ml.g5.12xlarge for training job usage' is 1 Instances, with "
+        "current utilization of 1 Instances and a request delta of 1 Instances. Please use AWS Service "
+        "Quotas to request an increase for this quota. (Service: AmazonSageMaker; Status Code: 400; "
+        "Error Code: ResourceLimitExceeded; Request ID: 1; Proxy: null)"
+    ),
+}
+
+
+@pytest.fixture
+def deployed(monkeypatch, tmp_path):
+    """moto, and the handlers' environment as the construct sets it."""
+    monkeypatch.setenv(launcher.ENV_PLATFORM_CONTEXT, json.dumps(PLATFORM.to_dict()))
+    monkeypatch.setenv(launcher.ENV_REQUEST_LAYOUTS, json.dumps(LAYOUTS))
+    monkeypatch.setenv(launcher.ENV_TEMPLATES_DIR, str(CATALOG.root))
+    with mock_aws():
+        yield boto3.client("sagemaker", region_name=REGION)
+
+
+def _job(sagemaker, name: str, status: str) -> None:
+    """A training job in moto with the given status (moto creates them Completed)."""
+    request = render(CATALOG.get("gpt2-ddp"), RunInput(run_name="other"), PLATFORM)
+    sagemaker.create_training_job(**{**request, "TrainingJobName": name})
+    sagemaker_backends[ACCOUNT][REGION].training_jobs[name].training_job_status = status
+
+
+def _resolve(run_name: str, **fields) -> dict:
+    return launcher.resolve(
+        {
+            "input": {"template": "gpt2-ddp", "run_name": run_name, **fields},
+            "execution_arn": "arn:aws:states:us-east-1:123456789012:execution:l:" + run_name,
+        }
+    )
+
+
+# -- resolve ------------------------------------------------------------------------------------------
+
+
+def test_resolve_renders_attempt_one_of_the_pinned_version(deployed):
+    state = _resolve("fresh", overrides={"max_steps": "50"})
+    assert state["request"] == render(
+        CATALOG.get("gpt2-ddp", "1.0.0"),
+        RunInput(run_name="fresh", overrides={"max_steps": "50"}, owner="launcher"),
+        PLATFORM,
+    )
+    run = state["run"]
+    assert (run["template"], run["version"], run["attempt"]) == ("gpt2-ddp", "1.0.0", 1)
+    assert run["instance_types"] == ["ml.g5.12xlarge", "ml.g5.24xlarge"]
+    assert run["checkpoint_s3_uri"] == "s3://checkpoints-bucket/gpt2-ddp/fresh/"
+    assert state["layout"] in LAYOUTS and set(LAYOUTS[state["layout"]]) == set(state["request"])
+
+
+def test_resolve_refuses_a_run_in_progress(deployed):
+    _job(deployed, "llmtrain-test-busy-a1", "InProgress")
+    with pytest.raises(RunAlreadyInProgress, match="llmtrain-test-busy-a1 in progress, so no second job"):
+        _resolve("busy")
+
+
+def test_resolve_refuses_a_completed_run(deployed):
+    _job(deployed, "llmtrain-test-done-a1", "Completed")
+    with pytest.raises(RunAlreadyCompleted, match="choose a new run_name"):
+        _resolve("done")
+
+
+def test_a_failed_run_started_again_continues_with_the_next_attempt(deployed):
+    _job(deployed, "llmtrain-test-again-a1", "Failed")
+    _job(deployed, "llmtrain-test-again-a2", "Stopped")
+    # Another run whose name extends this one's is not mistaken for it.
+    _job(deployed, "llmtrain-test-again-2-a1", "InProgress")
+    state = _resolve("again")
+    assert state["run"]["attempt"] == 3
+    assert state["request"]["TrainingJobName"] == "llmtrain-test-again-a3"
+    assert state["request"]["CheckpointConfig"]["S3Uri"] == "s3://checkpoints-bucket/gpt2-ddp/again/"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"version": "2.0.0"}, "has no version '2.0.0'; available: 1.0.0"),
+        ({"overrides": {"max_steps": "lots"}}, "override 'max_steps': 'lots' is not a valid int"),
+        ({"overrides": {"instance_type": "ml.t3.medium"}}, "override 'instance_type'"),
+        ({"overrides": ["max_steps=1"]}, "'overrides' must be an object"),
+    ],
+)
+def test_resolve_rejects_bad_input_naming_what_to_fix(deployed, fields, message):
+    with pytest.raises(InvalidRunInput, match="rejected before any training job was created") as error:
+        _resolve("bad", **fields)
+    assert message in str(error.value)
+
+
+def test_resolve_rejects_a_run_name_sagemaker_cannot_use(deployed):
+    with pytest.raises(InvalidRunInput, match="run_name"):
+        _resolve("not a name")
+    with pytest.raises(InvalidRunInput, match="may be at most"):
+        _resolve("x" * 60)
+
+
+def test_handlers_need_the_environment_the_construct_sets(monkeypatch):
+    monkeypatch.delenv(launcher.ENV_PLATFORM_CONTEXT, raising=False)
+    with pytest.raises(LauncherStateError, match="LLMTRAIN_PLATFORM_CONTEXT is not set"):
+        launcher.resolve({"input": {"template": "gpt2-ddp", "run_name": "r"}})
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (None, "must be a JSON object"),
+        ({"template": "gpt2-ddp"}, "'run_name' is required"),
+        ({"run_name": "r"}, "'template' is required"),
+        ({"template": "gpt2-ddp", "run_name": "r", "extra": 1}, "unknown input field(s) extra"),
+        ({"template": "gpt2-ddp", "run_name": "r", "version": 1}, "'version' must be a string"),
+    ],
+)
+def test_execution_input_is_checked(data, message):
+    with pytest.raises(InvalidRunInput) as error:
+        parse_execution_input(data)
+    assert message in str(error.value)
+
+
+def test_execution_input_defaults():
+    assert parse_execution_input({"template": "t", "run_name": "r"}) == {
+        "template": "t",
+        "version": "latest",
+        "run_name": "r",
+        "overrides": {},
+        "owner": "launcher",
+    }
+
+
+def test_the_job_name_stem_agrees_with_render():
+    assert (
+        job_name(PLATFORM, RunInput(run_name="abc", attempt=7))
+        == attempt_name_stem("llmtrain-test", "abc") + "7"
+    )
+
+
+# -- classifying failures -------------------------------------------------------------------------------
+
+
+def test_failures_are_classified():
+    assert classify_failure(CAPACITY).kind == "capacity"
+    insufficient = {
+        "Error": "States.TaskFailed",
+        "Cause": json.dumps(
+            {"TrainingJobStatus": "Failed", "FailureReason": "InsufficientInstanceCapacity: none left"}
+        ),
+    }
+    assert classify_failure(insufficient).kind == "capacity"
+    quota = classify_failure(QUOTA)
+    assert quota.kind == "quota"
+    assert (quota.quota.name, quota.quota.limit, quota.quota.in_use, quota.quota.requested) == (
+        "ml.g5.12xlarge for training job usage",
+        1,
+        1,
+        1,
+    )
+    algorithm = classify_failure(
+        {
+            "Error": "States.TaskFailed",
+            "Cause": json.dumps(
+                {"TrainingJobStatus": "Failed", "FailureReason": "AlgorithmError: exit code 1"}
+            ),
+        }
+    )
+    assert (algorithm.kind, algorithm.reason) == ("job_failed", "AlgorithmError: exit code 1")
+    stopped = classify_failure(
+        {"Error": "States.TaskFailed", "Cause": json.dumps({"TrainingJobStatus": "Stopped"})}
+    )
+    assert stopped.kind == "stopped"
+    validation = classify_failure(
+        {
+            "Error": "SageMaker.AmazonSageMakerException",
+            "Cause": "Training job names must be unique (Error Code: ValidationException)",
+        }
+    )
+    assert validation.kind == "api_error" and "must be unique" in validation.reason
+
+
+# -- retry planning ---------------------------------------------------------------------------------------
+
+
+def _run(**state) -> dict:
+    return {
+        "attempt": 1,
+        "type_index": 0,
+        "capacity_retries": 0,
+        "quota_waits": 0,
+        "instance_types": ["ml.p4d.24xlarge", "ml.p5.48xlarge"],
+        **state,
+    }
+
+
+def test_backoff_is_exponential_and_capped():
+    retry = CATALOG.get("llama-pretrain-fsdp").retry  # 600 s, x2, at most 7200 s
+    assert [backoff_seconds(retry, n) for n in range(1, 7)] == [600, 1200, 2400, 4800, 7200, 7200]
+
+
+def test_capacity_retries_on_the_same_type_then_the_fallbacks_then_gives_up():
+    retry = CATALOG.get("llama-pretrain-fsdp").retry  # 6 retries, fallback ml.p5.48xlarge
+    capacity = Failure(kind="capacity", reason="CapacityError")
+    plan = plan_retry(retry, _run(), capacity)
+    assert (plan.wait_seconds, plan.type_index, plan.capacity_retries) == (600, 0, 1)
+    plan = plan_retry(retry, _run(capacity_retries=6), capacity)
+    assert (plan.wait_seconds, plan.type_index, plan.capacity_retries) == (0, 1, 0)
+    assert plan_retry(retry, _run(type_index=1, capacity_retries=6), capacity) is None
+
+
+def test_quota_fails_fast_or_waits_by_policy():
+    quota = Failure(kind="quota", reason="ResourceLimitExceeded")
+    assert plan_retry(CATALOG.get("llama-pretrain-fsdp").retry, _run(), quota) is None  # policy fail
+    waiting = CATALOG.get("llama-pretrain-hsdp-tp").retry  # policy wait, 900 s backoff
+    plan = plan_retry(waiting, _run(), quota)
+    assert (plan.wait_seconds, plan.type_index, plan.quota_waits) == (900, 0, 1)
+    assert plan_retry(waiting, _run(quota_waits=waiting.capacity_retry_attempts), quota) is None
+
+
+def test_other_failures_are_never_retried_and_attempts_are_bounded():
+    retry = CATALOG.get("llama-pretrain-fsdp").retry
+    assert plan_retry(retry, _run(), Failure(kind="job_failed", reason="AlgorithmError")) is None
+    assert plan_retry(retry, _run(), Failure(kind="api_error", reason="ValidationException")) is None
+    assert plan_retry(retry, _run(attempt=99), Failure(kind="capacity", reason="CapacityError")) is None
+
+
+def test_next_attempt_renders_a_new_job_with_the_same_checkpoints(deployed):
+    state = _resolve("retry")
+    planned = launcher.next_attempt({**state, "failure": CAPACITY})
+    assert planned["decision"] == "retry" and planned["wait_seconds"] == 120
+    assert planned["request"]["TrainingJobName"] == "llmtrain-test-retry-a2"
+    assert planned["request"]["CheckpointConfig"] == state["request"]["CheckpointConfig"]
+    assert planned["run"]["history"][0]["outcome"] == "capacity"
+    # After the retries on ml.g5.12xlarge, the fallback type, at once.
+    exhausted = {**planned["run"], "capacity_retries": 3}
+    fallback = launcher.next_attempt({"run": exhausted, "request": planned["request"], "failure": CAPACITY})
+    assert fallback["wait_seconds"] == 0
+    assert fallback["request"]["ResourceConfig"]["InstanceType"] == "ml.g5.24xlarge"
+    assert fallback["request"]["TrainingJobName"] == "llmtrain-test-retry-a3"
+
+
+def test_next_attempt_gives_up_with_a_summary(deployed):
+    state = _resolve("quota")
+    given_up = launcher.next_attempt({**state, "failure": QUOTA})
+    assert given_up["decision"] == "fail"
+    summary = given_up["summary"]
+    assert summary["error"] == "QuotaExceeded" and summary["status"] == "Failed"
+    assert summary["quota"] == {
+        "name": "ml.g5.12xlarge for training job usage",
+        "limit": 1,
+        "in_use": 1,
+        "requested": 1,
+    }
+    assert "request an increase in Service Quotas" in summary["message"]
+    assert summary["subject"] == "llmtrain: run quota Failed (QuotaExceeded)"
+
+
+def test_summarize_reports_the_completed_job(deployed):
+    state = _resolve("done2")
+    job = {
+        "TrainingJobName": "llmtrain-test-done2-a1",
+        "TrainingJobArn": "arn:job",
+        "TrainingJobStatus": "Completed",
+        "FinalMetricDataList": [{"MetricName": "train:loss", "Value": 1.5}],
+        "ModelArtifacts": {"S3ModelArtifacts": "s3://artifacts-bucket/x/model.tar.gz"},
+        "BillableTimeInSeconds": 3600,
+        "TrainingTimeInSeconds": 3700,
+    }
+    summary = launcher.summarize({"run": state["run"], "job": job})["summary"]
+    assert summary["status"] == "Completed" and summary["final_metrics"] == {"train:loss": 1.5}
+    assert summary["billable_seconds"] == 3600 and summary["attempts"] == 1
+    assert "Model artifacts: s3://artifacts-bucket/x/model.tar.gz" in summary["message"]
+
+
+# -- request layouts ----------------------------------------------------------------------------------
+
+
+def test_layouts_are_named_by_what_they_lack():
+    layouts = request_layouts([{"A": 1, "B": 2, "C": 3}, {"A": 1, "B": 2}, {"A": 1, "B": 2, "C": 3}])
+    assert layouts == {"all": ["A", "B", "C"], "without-C": ["A", "B"]}
+    assert request_layout({"B": 0, "A": 0}, layouts) == "without-C"
+    with pytest.raises(LlmtrainError, match="cannot pass"):
+        request_layout({"A": 1, "D": 4}, layouts)

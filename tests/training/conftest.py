@@ -1,0 +1,108 @@
+"""Shared fixtures for the training program's tests: real data, real torchrun launches.
+
+Every multi-process test runs `python -m torch.distributed.run` with gloo on CPU. A launch costs
+several seconds of start-up, so tests group several jobs per launch (tests/training/multirun.py)
+and module-scoped fixtures share one launch between the tests that check its results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "training_jobs" / "train.py"
+MULTIRUN = Path(__file__).resolve().parent / "multirun.py"
+CORPUS = REPO / "examples" / "data" / "tiny_corpus"
+TOKENIZER = REPO / "training_jobs" / "assets" / "tokenizer"
+
+# A few steps of the tiny Llama on 32-token samples: seconds per job, and every code path.
+TINY = {"model_preset": "llama-tiny", "seq_len": 32, "micro_batch_size": 2, "grad_accum_steps": 2,
+        "max_steps": 4, "log_every_steps": 1, "mixed_precision": "fp32", "checkpoint_every_steps": 0,
+        "lr": 1e-3, "warmup_steps": 1, "max_grad_norm": 0.0}
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The parent's environment without SageMaker variables, set up for CPU runs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SAGEMAKER_"))}
+    env.update(DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Completed:
+    returncode: int
+    output: str
+
+
+def torchrun(nproc: int, script: Path, args: list[str], *, env: dict[str, str] | None = None,
+             timeout: float = 420) -> Completed:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master_port", str(_free_port()), str(script), *args]
+    result = subprocess.run(command, env=env or child_env(), capture_output=True, text=True,
+                            timeout=timeout, cwd=REPO)
+    return Completed(result.returncode, result.stdout + result.stderr)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def job_root(base: Path, data: Path, *, validation: bool = False, **channels: Path) -> Path:
+    """A folder laid out like /opt/ml with the channels linked in."""
+    root = base
+    (root / "input" / "data").mkdir(parents=True, exist_ok=True)
+    links = {"train": data / "train", **channels}
+    if validation:
+        links["validation"] = data / "validation"
+    for name, target in links.items():
+        (root / "input" / "data" / name).symlink_to(target, target_is_directory=True)
+    return root
+
+
+def run_jobs(nproc: int, jobs: list[tuple[Path, dict]], spec_dir: Path, timeout: float = 420) -> Completed:
+    """Run several jobs in one torchrun launch; assert the launch itself succeeded."""
+    spec = spec_dir / f"spec-{len(list(spec_dir.glob('spec-*.json')))}.json"
+    spec.write_text(json.dumps([{"root": str(root), "hyperparameters": hps} for root, hps in jobs]))
+    completed = torchrun(nproc, MULTIRUN, [str(spec)], timeout=timeout)
+    assert completed.returncode == 0, completed.output[-6000:]
+    return completed
+
+
+def outcome(root: Path) -> dict:
+    return json.loads((root / "outcome.json").read_text())
+
+
+def train_records(root: Path) -> list[dict]:
+    lines = (root / "output" / "data" / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, lines) if record["kind"] == "train"]
+
+
+def losses(root: Path) -> list[float]:
+    assert outcome(root)["ok"], outcome(root)
+    return [record["loss"] for record in train_records(root)]
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """The shipped tiny corpus, tokenized by the real prepare_data CLI (train + validation)."""
+    output = tmp_path_factory.mktemp("data") / "tiny"
+    result = subprocess.run(
+        [sys.executable, "-m", "training_jobs.prepare_data", "--input", str(CORPUS / "train.jsonl"),
+         "--tokenizer", str(TOKENIZER), "--output", str(output), "--workers", "2",
+         "--validation-fraction", "0.1", "--shard-tokens", "20000"],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return output

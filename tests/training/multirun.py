@@ -1,0 +1,46 @@
+"""Run several training jobs in one torchrun launch (its start-up costs more than a tiny job).
+
+    python -m torch.distributed.run --nproc_per_node N tests/training/multirun.py SPEC.json
+
+SPEC.json is a list of {"root": job root folder, "hyperparameters": {...}}. Each job runs through
+training_jobs/train.py's own `run` with SAGEMAKER_BASE_DIR and SM_HPS set exactly as the SageMaker
+toolkit sets them; the process group is shared. Rank 0 writes ROOT/outcome.json: {"ok": true} or
+the TrainingError it stopped with.
+"""
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from training_jobs import train  # noqa: E402
+from training_jobs.trainer.errors import TrainingError  # noqa: E402
+
+
+def main(spec_path: str) -> int:
+    jobs = json.loads(Path(spec_path).read_text())
+    for job in jobs:
+        os.environ["SAGEMAKER_BASE_DIR"] = job["root"]
+        os.environ["SM_HPS"] = json.dumps(job["hyperparameters"])
+        try:
+            train.run([], own_process_group=False)
+            outcome = {"ok": True}
+        except TrainingError as error:
+            outcome = {"ok": False, "error": type(error).__name__, "message": str(error)}
+        except Exception as error:  # a bug: keep the traceback for the test report
+            outcome = {"ok": False, "error": type(error).__name__, "message": traceback.format_exc()}
+        if os.environ.get("RANK", "0") == "0":
+            (Path(job["root"]) / "outcome.json").write_text(json.dumps(outcome))
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

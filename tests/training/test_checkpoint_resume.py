@@ -1,0 +1,132 @@
+"""Checkpoints: save at step k, stop, resume == uninterrupted; incomplete checkpoints are ignored;
+SIGTERM writes a checkpoint and exits cleanly.
+
+The interrupted runs stop at step 3 by max_steps with the schedule's horizon pinned
+(lr_decay_steps=6), so the learning rate of every step is that of the 6-step run; the resumed runs
+start in fresh processes, as a restarted SageMaker job would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from .conftest import REPO, TINY, TRAIN, child_env, job_root, losses, outcome, run_jobs, train_records
+
+pytestmark = pytest.mark.slow
+
+SIX = {**TINY, "max_steps": 6, "lr_decay_steps": 6, "checkpoint_every_steps": 3}
+THREE = {**SIX, "max_steps": 3}
+STRATEGIES = {"fsdp": {"parallelism": "fsdp"},
+              "deepspeed": {"parallelism": "deepspeed", "zero_stage": 2}}
+
+
+def _damage(root):
+    """Leave behind what a job killed while checkpointing leaves: a newer folder without its COMPLETE
+    marker, one whose files do not match the marker, and a temporary folder."""
+    checkpoints = root / "checkpoints"
+    good = checkpoints / "step_00000003"
+    shutil.copytree(good, checkpoints / "step_00000005")
+    (checkpoints / "step_00000005" / "COMPLETE").unlink()
+    shutil.copytree(good, checkpoints / "step_00000004")
+    victim = max((p for p in (checkpoints / "step_00000004").rglob("*") if p.is_file()
+                  and p.name != "COMPLETE"), key=lambda p: p.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    (checkpoints / ".tmp-step_00000006").mkdir()
+    (checkpoints / ".tmp-step_00000006" / "partial.distcp").write_bytes(b"\0" * 100)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_data):
+    base = tmp_path_factory.mktemp("resume")
+    roots = {}
+    first = []
+    for name, hps in STRATEGIES.items():
+        roots[f"{name}_full"] = job_root(base / f"{name}_full", tiny_data)
+        roots[f"{name}_parts"] = job_root(base / f"{name}_parts", tiny_data)
+        first += [(roots[f"{name}_full"], {**SIX, **hps}), (roots[f"{name}_parts"], {**THREE, **hps})]
+    run_jobs(2, first, base)
+    first_losses = {name: losses(root) for name, root in roots.items()}
+    for name in STRATEGIES:
+        _damage(roots[f"{name}_parts"])
+    run_jobs(2, [(roots[f"{name}_parts"], {**SIX, **hps, "keep_checkpoints": 1})
+                 for name, hps in STRATEGIES.items()], base)
+    return roots, first_losses
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_resumed_run_equals_uninterrupted_run_exactly(runs, strategy):
+    roots, first = runs
+    uninterrupted = first[f"{strategy}_full"]
+    assert len(uninterrupted) == 6 and first[f"{strategy}_parts"] == uninterrupted[:3]
+    resumed = train_records(roots[f"{strategy}_parts"])
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]  # metrics.jsonl is appended
+    assert [r["loss"] for r in resumed][3:] == uninterrupted[3:]
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_data_position_and_schedule_were_restored(runs, strategy):
+    roots, _ = runs
+    state = json.loads((roots[f"{strategy}_parts"] / "checkpoints" / "step_00000006" /
+                        "trainer_state.json").read_text())
+    global_batch = 2 * TINY["micro_batch_size"] * TINY["grad_accum_steps"]
+    assert state["step"] == 6 and state["data"]["consumed_samples"] == 6 * global_batch
+    full = train_records(roots[f"{strategy}_full"])
+    assert [r["lr"] for r in train_records(roots[f"{strategy}_parts"])] == [r["lr"] for r in full]
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_incomplete_checkpoints_are_ignored_and_pruned(runs, strategy):
+    roots, _ = runs
+    assert outcome(roots[f"{strategy}_parts"]) == {"ok": True}
+    # keep_checkpoints=1: only the final checkpoint is left; the damaged and temporary ones are gone.
+    assert sorted(p.name for p in (roots[f"{strategy}_parts"] / "checkpoints").iterdir()) == \
+        ["step_00000006"]
+
+
+def _workers(launcher: subprocess.Popen) -> list[psutil.Process]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        children = psutil.Process(launcher.pid).children(recursive=True)
+        workers = [c for c in children if "train.py" in " ".join(c.cmdline())]
+        if len(workers) == 2:
+            return workers
+        time.sleep(0.2)
+    raise AssertionError("the workers did not start")
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tiny_data, tmp_path):
+    root = job_root(tmp_path / "job", tiny_data)
+    hps = {**TINY, "max_steps": 100000, "parallelism": "fsdp", "checkpoint_every_steps": 0}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(TRAIN)],
+        env=child_env(SAGEMAKER_BASE_DIR=str(root), SM_HPS=json.dumps(hps)), cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        workers = _workers(launcher)
+        output = []
+        for line in launcher.stdout:
+            output.append(line)
+            if line.startswith("[metrics] step=3 "):
+                for worker in workers:  # what a spot interruption or StopTrainingJob delivers
+                    os.kill(worker.pid, signal.SIGTERM)
+                break
+        output.append(launcher.stdout.read())
+        assert launcher.wait(timeout=120) == 0, "".join(output)[-4000:]
+    finally:
+        launcher.kill()
+    text = "".join(output)
+    stopped_at = int(text.split("stop signal received: saved step ")[1].split()[0])
+    assert stopped_at >= 3
+    checkpoints = sorted(p.name for p in (root / "checkpoints").iterdir())
+    assert checkpoints == [f"step_{stopped_at:08d}"]
+    assert (root / "checkpoints" / checkpoints[0] / "COMPLETE").is_file()
+    assert not (root / "model" / "config.json").exists()  # interrupted: no export

@@ -1,0 +1,123 @@
+"""Bad input stops the job at once, non-zero, with a message that names the problem.
+
+Hyperparameters are checked before torch is even imported; data channels before the model is
+built; a diverged loss at the next logging step, before any checkpoint is written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from training_jobs.trainer.shards import write_manifest
+
+from .conftest import REPO, TINY, TRAIN, child_env, job_root, outcome, run_jobs
+
+pytestmark = pytest.mark.slow
+
+
+def _train(root, hyperparameters=None, args=()) -> subprocess.CompletedProcess:
+    env = child_env(SAGEMAKER_BASE_DIR=str(root))
+    if hyperparameters is not None:
+        env["SM_HPS"] = json.dumps(hyperparameters)
+    return subprocess.run([sys.executable, str(TRAIN), *args], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("hyperparameters", "expected"), [
+    ({"learning_rate": 0.1}, "unknown hyperparameter 'learning_rate'"),
+    ({"max_steps": "many"}, "invalid hyperparameter 'max_steps': got 'many', expected an integer"),
+    ({"compile": 1}, "invalid hyperparameter 'compile': got 1, expected true or false"),
+    ({"parallelism": "zero"}, "invalid hyperparameter 'parallelism'"),
+    ({"lr": -1}, "invalid hyperparameter 'lr': got -1.0, expected a value > 0.0"),
+])
+def test_invalid_hyperparameters_in_sm_hps_stop_at_once(tmp_path, hyperparameters, expected):
+    result = _train(tmp_path, {**TINY, **hyperparameters})
+    assert result.returncode == 1
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_invalid_hyperparameter_on_the_command_line(tmp_path):
+    result = _train(tmp_path, args=["--model_preset", "llama-tiny", "--seq_len", "0"])
+    assert result.returncode == 1
+    assert "invalid hyperparameter 'seq_len': got 0, expected a value >= 1" in result.stderr
+
+
+def test_nan_loss_stops_the_job_without_checkpointing_it(tiny_data, tmp_path):
+    root = job_root(tmp_path / "job", tiny_data)
+    result = _train(root, {**TINY, "parallelism": "single", "micro_batch_size": 4, "lr": 1e30,
+                           "max_steps": 20, "log_every_steps": 5, "checkpoint_every_steps": 5})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "[error] DivergenceError: the" in result.stderr and "training diverged" in result.stderr
+    assert not any((root / "checkpoints").iterdir())
+
+
+def _dataset(folder, tokens: np.ndarray, vocab_size: int = 629):
+    folder.mkdir(parents=True)
+    tokens.astype("<u2").tofile(folder / "shard_00000.bin")
+    write_manifest(folder, dtype="uint16", vocab_size=vocab_size, eos_token_id=0, num_documents=1,
+                   shards=[("shard_00000.bin", len(tokens))], tokenizer="test")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def bad_channels(tmp_path_factory, tiny_data):
+    base = tmp_path_factory.mktemp("bad")
+    truncated = base / "truncated"
+    shutil.copytree(tiny_data / "train", truncated)
+    shard = truncated / "shard_00001.bin"
+    shard.write_bytes(shard.read_bytes()[:1001])
+    not_json = base / "not_json"
+    not_json.mkdir()
+    (not_json / "manifest.json").write_text("{\"format\": ")
+    (base / "no_manifest").mkdir()
+    return {
+        "empty": (_dataset(base / "empty", np.array([5, 6, 7, 0])), "not enough for one sample"),
+        "truncated": (truncated, "shard_00001.bin has 1001 bytes but the manifest says"),
+        "not_json": (not_json, "manifest.json is not valid JSON"),
+        "no_manifest": (base / "no_manifest", "no manifest.json in"),
+        "foreign_tokens": (_dataset(base / "foreign", np.full(200, 60000)), "token id 60000 outside"),
+    }
+
+
+@pytest.fixture(scope="module")
+def failed_jobs(tmp_path_factory, tiny_data, bad_channels):
+    base = tmp_path_factory.mktemp("failing")
+    jobs = {name: (job_root(base / name, folder), {**TINY, "parallelism": "single"})
+            for name, (folder, _) in bad_channels.items()}
+    jobs["qlora_on_cpu"] = (job_root(base / "qlora", tiny_data),
+                            {**TINY, "parallelism": "single", "lora_r": 4, "quantization": "nf4"})
+    jobs["smp_without_library"] = (job_root(base / "smp", tiny_data), {**TINY, "parallelism": "smp"})
+    jobs["no_preset_no_model"] = (job_root(base / "nomodel", tiny_data),
+                                  {**{k: v for k, v in TINY.items() if k != "model_preset"},
+                                   "parallelism": "single"})
+    run_jobs(1, list(jobs.values()), base)
+    return {name: outcome(root) for name, (root, _) in jobs.items()}
+
+
+@pytest.mark.parametrize("name", ["empty", "truncated", "not_json", "no_manifest", "foreign_tokens"])
+def test_bad_data_channel_stops_with_a_clear_message(failed_jobs, bad_channels, name):
+    assert failed_jobs[name]["error"] == "DataError"
+    assert bad_channels[name][1] in failed_jobs[name]["message"]
+
+
+def test_qlora_on_cpu_is_a_clear_error(failed_jobs):
+    assert failed_jobs["qlora_on_cpu"]["error"] == "ConfigError"
+    assert "nf4 (QLoRA) needs a CUDA GPU" in failed_jobs["qlora_on_cpu"]["message"]
+
+
+def test_smp_without_torch_sagemaker_is_a_clear_error(failed_jobs):
+    assert failed_jobs["smp_without_library"]["error"] == "ContainerError"
+    assert "torch.sagemaker" in failed_jobs["smp_without_library"]["message"]
+    assert "parallelism=fsdp" in failed_jobs["smp_without_library"]["message"]
+
+
+def test_a_model_is_required(failed_jobs):
+    assert "set it (e.g. llama-1b) or provide a `model` channel" in \
+        failed_jobs["no_preset_no_model"]["message"]
