@@ -114,6 +114,7 @@ def configurations(mode: BenchMode) -> list[BenchConfig]:
     return [
         BenchConfig("ours_fp32", "ours", "fp32"),
         BenchConfig("ours_bf16", "ours", "bf16"),
+        BenchConfig("ours_bf16_compile", "ours", "bf16", hyperparameters={"compile": True}),
         BenchConfig("ours_ddp", "ours", "fp32", n, "ddp"),
         BenchConfig("ours_fsdp2", "ours", "fp32", n, "fsdp", {"fsdp_sharding": "full"}),
         BenchConfig("ours_fsdp2_bf16", "ours", "bf16", n, "fsdp", {"fsdp_sharding": "full"}),

@@ -12,7 +12,8 @@ from llmtrain.errors import LlmtrainError
 from llmtrain.instances import instance_type
 
 # The AWS account that hosts the PyTorch training DLC in each region (the SDK's pytorch.json).
-_DLC_ACCOUNTS = {
+# The execution role's ECR permissions (training_constructs.images) are built from these tables too.
+DLC_REGISTRY_ACCOUNTS: dict[str, str] = {
     "af-south-1": "626614931356",
     "ap-east-1": "871362719292",
     "ap-east-2": "975050140332",
@@ -53,8 +54,8 @@ _DLC_ACCOUNTS = {
     "us-west-2": "763104351884",
 }
 # The SageMaker model parallelism (SMP v2) images live in one account, in fewer regions.
-_SMP_ACCOUNT = "658645717510"
-_SMP_REGIONS = frozenset(
+SMP_REGISTRY_ACCOUNT = "658645717510"
+SMP_REGIONS = frozenset(
     {
         "ap-northeast-1",
         "ap-northeast-2",
@@ -121,7 +122,7 @@ def training_image_uri(
     device = "gpu" if instance_type(instance_type_name).gpus else "cpu"
     if smp:
         return _smp_uri(framework_version, release, region, device)
-    account = _DLC_ACCOUNTS.get(region)
+    account = DLC_REGISTRY_ACCOUNTS.get(region)
     if account is None:
         raise ImageNotAvailableError(
             f"region {region!r} has no PyTorch training image in the platform's table"
@@ -137,18 +138,18 @@ def _domain(region: str) -> str:
 def _smp_uri(framework_version: str, release: _Release, region: str, device: str) -> str:
     if device != "gpu":
         raise ImageNotAvailableError("SMP v2 images exist for GPU instances only; pick a GPU instance type")
-    if region not in _SMP_REGIONS:
+    if region not in SMP_REGIONS:
         raise ImageNotAvailableError(
-            f"region {region!r} has no SMP v2 image; SMP is available in {', '.join(sorted(_SMP_REGIONS))}"
+            f"region {region!r} has no SMP v2 image; SMP is available in {', '.join(sorted(SMP_REGIONS))}"
         )
     return (
-        f"{_SMP_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/smdistributed-modelparallel:"
+        f"{SMP_REGISTRY_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/smdistributed-modelparallel:"
         f"{framework_version}-gpu-{release.py_version}-{release.cuda}"
     )
 
 
 def supported_regions(*, smp: bool = False) -> frozenset[str]:
-    return _SMP_REGIONS if smp else frozenset(_DLC_ACCOUNTS)
+    return SMP_REGIONS if smp else frozenset(DLC_REGISTRY_ACCOUNTS)
 
 
 def supported_framework_versions(*, smp: bool = False) -> dict[str, str]:

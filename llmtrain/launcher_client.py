@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
@@ -57,6 +57,7 @@ class RunStatus:
     jobs: list[dict[str, Any]] = field(default_factory=list)
     job: Mapping[str, Any] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +72,7 @@ class RunStatus:
             "jobs": self.jobs,
             "job": dict(self.job) if self.job else None,
             "metrics": self.metrics,
+            "notes": self.notes,
         }
 
 
@@ -199,9 +201,13 @@ class LauncherClient:
         jobs = self.jobs(run_name)
         sagemaker = self.client("sagemaker")
         job = sagemaker.describe_training_job(TrainingJobName=jobs[-1]["job_name"]) if jobs else None
-        metrics = final_metrics(job) if job else {}
+        metrics, notes = final_metrics(job) if job else {}, []
         if job and not metrics:
-            metrics = self.latest_metrics(job["TrainingJobName"])
+            try:
+                metrics = self.latest_metrics(job["TrainingJobName"])
+            except ClientError as error:
+                # The engineers' policy may not grant CloudWatch reads: show the rest of the status.
+                notes.append(f"latest metrics unavailable: {_launcher_error(error, 'reading CloudWatch')}")
         output = json.loads(execution["output"]) if execution.get("output") else None
         return RunStatus(
             run_name=run_name,
@@ -215,6 +221,7 @@ class LauncherClient:
             jobs=jobs,
             job=_job_view(job) if job else None,
             metrics=metrics,
+            notes=notes,
         )
 
     def latest_metrics(self, job_name: str) -> dict[str, float]:
@@ -249,10 +256,11 @@ class LauncherClient:
             for index, name in enumerate(names[:100])
         ]
         created = self.client("sagemaker").describe_training_job(TrainingJobName=job_name)["CreationTime"]
+        # A minute of slack either side: CloudWatch refuses an empty window, and clocks differ.
         response = cloudwatch.get_metric_data(
             MetricDataQueries=queries,
-            StartTime=created,
-            EndTime=datetime.now(UTC),
+            StartTime=created - timedelta(minutes=1),
+            EndTime=datetime.now(UTC) + timedelta(minutes=1),
             ScanBy="TimestampDescending",
         )
         return {

@@ -14,6 +14,7 @@ its own channel.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -29,7 +30,7 @@ if __package__ in (None, ""):
 import numpy as np  # noqa: E402
 
 from training_jobs.trainer.errors import DataError  # noqa: E402
-from training_jobs.trainer.shards import MANIFEST, DTYPES, dtype_for_vocab, write_manifest  # noqa: E402
+from training_jobs.trainer.shards import DTYPES, MANIFEST, dtype_for_vocab, write_manifest  # noqa: E402
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 DOCUMENTS_PER_TASK = 256
@@ -178,6 +179,17 @@ def _progress(total_bytes: int):
     return tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", file=sys.stderr)
 
 
+@contextlib.contextmanager
+def _tokenized(args: argparse.Namespace, dtype: str, tasks: Iterator[Task]):
+    """Tokenized tasks in input order: in worker processes, or here with --workers 1."""
+    if args.workers == 1:
+        _init_worker(args.tokenizer, dtype)
+        yield map(tokenize_task, tasks)
+        return
+    with get_context("spawn").Pool(args.workers, _init_worker, (args.tokenizer, dtype)) as pool:
+        yield pool.imap(tokenize_task, tasks)
+
+
 def prepare(args: argparse.Namespace) -> dict[str, int]:
     files = find_inputs(args.input)
     tokenizer = _load_tokenizer(args.tokenizer)
@@ -191,9 +203,9 @@ def prepare(args: argparse.Namespace) -> dict[str, int]:
     writers = {name: ShardWriter(name, folder, dtype, args.shard_tokens)
                for name, folder in splits.items()}
     index = 0
-    with get_context("spawn").Pool(args.workers, _init_worker, (args.tokenizer, dtype)) as pool, \
+    with _tokenized(args, dtype, iter_tasks(files, args.text_key)) as results, \
             _progress(sum(f.stat().st_size for f in files)) as bar:
-        for documents, num_bytes in pool.imap(tokenize_task, iter_tasks(files, args.text_key)):
+        for documents, num_bytes in results:
             for tokens in documents:
                 split = "validation" if is_validation(index, args.validation_fraction) else "train"
                 writers[split].add(tokens)

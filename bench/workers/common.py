@@ -67,4 +67,8 @@ def write_result(spec: WorkerSpec, final_loss: float, extra: dict | None = None)
         "worker_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         **(extra or {}),
     }
+    if spec.device == "cuda":
+        import torch
+
+        result["cuda_peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
     Path(spec.result_path).write_text(json.dumps(result))

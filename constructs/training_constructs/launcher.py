@@ -173,55 +173,8 @@ class TrainingLauncher(Construct):
         self._log_retention = log_retention
         self.function_log_groups: dict[str, logs.LogGroup] = {}
         self.topic = self._topic(environment_name, notification_email)
-
-        code = lambda_code(
-            extra_files=_registry_files(self.job_templates), vendored_packages=VENDORED_PACKAGES
-        )
-        self.resolve_function = self._function(
-            "ResolveFunction",
-            code,
-            "resolve",
-            "Checks a run's input, resolves its template and renders its job",
-        )
-        self.resolve_function.add_to_role_policy(
-            iam.PolicyStatement(sid="ListRunJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"])
-        )
-        acknowledge_wildcards(
-            self.resolve_function.role,
-            {"ListRunJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListTrainingJobs"]},
-        )
-        self.next_attempt_function = self._function(
-            "NextAttemptFunction", code, "next_attempt", "Classifies a failed attempt and plans the retry"
-        )
-        self.summarize_function = self._function(
-            "SummarizeFunction", code, "summarize", "Summarizes a completed run"
-        )
-        self.functions = {
-            "resolve": self.resolve_function,
-            "next_attempt": self.next_attempt_function,
-            "summarize": self.summarize_function,
-        }
-
-        self.log_group = logs.LogGroup(
-            self,
-            "StateMachineLogs",
-            retention=log_retention,
-            encryption_key=self.encryption_key,
-            removal_policy=RemovalPolicy.RETAIN,
-        )
-        self.train_states: dict[str, sfn.CustomState] = {}
-        self.state_machine = sfn.StateMachine(
-            self,
-            "StateMachine",
-            state_machine_name=state_machine_name,
-            definition_body=sfn.DefinitionBody.from_chainable(self._definition(execution_role)),
-            logs=sfn.LogOptions(
-                destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True
-            ),
-            tracing_enabled=True,
-            comment=f"LLM training platform ({environment_name}): start a training run from a job template",
-        )
-        self.state_machine_role = self.state_machine.role
+        self._create_functions()
+        self._create_state_machine(execution_role, state_machine_name, environment_name)
         self._grant_training(execution_role)
         self._acknowledge_state_machine_findings()
         self._order_deployment()
@@ -260,6 +213,33 @@ class TrainingLauncher(Construct):
         return topic
 
     # -- the functions --------------------------------------------------------------------------
+
+    def _create_functions(self) -> None:
+        code = lambda_code(
+            extra_files=_registry_files(self.job_templates), vendored_packages=VENDORED_PACKAGES
+        )
+        self.resolve_function = self._function(
+            "ResolveFunction",
+            code,
+            "resolve",
+            "Checks a run's input, resolves its template and renders its job",
+        )
+        self.resolve_function.add_to_role_policy(
+            iam.PolicyStatement(sid="ListRunJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"])
+        )
+        acknowledge_wildcards(
+            self.resolve_function.role,
+            {"ListRunJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListTrainingJobs"]},
+        )
+        self.next_attempt_function = self._function(
+            "NextAttemptFunction", code, "next_attempt", "Classifies a failed attempt and plans the retry"
+        )
+        self.summarize_function = self._function("SummarizeFunction", code, "summarize", "Summarizes a run")
+        self.functions = {
+            "resolve": self.resolve_function,
+            "next_attempt": self.next_attempt_function,
+            "summarize": self.summarize_function,
+        }
 
     def _function(
         self, construct_id: str, code: lambda_.Code, handler: str, description: str
@@ -313,6 +293,30 @@ class TrainingLauncher(Construct):
         return function
 
     # -- the state machine ----------------------------------------------------------------------
+
+    def _create_state_machine(
+        self, execution_role: iam.IRole, name: str | None, environment_name: str
+    ) -> None:
+        self.log_group = logs.LogGroup(
+            self,
+            "StateMachineLogs",
+            retention=self._log_retention,
+            encryption_key=self.encryption_key,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        self.train_states: dict[str, sfn.CustomState] = {}
+        self.state_machine = sfn.StateMachine(
+            self,
+            "StateMachine",
+            state_machine_name=name,
+            definition_body=sfn.DefinitionBody.from_chainable(self._definition(execution_role)),
+            logs=sfn.LogOptions(
+                destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True
+            ),
+            tracing_enabled=True,
+            comment=f"LLM training platform ({environment_name}): start a training run from a job template",
+        )
+        self.state_machine_role = self.state_machine.role
 
     def _definition(self, execution_role: iam.IRole) -> sfn.IChainable:
         fail = sfn.Fail(

@@ -166,6 +166,7 @@ def format_status(status: RunStatus) -> str:
         lines.append("attempts: " + ", ".join(f"{j['attempt']}:{j['status']}" for j in status.jobs))
     if status.metrics:
         lines.append("latest metrics: " + ", ".join(f"{k}={v:g}" for k, v in sorted(status.metrics.items())))
+    lines.extend(status.notes)
     if status.summary:
         lines.append("")
         lines.append(status.summary.get("message") or json.dumps(status.summary, indent=2))

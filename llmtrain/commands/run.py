@@ -91,6 +91,11 @@ def run_command(args: argparse.Namespace) -> int:
     request = render(template, run_input, local_platform_context())
     console.print(f"[bold cyan]llmtrain[/] rendered {template.ref} for run {args.run_name!r} "
                   f"(the request the launcher would send)")
-    summary = run_local(request, template.code, options, template_channels=template.inputs.channels,
-                        console=console)
+    try:
+        summary = run_local(request, template.code, options, template_channels=template.inputs.channels,
+                            console=console)
+    except KeyboardInterrupt:
+        # Only before the job starts: once it runs, Ctrl-C stops it like StopTrainingJob.
+        console.print("[yellow]llmtrain[/] interrupted before the job started; nothing ran")
+        return EXIT_CODES["Stopped"]
     return EXIT_CODES[summary["TrainingJobStatus"]]

@@ -68,11 +68,11 @@ def test_the_toolkits_swallowed_gloo_error_is_not_reported_as_success(tmp_path):
 
 
 def test_max_runtime_stops_the_job_like_sagemaker(tmp_path):
-    template = toy_template(stopping={"max_runtime_seconds": 20},
+    template = toy_template(stopping={"max_runtime_seconds": 10},
                             hyperparameters={"max_steps": 10000, "step_seconds": 0.2, "fail": False,
                                              "gloo_quirk": False})
     summary, output = run_toy(tmp_path, "timeout", template)
 
     assert (summary["TrainingJobStatus"], summary["SecondaryStatus"]) == ("Stopped", "MaxRuntimeExceeded")
     assert "stopping the job (MaxRuntimeExceeded)" in output
-    assert summary["TrainingTimeInSeconds"] < 20 + 120
+    assert summary["TrainingTimeInSeconds"] < 10 + 120

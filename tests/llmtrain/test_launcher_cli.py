@@ -11,12 +11,18 @@ from pathlib import Path
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from moto import mock_aws
 from moto.sagemaker.models import sagemaker_backends
 
 from llmtrain.catalog import Catalog
 from llmtrain.cli import main
-from llmtrain.launcher_client import TRAINING_LOG_GROUP, TRAINING_METRIC_NAMESPACE, LauncherOutput
+from llmtrain.launcher_client import (
+    TRAINING_LOG_GROUP,
+    TRAINING_METRIC_NAMESPACE,
+    LauncherClient,
+    LauncherOutput,
+)
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, render
 
@@ -272,3 +278,19 @@ def test_logs_print_the_latest_attempt_or_the_one_asked_for(capsys, launcher, co
     assert out.splitlines() == ["[algo-1-1700000000] first attempt"]
     code, _, err = llmtrain(capsys, "logs", "r7", "--attempt", "9", config_dir=config_dir)
     assert code == 2 and "attempt 9 of run 'r7' has no training job yet" in err
+
+
+def test_status_without_cloudwatch_access_still_shows_the_run(capsys, launcher, config_dir, monkeypatch):
+    """An engineer whose policy lacks CloudWatch reads gets the rest of the status and a note why."""
+    llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r8", config_dir=config_dir)
+    _job("llmtrain-dev-r8-a1", "InProgress", final_metrics=False)
+
+    def denied(self, job_name):
+        raise ClientError(
+            {"Error": {"Code": "AccessDenied", "Message": "not authorized: GetMetricData"}}, "GetMetricData"
+        )
+
+    monkeypatch.setattr(LauncherClient, "latest_metrics", denied)
+    code, out, _ = llmtrain(capsys, "status", "r8", config_dir=config_dir)
+    assert code == 0 and "training job llmtrain-dev-r8-a1: InProgress" in out
+    assert "latest metrics unavailable: reading CloudWatch: access denied" in out

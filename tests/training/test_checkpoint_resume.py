@@ -53,8 +53,12 @@ def runs(tmp_path_factory, tiny_data):
         roots[f"{name}_full"] = job_root(base / f"{name}_full", tiny_data)
         roots[f"{name}_parts"] = job_root(base / f"{name}_parts", tiny_data)
         first += [(roots[f"{name}_full"], {**SIX, **hps}), (roots[f"{name}_parts"], {**THREE, **hps})]
-    run_jobs(2, first, base)
-    first_losses = {name: losses(root) for name, root in roots.items()}
+    roots["timed"] = job_root(base / "timed", tiny_data)
+    first.append((roots["timed"], {**THREE, "parallelism": "ddp", "checkpoint_every_steps": 0,
+                                   "checkpoint_every_minutes": 1e-6, "keep_checkpoints": 2}))
+    launch = run_jobs(2, first, base)
+    roots["first launch output"] = launch.output
+    first_losses = {name: losses(roots[name]) for name in roots if name.endswith(("_full", "_parts"))}
     for name in STRATEGIES:
         _damage(roots[f"{name}_parts"])
     run_jobs(2, [(roots[f"{name}_parts"], {**SIX, **hps, "keep_checkpoints": 1})
@@ -130,3 +134,11 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tiny_data, tmp_path):
     assert checkpoints == [f"step_{stopped_at:08d}"]
     assert (root / "checkpoints" / checkpoints[0] / "COMPLETE").is_file()
     assert not (root / "model" / "config.json").exists()  # interrupted: no export
+
+
+def test_checkpoints_by_time_and_keep_the_last_k(runs):
+    roots, _ = runs
+    assert sorted(p.name for p in (roots["timed"] / "checkpoints").iterdir()) == \
+        ["step_00000002", "step_00000003"]
+    for step in (1, 2, 3):  # the time trigger fired after every step
+        assert f"[train] checkpoint step={step} path={roots['timed']}" in roots["first launch output"]

@@ -1,12 +1,13 @@
 """Every parallelism gives the loss curve of the DDP reference on the same data.
 
-Same seed, same global batch, same sample order. Bit for bit equal to DDP: FSDP2 full and grad-op
-sharding, activation checkpointing, DeepSpeed ZeRO-1, and ZeRO-2 (with ZeRO-2 the comparison uses
-one micro step per optimizer step, because ZeRO-2 reduces gradients after every micro step:
-(a1+b1)+(a2+b2) instead of DDP's (a1+a2)+(b1+b2)). Within 1e-5, because the floating-point sums are
-associated differently: hybrid sharding on 2x2 (per-rank gradients of four ranks summed as
-(a+b)+(c+d), against the ring order of DDP's all-reduce), ZeRO-2 with accumulation, tensor parallel
-alone or under FSDP (a split matmul) and ZeRO-3 (partitioned reductions).
+Same seed, same global batch, same sample order. Bit for bit equal to DDP: FSDP2 grad-op sharding
+and DeepSpeed ZeRO-1 (both reduce gradients once per optimizer step, like DDP), FSDP2 full sharding
+and ZeRO-2 without gradient accumulation (with accumulation they reduce after every micro step to
+keep gradients sharded, which sums (a1+b1)+(a2+b2) instead of DDP's (a1+a2)+(b1+b2)); activation
+checkpointing changes no loss at all. Within 1e-5, because the floating-point sums are associated
+differently: full sharding and ZeRO-2 with accumulation, hybrid sharding on 2x2 (four ranks'
+gradients summed as (a+b)+(c+d), against the ring order of DDP's all-reduce), tensor parallel alone
+or under FSDP (a split matmul) and ZeRO-3 (partitioned reductions).
 
 The exact comparisons run without gradient clipping: the global gradient norm is a sum over
 differently partitioned shards in each strategy, so it can differ in the last bit, and so can the
@@ -15,6 +16,8 @@ clipping factor. Clipping is compared separately, within 1e-5, on runs where it 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -22,27 +25,38 @@ from .conftest import TINY, job_root, losses, outcome, run_jobs, train_records
 
 pytestmark = pytest.mark.slow
 
-TWO_RANK_JOBS = {
+VALIDATION = "with the validation channel"
+TWO_RANK_JOBS: dict[str, dict] = {
     "ddp": {"parallelism": "ddp"},
     "fsdp_full": {"parallelism": "fsdp", "fsdp_sharding": "full"},
     "fsdp_grad_op": {"parallelism": "fsdp", "fsdp_sharding": "grad_op"},
-    "fsdp_ac_full": {"parallelism": "fsdp", "activation_checkpointing": "full"},
+    "fsdp_ac_full": {"parallelism": "fsdp", "activation_checkpointing": "full",
+                     "activation_offloading": True},
     "ddp_ac_selective_every_2": {"parallelism": "ddp", "activation_checkpointing": "selective",
                                  "activation_checkpointing_every": 2},
     "tp": {"parallelism": "fsdp", "tensor_parallel_degree": 2, "micro_batch_size": 4},
     "zero1": {"parallelism": "deepspeed", "zero_stage": 1},
     "zero2": {"parallelism": "deepspeed", "zero_stage": 2},
-    "ddp_no_accumulation": {"parallelism": "ddp", "micro_batch_size": 4, "grad_accum_steps": 1},
+    "ddp_no_accumulation": {"parallelism": "ddp", "micro_batch_size": 4, "grad_accum_steps": 1,
+                            VALIDATION: True, "eval_every_steps": 2, "preflight_check": True,
+                            "tensorboard": True, "profile_steps": "2-3"},
     "zero2_no_accumulation": {"parallelism": "deepspeed", "zero_stage": 2, "micro_batch_size": 4,
-                              "grad_accum_steps": 1},
+                              "grad_accum_steps": 1, VALIDATION: True, "eval_every_steps": 2},
+    "fsdp_full_no_accumulation": {"parallelism": "fsdp", "micro_batch_size": 4, "grad_accum_steps": 1},
+    "fsdp_cpu_offload_no_accumulation": {"parallelism": "fsdp", "offload_params": True,
+                                         "micro_batch_size": 4, "grad_accum_steps": 1},
     "zero3": {"parallelism": "deepspeed", "zero_stage": 3},
     "gpt2_ddp": {"parallelism": "ddp", "model_preset": "gpt2-tiny"},
     "gpt2_fsdp": {"parallelism": "fsdp", "model_preset": "gpt2-tiny"},
     "ddp_clipped": {"parallelism": "ddp", "max_grad_norm": 1.0},
     "fsdp_clipped": {"parallelism": "fsdp", "max_grad_norm": 1.0},
     "zero2_clipped": {"parallelism": "deepspeed", "zero_stage": 2, "max_grad_norm": 1.0},
+    "ddp_bf16": {"parallelism": "ddp", "mixed_precision": "bf16"},
+    "fsdp_bf16": {"parallelism": "fsdp", "mixed_precision": "bf16"},
+    "zero2_bf16": {"parallelism": "deepspeed", "zero_stage": 2, "mixed_precision": "bf16"},
+    "fsdp_compiled": {"parallelism": "fsdp", "compile": True},
 }
-FOUR_RANK_JOBS = {
+FOUR_RANK_JOBS: dict[str, dict] = {
     "ddp4": {"parallelism": "ddp", "micro_batch_size": 1},
     "hsdp_2x2": {"parallelism": "fsdp", "fsdp_sharding": "hybrid", "replicate_degree": 2,
                  "micro_batch_size": 1},
@@ -52,8 +66,11 @@ FOUR_RANK_JOBS = {
 
 def _launch(tmp_path_factory, tiny_data, nproc: int, jobs: dict[str, dict]) -> dict:
     base = tmp_path_factory.mktemp(f"ranks{nproc}")
-    roots = {name: job_root(base / name, tiny_data) for name in jobs}
-    run_jobs(nproc, [(roots[name], {**TINY, **hps}) for name, hps in jobs.items()], base)
+    roots = {name: job_root(base / name, tiny_data, validation=hps.get(VALIDATION, False))
+             for name, hps in jobs.items()}
+    completed = run_jobs(nproc, [(roots[name], {**TINY, **{k: v for k, v in hps.items() if k != VALIDATION}})
+                                 for name, hps in jobs.items()], base)
+    roots["launch output"] = completed.output
     return roots
 
 
@@ -68,10 +85,10 @@ def four(tmp_path_factory, tiny_data):
 
 
 def test_every_job_finished(two, four):
-    for roots in (two, four):
-        for name, root in roots.items():
-            assert outcome(root) == {"ok": True}, name
-            assert len(train_records(root)) == TINY["max_steps"], name
+    for roots, jobs in ((two, TWO_RANK_JOBS), (four, FOUR_RANK_JOBS)):
+        for name in jobs:
+            assert outcome(roots[name]) == {"ok": True}, name
+            assert len(train_records(roots[name])) == TINY["max_steps"], name
 
 
 def test_reference_learns(two):
@@ -87,30 +104,34 @@ def test_gradient_clipping_engages_and_agrees_across_strategies(two):
         assert losses(two[name]) == pytest.approx(reference, abs=1e-5, rel=0), name
 
 
-@pytest.mark.parametrize("name", ["fsdp_full", "fsdp_grad_op", "zero1"])
+@pytest.mark.parametrize("name", ["fsdp_grad_op", "zero1"])
 def test_sharded_data_parallel_equals_ddp_exactly(two, name):
     assert losses(two[name]) == losses(two["ddp"])
 
 
-def test_zero2_equals_ddp_exactly_without_accumulation(two):
-    assert losses(two["zero2_no_accumulation"]) == losses(two["ddp_no_accumulation"])
+@pytest.mark.parametrize("name", ["fsdp_full_no_accumulation", "fsdp_cpu_offload_no_accumulation",
+                                  "zero2_no_accumulation"])
+def test_sharding_gradients_equals_ddp_exactly_without_accumulation(two, name):
+    assert losses(two[name]) == losses(two["ddp_no_accumulation"])
 
 
-def test_zero2_with_accumulation_within_1e_5(two):
-    assert losses(two["zero2"]) == pytest.approx(losses(two["ddp"]), abs=1e-5, rel=0)
+@pytest.mark.parametrize("name", ["fsdp_full", "zero2"])
+def test_sharded_gradient_accumulation_within_1e_5(two, name):
+    assert losses(two[name]) == pytest.approx(losses(two["ddp"]), abs=1e-5, rel=0)
 
 
 def test_hybrid_sharding_2x2_within_1e_5_of_ddp(four):
     assert losses(four["hsdp_2x2"]) == pytest.approx(losses(four["ddp4"]), abs=1e-5, rel=0)
 
 
-@pytest.mark.parametrize("name", ["fsdp_ac_full", "ddp_ac_selective_every_2"])
-def test_activation_checkpointing_changes_no_loss(two, name):
-    assert losses(two[name]) == losses(two["ddp"])
+@pytest.mark.parametrize(("name", "without"), [("fsdp_ac_full", "fsdp_full"),
+                                               ("ddp_ac_selective_every_2", "ddp")])
+def test_activation_checkpointing_changes_no_loss(two, name, without):
+    assert losses(two[name]) == losses(two[without])
 
 
-@pytest.mark.parametrize("name", ["tp", "zero3"])
-def test_tensor_parallel_and_zero3_within_1e_5(two, name):
+@pytest.mark.parametrize("name", ["tp", "zero3", "fsdp_compiled"])
+def test_tensor_parallel_zero3_and_compile_within_1e_5(two, name):
     assert losses(two[name]) == pytest.approx(losses(two["ddp"]), abs=1e-5, rel=0)
 
 
@@ -119,8 +140,8 @@ def test_fsdp_with_tensor_parallel_within_1e_5_of_ddp(two, four):
     assert losses(four["fsdp_tp_2x2"]) == pytest.approx(losses(two["ddp"]), abs=1e-5, rel=0)
 
 
-def test_gpt2_with_tied_embeddings_fsdp_equals_ddp(two):
-    assert losses(two["gpt2_fsdp"]) == losses(two["gpt2_ddp"])
+def test_gpt2_with_tied_embeddings_fsdp_agrees_with_ddp(two):
+    assert losses(two["gpt2_fsdp"]) == pytest.approx(losses(two["gpt2_ddp"]), abs=1e-5, rel=0)
 
 
 def test_grad_norm_and_lr_agree_across_strategies(two):
@@ -138,7 +159,8 @@ def _exported(root) -> dict[str, torch.Tensor]:
     return load_file(str(root / "model" / "model.safetensors"))
 
 
-@pytest.mark.parametrize(("name", "reference"), [("fsdp_full", "ddp"), ("zero1", "ddp"),
+@pytest.mark.parametrize(("name", "reference"), [("fsdp_grad_op", "ddp"), ("zero1", "ddp"),
+                                               ("fsdp_full_no_accumulation", "ddp_no_accumulation"),
                                                ("zero2_no_accumulation", "ddp_no_accumulation")])
 def test_exports_of_exact_strategies_are_identical(two, name, reference):
     expected, exported = _exported(two[reference]), _exported(two[name])
@@ -168,3 +190,33 @@ def test_full_export_reloads_with_transformers_and_same_logits(two, name, tmp_pa
     inputs = tokenizer(["The old farmer visits the green field slowly."], return_tensors="pt")
     with torch.no_grad():
         assert torch.equal(exported(**inputs).logits, trained(**inputs).logits)
+
+
+@pytest.mark.parametrize("name", ["ddp_bf16", "fsdp_bf16", "zero2_bf16"])
+def test_bf16_mixed_precision_trains_close_to_fp32(two, name):
+    curve, reference = losses(two[name]), losses(two["ddp"])
+    assert curve[-1] < curve[0]
+    assert curve == pytest.approx(reference, abs=0.05)
+
+
+def _eval_records(root) -> list[dict]:
+    lines = (root / "output" / "data" / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == "eval"]
+
+
+def test_periodic_evaluation_on_the_validation_channel(two):
+    evaluations = _eval_records(two["ddp_no_accumulation"])
+    assert [r["step"] for r in evaluations] == [2, 4]
+    assert evaluations[1]["eval_loss"] < evaluations[0]["eval_loss"]
+    assert _eval_records(two["zero2_no_accumulation"]) == evaluations  # exactly, as the losses
+    assert "[eval] step=2 eval_loss=" in two["launch output"]
+
+
+def test_tensorboard_profiler_and_preflight_outputs(two):
+    output = two["ddp_no_accumulation"] / "output" / "data"
+    assert list((output / "tensorboard").iterdir())
+    traces = sorted(p.name for p in (output / "profile").iterdir())
+    assert traces == ["trace_rank0_steps2-3.json", "trace_rank1_steps2-3.json"]
+    assert "ProfilerStep" in (output / "profile" / traces[0]).read_text() or \
+        "aten::" in (output / "profile" / traces[0]).read_text()
+    assert "[train] preflight ok: 2 ranks" in two["launch output"]

@@ -89,7 +89,7 @@ def bad_channels(tmp_path_factory, tiny_data):
 @pytest.fixture(scope="module")
 def failed_jobs(tmp_path_factory, tiny_data, bad_channels):
     base = tmp_path_factory.mktemp("failing")
-    jobs = {name: (job_root(base / name, folder), {**TINY, "parallelism": "single"})
+    jobs = {name: (job_root(base / name, tiny_data, train=folder), {**TINY, "parallelism": "single"})
             for name, (folder, _) in bad_channels.items()}
     jobs["qlora_on_cpu"] = (job_root(base / "qlora", tiny_data),
                             {**TINY, "parallelism": "single", "lora_r": 4, "quantization": "nf4"})

@@ -43,9 +43,15 @@ def folder_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
 def _files_with_sizes(folder: Path) -> dict[str, int]:
-    return {str(path.relative_to(folder)): path.stat().st_size
-            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != MARKER}
+    return {str(path.relative_to(folder)): path.stat().st_size for path in sorted(folder.rglob("*"))
+            if path.is_file() and path.name != MARKER and not path.name.endswith(".tmp")}
 
 
 def is_complete(folder: Path) -> bool:
@@ -105,7 +111,13 @@ def _rng_path(folder: Path, rank: int) -> Path:
 # --- writing and reading ------------------------------------------------------------------------
 
 class CheckpointStore:
-    """Writes and finds checkpoints in one folder; the local rank 0 of each host does the renames."""
+    """Writes and finds checkpoints in one folder.
+
+    Each host writes its ranks' files to its own /opt/ml/checkpoints (SageMaker merges the hosts'
+    folders in S3 and gives every host the union on the next start), so the local rank 0 of each
+    host renames its folder and writes a marker listing every host's files. When the folder is on
+    a shared file system (every rank's files appear in it), only rank 0 does.
+    """
 
     def __init__(self, root: Path, keep: int, rank: int, local_main: bool) -> None:
         self.root, self.keep, self.rank, self.local_main = root, keep, rank, local_main
@@ -114,30 +126,38 @@ class CheckpointStore:
         final = self.root / folder_name(step)
         temporary = self.root / (TMP_PREFIX + folder_name(step))
         if self.local_main:
-            shutil.rmtree(temporary, ignore_errors=True)
-            temporary.mkdir(parents=True)
+            shutil.rmtree(temporary, ignore_errors=True)  # left over from an earlier attempt
+            temporary.mkdir(parents=True, exist_ok=True)
         dist.barrier()
         strategy.save_checkpoint(temporary)
         _rng_path(temporary, self.rank).parent.mkdir(exist_ok=True)
         torch.save(rng_state(), _rng_path(temporary, self.rank))
-        dist.barrier()
         if self.local_main:
-            (temporary / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
-            self._commit(temporary, final, step)
+            _write_atomically(temporary / STATE_FILE, json.dumps(trainer_state, indent=1))
+        dist.barrier()
+        files = self._all_hosts_files(temporary)
+        if self.local_main and (self.rank == 0 or not self._shared(temporary)):
+            self._commit(temporary, final, step, files)
             self.prune()
         dist.barrier()
         return final
 
-    def _commit(self, temporary: Path, final: Path, step: int) -> None:
+    def _all_hosts_files(self, temporary: Path) -> dict[str, int]:
+        mine = _files_with_sizes(temporary) if self.local_main else {}
+        gathered: list[dict | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        return {name: size for files in gathered if files for name, size in files.items()}
+
+    @staticmethod
+    def _shared(temporary: Path) -> bool:
+        return len(list((temporary / "rng").glob("rank_*.pt"))) == dist.get_world_size()
+
+    @staticmethod
+    def _commit(temporary: Path, final: Path, step: int, files: dict[str, int]) -> None:
         shutil.rmtree(final, ignore_errors=True)  # an incomplete folder of the same step
-        try:
-            os.replace(temporary, final)
-        except FileNotFoundError:  # a shared file system where another host renamed it first
-            if not final.is_dir():
-                raise
-        marker = {"step": step, "files": _files_with_sizes(final), "written_at": time.time()}
-        (final / (MARKER + ".tmp")).write_text(json.dumps(marker))
-        os.replace(final / (MARKER + ".tmp"), final / MARKER)
+        os.replace(temporary, final)
+        _write_atomically(final / MARKER, json.dumps({"step": step, "files": files,
+                                                      "written_at": time.time()}))
 
     def prune(self) -> None:
         """Keep the newest `keep` complete checkpoints; drop abandoned temporary folders."""

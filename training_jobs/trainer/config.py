@@ -102,7 +102,8 @@ class ParallelConfig:
     activation_offloading: bool = _hp(False, "Offload checkpointed activations to the CPU.")
     compile: bool = _hp(False, "torch.compile each decoder layer.")
     mp_parameters: dict = _hp({}, "SMP v2 settings passed through to torch.sagemaker.init (set by "
-                                  "the SageMaker SDK's `distribution`); named settings win.")
+                                  "the SageMaker SDK's `distribution`); a named degree, when set, "
+                                  "must agree with it.")
 
 
 @dataclass(frozen=True)
@@ -379,12 +380,16 @@ def _validate_parallel(par: ParallelConfig) -> None:
     if par.fsdp_sharding != "hybrid" and par.parallelism == "fsdp" and par.replicate_degree > 1:
         raise _invalid("replicate_degree", par.replicate_degree,
                        "0 or 1 unless fsdp_sharding=hybrid")
-    if par.offload_params and par.parallelism in ("single", "ddp"):
-        raise _invalid("offload_params", True, "false with parallelism=" + par.parallelism
-                       + " (parameter offload needs fsdp or deepspeed)")
+    for name in ("offload_params", "offload_optimizer"):
+        if getattr(par, name) and par.parallelism in ("single", "ddp"):
+            raise _invalid(name, True, f"false with parallelism={par.parallelism} (offload needs fsdp "
+                                       "or deepspeed)")
     if par.offload_params and par.parallelism == "deepspeed" and par.zero_stage != 3:
         raise _invalid("offload_params", True, "false unless zero_stage=3 (DeepSpeed offloads "
                                                "parameters only in ZeRO-3)")
+    if par.mixed_precision == "fp16" and par.parallelism == "fsdp":
+        raise _invalid("mixed_precision", "fp16", "bf16 or fp32 with fsdp (fp16 needs loss scaling, "
+                                                  "provided with single, ddp and deepspeed)")
     if par.activation_offloading and par.activation_checkpointing == "none":
         raise _invalid("activation_offloading", True,
                        "false unless activation_checkpointing is full or selective")

@@ -55,6 +55,9 @@ class DeepSpeedStrategy:
         config = ctx.config
         self.config, self.device, self.kind = config, ctx.device, "deepspeed"
         check_quantization(config.lora, self.kind)
+        if config.parallel.mixed_precision == "fp16" and ctx.device.type == "cpu":
+            raise ConfigError("invalid hyperparameter 'mixed_precision': DeepSpeed runs fp16 only on "
+                              "GPUs; use bf16 or fp32 on a CPU")
         if config.parallel.activation_offloading:
             raise ConfigError("invalid hyperparameter 'activation_offloading': not supported with "
                               "deepspeed; use fsdp or smp")
@@ -77,7 +80,8 @@ class DeepSpeedStrategy:
             # every launch); gloo is what CPU runs use anyway. The probe result is a module-level
             # dict that DeepSpeed documents as editable.
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+        deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo",
+                                   auto_mpi_discovery=False)  # adopts our process group
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=self.scheduler,
             config=deepspeed_config(config, shape.data_parallel, ctx.device.type == "cuda"))

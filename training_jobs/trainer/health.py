@@ -57,12 +57,23 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _gloo_group(timeout: timedelta):
+    """gloo runs the monitored barrier; with NCCL as the default backend, make a gloo group."""
+    if dist.get_backend() == "gloo":
+        return dist.group.WORLD
+    try:
+        return dist.new_group(backend="gloo", timeout=timeout)
+    except RuntimeError as error:  # creating a group needs every rank too
+        seconds = timeout.total_seconds()
+        raise ContainerError(f"preflight check: not every rank joined within {seconds:.0f} s (hung or "
+                             f"unreachable host): {error}") from error
+
+
 def wait_for_all_ranks(timeout_seconds: float) -> None:
     """Fail naming the ranks that do not reach the barrier in time (gloo's monitored barrier)."""
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_seconds))
+    timeout = timedelta(seconds=timeout_seconds)
     try:
-        dist.monitored_barrier(group=group, timeout=timedelta(seconds=timeout_seconds),
-                               wait_all_ranks=True)
+        dist.monitored_barrier(group=_gloo_group(timeout), timeout=timeout, wait_all_ranks=True)
     except RuntimeError as error:
         raise ContainerError(f"preflight check: ranks did not answer within {timeout_seconds:.0f} s "
                              f"(hung or unreachable host): {error}") from error

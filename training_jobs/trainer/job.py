@@ -54,8 +54,9 @@ def _throughput(config: TrainConfig, strategy, env: JobEnvironment, device: torc
     per_token = flops_per_token(non_embedding_parameters(strategy.hf_model), layers, hidden,
                                 config.data.seq_len)
     peak = table_peak_flops(env.instance_type) if device.type == "cuda" else None
-    if peak is None:
-        peak = measured_peak_flops(device, COMPUTE_DTYPES[config.parallel.mixed_precision])
+    if peak is None:  # the faster of fp32 and the compute dtype (CPUs have no fast fp16 matmul)
+        dtype = COMPUTE_DTYPES[config.parallel.mixed_precision]
+        peak = max(measured_peak_flops(device, torch.float32), measured_peak_flops(device, dtype))
     return Throughput(tokens, per_token, peak * dist.get_world_size())
 
 

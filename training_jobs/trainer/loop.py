@@ -41,6 +41,7 @@ class Window:
     started: float
     losses: list[torch.Tensor] = field(default_factory=list)
     grad_norm: torch.Tensor | None = None
+    excluded: float = 0.0  # seconds spent evaluating or checkpointing inside the window
 
 
 @dataclass
@@ -49,7 +50,7 @@ class LoopContext:
     strategy: object
     train: TrainBatches
     evaluation: EvalBatches | None
-    store: CheckpointStore | None
+    store: CheckpointStore
     triggers: Triggers
     metrics: MetricsLogger
     throughput: Throughput
@@ -92,8 +93,9 @@ def _check_finite(losses: list[float], window: Window, grad_norm: float) -> None
                 f"the loss is {value} at step {window.first_step + offset}: training diverged. Lower "
                 "lr, raise warmup_steps, enable gradient clipping (max_grad_norm), or check the data")
     if not math.isfinite(grad_norm):
-        raise DivergenceError(f"the gradient norm is {grad_norm} at step {window.first_step + len(losses) - 1}: "
-                              "training diverged. Lower lr or enable gradient clipping (max_grad_norm)")
+        step = window.first_step + len(losses) - 1
+        raise DivergenceError(f"the gradient norm is {grad_norm} at step {step}: training diverged. "
+                              "Lower lr or enable gradient clipping (max_grad_norm)")
 
 
 def report(ctx: LoopContext, window: Window) -> None:
@@ -102,7 +104,7 @@ def report(ctx: LoopContext, window: Window) -> None:
     grad_norm = float(window.grad_norm)
     _check_finite(losses, window, grad_norm)
     steps = len(losses)
-    elapsed = max(time.perf_counter() - window.started, 1e-9)
+    elapsed = max(time.perf_counter() - window.started - window.excluded, 1e-9)
     tokens_per_sec = ctx.throughput.tokens_per_step * steps / elapsed
     mfu = ctx.throughput.flops_per_token * tokens_per_sec / ctx.throughput.peak_flops_total \
         if ctx.throughput.peak_flops_total else 0.0
@@ -155,11 +157,7 @@ def _due(every: int, step: int, last: bool) -> bool:
     return last or (every > 0 and step % every == 0)
 
 
-def save(ctx: LoopContext, window: Window | None) -> None:
-    if window is not None and window.losses:
-        report(ctx, window)  # never checkpoint a diverged model
-    if ctx.store is None:
-        return
+def save(ctx: LoopContext) -> None:
     started = time.perf_counter()
     path = ctx.store.save(ctx.step, ctx.strategy, ctx.trainer_state())
     ctx.triggers.saved()
@@ -167,11 +165,27 @@ def save(ctx: LoopContext, window: Window | None) -> None:
         log(f"checkpoint step={ctx.step} path={path} seconds={time.perf_counter() - started:.2f}")
 
 
+def _after_step(ctx: LoopContext, window: Window, last: bool) -> tuple[Window, bool]:
+    """Logging, evaluation and checkpoints after a step; returns the next window and "stop"."""
+    logging = ctx.config.logging
+    checkpoint_now, stop = ctx.triggers.poll(ctx.step)
+    if _due(logging.log_every_steps, ctx.step, last) or checkpoint_now or stop:
+        report(ctx, window)  # also the divergence check: a diverged model is never saved
+        window = Window(ctx.step + 1, time.perf_counter())
+    paused = time.perf_counter()
+    if ctx.evaluation is not None and _due(logging.eval_every_steps, ctx.step, last):
+        evaluate(ctx)
+    if checkpoint_now or stop or last:
+        save(ctx)
+    window.excluded += time.perf_counter() - paused  # not training time: keep it out of tokens/s
+    return window, stop
+
+
 def run(ctx: LoopContext) -> str:
     """Train until max_steps or a stop signal; returns "finished" or "interrupted"."""
-    config = ctx.config
-    max_steps, log_every = config.run.max_steps, config.logging.log_every_steps
-    profiler = Profiler(profile_window(config.logging.profile_steps), ctx.output_dir, dist.get_rank())
+    max_steps = ctx.config.run.max_steps
+    profiler = Profiler(profile_window(ctx.config.logging.profile_steps), ctx.output_dir,
+                        dist.get_rank())
     ctx.strategy.train(True)
     window = Window(ctx.step + 1, time.perf_counter())
     while ctx.step < max_steps:
@@ -180,15 +194,7 @@ def run(ctx: LoopContext) -> str:
         window.grad_norm = ctx.strategy.step()
         ctx.step += 1
         profiler.after(ctx.step)
-        last = ctx.step == max_steps
-        checkpoint_now, stop = ctx.triggers.poll(ctx.step)
-        if _due(log_every, ctx.step, last) or checkpoint_now or stop:
-            report(ctx, window)
-            window = Window(ctx.step + 1, time.perf_counter())
-        if ctx.evaluation is not None and _due(config.logging.eval_every_steps, ctx.step, last):
-            evaluate(ctx)
-        if checkpoint_now or stop or (last and ctx.store is not None):
-            save(ctx, None)
+        window, stop = _after_step(ctx, window, last=ctx.step == max_steps)
         if stop:
             if dist.get_rank() == 0:
                 log(f"stop signal received: saved step {ctx.step} and stopping")

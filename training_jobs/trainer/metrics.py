@@ -1,8 +1,9 @@
 """Metrics: the contract's `[metrics]`/`[eval]` lines, JSON lines, TensorBoard, and MFU.
 
-Rank 0 prints one line per logging step, e.g.
+Rank 0 prints one line per logging step (one line in the output, wrapped here), e.g.
 
-    [metrics] step=10 loss=4.123456 lr=3.000e-04 grad_norm=1.2345 tokens_per_sec=12345.6 mfu=0.4123 step_time=0.532 memory_gb=1.23
+    [metrics] step=10 loss=4.123456 lr=3.000e-04 grad_norm=1.2345 tokens_per_sec=12345.6 mfu=0.4123
+        step_time=0.532 memory_gb=1.23
     [eval] step=100 eval_loss=3.987654
 
 which the template's MetricDefinitions (and `llmtrain run --local`) parse; the same values go to

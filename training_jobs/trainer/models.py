@@ -175,9 +175,13 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 def _unwrap(module: nn.Module) -> nn.Module:
-    while hasattr(module, "_checkpoint_wrapped_module"):
-        module = module._checkpoint_wrapped_module
-    return module
+    """The layer inside activation-checkpoint and FSDP1 (SMP v2) wrappers."""
+    while True:
+        inner = getattr(module, "_checkpoint_wrapped_module", None) or \
+            getattr(module, "_fsdp_wrapped_module", None)
+        if inner is None:
+            return module
+        module = inner
 
 
 def _base_hf_model(model: nn.Module) -> nn.Module:

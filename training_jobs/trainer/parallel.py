@@ -109,8 +109,7 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, every: int) -> i
         return 0
     from functools import partial
 
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl, checkpoint_wrapper)
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     options = {"checkpoint_impl": CheckpointImpl.NO_REENTRANT, "preserve_rng_state": True}

@@ -18,7 +18,6 @@ from torch import nn
 
 from . import parallel
 from .config import TrainConfig, resolve_mesh
-from .errors import ConfigError
 from .lora import apply_lora, check_quantization, quantization_config
 from .models import ModelSource, build_model
 from .optim import build_optimizer, build_scheduler, peak_lr
@@ -62,9 +61,6 @@ class TorchStrategy:
         config, par = ctx.config, ctx.config.parallel
         self.config, self.device = config, ctx.device
         self.kind = par.parallelism
-        if self.kind == "fsdp" and par.mixed_precision == "fp16":
-            raise ConfigError("invalid hyperparameter 'mixed_precision': fp16 needs loss scaling, which "
-                              "this program provides for ddp, single and deepspeed; use bf16 with fsdp")
         check_quantization(config.lora, self.kind)
         shape = resolve_mesh(par, ctx.world_size, ctx.num_hosts)
         self.topology = parallel.build_topology(shape, ctx.device, needs_mesh=self.kind == "fsdp")
@@ -139,16 +135,27 @@ class TorchStrategy:
 
     @contextlib.contextmanager
     def micro_step(self, last: bool):
-        """Synchronise gradients only on the last micro step; autocast where FSDP does not cast."""
+        """Gradient synchronisation for a micro step, and autocast where FSDP does not cast."""
+        fsdp = hasattr(self.model, "set_requires_gradient_sync")
         sync = contextlib.nullcontext()
-        if hasattr(self.model, "set_requires_gradient_sync"):
-            self.model.set_requires_gradient_sync(last)
+        if fsdp:
+            self._fsdp_accumulation(last)
         elif hasattr(self.model, "no_sync") and not last:
-            sync = self.model.no_sync()
-        cast = contextlib.nullcontext() if hasattr(self.model, "set_requires_gradient_sync") \
-            else parallel.autocast_context(self.device, self.config.parallel.mixed_precision)
+            sync = self.model.no_sync()  # DDP: accumulate locally, all-reduce once
+        cast = contextlib.nullcontext() if fsdp else \
+            parallel.autocast_context(self.device, self.config.parallel.mixed_precision)
         with sync, cast, self._activation_offload():
             yield
+
+    def _fsdp_accumulation(self, last: bool) -> None:
+        """full: reduce-scatter every micro step, so gradients stay sharded (the point of full
+        sharding); hybrid: also, but all-reduce across replicas (between nodes) only on the last;
+        grad_op: keep unsharded gradients until the last micro step (more memory, less traffic)."""
+        sharding = self.config.parallel.fsdp_sharding
+        if sharding == "grad_op":
+            self.model.set_requires_gradient_sync(last)
+        elif sharding == "hybrid":
+            self.model.set_requires_all_reduce(last)
 
     def _activation_offload(self):
         if not self.config.parallel.activation_offloading:
@@ -162,7 +169,7 @@ class TorchStrategy:
     def step(self) -> torch.Tensor:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        norm = parallel.clip_grad_norm(self.parameters, self.config.optim.max_grad_norm)
+        norm = self._clip_grad_norm(self.config.optim.max_grad_norm)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -172,6 +179,11 @@ class TorchStrategy:
         self.applied_lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         return norm
+
+    def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        if hasattr(self.model, "clip_grad_norm_"):  # FSDP1 (SMP v2) knows its flat shards
+            return self.model.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"))
+        return parallel.clip_grad_norm(self.parameters, max_norm)
 
     def current_lr(self) -> float:
         """The learning rate of the last optimizer step."""

@@ -1,0 +1,277 @@
+"""The parts of the training program that need no process group: schedule, optimizer groups,
+metrics lines, FLOPs, the container environment, checkpoint discovery, DeepSpeed and SMP v2
+configuration, model presets."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from training_jobs.trainer import checkpoint, metrics, models, optim, smp
+from training_jobs.trainer.config import ConfigError, ModelConfig, ParallelConfig, from_hyperparameters
+from training_jobs.trainer.deepspeed_strategy import deepspeed_config
+from training_jobs.trainer.environment import read_environment
+from training_jobs.trainer.errors import ContainerError, TrainingError
+
+
+def _config(**hps):
+    return from_hyperparameters({"model_preset": "llama-tiny", **hps})
+
+
+# --- schedule and optimizer ---
+
+def test_warmup_then_cosine_to_min_lr():
+    config = _config(lr=1.0, min_lr=0.1, warmup_steps=4, max_steps=14)
+    factor = optim.lr_multiplier(config, peak=1.0)
+    assert [factor(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert factor(9) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert factor(14) == pytest.approx(0.1) and factor(100) == pytest.approx(0.1)
+
+
+def test_linear_constant_and_pinned_decay_horizon():
+    linear = optim.lr_multiplier(_config(lr=1.0, lr_schedule="linear", max_steps=10), peak=1.0)
+    assert [linear(s) for s in (0, 5, 10)] == [1.0, 0.5, 0.0]
+    constant = optim.lr_multiplier(_config(lr_schedule="constant", warmup_steps=2), peak=3e-4)
+    assert constant(500) == 1.0
+    staged = optim.lr_multiplier(_config(lr=1.0, lr_schedule="linear", max_steps=3, lr_decay_steps=10),
+                                 peak=1.0)
+    assert staged(2) == linear(2)  # the first stage of a longer run follows the long schedule
+
+
+def test_lr_scales_with_global_batch_when_asked():
+    assert optim.peak_lr(_config(lr=6e-4, scale_lr_by_global_batch=True), 512) == pytest.approx(1.2e-3)
+    assert optim.peak_lr(_config(lr=6e-4), 512) == 6e-4
+
+
+def test_no_weight_decay_on_biases_and_norms():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    groups = optim.parameter_groups(model.named_parameters(), weight_decay=0.1)
+    decayed = [g for g in groups if g["weight_decay"] == 0.1]
+    assert [p.shape for g in decayed for p in g["params"]] == [torch.Size([4, 4])]
+    assert sum(len(g["params"]) for g in groups) == 4
+
+
+# --- metrics ---
+
+# The regexes a job template's MetricDefinitions use (docs/architecture.md, "Metric lines").
+METRIC_REGEXES = {
+    "loss": r"\[metrics\].* loss=([0-9.eE+-]+)",
+    "lr": r"\[metrics\].* lr=([0-9.eE+-]+)",
+    "grad_norm": r"grad_norm=([0-9.eE+-]+)",
+    "tokens_per_sec": r"tokens_per_sec=([0-9.eE+-]+)",
+    "mfu": r"mfu=([0-9.eE+-]+)",
+    "step_time": r"step_time=([0-9.eE+-]+)",
+    "memory_gb": r"memory_gb=([0-9.eE+-]+)",
+    "eval_loss": r"\[eval\].* eval_loss=([0-9.eE+-]+)",
+}
+
+
+def test_metric_lines_match_the_contract_and_json_lines_agree(tmp_path, capsys):
+    logger = metrics.MetricsLogger(tmp_path, enabled=True, tensorboard=True)
+    values = {"step": 10, "loss": 4.1234561, "lr": 3e-4, "grad_norm": 1.23451, "tokens_per_sec": 12345.67,
+              "mfu": 0.41234, "step_time": 0.5321, "memory_gb": 1.234}
+    logger.train(values)
+    logger.eval({"step": 10, "eval_loss": 3.9876543})
+    logger.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["[metrics] step=10 loss=4.123456 lr=3.000e-04 grad_norm=1.2345 "
+                     "tokens_per_sec=12345.7 mfu=0.4123 step_time=0.532 memory_gb=1.23",
+                     "[eval] step=10 eval_loss=3.987654"]
+    text = "\n".join(lines)
+    for name, regex in METRIC_REGEXES.items():
+        assert re.search(regex, text), name
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[0] == {"kind": "train", **values}
+    assert records[1] == {"kind": "eval", "step": 10, "eval_loss": 3.9876543}
+    assert list((tmp_path / "tensorboard").iterdir())  # event files
+
+
+def test_flops_per_token_and_peaks():
+    assert metrics.flops_per_token(1_000_000, num_layers=2, hidden_size=64, seq_len=128) == \
+        6e6 + 12 * 2 * 64 * 128
+    assert metrics.table_peak_flops("ml.p5.48xlarge") == 989e12
+    assert metrics.table_peak_flops("ml.p4d.24xlarge") == 312e12
+    assert metrics.table_peak_flops("local") is None
+    assert metrics.measured_peak_flops(torch.device("cpu"), torch.float32, size=128, repeats=2) > 1e6
+
+
+# --- container environment ---
+
+def test_environment_from_sagemaker_variables(tmp_path):
+    env = read_environment(["--lr", "1"], {
+        "SAGEMAKER_BASE_DIR": str(tmp_path), "SM_HPS": json.dumps({"lr": 0.5, "mp_parameters": {"a": 1}}),
+        "SM_CHANNEL_TRAIN": "/data/train", "SM_CHANNEL_VALIDATION": "/data/val",
+        "SM_MODEL_DIR": "/m", "SM_OUTPUT_DATA_DIR": "/o", "SM_HOSTS": '["algo-1", "algo-2"]',
+        "SM_CURRENT_HOST": "algo-2", "SM_CURRENT_INSTANCE_TYPE": "ml.p5.48xlarge",
+        "RANK": "9", "LOCAL_RANK": "1", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"})
+    assert env.hyperparameters == {"lr": 0.5, "mp_parameters": {"a": 1}}  # SM_HPS wins, lossless
+    assert env.channels == {"train": tmp_path.__class__("/data/train"),
+                            "validation": tmp_path.__class__("/data/val")}
+    assert str(env.model_dir) == "/m" and str(env.output_data_dir) == "/o"
+    assert env.checkpoint_dir == tmp_path / "checkpoints"
+    assert (env.current_host, env.num_hosts, env.rank, env.local_rank, env.world_size) == \
+        ("algo-2", 2, 9, 1, 16)
+    assert not env.is_main and not env.is_local_main
+
+
+def test_environment_falls_back_to_the_job_root_layout(tmp_path):
+    (tmp_path / "input" / "data" / "train").mkdir(parents=True)
+    env = read_environment(["--max_steps", "3"], {"SAGEMAKER_BASE_DIR": str(tmp_path)})
+    assert env.hyperparameters == {"max_steps": "3"} and env.hyperparameter_source == "command line"
+    assert env.channels == {"train": tmp_path / "input" / "data" / "train"}
+    assert env.model_dir == tmp_path / "model" and env.output_data_dir == tmp_path / "output" / "data"
+    assert env.world_size == 1 and env.is_main
+
+
+def test_outside_a_container_without_a_job_root_is_a_clear_error(monkeypatch, tmp_path):
+    from training_jobs.trainer import environment
+
+    monkeypatch.setattr(environment, "DEFAULT_BASE_DIR", tmp_path / "no-opt-ml")
+    with pytest.raises(ContainerError, match="set SAGEMAKER_BASE_DIR"):
+        read_environment([], {})
+
+
+# --- checkpoint discovery ---
+
+def _fake_checkpoint(root, step, files, complete=True):
+    folder = root / checkpoint.folder_name(step)
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    if complete:
+        listed = {name: len(data) for name, data in files.items()}
+        (folder / checkpoint.MARKER).write_text(json.dumps({"step": step, "files": listed}))
+    return folder
+
+
+def test_only_complete_checkpoints_are_found_newest_last(tmp_path):
+    _fake_checkpoint(tmp_path, 10, {"a.distcp": b"1234"})
+    _fake_checkpoint(tmp_path, 20, {"a.distcp": b"1234"})
+    _fake_checkpoint(tmp_path, 30, {"a.distcp": b"1234"}, complete=False)
+    damaged = _fake_checkpoint(tmp_path, 40, {"a.distcp": b"1234"})
+    (damaged / "a.distcp").write_bytes(b"12")  # a partial sync: the marker lists 4 bytes
+    (tmp_path / ".tmp-step_00000050").mkdir()
+    (tmp_path / "unrelated").mkdir()
+    found = checkpoint.scan(tmp_path)
+    assert [step for step, _ in found.complete] == [10, 20]
+    assert sorted(p.name for p in found.incomplete) == [".tmp-step_00000050", "step_00000030",
+                                                         "step_00000040"]
+    assert checkpoint.latest_complete(tmp_path).name == "step_00000020"
+    store = checkpoint.CheckpointStore(tmp_path, keep=1, rank=0, local_main=True)
+    store.prune()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000020", "unrelated"]
+
+
+def test_resuming_into_another_model_is_refused():
+    state = {"hyperparameters": {"model_preset": "llama-1b", "lora_r": 0}}
+    with pytest.raises(TrainingError, match="written with model_preset='llama-1b'"):
+        checkpoint.check_resumable(state, _config(model_preset="llama-7b").flat())
+    checkpoint.check_resumable(state, _config(model_preset="llama-1b", max_steps=99).flat())
+
+
+# --- DeepSpeed and SMP v2 configuration ---
+
+def test_deepspeed_config_translation():
+    config = _config(parallelism="deepspeed", zero_stage=3, offload_optimizer=True, offload_params=True,
+                     micro_batch_size=2, grad_accum_steps=4, max_grad_norm=0.5)
+    ds = deepspeed_config(config, data_parallel_size=8, on_gpu=True)
+    assert ds["train_batch_size"] == 64 and ds["gradient_accumulation_steps"] == 4
+    assert ds["zero_optimization"]["stage"] == 3
+    assert ds["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert ds["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": True}
+    assert ds["bf16"] == {"enabled": True} and ds["gradient_clipping"] == 0.5
+    plain = deepspeed_config(_config(parallelism="deepspeed", mixed_precision="fp32", max_grad_norm=0),
+                             data_parallel_size=2, on_gpu=False)
+    assert "offload_optimizer" not in plain["zero_optimization"] and plain["gradient_clipping"] == 0
+    assert not plain["bf16"]["enabled"] and not plain["zero_optimization"]["overlap_comm"]
+
+
+def test_smp_translation_from_named_settings_and_mp_parameters():
+    par = ParallelConfig(parallelism="smp", shard_degree=8, tensor_parallel_degree=2,
+                         activation_offloading=True, fsdp_sharding="hybrid",
+                         activation_checkpointing="full",
+                         mp_parameters={"activation_loading_horizon": 4, "tensor_parallel_degree": 2})
+    plan = smp.smp_plan(par, seed=7, world_size=32)
+    assert plan.init_config == {"activation_loading_horizon": 4, "tensor_parallel_degree": 2,
+                                "hybrid_shard_degree": 8, "sm_activation_offloading": True,
+                                "random_seed": 7}
+    assert plan.sharding_strategy == "HYBRID_SHARD" and plan.activation_checkpointing == "full"
+    sdk_only = smp.smp_plan(ParallelConfig(parallelism="smp", mp_parameters={"hybrid_shard_degree": 4,
+                                                                              "random_seed": 1}), 7, 16)
+    assert sdk_only.init_config == {"hybrid_shard_degree": 4, "random_seed": 1}
+
+
+@pytest.mark.parametrize(("par", "message"), [
+    (ParallelConfig(parallelism="smp", shard_degree=4, mp_parameters={"hybrid_shard_degree": 8}),
+     "'shard_degree': 4 conflicts with mp_parameters hybrid_shard_degree=8"),
+    (ParallelConfig(parallelism="smp", mp_parameters={"tensor_parallel_degree": "2"}), "an integer"),
+    (ParallelConfig(parallelism="smp", tensor_parallel_degree=3), "must divide the world size 16"),
+    (ParallelConfig(parallelism="smp", shard_degree=3), "hybrid_shard_degree 3 must divide"),
+])
+def test_smp_translation_rejects_inconsistent_settings(par, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        smp.smp_plan(par, seed=0, world_size=16)
+
+
+def test_smp_outside_an_smp_container_is_a_clear_error():
+    with pytest.raises(ContainerError, match="torch.sagemaker"):
+        smp.import_smp()
+
+
+# --- models ---
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return models.load_tokenizer(None, None)[0]
+
+
+@pytest.mark.parametrize(("preset", "billions"), [("llama-7b", 6.7), ("llama-13b", 13.0),
+                                                  ("llama-70b", 69.0), ("gpt2-xl", 1.56)])
+def test_large_presets_have_their_nominal_size(tokenizer, preset, billions):
+    config = models.preset_config(ModelConfig(model_preset=preset), tokenizer, seq_len=2048)
+    if preset.startswith("llama"):
+        config.vocab_size = 32000 if preset != "llama-70b" else 128256  # their own tokenizers
+    else:
+        config.vocab_size = 50257
+    model = models.build_model(models.ModelSource(config, None, preset), materialize=False, seed=0)
+    assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, rel=0.03)
+
+
+def test_presets_follow_the_tokenizer_and_overrides(tokenizer):
+    config = models.preset_config(ModelConfig(model_preset="gpt2-tiny",
+                                              model_overrides={"n_layer": 3}), tokenizer, seq_len=256)
+    assert config.vocab_size == 640 and config.n_positions == 256 and config.n_layer == 3
+    assert config.eos_token_id == tokenizer.eos_token_id and config.resid_pdrop == 0.0
+    with pytest.raises(ConfigError, match="'num_layers' is not a field of GPT2Config"):
+        models.preset_config(ModelConfig(model_preset="gpt2-tiny", model_overrides={"num_layers": 3}),
+                             tokenizer, seq_len=256)
+
+
+def test_model_channel_without_a_config_is_refused(tokenizer, tmp_path):
+    with pytest.raises(ContainerError, match="holds no config.json"):
+        models.model_source(ModelConfig(), tmp_path, tokenizer, seq_len=32)
+
+
+def test_decoder_layers_are_found_under_peft_and_checkpoint_wrappers(tokenizer):
+    from training_jobs.trainer import parallel
+    from training_jobs.trainer.config import LoraConfig
+    from training_jobs.trainer.lora import apply_lora
+
+    source = models.model_source(ModelConfig(model_preset="llama-tiny"), None, tokenizer, 32)
+    model = apply_lora(models.build_model(source, materialize=True, seed=0), LoraConfig(lora_r=2))
+    assert parallel.apply_activation_checkpointing(model, "full", every=2) == 1
+    layers = models.decoder_layers(model)
+    assert len(layers) == 2 and hasattr(layers[0], "_checkpoint_wrapped_module")
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+
+
+def test_tensor_parallel_needs_a_plan(tokenizer):
+    from training_jobs.trainer import parallel
+
+    source = models.model_source(ModelConfig(model_preset="gpt2-tiny"), None, tokenizer, 32)
+    with pytest.raises(ConfigError, match="gpt2 models have no supported tensor-parallel plan"):
+        parallel.tensor_parallel_plan(models.build_model(source, materialize=False, seed=0))
