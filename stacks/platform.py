@@ -41,7 +41,9 @@ class PlatformStage(Stage):
         self.launcher = LauncherStack(self, "Launcher", config=config, network=self.network.network,
                                       storage=self.storage.storage, access=self.access.access)
         self.access.access.allow_launcher(state_machine_arn(self.access, config))
+        # One notification topic per environment: alarms and job events go where run summaries go.
         self.operations = OperationsStack(self, "Operations", config=config,
+                                          notification_topic=self.launcher.launcher.topic,
                                           state_machine=self.launcher.launcher.state_machine)
 
 

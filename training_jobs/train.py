@@ -36,23 +36,27 @@ def run(argv: list[str], *, own_process_group: bool = True) -> int:
     import transformers
 
     from training_jobs.trainer import export, job, loop, metrics, parallel
+    from training_jobs.trainer.checkpoint import StopSignal
 
     transformers.utils.logging.disable_progress_bar()
 
     device = parallel.pick_device(env.local_rank)
     parallel.init_distributed(device, env.rank, env.world_size, timeout_minutes=30)
+    stop = StopSignal()  # from here on, SIGTERM means "checkpoint and exit 0"
     training = None
     try:
         job.prepare_folders(env)
-        training = job.build(config, env, device)
+        training = job.build(config, env, device, stop)
         job.resume(training)
         if loop.run(training.loop) == "finished":
             path = export.export_model(training.loop.strategy, config, training.tokenizer,
                                        env.model_dir, env.is_main)
             if env.is_main:
                 metrics.log(f"finished at step {training.loop.step}; model written to {path}")
+        dist.barrier()  # leave together: no rank tears down its connections while rank 0 still writes
         return 0
     finally:
+        stop.restore()
         if training is not None:
             training.close()
         if own_process_group and dist.is_initialized():
@@ -60,12 +64,29 @@ def run(argv: list[str], *, own_process_group: bool = True) -> int:
 
 
 def _report(error: TrainingError) -> None:
-    """One line per host for errors every rank hits alike, one per rank otherwise."""
+    """One line per host for errors every rank hits alike, one per rank otherwise; and the reason in
+    the job's failure file."""
     same_everywhere = isinstance(error, ConfigError | DataError | DivergenceError)
+    reason = f"{type(error).__name__}: {error}"
+    if not same_everywhere:
+        reason += f" (rank {os.environ.get('RANK', '0')})"
     if not same_everywhere or os.environ.get("LOCAL_RANK", "0") == "0":
-        rank = os.environ.get("RANK", "0")
-        print(f"[error] {type(error).__name__}: {error}" + ("" if same_everywhere else f" (rank {rank})"),
-              file=sys.stderr, flush=True)
+        print(f"[error] {reason}", file=sys.stderr, flush=True)
+    _record_failure(reason)
+
+
+def _record_failure(reason: str) -> None:
+    """SageMaker reports the first 1024 characters of output/failure as the job's FailureReason (the
+    toolkit only writes it when absent). Every rank tries, because torchrun may kill rank 0 before it
+    gets here; the first to fail wins."""
+    output_dir = os.environ.get("SM_OUTPUT_DIR")
+    if not output_dir:
+        return
+    try:
+        with open(Path(output_dir) / "failure", "x", encoding="utf-8") as failure:
+            failure.write(reason)
+    except OSError:  # another rank wrote it first, or there is no output folder (a plain torchrun run)
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:

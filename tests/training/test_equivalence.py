@@ -46,6 +46,8 @@ TWO_RANK_JOBS: dict[str, dict] = {
     "fsdp_cpu_offload_no_accumulation": {"parallelism": "fsdp", "offload_params": True,
                                          "micro_batch_size": 4, "grad_accum_steps": 1},
     "zero3": {"parallelism": "deepspeed", "zero_stage": 3},
+    "zero3_offload": {"parallelism": "deepspeed", "zero_stage": 3, "offload_params": True,
+                      "offload_optimizer": True},
     "gpt2_ddp": {"parallelism": "ddp", "model_preset": "gpt2-tiny"},
     "gpt2_fsdp": {"parallelism": "fsdp", "model_preset": "gpt2-tiny"},
     "ddp_clipped": {"parallelism": "ddp", "max_grad_norm": 1.0},
@@ -130,7 +132,7 @@ def test_activation_checkpointing_changes_no_loss(two, name, without):
     assert losses(two[name]) == losses(two[without])
 
 
-@pytest.mark.parametrize("name", ["tp", "zero3", "fsdp_compiled"])
+@pytest.mark.parametrize("name", ["tp", "zero3", "zero3_offload", "fsdp_compiled"])
 def test_tensor_parallel_zero3_and_compile_within_1e_5(two, name):
     assert losses(two[name]) == pytest.approx(losses(two["ddp"]), abs=1e-5, rel=0)
 

@@ -43,6 +43,18 @@ def test_invalid_hyperparameters_in_sm_hps_stop_at_once(tmp_path, hyperparameter
     assert "Traceback" not in result.stderr
 
 
+def test_the_reason_becomes_the_jobs_failure_reason(tmp_path):
+    """SageMaker's FailureReason is the output/failure file; the toolkit alone would leave it empty."""
+    (tmp_path / "output").mkdir()
+    env = child_env(SAGEMAKER_BASE_DIR=str(tmp_path), SM_OUTPUT_DIR=str(tmp_path / "output"),
+                    SM_HPS=json.dumps({**TINY, "learning_rate": 0.1}))
+    result = subprocess.run([sys.executable, str(TRAIN)], env=env, cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 1
+    failure = (tmp_path / "output" / "failure").read_text()
+    assert failure.startswith("ConfigError: unknown hyperparameter 'learning_rate'")
+
+
 def test_invalid_hyperparameter_on_the_command_line(tmp_path):
     result = _train(tmp_path, args=["--model_preset", "llama-tiny", "--seq_len", "0"])
     assert result.returncode == 1

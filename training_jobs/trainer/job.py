@@ -26,13 +26,11 @@ from .strategy import SetupContext, build_strategy
 class Job:
     loop: LoopContext
     tokenizer: object
-    stop: StopSignal
     resumed_from: Path | None = None
 
     def close(self) -> None:
         self.loop.metrics.close()
         self.loop.strategy.close()
-        self.stop.restore()
 
 
 def _channel_samples(env: JobEnvironment, name: str, seq_len: int, vocab: int) -> TokenSamples | None:
@@ -60,41 +58,52 @@ def _throughput(config: TrainConfig, strategy, env: JobEnvironment, device: torc
     return Throughput(tokens, per_token, peak * dist.get_world_size())
 
 
-def build(config: TrainConfig, env: JobEnvironment, device: torch.device) -> Job:
-    stop = StopSignal()  # before anything slow, so an early SIGTERM is not lost
-    if config.logging.preflight_check:
-        results = health.preflight(device, env.current_host)
-        if env.is_main:
-            slowest = max(results, key=lambda r: r.allreduce_seconds)
-            log(f"preflight ok: {len(results)} ranks, slowest all-reduce {slowest.bus_gbps:.2f} GB/s "
-                f"(rank {slowest.rank} on {slowest.host})")
-    tokenizer, tokenizer_path = load_tokenizer(env.channel("tokenizer"), env.channel("model"))
-    source = model_source(config.model, env.channel("model"), tokenizer, config.data.seq_len)
-    vocab = source.config.vocab_size
-    train_samples = _channel_samples(env, "train", config.data.seq_len, vocab)
-    eval_samples = _channel_samples(env, "validation", config.data.seq_len, vocab)
-    strategy = build_strategy(SetupContext(config, source, device, env.num_hosts))
+def _preflight(device: torch.device, env: JobEnvironment) -> None:
+    results = health.preflight(device, env.current_host)
+    if env.is_main:
+        slowest = max(results, key=lambda r: r.allreduce_seconds)
+        log(f"preflight ok: {len(results)} ranks, slowest all-reduce {slowest.bus_gbps:.2f} GB/s "
+            f"(rank {slowest.rank} on {slowest.host})")
+
+
+def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device, strategy,
+                  samples: tuple[TokenSamples, TokenSamples | None], stop: StopSignal) -> LoopContext:
+    train_samples, eval_samples = samples
     topo = strategy.topology
     layout = BatchLayout(topo.data_parallel_size, topo.data_parallel_rank,
                          config.data.micro_batch_size, config.data.grad_accum_steps)
-    store = CheckpointStore(env.checkpoint_dir, config.checkpoint.keep_checkpoints, env.rank,
-                            env.is_local_main)
-    loop = LoopContext(
+    evaluation = EvalBatches(eval_samples, layout, config.logging.eval_steps, device) \
+        if eval_samples else None
+    return LoopContext(
         config=config, strategy=strategy,
-        train=TrainBatches(train_samples, layout, config.run.seed, device),
-        evaluation=EvalBatches(eval_samples, layout, config.logging.eval_steps, device)
-        if eval_samples else None,
-        store=store,
+        train=TrainBatches(train_samples, layout, config.run.seed, device), evaluation=evaluation,
+        store=CheckpointStore(env.checkpoint_dir, config.checkpoint.keep_checkpoints, env.rank,
+                              env.is_local_main),
         triggers=Triggers(config.checkpoint.checkpoint_every_steps,
                           config.checkpoint.checkpoint_every_minutes, stop),
         metrics=MetricsLogger(env.output_data_dir, env.is_main, config.logging.tensorboard),
         throughput=_throughput(config, strategy, env, device),
         output_dir=env.output_data_dir, device=device, dp_group=topo.data_parallel_group())
+
+
+def build(config: TrainConfig, env: JobEnvironment, device: torch.device,
+          stop: StopSignal | None = None) -> Job:
+    """Tokenizer, model, data and strategy; data channels are checked before the model is built."""
+    stop = stop or StopSignal()
+    if config.logging.preflight_check:
+        _preflight(device, env)
+    tokenizer, tokenizer_path = load_tokenizer(env.channel("tokenizer"), env.channel("model"))
+    source = model_source(config.model, env.channel("model"), tokenizer, config.data.seq_len)
+    vocab = source.config.vocab_size
+    samples = (_channel_samples(env, "train", config.data.seq_len, vocab),
+               _channel_samples(env, "validation", config.data.seq_len, vocab))
+    strategy = build_strategy(SetupContext(config, source, device, env.num_hosts))
+    loop = _loop_context(config, env, device, strategy, samples, stop)
     if env.is_main:
         log(f"model {source.description}: {sum(map(parameter_count, strategy.hf_model.parameters())):,} "
-            f"parameters, tokenizer {tokenizer_path}, {topo.shape}, "
-            f"{train_samples.num_samples} training samples of {config.data.seq_len} tokens")
-    return Job(loop, tokenizer, stop)
+            f"parameters, tokenizer {tokenizer_path}, {strategy.topology.shape}, "
+            f"{samples[0].num_samples} training samples of {config.data.seq_len} tokens")
+    return Job(loop, tokenizer)
 
 
 def resume(job: Job) -> None:

@@ -2,8 +2,9 @@
 
 No model math lives here. The functions apply PyTorch's own building blocks (DistributedDataParallel,
 fully_shard on a DeviceMesh, parallelize_module with the model's tensor-parallel plan, activation
-checkpoint wrappers, torch.compile) in the order torchtitan uses: activation checkpointing, compile,
-tensor parallel, FSDP. DeepSpeed and SMP v2 live in their own modules.
+checkpoint wrappers, torch.compile) in the order torchtitan uses: tensor parallel (its plan names the
+unwrapped modules), activation checkpointing, compile, FSDP. DeepSpeed and SMP v2 live in their own
+modules.
 """
 
 from __future__ import annotations
