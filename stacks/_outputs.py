@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from aws_cdk import CfnOutput, CfnResource, Stack
-
 from constructs import IConstruct
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from aws_cdk import Stack
-from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage
-
 from constructs import Construct
+
 from llmtrain.environments import EnvironmentConfig, StackOutput
 from stacks._outputs import output
+from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage
 
 
 class AccessStack(Stack):

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from aws_cdk import ArnFormat, Stack
-from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage
-from training_constructs.job_template import JobTemplate
-from training_constructs.launcher import TrainingLauncher
-
 from constructs import Construct
+
 from llmtrain.catalog import Catalog
 from llmtrain.environments import EnvironmentConfig
 from llmtrain.launcher_client import LAUNCHER_STACK_PART, LauncherOutput
 from stacks._outputs import output
+from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage
+from training_constructs.job_template import JobTemplate
+from training_constructs.launcher import TrainingLauncher
 
 
 def state_machine_name(config: EnvironmentConfig) -> str:

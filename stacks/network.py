@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from aws_cdk import Fn, Stack
-from training_constructs import ExistingVpcAttributes, TrainingNetwork
-
 from constructs import Construct
+
 from llmtrain.environments import EnvironmentConfig, StackOutput
 from stacks._outputs import output, pin_logical_id
+from training_constructs import ExistingVpcAttributes, TrainingNetwork
 
 
 class NetworkStack(Stack):

@@ -5,14 +5,14 @@ from __future__ import annotations
 from aws_cdk import Stack
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_stepfunctions as sfn
-from training_constructs.operations import TemplateMetrics, TrainingOperations
-
 from constructs import Construct
+
 from llmtrain.catalog import Catalog
 from llmtrain.environments import EnvironmentConfig
 from llmtrain.handlers.quotas import template_instance_types
 from llmtrain.spec import TemplateSpec
 from stacks._outputs import output
+from training_constructs.operations import TemplateMetrics, TrainingOperations
 
 DASHBOARD_OUTPUT = "OperationsDashboardName"
 TOPIC_OUTPUT = "OperationsTopicArn"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from aws_cdk import Environment, Stage, Tags
-
 from constructs import Construct
+
 from llmtrain.environments import EnvironmentConfig
 from stacks.access import AccessStack
 from stacks.launcher import LauncherStack, state_machine_arn

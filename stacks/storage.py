@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from aws_cdk import Stack
-from training_constructs import TrainingStorage
-
 from constructs import Construct
+
 from llmtrain.environments import EnvironmentConfig, StackOutput
 from stacks._outputs import output, pin_logical_id
+from training_constructs import TrainingStorage
 
 # Logical IDs of the stateful resources. Changing one makes CloudFormation create a new resource
 # (a new, empty bucket) and orphan the old one: never change them.

@@ -10,8 +10,8 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
-
 from constructs import Construct
+
 from training_constructs._props import is_unresolved, require
 from training_constructs.images import DLC_REGISTRY_ACCOUNTS, training_image_repositories
 from training_constructs.nag import acknowledge_wildcards

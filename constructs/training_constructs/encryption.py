@@ -5,7 +5,6 @@ from __future__ import annotations
 from aws_cdk import ArnFormat, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-
 from constructs import Construct
 
 # What the account's administrators (through IAM policies) may do to the key itself. Listed

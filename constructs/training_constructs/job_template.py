@@ -20,8 +20,8 @@ from aws_cdk import Stack
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_deployment as s3_deployment
-
 from constructs import Construct
+
 from llmtrain.catalog import Catalog
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, code_key, render

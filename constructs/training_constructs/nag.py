@@ -18,7 +18,6 @@ from typing import Any
 import jsii
 from aws_cdk import Acknowledgment, CfnResource, Stack, Validations
 from aws_cdk import aws_iam as iam
-
 from constructs import IConstruct, IValidation
 
 _MIN_REASON = 20

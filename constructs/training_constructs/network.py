@@ -10,8 +10,8 @@ from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
-
 from constructs import Construct
+
 from training_constructs._props import check_cidr, is_unresolved, require
 from training_constructs.encryption import create_encryption_key
 

@@ -33,8 +33,8 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_stepfunctions as sfn
-
 from constructs import Construct
+
 from llmtrain.handlers import job_events, quotas, warm_pools
 from training_constructs._props import require
 from training_constructs.encryption import create_encryption_key

@@ -21,8 +21,8 @@ from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_stepfunctions as sfn
-
 from constructs import Construct
+
 from llmtrain.handlers import job_events, quotas, warm_pools
 
 SAGEMAKER_TRAINING_NAMESPACE = "/aws/sagemaker/TrainingJobs"

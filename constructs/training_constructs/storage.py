@@ -6,8 +6,8 @@ from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
-
 from constructs import Construct
+
 from training_constructs._props import require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.nag import acknowledge

@@ -10,6 +10,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_iam as iam
 from infra_helpers import ENV, as_list, resources_of_type, statements_by_sid, synthesize
+
 from training_constructs import PropsError, TrainingAccess, TrainingStorage, warm_pool_cap_statement
 from training_constructs.images import (
     DLC_REGISTRY_ACCOUNTS,

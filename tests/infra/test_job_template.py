@@ -16,11 +16,11 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Match, Template
 from cfnlint.api import ManualArgs, lint
 from infra_helpers import ENV, ROOT, SynthesizedApp, resources_of_type, synthesize
-from training_constructs import JobTemplate
 
 from llmtrain.catalog import Catalog
 from llmtrain.errors import LockError, RequestValidationError, TemplateNotFoundError
 from llmtrain.sourcedir import collect_files, tarball_bytes
+from training_constructs import JobTemplate
 
 TEMPLATES = ("byo-script@1.0.0", "llama-pretrain-fsdp@latest")
 

@@ -9,10 +9,10 @@ import sysconfig
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_lambda as lambda_
-from training_constructs import lambda_code as module
-from training_constructs.lambda_code import LambdaCodeError, lambda_code, matching_runtime, stage_lambda_code
 
 from llmtrain.catalog import Catalog
+from training_constructs import lambda_code as module
+from training_constructs.lambda_code import LambdaCodeError, lambda_code, matching_runtime, stage_lambda_code
 
 
 def _files(folder) -> set[str]:

@@ -20,13 +20,13 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from cfnlint.api import ManualArgs, lint
 from infra_helpers import ENV, as_list, resources_of_type
-from training_constructs import PropsError
-from training_constructs.launcher import SYNC_EVENTS_RULE, TrainingLauncher
 
 from llmtrain.catalog import Catalog
 from llmtrain.environments import load_environment
 from llmtrain.handlers.launcher import ENV_PLATFORM_CONTEXT, ENV_REQUEST_LAYOUTS
 from llmtrain.launcher_client import LauncherOutput
+from training_constructs import PropsError
+from training_constructs.launcher import SYNC_EVENTS_RULE, TrainingLauncher
 
 ENVIRONMENTS = ("dev", "prod")
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,6 +7,7 @@ import pytest
 from aws_cdk import aws_logs as logs
 from aws_cdk.assertions import Match
 from infra_helpers import ENV, as_list, resources_of_type, synthesize
+
 from training_constructs import ExistingVpcAttributes, PropsError, TrainingNetwork
 
 ZONES = ["us-east-1a", "us-east-1b"]

@@ -22,15 +22,15 @@ from aws_cdk.assertions import Template
 from cdk_nag import AwsSolutionsChecks
 from cfnlint.api import ManualArgs, lint
 from infra_helpers import as_list, resources_of_type
-from training_constructs import PropsError
-from training_constructs.lambda_code import stage_lambda_code
-from training_constructs.operations import WILDCARD_RESOURCE_ACTIONS, TrainingOperations
-from training_constructs.operations_dashboard import TemplateMetrics
 
 from llmtrain.catalog import Catalog
 from llmtrain.handlers import job_events, quotas, warm_pools
 from llmtrain.handlers.quotas import template_instance_types
 from stacks.operations import enabled_template_versions
+from training_constructs import PropsError
+from training_constructs.lambda_code import stage_lambda_code
+from training_constructs.operations import WILDCARD_RESOURCE_ACTIONS, TrainingOperations
+from training_constructs.operations_dashboard import TemplateMetrics
 
 ENVIRONMENTS = ("dev", "prod")
 CATALOG = Catalog.load()
@@ -101,9 +101,7 @@ def test_one_quota_alarm_per_instance_type_at_the_environment_threshold(template
     assert len([name for name in alarms if name.startswith(f"{config.job_name_prefix}-quota-ml.")]) == len(
         types
     )
-    topic = {
-        "Ref": logical_id_of(template, next(iter(resources_of_type(template, "AWS::SNS::Topic").values())))
-    }
+    topic = notification_topic(template)  # the environment's one topic, where job events go too
     for instance_type in types:
         alarm = alarms[f"{config.job_name_prefix}-quota-{instance_type}"]
         assert alarm["Threshold"] == config.quotas.alarm_threshold_percent

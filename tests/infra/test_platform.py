@@ -13,9 +13,9 @@ import pytest
 from aws_cdk import aws_iam as iam
 from cfnlint.api import ManualArgs, lint
 from infra_helpers import ENV, as_list, synthesize
-from training_constructs.nag import acknowledge, acknowledge_wildcards, flatten_reference
 
 from llmtrain.environments import StackOutput
+from training_constructs.nag import acknowledge, acknowledge_wildcards, flatten_reference
 
 # Allow statements may use Resource "*" only for these actions: AWS offers no narrower resource.
 RESOURCE_STAR_ALLOWED = {

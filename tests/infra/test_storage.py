@@ -5,10 +5,10 @@ from __future__ import annotations
 import aws_cdk as cdk
 import pytest
 from infra_helpers import ENV, as_list, resources_of_type
-from training_constructs import PropsError, TrainingStorage
-from training_constructs.encryption import KEY_ADMINISTRATION_ACTIONS
 
 from stacks import PINNED_LOGICAL_IDS
+from training_constructs import PropsError, TrainingStorage
+from training_constructs.encryption import KEY_ADMINISTRATION_ACTIONS
 
 DATA_BUCKETS = ["DatasetsBucket", "CheckpointsBucket", "ArtifactsBucket", "CodeBucket"]
 ENVS = ["dev", "prod"]

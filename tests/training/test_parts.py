@@ -165,6 +165,16 @@ def test_only_complete_checkpoints_are_found_newest_last(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000020", "unrelated"]
 
 
+def test_a_hosts_share_of_a_committed_checkpoint_is_kept_but_not_resumed_from(tmp_path):
+    """Without a shared file system each host holds its own ranks' files (SageMaker merges the
+    hosts' folders in S3): pruning must keep them, resuming needs the union."""
+    folder = _fake_checkpoint(tmp_path, 10, {"__0_0.distcp": b"1234", "__1_0.distcp": b"5678"})
+    (folder / "__1_0.distcp").unlink()  # written by the other host
+    checkpoint.CheckpointStore(tmp_path, keep=3, rank=0, local_main=True).prune()
+    assert (folder / "__0_0.distcp").is_file()
+    assert checkpoint.latest_complete(tmp_path) is None
+
+
 def test_resuming_into_another_model_is_refused():
     state = {"hyperparameters": {"model_preset": "llama-1b", "lora_r": 0}}
     with pytest.raises(TrainingError, match="written with model_preset='llama-1b'"):

@@ -54,13 +54,17 @@ def _files_with_sizes(folder: Path) -> dict[str, int]:
             if path.is_file() and path.name != MARKER and not path.name.endswith(".tmp")}
 
 
-def is_complete(folder: Path) -> bool:
-    """The marker exists and every file it lists is present with the recorded size."""
+def is_complete(folder: Path, *, this_host_only: bool = False) -> bool:
+    """The marker exists and every file it lists is present with the recorded size.
+
+    `this_host_only` accepts listed files that are absent: on several hosts without a shared file
+    system each host holds only its own ranks' files until SageMaker merges them in S3.
+    """
     try:
         listed = json.loads((folder / MARKER).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return all((folder / name).is_file() and (folder / name).stat().st_size == size
+    return all((folder / name).stat().st_size == size if (folder / name).is_file() else this_host_only
                for name, size in listed.items())
 
 
@@ -70,12 +74,13 @@ class Found:
     incomplete: list[Path]
 
 
-def scan(root: Path) -> Found:
+def scan(root: Path, *, this_host_only: bool = False) -> Found:
     complete, incomplete = [], []
     if root.is_dir():
         for child in root.iterdir():
             match = _NAME.match(child.name)
-            if child.name.startswith(TMP_PREFIX) or (match and not is_complete(child)):
+            if child.name.startswith(TMP_PREFIX) or (
+                    match and not is_complete(child, this_host_only=this_host_only)):
                 incomplete.append(child)
             elif match:
                 complete.append((int(match[1]), child))
@@ -160,8 +165,9 @@ class CheckpointStore:
                                                       "written_at": time.time()}))
 
     def prune(self) -> None:
-        """Keep the newest `keep` complete checkpoints; drop abandoned temporary folders."""
-        found = scan(self.root)
+        """Keep the newest `keep` complete checkpoints; drop abandoned and damaged folders. Judged
+        by this host's files: the other hosts' shards of a committed checkpoint are not here."""
+        found = scan(self.root, this_host_only=True)
         for _, folder in found.complete[:-self.keep]:
             shutil.rmtree(folder, ignore_errors=True)
         for folder in found.incomplete:
