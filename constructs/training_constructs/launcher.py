@@ -53,6 +53,7 @@ from constructs import Construct
 from llmtrain.handlers import launcher as handlers
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, render
+from training_constructs._functions import logged_function
 from training_constructs._props import require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.job_template import JobTemplate
@@ -244,44 +245,23 @@ class TrainingLauncher(Construct):
     def _function(
         self, construct_id: str, code: lambda_.Code, handler: str, description: str
     ) -> lambda_.Function:
-        log_group = logs.LogGroup(
-            self,
-            f"{construct_id}Logs",
-            retention=self._log_retention,
-            encryption_key=self.encryption_key,
-            removal_policy=RemovalPolicy.RETAIN,
-        )
-        role = iam.Role(
-            self,
-            f"{construct_id}Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description=f"Launcher: {description}",
-        )
-        role.add_to_policy(
-            iam.PolicyStatement(
-                sid="WriteOwnLogs",
-                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                # The log group's ARN ends in ':*', which covers its log streams.
-                resources=[log_group.log_group_arn],
-            )
-        )
         runtime, architecture = matching_runtime()
-        function = lambda_.Function(
+        function, log_group = logged_function(
             self,
             construct_id,
             code=code,
             handler=f"llmtrain.handlers.launcher.{handler}",
+            description=f"Launcher: {description}",
             runtime=runtime,
             architecture=architecture,
             memory_size=512,
             timeout=Duration.minutes(1),
-            description=f"Launcher: {description}",
-            role=role,
-            log_group=log_group,
             environment={
                 handlers.ENV_PLATFORM_CONTEXT: self.stack.to_json_string(self.platform_context),
                 handlers.ENV_REQUEST_LAYOUTS: json.dumps(self.request_layouts, separators=(",", ":")),
             },
+            log_retention=self._log_retention,
+            log_encryption_key=self.encryption_key,
         )
         acknowledge(
             function,

@@ -36,6 +36,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from llmtrain.handlers import job_events, quotas, warm_pools
+from training_constructs._functions import logged_function
 from training_constructs._props import require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.lambda_code import lambda_code
@@ -192,34 +193,18 @@ class TrainingOperations(Construct):
         timeout: Duration,
         environment: Mapping[str, str],
     ) -> lambda_.Function:
-        log_group = logs.LogGroup(self, f"{construct_id}Logs", retention=self._log_retention)
-        role = iam.Role(
-            self,
-            f"{construct_id}Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description=f"{description} ({self.environment_name})",
-        )
-        role.add_to_policy(
-            iam.PolicyStatement(
-                sid="WriteOwnLogs",
-                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                # The log group's ARN ends in ':*', which covers its log streams.
-                resources=[log_group.log_group_arn],
-            )
-        )
-        function = lambda_.Function(
+        function, log_group = logged_function(
             self,
             construct_id,
             code=self._code,
             handler=handler,
+            description=f"{description} ({self.environment_name})",
             runtime=RUNTIME,
             architecture=lambda_.Architecture.ARM_64,
             memory_size=256,
             timeout=timeout,
-            description=description,
-            role=role,
-            log_group=log_group,
-            environment=dict(environment),
+            environment=environment,
+            log_retention=self._log_retention,
         )
         self.log_groups[construct_id] = log_group
         _depend_on_policy_only(function)
