@@ -16,11 +16,15 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import boto3
 
-from llmtrain.commands.render import _environment, parse_overrides
+from llmtrain.commands._common import (
+    add_environment_arguments,
+    add_overrides_argument,
+    environment_of,
+    parse_overrides,
+)
 from llmtrain.environments import EnvironmentConfig
 from llmtrain.launcher_client import LauncherClient, RunStatus, owner_from_identity
 
@@ -37,14 +41,7 @@ def register(subparsers) -> None:
     )
     start.add_argument("ref", metavar="NAME[@VERSION]", help="template name, optionally @VERSION or @latest")
     start.add_argument("--run-name", required=True, help="the run's name, unique per environment")
-    start.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a setting the template allows (repeatable)",
-    )
+    add_overrides_argument(start)
     start.add_argument("--wait", action="store_true", help="wait for the run to end and print its summary")
     start.add_argument("--poll-seconds", type=float, default=30.0, help=argparse.SUPPRESS)
     start.set_defaults(handler=start_command)
@@ -85,10 +82,7 @@ def register(subparsers) -> None:
 
 def _parser(subparsers, name: str, summary: str, description: str) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(name, help=summary, description=description)
-    parser.add_argument("--env", default="dev", help="environment: config/<ENV>.yaml (default: dev)")
-    parser.add_argument(
-        "--config-dir", type=Path, default=None, help="folder of environment files (default: config/)"
-    )
+    add_environment_arguments(parser)
     parser.add_argument(
         "--state-machine-arn", default=None, help="use this launcher instead of the launcher stack's output"
     )
@@ -99,7 +93,7 @@ def _parser(subparsers, name: str, summary: str, description: str) -> argparse.A
 
 
 def start_command(args: argparse.Namespace) -> int:
-    environment = _environment(args)
+    environment = environment_of(args)
     client = _client(args, environment)
     execution = client.start(
         template_ref=args.ref,
@@ -119,13 +113,13 @@ def start_command(args: argparse.Namespace) -> int:
 
 
 def status_command(args: argparse.Namespace) -> int:
-    status = _client(args, _environment(args)).status(args.run_name)
+    status = _client(args, environment_of(args)).status(args.run_name)
     print(json.dumps(status.to_dict(), indent=2, default=str) if args.json else format_status(status))
     return 0
 
 
 def stop_command(args: argparse.Namespace) -> int:
-    client = _client(args, _environment(args))
+    client = _client(args, environment_of(args))
     execution = client.stop(args.run_name, by=owner_from_identity(client.identity))
     jobs = client.jobs(args.run_name)
     job = f"; Step Functions stops training job {jobs[-1]['job_name']}" if jobs else ""
@@ -134,7 +128,7 @@ def stop_command(args: argparse.Namespace) -> int:
 
 
 def logs_command(args: argparse.Namespace) -> int:
-    client = _client(args, _environment(args))
+    client = _client(args, environment_of(args))
     events = client.logs(args.run_name, attempt=args.attempt, limit=args.limit)
     if not events:
         print(f"no log events yet for run {args.run_name}", file=sys.stderr)

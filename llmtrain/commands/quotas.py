@@ -17,11 +17,11 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtrain.catalog import Catalog
-from llmtrain.environments import EnvironmentConfig, EnvironmentConfigError, load_environment
+from llmtrain.commands._common import environment_of
+from llmtrain.environments import EnvironmentConfig
 from llmtrain.errors import LlmtrainError
 from llmtrain.handlers.quotas import QuotaCache, QuotaUsage, collect_usage, template_instance_types
 from llmtrain.launcher_client import caller_identity
-from llmtrain.sourcedir import repository_root
 
 _HEADERS = ("INSTANCE TYPE", "USAGE", "IN USE", "QUOTA", "UTILISATION", "")
 
@@ -44,7 +44,7 @@ def register(subparsers) -> None:
 
 
 def quotas_command(args: argparse.Namespace) -> int:
-    environment = _environment(args)
+    environment = environment_of(args)
     catalog = Catalog.load(args.catalog)
     templates = [t for t in catalog.all() if t.name in environment.enabled_templates]
     session = boto3.Session()
@@ -96,13 +96,3 @@ def _print_table(usages: list[QuotaUsage], threshold: float, environment: Enviro
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
-def _environment(args: argparse.Namespace) -> EnvironmentConfig:
-    folder = args.config_dir or repository_root() / "config"
-    path = folder / f"{args.env}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in folder.glob("*.yaml"))) or "none"
-        raise LlmtrainError(f"--env {args.env}: no {path}; environments: {known}")
-    try:
-        return load_environment(path)
-    except EnvironmentConfigError as error:
-        raise LlmtrainError(str(error)) from error

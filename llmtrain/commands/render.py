@@ -15,11 +15,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmtrain.catalog import Catalog
-from llmtrain.environments import EnvironmentConfig, EnvironmentConfigError, StackOutput, load_environment
-from llmtrain.errors import LlmtrainError, OverrideError, PlatformContextError
+from llmtrain.commands._common import (
+    add_environment_arguments,
+    add_overrides_argument,
+    environment_of,
+    parse_overrides,
+)
+from llmtrain.environments import EnvironmentConfig, StackOutput
+from llmtrain.errors import LlmtrainError, PlatformContextError
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, render
-from llmtrain.sourcedir import repository_root
 
 
 def register(subparsers) -> None:
@@ -31,18 +36,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("ref", metavar="NAME[@VERSION]", help="template name, optionally @VERSION or @latest")
     parser.add_argument("--run-name", required=True, help="the run's name (part of the job name)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a setting the template allows (repeatable)",
-    )
-    parser.add_argument("--env", default="dev", help="environment: config/<ENV>.yaml (default: dev)")
-    parser.add_argument(
-        "--config-dir", type=Path, default=None, help="folder of environment files (default: config/)"
-    )
+    add_overrides_argument(parser)
+    add_environment_arguments(parser)
     parser.add_argument("--catalog", type=Path, default=None, help="catalog folder (default: templates/)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--outputs", type=Path, help="stack outputs JSON from `cdk deploy --outputs-file`")
@@ -57,7 +52,7 @@ def register(subparsers) -> None:
 
 def render_command(args: argparse.Namespace) -> int:
     template = Catalog.load(args.catalog).resolve(args.ref)
-    environment = _environment(args)
+    environment = environment_of(args)
     if template.name not in environment.enabled_templates:
         raise LlmtrainError(
             f"template {template.name!r} is not enabled in environment {environment.name!r}; "
@@ -82,26 +77,8 @@ def render_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_overrides(items: list[str]) -> dict[str, str]:
-    overrides = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise OverrideError(item, "write overrides as --set KEY=VALUE, e.g. --set max_steps=100")
-        overrides[key.strip()] = value
-    return overrides
 
 
-def _environment(args: argparse.Namespace) -> EnvironmentConfig:
-    folder = args.config_dir or repository_root() / "config"
-    path = folder / f"{args.env}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in folder.glob("*.yaml"))) or "none"
-        raise LlmtrainError(f"--env {args.env}: no {path}; environments: {known}")
-    try:
-        return load_environment(path)
-    except EnvironmentConfigError as error:
-        raise LlmtrainError(str(error)) from error
 
 
 def _platform(args: argparse.Namespace, env: EnvironmentConfig) -> PlatformContext:

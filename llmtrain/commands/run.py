@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from llmtrain.catalog import DEFAULT_TEMPLATE, Catalog
-from llmtrain.commands.render import parse_overrides
+from llmtrain.commands._common import add_overrides_argument, parse_overrides
 from llmtrain.local import EXIT_CODES, LocalRunOptions, next_attempt, run_local
 from llmtrain.local.data import parse_data_option
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
@@ -60,8 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="run on this machine (cloud runs are started with `llmtrain start`)")
     parser.add_argument("--run-name", required=True,
                         help="names the run folder; the same name again resumes from its checkpoints")
-    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
-                        help="override a setting the template allows (repeatable)")
+    add_overrides_argument(parser, dest="settings")
     parser.add_argument("--data", action="append", default=[], metavar="[CHANNEL=]DIR",
                         help="a local folder for a channel (a bare DIR is the train channel; repeatable); "
                              "default: the shipped tiny corpus for train and validation")
