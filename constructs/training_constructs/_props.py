@@ -17,6 +17,11 @@ def require(condition: bool, construct: str, field: str, message: str) -> None:
         raise PropsError(f"{construct}({field}=...): {message}")
 
 
+def is_whole_number(value: object) -> bool:
+    """An int that is not a bool (``True`` is an int in Python, never a count of anything here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def is_unresolved(value: object) -> bool:
     """True for a CDK token (a value CloudFormation fills in at deploy time)."""
     return isinstance(value, str) and Token.is_unresolved(value)

@@ -12,7 +12,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from training_constructs._props import is_unresolved, require
+from training_constructs._props import is_unresolved, is_whole_number, require
 from training_constructs.images import DLC_REGISTRY_ACCOUNTS, training_image_repositories
 from training_constructs.nag import acknowledge_wildcards
 
@@ -406,7 +406,7 @@ class TrainingAccess(Construct):
 
 def _check_cap(field: str, seconds: int) -> None:
     require(
-        isinstance(seconds, int) and not isinstance(seconds, bool) and 0 <= seconds <= MAX_KEEP_ALIVE_SECONDS,
+        is_whole_number(seconds) and 0 <= seconds <= MAX_KEEP_ALIVE_SECONDS,
         _NAME,
         field,
         f"must be a whole number of seconds from 0 to {MAX_KEEP_ALIVE_SECONDS} "

@@ -54,7 +54,7 @@ from llmtrain.handlers import launcher as handlers
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, render
 from training_constructs._functions import logged_function
-from training_constructs._props import require
+from training_constructs._props import is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.job_template import JobTemplate
 from training_constructs.lambda_code import lambda_code, matching_runtime
@@ -580,8 +580,7 @@ def _validate(
         f"{job_name_prefix!r} must be 1-24 lowercase letters, digits and hyphens",
     )
     require(
-        isinstance(warm_pool_cap_seconds, int)
-        and not isinstance(warm_pool_cap_seconds, bool)
+        is_whole_number(warm_pool_cap_seconds)
         and 0 <= warm_pool_cap_seconds <= MAX_KEEP_ALIVE_SECONDS,
         _NAME,
         "warm_pool_cap_seconds",

@@ -12,7 +12,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from training_constructs._props import check_cidr, is_unresolved, require
+from training_constructs._props import check_cidr, is_unresolved, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 
 _NAME = "TrainingNetwork"
@@ -286,8 +286,7 @@ def _validate(
                 f"{zone!r} is not an availability zone of the stack's region {region}",
             )
     require(
-        isinstance(nat_gateways, int)
-        and not isinstance(nat_gateways, bool)
+        is_whole_number(nat_gateways)
         and 0 <= nat_gateways <= len(zones),
         _NAME,
         "nat_gateways",

@@ -37,7 +37,7 @@ from constructs import Construct
 
 from llmtrain.handlers import job_events, quotas, warm_pools
 from training_constructs._functions import logged_function
-from training_constructs._props import require
+from training_constructs._props import is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.lambda_code import lambda_code
 from training_constructs.nag import acknowledge_wildcards
@@ -517,8 +517,7 @@ def _validate(
         f"must be above 0 and at most 100, got {threshold!r}",
     )
     require(
-        isinstance(idle_budget, int)
-        and not isinstance(idle_budget, bool)
+        is_whole_number(idle_budget)
         and 0 <= idle_budget <= MAX_KEEP_ALIVE_SECONDS,
         _NAME,
         "warm_pool_idle_budget_seconds",

@@ -8,7 +8,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from training_constructs._props import require
+from training_constructs._props import is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.nag import acknowledge
 
@@ -180,7 +180,7 @@ def _validate(key_alias: str | None, noncurrent_days: int, upload_days: int, log
         ("access_log_retention_days", log_days),
     ):
         require(
-            isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            is_whole_number(value) and value >= 1,
             _NAME,
             field,
             f"must be a whole number of days of at least 1, got {value!r}",
