@@ -11,10 +11,12 @@ RATIOS = {
     "ours_vs_plain_loop": ("ours_bf16", "plain_loop_bf16"),
     "ours_fp32_vs_plain_loop_fp32": ("ours_fp32", "plain_loop_fp32"),
     "fsdp2_vs_ddp": ("ours_fsdp2", "ours_ddp"),
+    "fsdp2_grad_op_vs_ddp": ("ours_fsdp2_grad_op", "ours_ddp"),
+    "fsdp2_bf16_vs_ddp_bf16": ("ours_fsdp2_bf16", "ours_ddp_bf16"),
+    "ours_vs_hf_trainer_compiled": ("ours_bf16", "hf_trainer_bf16_compile"),
+    "ours_no_compile_vs_hf_trainer": ("ours_bf16_no_compile", "hf_trainer_bf16"),
     "zero2_vs_ddp": ("ours_zero2", "ours_ddp"),
     "zero3_vs_ddp": ("ours_zero3", "ours_ddp"),
-    "ddp_vs_single_fp32": ("ours_ddp", "ours_fp32"),
-    "fsdp2_bf16_vs_single_bf16": ("ours_fsdp2_bf16", "ours_bf16"),
 }
 
 # The targets on the CPU machine: (key in the results, comparison, threshold).

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from bench.measure import Workspace
+from bench.measure import Workspace, fresh_job_dir
 from bench.modes import BenchConfig, BenchMode
 from bench.ours import REPO_ROOT, OursRun
 from bench.timing import stall_per_event, step_times
@@ -32,9 +33,9 @@ def checkpoint_stall(mode: BenchMode, workspace: Workspace) -> dict:
     first_save = (mode.warmup_steps // every + 1) * every
     steps = first_save + every * (mode.checkpoint_saves - 1) + every  # ordinary steps after the last
     config = BenchConfig("ours_bf16_checkpointing", "ours", "bf16")
-    run = OursRun(config, mode, steps, workspace.train_channel,
-                  workspace.root / "jobs" / config.name, checkpoint_every_steps=every)
-    result = run.launch(workspace.root / "logs" / f"{config.name}.log")
+    run = OursRun(config, mode, steps, workspace.train_channel, fresh_job_dir(workspace, config.name),
+                  checkpoint_every_steps=every)
+    result = run.launch(run.job_root / "output.log")
     times = step_times(result.lines)
     if not result.ok:
         return {"status": "failed", "error": f"exit code {result.returncode}:\n{result.log_tail()}"}
@@ -54,7 +55,21 @@ def checkpoint_stall(mode: BenchMode, workspace: Workspace) -> dict:
         "default_every_steps": default_every,
         "stall_fraction": stall / (stall + default_every * step_time),
         "checkpoints_written": _checkpoints_written(run.job_root / "checkpoints"),
+        "logged_save_seconds": _logged_save_seconds(result.lines),
     }
+
+
+SAVE_LOG = re.compile(r"^\[train\] checkpoint step=(\d+) .*seconds=([0-9.]+)")
+
+
+def _logged_save_seconds(lines: list[tuple[float, str]]) -> dict[str, float]:
+    """What our program logs as each save's duration (a human-readable line, a cross-check only)."""
+    found = {}
+    for _, text in lines:
+        match = SAVE_LOG.match(text)
+        if match:
+            found[match[1]] = float(match[2])
+    return found
 
 
 def _checkpoints_written(folder: Path) -> list[str]:

@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,17 +29,22 @@ class Workspace:
     train_channel: Path  # the same stream in our shard format
 
 
+def fresh_job_dir(workspace: Workspace, name: str) -> Path:
+    """A new folder per launch: our program resumes from any checkpoint it finds in its job root."""
+    parent = workspace.root / "jobs"
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=parent))
+
+
 def total_steps(mode: BenchMode) -> int:
     return mode.warmup_steps + mode.measure_steps
 
 
-def peer_spec(config: BenchConfig, mode: BenchMode, workspace: Workspace) -> WorkerSpec:
-    work_dir = workspace.root / "jobs" / config.name
-    work_dir.mkdir(parents=True, exist_ok=True)
+def peer_spec(config: BenchConfig, mode: BenchMode, workspace: Workspace, work_dir: Path) -> WorkerSpec:
     return WorkerSpec(
         model_preset=mode.model_preset, seq_len=mode.seq_len, batch_size=mode.global_batch_size,
         steps=total_steps(mode), precision=config.precision, device=mode.device,
-        compile=mode.compile, tokens_path=str(workspace.tokens_npy),
+        compile=config.compiles(mode), tokens_path=str(workspace.tokens_npy),
         result_path=str(work_dir / "result.json"), work_dir=str(work_dir),
     )
 
@@ -49,14 +55,14 @@ def _peer_command(config: BenchConfig, spec: WorkerSpec) -> list[str]:
 
 def _launch(config: BenchConfig, mode: BenchMode, workspace: Workspace) -> tuple[ProcessResult, str, dict]:
     """Runs the configuration; returns its process result, its command line and what it reported."""
-    log_path = workspace.root / "logs" / f"{config.name}.log"
+    job_dir = fresh_job_dir(workspace, config.name)
+    log_path = job_dir / "output.log"
     if config.runner == "ours":
-        run = OursRun(config, mode, total_steps(mode), workspace.train_channel,
-                      workspace.root / "jobs" / config.name)
+        run = OursRun(config, mode, total_steps(mode), workspace.train_channel, job_dir)
         result = run.launch(log_path)
         command = f"SM_HPS={shlex.quote(run.environment()['SM_HPS'])} " + shlex.join(run.command())
         return result, command, _own_report(run.metrics())
-    spec = peer_spec(config, mode, workspace)
+    spec = peer_spec(config, mode, workspace, job_dir)
     command = _peer_command(config, spec)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     result = run_measured(command, env, log_path, mode.step_timeout_s, cwd=REPO_ROOT)

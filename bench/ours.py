@@ -64,7 +64,7 @@ class OursRun:
             "max_grad_norm": 1.0,
             "parallelism": self.config.parallelism,
             "mixed_precision": self.config.precision,
-            "compile": self.mode.compile,
+            "compile": self.config.compiles(self.mode),
             "log_every_steps": 1,  # one line per step: bench.timing times the lines
             "checkpoint_every_steps": self.checkpoint_every_steps,
             "seed": 0,

@@ -35,12 +35,14 @@ def run(argv: list[str], *, own_process_group: bool = True) -> int:
     import torch.distributed as dist
     import transformers
 
-    from training_jobs.trainer import export, job, loop, metrics, parallel
+    from training_jobs.trainer import export, host, job, loop, metrics, parallel
     from training_jobs.trainer.checkpoint import StopSignal
 
     transformers.utils.logging.disable_progress_bar()
 
     device = parallel.pick_device(env.local_rank)
+    if device.type == "cpu":
+        host.keep_freed_memory()  # a CPU step then reuses its activation memory (trainer/host.py)
     parallel.init_distributed(device, env.rank, env.world_size, timeout_minutes=30)
     stop = StopSignal()  # from here on, SIGTERM means "checkpoint and exit 0"
     training = None

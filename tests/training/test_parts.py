@@ -285,3 +285,32 @@ def test_tensor_parallel_needs_a_plan(tokenizer):
     source = models.model_source(ModelConfig(model_preset="gpt2-tiny"), None, tokenizer, 32)
     with pytest.raises(ConfigError, match="gpt2 models have no supported tensor-parallel plan"):
         parallel.tensor_parallel_plan(models.build_model(source, materialize=False, seed=0))
+
+
+def test_attention_auto_is_eager_only_when_compiling_on_a_cpu():
+    pick = models.attention_implementation
+    assert pick("auto", compiled=True, device_type="cpu") == "eager"
+    assert pick("auto", compiled=False, device_type="cpu") == "sdpa"
+    assert pick("auto", compiled=True, device_type="cuda") == "sdpa"
+    assert pick("sdpa", compiled=True, device_type="cpu") == "sdpa"
+    assert pick("eager", compiled=False, device_type="cuda") == "eager"
+    with pytest.raises(ConfigError, match="'attention'"):
+        from_hyperparameters({"attention": "flash"})
+
+
+def test_eager_and_sdpa_attention_compute_the_same_model(tokenizer):
+    config = models.preset_config(ModelConfig(model_preset="llama-tiny"), tokenizer, seq_len=32)
+    inputs = torch.randint(0, len(tokenizer), (2, 32), generator=torch.Generator().manual_seed(0))
+    losses = {}
+    for attention in ("eager", "sdpa"):
+        source = models.ModelSource(config, None, "llama-tiny", attention)
+        model = models.build_model(source, materialize=True, seed=0)
+        assert model.config._attn_implementation == attention
+        losses[attention] = models.causal_lm_loss(models.forward_logits(model, inputs), inputs)
+    assert losses["eager"].item() == pytest.approx(losses["sdpa"].item(), abs=1e-5)
+
+
+def test_adamw_uses_the_fused_kernel_on_cpu():
+    model = torch.nn.Linear(4, 4)
+    optimizer = optim.build_optimizer(model, from_hyperparameters({}).optim, lr=1e-3)
+    assert optimizer.defaults["fused"] is True and not optimizer.defaults["foreach"]

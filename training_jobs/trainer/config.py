@@ -42,6 +42,7 @@ MixedPrecision = Literal["bf16", "fp16", "fp32"]
 ActivationCheckpointing = Literal["none", "full", "selective"]
 LrSchedule = Literal["cosine", "linear", "constant"]
 Quantization = Literal["none", "nf4"]
+Attention = Literal["auto", "sdpa", "eager"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class ModelConfig:
                                 "channel holds a checkpoint. Required otherwise.")
     model_overrides: dict = _hp({}, "HF config fields set on top of the preset, e.g. "
                                     '{"num_hidden_layers": 4}.')
+    attention: Attention = _hp("auto", "Attention kernel: sdpa (PyTorch's fused flash / memory-"
+                                       "efficient kernels), eager (matmul, softmax, matmul, which "
+                                       "torch.compile fuses) or auto: eager when compiling on a "
+                                       "CPU, sdpa otherwise.")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,13 @@ from .environment import JobEnvironment
 from .errors import DataError
 from .loop import LoopContext, Throughput
 from .metrics import MetricsLogger, flops_per_token, log, measured_peak_flops, table_peak_flops
-from .models import load_tokenizer, model_source, non_embedding_parameters, parameter_count
+from .models import (
+    attention_implementation,
+    load_tokenizer,
+    model_source,
+    non_embedding_parameters,
+    parameter_count,
+)
 from .parallel import COMPUTE_DTYPES
 from .strategy import SetupContext, build_strategy
 
@@ -93,7 +99,10 @@ def build(config: TrainConfig, env: JobEnvironment, device: torch.device,
     if config.logging.preflight_check:
         _preflight(device, env)
     tokenizer, tokenizer_path = load_tokenizer(env.channel("tokenizer"), env.channel("model"))
-    source = model_source(config.model, env.channel("model"), tokenizer, config.data.seq_len)
+    attention = attention_implementation(config.model.attention, compiled=config.parallel.compile,
+                                         device_type=device.type)
+    source = model_source(config.model, env.channel("model"), tokenizer, config.data.seq_len,
+                          attention)
     vocab = source.config.vocab_size
     samples = (_channel_samples(env, "train", config.data.seq_len, vocab),
                _channel_samples(env, "validation", config.data.seq_len, vocab))
@@ -101,7 +110,8 @@ def build(config: TrainConfig, env: JobEnvironment, device: torch.device,
     loop = _loop_context(config, env, device, strategy, samples, stop)
     if env.is_main:
         log(f"model {source.description}: {sum(map(parameter_count, strategy.hf_model.parameters())):,} "
-            f"parameters, tokenizer {tokenizer_path}, {strategy.topology.shape}, "
+            f"parameters, {source.attention} attention, tokenizer {tokenizer_path}, "
+            f"{strategy.topology.shape}, "
             f"{samples[0].num_samples} training samples of {config.data.seq_len} tokens")
     return Job(loop, tokenizer)
 

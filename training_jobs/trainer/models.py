@@ -60,6 +60,19 @@ class ModelSource:
     config: Any  # transformers.PretrainedConfig
     pretrained_dir: Path | None
     description: str
+    attention: str = "sdpa"  # the HF attn_implementation
+
+
+def attention_implementation(choice: str, *, compiled: bool, device_type: str) -> str:
+    """The HF attention implementation for the `attention` hyperparameter.
+
+    auto: on a CPU under torch.compile, the eager attention (inductor fuses its mask and softmax
+    around two batched matmuls) trains faster than the CPU flash kernel, whose backward dominates a
+    step (bench/results/latest.json, docs/benchmarks.md); everywhere else PyTorch's SDPA kernels.
+    """
+    if choice != "auto":
+        return choice
+    return "eager" if compiled and device_type == "cpu" else "sdpa"
 
 
 def _is_model_dir(path: Path | None) -> bool:
@@ -118,7 +131,8 @@ def _apply_overrides(config, overrides: dict[str, Any]) -> None:
         setattr(config, key, value)
 
 
-def model_source(model: ModelConfig, model_channel: Path | None, tokenizer, seq_len: int) -> ModelSource:
+def model_source(model: ModelConfig, model_channel: Path | None, tokenizer, seq_len: int,
+                 attention: str = "sdpa") -> ModelSource:
     """Decide where the model comes from and build its config (no weights yet)."""
     from transformers import AutoConfig
 
@@ -126,14 +140,15 @@ def model_source(model: ModelConfig, model_channel: Path | None, tokenizer, seq_
         config = AutoConfig.from_pretrained(str(model_channel), local_files_only=True)
         _apply_overrides(config, model.model_overrides)
         _check_context_length(config, seq_len)
-        return ModelSource(config, model_channel, f"pretrained from {model_channel}")
+        return ModelSource(config, model_channel, f"pretrained from {model_channel}", attention)
     if model_channel is not None:
         raise ContainerError(f"the model channel {model_channel} holds no config.json: it must be an "
                              "HF model folder (config.json + *.safetensors)")
     if not model.model_preset:
         raise ConfigError("invalid hyperparameter 'model_preset': set it (e.g. llama-1b) or provide a "
                           "`model` channel holding a pretrained checkpoint")
-    return ModelSource(preset_config(model, tokenizer, seq_len), None, f"preset {model.model_preset}")
+    return ModelSource(preset_config(model, tokenizer, seq_len), None, f"preset {model.model_preset}",
+                       attention)
 
 
 def _check_context_length(config, seq_len: int) -> None:
@@ -152,16 +167,17 @@ def build_model(source: ModelSource, *, materialize: bool, seed: int, load_weigh
     """
     from transformers import AutoModelForCausalLM
 
+    attention = {"attn_implementation": source.attention}
     if not materialize:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(source.config, dtype=torch.float32)
+            return AutoModelForCausalLM.from_config(source.config, dtype=torch.float32, **attention)
     torch.manual_seed(seed)
     if source.pretrained_dir is not None and (load_weights or quantization is not None):
         return AutoModelForCausalLM.from_pretrained(
             str(source.pretrained_dir), config=source.config, local_files_only=True,
             dtype=torch.bfloat16 if quantization is not None else torch.float32,
-            quantization_config=quantization)
-    return AutoModelForCausalLM.from_config(source.config, dtype=torch.float32)
+            quantization_config=quantization, **attention)
+    return AutoModelForCausalLM.from_config(source.config, dtype=torch.float32, **attention)
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -16,6 +16,8 @@ from torch import nn
 
 from .config import OptimConfig, TrainConfig
 
+FUSED_DEVICES = ("cpu", "cuda")
+
 
 def _mesh_key(param: torch.Tensor) -> object:
     mesh = getattr(param, "device_mesh", None)
@@ -40,8 +42,12 @@ def peak_lr(config: TrainConfig, global_batch_size: int) -> float:
 
 
 def build_optimizer(model: nn.Module, optim: OptimConfig, lr: float) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(parameter_groups(model.named_parameters(), optim.weight_decay), lr=lr,
-                             betas=(optim.adam_beta1, optim.adam_beta2), eps=1e-8, foreach=True)
+    """AdamW with the fused kernel (one pass over each parameter for the whole update) where the
+    parameters' device has one, else the multi-tensor (foreach) implementation."""
+    groups = parameter_groups(model.named_parameters(), optim.weight_decay)
+    fused = all(p.device.type in FUSED_DEVICES for group in groups for p in group["params"])
+    return torch.optim.AdamW(groups, lr=lr, betas=(optim.adam_beta1, optim.adam_beta2), eps=1e-8,
+                             fused=fused, foreach=not fused)
 
 
 def lr_multiplier(config: TrainConfig, peak: float) -> Callable[[int], float]:
