@@ -179,6 +179,7 @@ def run_benchmark(mode: BenchMode, root: Path, only: list[str] | None, rounds: i
         "peak": peaks,
         "configs": records,
         "ratios": derive.ratios(records),
+        "ratios_by_round": derive.ratios_by_round(records),
         "mfu": derive.mfu_table(records),
         **measured_extras,
     }

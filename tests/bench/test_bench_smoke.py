@@ -61,6 +61,9 @@ def test_headline_keys_are_present(results):
     assert {"cpu", "versions", "logical_cpus"} <= set(results["machine"])
     assert results["command"].startswith("python -m bench.run --mode tiny")
     assert {t["key"] for t in results["targets"]} >= {"ratios.ours_vs_hf_trainer", "mfu.ours_bf16"}
+    one_round = results["ratios_by_round"]["ours_vs_hf_trainer"]
+    # One round: the same ratio, up to the 0.1 ms rounding of the recorded step times.
+    assert one_round == [pytest.approx(results["ratios"]["ours_vs_hf_trainer"], rel=0.02)]
 
 
 @pytest.mark.slow
@@ -105,3 +108,26 @@ def test_model_flops_follow_the_palm_formula():
     assert shape.non_embedding_parameters == shape.parameters - embedding  # untied output counted
     assert (config.num_hidden_layers, config.hidden_size) == (2, 64)
     assert shape.flops_per_token == 6 * shape.non_embedding_parameters + 12 * 2 * 64 * 32
+
+
+def test_targets_are_judged_per_round_as_well_as_pooled():
+    from bench import derive
+
+    def record(runner, precision, rounds):
+        pooled = sorted(rounds)[len(rounds) // 2]
+        return {"status": "ok", "runner": runner, "precision": precision, "step_time_s": pooled,
+                "tokens_per_s": 1000 / pooled, "round_step_times_s": rounds, "mfu": 0.5 / pooled}
+
+    configs = {"ours_bf16": record("ours", "bf16", [0.8, 1.0]),
+               "hf_trainer_bf16": record("hf_trainer", "bf16", [1.0, 1.05])}
+    results = {"configs": configs, "ratios": derive.ratios(configs),
+               "ratios_by_round": derive.ratios_by_round(configs), "mfu": derive.mfu_table(configs)}
+    assert results["ratios_by_round"]["ours_vs_hf_trainer"] == [pytest.approx(1.25), pytest.approx(1.05)]
+    assert results["ratios_by_round"]["fsdp2_vs_ddp"] is None
+    by_key = {t["key"]: t for t in derive.targets(results)}
+    ratio = by_key["ratios.ours_vs_hf_trainer"]
+    assert ratio["met"] is False and ratio["met_every_round"] is False  # 1.05 pooled; 1.25 then 1.05
+    mfu = by_key["mfu.ours_bf16"]
+    assert mfu["by_round"] == [pytest.approx(0.625), pytest.approx(0.5)]
+    assert mfu["met_every_round"] is False
+    assert by_key["ratios.fsdp2_vs_ddp"]["met"] is None and by_key["ratios.fsdp2_vs_ddp"]["by_round"] is None
