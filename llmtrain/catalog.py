@@ -18,7 +18,14 @@ from pathlib import Path
 import yaml
 
 from llmtrain.errors import LockError, TemplateNotFoundError, TemplateSpecError
-from llmtrain.sourcedir import code_hash, collect_files, repository_root
+from llmtrain.sourcedir import (
+    SNAPSHOT_FOLDER,
+    archive_code_hash,
+    code_hash,
+    collect_files,
+    repository_root,
+    tarball_bytes,
+)
 from llmtrain.spec import SEMVER_PATTERN, TemplateSpec
 
 DEFAULT_TEMPLATE = "llama-pretrain-fsdp"
@@ -156,16 +163,43 @@ class Catalog:
         return self._lock.get(spec.name, {}).get(spec.version)
 
     def verify(self, spec: TemplateSpec) -> LockEntry:
-        """The lock entry of a published, unchanged version; LockError otherwise."""
+        """The lock entry of a published, unchanged version; LockError otherwise.
+
+        Unchanged means: the same YAML, and the same code, either still in the working tree or in
+        the version's snapshot (templates/_code/) once the tree's code has moved on."""
         published = self.published_entry(spec)
         if published is None:
             raise LockError(
                 f"{spec.ref} is not published: run `llmtrain templates lock` to record it in {self.lock_path}"
             )
         current = self.lock_entry(spec)
-        if current.content != published.content:
+        if current.spec != published.spec:
             raise LockError(_changed_message(spec, published, current))
-        return current
+        snapshot = self.snapshot_path(published.code)
+        if current.code == published.code:
+            if not snapshot.is_file():
+                raise LockError(f"{spec.ref} has no snapshot of its code ({snapshot}): run "
+                                "`llmtrain templates lock` to write it")
+            return published
+        if not snapshot.is_file():
+            raise LockError(_changed_message(spec, published, current) +
+                            f"; or restore its code snapshot {snapshot}, which is missing")
+        if archive_code_hash(snapshot.read_bytes()) != published.code:
+            raise LockError(f"{spec.ref}: its code snapshot {snapshot} does not hold the published code; "
+                            "restore it from version control")
+        return published
+
+    # --- the code of a version ------------------------------------------------------------------
+    def snapshot_path(self, code_digest: str) -> Path:
+        """Where the code with this hash is frozen when a version wrapping it is published."""
+        return self.root / SNAPSHOT_FOLDER / f"{code_digest.removeprefix('sha256:')}.tar.gz"
+
+    def sourcedir(self, spec: TemplateSpec) -> bytes:
+        """The code archive a version runs: its snapshot once published (identical to the working
+        tree's code as long as that has not changed), else built from the working tree."""
+        if self.published_entry(spec) is not None:
+            return self.snapshot_path(self.verify(spec).code).read_bytes()
+        return tarball_bytes(collect_files(spec.code, self.repo_root))
 
     def check_lock(self) -> None:
         """Every version published and unchanged, and no published version deleted."""
@@ -186,7 +220,9 @@ class Catalog:
             raise LockError("the template catalog does not match its lock:\n" + "\n".join(problems))
 
     def lock_new_versions(self) -> list[str]:
-        """Record versions missing from the lock; refuses (LockError) if a published one changed."""
+        """Record versions missing from the lock and freeze their code (templates/_code/); also
+        writes a missing snapshot of a published version whose code is unchanged. Refuses
+        (LockError) if a published one changed."""
         changed = []
         added = []
         lock = {name: dict(versions) for name, versions in self._lock.items()}
@@ -196,13 +232,25 @@ class Catalog:
             if published is None:
                 lock.setdefault(spec.name, {})[spec.version] = current
                 added.append(spec.ref)
-            elif published.content != current.content:
-                changed.append(_changed_message(spec, published, current))
+                self._write_snapshot(spec, current.code)
+            elif published.content == current.content:
+                self._write_snapshot(spec, current.code)
+            else:
+                try:
+                    self.verify(spec)  # the code moved on, and the version has its snapshot
+                except LockError as exc:
+                    changed.append(str(exc))
         if changed:
             raise LockError("refusing to update the lock:\n" + "\n".join(changed))
         write_lock(self.lock_path, lock)
         self.__dict__.pop("_lock", None)
         return added
+
+    def _write_snapshot(self, spec: TemplateSpec, code_digest: str) -> None:
+        path = self.snapshot_path(code_digest)
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(tarball_bytes(collect_files(spec.code, self.repo_root)))
 
 
 def _load_file(path: Path) -> TemplateSpec:

@@ -23,6 +23,9 @@ from llmtrain.spec import CodeSpec
 PLATFORM_PACKAGE = "training_jobs"
 REQUIREMENTS = "requirements.txt"
 SOURCEDIR_NAME = "sourcedir.tar.gz"
+# Frozen code of published template versions, templates/_code/<code hash>.tar.gz (not a valid
+# template name, so the catalog never reads it as one).
+SNAPSHOT_FOLDER = "_code"
 _FIXED_MTIME = 315532800  # 1980-01-01: the earliest time every archive tool accepts
 _SKIPPED_DIRS = frozenset(
     {
@@ -90,11 +93,26 @@ def _walk(folder: Path):
 
 def code_hash(files: list[SourceFile]) -> str:
     """sha256 over (archive path, content) pairs: changes with any byte or name, not with mtimes."""
+    return _digest((source.archive_path, source.path.read_bytes()) for source in files)
+
+
+def archive_code_hash(archive: bytes) -> str:
+    """The code hash of the files inside a sourcedir archive: equal to the `code_hash` of the files
+    it was built from."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+            return _digest((member.name, tar.extractfile(member).read())
+                           for member in tar.getmembers() if member.isfile())
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise SourceDirError(f"not a sourcedir archive: {exc}") from exc
+
+
+def _digest(named_contents) -> str:
     digest = hashlib.sha256()
-    for source in sorted(files, key=lambda f: f.archive_path):
-        digest.update(source.archive_path.encode())
+    for name, content in sorted(named_contents):
+        digest.update(name.encode())
         digest.update(b"\0")
-        digest.update(hashlib.sha256(source.path.read_bytes()).hexdigest().encode())
+        digest.update(hashlib.sha256(content).hexdigest().encode())
         digest.update(b"\n")
     return "sha256:" + digest.hexdigest()
 

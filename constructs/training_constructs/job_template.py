@@ -25,7 +25,7 @@ from constructs import Construct
 from llmtrain.catalog import Catalog
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, code_key, render
-from llmtrain.sourcedir import SOURCEDIR_NAME, build_sourcedir
+from llmtrain.sourcedir import SOURCEDIR_NAME
 from llmtrain.spec import TemplateSpec
 from training_constructs.nag import acknowledge, acknowledge_wildcards
 
@@ -120,7 +120,7 @@ def _build_sourcedir(spec: TemplateSpec, catalog: Catalog) -> Path:
     # A folder holding only the archive: the asset zips the folder, the deployment unzips it.
     folder = Path(tempfile.mkdtemp(prefix=f"llmtrain-{spec.name}-{spec.version}-"))
     destination = folder / SOURCEDIR_NAME
-    build_sourcedir(spec.code, destination, catalog.repo_root)
+    destination.write_bytes(catalog.sourcedir(spec))  # a published version's frozen code
     return destination
 
 

@@ -84,7 +84,8 @@ def run_command(args: argparse.Namespace) -> int:
         data=parse_data_option(args.data),
         user_settings=frozenset(settings),
     )
-    template = Catalog.load().resolve(args.template)
+    catalog = Catalog.load()
+    template = catalog.resolve(args.template)
     run_input = RunInput(run_name=args.run_name, overrides=settings, attempt=next_attempt(options),
                          owner="local")
     request = render(template, run_input, local_platform_context())
@@ -92,7 +93,7 @@ def run_command(args: argparse.Namespace) -> int:
                   f"(the request the launcher would send)")
     try:
         summary = run_local(request, template.code, options, template_channels=template.inputs.channels,
-                            console=console)
+                            code_archive=catalog.sourcedir(template), console=console)
     except KeyboardInterrupt:
         # Only before the job starts: once it runs, Ctrl-C stops it like StopTrainingJob.
         console.print("[yellow]llmtrain[/] interrupted before the job started; nothing ran")

@@ -25,7 +25,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -120,15 +120,24 @@ def run_local(
     *,
     template_channels: Iterable[str] = (),
     repo_root: Path | None = None,
+    code_archive: bytes | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """Run `request` locally; returns summary.json's content (TrainingJobStatus says how it ended).
 
-    `code` is the template's code, packaged from `repo_root` (default: this checkout) like the
-    JobTemplate construct packages it; `template_channels` are the channels the template declares."""
+    The job runs `code_archive` (a published version's frozen code, `Catalog.sourcedir`) when given,
+    else `code` packaged from `repo_root` (default: this checkout) as the JobTemplate construct
+    packages it; `template_channels` are the channels the template declares."""
     console = console or Console(soft_wrap=True)
     created = _now()
-    job = _prepare(request, code, options, template_channels, repo_root, console)
+
+    def write_code(destination: Path) -> None:
+        if code_archive is not None:
+            destination.write_bytes(code_archive)
+        else:
+            build_sourcedir(code, destination, repo_root)
+
+    job = _prepare(request, write_code, options, template_channels, console)
     processes = _start(job.plan, job.roots, job.job_dir)
     metrics = MetricExtractor(job.plan.metric_definitions)
     training_start = _now()
@@ -150,10 +159,9 @@ def run_local(
 
 def _prepare(
     request: Mapping[str, Any],
-    code: CodeSpec,
+    write_code: Callable[[Path], None],
     options: LocalRunOptions,
     template_channels: Iterable[str],
-    repo_root: Path | None,
     console: Console,
 ) -> _PreparedJob:
     """Everything before the toolkit starts. A request that fails here leaves no job folder behind,
@@ -171,7 +179,7 @@ def _prepare(
     try:
         job_dir.mkdir(parents=True)
         write_json(job_dir / "request.json", request)
-        build_sourcedir(code, sourcedir, repo_root)
+        write_code(sourcedir)
         if checkpoints_dir is not None:
             checkpoints_dir.mkdir(parents=True, exist_ok=True)
         roots = write_host_roots(plan, job_dir, channel_dirs=channel_dirs, checkpoints_dir=checkpoints_dir)

@@ -127,6 +127,7 @@ def test_uploaded_asset_is_the_deterministic_sourcedir(synthesized, template_jso
         data = (staged / "sourcedir.tar.gz").read_bytes()
         spec = catalog.resolve(ref)
         assert data == tarball_bytes(collect_files(spec.code))
+        assert data == catalog.snapshot_path(catalog.verify(spec).code).read_bytes()  # frozen at publishing
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             names = tar.getnames()
         assert spec.code.entry_point in names
@@ -191,6 +192,19 @@ def test_changed_published_version_fails_at_synth(tmp_path):
     path.write_text(path.read_text().replace("max_steps: 3000", "max_steps: 3001"))
     with pytest.raises(LockError, match=r"gpt2-ddp@1\.0\.0 was published and has changed"):
         _construct("gpt2-ddp@1.0.0", catalog=Catalog.load(folder))
+
+
+def test_a_published_version_deploys_its_frozen_code_after_the_code_changed(tmp_path):
+    folder = tmp_path / "templates"
+    shutil.copytree(ROOT / "templates", folder)
+    shutil.copytree(ROOT / "examples" / "byo_script", tmp_path / "examples" / "byo_script")
+    script = tmp_path / "examples" / "byo_script" / "train_clm.py"
+    script.write_text(script.read_text() + "\n# changed after 1.0.0 was published\n")
+    catalog = Catalog.load(folder, repo_root=tmp_path)
+    construct = _construct("byo-script@1.0.0", catalog=catalog)
+    deployed = construct.sourcedir_path.read_bytes()
+    assert deployed == catalog.snapshot_path(catalog.verify(construct.spec).code).read_bytes()
+    assert deployed != tarball_bytes(collect_files(construct.spec.code, tmp_path))
 
 
 def test_defaults_over_the_environments_warm_pool_cap_fail_at_synth():

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from llmtrain.catalog import Catalog
 from llmtrain.platform import PlatformContext
+from llmtrain.sourcedir import SNAPSHOT_FOLDER
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_NAMES = (
@@ -57,6 +58,7 @@ def copy_catalog(destination: Path, names: tuple[str, ...] = TEMPLATE_NAMES) -> 
     for name in names:
         shutil.copytree(REPO_ROOT / "templates" / name, folder / name)
     shutil.copy(REPO_ROOT / "templates" / "catalog.lock", folder / "catalog.lock")
+    shutil.copytree(REPO_ROOT / "templates" / SNAPSHOT_FOLDER, folder / SNAPSHOT_FOLDER)
     return folder
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 
 import pytest
 import yaml
@@ -120,20 +122,84 @@ def test_a_changed_published_spec_fails_with_instructions(tmp_path):
     assert (folder / "catalog.lock").read_text() == lock_before
 
 
-def test_changed_wrapped_code_fails_naming_the_code(tmp_path):
-    folder = copy_catalog(tmp_path)
-    repo = tmp_path
+def _copy_code(repo) -> None:
     shutil.copytree(REPO_ROOT / "examples" / "byo_script", repo / "examples" / "byo_script")
     shutil.copytree(
         REPO_ROOT / "training_jobs", repo / "training_jobs", ignore=shutil.ignore_patterns("__pycache__")
     )
-    Catalog.load(folder, repo_root=repo).check_lock()  # an identical copy still matches
 
+
+def _archive_files(archive: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def _change_byo_script(repo) -> tuple[bytes, bytes]:
+    """(the published script, the changed one)."""
     script = repo / "examples" / "byo_script" / "train_clm.py"
-    script.write_text(script.read_text() + "\n# a silent change\n")
-    expected = r"byo-script@1\.0\.0 .*the code it wraps in examples/byo_script changed"
+    published = script.read_bytes()
+    script.write_bytes(published + b"\n# a change after publishing\n")
+    return published, script.read_bytes()
+
+
+def test_a_published_version_keeps_its_code_when_the_code_moves_on(tmp_path):
+    folder, repo = copy_catalog(tmp_path), tmp_path
+    _copy_code(repo)
+    published, changed = _change_byo_script(repo)
+
+    moved_on = Catalog.load(folder, repo_root=repo)
+    moved_on.check_lock()  # 1.0.0 is served from its snapshot
+    old = moved_on.get("byo-script", "1.0.0")
+    assert _archive_files(moved_on.sourcedir(old))["train_clm.py"] == published
+
+    _add_version(folder, "byo-script", "1.1.0")
+    extended = Catalog.load(folder, repo_root=repo)
+    assert extended.lock_new_versions() == ["byo-script@1.1.0"]
+    new = extended.get("byo-script", "1.1.0")
+    assert _archive_files(extended.sourcedir(new))["train_clm.py"] == changed
+    assert extended.snapshot_path(extended.verify(new).code).is_file()
+    assert extended.verify(old).code != extended.verify(new).code
+    Catalog.load(folder, repo_root=repo).check_lock()
+
+
+def test_changed_code_without_its_snapshot_fails_naming_both(tmp_path):
+    folder, repo = copy_catalog(tmp_path), tmp_path
+    _copy_code(repo)
+    catalog_copy = Catalog.load(folder, repo_root=repo)
+    catalog_copy.check_lock()  # an identical copy still matches
+    snapshot = catalog_copy.snapshot_path(catalog_copy.verify(catalog_copy.get("byo-script")).code)
+    snapshot.unlink()
+    _change_byo_script(repo)
+    expected = (r"byo-script@1\.0\.0 .*the code it wraps in examples/byo_script changed.* snapshot "
+                r".*_code/[0-9a-f]{64}\.tar\.gz.* missing")
     with pytest.raises(LockError, match=expected):
         Catalog.load(folder, repo_root=repo).check_lock()
+
+
+def test_a_snapshot_that_is_not_the_published_code_is_refused(tmp_path):
+    folder, repo = copy_catalog(tmp_path), tmp_path
+    _copy_code(repo)
+    catalog_copy = Catalog.load(folder, repo_root=repo)
+    byo, fsdp = catalog_copy.get("byo-script"), catalog_copy.get("llama-pretrain-fsdp")
+    snapshot = catalog_copy.snapshot_path(catalog_copy.verify(byo).code)
+    snapshot.write_bytes(catalog_copy.sourcedir(fsdp))  # some other code under the byo hash
+    _change_byo_script(repo)
+    with pytest.raises(LockError, match=r"byo-script@1\.0\.0: .*does not hold the published code"):
+        Catalog.load(folder, repo_root=repo).check_lock()
+
+
+def test_a_missing_snapshot_of_unchanged_code_is_restored_by_the_lock_command(tmp_path):
+    folder, repo = copy_catalog(tmp_path), tmp_path
+    _copy_code(repo)
+    catalog_copy = Catalog.load(folder, repo_root=repo)
+    snapshot = catalog_copy.snapshot_path(catalog_copy.verify(catalog_copy.get("byo-script")).code)
+    snapshot.unlink()
+    with pytest.raises(LockError, match=r"byo-script@1\.0\.0 has no snapshot of its code .* run "
+                                        r"`llmtrain templates lock`"):
+        Catalog.load(folder, repo_root=repo).check_lock()
+    assert Catalog.load(folder, repo_root=repo).lock_new_versions() == []
+    assert snapshot.is_file()
+    Catalog.load(folder, repo_root=repo).check_lock()
 
 
 def test_formatting_and_comments_do_not_change_the_hash(tmp_path):
