@@ -1,4 +1,4 @@
-"""`python -m bench.profile [--mode quick] [--precision bf16] [--steps 3]`
+"""`python -m bench.profile [--mode quick] [--precision bf16] [--steps 3] [--compile]`
 
 Where the time of one training step goes: our program's own step (its job builder, strategy and
 loop functions, in this process, a group of one) next to the plain PyTorch loop on the same model,
@@ -37,13 +37,13 @@ def _profile(step_fn, warmup: int, steps: int) -> dict[str, float]:
     return table
 
 
-def ours_step(mode: BenchMode, precision: str, root: Path):
+def ours_step(mode: BenchMode, precision: str, root: Path, compile_layers: bool = False):
     """Our program's train step, built by its own job builder from the container contract."""
     from training_jobs.trainer import job, loop, parallel
     from training_jobs.trainer.config import from_hyperparameters
     from training_jobs.trainer.environment import read_environment
 
-    config = BenchConfig(f"ours_{precision}", "ours", precision)
+    config = BenchConfig(f"ours_{precision}", "ours", precision, compile=compile_layers)
     run = OursRun(config, mode, 1000, root / "train", root / "job")
     environ = {key: value for key, value in run.environment().items()}
     environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
@@ -61,10 +61,11 @@ def ours_step(mode: BenchMode, precision: str, root: Path):
     return step
 
 
-def plain_step(mode: BenchMode, precision: str, tokens_path: Path):
+def plain_step(mode: BenchMode, precision: str, tokens_path: Path, compile_model: bool = False):
     """The plain loop's step (bench.workers.plain_loop, inlined for the profiler)."""
     torch.manual_seed(0)
     model = build_causal_lm(mode.model_preset, mode.seq_len)
+    forward = torch.compile(model) if compile_model else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                                   fused=True)
     tokens = load_tokens(tokens_path)
@@ -73,7 +74,7 @@ def plain_step(mode: BenchMode, precision: str, tokens_path: Path):
     def step():
         input_ids = torch.from_numpy(batch(tokens, next(counter), mode.global_batch_size, mode.seq_len))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss = model(input_ids=input_ids, labels=input_ids).loss
+            loss = forward(input_ids=input_ids, labels=input_ids).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -105,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--compile", action="store_true",
+                        help="our program with compile=true, the plain loop with torch.compile(model)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--repeats", type=int, default=8, help="timed steps of each, taken in turns")
     parser.add_argument("--json", type=Path, help="also write the comparison here")
@@ -115,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         vocab = tokenizer_vocab_size()
         tokens_path = write_tokens(root / "tokens.npy", 2_000_000, vocab)
         write_train_channel(load_tokens(tokens_path), root / "train", vocab, _tokenizer().eos_token_id)
-        steps = {"plain": plain_step(mode, args.precision, tokens_path),
-                 "ours": ours_step(mode, args.precision, root)}
+        steps = {"plain": plain_step(mode, args.precision, tokens_path, args.compile),
+                 "ours": ours_step(mode, args.precision, root, args.compile)}
         plain = _profile(steps["plain"], 2, args.steps)
         ours = _profile(steps["ours"], 2, args.steps)
         medians = alternate(steps, args.repeats)
