@@ -82,8 +82,9 @@ class TrainingOperations(Construct):
       quota_interval / reaper_interval: how often the scheduled functions run (default 5 and 10
         minutes).
       code: the functions' code (default: ``lambda_code()``, the installed llmtrain package).
+      log_encryption_key: encrypts the functions' log groups (default: a key created here).
 
-    Attributes: ``topic``, ``topic_key`` (None when the topic was given), ``quota_function``,
+    Attributes: ``topic``, ``topic_key`` (None when the topic was given), ``log_key``, ``quota_function``,
     ``reaper_function``, ``job_events_function``, ``log_groups``, ``quota_schedule``,
     ``reaper_schedule``, ``job_events_rule``, ``quota_alarms`` (by instance type),
     ``unreadable_quota_alarm``, ``function_error_alarms`` (by function name), ``dashboard``.
@@ -108,6 +109,7 @@ class TrainingOperations(Construct):
         reaper_interval: Duration | None = None,
         code: lambda_.Code | None = None,
         log_retention: logs.RetentionDays = logs.RetentionDays.THREE_MONTHS,
+        log_encryption_key: kms.IKey | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         quota_interval = quota_interval or Duration.minutes(DEFAULT_QUOTA_INTERVAL_MINUTES)
@@ -131,6 +133,10 @@ class TrainingOperations(Construct):
         self._code = code or lambda_code()
         self._log_retention = log_retention
         self.log_groups: dict[str, logs.LogGroup] = {}
+        self.log_key = log_encryption_key or create_encryption_key(
+            self, "LogsKey", allow_cloudwatch_logs=True,
+            description=f"LLM training platform ({environment_name}): operations function logs",
+        )
 
         self.topic_key, self.topic = self._topic(notification_topic, notification_email)
         self.quota_function = self._quota_function(quota_interval)
@@ -205,6 +211,7 @@ class TrainingOperations(Construct):
             timeout=timeout,
             environment=environment,
             log_retention=self._log_retention,
+            log_encryption_key=self.log_key,
         )
         self.log_groups[construct_id] = log_group
         _depend_on_policy_only(function)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
+from aws_cdk import Stack
 from aws_cdk import aws_sns as sns
 from aws_cdk.assertions import Template
 from cdk_nag import AwsSolutionsChecks
@@ -269,6 +270,20 @@ def test_the_functions_write_only_their_own_log_groups(templates):
 
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
+def test_the_function_logs_are_encrypted_with_a_key_logs_may_use(templates, environment):
+    template = templates[environment]
+    log_groups = resources_of_type(template, "AWS::Logs::LogGroup")
+    assert len(log_groups) == 3
+    keys = {json.dumps(group["Properties"]["KmsKeyId"]) for group in log_groups.values()}
+    assert len(keys) == 1
+    key_id = json.loads(keys.pop())["Fn::GetAtt"][0]
+    key = resources_of_type(template, "AWS::KMS::Key")[key_id]
+    assert key["Properties"]["EnableKeyRotation"] is True
+    statements = key["Properties"]["KeyPolicy"]["Statement"]
+    assert any(s.get("Sid") == "CloudWatchLogsOfThisAccount" for s in statements)
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_alarms_and_job_notifications_reach_the_configured_address(
     platform, templates, environments, environment
 ):
@@ -293,7 +308,10 @@ def test_a_given_topic_is_used_and_no_other_is_created():
     assert list(resources_of_type(template, "AWS::SNS::Topic")) == [
         stack.get_logical_id(given.node.default_child)
     ]
-    assert resources_of_type(template, "AWS::KMS::Key") == {}
+    # The only key is the one of the function logs: no topic key.
+    assert list(resources_of_type(template, "AWS::KMS::Key")) == [
+        stack.get_logical_id(operations.log_key.node.default_child)
+    ]
     topic_ref = {"Ref": stack.get_logical_id(given.node.default_child)}
     assert notification_topic(template) == topic_ref
     assert all(
@@ -322,7 +340,8 @@ def test_standalone_it_creates_an_encrypted_topic_that_alarms_may_publish_to(sta
     assert violations == []
     assert lint(json.dumps(template), config=ManualArgs(regions=["us-east-1"])) == []
     [(topic_id, topic)] = resources_of_type(template, "AWS::SNS::Topic").items()
-    [(key_id, key)] = resources_of_type(template, "AWS::KMS::Key").items()
+    key_id = Stack.of(operations).get_logical_id(operations.topic_key.node.default_child)
+    key = resources_of_type(template, "AWS::KMS::Key")[key_id]
     assert topic["Properties"]["KmsMasterKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
     [subscription] = resources_of_type(template, "AWS::SNS::Subscription").values()
     assert (subscription["Properties"]["Protocol"], subscription["Properties"]["Endpoint"]) == (
