@@ -23,6 +23,8 @@ from typing import Any, NoReturn
 
 import yaml
 
+from llmtrain.platform import ACCOUNT_PATTERN, REGION_PATTERN
+
 __all__ = [
     "MAX_WARM_POOL_KEEP_ALIVE_SECONDS",
     "EnvironmentConfig",
@@ -41,8 +43,6 @@ __all__ = [
 MAX_WARM_POOL_KEEP_ALIVE_SECONDS = 21600
 
 _ENV_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
-_ACCOUNT = re.compile(r"^\d{12}$")
-_REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$")
 _VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
 _SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8,17}$")
 _ROUTE_TABLE_ID = re.compile(r"^rtb-[0-9a-f]{8,17}$")
@@ -225,7 +225,7 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
             "tags",
         }
     )
-    region = reader.string("region", pattern=_REGION, hint="an AWS region such as us-east-1")
+    region = reader.string("region", pattern=REGION_PATTERN, hint="an AWS region such as us-east-1")
     templates = reader.section("job_templates")
     templates.only_keys({"enabled"})
     return EnvironmentConfig(
@@ -255,7 +255,7 @@ def _read_account(reader: _Reader) -> str:
             "must be a quoted string (YAML reads an unquoted number and drops "
             f'leading zeros): write account: "{value:012d}"',
         )
-    return reader.string("account", pattern=_ACCOUNT, hint="a 12-digit AWS account id in quotes")
+    return reader.string("account", pattern=ACCOUNT_PATTERN, hint="a 12-digit AWS account id in quotes")
 
 
 def _read_network(reader: _Reader, region: str) -> NetworkConfig:

@@ -14,8 +14,9 @@ from typing import Any
 
 from llmtrain.errors import PlatformContextError
 
-_REGION = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d")
-_ACCOUNT = re.compile(r"\d{12}")
+# Shared with llmtrain.environments (config/<env>.yaml); both match with fullmatch.
+REGION_PATTERN = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d")
+ACCOUNT_PATTERN = re.compile(r"\d{12}")
 _ROLE_ARN = re.compile(r"arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+")
 _KMS_KEY_ARN = re.compile(r"arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/[a-zA-Z0-9\-]+")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
@@ -53,8 +54,8 @@ class PlatformContext:
 
     def _problems(self):
         checks = [
-            ("region", self.region, _REGION, "an AWS region such as us-east-1"),
-            ("account", self.account, _ACCOUNT, "a 12-digit AWS account id"),
+            ("region", self.region, REGION_PATTERN, "an AWS region such as us-east-1"),
+            ("account", self.account, ACCOUNT_PATTERN, "a 12-digit AWS account id"),
             ("execution_role_arn", self.execution_role_arn, _ROLE_ARN, "an IAM role ARN"),
             (
                 "kms_key_arn",
