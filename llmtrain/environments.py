@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from llmtrain.platform import ACCOUNT_PATTERN, REGION_PATTERN
+from llmtrain.platform import ACCOUNT_PATTERN, MAX_KEEP_ALIVE_SECONDS, REGION_PATTERN
 
 __all__ = [
     "MAX_WARM_POOL_KEEP_ALIVE_SECONDS",
@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 # SageMaker's own upper bound for ResourceConfig.KeepAlivePeriodInSeconds (botocore: 0..21600).
-MAX_WARM_POOL_KEEP_ALIVE_SECONDS = 21600
+MAX_WARM_POOL_KEEP_ALIVE_SECONDS = MAX_KEEP_ALIVE_SECONDS  # SageMaker's limit (llmtrain.platform)
 
 _ENV_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
 _VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")

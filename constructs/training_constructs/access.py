@@ -12,12 +12,12 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS
 from training_constructs._props import is_unresolved, is_whole_number, require
 from training_constructs.images import DLC_REGISTRY_ACCOUNTS, training_image_repositories
 from training_constructs.nag import acknowledge_wildcards
 
 _NAME = "TrainingAccess"
-MAX_KEEP_ALIVE_SECONDS = 21600  # SageMaker's own limit for ResourceConfig.KeepAlivePeriodInSeconds
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TRAINING_METRIC_NAMESPACE = "/aws/sagemaker/TrainingJobs"
 _JOB_NAME_PREFIX = re.compile(r"^[a-z0-9](-*[a-z0-9])*$")

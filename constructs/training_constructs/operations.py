@@ -36,6 +36,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from llmtrain.handlers import job_events, quotas, warm_pools
+from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS
 from training_constructs._functions import logged_function
 from training_constructs._props import is_whole_number, require
 from training_constructs.encryption import create_encryption_key
@@ -48,7 +49,6 @@ _ENVIRONMENT_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
 _JOB_NAME_PREFIX = re.compile(r"^[a-z0-9](-*[a-z0-9])*$")
 _INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
-MAX_KEEP_ALIVE_SECONDS = 21600  # SageMaker's limit for KeepAlivePeriodInSeconds: no pool idles longer
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 DEFAULT_QUOTA_INTERVAL_MINUTES = 5
 DEFAULT_REAPER_INTERVAL_MINUTES = 10
