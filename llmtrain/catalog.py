@@ -23,8 +23,8 @@ from llmtrain.sourcedir import (
     archive_code_hash,
     code_hash,
     collect_files,
+    package_code,
     repository_root,
-    tarball_bytes,
 )
 from llmtrain.spec import SEMVER_PATTERN, TemplateSpec
 
@@ -199,7 +199,7 @@ class Catalog:
         tree's code as long as that has not changed), else built from the working tree."""
         if self.published_entry(spec) is not None:
             return self.snapshot_path(self.verify(spec).code).read_bytes()
-        return tarball_bytes(collect_files(spec.code, self.repo_root))
+        return package_code(spec.code, self.repo_root)
 
     def check_lock(self) -> None:
         """Every version published and unchanged, and no published version deleted."""
@@ -250,7 +250,7 @@ class Catalog:
         path = self.snapshot_path(code_digest)
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(tarball_bytes(collect_files(spec.code, self.repo_root)))
+            path.write_bytes(package_code(spec.code, self.repo_root))
 
 
 def _load_file(path: Path) -> TemplateSpec:

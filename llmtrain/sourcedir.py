@@ -134,9 +134,6 @@ def tarball_bytes(files: list[SourceFile]) -> bytes:
     return raw.getvalue()
 
 
-def build_sourcedir(code: CodeSpec, destination: Path, repo_root: Path | None = None) -> str:
-    """Write the sourcedir archive to `destination` (a file path); returns the code hash."""
-    files = collect_files(code, repo_root)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    destination.write_bytes(tarball_bytes(files))
-    return code_hash(files)
+def package_code(code: CodeSpec, repo_root: Path | None = None) -> bytes:
+    """The sourcedir archive of `code` as it is now in the working tree."""
+    return tarball_bytes(collect_files(code, repo_root))

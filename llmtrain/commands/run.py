@@ -92,8 +92,8 @@ def run_command(args: argparse.Namespace) -> int:
     console.print(f"[bold cyan]llmtrain[/] rendered {template.ref} for run {args.run_name!r} "
                   f"(the request the launcher would send)")
     try:
-        summary = run_local(request, template.code, options, template_channels=template.inputs.channels,
-                            code_archive=catalog.sourcedir(template), console=console)
+        summary = run_local(request, catalog.sourcedir(template), options,
+                            template_channels=template.inputs.channels, console=console)
     except KeyboardInterrupt:
         # Only before the job starts: once it runs, Ctrl-C stops it like StopTrainingJob.
         console.print("[yellow]llmtrain[/] interrupted before the job started; nothing ran")

@@ -25,7 +25,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,8 +64,6 @@ from llmtrain.local.report import (
     write_json,
 )
 from llmtrain.local.toolkit import ToolkitProcesses, free_port, host_environment
-from llmtrain.sourcedir import build_sourcedir
-from llmtrain.spec import CodeSpec
 
 JOBS_DIR = "jobs"
 CHECKPOINTS_DIR = "checkpoints"
@@ -115,29 +113,20 @@ class _PreparedJob:
 
 def run_local(
     request: Mapping[str, Any],
-    code: CodeSpec,
+    code_archive: bytes,
     options: LocalRunOptions,
     *,
     template_channels: Iterable[str] = (),
-    repo_root: Path | None = None,
-    code_archive: bytes | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """Run `request` locally; returns summary.json's content (TrainingJobStatus says how it ended).
 
-    The job runs `code_archive` (a published version's frozen code, `Catalog.sourcedir`) when given,
-    else `code` packaged from `repo_root` (default: this checkout) as the JobTemplate construct
-    packages it; `template_channels` are the channels the template declares."""
+    `code_archive` is the sourcedir the job runs, as the JobTemplate construct uploads it (for a
+    catalog version, `Catalog.sourcedir`: a published version's frozen code); `template_channels`
+    are the channels the template declares."""
     console = console or Console(soft_wrap=True)
     created = _now()
-
-    def write_code(destination: Path) -> None:
-        if code_archive is not None:
-            destination.write_bytes(code_archive)
-        else:
-            build_sourcedir(code, destination, repo_root)
-
-    job = _prepare(request, write_code, options, template_channels, console)
+    job = _prepare(request, code_archive, options, template_channels, console)
     processes = _start(job.plan, job.roots, job.job_dir)
     metrics = MetricExtractor(job.plan.metric_definitions)
     training_start = _now()
@@ -159,7 +148,7 @@ def run_local(
 
 def _prepare(
     request: Mapping[str, Any],
-    write_code: Callable[[Path], None],
+    code_archive: bytes,
     options: LocalRunOptions,
     template_channels: Iterable[str],
     console: Console,
@@ -179,7 +168,7 @@ def _prepare(
     try:
         job_dir.mkdir(parents=True)
         write_json(job_dir / "request.json", request)
-        write_code(sourcedir)
+        sourcedir.write_bytes(code_archive)
         if checkpoints_dir is not None:
             checkpoints_dir.mkdir(parents=True, exist_ok=True)
         roots = write_host_roots(plan, job_dir, channel_dirs=channel_dirs, checkpoints_dir=checkpoints_dir)

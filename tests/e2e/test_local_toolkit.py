@@ -15,6 +15,7 @@ from rich.console import Console
 from llmtrain.commands.run import local_platform_context
 from llmtrain.local import LocalRunOptions, next_attempt, run_local
 from llmtrain.render import RunInput, render
+from llmtrain.sourcedir import package_code
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +29,8 @@ def run_toy(tmp_path: Path, run_name: str, template=None, **overrides):
     run = RunInput(run_name=run_name, overrides=overrides, attempt=next_attempt(options))
     request = render(template, run, local_platform_context())
     console = Console(record=True, width=200)
-    summary = run_local(request, template.code, options, template_channels=template.inputs.channels,
-                        repo_root=E2E_DIR, console=console)
+    code = package_code(template.code, E2E_DIR)
+    summary = run_local(request, code, options, template_channels=template.inputs.channels, console=console)
     return summary, console.export_text()
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from llmtrain.errors import SourceDirError
-from llmtrain.sourcedir import build_sourcedir, code_hash, collect_files, tarball_bytes
+from llmtrain.sourcedir import archive_code_hash, code_hash, collect_files, package_code, tarball_bytes
 from llmtrain.spec import CodeSpec
 
 PLATFORM_CODE = CodeSpec(source="platform", entry_point="training_jobs/train.py")
@@ -86,11 +86,10 @@ def test_code_hash_follows_content_and_names_not_times(repo):
     assert code_hash(collect_files(PLATFORM_CODE, repo)) != changed
 
 
-def test_build_writes_the_archive_and_returns_the_hash(repo, tmp_path):
-    destination = tmp_path / "out" / "sourcedir.tar.gz"
-    digest = build_sourcedir(PLATFORM_CODE, destination, repo)
-    assert destination.read_bytes() == tarball_bytes(collect_files(PLATFORM_CODE, repo))
-    assert digest == code_hash(collect_files(PLATFORM_CODE, repo))
+def test_the_package_is_the_archive_and_hashes_like_its_files(repo):
+    archive = package_code(PLATFORM_CODE, repo)
+    assert archive == tarball_bytes(collect_files(PLATFORM_CODE, repo))
+    assert archive_code_hash(archive) == code_hash(collect_files(PLATFORM_CODE, repo))
 
 
 @pytest.mark.parametrize(
