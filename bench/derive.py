@@ -100,16 +100,18 @@ def targets(results: dict) -> list[dict]:
     """Each target against the pooled measurement, and against every round on its own."""
     checked = []
     for key, comparison, threshold in TARGETS:
-        def meets(value: float, comparison=comparison, threshold=threshold) -> bool:
-            return value >= threshold if comparison == ">=" else value <= threshold
-
         measured = lookup(results, key)
         by_round = _target_by_round(results, key)
         checked.append({"key": key, "target": f"{comparison} {threshold}", "measured": measured,
-                        "met": None if measured is None else meets(measured),
+                        "met": None if measured is None else _meets(measured, comparison, threshold),
                         "by_round": by_round,
-                        "met_every_round": None if not by_round else all(map(meets, by_round))})
+                        "met_every_round": None if not by_round else
+                        all(_meets(value, comparison, threshold) for value in by_round)})
     return checked
+
+
+def _meets(value: float, comparison: str, threshold: float) -> bool:
+    return value >= threshold if comparison == ">=" else value <= threshold
 
 
 def _target_by_round(results: dict, key: str) -> list[float] | None:

@@ -77,10 +77,6 @@ def render_command(args: argparse.Namespace) -> int:
     return 0
 
 
-
-
-
-
 def _platform(args: argparse.Namespace, env: EnvironmentConfig) -> PlatformContext:
     if args.platform:
         return PlatformContext.from_dict(_read_json(args.platform))
