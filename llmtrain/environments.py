@@ -23,7 +23,19 @@ from typing import Any, NoReturn
 
 import yaml
 
-from llmtrain.platform import ACCOUNT_PATTERN, MAX_KEEP_ALIVE_SECONDS, REGION_PATTERN
+from llmtrain.platform import (
+    ACCOUNT_PATTERN,
+    EMAIL_PATTERN,
+    ENVIRONMENT_NAME_PATTERN,
+    JOB_NAME_PREFIX_PATTERN,
+    MAX_JOB_NAME_PREFIX,
+    MAX_KEEP_ALIVE_SECONDS,
+    PREFIX_LIST_ID_PATTERN,
+    REGION_PATTERN,
+    ROUTE_TABLE_ID_PATTERN,
+    SUBNET_ID_PATTERN,
+    VPC_ID_PATTERN,
+)
 
 __all__ = [
     "MAX_WARM_POOL_KEEP_ALIVE_SECONDS",
@@ -42,18 +54,8 @@ __all__ = [
 # SageMaker's own upper bound for ResourceConfig.KeepAlivePeriodInSeconds (botocore: 0..21600).
 MAX_WARM_POOL_KEEP_ALIVE_SECONDS = MAX_KEEP_ALIVE_SECONDS  # SageMaker's limit (llmtrain.platform)
 
-_ENV_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
-_VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
-_SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8,17}$")
-_ROUTE_TABLE_ID = re.compile(r"^rtb-[0-9a-f]{8,17}$")
-_PREFIX_LIST_ID = re.compile(r"^pl-[0-9a-f]{8,17}$")
 # Template names follow the catalog's rule: lowercase words joined by hyphens.
 _TEMPLATE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-# SageMaker job names match ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}; the prefix is lowercase because
-# SageMaker lowercases job names inside ARNs, and the IAM policies match ARNs by this prefix.
-_JOB_NAME_PREFIX = re.compile(r"^[a-z0-9](-*[a-z0-9])*$")
-_MAX_JOB_NAME_PREFIX = 24  # leaves room for "-<run name>-<timestamp>" within SageMaker's 63.
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _TAG_KEY = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
 _TAG_VALUE = re.compile(r"^[\w.:/=+\-@ ]{0,256}$")
 
@@ -231,7 +233,7 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
     return EnvironmentConfig(
         name=reader.string(
             "name",
-            pattern=_ENV_NAME,
+            pattern=ENVIRONMENT_NAME_PATTERN,
             hint="lowercase letters, digits and hyphens, starting with a letter, at most 20",
         ),
         account=_read_account(reader),
@@ -291,7 +293,7 @@ def _read_network(reader: _Reader, region: str) -> NetworkConfig:
             "inter_container_traffic_encryption", default=False
         ),
         s3_prefix_list_id=reader.optional_string(
-            "s3_prefix_list_id", pattern=_PREFIX_LIST_ID, hint="a prefix list id such as pl-63a5400a"
+            "s3_prefix_list_id", pattern=PREFIX_LIST_ID_PATTERN, hint="a prefix list id such as pl-63a5400a"
         ),
         existing_vpc=existing_vpc,
     )
@@ -299,13 +301,14 @@ def _read_network(reader: _Reader, region: str) -> NetworkConfig:
 
 def _read_existing_vpc(reader: _Reader, zone_count: int) -> ExistingVpcConfig:
     reader.only_keys({"vpc_id", "vpc_cidr", "subnet_ids", "route_table_ids", "create_endpoints"})
-    subnet_ids = reader.string_list("subnet_ids", min_items=zone_count, pattern=_SUBNET_ID)
-    route_table_ids = reader.string_list("route_table_ids", min_items=zone_count, pattern=_ROUTE_TABLE_ID)
+    subnet_ids = reader.string_list("subnet_ids", min_items=zone_count, pattern=SUBNET_ID_PATTERN)
+    route_table_ids = reader.string_list("route_table_ids", min_items=zone_count,
+                                         pattern=ROUTE_TABLE_ID_PATTERN)
     for key, ids in (("subnet_ids", subnet_ids), ("route_table_ids", route_table_ids)):
         if len(ids) != zone_count:
             reader.fail(key, f"needs one entry per availability zone ({zone_count}), got {len(ids)}")
     return ExistingVpcConfig(
-        vpc_id=reader.string("vpc_id", pattern=_VPC_ID, hint="a VPC id such as vpc-0123456789abcdef0"),
+        vpc_id=reader.string("vpc_id", pattern=VPC_ID_PATTERN, hint="a VPC id such as vpc-0123456789abcdef0"),
         vpc_cidr=_read_cidr(reader, "vpc_cidr"),
         subnet_ids=subnet_ids,
         route_table_ids=route_table_ids,
@@ -339,13 +342,13 @@ def _read_template_names(reader: _Reader) -> tuple[str, ...]:
 def _read_job_name_prefix(reader: _Reader) -> str:
     prefix = reader.string(
         "job_name_prefix",
-        pattern=_JOB_NAME_PREFIX,
+        pattern=JOB_NAME_PREFIX_PATTERN,
         hint="lowercase letters, digits and hyphens, e.g. llmtrain-dev",
     )
-    if len(prefix) > _MAX_JOB_NAME_PREFIX:
+    if len(prefix) > MAX_JOB_NAME_PREFIX:
         reader.fail(
             "job_name_prefix",
-            f"is {len(prefix)} characters; at most {_MAX_JOB_NAME_PREFIX} "
+            f"is {len(prefix)} characters; at most {MAX_JOB_NAME_PREFIX} "
             "leave room for the run name in SageMaker's 63-character job names",
         )
     return prefix
@@ -381,7 +384,8 @@ def _read_warm_pools(reader: _Reader) -> WarmPoolConfig:
 
 def _read_notifications(reader: _Reader) -> NotificationConfig:
     reader.only_keys({"email"})
-    return NotificationConfig(email=reader.optional_string("email", pattern=_EMAIL, hint="an e-mail address"))
+    email = reader.optional_string("email", pattern=EMAIL_PATTERN, hint="an e-mail address")
+    return NotificationConfig(email=email)
 
 
 def _read_tags(reader: _Reader) -> dict[str, str]:

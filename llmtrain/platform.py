@@ -22,9 +22,28 @@ _KMS_KEY_ARN = re.compile(r"arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/[a-zA-Z0-
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
 _SUBNET = re.compile(r"subnet-[0-9a-zA-Z]+")
 _SECURITY_GROUP = re.compile(r"sg-[0-9a-zA-Z]+")
-# Job names are <prefix>-<run>-<attempt>: the prefix must leave room for a useful run name.
-JOB_NAME_PREFIX_PATTERN = re.compile(r"[a-zA-Z0-9](-?[a-zA-Z0-9]){0,23}")
 MAX_KEEP_ALIVE_SECONDS = 21600  # botocore: ResourceConfig.KeepAlivePeriodInSeconds max
+
+# The names and ids below are checked where a platform team writes them (config/<env>.yaml, through
+# llmtrain.environments) and again by the constructs, for teams that use those without config/:
+# one pattern each, all matched with fullmatch.
+#
+# SageMaker job names match [a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}. The prefix is lowercase because
+# SageMaker lowercases job names inside ARNs and the IAM policies match ARNs by this prefix, and it
+# is short to leave room for "-<run name>-<timestamp>" within the 63 characters.
+JOB_NAME_PREFIX_PATTERN = re.compile(r"[a-z0-9](-*[a-z0-9])*")
+MAX_JOB_NAME_PREFIX = 24
+ENVIRONMENT_NAME_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,19}")
+EMAIL_PATTERN = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+VPC_ID_PATTERN = re.compile(r"vpc-[0-9a-f]{8,17}")
+SUBNET_ID_PATTERN = re.compile(r"subnet-[0-9a-f]{8,17}")
+ROUTE_TABLE_ID_PATTERN = re.compile(r"rtb-[0-9a-f]{8,17}")
+PREFIX_LIST_ID_PATTERN = re.compile(r"pl-[0-9a-f]{8,17}")
+
+
+def is_job_name_prefix(value: object) -> bool:
+    return (isinstance(value, str) and len(value) <= MAX_JOB_NAME_PREFIX
+            and bool(JOB_NAME_PREFIX_PATTERN.fullmatch(value)))
 
 
 @dataclass(frozen=True)
@@ -63,12 +82,6 @@ class PlatformContext:
                 _KMS_KEY_ARN,
                 "a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)",
             ),
-            (
-                "job_name_prefix",
-                self.job_name_prefix,
-                JOB_NAME_PREFIX_PATTERN,
-                "letters, digits and single dashes, at most 24 characters",
-            ),
         ]
         for bucket_field in ("datasets_bucket", "checkpoints_bucket", "artifacts_bucket", "code_bucket"):
             checks.append((bucket_field, getattr(self, bucket_field), _BUCKET, "an S3 bucket name"))
@@ -77,6 +90,9 @@ class PlatformContext:
                 yield f"{name} {value!r} must be {expected}"
         if not self.environment:
             yield "environment must not be empty"
+        if not is_job_name_prefix(self.job_name_prefix):
+            yield (f"job_name_prefix {self.job_name_prefix!r} must be 1-{MAX_JOB_NAME_PREFIX} lowercase "
+                   "letters, digits and hyphens")
         yield from _id_problems("subnet_ids", self.subnet_ids, _SUBNET, 16)
         yield from _id_problems("security_group_ids", self.security_group_ids, _SECURITY_GROUP, 5)
         cap = self.warm_pool_cap_seconds

@@ -12,7 +12,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS
+from llmtrain.platform import MAX_JOB_NAME_PREFIX, MAX_KEEP_ALIVE_SECONDS, is_job_name_prefix
 from training_constructs._props import is_unresolved, is_whole_number, require
 from training_constructs.images import DLC_REGISTRY_ACCOUNTS, training_image_repositories
 from training_constructs.nag import acknowledge_wildcards
@@ -20,7 +20,6 @@ from training_constructs.nag import acknowledge_wildcards
 _NAME = "TrainingAccess"
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TRAINING_METRIC_NAMESPACE = "/aws/sagemaker/TrainingJobs"
-_JOB_NAME_PREFIX = re.compile(r"^[a-z0-9](-*[a-z0-9])*$")
 _REPOSITORY_ARN = re.compile(r"^arn:aws[a-z-]*:ecr:[a-z0-9-]+:\d{12}:repository/[a-z0-9._/-]+\*?$")
 
 # Actions whose only IAM resource is "*" (AWS offers no narrower one), with the reason. Tests
@@ -96,10 +95,10 @@ class TrainingAccess(Construct):
         super().__init__(scope, construct_id)
         _check_cap("max_keep_alive_seconds", max_keep_alive_seconds)
         require(
-            bool(_JOB_NAME_PREFIX.fullmatch(job_name_prefix)) and len(job_name_prefix) <= 24,
+            is_job_name_prefix(job_name_prefix),
             _NAME,
             "job_name_prefix",
-            f"{job_name_prefix!r} must be 1-24 lowercase letters, digits and "
+            f"{job_name_prefix!r} must be 1-{MAX_JOB_NAME_PREFIX} lowercase letters, digits and "
             "hyphens (SageMaker lowercases job names in ARNs)",
         )
         self.stack = Stack.of(self)

@@ -51,7 +51,12 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from llmtrain.handlers import launcher as handlers
-from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
+from llmtrain.platform import (
+    EMAIL_PATTERN,
+    MAX_KEEP_ALIVE_SECONDS,
+    PlatformContext,
+    is_job_name_prefix,
+)
 from llmtrain.render import RunInput, render
 from training_constructs._functions import logged_function
 from training_constructs._props import is_whole_number, require
@@ -61,9 +66,7 @@ from training_constructs.lambda_code import lambda_code, matching_runtime
 from training_constructs.nag import acknowledge, acknowledge_wildcards
 
 _NAME = "TrainingLauncher"
-_JOB_NAME_PREFIX = re.compile(r"^[a-z0-9](-*[a-z0-9])*$")
 _STATE_MACHINE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 # Step Functions' .sync integration with SageMaker listens to job state changes through this
 # managed EventBridge rule, which it creates in the account on first use.
 SYNC_EVENTS_RULE = "StepFunctionsGetEventsForSageMakerTrainingJobsRule"
@@ -574,7 +577,7 @@ def _validate(
     )
     require(bool(environment_name), _NAME, "environment_name", "must not be empty")
     require(
-        bool(_JOB_NAME_PREFIX.fullmatch(job_name_prefix)) and len(job_name_prefix) <= 24,
+        is_job_name_prefix(job_name_prefix),
         _NAME,
         "job_name_prefix",
         f"{job_name_prefix!r} must be 1-24 lowercase letters, digits and hyphens",
@@ -594,7 +597,7 @@ def _validate(
         f"{state_machine_name!r} must be 1-80 letters, digits, '-' or '_'",
     )
     require(
-        notification_email is None or bool(_EMAIL.fullmatch(notification_email)),
+        notification_email is None or bool(EMAIL_PATTERN.fullmatch(notification_email)),
         _NAME,
         "notification_email",
         f"{notification_email!r} is not an e-mail address",

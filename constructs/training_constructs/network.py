@@ -12,14 +12,16 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from llmtrain.platform import (
+    PREFIX_LIST_ID_PATTERN,
+    ROUTE_TABLE_ID_PATTERN,
+    SUBNET_ID_PATTERN,
+    VPC_ID_PATTERN,
+)
 from training_constructs._props import check_cidr, is_unresolved, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 
 _NAME = "TrainingNetwork"
-_VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
-_SUBNET_ID = re.compile(r"^subnet-[0-9a-f]{8,17}$")
-_ROUTE_TABLE_ID = re.compile(r"^rtb-[0-9a-f]{8,17}$")
-_PREFIX_LIST_ID = re.compile(r"^pl-[0-9a-f]{8,17}$")
 _HTTPS = ec2.Port.tcp(443)
 _IKE = ec2.Port.udp(500)
 _ESP_PROTOCOL = "50"  # IPsec ESP, by number: EC2 accepts protocol numbers for any protocol.
@@ -293,7 +295,7 @@ def _validate(
         f"must be a whole number from 0 to the number of zones ({len(zones)}), got {nat_gateways!r}",
     )
     require(
-        s3_prefix_list_id is None or bool(_PREFIX_LIST_ID.fullmatch(s3_prefix_list_id)),
+        s3_prefix_list_id is None or bool(PREFIX_LIST_ID_PATTERN.fullmatch(s3_prefix_list_id)),
         _NAME,
         "s3_prefix_list_id",
         f"{s3_prefix_list_id!r} is not a prefix list id such as pl-63a5400a",
@@ -314,15 +316,15 @@ def _validate(
 def _validate_existing(existing: ExistingVpcAttributes, zone_count: int) -> None:
     field = "existing_vpc"
     require(
-        bool(_VPC_ID.fullmatch(existing.vpc_id)),
+        bool(VPC_ID_PATTERN.fullmatch(existing.vpc_id)),
         _NAME,
         f"{field}.vpc_id",
         f"{existing.vpc_id!r} is not a VPC id such as vpc-0123456789abcdef0",
     )
     check_cidr(_NAME, f"{field}.vpc_cidr", existing.vpc_cidr)
     for name, ids, pattern in (
-        ("subnet_ids", existing.subnet_ids, _SUBNET_ID),
-        ("route_table_ids", existing.route_table_ids, _ROUTE_TABLE_ID),
+        ("subnet_ids", existing.subnet_ids, SUBNET_ID_PATTERN),
+        ("route_table_ids", existing.route_table_ids, ROUTE_TABLE_ID_PATTERN),
     ):
         require(
             len(ids) == zone_count,

@@ -36,7 +36,13 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from llmtrain.handlers import job_events, quotas, warm_pools
-from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS
+from llmtrain.platform import (
+    EMAIL_PATTERN,
+    ENVIRONMENT_NAME_PATTERN,
+    MAX_JOB_NAME_PREFIX,
+    MAX_KEEP_ALIVE_SECONDS,
+    is_job_name_prefix,
+)
 from training_constructs._functions import logged_function
 from training_constructs._props import is_whole_number, require
 from training_constructs.encryption import create_encryption_key
@@ -45,10 +51,7 @@ from training_constructs.nag import acknowledge_wildcards
 from training_constructs.operations_dashboard import OperationsDashboard, TemplateMetrics
 
 _NAME = "TrainingOperations"
-_ENVIRONMENT_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
-_JOB_NAME_PREFIX = re.compile(r"^[a-z0-9](-*[a-z0-9])*$")
 _INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 DEFAULT_QUOTA_INTERVAL_MINUTES = 5
 DEFAULT_REAPER_INTERVAL_MINUTES = 10
@@ -501,16 +504,16 @@ def _validate(
     reaper_interval,
 ) -> None:
     require(
-        bool(_ENVIRONMENT_NAME.fullmatch(environment_name)),
+        bool(ENVIRONMENT_NAME_PATTERN.fullmatch(environment_name)),
         _NAME,
         "environment_name",
         f"{environment_name!r} must be 1-20 lowercase letters, digits and hyphens, starting with a letter",
     )
     require(
-        bool(_JOB_NAME_PREFIX.fullmatch(job_name_prefix)) and len(job_name_prefix) <= 24,
+        is_job_name_prefix(job_name_prefix),
         _NAME,
         "job_name_prefix",
-        f"{job_name_prefix!r} must be 1-24 lowercase letters, digits and hyphens",
+        f"{job_name_prefix!r} must be 1-{MAX_JOB_NAME_PREFIX} lowercase letters, digits and hyphens",
     )
     require(len(instance_types) > 0, _NAME, "instance_types", "list the instance types the templates use")
     bad = [t for t in instance_types if not isinstance(t, str) or not _INSTANCE_TYPE.fullmatch(t)]
@@ -531,7 +534,7 @@ def _validate(
         f"must be whole seconds from 0 to {MAX_KEEP_ALIVE_SECONDS}, got {idle_budget!r}",
     )
     require(
-        email is None or bool(_EMAIL.fullmatch(email)),
+        email is None or bool(EMAIL_PATTERN.fullmatch(email)),
         _NAME,
         "notification_email",
         f"{email!r} is not an e-mail address",

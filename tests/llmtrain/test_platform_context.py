@@ -8,7 +8,7 @@ import pytest
 from templates_support import platform_context
 
 from llmtrain.errors import PlatformContextError
-from llmtrain.platform import PlatformContext
+from llmtrain.platform import PlatformContext, is_job_name_prefix
 
 
 def test_round_trip_through_json():
@@ -31,6 +31,8 @@ def test_round_trip_through_json():
         ({"security_group_ids": ("group-1",)}, "security_group_ids entry 'group-1' is not a valid id"),
         ({"warm_pool_cap_seconds": 30000}, "warm_pool_cap_seconds 30000 must be an integer in 0..21600"),
         ({"job_name_prefix": "x" * 30}, "job_name_prefix"),
+        # SageMaker lowercases job names inside ARNs, where the IAM policies match the prefix.
+        ({"job_name_prefix": "LLMTrain"}, "job_name_prefix 'LLMTrain' must be 1-24 lowercase"),
     ],
 )
 def test_bad_fields_are_named(changes, message):
@@ -59,3 +61,16 @@ def test_placeholder_is_marked_as_a_dry_run():
     assert "DRYRUN" in context.execution_role_arn
     assert context.code_bucket == "llmtrain-dev-code-111111111111-eu-west-1"
     assert context.job_name_prefix == "llmtrain-dev"
+
+
+@pytest.mark.parametrize("prefix", ["llmtrain-dev", "a", "team--a", "7" * 24])
+def test_job_name_prefixes_the_config_the_constructs_and_the_context_accept(prefix):
+    assert is_job_name_prefix(prefix)
+    assert platform_context(job_name_prefix=prefix).job_name_prefix == prefix
+
+
+@pytest.mark.parametrize("prefix", ["LLMTrain", "-dev", "dev-", "x" * 25, "", "team_a", "dev.1", 7, None])
+def test_job_name_prefixes_everyone_refuses(prefix):
+    assert not is_job_name_prefix(prefix)
+    with pytest.raises(PlatformContextError, match="job_name_prefix"):
+        platform_context(job_name_prefix=prefix)
