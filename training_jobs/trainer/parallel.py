@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .config import MeshShape, ParallelConfig
+from .cpu_collectives import use_fast_cpu_collectives
 from .errors import ConfigError
 from .models import decoder_layers
 
@@ -183,6 +184,9 @@ def apply_fsdp(model: nn.Module, mesh, par: ParallelConfig, offload: bool) -> No
         # The last layer's parameters are needed again right away by backward.
         fully_shard(layer, reshard_after_forward=reshard and index < len(layers) - 1, **options)
     fully_shard(model, reshard_after_forward=reshard, **options)
+    if mesh.device_type == "cpu":
+        for sharded in [*layers, model]:
+            use_fast_cpu_collectives(sharded)
 
 
 # --- weights ------------------------------------------------------------------------------------

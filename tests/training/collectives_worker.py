@@ -1,0 +1,123 @@
+"""Checks the CPU collectives for FSDP2 against gloo's own, inside one torchrun launch.
+
+    python -m torch.distributed.run --nproc_per_node N tests/training/collectives_worker.py OUT.json
+
+Inputs are whole numbers, so every summation order gives the same bits and the comparison is exact
+for any process count. Rank 0 writes OUT.json.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from training_jobs.trainer.cpu_collectives import AllToAllReduceScatter, PointToPointAllGather  # noqa: E402
+
+
+def _whole_numbers(numel: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(-64, 64, (numel,), generator=generator).to(dtype)
+
+
+def all_gather_matches(group, shard_numel: int, dtype: torch.dtype) -> bool:
+    world_size, rank = group.size(), group.rank()
+    ours = torch.full((shard_numel * world_size,), float("nan")).to(dtype)
+    # FSDP2 lays the input out as this rank's slice of the output buffer.
+    shard = ours.view(world_size, -1)[rank]
+    shard.copy_(_whole_numbers(shard_numel, seed=rank, dtype=dtype))
+    gloo = torch.empty_like(ours)
+    dist.all_gather_into_tensor(gloo, shard.clone(), group=group)
+    # Asked for an asynchronous operation, it still completes before returning (no work handle).
+    assert PointToPointAllGather()(ours, shard, group, async_op=True) is None
+    return torch.equal(ours, gloo)
+
+
+def all_gather_on_a_subgroup_matches(shard_numel: int) -> bool:
+    """Ranks 1 and 2 only: group ranks are not global ranks."""
+    subgroup = dist.new_group([1, 2])
+    if dist.get_rank() not in (1, 2):
+        return True
+    return all_gather_matches(subgroup, shard_numel, torch.float32)
+
+
+def reduce_scatter_matches(group, shard_numel: int, op) -> bool:
+    world_size = group.size()
+    local = _whole_numbers(shard_numel * world_size, seed=100 + group.rank(), dtype=torch.float32)
+    ours = AllToAllReduceScatter().allocate((shard_numel,), dtype=torch.float32, device=local.device)
+    gloo = torch.empty_like(ours)
+    dist.reduce_scatter_tensor(gloo, local.clone(), op=op, group=group)
+    AllToAllReduceScatter()(ours, local, group, op)
+    return torch.equal(ours, gloo)
+
+
+def other_reductions_are_refused(group) -> str:
+    data = torch.ones(group.size())
+    try:
+        AllToAllReduceScatter()(torch.empty(1), data, group, dist.ReduceOp.MAX)
+    except NotImplementedError as error:
+        return str(error)
+    return ""
+
+
+def fsdp_calls_on_cpu() -> dict[str, int]:
+    """Which collectives one forward and backward of a sharded tiny Llama went through."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from training_jobs.trainer import cpu_collectives
+    from training_jobs.trainer.config import ParallelConfig
+    from training_jobs.trainer.parallel import apply_fsdp
+
+    calls = {"all_gather": 0, "reduce_scatter": 0}
+
+    def counting(name, call):
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return call(*args, **kwargs)
+        return counted
+
+    cpu_collectives.PointToPointAllGather.__call__ = counting("all_gather",
+                                                              PointToPointAllGather.__call__)
+    cpu_collectives.AllToAllReduceScatter.__call__ = counting("reduce_scatter",
+                                                              AllToAllReduceScatter.__call__)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4))
+    apply_fsdp(model, init_device_mesh("cpu", (dist.get_world_size(),)), ParallelConfig(), offload=False)
+    tokens = torch.randint(0, 64, (2, 8))
+    model(input_ids=tokens, labels=tokens).loss.backward()
+    return calls
+
+
+def _everywhere(ok: bool) -> bool:
+    """True only if it held on every rank (rank 0 writes the results)."""
+    flag = torch.tensor([0 if ok else 1])
+    dist.all_reduce(flag)
+    return flag.item() == 0
+
+
+def main(out: str) -> int:
+    dist.init_process_group("gloo")
+    group = dist.group.WORLD
+    results = {
+        "all_gather_fp32": _everywhere(all_gather_matches(group, 1000, torch.float32)),
+        "all_gather_bf16": _everywhere(all_gather_matches(group, 37, torch.bfloat16)),
+        "all_gather_subgroup": _everywhere(all_gather_on_a_subgroup_matches(100)),
+        "reduce_scatter_sum": _everywhere(reduce_scatter_matches(group, 1000, dist.ReduceOp.SUM)),
+        "reduce_scatter_avg": _everywhere(reduce_scatter_matches(group, 8, dist.ReduceOp.AVG)),
+        "refusal": other_reductions_are_refused(group),
+        "fsdp_calls": fsdp_calls_on_cpu(),
+    }
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps(results))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
