@@ -135,9 +135,11 @@ def configurations(mode: BenchMode) -> list[BenchConfig]:
         BenchConfig("ours_zero3", "ours", "fp32", n, "deepspeed", {"zero_stage": 3}),
         BenchConfig("hf_trainer_fp32", "hf_trainer", "fp32"),
         BenchConfig("hf_trainer_bf16", "hf_trainer", "bf16"),
+    ]
+    if not mode.compile:  # in a compiling mode hf_trainer_bf16 already compiles
+        configs.append(BenchConfig("hf_trainer_bf16_compile", "hf_trainer", "bf16", compile=True))
+    return [
+        *configs,
         BenchConfig("plain_loop_fp32", "plain_loop", "fp32"),
         BenchConfig("plain_loop_bf16", "plain_loop", "bf16"),
     ]
-    if not mode.compile:  # in a compiling mode hf_trainer_bf16 already compiles
-        configs.insert(-2, BenchConfig("hf_trainer_bf16_compile", "hf_trainer", "bf16", compile=True))
-    return configs
