@@ -173,16 +173,16 @@ class Catalog:
                 f"{spec.ref} is not published: run `llmtrain templates lock` to record it in {self.lock_path}"
             )
         current = self.lock_entry(spec)
-        if current.spec != published.spec:
-            raise LockError(_changed_message(spec, published, current))
         snapshot = self.snapshot_path(published.code)
+        if current.spec != published.spec:
+            raise LockError(_changed_message(spec, published, current, code_frozen=snapshot.is_file()))
         if current.code == published.code:
             if not snapshot.is_file():
                 raise LockError(f"{spec.ref} has no snapshot of its code ({snapshot}): run "
                                 "`llmtrain templates lock` to write it")
             return published
         if not snapshot.is_file():
-            raise LockError(_changed_message(spec, published, current) +
+            raise LockError(_changed_message(spec, published, current, code_frozen=False) +
                             f"; or restore its code snapshot {snapshot}, which is missing")
         if archive_code_hash(snapshot.read_bytes()) != published.code:
             raise LockError(f"{spec.ref}: its code snapshot {snapshot} does not hold the published code; "
@@ -275,11 +275,13 @@ def spec_hash(spec: TemplateSpec) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _changed_message(spec: TemplateSpec, published: LockEntry, current: LockEntry) -> str:
+def _changed_message(spec: TemplateSpec, published: LockEntry, current: LockEntry, *,
+                     code_frozen: bool) -> str:
+    """What changed; new code in the working tree is no change to a version whose code is frozen."""
     what = []
     if published.spec != current.spec:
         what.append("its YAML")
-    if published.code != current.code:
+    if published.code != current.code and not code_frozen:
         where = "training_jobs/" if spec.code.is_platform else spec.code.source
         what.append(f"the code it wraps in {where}")
     return (

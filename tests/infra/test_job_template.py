@@ -19,7 +19,7 @@ from infra_helpers import ENV, ROOT, SynthesizedApp, resources_of_type, synthesi
 
 from llmtrain.catalog import Catalog
 from llmtrain.errors import LockError, RequestValidationError, TemplateNotFoundError
-from llmtrain.sourcedir import collect_files, tarball_bytes
+from llmtrain.sourcedir import archive_code_hash, collect_files, tarball_bytes
 from training_constructs import JobTemplate
 
 TEMPLATES = ("byo-script@1.0.0", "llama-pretrain-fsdp@latest")
@@ -126,8 +126,10 @@ def test_uploaded_asset_is_the_deterministic_sourcedir(synthesized, template_jso
         assert [p.name for p in staged.iterdir()] == ["sourcedir.tar.gz"]
         data = (staged / "sourcedir.tar.gz").read_bytes()
         spec = catalog.resolve(ref)
-        assert data == tarball_bytes(collect_files(spec.code))
-        assert data == catalog.snapshot_path(catalog.verify(spec).code).read_bytes()  # frozen at publishing
+        published = catalog.verify(spec)
+        # The code frozen when the version was published, even after training_jobs/ moved on.
+        assert data == catalog.snapshot_path(published.code).read_bytes()
+        assert archive_code_hash(data) == published.code
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             names = tar.getnames()
         assert spec.code.entry_point in names

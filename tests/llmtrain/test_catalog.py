@@ -176,6 +176,17 @@ def test_changed_code_without_its_snapshot_fails_naming_both(tmp_path):
         Catalog.load(folder, repo_root=repo).check_lock()
 
 
+def test_a_changed_yaml_is_named_alone_when_the_moved_on_code_has_its_snapshot(tmp_path):
+    folder, repo = copy_catalog(tmp_path), tmp_path
+    _copy_code(repo)
+    _change_byo_script(repo)  # no change to 1.0.0: it runs its snapshot
+    path = folder / "byo-script" / "1.0.0.yaml"
+    path.write_text(path.read_text().replace("max_runtime_seconds: 14400", "max_runtime_seconds: 14401"))
+    with pytest.raises(LockError) as error:
+        Catalog.load(folder, repo_root=repo).check_lock()
+    assert "byo-script@1.0.0 was published and has changed since: its YAML changed." in str(error.value)
+
+
 def test_a_snapshot_that_is_not_the_published_code_is_refused(tmp_path):
     folder, repo = copy_catalog(tmp_path), tmp_path
     _copy_code(repo)
