@@ -6,6 +6,8 @@ import ipaddress
 
 from aws_cdk import Token
 
+from llmtrain.platform import MAX_JOB_NAME_PREFIX, is_job_name_prefix
+
 
 class PropsError(ValueError):
     """A construct was given invalid props; raised at synth, naming the construct and the field."""
@@ -45,3 +47,14 @@ def check_cidr(construct: str, field: str, cidr: str) -> ipaddress.IPv4Network |
         f"prefix /{network.prefixlen} is out of range: use /16 to /24",
     )
     return network
+
+
+def check_job_name_prefix(construct: str, prefix: str) -> None:
+    """The prefix of every job name the platform starts (one rule: llmtrain.platform)."""
+    require(
+        is_job_name_prefix(prefix),
+        construct,
+        "job_name_prefix",
+        f"{prefix!r} must be 1-{MAX_JOB_NAME_PREFIX} lowercase letters, digits and hyphens "
+        "(SageMaker lowercases job names in ARNs, where the IAM policies match the prefix)",
+    )

@@ -12,8 +12,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from llmtrain.platform import MAX_JOB_NAME_PREFIX, MAX_KEEP_ALIVE_SECONDS, is_job_name_prefix
-from training_constructs._props import is_unresolved, is_whole_number, require
+from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS
+from training_constructs._props import check_job_name_prefix, is_unresolved, is_whole_number, require
 from training_constructs.images import DLC_REGISTRY_ACCOUNTS, training_image_repositories
 from training_constructs.nag import acknowledge_wildcards
 
@@ -94,13 +94,7 @@ class TrainingAccess(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         _check_cap("max_keep_alive_seconds", max_keep_alive_seconds)
-        require(
-            is_job_name_prefix(job_name_prefix),
-            _NAME,
-            "job_name_prefix",
-            f"{job_name_prefix!r} must be 1-{MAX_JOB_NAME_PREFIX} lowercase letters, digits and "
-            "hyphens (SageMaker lowercases job names in ARNs)",
-        )
+        check_job_name_prefix(_NAME, job_name_prefix)
         self.stack = Stack.of(self)
         self.job_name_prefix = job_name_prefix
         self.max_keep_alive_seconds = max_keep_alive_seconds

@@ -55,11 +55,10 @@ from llmtrain.platform import (
     EMAIL_PATTERN,
     MAX_KEEP_ALIVE_SECONDS,
     PlatformContext,
-    is_job_name_prefix,
 )
 from llmtrain.render import RunInput, render
 from training_constructs._functions import logged_function
-from training_constructs._props import is_whole_number, require
+from training_constructs._props import check_job_name_prefix, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.job_template import JobTemplate
 from training_constructs.lambda_code import lambda_code, matching_runtime
@@ -576,12 +575,7 @@ def _validate(
         "must hold 1 to 5 security groups (SageMaker's VpcConfig limit)",
     )
     require(bool(environment_name), _NAME, "environment_name", "must not be empty")
-    require(
-        is_job_name_prefix(job_name_prefix),
-        _NAME,
-        "job_name_prefix",
-        f"{job_name_prefix!r} must be 1-24 lowercase letters, digits and hyphens",
-    )
+    check_job_name_prefix(_NAME, job_name_prefix)
     require(
         is_whole_number(warm_pool_cap_seconds)
         and 0 <= warm_pool_cap_seconds <= MAX_KEEP_ALIVE_SECONDS,

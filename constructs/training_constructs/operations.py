@@ -39,12 +39,10 @@ from llmtrain.handlers import job_events, quotas, warm_pools
 from llmtrain.platform import (
     EMAIL_PATTERN,
     ENVIRONMENT_NAME_PATTERN,
-    MAX_JOB_NAME_PREFIX,
     MAX_KEEP_ALIVE_SECONDS,
-    is_job_name_prefix,
 )
 from training_constructs._functions import logged_function
-from training_constructs._props import is_whole_number, require
+from training_constructs._props import check_job_name_prefix, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.lambda_code import lambda_code
 from training_constructs.nag import acknowledge_wildcards
@@ -509,12 +507,7 @@ def _validate(
         "environment_name",
         f"{environment_name!r} must be 1-20 lowercase letters, digits and hyphens, starting with a letter",
     )
-    require(
-        is_job_name_prefix(job_name_prefix),
-        _NAME,
-        "job_name_prefix",
-        f"{job_name_prefix!r} must be 1-{MAX_JOB_NAME_PREFIX} lowercase letters, digits and hyphens",
-    )
+    check_job_name_prefix(_NAME, job_name_prefix)
     require(len(instance_types) > 0, _NAME, "instance_types", "list the instance types the templates use")
     bad = [t for t in instance_types if not isinstance(t, str) or not _INSTANCE_TYPE.fullmatch(t)]
     require(
