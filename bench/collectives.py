@@ -2,10 +2,12 @@
 
 FSDP2's collectives on CPU: gloo's own all-gather and reduce-scatter next to the ones our program
 uses (training_jobs/trainer/cpu_collectives.py), on one buffer size (13 MB is one decoder layer of
-the benchmark model in fp32), taken in turns. With `--steps N`, also whole FSDP2 training steps of
-the benchmark model (fp32, micro-batch 4), switching the collectives between rounds inside the same
-processes, so a change of load hits both alike. Launches torchrun itself; rank 0 prints a table and,
-with `--json`, writes the medians.
+the benchmark model in fp32), taken in turns, each waited for. With `--steps N`, also whole FSDP2
+training steps of the benchmark model (fp32, micro-batch 4) with three sets of collectives: gloo's
+own, ours waited for at once (`ours_blocking`: the transfer alone), and ours as the program runs
+them (`ours`: gathers pending until needed, reduce-scatters summed when backward ends). They switch
+between rounds inside the same processes, so a change of load hits all alike. Launches torchrun
+itself; rank 0 prints a table and, with `--json`, writes the medians.
 """
 
 from __future__ import annotations
@@ -70,11 +72,43 @@ class _GlooReduceScatter(_GlooAllGather):
         return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
 
 
+class _BlockingAllGather:
+    """Ours, waited for before it returns: the transfer's speed without the overlap."""
+
+    def __init__(self):
+        from training_jobs.trainer.cpu_collectives import PointToPointAllGather
+
+        self._gather = PointToPointAllGather()
+        self.allocate = self._gather.allocate
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        self._gather(output_tensor, input_tensor, group).wait()
+
+
 def _variants() -> dict[str, tuple[object, object]]:
     from training_jobs.trainer.cpu_collectives import AllToAllReduceScatter, PointToPointAllGather
 
     return {"gloo": (_GlooAllGather(), _GlooReduceScatter()),
             "ours": (PointToPointAllGather(), AllToAllReduceScatter())}
+
+
+def _install(name: str, sharded: list) -> None:
+    """Set one of the step variants on every fully_shard-ed module."""
+    from training_jobs.trainer.cpu_collectives import AllToAllReduceScatter, use_fast_cpu_collectives
+
+    if name == "ours":
+        use_fast_cpu_collectives(sharded, overlap_reductions=True)
+        return
+    all_gather, reduce_scatter = ((_GlooAllGather(), _GlooReduceScatter()) if name == "gloo"
+                                  else (_BlockingAllGather(), AllToAllReduceScatter()))
+    for module in sharded:
+        module.set_custom_all_gather(all_gather)
+        module.set_custom_reduce_scatter(reduce_scatter)
+
+
+def _waited(work) -> None:
+    if work is not None:
+        work.wait()
 
 
 def _timed_ms(call, repeats: int) -> list[float]:
@@ -104,13 +138,13 @@ def _collective_times(args, variants) -> dict[str, list[float]]:
     for _ in range(args.rounds):
         for name, (all_gather, reduce_scatter) in variants.items():
             times.setdefault(f"all_gather_{name}_ms", []).extend(_timed_ms(
-                lambda ag=all_gather: ag(gathered, shard, group), args.calls))
+                lambda ag=all_gather: _waited(ag(gathered, shard, group)), args.calls))
             times.setdefault(f"reduce_scatter_{name}_ms", []).extend(_timed_ms(
                 lambda rs=reduce_scatter: rs(reduced, gradients, group, dist.ReduceOp.AVG), args.calls))
     return times
 
 
-def _step_times(args, variants) -> dict[str, list[float]]:
+def _step_times(args) -> dict[str, list[float]]:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -133,10 +167,8 @@ def _step_times(args, variants) -> dict[str, list[float]]:
 
     times: dict[str, list[float]] = {}
     for _ in range(args.rounds):
-        for name, (all_gather, reduce_scatter) in variants.items():
-            for module in sharded:
-                module.set_custom_all_gather(all_gather)
-                module.set_custom_reduce_scatter(reduce_scatter)
+        for name in ("gloo", "ours_blocking", "ours"):
+            _install(name, sharded)
             times.setdefault(f"fsdp2_step_{name}_ms", []).extend(_timed_ms(step, args.steps))
     return times
 
@@ -149,7 +181,7 @@ def _worker(args) -> int:
     variants = _variants()
     times = _collective_times(args, variants)
     if args.steps:
-        times.update(_step_times(args, variants))
+        times.update(_step_times(args))
     if dist.get_rank() == 0:
         medians = {key: round(statistics.median(values), 2) for key, values in times.items()}
         print(f"{dist.get_world_size()} processes, {args.megabytes} MB, median ms:")

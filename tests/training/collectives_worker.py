@@ -15,8 +15,15 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
 
-from training_jobs.trainer.cpu_collectives import AllToAllReduceScatter, PointToPointAllGather  # noqa: E402
+from training_jobs.trainer.cpu_collectives import (  # noqa: E402
+    AllToAllReduceScatter,
+    OverlappedReduceScatter,
+    PendingReductions,
+    PointToPointAllGather,
+    _Reduction,
+)
 
 
 def _whole_numbers(numel: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
@@ -32,9 +39,11 @@ def all_gather_matches(group, shard_numel: int, dtype: torch.dtype) -> bool:
     shard.copy_(_whole_numbers(shard_numel, seed=rank, dtype=dtype))
     gloo = torch.empty_like(ours)
     dist.all_gather_into_tensor(gloo, shard.clone(), group=group)
-    # Asked for an asynchronous operation, it still completes before returning (no work handle).
-    assert PointToPointAllGather()(ours, shard, group, async_op=True) is None
-    return torch.equal(ours, gloo)
+    # Whatever FSDP2 asks for, the transfer is handed back pending, as one work handle.
+    work = PointToPointAllGather()(ours, shard, group, async_op=False)
+    assert isinstance(work, dist.Work)
+    work.wait()
+    return work.is_completed() and torch.equal(ours, gloo)
 
 
 def all_gather_on_a_subgroup_matches(shard_numel: int) -> bool:
@@ -45,14 +54,36 @@ def all_gather_on_a_subgroup_matches(shard_numel: int) -> bool:
     return all_gather_matches(subgroup, shard_numel, torch.float32)
 
 
-def reduce_scatter_matches(group, shard_numel: int, op) -> bool:
+def reduce_scatter_matches(group, shard_numel: int, op, reduce_scatter=None) -> bool:
     world_size = group.size()
+    reduce_scatter = reduce_scatter or AllToAllReduceScatter()
     local = _whole_numbers(shard_numel * world_size, seed=100 + group.rank(), dtype=torch.float32)
-    ours = AllToAllReduceScatter().allocate((shard_numel,), dtype=torch.float32, device=local.device)
+    ours = reduce_scatter.allocate((shard_numel,), dtype=torch.float32, device=local.device)
     gloo = torch.empty_like(ours)
     dist.reduce_scatter_tensor(gloo, local.clone(), op=op, group=group)
-    AllToAllReduceScatter()(ours, local, group, op)
+    reduce_scatter(ours, local, group, op)
     return torch.equal(ours, gloo)
+
+
+def overlapped_outside_backward_reduces_at_once(group) -> bool:
+    """Called outside a backward pass nothing would finish a deferred sum, so it reduces now."""
+    pending = PendingReductions()
+    overlapped = OverlappedReduceScatter([nn.Parameter(torch.zeros(1))], pending)
+    return reduce_scatter_matches(group, 100, dist.ReduceOp.AVG, overlapped) and len(pending) == 0
+
+
+def unaliased_gradient_is_reported(group) -> str:
+    """A deferred sum whose output the gradient does not view would be lost: it must fail loudly."""
+    parameter = nn.Parameter(torch.zeros(4))
+    parameter.grad = torch.zeros(4)
+    output, data = torch.empty(4), torch.ones(4 * group.size())
+    received = torch.empty_like(data)
+    work = dist.all_to_all_single(received, data, group=group, async_op=True)
+    try:
+        _Reduction(work, received, data, output, group.size(), False, [parameter]).finish()
+    except RuntimeError as error:
+        return str(error) if torch.equal(output, torch.full((4,), float(group.size()))) else ""
+    return ""
 
 
 def other_reductions_are_refused(group) -> str:
@@ -64,16 +95,34 @@ def other_reductions_are_refused(group) -> str:
     return ""
 
 
-def fsdp_calls_on_cpu() -> dict[str, int]:
-    """Which collectives one forward and backward of a sharded tiny Llama went through."""
+def _tiny_sharded_llama(overlap_reductions: bool):
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from training_jobs.trainer import cpu_collectives
     from training_jobs.trainer.config import ParallelConfig
+    from training_jobs.trainer.cpu_collectives import use_fast_cpu_collectives
     from training_jobs.trainer.parallel import apply_fsdp
 
-    calls = {"all_gather": 0, "reduce_scatter": 0}
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4))
+    apply_fsdp(model, init_device_mesh("cpu", (dist.get_world_size(),)), ParallelConfig(), offload=False)
+    if not overlap_reductions:
+        sharded = [module for module in model.modules() if hasattr(module, "set_custom_all_gather")]
+        use_fast_cpu_collectives(sharded, overlap_reductions=False)
+    return model
+
+
+def _gradients(model) -> list[torch.Tensor]:
+    return [parameter.grad.full_tensor().clone() for parameter in model.parameters()]
+
+
+def fsdp_on_cpu() -> dict:
+    """Which collectives FSDP2 went through in two backward passes of a sharded tiny Llama (the
+    second accumulates), and whether deferring the reduce-scatters changed any gradient bit."""
+    from training_jobs.trainer import cpu_collectives
+
+    calls = {"all_gather": 0, "deferred": 0, "at_once": 0}
 
     def counting(name, call):
         def counted(*args, **kwargs):
@@ -81,17 +130,23 @@ def fsdp_calls_on_cpu() -> dict[str, int]:
             return call(*args, **kwargs)
         return counted
 
-    cpu_collectives.PointToPointAllGather.__call__ = counting("all_gather",
-                                                              PointToPointAllGather.__call__)
-    cpu_collectives.AllToAllReduceScatter.__call__ = counting("reduce_scatter",
-                                                              AllToAllReduceScatter.__call__)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=4))
-    apply_fsdp(model, init_device_mesh("cpu", (dist.get_world_size(),)), ParallelConfig(), offload=False)
-    tokens = torch.randint(0, 64, (2, 8))
-    model(input_ids=tokens, labels=tokens).loss.backward()
-    return calls
+    cpu_collectives.PointToPointAllGather.__call__ = counting("all_gather", PointToPointAllGather.__call__)
+    cpu_collectives.AllToAllReduceScatter.__call__ = counting("at_once", AllToAllReduceScatter.__call__)
+    cpu_collectives.PendingReductions.add = counting("deferred", PendingReductions.add)
+    tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(dist.get_rank()))
+    grads = {}
+    for overlap in (True, False):
+        model = _tiny_sharded_llama(overlap)
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        first = _gradients(model)
+        calls_after_first = dict(calls)
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        grads[overlap] = (first, _gradients(model))
+        if overlap:
+            overlapped_calls = {"first_backward": calls_after_first, "both_backwards": dict(calls)}
+    same = all(torch.equal(a, b) for deferred, at_once in zip(grads[True], grads[False], strict=True)
+               for a, b in zip(deferred, at_once, strict=True))
+    return {**overlapped_calls, "gradients_identical": _everywhere(same)}
 
 
 def _everywhere(ok: bool) -> bool:
@@ -111,7 +166,9 @@ def main(out: str) -> int:
         "reduce_scatter_sum": _everywhere(reduce_scatter_matches(group, 1000, dist.ReduceOp.SUM)),
         "reduce_scatter_avg": _everywhere(reduce_scatter_matches(group, 8, dist.ReduceOp.AVG)),
         "refusal": other_reductions_are_refused(group),
-        "fsdp_calls": fsdp_calls_on_cpu(),
+        "overlapped_outside_backward": _everywhere(overlapped_outside_backward_reduces_at_once(group)),
+        "unaliased_gradient": unaliased_gradient_is_reported(group),
+        "fsdp": fsdp_on_cpu(),
     }
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(results))

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .config import MeshShape, ParallelConfig
-from .cpu_collectives import use_fast_cpu_collectives
+from .cpu_collectives import prefetch_forward, use_fast_cpu_collectives
 from .errors import ConfigError
 from .models import decoder_layers
 
@@ -183,10 +183,12 @@ def apply_fsdp(model: nn.Module, mesh, par: ParallelConfig, offload: bool) -> No
     for index, layer in enumerate(layers):
         # The last layer's parameters are needed again right away by backward.
         fully_shard(layer, reshard_after_forward=reshard and index < len(layers) - 1, **options)
-    fully_shard(model, reshard_after_forward=reshard, **options)
+    # So are the root's (the head starts backward): PyTorch's own default for the root.
+    fully_shard(model, reshard_after_forward=False, **options)
     if mesh.device_type == "cpu":
-        for sharded in [*layers, model]:
-            use_fast_cpu_collectives(sharded)
+        # HSDP all-reduces the reduce-scatter output at once, so only a 1-D mesh may defer it.
+        use_fast_cpu_collectives([*layers, model], overlap_reductions=mesh.ndim == 1 and not offload)
+        prefetch_forward(layers, model)
 
 
 # --- weights ------------------------------------------------------------------------------------
