@@ -117,6 +117,17 @@ def _gradients(model) -> list[torch.Tensor]:
     return [parameter.grad.full_tensor().clone() for parameter in model.parameters()]
 
 
+def unused_parameter_passes_the_check(group) -> bool:
+    """A parameter that got no gradient is left out of the reduce-scatter: not a lost sum."""
+    output, data = torch.empty(4), torch.ones(4 * group.size())
+    used, unused = nn.Parameter(torch.zeros(4)), nn.Parameter(torch.zeros(2))
+    used.grad = output.view(4)
+    received = torch.empty_like(data)
+    work = dist.all_to_all_single(received, data, group=group, async_op=True)
+    _Reduction(work, received, data, output, group.size(), False, [used, unused]).finish()
+    return torch.equal(used.grad, torch.full((4,), float(group.size()))) and unused.grad is None
+
+
 def fsdp_on_cpu() -> dict:
     """Which collectives FSDP2 went through in two backward passes of a sharded tiny Llama (the
     second accumulates), and whether deferring the reduce-scatters changed any gradient bit."""
@@ -168,6 +179,7 @@ def main(out: str) -> int:
         "refusal": other_reductions_are_refused(group),
         "overlapped_outside_backward": _everywhere(overlapped_outside_backward_reduces_at_once(group)),
         "unaliased_gradient": unaliased_gradient_is_reported(group),
+        "unused_parameter": _everywhere(unused_parameter_passes_the_check(group)),
         "fsdp": fsdp_on_cpu(),
     }
     if dist.get_rank() == 0:

@@ -59,3 +59,8 @@ def test_outside_a_backward_pass_the_overlapped_reduce_scatter_reduces_at_once(t
 def test_a_gradient_that_no_longer_views_the_output_fails_loudly(three_processes):
     # The sum itself still lands in the output; the error names the file to review.
     assert "cpu_collectives.py" in three_processes["unaliased_gradient"]
+
+
+def test_a_parameter_without_gradient_does_not_trip_that_check(three_processes):
+    # FSDP2 leaves unused (or frozen) parameters out of the reduce-scatter; LoRA relies on this.
+    assert three_processes["unused_parameter"] is True

@@ -118,15 +118,18 @@ class _Reduction:
     def finish(self) -> None:
         self.work.wait()
         _sum_chunks(self.received, self.output_tensor, self.world_size, self.averaged)
-        storage = self.output_tensor.untyped_storage().data_ptr()
-        for parameter in self.parameters:
-            grad = parameter.grad
-            local = grad.to_local() if hasattr(grad, "to_local") else grad
-            if local is None or local.untyped_storage().data_ptr() != storage:
-                raise RuntimeError(
-                    "FSDP2 no longer keeps the reduce-scatter output as the gradient, so the "
-                    "deferred CPU reduce-scatter cannot fill it in; this torch version needs "
-                    "training_jobs/trainer/cpu_collectives.py reviewed")
+        self._check_gradients_view_output()
+
+    def _check_gradients_view_output(self) -> None:
+        # FSDP2 reduces only the parameters that got a gradient (unused ones keep None).
+        grads = [parameter.grad for parameter in self.parameters if parameter.grad is not None]
+        storages = {(grad.to_local() if hasattr(grad, "to_local") else grad).untyped_storage().data_ptr()
+                    for grad in grads}
+        if storages != {self.output_tensor.untyped_storage().data_ptr()}:
+            raise RuntimeError(
+                "FSDP2 no longer keeps the reduce-scatter output as the gradient, so the deferred "
+                "CPU reduce-scatter cannot fill it in; this torch version needs "
+                "training_jobs/trainer/cpu_collectives.py reviewed")
 
 
 class PendingReductions:
@@ -194,7 +197,8 @@ def _own_parameters(module: nn.Module, sharded: list[nn.Module]) -> list[nn.Para
     descendants = {id(descendant) for descendant in module.modules() if descendant is not module}
     children = {id(parameter) for child in sharded if id(child) in descendants
                 for parameter in child.parameters()}
-    return [parameter for parameter in module.parameters() if id(parameter) not in children]
+    return [parameter for parameter in module.parameters()
+            if parameter.requires_grad and id(parameter) not in children]
 
 
 def use_fast_cpu_collectives(sharded: list[nn.Module], *, overlap_reductions: bool) -> None:
