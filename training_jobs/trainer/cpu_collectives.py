@@ -185,7 +185,7 @@ class OverlappedReduceScatter(AllToAllReduceScatter):
                                      averaged, self._parameters))
 
     def _can_defer(self, output_tensor: torch.Tensor) -> bool:
-        return (torch._C._current_graph_task_id() != -1
+        return (torch._C._current_graph_task_id() != -1 and bool(self._parameters)
                 and all(parameter.grad is None
                         and not getattr(parameter, "_post_accumulate_grad_hooks", None)
                         and parameter.dtype == output_tensor.dtype
