@@ -86,29 +86,24 @@ class _BlockingAllGather:
 
 
 def _variants() -> dict[str, tuple[object, object]]:
-    from training_jobs.trainer.cpu_collectives import AllToAllReduceScatter, PointToPointAllGather
+    """Each set's all-gather and reduce-scatter, both finished when they return."""
+    from training_jobs.trainer.cpu_collectives import AllToAllReduceScatter
 
     return {"gloo": (_GlooAllGather(), _GlooReduceScatter()),
-            "ours": (PointToPointAllGather(), AllToAllReduceScatter())}
+            "ours": (_BlockingAllGather(), AllToAllReduceScatter())}
 
 
 def _install(name: str, sharded: list) -> None:
     """Set one of the step variants on every fully_shard-ed module."""
-    from training_jobs.trainer.cpu_collectives import AllToAllReduceScatter, use_fast_cpu_collectives
+    from training_jobs.trainer.cpu_collectives import use_fast_cpu_collectives
 
     if name == "ours":
         use_fast_cpu_collectives(sharded, overlap_reductions=True)
         return
-    all_gather, reduce_scatter = ((_GlooAllGather(), _GlooReduceScatter()) if name == "gloo"
-                                  else (_BlockingAllGather(), AllToAllReduceScatter()))
+    all_gather, reduce_scatter = _variants()["ours" if name == "ours_blocking" else name]
     for module in sharded:
         module.set_custom_all_gather(all_gather)
         module.set_custom_reduce_scatter(reduce_scatter)
-
-
-def _waited(work) -> None:
-    if work is not None:
-        work.wait()
 
 
 def _timed_ms(call, repeats: int) -> list[float]:
@@ -138,7 +133,7 @@ def _collective_times(args, variants) -> dict[str, list[float]]:
     for _ in range(args.rounds):
         for name, (all_gather, reduce_scatter) in variants.items():
             times.setdefault(f"all_gather_{name}_ms", []).extend(_timed_ms(
-                lambda ag=all_gather: _waited(ag(gathered, shard, group)), args.calls))
+                lambda ag=all_gather: ag(gathered, shard, group), args.calls))
             times.setdefault(f"reduce_scatter_{name}_ms", []).extend(_timed_ms(
                 lambda rs=reduce_scatter: rs(reduced, gradients, group, dist.ReduceOp.AVG), args.calls))
     return times

@@ -72,15 +72,21 @@ def overlapped_outside_backward_reduces_at_once(group) -> bool:
     return reduce_scatter_matches(group, 100, dist.ReduceOp.AVG, overlapped) and len(pending) == 0
 
 
+def _reduction_of_ones(group, output: torch.Tensor, parameters: list) -> _Reduction:
+    """A reduce-scatter of ones in flight: each output element becomes the world size."""
+    data = torch.ones(output.numel() * group.size())
+    received = torch.empty_like(data)
+    work = dist.all_to_all_single(received, data, group=group, async_op=True)
+    return _Reduction(work, received, data, output, group.size(), False, parameters)
+
+
 def unaliased_gradient_is_reported(group) -> str:
     """A deferred sum whose output the gradient does not view would be lost: it must fail loudly."""
     parameter = nn.Parameter(torch.zeros(4))
     parameter.grad = torch.zeros(4)
-    output, data = torch.empty(4), torch.ones(4 * group.size())
-    received = torch.empty_like(data)
-    work = dist.all_to_all_single(received, data, group=group, async_op=True)
+    output = torch.empty(4)
     try:
-        _Reduction(work, received, data, output, group.size(), False, [parameter]).finish()
+        _reduction_of_ones(group, output, [parameter]).finish()
     except RuntimeError as error:
         return str(error) if torch.equal(output, torch.full((4,), float(group.size()))) else ""
     return ""
@@ -119,12 +125,10 @@ def _gradients(model) -> list[torch.Tensor]:
 
 def unused_parameter_passes_the_check(group) -> bool:
     """A parameter that got no gradient is left out of the reduce-scatter: not a lost sum."""
-    output, data = torch.empty(4), torch.ones(4 * group.size())
+    output = torch.empty(4)
     used, unused = nn.Parameter(torch.zeros(4)), nn.Parameter(torch.zeros(2))
     used.grad = output.view(4)
-    received = torch.empty_like(data)
-    work = dist.all_to_all_single(received, data, group=group, async_op=True)
-    _Reduction(work, received, data, output, group.size(), False, [used, unused]).finish()
+    _reduction_of_ones(group, output, [used, unused]).finish()
     return torch.equal(used.grad, torch.full((4,), float(group.size()))) and unused.grad is None
 
 

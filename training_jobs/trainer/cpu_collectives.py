@@ -97,10 +97,7 @@ class AllToAllReduceScatter(_PlainAllocation):
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op, async_op: bool = False) -> None:
-        averaged = _reduce_operation(op)
-        received = torch.empty_like(input_tensor)
-        dist.all_to_all_single(received, input_tensor, group=group)
-        _sum_chunks(received, output_tensor, group.size(), averaged)
+        _start_all_to_all(output_tensor, input_tensor, group, op).sum()
 
 
 @dataclass
@@ -113,11 +110,15 @@ class _Reduction:
     output_tensor: torch.Tensor
     world_size: int
     averaged: bool
-    parameters: list[nn.Parameter]
+    parameters: Sequence[nn.Parameter]
 
-    def finish(self) -> None:
+    def sum(self) -> None:
         self.work.wait()
         _sum_chunks(self.received, self.output_tensor, self.world_size, self.averaged)
+
+    def finish(self) -> None:
+        """The sum of a deferred reduction, which FSDP2's gradients must be viewing."""
+        self.sum()
         self._check_gradients_view_output()
 
     def _check_gradients_view_output(self) -> None:
@@ -130,6 +131,14 @@ class _Reduction:
                 "FSDP2 no longer keeps the reduce-scatter output as the gradient, so the deferred "
                 "CPU reduce-scatter cannot fill it in; this torch version needs "
                 "training_jobs/trainer/cpu_collectives.py reviewed")
+
+
+def _start_all_to_all(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                      group: dist.ProcessGroup, op, parameters: Sequence[nn.Parameter] = ()) -> _Reduction:
+    averaged = _reduce_operation(op)
+    received = torch.empty_like(input_tensor)
+    work = dist.all_to_all_single(received, input_tensor, group=group, async_op=True)
+    return _Reduction(work, received, input_tensor, output_tensor, group.size(), averaged, parameters)
 
 
 class PendingReductions:
@@ -178,11 +187,7 @@ class OverlappedReduceScatter(AllToAllReduceScatter):
         if not self._can_defer(output_tensor):
             super().__call__(output_tensor, input_tensor, group, op)
             return
-        averaged = _reduce_operation(op)
-        received = torch.empty_like(input_tensor)
-        work = dist.all_to_all_single(received, input_tensor, group=group, async_op=True)
-        self._pending.add(_Reduction(work, received, input_tensor, output_tensor, group.size(),
-                                     averaged, self._parameters))
+        self._pending.add(_start_all_to_all(output_tensor, input_tensor, group, op, self._parameters))
 
     def _can_defer(self, output_tensor: torch.Tensor) -> bool:
         return (torch._C._current_graph_task_id() != -1 and bool(self._parameters)
