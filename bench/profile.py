@@ -108,10 +108,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--compile", action="store_true",
                         help="our program with compile=true, the plain loop with torch.compile(model)")
+    parser.add_argument("--kernels", action="store_true",
+                        help="with --compile: time each generated C++ kernel on its own line "
+                             "(inductor's cpp.enable_kernel_profile) instead of whole compiled graphs")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--repeats", type=int, default=8, help="timed steps of each, taken in turns")
     parser.add_argument("--json", type=Path, help="also write the comparison here")
     args = parser.parse_args(argv)
+    if args.kernels:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True
     mode = MODES[args.mode]
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as folder:
         root = Path(folder)

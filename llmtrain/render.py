@@ -29,7 +29,7 @@ from llmtrain.spec import (
     OverrideRule,
     TemplateSpec,
 )
-from llmtrain.validate import JOB_NAME_MAX, degree_problems, validate_request
+from llmtrain.validate import JOB_NAME_MAX, degree_problems, quantization_problems, validate_request
 
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 CONTAINER_LOG_LEVEL = 20  # logging.INFO: the SDK's default container_log_level
@@ -129,7 +129,9 @@ def render(
     run = run_input if isinstance(run_input, RunInput) else RunInput.from_dict(run_input)
     _check_run_name(run, platform)
     settings = resolve_settings(template, run, platform)
-    problems = degree_problems(settings.degrees, settings.world_size)
+    problems = degree_problems(settings.degrees, settings.world_size) + quantization_problems(
+        template.distribution.strategy, settings.hyperparameters, template.ref
+    )
     if problems:
         raise RequestValidationError(problems)
     request = build_request(template, settings, run, platform)

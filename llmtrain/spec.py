@@ -15,6 +15,7 @@ from typing import Any
 
 from llmtrain.errors import TemplateSpecError
 from llmtrain.instances import KNOWN_INSTANCE_TYPES
+from llmtrain.validate import quantization_problems
 
 SEMVER_PATTERN = re.compile(
     r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -542,6 +543,8 @@ def _check_consistency(spec: TemplateSpec, source: str) -> None:
         raise _fail(
             source, "strategy 'smp' needs the SMP-enabled image: use platform code or an explicit image.uri"
         )
+    for problem in quantization_problems(spec.distribution.strategy, spec.hyperparameters, spec.ref):
+        raise _fail(source, problem)
     if spec.spot.enabled and spec.keep_alive_seconds:
         raise _fail(source, "warm pools do not work with managed spot training: set keep_alive_seconds to 0")
     if "spot" in spec.overridable and spec.spot.max_wait_seconds is None:

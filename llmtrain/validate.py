@@ -163,6 +163,23 @@ def degree_problems(degrees: Mapping[str, int], world_size: int) -> list[str]:
     return []
 
 
+# The strategies the training program runs 4-bit QLoRA with (training_jobs/trainer/lora.py's
+# QUANTIZED_PARALLELISMS; tests/llmtrain/test_render.py keeps the two equal): bitsandbytes' packed
+# 4-bit weights do not shard with FSDP, DeepSpeed ZeRO-3 or SMP.
+QLORA_STRATEGIES = ("single", "ddp")
+
+
+def quantization_problems(strategy: str, hyperparameters: Mapping[str, Any], template: str) -> list[str]:
+    """A quantized base (QLoRA) under a strategy the training program refuses it with."""
+    if hyperparameters.get("quantization", "none") == "none" or strategy in QLORA_STRATEGIES:
+        return []
+    return [
+        f"quantization={hyperparameters['quantization']} (QLoRA) trains with strategy "
+        f"{' or '.join(QLORA_STRATEGIES)}, and {template} uses {strategy}: set quantization=none "
+        "(LoRA on the sharded base) or use a QLoRA template (llama-finetune-qlora)"
+    ]
+
+
 def warm_pool_problems(keep_alive_seconds: int, cap_seconds: int, spot: bool) -> list[str]:
     problems = []
     if keep_alive_seconds > cap_seconds:

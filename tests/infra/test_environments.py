@@ -23,6 +23,7 @@ CATALOG_TEMPLATES = {
     "llama-pretrain-hsdp-tp",
     "llama-pretrain-smp",
     "llama-finetune-deepspeed",
+    "llama-finetune-qlora",
     "llama-finetune-lora",
     "gpt2-ddp",
     "byo-script",

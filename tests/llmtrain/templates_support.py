@@ -15,6 +15,7 @@ TEMPLATE_NAMES = (
     "gpt2-ddp",
     "llama-finetune-deepspeed",
     "llama-finetune-lora",
+    "llama-finetune-qlora",
     "llama-pretrain-fsdp",
     "llama-pretrain-hsdp-tp",
     "llama-pretrain-smp",

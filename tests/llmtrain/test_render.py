@@ -321,6 +321,24 @@ def test_degrees_that_do_not_divide_the_world_size_are_rejected():
     assert "multiply to 32, which does not divide the world size 8" in message
 
 
+def test_qlora_is_rejected_under_a_strategy_that_shards_the_base():
+    message = _problems("llama-finetune-lora", overrides={"quantization": "nf4"})
+    assert (
+        "quantization=nf4 (QLoRA) trains with strategy single or ddp, and llama-finetune-lora@1.0.0 "
+        "uses fsdp: set quantization=none" in message
+    )
+    request = _render("llama-finetune-qlora")
+    hyperparameters = _decoded_hyperparameters(request)
+    assert hyperparameters["quantization"] == "nf4" and hyperparameters["parallelism"] == "ddp"
+
+
+def test_the_qlora_strategies_are_the_ones_the_training_program_accepts():
+    from llmtrain.validate import QLORA_STRATEGIES
+    from training_jobs.trainer.lora import QUANTIZED_PARALLELISMS
+
+    assert QLORA_STRATEGIES == QUANTIZED_PARALLELISMS
+
+
 def test_warm_pool_over_the_environments_cap_is_rejected():
     message = _problems("llama-finetune-deepspeed", platform_context(warm_pool_cap_seconds=600))
     assert "keep_alive_seconds 1800 exceeds this environment's warm-pool cap of 600 seconds" in message

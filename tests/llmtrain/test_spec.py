@@ -139,6 +139,13 @@ def test_malformed_template_is_rejected_naming_the_field(path, value, message):
     assert str(error.value).startswith("fsdp.yaml: ")
 
 
+def test_a_quantized_base_under_fsdp_is_rejected():
+    data = _set(_data("llama-finetune-lora"), "hyperparameters.quantization", "nf4")
+    expected = r"quantization=nf4 \(QLoRA\) trains with strategy single or ddp"
+    with pytest.raises(TemplateSpecError, match=expected):
+        TemplateSpec.from_dict(data, "lora.yaml")
+
+
 def test_spot_with_a_warm_pool_is_rejected():
     data = _set(_data(), "spot.enabled", True)
     data = _set(data, "warm_pool.keep_alive_seconds", 600)

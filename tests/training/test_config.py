@@ -77,6 +77,7 @@ def test_command_line_strings_are_typed():
     ({"parallelism": "deepspeed", "offload_params": True}, "unless zero_stage=3"),
     ({"quantization": "nf4"}, "unless lora_r > 0"),
     ({"merge_lora": True}, "false unless lora_r > 0"),
+    ({"lora_r": 8, "quantization": "nf4", "merge_lora": True}, "false with quantization=nf4"),
     ({"parallelism": "fsdp", "tensor_parallel_degree": 2, "lora_r": 8}, "LoRA with tensor parallel"),
     ({"activation_offloading": True}, "activation_checkpointing is full or selective"),
     ({"parallelism": "fsdp", "mixed_precision": "fp16"}, "bf16 or fp32 with fsdp"),

@@ -372,6 +372,10 @@ def validate(config: TrainConfig) -> None:
                                               "a 4-bit base)")
     if lora.merge_lora and lora.lora_r == 0:
         raise _invalid("merge_lora", True, "false unless lora_r > 0")
+    if lora.merge_lora and lora.quantization != "none":
+        raise _invalid("merge_lora", True, "false with quantization=nf4 (the export merges into a "
+                                           "full-precision base; merge the exported adapter into the "
+                                           "original checkpoint instead)")
     if lora.lora_r and par.tensor_parallel_degree > 1:
         raise _invalid("lora_r", lora.lora_r, "0 with tensor_parallel_degree > 1 (LoRA with tensor "
                                               "parallel is not supported; use fsdp sharding)")

@@ -37,6 +37,11 @@ def apply_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
         raise ConfigError(f"invalid hyperparameter 'lora_target_modules': {error}") from error
 
 
+# bitsandbytes' packed 4-bit weights do not shard (FSDP, ZeRO-3, SMP); llmtrain.validate's
+# QLORA_STRATEGIES refuses the others before a job is created.
+QUANTIZED_PARALLELISMS = ("single", "ddp")
+
+
 def check_quantization(lora: LoraConfig, parallelism: str) -> None:
     """QLoRA runs on CUDA with bitsandbytes, on one process or with DDP."""
     if lora.quantization == "none":
@@ -44,7 +49,7 @@ def check_quantization(lora: LoraConfig, parallelism: str) -> None:
     if not torch.cuda.is_available():
         raise ConfigError("invalid hyperparameter 'quantization': nf4 (QLoRA) needs a CUDA GPU and "
                           "this host has none; use quantization=none (plain LoRA) here")
-    if parallelism not in ("single", "ddp"):
+    if parallelism not in QUANTIZED_PARALLELISMS:
         raise ConfigError(f"invalid hyperparameter 'quantization': nf4 runs with parallelism single or "
                           f"ddp, not {parallelism}")
     try:
