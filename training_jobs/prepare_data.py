@@ -4,7 +4,9 @@
         [--workers N] [--text-key text] [--validation-fraction 0.01] [--shard-tokens N]
 
 Inputs: `.jsonl`/`.json` files hold one JSON object per line (the document is its `--text-key`
-field); any other file (`.txt`, `.md`, ...) is one document. Folders are searched recursively.
+field); `.csv`/`.tsv` files have a header row (the document is the `--text-key` column of each row);
+any other file (`.txt`, `.md`, ...) is one UTF-8 document. Binary and compressed formats (Parquet,
+Arrow, gzip, ...) are refused with what to convert them to. Folders are searched recursively.
 Documents are tokenized in parallel worker processes; the output is identical whatever the number
 of workers (results are written in input order). With `--validation-fraction`, a deterministic
 share of the documents goes to OUTPUT/validation and the rest to OUTPUT/train; upload each folder as
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import json
 import os
 import sys
@@ -33,6 +36,11 @@ from training_jobs.trainer.errors import DataError  # noqa: E402
 from training_jobs.trainer.shards import DTYPES, MANIFEST, dtype_for_vocab, write_manifest  # noqa: E402
 
 JSONL_SUFFIXES = (".jsonl", ".json")
+TABLE_DELIMITERS = {".csv": ",", ".tsv": "\t"}
+# Formats that would otherwise be read as (garbled) text.
+BINARY_SUFFIXES = (".parquet", ".arrow", ".feather", ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar",
+                   ".npy", ".pkl", ".pt", ".bin", ".safetensors")
+CONVERT_HINT = "convert it to JSONL (one {\"text\": ...} object per line), CSV or UTF-8 text first"
 DOCUMENTS_PER_TASK = 256
 
 
@@ -74,14 +82,48 @@ def _jsonl_documents(path: Path, text_key: str) -> Iterator[tuple[str, str, int]
             yield where, record[text_key], len(line)
 
 
+def _table_documents(path: Path, text_key: str) -> Iterator[tuple[str, str, int]]:
+    delimiter = TABLE_DELIMITERS[path.suffix.lower()]
+    csv.field_size_limit(2**31 - 1)  # a cell holds a whole document (the default stops at 128 KiB)
+    with path.open(newline="", encoding="utf-8") as handle:
+        rows = csv.DictReader(handle, delimiter=delimiter)
+        if text_key not in (rows.fieldnames or ()):
+            columns = ", ".join(rows.fieldnames or ()) or "none"
+            raise DataError(f"{path}: no column {text_key!r} in the header (columns: {columns}); "
+                            "choose it with --text-key")
+        try:
+            for row in rows:
+                text = row[text_key]
+                if text:
+                    yield f"{path}:{rows.line_num}", text, len(text.encode())
+        except csv.Error as error:
+            where = f"{path}:{rows.line_num}"
+            raise DataError(f"{where}: not a well-formed {path.suffix} row ({error})") from error
+
+
+def _text_document(path: Path) -> tuple[str, str, int]:
+    data = path.read_bytes()
+    try:
+        return str(path), data.decode("utf-8"), len(data)
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: not UTF-8 text (byte {error.start}); {CONVERT_HINT}") from error
+
+
 def iter_documents(files: list[Path], text_key: str) -> Iterator[tuple[str, str, int]]:
     """(where, text, bytes) for every document, in a fixed order."""
     for path in files:
-        if path.suffix.lower() in JSONL_SUFFIXES:
-            yield from _jsonl_documents(path, text_key)
-        else:
-            data = path.read_bytes()
-            yield str(path), data.decode("utf-8", errors="replace"), len(data)
+        suffix = path.suffix.lower()
+        if suffix in BINARY_SUFFIXES:
+            raise DataError(f"{path}: a {suffix} file is not text; {CONVERT_HINT}")
+        try:
+            if suffix in JSONL_SUFFIXES:
+                yield from _jsonl_documents(path, text_key)
+            elif suffix in TABLE_DELIMITERS:
+                yield from _table_documents(path, text_key)
+            else:
+                yield _text_document(path)
+        except UnicodeDecodeError as error:
+            raise DataError(f"{path}: not UTF-8 text ({error.reason}); {CONVERT_HINT}") from error
 
 
 def iter_tasks(files: list[Path], text_key: str) -> Iterator[Task]:
@@ -222,7 +264,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokenizer", required=True, help="an HF tokenizer folder")
     parser.add_argument("--output", required=True, help="folder to write (must not hold a dataset)")
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
-    parser.add_argument("--text-key", default="text", help="JSONL field holding the text")
+    parser.add_argument("--text-key", default="text",
+                        help="JSONL field or CSV/TSV column holding the text")
     parser.add_argument("--validation-fraction", type=float, default=0.0)
     parser.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard file")
     args = parser.parse_args(argv)

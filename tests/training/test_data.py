@@ -74,6 +74,27 @@ def test_text_files_folders_and_bad_lines(tmp_path, capsys):
     assert code == 2 and "no such file or folder" in err
 
 
+def test_csv_and_tsv_rows_are_documents_and_binary_files_are_refused(tmp_path, capsys):
+    common = ["--tokenizer", str(TOKENIZER)]
+    table = tmp_path / "reviews.csv"
+    table.write_text('id,review\n1,"The cat sees the red door, twice."\n2,\n3,A small dog finds a map.\n')
+    (tmp_path / "more.tsv").write_text("review\tlabel\nThe red door opens.\t1\n")
+    code, _ = _prepare_here(capsys, "--input", str(table), str(tmp_path / "more.tsv"), *common,
+                            "--text-key", "review", "--output", str(tmp_path / "out"))
+    assert code == 0 and read_manifest(tmp_path / "out").num_documents == 3  # the empty cell skipped
+    code, err = _prepare_here(capsys, "--input", str(table), *common, "--output", str(tmp_path / "x"))
+    assert code == 2 and f"{table}: no column 'text' in the header (columns: id, review)" in err
+    parquet = tmp_path / "data.parquet"
+    parquet.write_bytes(b"PAR1\x15\x04\x15\x00")
+    code, err = _prepare_here(capsys, "--input", str(parquet), *common, "--output", str(tmp_path / "y"))
+    assert code == 2 and f"{parquet}: a .parquet file is not text; convert it to JSONL" in err
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("caf\xe9".encode("latin-1"))
+    code, err = _prepare_here(capsys, "--input", str(latin), *common, "--output", str(tmp_path / "z"))
+    assert code == 2 and f"{latin}: not UTF-8 text (byte 3)" in err
+    assert not (tmp_path / "y" / "train" / "manifest.json").exists()
+
+
 def test_samples_are_packed_windows_that_overlap_by_one_token(tiny_data):
     samples = TokenSamples(tiny_data / "train", seq_len=32, channel="train", model_vocab_size=640)
     first_shard = np.fromfile(samples.manifest.shards[0].path, dtype="<u2")
