@@ -243,7 +243,8 @@ def _scale_hyperparameters(
     if _decode(hps.get("mixed_precision", '""')) == "fp16":
         wanted["mixed_precision"] = ("bf16", "fp16 needs a GPU; CPUs train in bf16")
     if _decode(hps.get("quantization", '""')) == "nf4":
-        wanted["quantization"] = ("none", "4-bit quantization (bitsandbytes) needs a GPU")
+        wanted["quantization"] = ("none", "a local smoke run trains plain LoRA; 4-bit QLoRA quantizes "
+                                          "the model channel's checkpoint on bitsandbytes' slow CPU path")
     _apply(hps, wanted, user_settings, adjustments, notes)
     _apply(hps, _fit_schedule(hps), user_settings, adjustments, notes)
 

@@ -39,7 +39,9 @@ def lora_runs(tmp_path_factory, tiny_data, base_model):
     base = tmp_path_factory.mktemp("lora")
     jobs = {"fsdp_adapter": {"parallelism": "fsdp"},
             "ddp_merged": {"parallelism": "ddp", "merge_lora": True},
-            "zero2_adapter": {"parallelism": "deepspeed", "zero_stage": 2}}
+            "zero2_adapter": {"parallelism": "deepspeed", "zero_stage": 2},
+            # QLoRA on bitsandbytes' CPU path: the llama-finetune-qlora template's settings
+            "ddp_qlora": {"parallelism": "ddp", "quantization": "nf4", "mixed_precision": "bf16"}}
     roots = {name: job_root(base / name, tiny_data, model=base_model) for name in jobs}
     run_jobs(2, [(roots[name], {**LORA, **hps}) for name, hps in jobs.items()], base)
     return roots
@@ -82,7 +84,7 @@ def test_base_weights_unchanged_and_adapters_trained(lora_runs, base_model, tmp_
     assert len(lora_b) == 2 * 2 and all(v.abs().sum() > 0 for v in lora_b)  # 2 layers x q, v
 
 
-@pytest.mark.parametrize("name", ["fsdp_adapter", "zero2_adapter"])
+@pytest.mark.parametrize("name", ["fsdp_adapter", "zero2_adapter", "ddp_qlora"])
 def test_adapter_export_reloads_with_peft(lora_runs, base_model, name, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -102,6 +104,13 @@ def test_adapter_export_reloads_with_peft(lora_runs, base_model, name, tmp_path)
         for key, value in adapted.state_dict().items():
             if "lora_" in key:
                 assert torch.equal(value, trained[key]), key
+
+
+def test_qlora_trains_adapters_on_a_4bit_base(lora_runs, tmp_path):
+    trained = _final_checkpoint_model(lora_runs["ddp_qlora"], tmp_path)
+    packed = {k: v for k, v in trained.items() if k.endswith("q_proj.base_layer.weight")}
+    assert packed and all(v.dtype == torch.uint8 for v in packed.values())  # NF4, two per byte
+    assert all(v.abs().sum() > 0 for k, v in trained.items() if "lora_B" in k)
 
 
 def test_merged_export_is_a_plain_model_with_the_adapter_folded_in(lora_runs, base_model, tmp_path):

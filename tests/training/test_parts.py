@@ -310,6 +310,18 @@ def test_eager_and_sdpa_attention_compute_the_same_model(tokenizer):
     assert losses["eager"].item() == pytest.approx(losses["sdpa"].item(), abs=1e-5)
 
 
+def test_qlora_needs_a_replicating_strategy_and_a_checkpoint_to_quantize():
+    from training_jobs.trainer.lora import check_quantization
+
+    qlora = _config(lora_r=8, quantization="nf4").lora
+    with pytest.raises(ConfigError, match="nf4 runs with parallelism single or ddp, not fsdp"):
+        check_quantization(qlora, "fsdp", has_checkpoint=True)
+    with pytest.raises(ConfigError, match="nf4 quantizes the checkpoint in the model channel"):
+        check_quantization(qlora, "ddp", has_checkpoint=False)
+    check_quantization(qlora, "ddp", has_checkpoint=True)
+    check_quantization(_config().lora, "fsdp", has_checkpoint=False)
+
+
 def test_adamw_uses_the_fused_kernel_on_cpu():
     model = torch.nn.Linear(4, 4)
     optimizer = optim.build_optimizer(model, from_hyperparameters({}).optim, lr=1e-3)

@@ -42,16 +42,18 @@ def apply_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
 QUANTIZED_PARALLELISMS = ("single", "ddp")
 
 
-def check_quantization(lora: LoraConfig, parallelism: str) -> None:
-    """QLoRA runs on CUDA with bitsandbytes, on one process or with DDP."""
+def check_quantization(lora: LoraConfig, parallelism: str, *, has_checkpoint: bool) -> None:
+    """QLoRA quantizes a checkpoint from the model channel with bitsandbytes (CUDA, or its slower
+    CPU path), on one process or with DDP."""
     if lora.quantization == "none":
         return
-    if not torch.cuda.is_available():
-        raise ConfigError("invalid hyperparameter 'quantization': nf4 (QLoRA) needs a CUDA GPU and "
-                          "this host has none; use quantization=none (plain LoRA) here")
     if parallelism not in QUANTIZED_PARALLELISMS:
         raise ConfigError(f"invalid hyperparameter 'quantization': nf4 runs with parallelism single or "
                           f"ddp, not {parallelism}")
+    if not has_checkpoint:
+        # transformers quantizes while loading a checkpoint; a preset would silently stay unquantized
+        raise ConfigError("invalid hyperparameter 'quantization': nf4 quantizes the checkpoint in the "
+                          "model channel and this job has none; provide one or use quantization=none")
     try:
         import bitsandbytes  # noqa: F401
     except ImportError as error:
