@@ -103,7 +103,7 @@ def failed_jobs(tmp_path_factory, tiny_data, bad_channels):
     base = tmp_path_factory.mktemp("failing")
     jobs = {name: (job_root(base / name, tiny_data, train=folder), {**TINY, "parallelism": "single"})
             for name, (folder, _) in bad_channels.items()}
-    jobs["qlora_on_cpu"] = (job_root(base / "qlora", tiny_data),
+    jobs["qlora_without_checkpoint"] = (job_root(base / "qlora", tiny_data),
                             {**TINY, "parallelism": "single", "lora_r": 4, "quantization": "nf4"})
     jobs["smp_without_library"] = (job_root(base / "smp", tiny_data), {**TINY, "parallelism": "smp"})
     jobs["no_preset_no_model"] = (job_root(base / "nomodel", tiny_data),
@@ -119,9 +119,10 @@ def test_bad_data_channel_stops_with_a_clear_message(failed_jobs, bad_channels, 
     assert bad_channels[name][1] in failed_jobs[name]["message"]
 
 
-def test_qlora_on_cpu_is_a_clear_error(failed_jobs):
-    assert failed_jobs["qlora_on_cpu"]["error"] == "ConfigError"
-    assert "nf4 (QLoRA) needs a CUDA GPU" in failed_jobs["qlora_on_cpu"]["message"]
+def test_qlora_without_a_checkpoint_to_quantize_is_a_clear_error(failed_jobs):
+    assert failed_jobs["qlora_without_checkpoint"]["error"] == "ConfigError"
+    assert "nf4 quantizes the checkpoint in the model channel and this job has none" in \
+        failed_jobs["qlora_without_checkpoint"]["message"]
 
 
 def test_smp_without_torch_sagemaker_is_a_clear_error(failed_jobs):
