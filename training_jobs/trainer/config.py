@@ -119,8 +119,8 @@ class LoraConfig:
     lora_dropout: float = _hp(0.0, "Dropout on the LoRA input.", minimum=0.0, maximum=0.99)
     lora_target_modules: list = _hp(["all-linear"], "Module names LoRA adapts (a list or a comma-"
                                                     "separated string); all-linear = every linear.")
-    quantization: Quantization = _hp("none", "nf4 loads the base model in 4 bits (QLoRA, GPU "
-                                             "only; needs lora_r > 0).")
+    quantization: Quantization = _hp("none", "nf4 loads the model channel's checkpoint in 4 bits "
+                                             "(QLoRA; single or ddp; needs lora_r > 0).")
     merge_lora: bool = _hp(False, "Export the merged model instead of the adapter.")
 
 
