@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=8, help="timed steps of each, taken in turns")
     parser.add_argument("--json", type=Path, help="also write the comparison here")
     args = parser.parse_args(argv)
+    if args.kernels and not args.compile:
+        parser.error("--kernels names the kernels torch.compile generates: add --compile")
     if args.kernels:
         import torch._inductor.config as inductor_config
 
