@@ -46,7 +46,10 @@ def versions() -> dict:
 
 def git_revision(repo: Path) -> dict:
     def git(*args: str) -> str | None:
-        result = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+        try:
+            result = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+        except FileNotFoundError:  # a bare GPU machine without git
+            return None
         return result.stdout.strip() if result.returncode == 0 else None
 
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}

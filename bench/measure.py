@@ -64,7 +64,9 @@ def _launch(config: BenchConfig, mode: BenchMode, workspace: Workspace) -> tuple
         return result, command, _own_report(run.metrics())
     spec = peer_spec(config, mode, workspace, job_dir)
     command = _peer_command(config, spec)
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    # Prepended, not replaced: a machine may hold its packages on PYTHONPATH (GPU mode's wheels).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                                      os.environ.get("PYTHONPATH")]))}
     result = run_measured(command, env, log_path, mode.step_timeout_s, cwd=REPO_ROOT)
     reported = Path(spec.result_path)
     extra = json.loads(reported.read_text()) if result.ok and reported.is_file() else {}

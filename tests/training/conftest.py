@@ -106,3 +106,21 @@ def tiny_data(tmp_path_factory) -> Path:
         cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return output
+
+
+@pytest.fixture(scope="session")
+def base_model(tmp_path_factory):
+    """A 'pretrained' Llama saved as an HF folder with its tokenizer, as a model channel holds."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("base") / "model"
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    torch.manual_seed(123)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=640, hidden_size=64, intermediate_size=128,
+                                         num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, max_position_embeddings=128,
+                                         eos_token_id=tokenizer.eos_token_id))
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder

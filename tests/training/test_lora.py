@@ -9,29 +9,12 @@ import shutil
 import pytest
 import torch
 
-from .conftest import TINY, TOKENIZER, job_root, losses, outcome, run_jobs
+from .conftest import TINY, job_root, losses, outcome, run_jobs
 
 pytestmark = pytest.mark.slow
 
 LORA = {**TINY, "lora_r": 4, "lora_alpha": 8, "lr": 1e-2, "lora_target_modules": ["q_proj", "v_proj"]}
 PROMPT = "The captain opens the old bridge at dawn."
-
-
-@pytest.fixture(scope="module")
-def base_model(tmp_path_factory):
-    """A 'pretrained' Llama saved as an HF folder with its tokenizer, as a model channel holds."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    folder = tmp_path_factory.mktemp("base") / "model"
-    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
-    torch.manual_seed(123)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=640, hidden_size=64, intermediate_size=128,
-                                         num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2, max_position_embeddings=128,
-                                         eos_token_id=tokenizer.eos_token_id))
-    model.save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
-    return folder
 
 
 @pytest.fixture(scope="module")
