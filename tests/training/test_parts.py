@@ -95,6 +95,11 @@ def test_flops_per_token_and_peaks():
     assert metrics.table_peak_flops("ml.p5.48xlarge") == 989e12
     assert metrics.table_peak_flops("ml.p4d.24xlarge") == 312e12
     assert metrics.table_peak_flops("local") is None
+    assert metrics.device_name_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert metrics.device_name_peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert metrics.device_name_peak_flops("NVIDIA L40S") == 362e12  # not L4's
+    assert metrics.device_name_peak_flops("NVIDIA L4") == 121e12
+    assert metrics.device_name_peak_flops("Some Future GPU") is None
     assert metrics.measured_peak_flops(torch.device("cpu"), torch.float32, size=128, repeats=2) > 1e6
 
 

@@ -16,7 +16,14 @@ from .data import BatchLayout, EvalBatches, TokenSamples, TrainBatches
 from .environment import JobEnvironment
 from .errors import DataError
 from .loop import LoopContext, Throughput
-from .metrics import MetricsLogger, flops_per_token, log, measured_peak_flops, table_peak_flops
+from .metrics import (
+    MetricsLogger,
+    device_name_peak_flops,
+    flops_per_token,
+    log,
+    measured_peak_flops,
+    table_peak_flops,
+)
 from .models import (
     attention_implementation,
     load_tokenizer,
@@ -49,6 +56,12 @@ def _channel_samples(env: JobEnvironment, name: str, seq_len: int, vocab: int) -
     return TokenSamples(path, seq_len, name, vocab)
 
 
+def _table_peak(env: JobEnvironment, device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    return table_peak_flops(env.instance_type) or device_name_peak_flops(torch.cuda.get_device_name(device))
+
+
 def _throughput(config: TrainConfig, strategy, env: JobEnvironment, device: torch.device) -> Throughput:
     model_config = strategy.hf_model.config
     layers = getattr(model_config, "num_hidden_layers", None) or model_config.n_layer
@@ -57,10 +70,11 @@ def _throughput(config: TrainConfig, strategy, env: JobEnvironment, device: torc
         * strategy.topology.data_parallel_size
     per_token = flops_per_token(non_embedding_parameters(strategy.hf_model), layers, hidden,
                                 config.data.seq_len)
-    peak = table_peak_flops(env.instance_type) if device.type == "cuda" else None
+    peak = _table_peak(env, device)
     if peak is None:  # the faster of fp32 and the compute dtype (CPUs have no fast fp16 matmul)
-        dtype = COMPUTE_DTYPES[config.parallel.mixed_precision]
-        peak = max(measured_peak_flops(device, torch.float32), measured_peak_flops(device, dtype))
+        dtype, size = COMPUTE_DTYPES[config.parallel.mixed_precision], 4096 if device.type == "cuda" else 1024
+        peak = max(measured_peak_flops(device, torch.float32, size),
+                   measured_peak_flops(device, dtype, size))
     return Throughput(tokens, per_token, peak * dist.get_world_size())
 
 

@@ -12,8 +12,8 @@ SM_OUTPUT_DATA_DIR/metrics.jsonl. Keys are stable: new ones are appended, never 
 MFU = achieved model FLOPs / peak FLOPs. Model FLOPs per token are 6 x non-embedding parameters
 (forward and backward of every weight) plus 12 x layers x hidden size x sequence length for
 attention scores (PaLM, appendix B), counted without activation recomputation. The peak is the
-accelerator's dense bf16 number by instance type, or a measured matmul peak where the type is not
-in the table (CPU, local runs).
+accelerator's dense bf16 number by instance type (or by the GPU's name outside SageMaker), or a
+measured matmul peak where neither is in the tables (CPUs, unknown GPUs).
 """
 
 from __future__ import annotations
@@ -41,25 +41,43 @@ PEAK_TFLOPS_BY_INSTANCE_FAMILY = {
 }
 
 
+# The same data sheets by the name CUDA reports, for GPUs outside SageMaker (a workstation, a
+# lent machine): first match wins, so the more specific names come first.
+PEAK_TFLOPS_BY_DEVICE_NAME = (
+    ("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("GH200", 989.0), ("B200", 2250.0),
+    ("A100", 312.0), ("A10G", 70.0), ("L40S", 362.0), ("L4", 121.0), ("V100", 125.0),
+)
+
+
 def table_peak_flops(instance_type: str) -> float | None:
     family = instance_type.rsplit(".", 1)[0] if instance_type.count(".") >= 2 else instance_type
     tflops = PEAK_TFLOPS_BY_INSTANCE_FAMILY.get(family)
     return tflops * 1e12 if tflops else None
 
 
+def device_name_peak_flops(device_name: str) -> float | None:
+    for fragment, tflops in PEAK_TFLOPS_BY_DEVICE_NAME:
+        if fragment in device_name:
+            return tflops * 1e12
+    return None
+
+
 def measured_peak_flops(device: torch.device, dtype: torch.dtype, size: int = 1024,
                         repeats: int = 5) -> float:
-    """Best observed FLOP/s of a square matmul on this device, in the training's compute dtype."""
+    """Observed FLOP/s of a square matmul on this device, in the training's compute dtype.
+
+    The products run back to back between two synchronisations: timing each one alone measures
+    the launch and the synchronisation as much as the GPU (a 1024 product takes microseconds there).
+    """
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first run warms up
-        _synchronize(device)
-        start = time.perf_counter()
-        torch.mm(a, b)
-        _synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    out = torch.mm(a, b)  # warms up (kernel selection, handles)
+    _synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.mm(a, b, out=out)
+    _synchronize(device)
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
 def _synchronize(device: torch.device) -> None:
