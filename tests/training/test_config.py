@@ -81,6 +81,8 @@ def test_command_line_strings_are_typed():
     ({"parallelism": "fsdp", "tensor_parallel_degree": 2, "lora_r": 8}, "LoRA with tensor parallel"),
     ({"activation_offloading": True}, "activation_checkpointing is full or selective"),
     ({"parallelism": "fsdp", "mixed_precision": "fp16"}, "bf16 or fp32 with fsdp"),
+    ({"parallelism": "single", "compile_mode": "cuda_graphs"}, "unless compile=true"),
+    ({"compile": True, "compile_mode": "cuda_graphs", "parallelism": "fsdp"}, "parallelism=single"),
 ])
 def test_invalid_values_name_the_hyperparameter(raw, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

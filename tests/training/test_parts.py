@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from training_jobs.trainer import checkpoint, metrics, models, optim, smp
+from training_jobs.trainer import checkpoint, metrics, models, optim, parallel, smp
 from training_jobs.trainer.config import ConfigError, ModelConfig, ParallelConfig, from_hyperparameters
 from training_jobs.trainer.deepspeed_strategy import deepspeed_config
 from training_jobs.trainer.environment import read_environment
@@ -87,6 +87,19 @@ def test_metric_lines_match_the_contract_and_json_lines_agree(tmp_path, capsys):
     assert records[0] == {"kind": "train", **values}
     assert records[1] == {"kind": "eval", "step": 10, "eval_loss": 3.9876543}
     assert list((tmp_path / "tensorboard").iterdir())  # event files
+
+
+def test_compile_mode_uses_cuda_graphs_only_where_they_apply():
+    def par(**raw):
+        return from_hyperparameters({"model_preset": "llama-tiny", "compile": True, **raw}).parallel
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert parallel.compile_mode(par(parallelism="single"), cuda) == "reduce-overhead"
+    assert parallel.compile_mode(par(parallelism="single"), cpu) is None
+    assert parallel.compile_mode(par(parallelism="ddp"), cuda) is None  # DDP hooks the gradients
+    assert parallel.compile_mode(par(parallelism="single", compile_mode="default"), cuda) is None
+    with pytest.raises(ConfigError, match="compile_mode=cuda_graphs needs a CUDA GPU"):
+        parallel.compile_mode(par(parallelism="single", compile_mode="cuda_graphs"), cpu)
 
 
 def test_flops_per_token_and_peaks():

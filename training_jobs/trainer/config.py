@@ -43,6 +43,7 @@ ActivationCheckpointing = Literal["none", "full", "selective"]
 LrSchedule = Literal["cosine", "linear", "constant"]
 Quantization = Literal["none", "nf4"]
 Attention = Literal["auto", "sdpa", "eager"]
+CompileMode = Literal["auto", "default", "cuda_graphs"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,12 @@ class ParallelConfig:
     activation_checkpointing_every: int = _hp(1, "Checkpoint every k-th decoder layer.", minimum=1)
     activation_offloading: bool = _hp(False, "Offload checkpointed activations to the CPU.")
     compile: bool = _hp(False, "torch.compile each decoder layer.")
+    compile_mode: CompileMode = _hp(
+        "auto", "With compile: cuda_graphs replays each compiled layer as a CUDA graph (torch.compile "
+                "mode reduce-overhead), which removes the per-kernel launch cost that bounds small "
+                "models and micro batches on fast GPUs; parallelism single only. default: inductor's "
+                "kernels launched one by one. auto: cuda_graphs on a GPU with parallelism single "
+                "and no activation offloading, default otherwise.")
     mp_parameters: dict = _hp({}, "SMP v2 settings passed through to torch.sagemaker.init (set by "
                                   "the SageMaker SDK's `distribution`); a named degree, when set, "
                                   "must agree with it.")
@@ -402,6 +409,12 @@ def _validate_parallel(par: ParallelConfig) -> None:
     if par.activation_offloading and par.activation_checkpointing == "none":
         raise _invalid("activation_offloading", True,
                        "false unless activation_checkpointing is full or selective")
+    if par.compile_mode == "cuda_graphs" and (not par.compile or par.parallelism != "single"
+                                              or par.activation_offloading):
+        # FSDP, DDP and DeepSpeed move or hook parameters and gradients outside the captured graphs,
+        # and offloading copies activations to the host: a replay would read stale memory.
+        raise _invalid("compile_mode", "cuda_graphs", "auto or default unless compile=true, "
+                                                      "parallelism=single and no activation_offloading")
 
 
 @dataclass(frozen=True)
