@@ -83,6 +83,8 @@ def test_command_line_strings_are_typed():
     ({"parallelism": "fsdp", "mixed_precision": "fp16"}, "bf16 or fp32 with fsdp"),
     ({"parallelism": "single", "compile_mode": "cuda_graphs"}, "unless compile=true"),
     ({"compile": True, "compile_mode": "cuda_graphs", "parallelism": "fsdp"}, "parallelism=single"),
+    ({"compile": True, "compile_mode": "cuda_graphs", "parallelism": "single", "grad_accum_steps": 2},
+     "grad_accum_steps=1"),
 ])
 def test_invalid_values_name_the_hyperparameter(raw, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -90,16 +90,18 @@ def test_metric_lines_match_the_contract_and_json_lines_agree(tmp_path, capsys):
 
 
 def test_compile_mode_uses_cuda_graphs_only_where_they_apply():
-    def par(**raw):
-        return from_hyperparameters({"model_preset": "llama-tiny", "compile": True, **raw}).parallel
+    def config(**raw):
+        return from_hyperparameters({"model_preset": "llama-tiny", "compile": True,
+                                     "parallelism": "single", "grad_accum_steps": 1, **raw})
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert parallel.compile_mode(par(parallelism="single"), cuda) == "reduce-overhead"
-    assert parallel.compile_mode(par(parallelism="single"), cpu) is None
-    assert parallel.compile_mode(par(parallelism="ddp"), cuda) is None  # DDP hooks the gradients
-    assert parallel.compile_mode(par(parallelism="single", compile_mode="default"), cuda) is None
+    assert parallel.compile_mode(config(), cuda) == "reduce-overhead"
+    assert parallel.compile_mode(config(), cpu) is None
+    assert parallel.compile_mode(config(parallelism="ddp"), cuda) is None  # DDP hooks the gradients
+    assert parallel.compile_mode(config(grad_accum_steps=2), cuda) is None
+    assert parallel.compile_mode(config(compile_mode="default"), cuda) is None
     with pytest.raises(ConfigError, match="compile_mode=cuda_graphs needs a CUDA GPU"):
-        parallel.compile_mode(par(parallelism="single", compile_mode="cuda_graphs"), cpu)
+        parallel.compile_mode(config(compile_mode="cuda_graphs"), cpu)
 
 
 def test_flops_per_token_and_peaks():

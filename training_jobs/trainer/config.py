@@ -110,9 +110,9 @@ class ParallelConfig:
     compile_mode: CompileMode = _hp(
         "auto", "With compile: cuda_graphs replays each compiled layer as a CUDA graph (torch.compile "
                 "mode reduce-overhead), which removes the per-kernel launch cost that bounds small "
-                "models and micro batches on fast GPUs; parallelism single only. default: inductor's "
-                "kernels launched one by one. auto: cuda_graphs on a GPU with parallelism single "
-                "and no activation offloading, default otherwise.")
+                "models and micro batches on fast GPUs; needs parallelism=single, grad_accum_steps=1 "
+                "and no activation_offloading. default: inductor's kernels launched one by one. "
+                "auto: cuda_graphs on a GPU where those hold, default otherwise.")
     mp_parameters: dict = _hp({}, "SMP v2 settings passed through to torch.sagemaker.init (set by "
                                   "the SageMaker SDK's `distribution`); a named degree, when set, "
                                   "must agree with it.")
@@ -374,6 +374,13 @@ def validate(config: TrainConfig) -> None:
                        "max_steps)")
     profile_window(config.logging.profile_steps)
     _validate_parallel(par)
+    if par.compile_mode == "cuda_graphs" and not cuda_graphs_apply(config):
+        # FSDP, DDP and DeepSpeed move or hook parameters and gradients outside the captured graphs,
+        # offloading copies activations to the host, and a second micro step's replay frees the
+        # gradients the first one left: each would read memory a replay has overwritten.
+        raise _invalid("compile_mode", "cuda_graphs", "auto or default unless compile=true, "
+                                                      "parallelism=single, grad_accum_steps=1 and no "
+                                                      "activation_offloading")
     if lora.quantization == "nf4" and lora.lora_r == 0:
         raise _invalid("quantization", "nf4", "none unless lora_r > 0 (QLoRA trains adapters on "
                                               "a 4-bit base)")
@@ -386,6 +393,14 @@ def validate(config: TrainConfig) -> None:
     if lora.lora_r and par.tensor_parallel_degree > 1:
         raise _invalid("lora_r", lora.lora_r, "0 with tensor_parallel_degree > 1 (LoRA with tensor "
                                               "parallel is not supported; use fsdp sharding)")
+
+
+def cuda_graphs_apply(config: TrainConfig) -> bool:
+    """Whether compiled layers may be replayed as CUDA graphs (on a GPU): the settings they were
+    measured and tested with (docs/benchmarks.md, GPU mode)."""
+    par = config.parallel
+    return (par.compile and par.parallelism == "single" and config.data.grad_accum_steps == 1
+            and not par.activation_offloading)
 
 
 def _validate_parallel(par: ParallelConfig) -> None:
@@ -409,12 +424,6 @@ def _validate_parallel(par: ParallelConfig) -> None:
     if par.activation_offloading and par.activation_checkpointing == "none":
         raise _invalid("activation_offloading", True,
                        "false unless activation_checkpointing is full or selective")
-    if par.compile_mode == "cuda_graphs" and (not par.compile or par.parallelism != "single"
-                                              or par.activation_offloading):
-        # FSDP, DDP and DeepSpeed move or hook parameters and gradients outside the captured graphs,
-        # and offloading copies activations to the host: a replay would read stale memory.
-        raise _invalid("compile_mode", "cuda_graphs", "auto or default unless compile=true, "
-                                                      "parallelism=single and no activation_offloading")
 
 
 @dataclass(frozen=True)

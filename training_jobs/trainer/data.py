@@ -36,6 +36,10 @@ class TokenSamples:
                      for shard in self.manifest.shards]
         per_shard = [max(len(tokens) - 1, 0) // seq_len for tokens in self.maps]
         self.starts = np.cumsum([0, *per_shard])
+        # Sample i of a shard as a row of a strided view (no copy): rows overlap by one token.
+        self.windows = [np.lib.stride_tricks.as_strided(
+            tokens, shape=(count, seq_len + 1), strides=(seq_len * tokens.itemsize, tokens.itemsize),
+            writeable=False) for tokens, count in zip(self.maps, per_shard, strict=True)]
         self.num_samples = int(self.starts[-1])
         if self.num_samples == 0:
             raise DataError(f"the {channel} channel ({self.manifest.folder}) holds "
@@ -46,9 +50,9 @@ class TokenSamples:
         """int64 array [len(indices), seq_len + 1] of the given sample indices."""
         out = np.empty((len(indices), self.seq_len + 1), dtype=np.int64)
         shards = np.searchsorted(self.starts, indices, side="right") - 1
-        for row, (index, shard) in enumerate(zip(indices, shards, strict=True)):
-            offset = int(index - self.starts[shard]) * self.seq_len
-            out[row] = self.maps[shard][offset:offset + self.seq_len + 1]
+        for shard in np.unique(shards):  # one fancy-indexed read per shard, not one per row
+            rows = np.flatnonzero(shards == shard)
+            out[rows] = self.windows[shard][indices[rows] - self.starts[shard]]
         if out.max() >= self.vocab_size or out.min() < 0:
             raise DataError(f"the {self.channel} channel holds token id {int(out.max())} outside the "
                             f"model's vocabulary of {self.vocab_size}: the shards are corrupt or were "

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .config import MeshShape, ParallelConfig
+from .config import MeshShape, ParallelConfig, TrainConfig, cuda_graphs_apply
 from .cpu_collectives import prefetch_forward, use_fast_cpu_collectives
 from .errors import ConfigError
 from .models import decoder_layers
@@ -124,19 +124,18 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, every: int) -> i
     return len(chosen)
 
 
-def compile_mode(par: ParallelConfig, device: torch.device) -> str | None:
+def compile_mode(config: TrainConfig, device: torch.device) -> str | None:
     """torch.compile's mode for the `compile_mode` hyperparameter (None: inductor's default).
 
     CUDA graphs pay where launching kernels costs more than running them: a 20M-parameter model at
     16K tokens per step trains ~1.8x faster on an H100 with them (docs/benchmarks.md, GPU mode).
     """
-    choice = par.compile_mode
+    choice = config.parallel.compile_mode
     if choice == "auto":
-        applies = device.type == "cuda" and par.parallelism == "single" and not par.activation_offloading
-        choice = "cuda_graphs" if applies else "default"
+        choice = "cuda_graphs" if device.type == "cuda" and cuda_graphs_apply(config) else "default"
     if choice == "cuda_graphs" and device.type != "cuda":
         raise ConfigError("compile_mode=cuda_graphs needs a CUDA GPU and this process has none: "
-                            "use compile_mode=auto or default")
+                          "use compile_mode=auto or default")
     return "reduce-overhead" if choice == "cuda_graphs" else None
 
 

@@ -103,7 +103,7 @@ class TorchStrategy:
         parallel.apply_activation_checkpointing(model, par.activation_checkpointing,
                                                 par.activation_checkpointing_every)
         if par.compile:
-            parallel.apply_compile(model, parallel.compile_mode(par, self.device))
+            parallel.apply_compile(model, parallel.compile_mode(self.config, self.device))
         if with_fsdp:
             dp_mesh = mesh["replicate", "shard"] if par.fsdp_sharding == "hybrid" else mesh["shard"]
             parallel.apply_fsdp(model, dp_mesh, par, offload=par.offload_params or par.offload_optimizer)
