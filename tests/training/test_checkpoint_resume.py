@@ -18,6 +18,7 @@ import time
 
 import psutil
 import pytest
+import torch
 
 from .conftest import REPO, TINY, TRAIN, child_env, job_root, losses, outcome, run_jobs, train_records
 
@@ -59,6 +60,9 @@ def runs(tmp_path_factory, tiny_data):
     launch = run_jobs(2, first, base)
     roots["first launch output"] = launch.output
     first_losses = {name: losses(roots[name]) for name in roots if name.endswith(("_full", "_parts"))}
+    # the synchronous save that ended fsdp_parts, before its resumed run prunes it
+    roots["fsdp_parts step 3"] = shutil.copytree(roots["fsdp_parts"] / "checkpoints" / "step_00000003",
+                                                 base / "fsdp_parts_step_3")
     for name in STRATEGIES:
         _damage(roots[f"{name}_parts"])
     run_jobs(2, [(roots[f"{name}_parts"], {**SIX, **hps, "keep_checkpoints": 1})
@@ -74,6 +78,34 @@ def test_resumed_run_equals_uninterrupted_run_exactly(runs, strategy):
     resumed = train_records(roots[f"{strategy}_parts"])
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]  # metrics.jsonl is appended
     assert [r["loss"] for r in resumed][3:] == uninterrupted[3:]
+
+
+def _checkpoint_state(folder, target):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(folder), str(target))
+    return torch.load(target, weights_only=False)
+
+
+def test_a_checkpoint_written_in_the_background_holds_the_state_of_its_step(runs, tmp_path):
+    """fsdp_full saved step 3 in the background while steps 4-6 trained; fsdp_parts saved the same
+    step synchronously before stopping: the two hold the same weights and optimizer state."""
+    roots, _ = runs
+    assert "checkpoint step=3 " in roots["first launch output"]
+    assert "(writing in the background)" in roots["first launch output"]
+    background = _checkpoint_state(roots["fsdp_full"] / "checkpoints" / "step_00000003", tmp_path / "a.pt")
+    synchronous = _checkpoint_state(roots["fsdp_parts step 3"], tmp_path / "b.pt")
+    flat_a, flat_b = _flatten(background), _flatten(synchronous)
+    assert flat_a.keys() == flat_b.keys() and any("exp_avg" in key for key in flat_a)
+    for key, value in flat_a.items():
+        assert torch.equal(value, flat_b[key]) if isinstance(value, torch.Tensor) else \
+            value == flat_b[key], key
+
+
+def _flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        return {k: v for key, value in tree.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
+    return {prefix: tree}
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +16,7 @@ from training_jobs.trainer import checkpoint, metrics, models, optim, parallel, 
 from training_jobs.trainer.config import ConfigError, ModelConfig, ParallelConfig, from_hyperparameters
 from training_jobs.trainer.deepspeed_strategy import deepspeed_config
 from training_jobs.trainer.environment import read_environment
-from training_jobs.trainer.errors import ContainerError, TrainingError
+from training_jobs.trainer.errors import CheckpointError, ContainerError, TrainingError
 
 
 def _config(**hps):
@@ -193,6 +195,55 @@ def test_a_hosts_share_of_a_committed_checkpoint_is_kept_but_not_resumed_from(tm
     checkpoint.CheckpointStore(tmp_path, keep=3, rank=0, local_main=True).prune()
     assert (folder / "__0_0.distcp").is_file()
     assert checkpoint.latest_complete(tmp_path) is None
+
+
+@pytest.fixture
+def group_of_one(tmp_path):
+    """This process as a job of one rank (the store's barriers and gathers are collectives)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "rendezvous"), 1), rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+class ControlledWrites:
+    """A strategy whose background writes finish when the test says so (the real DCP writes are
+    checked end to end in test_checkpoint_resume.py)."""
+
+    def __init__(self):
+        self.writes: dict[Path, Future] = {}
+
+    def save_checkpoint(self, folder, background_group=None):
+        (folder / "__0_0.distcp").write_bytes(b"weights")
+        if background_group is None:
+            return None
+        self.writes[folder] = Future()
+        return self.writes[folder]
+
+
+def test_a_background_save_is_committed_only_once_its_writes_are_done(tmp_path, group_of_one):
+    root = tmp_path / "checkpoints"
+    strategy = ControlledWrites()
+    store = checkpoint.CheckpointStore(root, keep=2, rank=0, local_main=True, background_writes=True)
+    final = store.save(5, strategy, {"step": 5}, wait=False)
+    assert not final.exists() and checkpoint.latest_complete(root) is None
+    assert store.poll_pending() is None  # still writing: nothing to resume from yet
+    strategy.writes[root / ".tmp-step_00000005"].set_result(None)
+    assert store.poll_pending() == final and checkpoint.is_complete(final)
+    assert store.pending is None
+
+    store.save(6, strategy, {"step": 6}, wait=False)
+    strategy.writes[root / ".tmp-step_00000006"].set_exception(OSError("No space left on device"))
+    with pytest.raises(CheckpointError, match="step 6 .* failed on this rank: No space left"):
+        store.poll_pending()
+    assert checkpoint.latest_complete(root) == final  # the failed one never counts
+
+    store.save(7, strategy, {"step": 7}, wait=False)
+    strategy.writes[root / ".tmp-step_00000007"].set_result(None)
+    store.save(8, strategy, {"step": 8}, wait=True)  # finishes the save in flight first
+    assert [step for step, _ in checkpoint.scan(root).complete] == [7, 8]  # keep=2
 
 
 def test_resuming_into_another_model_is_refused():

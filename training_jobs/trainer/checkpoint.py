@@ -24,6 +24,7 @@ import re
 import shutil
 import signal
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .errors import TrainingError
+from .errors import CheckpointError, TrainingError
 
 MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.json"
@@ -115,6 +116,16 @@ def _rng_path(folder: Path, rank: int) -> Path:
 
 # --- writing and reading ------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class PendingSave:
+    """A checkpoint being written in the background, committed once every rank has finished."""
+
+    step: int
+    temporary: Path
+    final: Path
+    writes: Future
+
+
 class CheckpointStore:
     """Writes and finds checkpoints in one folder.
 
@@ -122,30 +133,79 @@ class CheckpointStore:
     folders in S3 and gives every host the union on the next start), so the local rank 0 of each
     host renames its folder and writes a marker listing every host's files. When the folder is on
     a shared file system (every rank's files appear in it), only rank 0 does.
+
+    With `background_writes`, a save returns once the strategy has copied its state to host memory;
+    the files are written by DCP in a thread over a process group of their own (collectives of two
+    threads on one group would interleave differently on different ranks), and the checkpoint is
+    committed (renamed and marked COMPLETE) at the first step at which every rank's writes are done.
     """
 
-    def __init__(self, root: Path, keep: int, rank: int, local_main: bool) -> None:
+    def __init__(self, root: Path, keep: int, rank: int, local_main: bool, *,
+                 background_writes: bool = False) -> None:
         self.root, self.keep, self.rank, self.local_main = root, keep, rank, local_main
+        # Every rank builds its store at the same point, as new_group requires.
+        self.writer_group = dist.new_group(backend="gloo") if background_writes else None
+        self.pending: PendingSave | None = None
 
-    def save(self, step: int, strategy, trainer_state: dict) -> Path:
+    def save(self, step: int, strategy, trainer_state: dict, *, wait: bool = True) -> Path:
+        """Write checkpoint `step`; with wait=False (and background writes) return before the
+        strategy's files are written. A save in flight is finished first. A collective."""
+        self.finish_pending()
         final = self.root / folder_name(step)
         temporary = self.root / (TMP_PREFIX + folder_name(step))
         if self.local_main:
             shutil.rmtree(temporary, ignore_errors=True)  # left over from an earlier attempt
             temporary.mkdir(parents=True, exist_ok=True)
         dist.barrier()
-        strategy.save_checkpoint(temporary)
+        writes = None
+        if wait or self.writer_group is None:
+            strategy.save_checkpoint(temporary)
+        else:
+            writes = strategy.save_checkpoint(temporary, self.writer_group)
         _rng_path(temporary, self.rank).parent.mkdir(exist_ok=True)
         torch.save(rng_state(), _rng_path(temporary, self.rank))
         if self.local_main:
             _write_atomically(temporary / STATE_FILE, json.dumps(trainer_state, indent=1))
+        if writes is not None:
+            self.pending = PendingSave(step, temporary, final, writes)
+        else:
+            self._commit_everywhere(step, temporary, final)
+        return final
+
+    def poll_pending(self) -> Path | None:
+        """Commit the save in flight if every rank's writes are done; returns its folder then.
+        A collective while a save is in flight (every rank has one then, or none)."""
+        if self.pending is None:
+            return None
+        if not _all_ranks(self.pending.writes.done()):
+            return None
+        return self.finish_pending()
+
+    def finish_pending(self) -> Path | None:
+        """Wait for the save in flight and commit it; returns its folder. A collective."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        try:
+            pending.writes.result()
+            failure = None
+        except Exception as error:  # the writer thread's own error (disk full, permissions, ...)
+            failure = error
+        if not _all_ranks(failure is None):  # every rank stops, not only the one that failed
+            reason = f"this rank: {failure}" if failure else "another rank (its log has the error)"
+            raise CheckpointError(f"writing checkpoint step {pending.step} into {pending.temporary} "
+                                  f"failed on {reason}; the previous complete checkpoint is kept. "
+                                  "Check the free space of the checkpoint folder") from failure
+        self._commit_everywhere(pending.step, pending.temporary, pending.final)
+        return pending.final
+
+    def _commit_everywhere(self, step: int, temporary: Path, final: Path) -> None:
         dist.barrier()
         files = self._all_hosts_files(temporary)
         if self.local_main and (self.rank == 0 or not self._shared(temporary)):
             self._commit(temporary, final, step, files)
             self.prune()
         dist.barrier()
-        return final
 
     def _all_hosts_files(self, temporary: Path) -> dict[str, int]:
         mine = _files_with_sizes(temporary) if self.local_main else {}
@@ -181,6 +241,14 @@ class CheckpointStore:
         if rng_file.is_file():
             set_rng_state(torch.load(rng_file, weights_only=False))
         return state
+
+
+def _all_ranks(flag: bool) -> bool:
+    """True when `flag` holds on every rank (a MIN all-reduce on a CPU tensor; gloo)."""
+    value = torch.tensor([int(flag)], dtype=torch.int32)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return bool(value.item())
 
 
 # --- when to save ---------------------------------------------------------------------------------

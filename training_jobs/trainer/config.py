@@ -139,6 +139,12 @@ class CheckpointConfig:
                                                "save (0 = never by time).", minimum=0.0)
     keep_checkpoints: int = _hp(3, "Complete checkpoints to keep (older ones are deleted).",
                                 minimum=1)
+    checkpoint_async: bool = _hp(True, "Write checkpoints in the background: training waits only "
+                                       "while the state is copied to host memory, and the checkpoint "
+                                       "is marked complete once every rank's files are written "
+                                       "(parallelism single, ddp and fsdp; deepspeed and smp save "
+                                       "synchronously). The last checkpoint, and one on a stop "
+                                       "signal, are written before the job ends.")
 
 
 @dataclass(frozen=True)

@@ -23,3 +23,7 @@ class ContainerError(TrainingError):
 
 class DivergenceError(TrainingError):
     """Training produced a non-finite loss or gradient norm."""
+
+
+class CheckpointError(TrainingError):
+    """A checkpoint could not be written."""

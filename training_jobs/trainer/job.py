@@ -98,7 +98,8 @@ def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device
         config=config, strategy=strategy,
         train=TrainBatches(train_samples, layout, config.run.seed, device), evaluation=evaluation,
         store=CheckpointStore(env.checkpoint_dir, config.checkpoint.keep_checkpoints, env.rank,
-                              env.is_local_main),
+                              env.is_local_main, background_writes=config.checkpoint.checkpoint_async
+                              and getattr(strategy, "saves_asynchronously", False)),
         triggers=Triggers(config.checkpoint.checkpoint_every_steps,
                           config.checkpoint.checkpoint_every_minutes, stop),
         metrics=MetricsLogger(env.output_data_dir, env.is_main, config.logging.tensorboard),

@@ -157,12 +157,22 @@ def _due(every: int, step: int, last: bool) -> bool:
     return last or (every > 0 and step % every == 0)
 
 
-def save(ctx: LoopContext) -> None:
+def save(ctx: LoopContext, *, wait: bool) -> None:
+    """Checkpoint now; with wait=False the files may still be written after this returns (the log
+    line's seconds are then the time training stood still, and a second line reports the commit)."""
     started = time.perf_counter()
-    path = ctx.store.save(ctx.step, ctx.strategy, ctx.trainer_state())
+    path = ctx.store.save(ctx.step, ctx.strategy, ctx.trainer_state(), wait=wait)
     ctx.triggers.saved()
     if dist.get_rank() == 0:
-        log(f"checkpoint step={ctx.step} path={path} seconds={time.perf_counter() - started:.2f}")
+        background = " (writing in the background)" if ctx.store.pending else ""
+        log(f"checkpoint step={ctx.step} path={path} seconds={time.perf_counter() - started:.2f}"
+            f"{background}")
+
+
+def _commit_finished_save(ctx: LoopContext) -> None:
+    committed = ctx.store.poll_pending()
+    if committed is not None and dist.get_rank() == 0:
+        log(f"checkpoint complete: {committed}")
 
 
 def _after_step(ctx: LoopContext, window: Window, last: bool) -> tuple[Window, bool]:
@@ -173,10 +183,11 @@ def _after_step(ctx: LoopContext, window: Window, last: bool) -> tuple[Window, b
         report(ctx, window)  # also the divergence check: a diverged model is never saved
         window = Window(ctx.step + 1, time.perf_counter())
     paused = time.perf_counter()
+    _commit_finished_save(ctx)
     if ctx.evaluation is not None and _due(logging.eval_every_steps, ctx.step, last):
         evaluate(ctx)
     if checkpoint_now or stop or last:
-        save(ctx)
+        save(ctx, wait=stop or last)  # the job ends after these: their files must be on disk
     window.excluded += time.perf_counter() - paused  # not training time: keep it out of tokens/s
     return window, stop
 

@@ -9,6 +9,7 @@ and `full_state_dict` for the export.
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from .config import TrainConfig, resolve_mesh
 from .lora import apply_lora, check_quantization, quantization_config
 from .models import ModelSource, build_model
 from .optim import build_optimizer, build_scheduler, peak_lr
+
+ASYNC_CHECKPOINT_KINDS = ("single", "ddp", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -204,10 +207,20 @@ class TorchStrategy:
             state["scaler"] = self.scaler.state_dict()
         return state
 
-    def save_checkpoint(self, folder: Path) -> None:
+    @property
+    def saves_asynchronously(self) -> bool:
+        """DCP can write this strategy's state in the background (SMP v2's FSDP1 state: untested)."""
+        return self.kind in ASYNC_CHECKPOINT_KINDS
+
+    def save_checkpoint(self, folder: Path, background_group=None) -> Future | None:
+        """Writes the state into `folder`; with a process group, in a background thread that uses
+        that group (never the training's), returning once the state is copied to host memory."""
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(self._state(), checkpoint_id=str(folder))
+        if background_group is None:
+            dcp.save(self._state(), checkpoint_id=str(folder))
+            return None
+        return dcp.async_save(self._state(), checkpoint_id=str(folder), process_group=background_group)
 
     def load_checkpoint(self, folder: Path) -> None:
         import torch.distributed.checkpoint as dcp
