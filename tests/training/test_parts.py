@@ -245,6 +245,10 @@ def test_a_background_save_is_committed_only_once_its_writes_are_done(tmp_path, 
     store.save(8, strategy, {"step": 8}, wait=True)  # finishes the save in flight first
     assert [step for step, _ in checkpoint.scan(root).complete] == [7, 8]  # keep=2
 
+    store.save(9, strategy, {"step": 9}, wait=False)
+    store.abandon_pending(timeout_s=0.1)  # a job stopping with an error: never committed
+    assert store.pending is None and checkpoint.latest_complete(root).name == "step_00000008"
+
 
 def test_resuming_into_another_model_is_refused():
     state = {"hyperparameters": {"model_preset": "llama-1b", "lora_r": 0}}

@@ -24,7 +24,7 @@ import re
 import shutil
 import signal
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,6 +198,13 @@ class CheckpointStore:
                                   "Check the free space of the checkpoint folder") from failure
         self._commit_everywhere(pending.step, pending.temporary, pending.final)
         return pending.final
+
+    def abandon_pending(self, timeout_s: float = 300.0) -> None:
+        """On a job that stops with an error: let the writes in flight end (without committing:
+        that would be a collective, and another rank may be gone) before the process group goes."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            wait([pending.writes], timeout=timeout_s)
 
     def _commit_everywhere(self, step: int, temporary: Path, final: Path) -> None:
         dist.barrier()

@@ -42,6 +42,7 @@ class Job:
     resumed_from: Path | None = None
 
     def close(self) -> None:
+        self.loop.store.abandon_pending()  # only an error leaves one (the last save waits)
         self.loop.metrics.close()
         self.loop.strategy.close()
 
