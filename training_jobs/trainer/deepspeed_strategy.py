@@ -49,12 +49,10 @@ class DeepSpeedStrategy:
     def __init__(self, ctx) -> None:
         import deepspeed
 
-        from .lora import check_quantization
         from .strategy import prepare_model
 
         config = ctx.config
         self.config, self.device, self.kind = config, ctx.device, "deepspeed"
-        check_quantization(config.lora, self.kind, has_checkpoint=ctx.source.pretrained_dir is not None)
         if config.parallel.mixed_precision == "fp16" and ctx.device.type == "cpu":
             raise ConfigError("invalid hyperparameter 'mixed_precision': DeepSpeed runs fp16 only on "
                               "GPUs; use bf16 or fp32 on a CPU")

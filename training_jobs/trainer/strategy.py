@@ -64,8 +64,6 @@ class TorchStrategy:
         config, par = ctx.config, ctx.config.parallel
         self.config, self.device = config, ctx.device
         self.kind = par.parallelism
-        check_quantization(config.lora, self.kind,
-                           has_checkpoint=ctx.source.pretrained_dir is not None)
         shape = resolve_mesh(par, ctx.world_size, ctx.num_hosts)
         self.topology = parallel.build_topology(shape, ctx.device, needs_mesh=self.kind == "fsdp")
         hf_model = self._build_fsdp(ctx) if self.kind == "fsdp" else self._build_replicated(ctx)
@@ -253,6 +251,7 @@ def _device_ids(device: torch.device) -> list[int] | None:
 
 def build_strategy(ctx: SetupContext):
     kind = ctx.config.parallel.parallelism
+    check_quantization(ctx.config.lora, kind, has_checkpoint=ctx.source.pretrained_dir is not None)
     if kind == "deepspeed":
         from .deepspeed_strategy import DeepSpeedStrategy
 
