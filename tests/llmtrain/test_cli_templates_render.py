@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from templates_support import REPO_ROOT, TEMPLATE_NAMES, copy_catalog, platform_context
+from templates_support import REPO_ROOT, TEMPLATE_NAMES, catalog, copy_catalog, platform_context
 
 from llmtrain.cli import main
 from llmtrain.environments import StackOutput
@@ -27,19 +27,26 @@ def test_templates_table_lists_every_version(capsys):
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == ["NAME", "VERSION", "STRATEGY", "INSTANCE", "TYPE", "COUNT"]
-    assert [line.split()[0] for line in lines[1:]] == list(TEMPLATE_NAMES)
-    fsdp = next(line for line in lines if line.startswith("llama-pretrain-fsdp "))
-    assert fsdp.split()[1:5] == ["1.0.0", "fsdp", "ml.p4d.24xlarge", "2"]
-    assert fsdp.endswith("latest, default")
+    assert [line.split()[:2] for line in lines[1:]] == [[name, version] for name, version in _versions()]
+    fsdp = [line for line in lines if line.startswith("llama-pretrain-fsdp ")]
+    assert [line.split()[1:5] for line in fsdp] == [["1.0.0", "fsdp", "ml.p4d.24xlarge", "2"],
+                                                    ["1.1.0", "fsdp", "ml.p4d.24xlarge", "2"]]
+    assert fsdp[0].endswith(" default") and fsdp[1].endswith(" latest, default")
 
 
 def test_templates_json_is_a_list_of_objects(capsys):
     code, out, _ = run(capsys, "templates", "--json")
     rows = json.loads(out)
     assert code == 0
-    assert [(r["name"], r["version"]) for r in rows] == [(name, "1.0.0") for name in TEMPLATE_NAMES]
+    assert [(r["name"], r["version"]) for r in rows] == _versions()
+    assert [(r["name"], r["version"]) for r in rows if r["latest"]] == \
+        [(name, catalog().versions(name)[-1]) for name in TEMPLATE_NAMES]
     smp = next(r for r in rows if r["name"] == "llama-pretrain-smp")
     assert (smp["strategy"], smp["instance_type"], smp["default"]) == ("smp", "ml.p4d.24xlarge", False)
+
+
+def _versions() -> list[tuple[str, str]]:
+    return [(name, version) for name in TEMPLATE_NAMES for version in catalog().versions(name)]
 
 
 def test_templates_show_prints_the_version(capsys):
@@ -130,7 +137,7 @@ def test_render_with_a_platform_file(capsys, tmp_path):
         (["render", "gpt2-ddp@7.0.0", "--run-name", "r"], "has no version '7.0.0'"),
         (
             ["render", "gpt2-ddp", "--run-name", "r", "--set", "zero_stage=3"],
-            "override 'zero_stage': gpt2-ddp@1.0.0 does not allow overriding it",
+            "override 'zero_stage': gpt2-ddp@1.1.0 does not allow overriding it",
         ),
         (["render", "gpt2-ddp", "--run-name", "r", "--set", "max_steps=-5"], "is below the minimum 1"),
         (

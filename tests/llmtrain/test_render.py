@@ -60,7 +60,7 @@ def test_every_catalog_version_renders_a_valid_request(ref):
     assert request["ResourceConfig"]["KeepAlivePeriodInSeconds"] == spec.keep_alive_seconds
     assert {t["Key"]: t["Value"] for t in request["Tags"]} == {
         "llmtrain:template": spec.name,
-        "llmtrain:template-version": "1.0.0",
+        "llmtrain:template-version": spec.version,
         "llmtrain:run": "r1",
         "llmtrain:attempt": "1",
         "llmtrain:owner": "unknown",
@@ -69,7 +69,7 @@ def test_every_catalog_version_renders_a_valid_request(ref):
     hyperparameters = _decoded_hyperparameters(request)
     assert (
         hyperparameters["sagemaker_submit_directory"]
-        == f"s3://llmtrain-test-code/templates/{spec.name}/1.0.0/sourcedir.tar.gz"
+        == f"s3://llmtrain-test-code/templates/{spec.name}/{spec.version}/sourcedir.tar.gz"
     )
     assert hyperparameters["sagemaker_program"] == spec.code.entry_point
     assert hyperparameters["max_steps"] == spec.hyperparameters["max_steps"]
@@ -257,7 +257,7 @@ def test_resource_overrides_reach_the_request():
         (
             "llama-finetune-lora",
             {"instance_count": 2},
-            "override 'instance_count': llama-finetune-lora@1.0.0 does not allow overriding it; it allows: ",
+            "override 'instance_count': llama-finetune-lora@1.1.0 does not allow overriding it; it allows: ",
         ),
         ("llama-pretrain-fsdp", {"sagemaker_program": "evil.py"}, "does not allow overriding it"),
         ("llama-pretrain-fsdp", {"max_steps": 0}, "override 'max_steps': 0 is below the minimum 1"),
@@ -322,11 +322,15 @@ def test_degrees_that_do_not_divide_the_world_size_are_rejected():
 
 
 def test_qlora_is_rejected_under_a_strategy_that_shards_the_base():
-    message = _problems("llama-finetune-lora", overrides={"quantization": "nf4"})
+    # 1.0.0 listed nf4 among its overridable values; render refuses it, naming the fix.
+    message = _problems("llama-finetune-lora@1.0.0", overrides={"quantization": "nf4"})
     assert (
         "quantization=nf4 (QLoRA) trains with strategy single or ddp, and llama-finetune-lora@1.0.0 "
         "uses fsdp: set quantization=none" in message
     )
+    # 1.1.0 no longer offers it.
+    with pytest.raises(OverrideError, match="llama-finetune-lora@1.1.0 does not allow overriding it"):
+        _render("llama-finetune-lora@1.1.0", overrides={"quantization": "nf4"})
     request = _render("llama-finetune-qlora")
     hyperparameters = _decoded_hyperparameters(request)
     assert hyperparameters["quantization"] == "nf4" and hyperparameters["parallelism"] == "ddp"
