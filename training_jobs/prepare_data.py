@@ -1,7 +1,8 @@
 """Turn text or JSONL files into the token shards the training program reads.
 
     python -m training_jobs.prepare_data --input FILES_OR_DIR... --tokenizer DIR --output DIR
-        [--workers N] [--text-key text] [--validation-fraction 0.01] [--shard-tokens N]
+        [--workers N] [--text-key text | --completion-key completion [--prompt-key prompt]]
+        [--validation-fraction 0.01] [--shard-tokens N]
 
 Inputs: `.jsonl`/`.json` files hold one JSON object per line (the document is its `--text-key`
 field); `.csv`/`.tsv` files have a header row (the document is the `--text-key` column of each row);
@@ -11,6 +12,12 @@ Documents are tokenized in parallel worker processes; the output is identical wh
 of workers (results are written in input order). With `--validation-fraction`, a deterministic
 share of the documents goes to OUTPUT/validation and the rest to OUTPUT/train; upload each folder as
 its own channel.
+
+Supervised fine-tuning: with `--completion-key`, each JSONL record or CSV/TSV row is one example, a
+prompt (`--prompt-key`, default `prompt`) and its completion. The two are tokenized separately and
+packed like documents (prompt, completion, end-of-sequence id), and a loss mask beside the shards
+marks the completion and its end-of-sequence id as the only training targets: the model learns to
+answer and to stop, not to reproduce prompts.
 """
 
 from __future__ import annotations
@@ -33,7 +40,13 @@ if __package__ in (None, ""):
 import numpy as np  # noqa: E402
 
 from training_jobs.trainer.errors import DataError  # noqa: E402
-from training_jobs.trainer.shards import DTYPES, MANIFEST, dtype_for_vocab, write_manifest  # noqa: E402
+from training_jobs.trainer.shards import (  # noqa: E402
+    DTYPES,
+    MANIFEST,
+    dtype_for_vocab,
+    mask_name,
+    write_manifest,
+)
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 TABLE_DELIMITERS = {".csv": ",", ".tsv": "\t"}
@@ -44,11 +57,42 @@ CONVERT_HINT = "convert it to JSONL (one {\"text\": ...} object per line), CSV o
 DOCUMENTS_PER_TASK = 256
 
 
+# A document's text, or an example's (prompt, completion) for a loss-masked dataset.
+Content = str | tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Which JSONL fields or CSV/TSV columns hold a document (text) or an example (prompt,
+    completion)."""
+
+    text: str = "text"
+    prompt: str | None = None
+    completion: str | None = None
+
+    @property
+    def loss_mask(self) -> bool:
+        return self.completion is not None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.prompt, self.completion) if self.loss_mask else (self.text,)
+
+    def option(self, name: str) -> str:
+        """The command-line option that chooses the field `name`."""
+        if not self.loss_mask:
+            return "--text-key"
+        return "--prompt-key" if name == self.prompt else "--completion-key"
+
+    def content(self, values: list[str]) -> Content:
+        return (values[0], values[1]) if self.loss_mask else values[0]
+
+
 @dataclass(frozen=True)
 class Task:
-    """A batch of documents for one worker: (source, text) pairs plus the bytes they span."""
+    """A batch of documents for one worker: (source, content) pairs plus the bytes they span."""
 
-    documents: list[tuple[str, str]]
+    documents: list[tuple[str, Content]]
     num_bytes: int
 
 
@@ -67,7 +111,7 @@ def find_inputs(inputs: list[str]) -> list[Path]:
     return files
 
 
-def _jsonl_documents(path: Path, text_key: str) -> Iterator[tuple[str, str, int]]:
+def _jsonl_documents(path: Path, fields: Fields) -> Iterator[tuple[str, Content, int]]:
     with path.open("rb") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -77,31 +121,38 @@ def _jsonl_documents(path: Path, text_key: str) -> Iterator[tuple[str, str, int]
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise DataError(f"{where}: not a JSON object ({error})") from error
-            if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
-                raise DataError(f"{where}: no string field {text_key!r} (choose it with --text-key)")
-            yield where, record[text_key], len(line)
+            for name in fields.names:
+                if not isinstance(record, dict) or not isinstance(record.get(name), str):
+                    raise DataError(f"{where}: no string field {name!r} (choose it with "
+                                    f"{fields.option(name)})")
+            yield where, fields.content([record[name] for name in fields.names]), len(line)
 
 
-def _table_documents(path: Path, text_key: str) -> Iterator[tuple[str, str, int]]:
+def _table_documents(path: Path, fields: Fields) -> Iterator[tuple[str, Content, int]]:
     delimiter = TABLE_DELIMITERS[path.suffix.lower()]
     csv.field_size_limit(2**31 - 1)  # a cell holds a whole document (the default stops at 128 KiB)
     with path.open(newline="", encoding="utf-8") as handle:
         rows = csv.DictReader(handle, delimiter=delimiter)
-        if text_key not in (rows.fieldnames or ()):
-            columns = ", ".join(rows.fieldnames or ()) or "none"
-            raise DataError(f"{path}: no column {text_key!r} in the header (columns: {columns}); "
-                            "choose it with --text-key")
+        for name in fields.names:
+            if name not in (rows.fieldnames or ()):
+                columns = ", ".join(rows.fieldnames or ()) or "none"
+                raise DataError(f"{path}: no column {name!r} in the header (columns: {columns}); "
+                                f"choose it with {fields.option(name)}")
         try:
             for row in rows:
-                text = row[text_key]
-                if text:
-                    yield f"{path}:{rows.line_num}", text, len(text.encode())
+                values = [row[name] or "" for name in fields.names]
+                if values[-1]:  # a row without text (or without a completion) trains nothing
+                    yield (f"{path}:{rows.line_num}", fields.content(values),
+                           sum(len(value.encode()) for value in values))
         except csv.Error as error:
             where = f"{path}:{rows.line_num}"
             raise DataError(f"{where}: not a well-formed {path.suffix} row ({error})") from error
 
 
-def _text_document(path: Path) -> tuple[str, str, int]:
+def _text_document(path: Path, fields: Fields) -> tuple[str, str, int]:
+    if fields.loss_mask:
+        raise DataError(f"{path}: a plain text file holds no prompt and completion; with "
+                        "--completion-key the input must be JSONL, CSV or TSV")
     data = path.read_bytes()
     try:
         return str(path), data.decode("utf-8"), len(data)
@@ -109,28 +160,28 @@ def _text_document(path: Path) -> tuple[str, str, int]:
         raise DataError(f"{path}: not UTF-8 text (byte {error.start}); {CONVERT_HINT}") from error
 
 
-def iter_documents(files: list[Path], text_key: str) -> Iterator[tuple[str, str, int]]:
-    """(where, text, bytes) for every document, in a fixed order."""
+def iter_documents(files: list[Path], fields: Fields) -> Iterator[tuple[str, Content, int]]:
+    """(where, content, bytes) for every document or example, in a fixed order."""
     for path in files:
         suffix = path.suffix.lower()
         if suffix in BINARY_SUFFIXES:
             raise DataError(f"{path}: a {suffix} file is not text; {CONVERT_HINT}")
         try:
             if suffix in JSONL_SUFFIXES:
-                yield from _jsonl_documents(path, text_key)
+                yield from _jsonl_documents(path, fields)
             elif suffix in TABLE_DELIMITERS:
-                yield from _table_documents(path, text_key)
+                yield from _table_documents(path, fields)
             else:
-                yield _text_document(path)
+                yield _text_document(path, fields)
         except UnicodeDecodeError as error:
             raise DataError(f"{path}: not UTF-8 text ({error.reason}); {CONVERT_HINT}") from error
 
 
-def iter_tasks(files: list[Path], text_key: str) -> Iterator[Task]:
-    batch: list[tuple[str, str]] = []
+def iter_tasks(files: list[Path], fields: Fields) -> Iterator[Task]:
+    batch: list[tuple[str, Content]] = []
     size = 0
-    for where, text, num_bytes in iter_documents(files, text_key):
-        batch.append((where, text))
+    for where, content, num_bytes in iter_documents(files, fields):
+        batch.append((where, content))
         size += num_bytes
         if len(batch) == DOCUMENTS_PER_TASK:
             yield Task(batch, size)
@@ -158,45 +209,74 @@ def _init_worker(tokenizer_path: str, dtype: str) -> None:
     _DTYPE = DTYPES[dtype]
 
 
-def tokenize_task(task: Task) -> tuple[list[np.ndarray], int]:
-    """Token ids of each document, with the document separators added."""
+Tokenized = tuple[np.ndarray, np.ndarray | None]  # token ids, and the loss mask of an example
+
+
+def tokenize_task(task: Task) -> tuple[list[Tokenized], int]:
+    """Token ids of each document, with the document separators added; for examples, also the
+    loss mask (1 on the completion and its end-of-sequence id)."""
     tokenizer = _TOKENIZER
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     prefix = [bos] if bos is not None and bos != eos else []
-    encoded = tokenizer([text for _, text in task.documents], add_special_tokens=False)["input_ids"]
-    return [np.asarray(prefix + ids + [eos], dtype=_DTYPE) for ids in encoded], task.num_bytes
+    contents = [content for _, content in task.documents]
+    if not contents or isinstance(contents[0], str):
+        encoded = tokenizer(contents, add_special_tokens=False)["input_ids"]
+        return [(np.asarray(prefix + ids + [eos], dtype=_DTYPE), None) for ids in encoded], \
+            task.num_bytes
+    prompts = tokenizer([prompt for prompt, _ in contents], add_special_tokens=False)["input_ids"]
+    answers = tokenizer([answer for _, answer in contents], add_special_tokens=False)["input_ids"]
+    examples = []
+    for prompt, answer in zip(prompts, answers, strict=True):
+        context = prefix + prompt
+        examples.append((np.asarray(context + answer + [eos], dtype=_DTYPE),
+                         np.asarray([0] * len(context) + [1] * (len(answer) + 1), dtype=np.uint8)))
+    return examples, task.num_bytes
 
 
 # --- output side ---------------------------------------------------------------------------------
 
 class ShardWriter:
-    """Appends documents to fixed-size shard files and writes the manifest at the end."""
+    """Appends documents to fixed-size shard files (and their loss masks) and writes the manifest
+    at the end."""
 
-    def __init__(self, split: str, folder: Path, dtype: str, shard_tokens: int) -> None:
+    def __init__(self, split: str, folder: Path, dtype: str, shard_tokens: int,
+                 loss_mask: bool = False) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         if (folder / MANIFEST).exists():
             raise DataError(f"{folder} already holds a dataset ({MANIFEST}); choose another --output")
         self.split, self.folder, self.shard_tokens = split, folder, shard_tokens
-        self.dtype_name = dtype
+        self.dtype_name, self.loss_mask = dtype, loss_mask
         self.shards: list[tuple[str, int]] = []
         self.buffer: list[np.ndarray] = []
+        self.mask_buffer: list[np.ndarray] = []
         self.buffered = 0
         self.documents = 0
 
-    def add(self, tokens: np.ndarray) -> None:
+    def add(self, tokens: np.ndarray, mask: np.ndarray | None = None) -> None:
+        if (mask is not None) != self.loss_mask:
+            raise ValueError("a loss-masked dataset needs a mask for every document, and only it")
         self.buffer.append(tokens)
+        if mask is not None:
+            self.mask_buffer.append(mask)
         self.buffered += len(tokens)
         self.documents += 1
         while self.buffered >= self.shard_tokens:
             self._flush(self.shard_tokens)
 
     def _flush(self, count: int) -> None:
-        joined = np.concatenate(self.buffer)
         name = f"shard_{len(self.shards):05d}.bin"
-        joined[:count].tofile(self.folder / name)
+        self.buffer = self._write(self.buffer, count, name)
+        if self.loss_mask:
+            self.mask_buffer = self._write(self.mask_buffer, count, mask_name(name))
         self.shards.append((name, count))
+        self.buffered -= count
+
+    def _write(self, buffer: list[np.ndarray], count: int, name: str) -> list[np.ndarray]:
+        """Write the first `count` values; return the rest as the new buffer."""
+        joined = np.concatenate(buffer)
+        joined[:count].tofile(self.folder / name)
         rest = joined[count:]
-        self.buffer, self.buffered = ([rest] if len(rest) else []), len(rest)
+        return [rest] if len(rest) else []
 
     def close(self, vocab_size: int, eos_token_id: int, tokenizer: str) -> int:
         if self.buffered:
@@ -206,7 +286,7 @@ class ShardWriter:
                             "holds too few documents (lower --validation-fraction or add data)")
         write_manifest(self.folder, dtype=self.dtype_name, vocab_size=vocab_size,
                        eos_token_id=eos_token_id, num_documents=self.documents,
-                       shards=self.shards, tokenizer=tokenizer)
+                       shards=self.shards, tokenizer=tokenizer, loss_mask=self.loss_mask)
         return sum(count for _, count in self.shards)
 
 
@@ -242,15 +322,16 @@ def prepare(args: argparse.Namespace) -> dict[str, int]:
     output = Path(args.output)
     splits = {"train": output / "train", "validation": output / "validation"} \
         if args.validation_fraction > 0 else {"train": output}
-    writers = {name: ShardWriter(name, folder, dtype, args.shard_tokens)
+    fields = Fields(args.text_key, args.prompt_key, args.completion_key)
+    writers = {name: ShardWriter(name, folder, dtype, args.shard_tokens, fields.loss_mask)
                for name, folder in splits.items()}
     index = 0
-    with _tokenized(args, dtype, iter_tasks(files, args.text_key)) as results, \
+    with _tokenized(args, dtype, iter_tasks(files, fields)) as results, \
             _progress(sum(f.stat().st_size for f in files)) as bar:
         for documents, num_bytes in results:
-            for tokens in documents:
+            for tokens, mask in documents:
                 split = "validation" if is_validation(index, args.validation_fraction) else "train"
-                writers[split].add(tokens)
+                writers[split].add(tokens, mask)
                 index += 1
             bar.update(num_bytes)
     return {name: writer.close(vocab_size, tokenizer.eos_token_id, str(args.tokenizer))
@@ -266,6 +347,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     parser.add_argument("--text-key", default="text",
                         help="JSONL field or CSV/TSV column holding the text")
+    parser.add_argument("--completion-key", default=None,
+                        help="supervised fine-tuning: the field or column holding each example's "
+                             "completion; the loss is then computed on completions only")
+    parser.add_argument("--prompt-key", default=None,
+                        help="with --completion-key: the field or column holding the prompt "
+                             "(default: prompt)")
     parser.add_argument("--validation-fraction", type=float, default=0.0)
     parser.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard file")
     args = parser.parse_args(argv)
@@ -275,6 +362,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--validation-fraction must be in [0, 1)")
     if args.shard_tokens < 1:
         parser.error("--shard-tokens must be at least 1")
+    if args.prompt_key is not None and args.completion_key is None:
+        parser.error("--prompt-key needs --completion-key (an example is a prompt and its completion)")
+    if args.completion_key is not None:
+        args.prompt_key = args.prompt_key or "prompt"
+        if args.prompt_key == args.completion_key:
+            parser.error("--prompt-key and --completion-key name the same field")
     return args
 
 

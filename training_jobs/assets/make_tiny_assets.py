@@ -2,10 +2,12 @@
 
     python training_jobs/assets/make_tiny_assets.py
 
-Writes examples/data/tiny_corpus/{train,validation}.jsonl (deterministic, a few hundred KB) and
-training_jobs/assets/tokenizer/ (a byte-level BPE trained on that corpus, saved as an HF tokenizer
-folder). Nothing is downloaded: the text comes from a small seeded grammar, so tests and examples
-run offline and the files are reproducible byte for byte.
+Writes examples/data/tiny_corpus/{train,validation}.jsonl (deterministic, a few hundred KB),
+examples/data/tiny_sft/{train,validation}.jsonl (prompt/completion pairs for supervised fine-tuning:
+list three things, answer with them in reverse order) and training_jobs/assets/tokenizer/ (a
+byte-level BPE trained on the corpus, saved as an HF tokenizer folder). Nothing is downloaded:
+the text comes from a small seeded grammar, so tests and examples run offline and the files are
+reproducible byte for byte.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS_DIR = REPO / "examples" / "data" / "tiny_corpus"
+SFT_DIR = REPO / "examples" / "data" / "tiny_sft"
 TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer"
 EOS = "<|endoftext|>"
 VOCAB_SIZE = 1024
@@ -68,6 +71,17 @@ def write_corpus(path: Path, documents: int, seed: int) -> list[str]:
     return texts
 
 
+def write_sft(path: Path, examples: int, seed: int) -> None:
+    """Prompt/completion pairs: three things, and the same three in reverse order."""
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for _ in range(examples):
+            things = rng.sample(OBJECTS, 3)
+            out.write(json.dumps({"prompt": f"List in reverse order: {', '.join(things)}.\nAnswer:",
+                                  "completion": f" {', '.join(reversed(things))}."}) + "\n")
+
+
 def train_tokenizer(texts: list[str], output: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -89,11 +103,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-documents", type=int, default=500)
     parser.add_argument("--validation-documents", type=int, default=50)
+    parser.add_argument("--sft-examples", type=int, default=2000)
     args = parser.parse_args(argv)
     texts = write_corpus(CORPUS_DIR / "train.jsonl", args.train_documents, seed=1)
     write_corpus(CORPUS_DIR / "validation.jsonl", args.validation_documents, seed=2)
+    write_sft(SFT_DIR / "train.jsonl", args.sft_examples, seed=3)
+    write_sft(SFT_DIR / "validation.jsonl", args.sft_examples // 10, seed=4)
     train_tokenizer(texts, TOKENIZER_DIR)
-    print(f"wrote {CORPUS_DIR} and {TOKENIZER_DIR}")
+    print(f"wrote {CORPUS_DIR}, {SFT_DIR} and {TOKENIZER_DIR}")
 
 
 if __name__ == "__main__":

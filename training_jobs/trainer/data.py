@@ -7,6 +7,9 @@ permutation drawn from (seed, epoch); a global batch is the next `data_parallel 
 * grad_accum_steps` samples of that order, split into micro batches by (micro step, rank). The
 only state is the number of samples consumed, so a resumed job continues exactly where it stopped
 (even with a different number of data-parallel ranks, as long as the global batch is unchanged).
+
+A loss-masked dataset (shards.py) carries a mask window beside each token window; a target the mask
+leaves out (a prompt token) becomes IGNORE_INDEX, which the loss skips.
 """
 
 from __future__ import annotations
@@ -19,6 +22,15 @@ import torch
 
 from .errors import DataError
 from .shards import Manifest, read_manifest
+
+IGNORE_INDEX = -100  # a target that is context only (PyTorch's cross-entropy default)
+
+
+def _windows(values: np.ndarray, count: int, seq_len: int) -> np.ndarray:
+    """Sample i of a shard as a row of a strided view (no copy): rows overlap by one token."""
+    return np.lib.stride_tricks.as_strided(
+        values, shape=(count, seq_len + 1), strides=(seq_len * values.itemsize, values.itemsize),
+        writeable=False)
 
 
 class TokenSamples:
@@ -36,10 +48,12 @@ class TokenSamples:
                      for shard in self.manifest.shards]
         per_shard = [max(len(tokens) - 1, 0) // seq_len for tokens in self.maps]
         self.starts = np.cumsum([0, *per_shard])
-        # Sample i of a shard as a row of a strided view (no copy): rows overlap by one token.
-        self.windows = [np.lib.stride_tricks.as_strided(
-            tokens, shape=(count, seq_len + 1), strides=(seq_len * tokens.itemsize, tokens.itemsize),
-            writeable=False) for tokens, count in zip(self.maps, per_shard, strict=True)]
+        self.windows = [_windows(tokens, count, seq_len)
+                        for tokens, count in zip(self.maps, per_shard, strict=True)]
+        self.mask_windows = [_windows(np.memmap(shard.mask_path, dtype=np.uint8, mode="r"), count,
+                                      seq_len)
+                             for shard, count in zip(self.manifest.shards, per_shard, strict=True)] \
+            if self.manifest.loss_mask else None
         self.num_samples = int(self.starts[-1])
         if self.num_samples == 0:
             raise DataError(f"the {channel} channel ({self.manifest.folder}) holds "
@@ -48,15 +62,30 @@ class TokenSamples:
 
     def gather(self, indices: np.ndarray) -> np.ndarray:
         """int64 array [len(indices), seq_len + 1] of the given sample indices."""
-        out = np.empty((len(indices), self.seq_len + 1), dtype=np.int64)
-        shards = np.searchsorted(self.starts, indices, side="right") - 1
-        for shard in np.unique(shards):  # one fancy-indexed read per shard, not one per row
-            rows = np.flatnonzero(shards == shard)
-            out[rows] = self.windows[shard][indices[rows] - self.starts[shard]]
+        out = self._read(self.windows, indices, np.int64)
         if out.max() >= self.vocab_size or out.min() < 0:
             raise DataError(f"the {self.channel} channel holds token id {int(out.max())} outside the "
                             f"model's vocabulary of {self.vocab_size}: the shards are corrupt or were "
                             "made with another tokenizer")
+        return out
+
+    def target_mask(self, indices: np.ndarray) -> np.ndarray | None:
+        """bool [len(indices), seq_len]: which targets (tokens 1..seq_len) are trained; None when
+        the dataset has no loss mask (every target is)."""
+        if self.mask_windows is None:
+            return None
+        return self._read(self.mask_windows, indices, np.bool_)[:, 1:]
+
+    def batch(self, indices: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of the given samples on the device."""
+        return to_device(self.gather(indices), device, self.target_mask(indices))
+
+    def _read(self, windows: list[np.ndarray], indices: np.ndarray, dtype) -> np.ndarray:
+        out = np.empty((len(indices), self.seq_len + 1), dtype=dtype)
+        shards = np.searchsorted(self.starts, indices, side="right") - 1
+        for shard in np.unique(shards):  # one fancy-indexed read per shard, not one per row
+            rows = np.flatnonzero(shards == shard)
+            out[rows] = windows[shard][indices[rows] - self.starts[shard]]
         return out
 
 
@@ -102,12 +131,19 @@ class ShuffledOrder:
         return result
 
 
-def to_device(batch: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) on the device: the sample without its last / first token."""
-    tokens = torch.from_numpy(batch)
-    if device.type != "cpu":
-        tokens = tokens.pin_memory().to(device, non_blocking=True)
-    return tokens[:, :-1], tokens[:, 1:]
+def to_device(batch: np.ndarray, device: torch.device,
+              target_mask: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) on the device: the sample without its last / first token; targets the
+    mask leaves out are IGNORE_INDEX."""
+    tokens = _on(device, torch.from_numpy(batch))
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    if target_mask is not None:
+        targets = targets.masked_fill(~_on(device, torch.from_numpy(target_mask)), IGNORE_INDEX)
+    return inputs, targets
+
+
+def _on(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if device.type == "cpu" else tensor.pin_memory().to(device, non_blocking=True)
 
 
 class TrainBatches:
@@ -123,8 +159,7 @@ class TrainBatches:
     def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The micro batches of the next optimizer step for this rank."""
         first = self.consumed_samples
-        micro_batches = [to_device(self.samples.gather(self.order[self.layout.positions(first, m)]),
-                                   self.device)
+        micro_batches = [self.samples.batch(self.order[self.layout.positions(first, m)], self.device)
                          for m in range(self.layout.grad_accum_steps)]
         self.consumed_samples += self.layout.global_batch_size
         return micro_batches
@@ -167,4 +202,4 @@ class EvalBatches:
                              self.layout.micro_batch_size, 1)
         for step in range(self.steps):
             positions = single.positions(step * single.global_batch_size, 0)
-            yield to_device(self.samples.gather(positions), self.device)
+            yield self.samples.batch(positions, self.device)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .config import ConfigError, ModelConfig
+from .data import IGNORE_INDEX
 from .errors import ContainerError
 
 SHIPPED_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tokenizer"
@@ -224,5 +225,10 @@ def forward_logits(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
 
 
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over every position (packed samples have no padding)."""
-    return nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
+    """Mean next-token cross-entropy over the trained targets: every position of packed text;
+    with a loss-masked dataset, only those not set to IGNORE_INDEX (-100, cross-entropy's
+    default). A micro batch without any trained target gives 0, not 0/0."""
+    flat = targets.reshape(-1)
+    total = nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), flat,
+                                        reduction="sum")
+    return total / (flat != IGNORE_INDEX).sum().clamp(min=1)

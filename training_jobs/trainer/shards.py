@@ -6,6 +6,12 @@ tokenizer's end-of-sequence id (and preceded by its begin-of-sequence id when it
 one), so the loader can pack fixed-length samples with plain slicing of a memory map. The manifest
 is written last: a folder without one was never finished.
 
+A loss-masked dataset (supervised fine-tuning: prompt/completion pairs) also holds, per shard,
+`shard_NNNNN.mask`: one byte per token, 1 where the token is a training target (completions and
+their end-of-sequence id) and 0 where it is only context (prompts). Its manifest has version 2, so
+a reader that knows nothing of masks (a template version published before them) refuses it rather
+than training on the prompts.
+
 numpy only, so prepare_data and tests can use it without torch.
 """
 
@@ -23,6 +29,8 @@ from .errors import DataError
 
 FORMAT = "llmtrain-token-shards"
 VERSION = 1
+MASKED_VERSION = 2  # loss-masked datasets
+MASK_SUFFIX = ".mask"
 MANIFEST = "manifest.json"
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
@@ -35,6 +43,11 @@ def dtype_for_vocab(vocab_size: int) -> str:
 class ShardInfo:
     path: Path
     num_tokens: int
+    mask_path: Path | None = None  # loss-masked datasets only
+
+
+def mask_name(shard_name: str) -> str:
+    return Path(shard_name).with_suffix(MASK_SUFFIX).name
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,7 @@ class Manifest:
     num_documents: int
     shards: tuple[ShardInfo, ...]
     fingerprint: str
+    loss_mask: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -57,14 +71,18 @@ class Manifest:
 
 
 def write_manifest(folder: Path, *, dtype: str, vocab_size: int, eos_token_id: int,
-                   num_documents: int, shards: list[tuple[str, int]], tokenizer: str) -> Path:
-    """Write the manifest last, atomically, so a half-written dataset has none."""
+                   num_documents: int, shards: list[tuple[str, int]], tokenizer: str,
+                   loss_mask: bool = False) -> Path:
+    """Write the manifest last, atomically, so a half-written dataset has none.
+
+    With `loss_mask`, each shard's mask file (`mask_name`) must already be written beside it."""
+    entries = [{"path": name, "num_tokens": count, **({"mask": mask_name(name)} if loss_mask else {})}
+               for name, count in shards]
     body = {
-        "format": FORMAT, "version": VERSION, "dtype": dtype, "vocab_size": vocab_size,
-        "eos_token_id": eos_token_id, "num_documents": num_documents,
-        "num_tokens": sum(count for _, count in shards),
-        "shards": [{"path": name, "num_tokens": count} for name, count in shards],
-        "tokenizer": tokenizer,
+        "format": FORMAT, "version": MASKED_VERSION if loss_mask else VERSION, "dtype": dtype,
+        "vocab_size": vocab_size, "eos_token_id": eos_token_id, "num_documents": num_documents,
+        "num_tokens": sum(count for _, count in shards), "loss_mask": loss_mask,
+        "shards": entries, "tokenizer": tokenizer,
     }
     target = folder / MANIFEST
     temporary = folder / (MANIFEST + ".tmp")
@@ -85,7 +103,19 @@ def _field(body: dict, name: str, kind: type, folder: Path):
     return value
 
 
-def _shard_infos(body: dict, folder: Path, itemsize: int) -> tuple[ShardInfo, ...]:
+def _checked_file(folder: Path, name: str, count: int, itemsize: int, what: str) -> Path:
+    path = folder / name
+    if not path.is_file():
+        raise _fail(folder, f"{what} {name} listed in the manifest does not exist")
+    size = path.stat().st_size
+    if size != count * itemsize:
+        raise _fail(folder, f"{what} {name} has {size} bytes but the manifest says {count} tokens "
+                            f"of {itemsize} bytes ({count * itemsize} bytes); it is truncated or "
+                            "was not written by prepare_data")
+    return path
+
+
+def _shard_infos(body: dict, folder: Path, itemsize: int, loss_mask: bool) -> tuple[ShardInfo, ...]:
     entries = body.get("shards")
     if not isinstance(entries, list):
         raise _fail(folder, "manifest field 'shards' is missing or not a list")
@@ -95,15 +125,10 @@ def _shard_infos(body: dict, folder: Path, itemsize: int) -> tuple[ShardInfo, ..
             raise _fail(folder, f"shard entry {entry!r} is not an object")
         name = _field(entry, "path", str, folder)
         count = _field(entry, "num_tokens", int, folder)
-        path = folder / name
-        if not path.is_file():
-            raise _fail(folder, f"shard {name} listed in the manifest does not exist")
-        size = path.stat().st_size
-        if size != count * itemsize:
-            raise _fail(folder, f"shard {name} has {size} bytes but the manifest says {count} tokens "
-                                f"of {itemsize} bytes ({count * itemsize} bytes); it is truncated or "
-                                "was not written by prepare_data")
-        infos.append(ShardInfo(path=path, num_tokens=count))
+        path = _checked_file(folder, name, count, itemsize, "shard")
+        mask = _checked_file(folder, _field(entry, "mask", str, folder), count, 1, "mask") \
+            if loss_mask else None
+        infos.append(ShardInfo(path=path, num_tokens=count, mask_path=mask))
     return tuple(infos)
 
 
@@ -120,9 +145,14 @@ def read_manifest(folder: Path) -> Manifest:
         raise _fail(folder, f"{MANIFEST} is not valid JSON ({error})") from error
     if not isinstance(body, dict) or body.get("format") != FORMAT:
         raise _fail(folder, f"{MANIFEST} is not a {FORMAT} manifest")
-    if body.get("version") != VERSION:
-        raise _fail(folder, f"manifest version {body.get('version')!r} is not supported (expected "
-                            f"{VERSION})")
+    version = body.get("version")
+    if version not in (VERSION, MASKED_VERSION):
+        raise _fail(folder, f"manifest version {version!r} is not supported (expected {VERSION}, or "
+                            f"{MASKED_VERSION} for a loss-masked dataset)")
+    loss_mask = version == MASKED_VERSION
+    if body.get("loss_mask", False) is not loss_mask:
+        raise _fail(folder, f"manifest version {version} and 'loss_mask' {body.get('loss_mask')!r} "
+                            "disagree")
     dtype = _field(body, "dtype", str, folder)
     if dtype not in DTYPES:
         raise _fail(folder, f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -131,6 +161,7 @@ def read_manifest(folder: Path) -> Manifest:
         vocab_size=_field(body, "vocab_size", int, folder),
         eos_token_id=_field(body, "eos_token_id", int, folder),
         num_documents=_field(body, "num_documents", int, folder),
-        shards=_shard_infos(body, folder, DTYPES[dtype].itemsize),
+        shards=_shard_infos(body, folder, DTYPES[dtype].itemsize, loss_mask),
         fingerprint=hashlib.sha256(raw).hexdigest()[:16],
+        loss_mask=loss_mask,
     )

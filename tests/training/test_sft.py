@@ -1,0 +1,209 @@
+"""Supervised fine-tuning data: prompt/completion examples, their loss mask from prepare_data to the
+loss, and a training job on them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from training_jobs import prepare_data
+from training_jobs.trainer.data import IGNORE_INDEX, BatchLayout, EvalBatches, TokenSamples
+from training_jobs.trainer.errors import DataError
+from training_jobs.trainer.models import causal_lm_loss
+from training_jobs.trainer.shards import read_manifest
+
+from .conftest import REPO, TINY, TOKENIZER, child_env, job_root, losses, outcome, run_jobs
+
+SFT = REPO / "examples" / "data" / "tiny_sft"
+CPU = torch.device("cpu")
+EXAMPLES = [{"prompt": f"Question {i}: what is {i} and {i}?\nAnswer:", "completion": f" {2 * i}."}
+            for i in range(40)]
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
+
+
+def _prepare_here(capsys, *args: str) -> tuple[int, str]:
+    code = prepare_data.main([*args, "--workers", "1"])
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def examples_data(tmp_path_factory) -> Path:
+    """EXAMPLES prepared with a loss mask, in shards of 100 tokens (so samples meet shard ends)."""
+    folder = tmp_path_factory.mktemp("sft")
+    source = _write_jsonl(folder / "examples.jsonl", EXAMPLES)
+    assert prepare_data.main(["--input", str(source), "--tokenizer", str(TOKENIZER), "--output",
+                              str(folder / "out"), "--completion-key", "completion",
+                              "--shard-tokens", "100", "--workers", "1"]) == 0
+    return folder / "out"
+
+
+def test_examples_are_packed_with_a_mask_on_their_completions(examples_data):
+    manifest = read_manifest(examples_data)
+    assert manifest.loss_mask and manifest.num_documents == len(EXAMPLES)
+    assert json.loads((examples_data / "manifest.json").read_text())["version"] == 2
+    tokens = np.concatenate([np.fromfile(s.path, dtype="<u2") for s in manifest.shards])
+    mask = np.concatenate([np.fromfile(s.mask_path, dtype=np.uint8) for s in manifest.shards])
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    eos = tokenizer.eos_token_id
+    expected_tokens, expected_mask = [], []
+    for example in EXAMPLES:  # the shipped tokenizer's bos is its eos: no prefix
+        prompt = tokenizer(example["prompt"], add_special_tokens=False)["input_ids"]
+        answer = tokenizer(example["completion"], add_special_tokens=False)["input_ids"]
+        expected_tokens += prompt + answer + [eos]
+        expected_mask += [0] * len(prompt) + [1] * (len(answer) + 1)
+    assert tokens.tolist() == expected_tokens
+    assert mask.tolist() == expected_mask
+    assert tokenizer.decode(tokens[mask == 1]) == "".join(e["completion"] + tokenizer.eos_token
+                                                          for e in EXAMPLES)
+
+
+def test_targets_outside_the_mask_are_ignored_and_inputs_keep_every_token(examples_data):
+    samples = TokenSamples(examples_data, seq_len=24, channel="train", model_vocab_size=640)
+    assert samples.num_samples > 1
+    indices = np.arange(samples.num_samples)
+    inputs, targets = samples.batch(indices, CPU)
+    tokens = samples.gather(indices)
+    starts = [0, *np.cumsum([s.num_tokens for s in samples.manifest.shards])]
+    stream_mask = [np.fromfile(s.mask_path, dtype=np.uint8) for s in samples.manifest.shards]
+    assert torch.equal(inputs, torch.from_numpy(tokens[:, :-1]))
+    for row, index in enumerate(indices):
+        shard = int(np.searchsorted(samples.starts, index, side="right") - 1)
+        first = (index - samples.starts[shard]) * 24
+        window = stream_mask[shard][first + 1:first + 25].astype(bool)
+        want = np.where(window, tokens[row, 1:], IGNORE_INDEX)
+        assert targets[row].tolist() == want.tolist(), (row, starts)
+    assert (targets == IGNORE_INDEX).any() and (targets != IGNORE_INDEX).any()
+    # Evaluation reads the same masked targets.
+    layout = BatchLayout(1, 0, 2, 1)
+    eval_inputs, eval_targets = next(iter(EvalBatches(samples, layout, 1, CPU)))
+    assert torch.equal(eval_targets, targets[:2]) and torch.equal(eval_inputs, inputs[:2])
+
+
+def test_the_loss_averages_only_the_trained_targets():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7, requires_grad=True)
+    targets = torch.tensor([[1, IGNORE_INDEX, 3, 4, IGNORE_INDEX], [IGNORE_INDEX, 6, 0, 2, 5]])
+    kept = targets != IGNORE_INDEX
+    per_token = torch.nn.functional.cross_entropy(logits.reshape(-1, 7), targets.clamp(min=0).reshape(-1),
+                                                  reduction="none").reshape(2, 5)
+    assert torch.allclose(causal_lm_loss(logits, targets), per_token[kept].mean())
+    # Changing the logits of an ignored position changes nothing.
+    loss = causal_lm_loss(logits, targets)
+    loss.backward()
+    assert torch.count_nonzero(logits.grad[~kept]) == 0
+    # A micro batch without any trained target contributes zero, not NaN.
+    empty = torch.full_like(targets, IGNORE_INDEX)
+    logits.grad = None
+    nothing = causal_lm_loss(logits, empty)
+    nothing.backward()
+    assert nothing.item() == 0.0 and torch.count_nonzero(logits.grad) == 0
+    # Unmasked targets: the plain mean over every position, as before.
+    full = torch.randint(0, 7, (2, 5))
+    assert torch.allclose(causal_lm_loss(logits, full),
+                          torch.nn.functional.cross_entropy(logits.reshape(-1, 7), full.reshape(-1)))
+
+
+def test_bad_examples_and_options_are_refused_naming_the_fix(tmp_path, capsys):
+    missing = _write_jsonl(tmp_path / "missing.jsonl", [{"prompt": "a", "answer": "b"}])
+    code, err = _prepare_here(capsys, "--input", str(missing), "--tokenizer", str(TOKENIZER),
+                              "--output", str(tmp_path / "o1"), "--completion-key", "completion")
+    assert code == 2 and "missing.jsonl:1: no string field 'completion' (choose it with " \
+        "--completion-key)" in err
+    code, err = _prepare_here(capsys, "--input", str(missing), "--tokenizer", str(TOKENIZER),
+                              "--output", str(tmp_path / "o2"), "--completion-key", "answer",
+                              "--prompt-key", "question")
+    assert code == 2 and "no string field 'question' (choose it with --prompt-key)" in err
+    text = tmp_path / "notes.txt"
+    text.write_text("just text")
+    code, err = _prepare_here(capsys, "--input", str(text), "--tokenizer", str(TOKENIZER),
+                              "--output", str(tmp_path / "o3"), "--completion-key", "completion")
+    assert code == 2 and "notes.txt: a plain text file holds no prompt and completion" in err
+    table = tmp_path / "pairs.csv"
+    table.write_text("question,answer\nWhat?,This.\n")
+    code, err = _prepare_here(capsys, "--input", str(table), "--tokenizer", str(TOKENIZER),
+                              "--output", str(tmp_path / "o4"), "--completion-key", "answer")
+    assert code == 2 and "no column 'prompt' in the header (columns: question, answer); choose it " \
+        "with --prompt-key" in err
+    code, _ = _prepare_here(capsys, "--input", str(table), "--tokenizer", str(TOKENIZER), "--output",
+                            str(tmp_path / "o5"), "--completion-key", "answer", "--prompt-key",
+                            "question")
+    assert code == 0 and read_manifest(tmp_path / "o5").loss_mask
+    for extra, message in ((["--prompt-key", "p"], "--prompt-key needs --completion-key"),
+                           (["--completion-key", "x", "--prompt-key", "x"], "name the same field")):
+        with pytest.raises(SystemExit) as exit_info:
+            prepare_data.parse_args(["--input", "i", "--tokenizer", "t", "--output", "o", *extra])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_masked_dataset_with_a_missing_or_short_mask_is_refused(examples_data, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(examples_data, broken)
+    (broken / "shard_00001.mask").write_bytes(b"\x01" * 10)
+    with pytest.raises(DataError, match=r"mask shard_00001.mask has 10 bytes but the manifest says "
+                                        r"100 tokens of 1 bytes"):
+        read_manifest(broken)
+    (broken / "shard_00001.mask").unlink()
+    with pytest.raises(DataError, match="mask shard_00001.mask listed in the manifest does not exist"):
+        read_manifest(broken)
+
+
+def test_template_code_from_before_masks_refuses_a_masked_dataset(examples_data, tmp_path):
+    """Version 2 manifests exist so that a reader without masks (code frozen in an older template
+    version) stops instead of training on the prompts: run the 1.0.0 snapshot's reader on one."""
+    import tarfile
+
+    lock = json.loads((REPO / "templates" / "catalog.lock").read_text())
+    code = lock["templates"]["llama-pretrain-fsdp"]["1.0.0"]["code"].removeprefix("sha256:")
+    with tarfile.open(REPO / "templates" / "_code" / f"{code}.tar.gz") as archive:
+        archive.extractall(tmp_path / "old", filter="data")
+    assert "MASKED_VERSION" not in (tmp_path / "old/training_jobs/trainer/shards.py").read_text()
+    probe = ("import pathlib, sys; from training_jobs.trainer.shards import read_manifest; "
+             "read_manifest(pathlib.Path(sys.argv[1]))")
+    result = subprocess.run([sys.executable, "-c", probe, str(examples_data)], capture_output=True,
+                            text=True, env=child_env(PYTHONPATH=str(tmp_path / "old")),
+                            cwd=tmp_path, timeout=60)
+    assert result.returncode != 0 and "manifest version 2 is not supported" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def shipped_sft(tmp_path_factory) -> Path:
+    """The shipped prompt/completion examples, prepared by the CLI like a user would."""
+    output = tmp_path_factory.mktemp("shipped") / "sft"
+    for split in ("train", "validation"):
+        result = subprocess.run(
+            [sys.executable, "-m", "training_jobs.prepare_data", "--input", str(SFT / f"{split}.jsonl"),
+             "--tokenizer", str(TOKENIZER), "--output", str(output / split), "--completion-key",
+             "completion", "--workers", "1"],
+            cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+    return output
+
+
+def test_a_job_fine_tunes_on_completions_with_ddp(shipped_sft, tmp_path):
+    """The program end to end on a masked dataset: 2 processes, evaluation on the masked
+    validation split, and a loss that falls as the model learns to answer."""
+    root = job_root(tmp_path / "job", shipped_sft, validation=True)
+    hyperparameters = {**TINY, "parallelism": "ddp", "max_steps": 30, "lr": 3e-3, "warmup_steps": 3,
+                       "eval_every_steps": 30, "eval_steps": 2, "seq_len": 64}
+    run_jobs(2, [(root, hyperparameters)], tmp_path)
+    assert outcome(root)["ok"], outcome(root)
+    trained = losses(root)
+    assert len(trained) == 30 and all(np.isfinite(trained))
+    assert np.mean(trained[-5:]) < 0.6 * np.mean(trained[:5]), trained
+    records = [json.loads(line) for line in
+               (root / "output" / "data" / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [r for r in records if r["kind"] == "eval"]
+    assert len(evaluations) == 1 and np.isfinite(evaluations[0]["eval_loss"])
