@@ -32,6 +32,9 @@ from llmtrain.spec import (
 from llmtrain.validate import JOB_NAME_MAX, degree_problems, quantization_problems, validate_request
 
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+# Where the training program writes TensorBoard events with tensorboard=true: SM_OUTPUT_DATA_DIR
+# (/opt/ml/output/data in the container) + "/tensorboard" (training_jobs/trainer/metrics.py).
+TENSORBOARD_LOCAL_PATH = "/opt/ml/output/data/tensorboard"
 CONTAINER_LOG_LEVEL = 20  # logging.INFO: the SDK's default container_log_level
 MAX_ATTEMPTS = 99
 RUN_NAME_PATTERN = re.compile(r"[a-zA-Z0-9](-?[a-zA-Z0-9])*")
@@ -294,6 +297,13 @@ def build_request(
         "ProfilerConfig": {"DisableProfiler": True},
         "Tags": _tags(template, run, platform),
     }
+    if settings.hyperparameters.get("tensorboard") is True:
+        # SageMaker uploads the events while the job runs, so TensorBoard follows it live; every
+        # attempt of a run writes to the same prefix, so a resumed run continues the same curves.
+        request["TensorBoardOutputConfig"] = {
+            "LocalPath": TENSORBOARD_LOCAL_PATH,
+            "S3OutputPath": tensorboard_uri(template, run, platform),
+        }
     if template.checkpoints:
         request["CheckpointConfig"] = {
             # One prefix per run, shared by all its attempts, so a retried job resumes.
@@ -301,6 +311,11 @@ def build_request(
             "LocalPath": CHECKPOINT_LOCAL_PATH,
         }
     return request
+
+
+def tensorboard_uri(template: TemplateSpec, run: RunInput, platform: PlatformContext) -> str:
+    """Where a run's TensorBoard events are synced (beside its model artifacts)."""
+    return f"s3://{platform.artifacts_bucket}/{template.name}/{run.run_name}/tensorboard/"
 
 
 def image_uri(template: TemplateSpec, instance_type_name: str, region: str) -> str:

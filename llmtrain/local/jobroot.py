@@ -136,7 +136,7 @@ def download_checkpoints(run_checkpoints: Path, host_checkpoints: Path) -> None:
 
 def upload_checkpoints(roots: list[HostRoot], subpath: str, run_checkpoints: Path) -> None:
     """Every host's checkpoint files into the run's folder (SageMaker's upload); files are never
-    deleted there, as the upload never deletes S3 objects."""
+    deleted there, as the upload never deletes S3 objects. TensorBoard events travel the same way."""
     run_checkpoints.mkdir(parents=True, exist_ok=True)
     for root in roots:
         host_checkpoints = root.root / subpath

@@ -23,6 +23,7 @@ PROCESSES_PER_HOST_HP = "sagemaker_mpi_num_of_processes_per_host"
 SUBMIT_DIRECTORY_HP = "sagemaker_submit_directory"
 CONTAINER_ROOT = "/opt/ml/"
 DEFAULT_CHECKPOINT_PATH = "/opt/ml/checkpoints"
+DEFAULT_TENSORBOARD_PATH = "/opt/ml/output/tensorboard"  # SageMaker's default LocalPath
 DEGREE_HPS = ("replicate_degree", "shard_degree", "tensor_parallel_degree")
 
 # Model presets that train at a useful speed on a few CPU cores, and what bigger ones become.
@@ -85,6 +86,9 @@ class LocalPlan:
     environment: Mapping[str, str]
     adjustments: tuple[Adjustment, ...]
     notes: tuple[str, ...] = field(default=())
+    # Where the container's TensorBoard folder sits, relative to the job root; None without
+    # TensorBoardOutputConfig.
+    tensorboard_subpath: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -133,10 +137,12 @@ def plan_local_job(
         channels=_plan_channels(request),
         metric_definitions=MetricDefinition.from_request(request),
         max_runtime_seconds=request.get("StoppingCondition", {}).get("MaxRuntimeInSeconds"),
-        checkpoint_subpath=_checkpoint_subpath(request),
+        checkpoint_subpath=_container_subpath(request, "CheckpointConfig", DEFAULT_CHECKPOINT_PATH),
         environment=dict(request.get("Environment", {})),
         adjustments=tuple(adjustments),
         notes=tuple(notes),
+        tensorboard_subpath=_container_subpath(request, "TensorBoardOutputConfig",
+                                               DEFAULT_TENSORBOARD_PATH),
     )
 
 
@@ -320,14 +326,15 @@ def _plan_channels(request: Mapping[str, Any]) -> tuple[LocalChannel, ...]:
     return tuple(channels)
 
 
-def _checkpoint_subpath(request: Mapping[str, Any]) -> str | None:
-    checkpoint = request.get("CheckpointConfig")
-    if not checkpoint:
+def _container_subpath(request: Mapping[str, Any], setting: str, default: str) -> str | None:
+    """The job-root-relative path of a synced container folder (checkpoints, TensorBoard)."""
+    config = request.get(setting)
+    if not config:
         return None
-    local_path = checkpoint.get("LocalPath", DEFAULT_CHECKPOINT_PATH).rstrip("/")
+    local_path = config.get("LocalPath", default).rstrip("/")
     if not local_path.startswith(CONTAINER_ROOT):
         raise LocalRunError(
-            f"CheckpointConfig.LocalPath {local_path!r} is outside /opt/ml; local runs can only map "
+            f"{setting}.LocalPath {local_path!r} is outside /opt/ml; local runs can only map "
             "container paths under /opt/ml into the job root"
         )
     return local_path[len(CONTAINER_ROOT):]

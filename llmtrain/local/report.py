@@ -63,6 +63,7 @@ class JobRecord:
     model_dir: Path
     logs: Mapping[str, Path]
     exit_codes: Mapping[str, int | None]
+    tensorboard_dir: Path | None = None
 
 
 # A line that names an error: the training program's "[error] ..." lines and Python's "XError: ...".
@@ -144,6 +145,11 @@ def build_summary(
         summary["CheckpointConfig"] = {
             "S3Uri": file_uri(record.checkpoints_dir),
             "LocalPath": request.get("CheckpointConfig", {}).get("LocalPath", "/opt/ml/checkpoints"),
+        }
+    if record.tensorboard_dir is not None:
+        summary["TensorBoardOutputConfig"] = {
+            "S3OutputPath": file_uri(record.tensorboard_dir),
+            "LocalPath": request["TensorBoardOutputConfig"].get("LocalPath", "/opt/ml/output/tensorboard"),
         }
     summary["LocalRun"] = {
         "RunName": record.run_name,
@@ -262,6 +268,8 @@ def print_summary(console: Console, summary: Mapping[str, Any]) -> None:
     row("Model", summary["ModelArtifacts"]["S3ModelArtifacts"] or "(no model was written)")
     if "CheckpointConfig" in summary:
         row("Checkpoints", summary["CheckpointConfig"]["S3Uri"])
+    if "TensorBoardOutputConfig" in summary:
+        row("TensorBoard", summary["TensorBoardOutputConfig"]["S3OutputPath"])
     row("Logs", "\n".join(local["Logs"].values()))
     row("Summary", str(Path(local["JobFolder"]) / SUMMARY_FILE))
     if local["Plot"]:

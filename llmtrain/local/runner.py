@@ -67,6 +67,7 @@ from llmtrain.local.toolkit import ToolkitProcesses, free_port, host_environment
 
 JOBS_DIR = "jobs"
 CHECKPOINTS_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"  # the run's TensorBoardOutputConfig.S3OutputPath, locally
 DATA_CACHE_DIR = ".data"
 # SageMaker gives a stopped job 120 seconds between SIGTERM and SIGKILL.
 STOP_GRACE_SECONDS = 120.0
@@ -136,11 +137,14 @@ def run_local(
         processes.kill_if_running()
         if job.checkpoints_dir is not None:
             upload_checkpoints(job.roots, job.plan.checkpoint_subpath, job.checkpoints_dir)
+        if job.plan.tensorboard_subpath is not None:
+            upload_checkpoints(job.roots, job.plan.tensorboard_subpath, options.run_dir / TENSORBOARD_DIR)
     times = JobTimes(created, training_start, _now())
     outcome = decide_outcome(job.roots, processes.returncodes(), stop_reason, processes.log_paths)
     record = JobRecord(
         run_name=options.run_name, run_dir=options.run_dir, job_dir=job.job_dir,
         checkpoints_dir=job.checkpoints_dir, channel_dirs=job.channel_dirs, model_dir=job.roots[0].model_dir,
+        tensorboard_dir=options.run_dir / TENSORBOARD_DIR if job.plan.tensorboard_subpath else None,
         logs=processes.log_paths, exit_codes=processes.returncodes(),
     )
     return _report(request, job.plan, outcome, metrics, times, record, console)

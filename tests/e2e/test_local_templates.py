@@ -62,6 +62,14 @@ def test_fsdp_template_runs_on_one_host_with_two_processes(straight):
     with tarfile.open(artifact) as tar:
         assert {"config.json", "model.safetensors"} <= set(tar.getnames())
     assert (straight.run_dir / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+    # TensorBoard: the program's events, where TensorBoardOutputConfig's LocalPath maps in the job
+    # root, reach the run's folder as they would reach the S3 prefix.
+    local_path = summary["TensorBoardOutputConfig"]["LocalPath"].removeprefix("/opt/ml/")
+    job_root = Path(summary["LocalRun"]["JobFolder"]) / "algo-1"
+    written = sorted(p.name for p in (job_root / local_path).glob("events.out.tfevents.*"))
+    assert written and sorted(p.name for p in (straight.run_dir / "tensorboard").iterdir()) == written
+    assert summary["TensorBoardOutputConfig"]["S3OutputPath"] == \
+        (straight.run_dir / "tensorboard").resolve().as_uri()
 
 
 def test_stopped_run_resumes_by_run_name_with_the_same_losses(straight, workdir):

@@ -63,7 +63,18 @@ def test_everything_not_adjusted_is_the_request_unchanged():
     ]
     assert plan.max_runtime_seconds == request["StoppingCondition"]["MaxRuntimeInSeconds"]
     assert plan.checkpoint_subpath == "checkpoints"
+    assert plan.tensorboard_subpath == "output/data/tensorboard"  # where the program writes events
     assert [c.name for c in plan.channels] == [c["ChannelName"] for c in request["InputDataConfig"]]
+
+
+def test_synced_folders_outside_the_container_root_are_refused():
+    request = rendered("llama-pretrain-fsdp")
+    for setting in ("CheckpointConfig", "TensorBoardOutputConfig"):
+        moved = {**request, setting: {**request[setting], "LocalPath": "/tmp/elsewhere"}}
+        with pytest.raises(LocalRunError, match=rf"{setting}.LocalPath '/tmp/elsewhere' is outside "
+                                                r"/opt/ml"):
+            plan_local_job(moved)
+    assert plan_local_job(rendered("gpt2-ddp")).tensorboard_subpath is None  # tensorboard off
 
 
 def test_settings_the_user_set_are_kept_with_a_note():

@@ -179,6 +179,22 @@ def test_volume_key_only_where_the_instance_has_no_instance_storage():
     assert cpu["AlgorithmSpecification"]["TrainingImage"].endswith("pytorch-training:2.8.0-cpu-py312")
 
 
+def test_tensorboard_events_are_synced_beside_the_runs_artifacts():
+    request = _render("llama-pretrain-fsdp", run_name="tb1")
+    assert json.loads(request["HyperParameters"]["tensorboard"]) is True
+    assert request["TensorBoardOutputConfig"] == {
+        # The training program writes to SM_OUTPUT_DATA_DIR/tensorboard.
+        "LocalPath": "/opt/ml/output/data/tensorboard",
+        "S3OutputPath": f"s3://{PLATFORM.artifacts_bucket}/llama-pretrain-fsdp/tb1/tensorboard/",
+    }
+    assert request["OutputDataConfig"]["S3OutputPath"] == \
+        f"s3://{PLATFORM.artifacts_bucket}/llama-pretrain-fsdp/tb1/"
+    # Every attempt of a run syncs to the same prefix, so TensorBoard shows one continuing run.
+    second = _render("llama-pretrain-fsdp", run_name="tb1", attempt=2)
+    assert second["TensorBoardOutputConfig"] == request["TensorBoardOutputConfig"]
+    assert "TensorBoardOutputConfig" not in _render("gpt2-ddp")  # the template leaves it off
+
+
 def test_spot_sets_max_wait_and_managed_spot():
     request = _render("gpt2-ddp")
     assert request["EnableManagedSpotTraining"] is True

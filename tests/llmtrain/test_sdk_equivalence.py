@@ -45,6 +45,15 @@ def _sdk_distribution(ours: dict, strategy: str) -> dict:
     return distribution
 
 
+def _sdk_tensorboard(ours: dict, config_class):
+    """The SDK's TensorBoard setting for templates that turn TensorBoard on (tensorboard=true)."""
+    ours_config = ours.get("TensorBoardOutputConfig")
+    if ours_config is None:
+        return None
+    return config_class(s3_output_path=ours_config["S3OutputPath"],
+                        container_local_output_path=ours_config["LocalPath"])
+
+
 def sdk_request(ref: str, ours: dict) -> dict:
     """The CreateTrainingJob parameters the SDK's PyTorch estimator sends for the same job."""
     spec = CATALOG.resolve(ref)
@@ -54,6 +63,7 @@ def sdk_request(ref: str, ours: dict) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import sagemaker
+        from sagemaker.debugger import TensorBoardOutputConfig
         from sagemaker.inputs import TrainingInput
         from sagemaker.pytorch import PyTorch
     with mock_aws():
@@ -93,6 +103,7 @@ def sdk_request(ref: str, ours: dict) -> dict:
             enable_network_isolation=False,
             disable_profiler=True,
             debugger_hook_config=False,
+            tensorboard_output_config=_sdk_tensorboard(ours, TensorBoardOutputConfig),
             sagemaker_session=session,
         )
         inputs = {
