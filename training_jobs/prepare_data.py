@@ -1,7 +1,8 @@
 """Turn text or JSONL files into the token shards the training program reads.
 
     python -m training_jobs.prepare_data --input FILES_OR_DIR... --tokenizer DIR --output DIR
-        [--workers N] [--text-key text | --completion-key completion [--prompt-key prompt]]
+        [--workers N] [--text-key text | --completion-key completion [--prompt-key prompt]
+                       | --messages-key messages]
         [--validation-fraction 0.01] [--shard-tokens N]
 
 Inputs: `.jsonl`/`.json` files hold one JSON object per line (the document is its `--text-key`
@@ -17,7 +18,9 @@ Supervised fine-tuning: with `--completion-key`, each JSONL record or CSV/TSV ro
 prompt (`--prompt-key`, default `prompt`) and its completion. The two are tokenized separately and
 packed like documents (prompt, completion, end-of-sequence id), and a loss mask beside the shards
 marks the completion and its end-of-sequence id as the only training targets: the model learns to
-answer and to stop, not to reproduce prompts.
+answer and to stop, not to reproduce prompts. With `--messages-key`, each JSONL record holds a
+conversation (a list of {"role", "content"} messages) rendered with the tokenizer's chat template;
+every assistant turn is trained (sft_examples.py).
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
+from training_jobs.sft_examples import (  # noqa: E402
+    Example,
+    check_messages,
+    require_chat_template,
+    tokenize_examples,
+)
 from training_jobs.trainer.errors import DataError  # noqa: E402
 from training_jobs.trainer.shards import (  # noqa: E402
     DTYPES,
@@ -57,35 +66,40 @@ CONVERT_HINT = "convert it to JSONL (one {\"text\": ...} object per line), CSV o
 DOCUMENTS_PER_TASK = 256
 
 
-# A document's text, or an example's (prompt, completion) for a loss-masked dataset.
-Content = str | tuple[str, str]
+# A document's text, or an example (prompt and completion, or a conversation) of a loss-masked
+# dataset.
+Content = str | Example
 
 
 @dataclass(frozen=True)
 class Fields:
-    """Which JSONL fields or CSV/TSV columns hold a document (text) or an example (prompt,
-    completion)."""
+    """Which JSONL fields or CSV/TSV columns hold a document (text) or an example (prompt and
+    completion, or a conversation's messages)."""
 
     text: str = "text"
     prompt: str | None = None
     completion: str | None = None
+    messages: str | None = None
 
     @property
     def loss_mask(self) -> bool:
-        return self.completion is not None
+        return self.completion is not None or self.messages is not None
 
     @property
     def names(self) -> tuple[str, ...]:
-        return (self.prompt, self.completion) if self.loss_mask else (self.text,)
+        """The string fields of a record or row (a conversation's messages are read apart)."""
+        if self.messages is not None:
+            return ()
+        return (self.prompt, self.completion) if self.completion is not None else (self.text,)
 
     def option(self, name: str) -> str:
         """The command-line option that chooses the field `name`."""
-        if not self.loss_mask:
+        if self.completion is None:
             return "--text-key"
         return "--prompt-key" if name == self.prompt else "--completion-key"
 
     def content(self, values: list[str]) -> Content:
-        return (values[0], values[1]) if self.loss_mask else values[0]
+        return (values[0], values[1]) if self.completion is not None else values[0]
 
 
 @dataclass(frozen=True)
@@ -121,14 +135,25 @@ def _jsonl_documents(path: Path, fields: Fields) -> Iterator[tuple[str, Content,
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise DataError(f"{where}: not a JSON object ({error})") from error
+            if not isinstance(record, dict):
+                raise DataError(f"{where}: not a JSON object")
+            if fields.messages is not None:
+                if fields.messages not in record:
+                    raise DataError(f"{where}: no field {fields.messages!r} (choose it with "
+                                    "--messages-key)")
+                yield where, check_messages(where, record[fields.messages], fields.messages), len(line)
+                continue
             for name in fields.names:
-                if not isinstance(record, dict) or not isinstance(record.get(name), str):
+                if not isinstance(record.get(name), str):
                     raise DataError(f"{where}: no string field {name!r} (choose it with "
                                     f"{fields.option(name)})")
             yield where, fields.content([record[name] for name in fields.names]), len(line)
 
 
 def _table_documents(path: Path, fields: Fields) -> Iterator[tuple[str, Content, int]]:
+    if fields.messages is not None:
+        raise DataError(f"{path}: a {path.suffix} file holds no conversations; with --messages-key "
+                        "the input must be JSONL")
     delimiter = TABLE_DELIMITERS[path.suffix.lower()]
     csv.field_size_limit(2**31 - 1)  # a cell holds a whole document (the default stops at 128 KiB)
     with path.open(newline="", encoding="utf-8") as handle:
@@ -151,8 +176,8 @@ def _table_documents(path: Path, fields: Fields) -> Iterator[tuple[str, Content,
 
 def _text_document(path: Path, fields: Fields) -> tuple[str, str, int]:
     if fields.loss_mask:
-        raise DataError(f"{path}: a plain text file holds no prompt and completion; with "
-                        "--completion-key the input must be JSONL, CSV or TSV")
+        raise DataError(f"{path}: a plain text file holds no examples; with --completion-key the "
+                        "input must be JSONL, CSV or TSV, with --messages-key JSONL")
     data = path.read_bytes()
     try:
         return str(path), data.decode("utf-8"), len(data)
@@ -214,23 +239,15 @@ Tokenized = tuple[np.ndarray, np.ndarray | None]  # token ids, and the loss mask
 
 def tokenize_task(task: Task) -> tuple[list[Tokenized], int]:
     """Token ids of each document, with the document separators added; for examples, also the
-    loss mask (1 on the completion and its end-of-sequence id)."""
+    loss mask (sft_examples.py)."""
     tokenizer = _TOKENIZER
+    contents = [content for _, content in task.documents]
+    if contents and not isinstance(contents[0], str):
+        return tokenize_examples(task.documents, tokenizer, _DTYPE), task.num_bytes
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     prefix = [bos] if bos is not None and bos != eos else []
-    contents = [content for _, content in task.documents]
-    if not contents or isinstance(contents[0], str):
-        encoded = tokenizer(contents, add_special_tokens=False)["input_ids"]
-        return [(np.asarray(prefix + ids + [eos], dtype=_DTYPE), None) for ids in encoded], \
-            task.num_bytes
-    prompts = tokenizer([prompt for prompt, _ in contents], add_special_tokens=False)["input_ids"]
-    answers = tokenizer([answer for _, answer in contents], add_special_tokens=False)["input_ids"]
-    examples = []
-    for prompt, answer in zip(prompts, answers, strict=True):
-        context = prefix + prompt
-        examples.append((np.asarray(context + answer + [eos], dtype=_DTYPE),
-                         np.asarray([0] * len(context) + [1] * (len(answer) + 1), dtype=np.uint8)))
-    return examples, task.num_bytes
+    encoded = tokenizer(contents, add_special_tokens=False)["input_ids"]
+    return [(np.asarray(prefix + ids + [eos], dtype=_DTYPE), None) for ids in encoded], task.num_bytes
 
 
 # --- output side ---------------------------------------------------------------------------------
@@ -317,12 +334,14 @@ def prepare(args: argparse.Namespace) -> dict[str, int]:
     tokenizer = _load_tokenizer(args.tokenizer)
     if tokenizer.eos_token_id is None:
         raise DataError(f"tokenizer {args.tokenizer} has no end-of-sequence token")
+    if args.messages_key is not None:
+        require_chat_template(tokenizer)
     vocab_size = len(tokenizer)
     dtype = dtype_for_vocab(vocab_size)
     output = Path(args.output)
     splits = {"train": output / "train", "validation": output / "validation"} \
         if args.validation_fraction > 0 else {"train": output}
-    fields = Fields(args.text_key, args.prompt_key, args.completion_key)
+    fields = Fields(args.text_key, args.prompt_key, args.completion_key, args.messages_key)
     writers = {name: ShardWriter(name, folder, dtype, args.shard_tokens, fields.loss_mask)
                for name, folder in splits.items()}
     index = 0
@@ -353,6 +372,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompt-key", default=None,
                         help="with --completion-key: the field or column holding the prompt "
                              "(default: prompt)")
+    parser.add_argument("--messages-key", default=None,
+                        help="supervised fine-tuning on conversations: the JSONL field holding each "
+                             "record's messages, rendered with the tokenizer's chat template; the "
+                             "loss is computed on the assistant turns only")
     parser.add_argument("--validation-fraction", type=float, default=0.0)
     parser.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard file")
     args = parser.parse_args(argv)
@@ -364,6 +387,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--shard-tokens must be at least 1")
     if args.prompt_key is not None and args.completion_key is None:
         parser.error("--prompt-key needs --completion-key (an example is a prompt and its completion)")
+    if args.messages_key is not None and args.completion_key is not None:
+        parser.error("--messages-key and --completion-key are two formats of examples: choose one")
     if args.completion_key is not None:
         args.prompt_key = args.prompt_key or "prompt"
         if args.prompt_key == args.completion_key:

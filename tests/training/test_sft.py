@@ -128,7 +128,7 @@ def test_bad_examples_and_options_are_refused_naming_the_fix(tmp_path, capsys):
     text.write_text("just text")
     code, err = _prepare_here(capsys, "--input", str(text), "--tokenizer", str(TOKENIZER),
                               "--output", str(tmp_path / "o3"), "--completion-key", "completion")
-    assert code == 2 and "notes.txt: a plain text file holds no prompt and completion" in err
+    assert code == 2 and "notes.txt: a plain text file holds no examples" in err
     table = tmp_path / "pairs.csv"
     table.write_text("question,answer\nWhat?,This.\n")
     code, err = _prepare_here(capsys, "--input", str(table), "--tokenizer", str(TOKENIZER),
@@ -144,6 +144,82 @@ def test_bad_examples_and_options_are_refused_naming_the_fix(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_info:
             prepare_data.parse_args(["--input", "i", "--tokenizer", "t", "--output", "o", *extra])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|endoftext|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+CONVERSATIONS = [
+    {"messages": [{"role": "system", "content": "Be brief."},
+                  {"role": "user", "content": "Name a colour."},
+                  {"role": "assistant", "content": "Red."},
+                  {"role": "user", "content": "Another one?"},
+                  {"role": "assistant", "content": "Blue."}]},
+    {"messages": [{"role": "user", "content": "Count to two."},
+                  {"role": "assistant", "content": "One, two."},
+                  {"role": "user", "content": "Thanks!"}]},  # a last user turn trains nothing
+]
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer(tmp_path_factory) -> Path:
+    """The shipped tokenizer with a chat template, as instruction-tuned models ship theirs."""
+    folder = tmp_path_factory.mktemp("chat") / "tokenizer"
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+def test_conversations_train_on_every_assistant_turn(chat_tokenizer, tmp_path, capsys):
+    source = _write_jsonl(tmp_path / "chats.jsonl", CONVERSATIONS)
+    code, err = _prepare_here(capsys, "--input", str(source), "--tokenizer", str(chat_tokenizer),
+                              "--output", str(tmp_path / "out"), "--messages-key", "messages")
+    assert code == 0, err
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest.loss_mask and manifest.num_documents == 2
+    tokens = np.fromfile(manifest.shards[0].path, dtype="<u2")
+    mask = np.fromfile(manifest.shards[0].mask_path, dtype=np.uint8).astype(bool)
+    tokenizer = AutoTokenizer.from_pretrained(str(chat_tokenizer))
+    eos = tokenizer.eos_token
+    # Trained: each assistant turn with the template's end of turn, and each conversation's closing
+    # end-of-sequence id after an assistant turn; context: everything else, rendered by the template.
+    assert tokenizer.decode(tokens[mask]) == f"Red.{eos}\nBlue.{eos}\n{eos}One, two.{eos}\n{eos}"
+    context = tokenizer.decode(tokens[~mask])
+    assert context == (f"<|system|>\nBe brief.{eos}\n<|user|>\nName a colour.{eos}\n<|assistant|>\n"
+                       f"<|user|>\nAnother one?{eos}\n<|assistant|>\n"
+                       f"<|user|>\nCount to two.{eos}\n<|assistant|>\n")
+    # The whole stream is the template's own rendering of each conversation, then end-of-sequence.
+    rendered = "".join(tokenizer.apply_chat_template(c["messages"][:len(c["messages"]) - i], tokenize=False)
+                       + eos for c, i in zip(CONVERSATIONS, (0, 1), strict=True))
+    assert tokenizer.decode(tokens) == rendered
+
+
+def test_bad_conversations_are_refused_naming_the_fix(chat_tokenizer, tmp_path, capsys):
+    cases = [
+        ({"messages": [{"role": "user", "content": "hi"}]}, "no 'assistant' message in 'messages'"),
+        ({"messages": "hi"}, "field 'messages' must be a non-empty list of messages"),
+        ({"messages": [{"role": "user"}, {"role": "assistant", "content": "x"}]},
+         "message 0 of 'messages' is not an object with string 'role' and 'content'"),
+        ({"chat": []}, "no field 'messages' (choose it with --messages-key)"),
+    ]
+    for index, (record, message) in enumerate(cases):
+        source = _write_jsonl(tmp_path / f"bad{index}.jsonl", [record])
+        code, err = _prepare_here(capsys, "--input", str(source), "--tokenizer", str(chat_tokenizer),
+                                  "--output", str(tmp_path / f"o{index}"), "--messages-key", "messages")
+        assert code == 2 and f"bad{index}.jsonl:1: {message}" in err, err
+    good = _write_jsonl(tmp_path / "good.jsonl", CONVERSATIONS)
+    code, err = _prepare_here(capsys, "--input", str(good), "--tokenizer", str(TOKENIZER),
+                              "--output", str(tmp_path / "plain"), "--messages-key", "messages")
+    assert code == 2 and "the tokenizer has no chat template" in err
+    table = tmp_path / "chats.csv"
+    table.write_text("messages\nhi\n")
+    code, err = _prepare_here(capsys, "--input", str(table), "--tokenizer", str(chat_tokenizer),
+                              "--output", str(tmp_path / "csv"), "--messages-key", "messages")
+    assert code == 2 and "chats.csv: a .csv file holds no conversations" in err
+    with pytest.raises(SystemExit):
+        prepare_data.parse_args(["--input", "i", "--tokenizer", "t", "--output", "o",
+                                 "--messages-key", "m", "--completion-key", "c"])
+    assert "choose one" in capsys.readouterr().err
 
 
 def test_a_masked_dataset_with_a_missing_or_short_mask_is_refused(examples_data, tmp_path):
