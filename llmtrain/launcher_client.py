@@ -388,5 +388,6 @@ def _job_view(job: Mapping[str, Any]) -> dict[str, Any]:
         "instance_type": (job.get("ResourceConfig") or {}).get("InstanceType"),
         "instance_count": (job.get("ResourceConfig") or {}).get("InstanceCount"),
         "model_artifacts": (job.get("ModelArtifacts") or {}).get("S3ModelArtifacts"),
+        "tensorboard": (job.get("TensorBoardOutputConfig") or {}).get("S3OutputPath"),
         "billable_seconds": job.get("BillableTimeInSeconds"),
     }

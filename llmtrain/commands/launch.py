@@ -154,6 +154,8 @@ def format_status(status: RunStatus) -> str:
         )
         if job.get("failure_reason"):
             lines.append(f"  failure reason: {job['failure_reason']}")
+        if job.get("tensorboard"):
+            lines.append(f"  TensorBoard (live): tensorboard --logdir {job['tensorboard']}")
     else:
         lines.append("training job: none yet")
     if len(status.jobs) > 1:

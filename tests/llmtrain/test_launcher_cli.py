@@ -101,7 +101,7 @@ def _wait_until_finished(arn: str, name: str) -> dict:
     raise AssertionError(f"{name} still running")
 
 
-def _job(name: str, status: str, *, final_metrics: bool) -> None:
+def _job(name: str, status: str, *, final_metrics: bool, template: str = "gpt2-ddp") -> None:
     platform = PlatformContext.placeholder(
         environment="dev",
         account=ACCOUNT,
@@ -109,7 +109,7 @@ def _job(name: str, status: str, *, final_metrics: bool) -> None:
         resource_prefix="llmtrain-dev",
         warm_pool_cap_seconds=3600,
     )
-    request = render(Catalog.load().get("gpt2-ddp"), RunInput(run_name="x"), platform)
+    request = render(Catalog.load().get(template), RunInput(run_name="x"), platform)
     boto3.client("sagemaker", region_name=REGION).create_training_job(**{**request, "TrainingJobName": name})
     job = sagemaker_backends[ACCOUNT][REGION].training_jobs[name]
     job.training_job_status = job.secondary_status = status
@@ -212,6 +212,16 @@ def test_status_shows_the_running_job_and_its_latest_metrics(capsys, launcher, c
     status = json.loads(out)
     assert status["job"]["name"] == "llmtrain-dev-r3-a2" and status["metrics"] == {"train:loss": 2.75}
     assert status["execution_status"] in ("RUNNING", "SUCCEEDED")
+
+
+def test_status_says_where_tensorboard_follows_the_run(capsys, launcher, config_dir):
+    llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r7", config_dir=config_dir)
+    _job("llmtrain-dev-r7-a1", "InProgress", final_metrics=False, template="llama-pretrain-fsdp")
+    code, out, _ = llmtrain(capsys, "status", "r7", config_dir=config_dir)
+    uri = f"s3://llmtrain-dev-artifacts-{ACCOUNT}-{REGION}/llama-pretrain-fsdp/x/tensorboard/"
+    assert code == 0 and f"TensorBoard (live): tensorboard --logdir {uri}" in out
+    code, out, _ = llmtrain(capsys, "status", "r7", "--json", config_dir=config_dir)
+    assert json.loads(out)["job"]["tensorboard"] == uri
 
 
 def test_status_of_a_finished_run_shows_its_summary_and_final_metrics(capsys, launcher, config_dir):
