@@ -15,7 +15,7 @@ share of the documents goes to OUTPUT/validation and the rest to OUTPUT/train; u
 its own channel.
 
 Supervised fine-tuning: with `--completion-key`, each JSONL record or CSV/TSV row is one example, a
-prompt (`--prompt-key`, default `prompt`) and its completion. The two are tokenized separately and
+prompt (`--prompt-key`, default `prompt`) and its completion. The two are tokenized as one text and
 packed like documents (prompt, completion, end-of-sequence id), and a loss mask beside the shards
 marks the completion and its end-of-sequence id as the only training targets: the model learns to
 answer and to stop, not to reproduce prompts. With `--messages-key`, each JSONL record holds a
@@ -387,6 +387,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--shard-tokens must be at least 1")
     if args.prompt_key is not None and args.completion_key is None:
         parser.error("--prompt-key needs --completion-key (an example is a prompt and its completion)")
+    if args.text_key != "text" and (args.completion_key or args.messages_key):
+        parser.error("--text-key is for plain text; examples are read from --completion-key/"
+                     "--prompt-key or --messages-key")
     if args.messages_key is not None and args.completion_key is not None:
         parser.error("--messages-key and --completion-key are two formats of examples: choose one")
     if args.completion_key is not None:

@@ -1,8 +1,9 @@
 """Supervised fine-tuning examples as token ids plus a loss mask (used by prepare_data).
 
 An example is a prompt/completion pair or a conversation (a list of {"role", "content"} messages).
-Both become segments of text, each either context (mask 0) or trained (mask 1), tokenized
-separately and joined. A conversation is rendered with the tokenizer's own chat template, turn by
+Both become segments of text, each either context (mask 0) or trained (mask 1); the joined text
+is tokenized once and each token takes the flag of the segment its first character is in. A
+conversation is rendered with the tokenizer's own chat template, turn by
 turn: every assistant message, with the tokens the template puts around it up to the next turn, is
 trained; everything before it is context. The end-of-sequence id that closes an example is trained
 when its last segment is (the model learns to stop).
@@ -74,20 +75,26 @@ def example_segments(where: str, example: Example, tokenizer) -> Segments:
 def tokenize_examples(examples: list[tuple[str, Example]], tokenizer,
                       dtype: np.dtype) -> list[tuple[np.ndarray, np.ndarray]]:
     """(token ids, loss mask) of each example, each closed by the end-of-sequence id (and opened
-    by the begin-of-sequence id where the tokenizer has a distinct one)."""
+    by the begin-of-sequence id where the tokenizer has a distinct one).
+
+    An example's segments are tokenized as one text, as the model will read it (tokenizing them
+    apart would add a word-start token to each segment with SentencePiece-style tokenizers); a
+    token is trained when the segment holding its first character is."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError("prompt/completion and chat examples need a fast tokenizer (a tokenizer.json) "
+                        "to map the loss mask onto tokens: convert the tokenizer or use plain text")
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     prefix = [bos] if bos is not None and bos != eos else []
     split = [example_segments(where, example, tokenizer) for where, example in examples]
-    texts = [text for segments in split for text, _ in segments]
-    pieces = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+    encoded = tokenizer(["".join(text for text, _ in segments) for segments in split],
+                        add_special_tokens=False, return_offsets_mapping=True)
     tokenized = []
-    for segments in split:
-        tokens, mask = list(prefix), [0] * len(prefix)
-        for _, trained in segments:
-            piece = next(pieces)
-            tokens += piece
-            mask += [int(trained)] * len(piece)
-        tokens.append(eos)
-        mask.append(int(segments[-1][1]))
-        tokenized.append((np.asarray(tokens, dtype=dtype), np.asarray(mask, dtype=np.uint8)))
+    for segments, ids, offsets in zip(split, encoded["input_ids"], encoded["offset_mapping"],
+                                      strict=True):
+        starts = np.cumsum([0] + [len(text) for text, _ in segments[:-1]])
+        trained = np.array([flag for _, flag in segments], dtype=np.uint8)
+        token_segment = np.searchsorted(starts, [start for start, _ in offsets], side="right") - 1
+        mask = np.concatenate([np.zeros(len(prefix), np.uint8), trained[token_segment],
+                               trained[-1:]])
+        tokenized.append((np.asarray(prefix + list(ids) + [eos], dtype=dtype), mask))
     return tokenized

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from training_jobs.trainer.shards import write_manifest
+from training_jobs.trainer.shards import mask_name, read_manifest, write_manifest
 
 from .conftest import REPO, TINY, TRAIN, child_env, job_root, outcome, run_jobs
 
@@ -98,11 +98,28 @@ def bad_channels(tmp_path_factory, tiny_data):
     }
 
 
+def _masked_copy(folder, source):
+    """`source`'s shards as a loss-masked dataset (every target trained)."""
+    folder.mkdir(parents=True)
+    shards = []
+    for shard in read_manifest(source).shards:
+        shutil.copy(shard.path, folder / shard.path.name)
+        np.ones(shard.num_tokens, dtype=np.uint8).tofile(folder / mask_name(shard.path.name))
+        shards.append((shard.path.name, shard.num_tokens))
+    write_manifest(folder, dtype="uint16", vocab_size=629, eos_token_id=0, num_documents=1,
+                   shards=shards, tokenizer="test", loss_mask=True)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def failed_jobs(tmp_path_factory, tiny_data, bad_channels):
     base = tmp_path_factory.mktemp("failing")
     jobs = {name: (job_root(base / name, tiny_data, train=folder), {**TINY, "parallelism": "single"})
             for name, (folder, _) in bad_channels.items()}
+    jobs["masked_train_plain_validation"] = (
+        job_root(base / "mixed", tiny_data, validation=True,
+                 train=_masked_copy(base / "masked", tiny_data / "train")),
+        {**TINY, "parallelism": "single", "eval_every_steps": 2})
     jobs["qlora_without_checkpoint"] = (job_root(base / "qlora", tiny_data),
                             {**TINY, "parallelism": "single", "lora_r": 4, "quantization": "nf4"})
     jobs["smp_without_library"] = (job_root(base / "smp", tiny_data), {**TINY, "parallelism": "smp"})
@@ -117,6 +134,12 @@ def failed_jobs(tmp_path_factory, tiny_data, bad_channels):
 def test_bad_data_channel_stops_with_a_clear_message(failed_jobs, bad_channels, name):
     assert failed_jobs[name]["error"] == "DataError"
     assert bad_channels[name][1] in failed_jobs[name]["message"]
+
+
+def test_train_and_validation_must_agree_on_the_loss_mask(failed_jobs):
+    assert failed_jobs["masked_train_plain_validation"]["error"] == "DataError"
+    assert "only the train channel has a loss mask" in \
+        failed_jobs["masked_train_plain_validation"]["message"]
 
 
 def test_qlora_without_a_checkpoint_to_quantize_is_a_clear_error(failed_jobs):

@@ -19,7 +19,7 @@ from training_jobs.trainer.errors import DataError
 from training_jobs.trainer.models import causal_lm_loss
 from training_jobs.trainer.shards import read_manifest
 
-from .conftest import REPO, TINY, TOKENIZER, child_env, job_root, losses, outcome, run_jobs
+from .conftest import REPO, TINY, TOKENIZER, child_env, job_root, losses, run_jobs
 
 SFT = REPO / "examples" / "data" / "tiny_sft"
 CPU = torch.device("cpu")
@@ -140,10 +140,53 @@ def test_bad_examples_and_options_are_refused_naming_the_fix(tmp_path, capsys):
                             "question")
     assert code == 0 and read_manifest(tmp_path / "o5").loss_mask
     for extra, message in ((["--prompt-key", "p"], "--prompt-key needs --completion-key"),
+                           (["--completion-key", "c", "--text-key", "body"], "--text-key is for plain"),
                            (["--completion-key", "x", "--prompt-key", "x"], "name the same field")):
         with pytest.raises(SystemExit) as exit_info:
             prepare_data.parse_args(["--input", "i", "--tokenizer", "t", "--output", "o", *extra])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def word_start_tokenizer(tmp_path_factory) -> Path:
+    """A Llama-2-style tokenizer: SentencePiece's word-start marker prepended and replacing spaces,
+    so a string tokenized on its own starts with a word-start token."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    model = Tokenizer(models.BPE(unk_token="<unk>"))
+    model.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                             normalizers.Replace(" ", "\u2581")])
+    # Pieces never span words, as in SentencePiece.
+    model.pre_tokenizer = pre_tokenizers.Split("\u2581", behavior="merged_with_next")
+    corpus = [e["prompt"] + e["completion"] for e in EXAMPLES] * 5
+    model.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=200,
+                                                          special_tokens=["<unk>", "</s>"]))
+    folder = tmp_path_factory.mktemp("word-start") / "tokenizer"
+    PreTrainedTokenizerFast(tokenizer_object=model, unk_token="<unk>",
+                            eos_token="</s>").save_pretrained(str(folder))
+    return folder
+
+
+def test_examples_are_tokenized_as_the_model_reads_them(word_start_tokenizer, tmp_path, capsys):
+    source = _write_jsonl(tmp_path / "examples.jsonl", EXAMPLES)
+    code, err = _prepare_here(capsys, "--input", str(source), "--tokenizer", str(word_start_tokenizer),
+                              "--output", str(tmp_path / "out"), "--completion-key", "completion")
+    assert code == 0, err
+    manifest = read_manifest(tmp_path / "out")
+    tokens = np.fromfile(manifest.shards[0].path, dtype="<u2").tolist()
+    mask = np.fromfile(manifest.shards[0].mask_path, dtype=np.uint8).tolist()
+    tokenizer = AutoTokenizer.from_pretrained(str(word_start_tokenizer))
+    apart = tokenizer(EXAMPLES[0]["completion"], add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(apart)[0] == "\u2581"  # the stray token apart gives
+    expected_tokens, expected_mask = [], []
+    for example in EXAMPLES:
+        joint = tokenizer(example["prompt"] + example["completion"], add_special_tokens=False)["input_ids"]
+        prompt = tokenizer(example["prompt"], add_special_tokens=False)["input_ids"]
+        assert joint[:len(prompt)] == prompt  # the boundary is a word boundary here
+        expected_tokens += joint + [tokenizer.eos_token_id]
+        expected_mask += [0] * len(prompt) + [1] * (len(joint) - len(prompt) + 1)
+    assert tokens == expected_tokens and mask == expected_mask
 
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|endoftext|>\n{% endfor %}"
@@ -269,17 +312,26 @@ def shipped_sft(tmp_path_factory) -> Path:
 
 
 def test_a_job_fine_tunes_on_completions_with_ddp(shipped_sft, tmp_path):
-    """The program end to end on a masked dataset: 2 processes, evaluation on the masked
-    validation split, and a loss that falls as the model learns to answer."""
-    root = job_root(tmp_path / "job", shipped_sft, validation=True)
-    hyperparameters = {**TINY, "parallelism": "ddp", "max_steps": 30, "lr": 3e-3, "warmup_steps": 3,
-                       "eval_every_steps": 30, "eval_steps": 2, "seq_len": 64}
-    run_jobs(2, [(root, hyperparameters)], tmp_path)
-    assert outcome(root)["ok"], outcome(root)
-    trained = losses(root)
-    assert len(trained) == 30 and all(np.isfinite(trained))
-    assert np.mean(trained[-5:]) < 0.6 * np.mean(trained[:5]), trained
-    records = [json.loads(line) for line in
-               (root / "output" / "data" / "metrics.jsonl").read_text().splitlines()]
-    evaluations = [r for r in records if r["kind"] == "eval"]
-    assert len(evaluations) == 1 and np.isfinite(evaluations[0]["eval_loss"])
+    """The program end to end on a masked dataset, 2 processes: the loss falls as the model learns
+    to answer, and it is the mean over the step's trained tokens, so splitting the same global
+    batch differently (2 samples per rank at once, or 1 sample in each of 2 micro steps) trains the
+    same model: answers have different lengths, and a mean of micro-batch means would differ."""
+    common = {**TINY, "parallelism": "ddp", "max_steps": 30, "lr": 3e-3, "warmup_steps": 3,
+              "eval_every_steps": 30, "seq_len": 64}
+    # Evaluation batches are micro_batch_size per rank: the same 16 samples in 4 or 8 batches.
+    splits = {"whole": {"micro_batch_size": 2, "grad_accum_steps": 1, "eval_steps": 4},
+              "accumulated": {"micro_batch_size": 1, "grad_accum_steps": 2, "eval_steps": 8}}
+    roots = {name: job_root(tmp_path / name, shipped_sft, validation=True) for name in splits}
+    run_jobs(2, [(roots[name], {**common, **split}) for name, split in splits.items()], tmp_path)
+    trained = {name: losses(root) for name, root in roots.items()}
+    whole = trained["whole"]
+    assert len(whole) == 30 and all(np.isfinite(whole))
+    assert np.mean(whole[-5:]) < 0.6 * np.mean(whole[:5]), whole
+    np.testing.assert_allclose(trained["accumulated"], whole, rtol=2e-4)
+    evaluations = {}
+    for name, root in roots.items():
+        records = [json.loads(line) for line in
+                   (root / "output" / "data" / "metrics.jsonl").read_text().splitlines()]
+        evaluations[name] = [r["eval_loss"] for r in records if r["kind"] == "eval"]
+    assert len(evaluations["whole"]) == 1 and np.isfinite(evaluations["whole"][0])
+    np.testing.assert_allclose(evaluations["accumulated"], evaluations["whole"], rtol=2e-4)

@@ -74,7 +74,8 @@ class TokenSamples:
         the dataset has no loss mask (every target is)."""
         if self.mask_windows is None:
             return None
-        return self._read(self.mask_windows, indices, np.bool_)[:, 1:]
+        # Contiguous, so that a pinned copy is what travels to a GPU (a strided one is re-packed).
+        return np.ascontiguousarray(self._read(self.mask_windows, indices, np.bool_)[:, 1:])
 
     def batch(self, indices: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of the given samples on the device."""

@@ -57,6 +57,15 @@ def _channel_samples(env: JobEnvironment, name: str, seq_len: int, vocab: int) -
     return TokenSamples(path, seq_len, name, vocab)
 
 
+def _check_same_loss(train: TokenSamples, validation: TokenSamples | None) -> None:
+    """Evaluation must measure what training optimizes: both loss-masked, or neither."""
+    if validation is not None and validation.manifest.loss_mask != train.manifest.loss_mask:
+        masked = "train" if train.manifest.loss_mask else "validation"
+        raise DataError(f"only the {masked} channel has a loss mask (prompt/completion or chat "
+                        "examples): prepare both splits the same way, e.g. with one prepare_data "
+                        "run and --validation-fraction")
+
+
 def _table_peak(env: JobEnvironment, device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
@@ -122,6 +131,7 @@ def build(config: TrainConfig, env: JobEnvironment, device: torch.device,
     vocab = source.config.vocab_size
     samples = (_channel_samples(env, "train", config.data.seq_len, vocab),
                _channel_samples(env, "validation", config.data.seq_len, vocab))
+    _check_same_loss(*samples)
     strategy = build_strategy(SetupContext(config, source, device, env.num_hosts))
     loop = _loop_context(config, env, device, strategy, samples, stop)
     if env.is_main:

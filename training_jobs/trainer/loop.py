@@ -21,7 +21,7 @@ from .config import TrainConfig, profile_window
 from .data import EvalBatches, TrainBatches
 from .errors import DivergenceError
 from .metrics import MetricsLogger, log, peak_memory_gb
-from .models import causal_lm_loss, forward_logits
+from .models import causal_lm_loss, causal_lm_loss_sum, forward_logits, trained_targets
 
 
 @dataclass
@@ -66,17 +66,35 @@ class LoopContext:
 
 
 def train_step(ctx: LoopContext) -> torch.Tensor:
-    """One optimizer step; returns this rank's mean loss (a device tensor)."""
+    """One optimizer step; returns this rank's loss (a device tensor) such that the mean over the
+    data-parallel ranks is the step's loss."""
     strategy, accum = ctx.strategy, ctx.config.data.grad_accum_steps
     total = torch.zeros((), device=ctx.device)
     micro_batches = ctx.train.next_step()
+    token_weight = _trained_token_weight(ctx, micro_batches)
     for index, (inputs, targets) in enumerate(micro_batches):
         last = index == len(micro_batches) - 1
         with strategy.micro_step(last):
-            loss = causal_lm_loss(forward_logits(strategy.model, inputs), targets)
-        strategy.backward(loss, accum, last)
+            logits = forward_logits(strategy.model, inputs)
+            loss = causal_lm_loss(logits, targets) if token_weight is None else \
+                causal_lm_loss_sum(logits, targets) * token_weight
+        # backward divides by accum (DeepSpeed's engine by its own accumulation steps): a token-
+        # weighted loss is already this micro batch's share of the step.
+        strategy.backward(loss if token_weight is None else loss * accum, accum, last)
         total += loss.detach()
-    return total / accum
+    return total / accum if token_weight is None else total
+
+
+def _trained_token_weight(ctx: LoopContext, micro_batches) -> torch.Tensor | None:
+    """With a loss-masked dataset, each trained token's weight in the step: data-parallel ranks /
+    the global batch's trained targets, so that the gradient (averaged over ranks) is the mean over
+    every trained token of the step, however unevenly they fall into micro batches. None for
+    packed text, where every micro batch holds the same number of targets."""
+    if not ctx.train.samples.manifest.loss_mask:
+        return None
+    count = sum(trained_targets(targets) for _, targets in micro_batches)
+    dist.all_reduce(count, group=ctx.dp_group)
+    return dist.get_world_size(ctx.dp_group) / count.clamp(min=1)
 
 
 def _global_losses(ctx: LoopContext, window: Window) -> list[float]:
@@ -117,13 +135,16 @@ def report(ctx: LoopContext, window: Window) -> None:
 def evaluate(ctx: LoopContext) -> float:
     strategy = ctx.strategy
     strategy.train(False)
-    total = torch.zeros((), device=ctx.device)
+    masked = ctx.evaluation.samples.manifest.loss_mask
+    total = torch.zeros(2, device=ctx.device)  # summed loss, and what it is summed over
     for inputs, targets in ctx.evaluation:
         with strategy.micro_step(True):
-            total += causal_lm_loss(forward_logits(strategy.model, inputs), targets).float()
+            logits = forward_logits(strategy.model, inputs)
+            total += torch.stack([causal_lm_loss_sum(logits, targets), trained_targets(targets)]) \
+                if masked else torch.stack([causal_lm_loss(logits, targets), total.new_ones(())])
     strategy.train(True)
     dist.all_reduce(total, group=ctx.dp_group)
-    value = float(total) / (ctx.evaluation.steps * dist.get_world_size(ctx.dp_group))
+    value = float(total[0] / total[1].clamp(min=1))  # per token (masked) or per batch
     ctx.metrics.eval({"step": ctx.step, "eval_loss": value})
     return value
 

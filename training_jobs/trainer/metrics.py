@@ -112,7 +112,8 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(output_dir / "tensorboard"))
+            # Flushed every 30 s (not 120): SageMaker uploads the folder live (TensorBoardOutputConfig).
+            self.writer = SummaryWriter(str(output_dir / "tensorboard"), flush_secs=30)
 
     def train(self, values: dict[str, float]) -> None:
         self._emit("metrics", values, {"loss": "{:.6f}", "lr": "{:.3e}", "grad_norm": "{:.4f}",

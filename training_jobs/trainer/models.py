@@ -228,7 +228,15 @@ def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over the trained targets: every position of packed text;
     with a loss-masked dataset, only those not set to IGNORE_INDEX (-100, cross-entropy's
     default). A micro batch without any trained target gives 0, not 0/0."""
-    flat = targets.reshape(-1)
-    total = nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), flat,
-                                        reduction="sum")
-    return total / (flat != IGNORE_INDEX).sum().clamp(min=1)
+    return causal_lm_loss_sum(logits, targets) / trained_targets(targets).clamp(min=1)
+
+
+def causal_lm_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross-entropy over the trained targets (for means over several batches)."""
+    return nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
+                                       targets.reshape(-1), reduction="sum")
+
+
+def trained_targets(targets: torch.Tensor) -> torch.Tensor:
+    """How many targets the loss counts (a float device scalar)."""
+    return (targets != IGNORE_INDEX).sum().float()
