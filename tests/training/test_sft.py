@@ -37,6 +37,18 @@ def _prepare_here(capsys, *args: str) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+def _prepared(capsys, folder: Path, records: list[dict], tokenizer: Path, *options: str):
+    """`records` prepared by the CLI: (manifest, tokens, mask as bools) of its one shard."""
+    source = _write_jsonl(folder / "records.jsonl", records)
+    code, err = _prepare_here(capsys, "--input", str(source), "--tokenizer", str(tokenizer),
+                              "--output", str(folder / "out"), *options)
+    assert code == 0, err
+    manifest = read_manifest(folder / "out")
+    assert manifest.loss_mask and len(manifest.shards) == 1
+    return (manifest, np.fromfile(manifest.shards[0].path, dtype="<u2"),
+            np.fromfile(manifest.shards[0].mask_path, dtype=np.uint8).astype(bool))
+
+
 @pytest.fixture(scope="module")
 def examples_data(tmp_path_factory) -> Path:
     """EXAMPLES prepared with a loss mask, in shards of 100 tokens (so samples meet shard ends)."""
@@ -169,13 +181,8 @@ def word_start_tokenizer(tmp_path_factory) -> Path:
 
 
 def test_examples_are_tokenized_as_the_model_reads_them(word_start_tokenizer, tmp_path, capsys):
-    source = _write_jsonl(tmp_path / "examples.jsonl", EXAMPLES)
-    code, err = _prepare_here(capsys, "--input", str(source), "--tokenizer", str(word_start_tokenizer),
-                              "--output", str(tmp_path / "out"), "--completion-key", "completion")
-    assert code == 0, err
-    manifest = read_manifest(tmp_path / "out")
-    tokens = np.fromfile(manifest.shards[0].path, dtype="<u2").tolist()
-    mask = np.fromfile(manifest.shards[0].mask_path, dtype=np.uint8).tolist()
+    _, tokens, mask = _prepared(capsys, tmp_path, EXAMPLES, word_start_tokenizer,
+                                "--completion-key", "completion")
     tokenizer = AutoTokenizer.from_pretrained(str(word_start_tokenizer))
     apart = tokenizer(EXAMPLES[0]["completion"], add_special_tokens=False)["input_ids"]
     assert tokenizer.convert_ids_to_tokens(apart)[0] == "\u2581"  # the stray token apart gives
@@ -186,7 +193,7 @@ def test_examples_are_tokenized_as_the_model_reads_them(word_start_tokenizer, tm
         assert joint[:len(prompt)] == prompt  # the boundary is a word boundary here
         expected_tokens += joint + [tokenizer.eos_token_id]
         expected_mask += [0] * len(prompt) + [1] * (len(joint) - len(prompt) + 1)
-    assert tokens == expected_tokens and mask == expected_mask
+    assert tokens.tolist() == expected_tokens and mask.astype(int).tolist() == expected_mask
 
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|endoftext|>\n{% endfor %}"
@@ -214,14 +221,9 @@ def chat_tokenizer(tmp_path_factory) -> Path:
 
 
 def test_conversations_train_on_every_assistant_turn(chat_tokenizer, tmp_path, capsys):
-    source = _write_jsonl(tmp_path / "chats.jsonl", CONVERSATIONS)
-    code, err = _prepare_here(capsys, "--input", str(source), "--tokenizer", str(chat_tokenizer),
-                              "--output", str(tmp_path / "out"), "--messages-key", "messages")
-    assert code == 0, err
-    manifest = read_manifest(tmp_path / "out")
-    assert manifest.loss_mask and manifest.num_documents == 2
-    tokens = np.fromfile(manifest.shards[0].path, dtype="<u2")
-    mask = np.fromfile(manifest.shards[0].mask_path, dtype=np.uint8).astype(bool)
+    manifest, tokens, mask = _prepared(capsys, tmp_path, CONVERSATIONS, chat_tokenizer,
+                                       "--messages-key", "messages")
+    assert manifest.num_documents == 2
     tokenizer = AutoTokenizer.from_pretrained(str(chat_tokenizer))
     eos = tokenizer.eos_token
     # Trained: each assistant turn with the template's end of turn, and each conversation's closing
