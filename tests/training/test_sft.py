@@ -37,6 +37,14 @@ def _prepare_here(capsys, *args: str) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+def _refused(capsys, source: Path, tokenizer: Path, output: Path, *options: str) -> str:
+    """prepare_data's error output for an input it must refuse (exit code 2)."""
+    code, err = _prepare_here(capsys, "--input", str(source), "--tokenizer", str(tokenizer),
+                              "--output", str(output), *options)
+    assert code == 2, err
+    return err
+
+
 def _prepared(capsys, folder: Path, records: list[dict], tokenizer: Path, *options: str):
     """`records` prepared by the CLI: (manifest, tokens, mask as bools) of its one shard."""
     source = _write_jsonl(folder / "records.jsonl", records)
@@ -128,24 +136,20 @@ def test_the_loss_averages_only_the_trained_targets():
 
 def test_bad_examples_and_options_are_refused_naming_the_fix(tmp_path, capsys):
     missing = _write_jsonl(tmp_path / "missing.jsonl", [{"prompt": "a", "answer": "b"}])
-    code, err = _prepare_here(capsys, "--input", str(missing), "--tokenizer", str(TOKENIZER),
-                              "--output", str(tmp_path / "o1"), "--completion-key", "completion")
-    assert code == 2 and "missing.jsonl:1: no string field 'completion' (choose it with " \
+    err = _refused(capsys, missing, TOKENIZER, tmp_path / "o1", "--completion-key", "completion")
+    assert "missing.jsonl:1: no string field 'completion' (choose it with " \
         "--completion-key)" in err
-    code, err = _prepare_here(capsys, "--input", str(missing), "--tokenizer", str(TOKENIZER),
-                              "--output", str(tmp_path / "o2"), "--completion-key", "answer",
-                              "--prompt-key", "question")
-    assert code == 2 and "no string field 'question' (choose it with --prompt-key)" in err
+    err = _refused(capsys, missing, TOKENIZER, tmp_path / "o2", "--completion-key", "answer",
+                   "--prompt-key", "question")
+    assert "no string field 'question' (choose it with --prompt-key)" in err
     text = tmp_path / "notes.txt"
     text.write_text("just text")
-    code, err = _prepare_here(capsys, "--input", str(text), "--tokenizer", str(TOKENIZER),
-                              "--output", str(tmp_path / "o3"), "--completion-key", "completion")
-    assert code == 2 and "notes.txt: a plain text file holds no examples" in err
+    err = _refused(capsys, text, TOKENIZER, tmp_path / "o3", "--completion-key", "completion")
+    assert "notes.txt: a plain text file holds no examples" in err
     table = tmp_path / "pairs.csv"
     table.write_text("question,answer\nWhat?,This.\n")
-    code, err = _prepare_here(capsys, "--input", str(table), "--tokenizer", str(TOKENIZER),
-                              "--output", str(tmp_path / "o4"), "--completion-key", "answer")
-    assert code == 2 and "no column 'prompt' in the header (columns: question, answer); choose it " \
+    err = _refused(capsys, table, TOKENIZER, tmp_path / "o4", "--completion-key", "answer")
+    assert "no column 'prompt' in the header (columns: question, answer); choose it " \
         "with --prompt-key" in err
     code, _ = _prepare_here(capsys, "--input", str(table), "--tokenizer", str(TOKENIZER), "--output",
                             str(tmp_path / "o5"), "--completion-key", "answer", "--prompt-key",
@@ -249,18 +253,16 @@ def test_bad_conversations_are_refused_naming_the_fix(chat_tokenizer, tmp_path, 
     ]
     for index, (record, message) in enumerate(cases):
         source = _write_jsonl(tmp_path / f"bad{index}.jsonl", [record])
-        code, err = _prepare_here(capsys, "--input", str(source), "--tokenizer", str(chat_tokenizer),
-                                  "--output", str(tmp_path / f"o{index}"), "--messages-key", "messages")
-        assert code == 2 and f"bad{index}.jsonl:1: {message}" in err, err
+        err = _refused(capsys, source, chat_tokenizer, tmp_path / f"o{index}", "--messages-key",
+                       "messages")
+        assert f"bad{index}.jsonl:1: {message}" in err, err
     good = _write_jsonl(tmp_path / "good.jsonl", CONVERSATIONS)
-    code, err = _prepare_here(capsys, "--input", str(good), "--tokenizer", str(TOKENIZER),
-                              "--output", str(tmp_path / "plain"), "--messages-key", "messages")
-    assert code == 2 and "the tokenizer has no chat template" in err
+    err = _refused(capsys, good, TOKENIZER, tmp_path / "plain", "--messages-key", "messages")
+    assert "the tokenizer has no chat template" in err
     table = tmp_path / "chats.csv"
     table.write_text("messages\nhi\n")
-    code, err = _prepare_here(capsys, "--input", str(table), "--tokenizer", str(chat_tokenizer),
-                              "--output", str(tmp_path / "csv"), "--messages-key", "messages")
-    assert code == 2 and "chats.csv: a .csv file holds no conversations" in err
+    err = _refused(capsys, table, chat_tokenizer, tmp_path / "csv", "--messages-key", "messages")
+    assert "chats.csv: a .csv file holds no conversations" in err
     with pytest.raises(SystemExit):
         prepare_data.parse_args(["--input", "i", "--tokenizer", "t", "--output", "o",
                                  "--messages-key", "m", "--completion-key", "c"])
