@@ -36,3 +36,4 @@ step "2/2 The same run again with more steps: it resumes from its checkpoint at 
 step "Done"
 echo "  summary: $WORKDIR/$RUN/summary.json"
 echo "  plot:    $WORKDIR/$RUN/metrics.png (both jobs: the second continues the first)"
+echo "  events:  $WORKDIR/$RUN/tensorboard/ (tensorboard --logdir $WORKDIR/$RUN/tensorboard)"
