@@ -45,6 +45,7 @@ import numpy as np  # noqa: E402
 from training_jobs.sft_examples import (  # noqa: E402
     Example,
     check_messages,
+    document_separators,
     require_chat_template,
     tokenize_examples,
 )
@@ -244,8 +245,7 @@ def tokenize_task(task: Task) -> tuple[list[Tokenized], int]:
     contents = [content for _, content in task.documents]
     if contents and not isinstance(contents[0], str):
         return tokenize_examples(task.documents, tokenizer, _DTYPE), task.num_bytes
-    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-    prefix = [bos] if bos is not None and bos != eos else []
+    prefix, eos = document_separators(tokenizer)
     encoded = tokenizer(contents, add_special_tokens=False)["input_ids"]
     return [(np.asarray(prefix + ids + [eos], dtype=_DTYPE), None) for ids in encoded], task.num_bytes
 

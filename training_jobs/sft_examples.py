@@ -72,6 +72,13 @@ def example_segments(where: str, example: Example, tokenizer) -> Segments:
     return chat_segments(where, example, tokenizer)
 
 
+def document_separators(tokenizer) -> tuple[list[int], int]:
+    """The ids that open a document (bos, where the tokenizer has one distinct from eos) and the
+    id that closes it (eos), for plain documents and examples alike."""
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    return ([bos] if bos is not None and bos != eos else []), eos
+
+
 def tokenize_examples(examples: list[tuple[str, Example]], tokenizer,
                       dtype: np.dtype) -> list[tuple[np.ndarray, np.ndarray]]:
     """(token ids, loss mask) of each example, each closed by the end-of-sequence id (and opened
@@ -83,8 +90,7 @@ def tokenize_examples(examples: list[tuple[str, Example]], tokenizer,
     if not getattr(tokenizer, "is_fast", False):
         raise DataError("prompt/completion and chat examples need a fast tokenizer (a tokenizer.json) "
                         "to map the loss mask onto tokens: convert the tokenizer or use plain text")
-    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-    prefix = [bos] if bos is not None and bos != eos else []
+    prefix, eos = document_separators(tokenizer)
     split = [example_segments(where, example, tokenizer) for where, example in examples]
     encoded = tokenizer(["".join(text for text, _ in segments) for segments in split],
                         add_special_tokens=False, return_offsets_mapping=True)

@@ -134,14 +134,15 @@ def download_checkpoints(run_checkpoints: Path, host_checkpoints: Path) -> None:
         host_checkpoints.mkdir()
 
 
-def upload_checkpoints(roots: list[HostRoot], subpath: str, run_checkpoints: Path) -> None:
-    """Every host's checkpoint files into the run's folder (SageMaker's upload); files are never
-    deleted there, as the upload never deletes S3 objects. TensorBoard events travel the same way."""
-    run_checkpoints.mkdir(parents=True, exist_ok=True)
+def upload_from_hosts(roots: list[HostRoot], subpath: str, run_folder: Path) -> None:
+    """Every host's files under `subpath` (checkpoints, TensorBoard events) into the run's folder,
+    as SageMaker uploads them to S3; files are never deleted there, as the upload never deletes S3
+    objects."""
+    run_folder.mkdir(parents=True, exist_ok=True)
     for root in roots:
-        host_checkpoints = root.root / subpath
-        if host_checkpoints.is_dir():
-            shutil.copytree(host_checkpoints, run_checkpoints, symlinks=True, dirs_exist_ok=True)
+        host_folder = root.root / subpath
+        if host_folder.is_dir():
+            shutil.copytree(host_folder, run_folder, symlinks=True, dirs_exist_ok=True)
 
 
 def _write_json(path: Path, data: dict) -> None:

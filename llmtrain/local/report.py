@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from llmtrain.local.metrics import MetricExtractor, loss_metric, throughput_metric
-from llmtrain.local.plan import LocalPlan
+from llmtrain.local.plan import DEFAULT_CHECKPOINT_PATH, DEFAULT_TENSORBOARD_PATH, LocalPlan
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.json"
@@ -144,12 +144,12 @@ def build_summary(
     if record.checkpoints_dir is not None:
         summary["CheckpointConfig"] = {
             "S3Uri": file_uri(record.checkpoints_dir),
-            "LocalPath": request.get("CheckpointConfig", {}).get("LocalPath", "/opt/ml/checkpoints"),
+            "LocalPath": request.get("CheckpointConfig", {}).get("LocalPath", DEFAULT_CHECKPOINT_PATH),
         }
     if record.tensorboard_dir is not None:
         summary["TensorBoardOutputConfig"] = {
             "S3OutputPath": file_uri(record.tensorboard_dir),
-            "LocalPath": request["TensorBoardOutputConfig"].get("LocalPath", "/opt/ml/output/tensorboard"),
+            "LocalPath": request["TensorBoardOutputConfig"].get("LocalPath", DEFAULT_TENSORBOARD_PATH),
         }
     summary["LocalRun"] = {
         "RunName": record.run_name,

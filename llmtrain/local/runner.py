@@ -37,7 +37,7 @@ from rich.text import Text
 
 from llmtrain.local import data as local_data
 from llmtrain.local.display import JobDisplay
-from llmtrain.local.jobroot import HostRoot, upload_checkpoints, write_host_roots
+from llmtrain.local.jobroot import HostRoot, upload_from_hosts, write_host_roots
 from llmtrain.local.metrics import MetricExtractor
 from llmtrain.local.plan import (
     SUBMIT_DIRECTORY_HP,
@@ -110,6 +110,7 @@ class _PreparedJob:
     roots: list[HostRoot]
     channel_dirs: dict[str, Path]
     checkpoints_dir: Path | None
+    tensorboard_dir: Path | None  # the run's TensorBoard events (TensorBoardOutputConfig)
 
 
 def run_local(
@@ -136,15 +137,15 @@ def run_local(
     finally:
         processes.kill_if_running()
         if job.checkpoints_dir is not None:
-            upload_checkpoints(job.roots, job.plan.checkpoint_subpath, job.checkpoints_dir)
-        if job.plan.tensorboard_subpath is not None:
-            upload_checkpoints(job.roots, job.plan.tensorboard_subpath, options.run_dir / TENSORBOARD_DIR)
+            upload_from_hosts(job.roots, job.plan.checkpoint_subpath, job.checkpoints_dir)
+        if job.tensorboard_dir is not None:
+            upload_from_hosts(job.roots, job.plan.tensorboard_subpath, job.tensorboard_dir)
     times = JobTimes(created, training_start, _now())
     outcome = decide_outcome(job.roots, processes.returncodes(), stop_reason, processes.log_paths)
     record = JobRecord(
         run_name=options.run_name, run_dir=options.run_dir, job_dir=job.job_dir,
         checkpoints_dir=job.checkpoints_dir, channel_dirs=job.channel_dirs, model_dir=job.roots[0].model_dir,
-        tensorboard_dir=options.run_dir / TENSORBOARD_DIR if job.plan.tensorboard_subpath else None,
+        tensorboard_dir=job.tensorboard_dir,
         logs=processes.log_paths, exit_codes=processes.returncodes(),
     )
     return _report(request, job.plan, outcome, metrics, times, record, console)
@@ -179,7 +180,8 @@ def _prepare(
     except BaseException:
         shutil.rmtree(job_dir, ignore_errors=True)
         raise
-    return _PreparedJob(plan, job_dir, roots, channel_dirs, checkpoints_dir)
+    tensorboard_dir = options.run_dir / TENSORBOARD_DIR if plan.tensorboard_subpath else None
+    return _PreparedJob(plan, job_dir, roots, channel_dirs, checkpoints_dir, tensorboard_dir)
 
 
 def _now() -> datetime:

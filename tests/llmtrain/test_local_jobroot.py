@@ -12,7 +12,7 @@ import pytest
 
 from llmtrain.catalog import Catalog
 from llmtrain.commands.run import local_platform_context
-from llmtrain.local.jobroot import upload_checkpoints, write_host_roots
+from llmtrain.local.jobroot import upload_from_hosts, write_host_roots
 from llmtrain.local.plan import LocalChannel, LocalRunError, plan_local_job
 from llmtrain.local.toolkit import host_environment
 from llmtrain.render import RunInput, render
@@ -97,7 +97,7 @@ def test_what_every_host_checkpoints_is_uploaded_to_the_run(plan, train_dir, tmp
         (step / f"__{rank}_0.distcp").write_text(f"shard of host {root.host}")
     (roots[0].root / "checkpoints" / "step_00000004" / ".metadata").write_text("rank 0 writes this")
 
-    upload_checkpoints(roots, "checkpoints", checkpoints)
+    upload_from_hosts(roots, "checkpoints", checkpoints)
 
     uploaded = sorted(p.name for p in (checkpoints / "step_00000004").iterdir())
     assert uploaded == [".metadata", "__0_0.distcp", "__1_0.distcp"]

@@ -78,23 +78,22 @@ def train_step(ctx: LoopContext) -> torch.Tensor:
             logits = forward_logits(strategy.model, inputs)
             loss = causal_lm_loss(logits, targets) if token_weight is None else \
                 causal_lm_loss_sum(logits, targets) * token_weight
-        # backward divides by accum (DeepSpeed's engine by its own accumulation steps): a token-
-        # weighted loss is already this micro batch's share of the step.
-        strategy.backward(loss if token_weight is None else loss * accum, accum, last)
+        strategy.backward(loss, accum, last)
         total += loss.detach()
-    return total / accum if token_weight is None else total
+    return total / accum
 
 
 def _trained_token_weight(ctx: LoopContext, micro_batches) -> torch.Tensor | None:
-    """With a loss-masked dataset, each trained token's weight in the step: data-parallel ranks /
-    the global batch's trained targets, so that the gradient (averaged over ranks) is the mean over
-    every trained token of the step, however unevenly they fall into micro batches. None for
-    packed text, where every micro batch holds the same number of targets."""
+    """With a loss-masked dataset, the factor of a micro batch's summed loss that makes the step's
+    gradient (divided by the accumulation steps in backward, averaged over the data-parallel ranks)
+    the mean over every trained token of the global batch, however unevenly they fall into micro
+    batches: accumulation steps x ranks / trained targets. None for packed text, where every micro
+    batch holds the same number of targets and its mean is the right loss."""
     if not ctx.train.samples.manifest.loss_mask:
         return None
     count = sum(trained_targets(targets) for _, targets in micro_batches)
     dist.all_reduce(count, group=ctx.dp_group)
-    return dist.get_world_size(ctx.dp_group) / count.clamp(min=1)
+    return len(micro_batches) * dist.get_world_size(ctx.dp_group) / count.clamp(min=1)
 
 
 def _global_losses(ctx: LoopContext, window: Window) -> list[float]:
@@ -135,16 +134,14 @@ def report(ctx: LoopContext, window: Window) -> None:
 def evaluate(ctx: LoopContext) -> float:
     strategy = ctx.strategy
     strategy.train(False)
-    masked = ctx.evaluation.samples.manifest.loss_mask
-    total = torch.zeros(2, device=ctx.device)  # summed loss, and what it is summed over
+    total = torch.zeros(2, device=ctx.device)  # summed loss over the trained targets, their number
     for inputs, targets in ctx.evaluation:
         with strategy.micro_step(True):
             logits = forward_logits(strategy.model, inputs)
-            total += torch.stack([causal_lm_loss_sum(logits, targets), trained_targets(targets)]) \
-                if masked else torch.stack([causal_lm_loss(logits, targets), total.new_ones(())])
+            total += torch.stack([causal_lm_loss_sum(logits, targets), trained_targets(targets)])
     strategy.train(True)
     dist.all_reduce(total, group=ctx.dp_group)
-    value = float(total[0] / total[1].clamp(min=1))  # per token (masked) or per batch
+    value = float(total[0] / total[1].clamp(min=1))
     ctx.metrics.eval({"step": ctx.step, "eval_loss": value})
     return value
 

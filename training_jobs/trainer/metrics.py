@@ -62,7 +62,7 @@ def device_name_peak_flops(device_name: str) -> float | None:
     return None
 
 
-def measured_peak_flops(device: torch.device, dtype: torch.dtype, size: int = 1024,
+def measured_peak_flops(device: torch.device, dtype: torch.dtype, size: int,
                         repeats: int = 5) -> float:
     """Observed FLOP/s of a square matmul on this device, in the training's compute dtype.
 
