@@ -126,7 +126,8 @@ def test_a_killed_llmtrain_takes_its_job_along_and_the_next_run_resumes(straight
                                     cwd=REPO_ROOT, env=cli_env(), stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
         while not _committed_steps(run_dir):
-            assert llmtrain.poll() is None and time.monotonic() < deadline, (tmp_path / "killed.log").read_text()
+            running = llmtrain.poll() is None and time.monotonic() < deadline
+            assert running, (tmp_path / "killed.log").read_text()
             time.sleep(0.05)
         job_processes = psutil.Process(llmtrain.pid).children(recursive=True)
         llmtrain.kill()
