@@ -26,7 +26,8 @@ class TrainingStorage(Construct):
     SSE-KMS under ``key`` using S3 Bucket Keys (fewer KMS calls: cheaper and no throttling on
     large checkpoints), enforces bucket-owner object ownership, and writes server access logs to
     ``access_logs_bucket``. Checkpoints, artifacts and code are versioned (a bad overwrite or delete
-    is recoverable); old checkpoint versions expire after ``checkpoint_noncurrent_days`` and
+    is recoverable); so are datasets (``version_datasets``, on by default: a dataset overwritten by
+    an upload is recoverable); old checkpoint versions expire after ``checkpoint_noncurrent_days`` and
     incomplete multipart uploads are aborted. The logs bucket uses SSE-S3, because S3 server
     access logging cannot deliver to a bucket encrypted with SSE-KMS.
 
@@ -43,7 +44,7 @@ class TrainingStorage(Construct):
         construct_id: str,
         *,
         key_alias: str | None = None,
-        version_datasets: bool = False,
+        version_datasets: bool = True,
         checkpoint_noncurrent_days: int = 30,
         incomplete_upload_days: int = 7,
         access_log_retention_days: int = 365,

@@ -42,7 +42,14 @@ import boto3
 from llmtrain.catalog import LATEST, Catalog
 from llmtrain.errors import LlmtrainError, OverrideError
 from llmtrain.platform import PlatformContext
-from llmtrain.render import MAX_ATTEMPTS, TAG_PREFIX, RunInput, check_team_template, max_run_name_length, render
+from llmtrain.render import (
+    MAX_ATTEMPTS,
+    TAG_PREFIX,
+    RunInput,
+    check_team_template,
+    max_run_name_length,
+    render,
+)
 from llmtrain.runs import (
     DEFAULT_OWNER,
     ExecutionInput,
