@@ -58,11 +58,12 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from llmtrain.handlers import launcher as handlers
+from llmtrain.errors import LlmtrainError
 from llmtrain.handlers.quotas import template_instance_types
 from llmtrain.platform import PlatformContext
 from llmtrain.render import TAG_PREFIX, RunInput, render
 from training_constructs._functions import logged_function
-from training_constructs._props import require
+from training_constructs._props import PropsError, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.job_template import JobTemplate
 from training_constructs.lambda_code import lambda_code, matching_runtime
@@ -638,7 +639,8 @@ def _validate_team_templates(job_templates: Sequence[JobTemplate], team: TeamSpe
 
 
 def _synth_render(template: JobTemplate, team: TeamSpec, inter_container_traffic_encryption: bool) -> dict:
-    """The version's request with its defaults and a placeholder platform: its layout is what counts."""
+    """The version's request with its defaults and a placeholder platform of the team: its layout is
+    what counts, and a version whose defaults the team cannot run fails the synth here."""
     platform = PlatformContext.placeholder(
         environment="synth",
         account="123456789012",
@@ -649,7 +651,13 @@ def _synth_render(template: JobTemplate, team: TeamSpec, inter_container_traffic
         job_name_prefix=team.job_name_prefix,
         inter_container_traffic_encryption=inter_container_traffic_encryption,
     )
-    return render(template.spec, RunInput(run_name="synth-check"), platform)
+    try:
+        return render(template.spec, RunInput(run_name="synth-check"), platform)
+    except LlmtrainError as error:
+        raise PropsError(
+            f"{_NAME}(job_templates=...): {template.spec.ref} cannot run with its defaults for team "
+            f"{team.name!r}: {error}"
+        ) from error
 
 
 __all__ = ["CREATE_JOBS_SID", "LAUNCHER_ERROR_SUBJECT", "SYNC_EVENTS_RULE", "WILDCARD_RESOURCE_ACTIONS", "TrainingLauncher"]

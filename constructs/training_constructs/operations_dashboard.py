@@ -135,8 +135,11 @@ class OperationsDashboard(Construct):
         else:
             left = [
                 cloudwatch.MathExpression(
-                    expression=" + ".join(f"m{i}" for i in range(len(state_machines))),
-                    using_metrics={f"m{i}": getattr(machine, method)() for i, machine in enumerate(state_machines)},
+                    # Ids are unique within the graph: one set per outcome.
+                    expression=" + ".join(f"{method[7:]}{i}" for i in range(len(state_machines))),
+                    using_metrics={
+                        f"{method[7:]}{i}": getattr(machine, method)() for i, machine in enumerate(state_machines)
+                    },
                     label=label,
                     period=_HOUR,
                 )

@@ -170,14 +170,7 @@ def test_put_metric_data_is_limited_to_the_sagemaker_namespace(platform):
                 StackOutput.ACCESS_LOGS_BUCKET,
             },
         ),
-        (
-            "access",
-            {
-                StackOutput.EXECUTION_ROLE_ARN,
-                StackOutput.ENGINEER_POLICY_ARN,
-                StackOutput.WARM_POOL_GUARDRAIL_POLICY_ARN,
-            },
-        ),
+        ("access", {StackOutput.GUARDRAIL_POLICY_ARN}),
     ],
 )
 def test_stacks_publish_the_outputs_the_cli_reads(platform, part, keys):
@@ -189,6 +182,21 @@ def test_stacks_publish_the_outputs_the_cli_reads(platform, part, keys):
     storage = platform.template_json("dev", "storage")["Outputs"]
     assert storage[StackOutput.DATASETS_BUCKET]["Value"] == {"Ref": "DatasetsBucket"}
     assert storage[StackOutput.KEY_ARN]["Value"] == {"Fn::GetAtt": ["PlatformKey", "Arn"]}
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_every_team_has_its_outputs_and_a_single_team_also_the_bare_keys(platform, environments, env):
+    teams = [team.name for team in environments[env].teams]
+    per_team = (StackOutput.EXECUTION_ROLE_ARN, StackOutput.ENGINEER_POLICY_ARN)
+    access = platform.template_json(env, "access")["Outputs"]
+    launcher = platform.template_json(env, "launcher")["Outputs"]
+    for team in teams:
+        assert {StackOutput.team_output(team, key) for key in per_team} <= set(access)
+        assert {StackOutput.team_output(team, key) for key in ("StateMachineArn", "NotificationTopicArn")} <= set(
+            launcher
+        )
+    bare = {*per_team} <= set(access) and "StateMachineArn" in launcher
+    assert bare == (len(teams) == 1), (env, teams)
 
 
 def test_config_tags_reach_the_resources(platform, environments):
