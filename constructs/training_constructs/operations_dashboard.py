@@ -135,8 +135,9 @@ class OperationsDashboard(Construct):
         else:
             left = [
                 cloudwatch.MathExpression(
-                    # Ids are unique within the graph: one set per outcome.
-                    expression=" + ".join(f"{method[7:]}{i}" for i in range(len(state_machines))),
+                    # Ids are unique within the graph: one set per outcome. A launcher without runs in a
+                    # period has no data point, which would blank the sum: count it as 0.
+                    expression=" + ".join(f"FILL({method[7:]}{i}, 0)" for i in range(len(state_machines))),
                     using_metrics={
                         f"{method[7:]}{i}": getattr(machine, method)() for i, machine in enumerate(state_machines)
                     },

@@ -127,7 +127,6 @@ class TrainingStorage(Construct):
             encryption=s3.BucketEncryption.S3_MANAGED,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,
-            minimum_tls_version=1.2,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             versioned=False,
             lifecycle_rules=[
@@ -140,12 +139,13 @@ class TrainingStorage(Construct):
             "AwsSolutions-S1",
             "This is the server access log destination; logging its own access would loop",
         )
+        _deny_old_tls(bucket)
         return bucket
 
     def _data_bucket(
         self, name: str, *, versioned: bool, lifecycle_rules: list[s3.LifecycleRule] | None = None
     ) -> s3.Bucket:
-        return s3.Bucket(
+        bucket = s3.Bucket(
             self,
             f"{name.capitalize()}Bucket",
             encryption=s3.BucketEncryption.KMS,
@@ -153,7 +153,6 @@ class TrainingStorage(Construct):
             bucket_key_enabled=True,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,
-            minimum_tls_version=1.2,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             versioned=versioned,
             lifecycle_rules=lifecycle_rules,
@@ -161,6 +160,24 @@ class TrainingStorage(Construct):
             server_access_logs_prefix=f"{name}/",
             removal_policy=self.removal_policy,
         )
+        _deny_old_tls(bucket)
+        return bucket
+
+
+def _deny_old_tls(bucket: s3.Bucket) -> None:
+    """Refuse requests over TLS older than 1.2. (The Bucket's own `minimum_tls_version` writes the
+    number as a JSON number, which some CloudFormation implementations refuse; IAM's grammar writes
+    condition values as strings.)"""
+    bucket.add_to_resource_policy(
+        iam.PolicyStatement(
+            sid="DenyTlsBelow12",
+            effect=iam.Effect.DENY,
+            principals=[iam.AnyPrincipal()],
+            actions=["s3:*"],
+            resources=[bucket.bucket_arn, bucket.arn_for_objects("*")],
+            conditions={"NumericLessThan": {"s3:TlsVersion": "1.2"}},
+        )
+    )
 
 
 def _validate(key_alias: str | None, noncurrent_days: int, upload_days: int, log_days: int) -> None:

@@ -76,6 +76,8 @@ def policy_documents(template):
                 yield logical_id, kind, policy["PolicyDocument"]
         elif kind == "AWS::KMS::Key":
             yield logical_id, kind, props["KeyPolicy"]
+        elif kind in ("AWS::EC2::VPCEndpoint", "AWS::SNS::TopicPolicy") and "PolicyDocument" in props:
+            yield logical_id, kind, props["PolicyDocument"]
 
 
 def test_every_environment_synthesizes_every_stack(platform, environments):
@@ -110,9 +112,17 @@ def test_cfn_lint_finds_no_errors_in_any_template(platform, environments):
     assert unexplained == []
 
 
+# A VPC endpoint's policy is a perimeter, not a grant: it lets this account's principals (condition
+# aws:PrincipalAccount) call the endpoint's service, and their own IAM policies hold them to least
+# privilege. It may name the service's actions with a wildcard (tests/infra/test_network.py checks it).
+PERIMETER_POLICIES = ("AWS::EC2::VPCEndpoint",)
+
+
 def test_no_statement_allows_every_action_of_a_service(platform):
     for _env, path, template in assembly_templates(platform):
-        for logical_id, _kind, document in policy_documents(template):
+        for logical_id, kind, document in policy_documents(template):
+            if kind in PERIMETER_POLICIES:
+                continue
             for statement in as_list(document["Statement"]):
                 if statement["Effect"] != "Allow":
                     continue
@@ -125,6 +135,8 @@ def test_resource_star_only_for_actions_without_resource_level_permissions(platf
     seen = set()
     for _env, path, template in assembly_templates(platform):
         for logical_id, kind, document in policy_documents(template):
+            if kind in PERIMETER_POLICIES:
+                continue
             for statement in as_list(document["Statement"]):
                 if statement["Effect"] != "Allow" or "*" not in as_list(statement.get("Resource", [])):
                     continue
@@ -145,6 +157,20 @@ def test_resource_star_only_for_actions_without_resource_level_permissions(platf
                 seen.update(actions)
     # The allow-list holds no stale entries: each is used somewhere.
     assert seen == set(RESOURCE_STAR_ALLOWED)
+
+
+def test_condition_values_are_strings_as_every_cloudformation_implementation_parses_them(platform):
+    """IAM's grammar writes condition values as strings; a JSON number or boolean is accepted by AWS but
+    refused by other implementations (moto's policy validator among them: "Syntax errors in policy")."""
+    not_strings = []
+    for _env, path, template in assembly_templates(platform):
+        for logical_id, _kind, document in policy_documents(template):
+            for statement in as_list(document["Statement"]):
+                for operator, keys in statement.get("Condition", {}).items():
+                    for key, value in keys.items():
+                        if any(isinstance(v, bool | int | float) for v in as_list(value)):
+                            not_strings.append(f"{path.name} {logical_id} {operator} {key}: {value!r}")
+    assert not_strings == []
 
 
 def test_put_metric_data_is_limited_to_the_sagemaker_namespace(platform):

@@ -120,7 +120,7 @@ def test_every_bucket_is_private_and_refuses_plain_http(platform, env):
         assert props["OwnershipControls"]["Rules"] == [{"ObjectOwnership": "BucketOwnerEnforced"}]
         denies = [s for s in policies[logical_id] if s["Effect"] == "Deny"]
         assert {"Bool": {"aws:SecureTransport": "false"}} in [s["Condition"] for s in denies], logical_id
-        assert {"NumericLessThan": {"s3:TlsVersion": 1.2}} in [s["Condition"] for s in denies], logical_id
+        assert {"NumericLessThan": {"s3:TlsVersion": "1.2"}} in [s["Condition"] for s in denies], logical_id
 
 
 @pytest.mark.parametrize("env", ENVS)
