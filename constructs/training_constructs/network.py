@@ -22,6 +22,7 @@ from llmtrain.platform import (
 )
 from training_constructs._props import check_cidr, is_unresolved, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
+from training_constructs.nag import FUNCTION_CHECKOV_REASONS, acknowledge_checkov
 
 _NAME = "TrainingNetwork"
 _HTTPS = ec2.Port.tcp(443)
@@ -202,7 +203,7 @@ class TrainingNetwork(Construct):
                     name="nat", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=28, map_public_ip_on_launch=False
                 ),
             )
-        return ec2.Vpc(
+        vpc = ec2.Vpc(
             self,
             "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(vpc_cidr),
@@ -213,6 +214,8 @@ class TrainingNetwork(Construct):
             enable_dns_support=True,
             restrict_default_security_group=True,
         )
+        _acknowledge_default_group_provider(Stack.of(self))
+        return vpc
 
     def _import_vpc(self, existing: ExistingVpcAttributes) -> ec2.IVpc:
         return ec2.Vpc.from_vpc_attributes(
@@ -337,6 +340,13 @@ class TrainingNetwork(Construct):
             traffic_type=ec2.FlowLogTrafficType.ALL,
         )
         return key, group, flow_log
+
+
+def _acknowledge_default_group_provider(stack: Stack) -> None:
+    """aws-cdk-lib's provider that empties the default security group is a singleton at the stack's root."""
+    for child in stack.node.children:
+        if child.node.id.startswith("Custom::VpcRestrictDefaultSG"):
+            acknowledge_checkov(child, FUNCTION_CHECKOV_REASONS, resource_type="AWS::Lambda::Function")
 
 
 def _validate(

@@ -10,7 +10,7 @@ from constructs import Construct
 
 from training_constructs._props import is_whole_number, require
 from training_constructs.encryption import create_encryption_key
-from training_constructs.nag import acknowledge
+from training_constructs.nag import acknowledge, acknowledge_checkov
 
 _NAME = "TrainingStorage"
 
@@ -138,6 +138,15 @@ class TrainingStorage(Construct):
             bucket,
             "AwsSolutions-S1",
             "This is the server access log destination; logging its own access would loop",
+        )
+        acknowledge_checkov(
+            bucket,
+            {
+                "CKV_AWS_18": "this is the server access log destination; logging its own access would loop",
+                "CKV_AWS_21": "access logs are written once and expire after the retention period; versions "
+                "would keep what the lifecycle rule deletes",
+            },
+            resource_type="AWS::S3::Bucket",
         )
         _deny_old_tls(bucket)
         return bucket
