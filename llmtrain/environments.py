@@ -318,8 +318,9 @@ def _read_teams(reader: _Reader, defaults: TeamConfig, environment_prefix: str) 
         if not isinstance(name, str) or not TEAM_NAME_PATTERN.fullmatch(name):
             reader.fail(
                 f"teams.{name}",
-                "is not a valid team name: 1-12 lowercase letters and digits, starting with a letter (no hyphens: "
-                "a team's jobs are named <job_name_prefix>-<team>-..., and IAM matches them by that prefix)",
+                "is not a valid team name: 1-12 lowercase letters and digits, starting with a letter (no "
+                "hyphens: a team's jobs are named <job_name_prefix>-<team>-..., and IAM matches them by "
+                "that prefix)",
             )
         section = reader.section("teams").section(name, required=False)
         read.append(_read_team(section, name, defaults, environment_prefix))
@@ -328,7 +329,14 @@ def _read_teams(reader: _Reader, defaults: TeamConfig, environment_prefix: str) 
 
 def _read_team(reader: _Reader, name: str, defaults: TeamConfig, environment_prefix: str) -> TeamConfig:
     reader.only_keys(
-        {"templates", "instance_types", "max_instance_count", "max_keep_alive_seconds", "notifications", "tags"}
+        {
+            "templates",
+            "instance_types",
+            "max_instance_count",
+            "max_keep_alive_seconds",
+            "notifications",
+            "tags",
+        }
     )
     templates = defaults.templates
     if reader.raw("templates", default=None) is not None:
@@ -512,7 +520,9 @@ def _read_tags(reader: _Reader, field_name: str) -> dict[str, str]:
         reader.fail(field_name, "must be a mapping of tag key to string value")
     for key, value in tags.items():
         if not isinstance(key, str) or not _TAG_KEY.fullmatch(key) or key.lower().startswith("aws:"):
-            reader.fail(f"{field_name}.{key}", "is not a valid tag key (1-128 characters, not starting with aws:)")
+            reader.fail(
+                f"{field_name}.{key}", "is not a valid tag key (1-128 characters, not starting with aws:)"
+            )
         if not isinstance(value, str) or not _TAG_VALUE.fullmatch(value):
             reader.fail(f"{field_name}.{key}", "must be a string of at most 256 characters (quote numbers)")
     return dict(tags)

@@ -76,8 +76,9 @@ class ExecutionInput:
             raise InvalidRunInput(f"unknown input field(s) {', '.join(unknown)}; the input is {INPUT_SHAPE}")
         for name in ("template", "run_name"):
             if name not in data:
-                raise InvalidRunInput(f"'{name}' is required and must be a non-empty string; the input is "
-                                      f"{INPUT_SHAPE}")
+                raise InvalidRunInput(
+                    f"'{name}' is required and must be a non-empty string; the input is {INPUT_SHAPE}"
+                )
         values = dict(data)
         if values.get("overrides", {}) is None:
             raise InvalidRunInput("'overrides' must be an object of setting name to value, got null")
@@ -101,10 +102,15 @@ def _input_problem(execution: ExecutionInput) -> str | None:
     for name in ("template", "run_name"):
         value = getattr(execution, name)
         if not isinstance(value, str) or not value:
-            return f"'{name}' is required and must be a non-empty string, got {value!r}; the input is {INPUT_SHAPE}"
+            return (
+                f"'{name}' is required and must be a non-empty string, got {value!r}; "
+                f"the input is {INPUT_SHAPE}"
+            )
     if not isinstance(execution.version, str) or not execution.version:
-        return (f"'version' must be a published version such as 1.0.0, or \"latest\"; got {execution.version!r} "
-                "(leave the field out for the latest version)")
+        return (
+            f"'version' must be a published version such as 1.0.0, or \"latest\"; got {execution.version!r} "
+            "(leave the field out for the latest version)"
+        )
     if execution.owner is not None and not isinstance(execution.owner, str):
         return f"'owner' must be a string, got {execution.owner!r}"
     if not isinstance(execution.overrides, Mapping):
@@ -119,11 +125,15 @@ def run_name_problem(run_name: str) -> str | None:
     same jobs while their checkpoint prefixes differ: run names are lowercase.
     """
     if not RUN_NAME_PATTERN.fullmatch(run_name):
-        return (f"run_name {run_name!r} must be letters, digits and single dashes, starting and ending "
-                "with a letter or digit")
+        return (
+            f"run_name {run_name!r} must be letters, digits and single dashes, starting and ending "
+            "with a letter or digit"
+        )
     if run_name != run_name.lower():
-        return (f"run_name {run_name!r} has upper-case letters; SageMaker job names ignore case, so it "
-                f"would share its jobs with {run_name.lower()!r}: use {run_name.lower()!r}")
+        return (
+            f"run_name {run_name!r} has upper-case letters; SageMaker job names ignore case, so it "
+            f"would share its jobs with {run_name.lower()!r}: use {run_name.lower()!r}"
+        )
     return None
 
 
@@ -199,8 +209,9 @@ class RunState:
         """The instance type of the current attempt."""
         return self.instance_types[self.type_index]
 
-    def with_attempt_ended(self, job_name: str, outcome: str, reason: str = "",
-                           instance_type: str | None = None) -> RunState:
+    def with_attempt_ended(
+        self, job_name: str, outcome: str, reason: str = "", instance_type: str | None = None
+    ) -> RunState:
         entry = AttemptRecord(
             attempt=self.attempt,
             job_name=job_name,
@@ -228,8 +239,8 @@ class RunState:
         names = {f.name for f in dataclasses.fields(cls)}
         if set(data) - names:
             raise LauncherStateError(
-                f"the run state has fields {sorted(set(data) - names)} this function does not know: the state "
-                "machine and the functions come from different deployments (deploy them together)"
+                f"the run state has fields {sorted(set(data) - names)} this function does not know: the "
+                "state machine and the functions come from different deployments (deploy them together)"
             )
         try:
             return cls(

@@ -38,8 +38,8 @@ class PlatformStage(Stage):
         # The foundation: network and storage, then who may use them (per team).
         self.network = NetworkStack(self, "Network", config=config)
         self.storage = StorageStack(self, "Storage", config=config)
-        self.access = AccessStack(self, "Access", config=config, teams=self.teams, network=self.network.network,
-                                  storage=self.storage.storage)
+        self.access = AccessStack(self, "Access", config=config, teams=self.teams,
+                                  network=self.network.network, storage=self.storage.storage)
         # Jobs reach only the platform's buckets through the S3 endpoint (and ECR's layers).
         self.network.network.restrict_s3_endpoint(list(self.storage.storage.buckets.values()))
 

@@ -90,7 +90,10 @@ def guardrail_statements(
         deny("OnlyPlatformInstanceTypes",
              {"ForAnyValue:StringNotEquals": {"sagemaker:InstanceTypes": list(instance_types)}}),
         deny("OnlyInTheTrainingVpc", {"Null": {"sagemaker:VpcSubnets": "true"}}),
-        deny("OnlyTrainingSubnets", {"ForAnyValue:StringNotEquals": {"sagemaker:VpcSubnets": list(subnet_ids)}}),
+        deny(
+            "OnlyTrainingSubnets",
+            {"ForAnyValue:StringNotEquals": {"sagemaker:VpcSubnets": list(subnet_ids)}},
+        ),
         deny("OnlyTrainingSecurityGroups",
              {"ForAnyValue:StringNotEquals": {"sagemaker:VpcSecurityGroupIds": list(security_group_ids)}}),
         deny("OnlyPlatformOutputKey", {"StringNotEquals": {"sagemaker:OutputKmsKey": key_arn}}),
@@ -146,7 +149,9 @@ class TrainingAccess(Construct):
         super().__init__(scope, construct_id)
         _check_cap("max_keep_alive_seconds", max_keep_alive_seconds)
         _check_teams(teams, max_keep_alive_seconds)
-        require(len(subnets) > 0, _NAME, "subnets", "must list the training subnets: jobs run in the VPC only")
+        require(
+            len(subnets) > 0, _NAME, "subnets", "must list the training subnets: jobs run in the VPC only"
+        )
         require(len(security_groups) > 0, _NAME, "security_groups", "must list the training security group")
         self.stack = Stack.of(self)
         self.max_keep_alive_seconds = max_keep_alive_seconds
@@ -409,9 +414,12 @@ class TeamAccess(Construct):
 
     def _network_statements(self) -> list[iam.PolicyStatement]:
         def ec2_arns(kind: str, ids: list[str]) -> list[str]:
-            return [self.stack.format_arn(service="ec2", resource=kind, resource_name=i) for i in ids or ["*"]]
+            return [
+                self.stack.format_arn(service="ec2", resource=kind, resource_name=i) for i in ids or ["*"]
+            ]
 
         interfaces = ec2_arns("network-interface", [])
+        groups = self._resources.security_groups
         return [
             iam.PolicyStatement(
                 sid="CreateJobNetworkInterfaces",
@@ -419,7 +427,7 @@ class TeamAccess(Construct):
                 resources=[
                     *interfaces,
                     *ec2_arns("subnet", [s.subnet_id for s in self._resources.subnets]),
-                    *ec2_arns("security-group", [g.security_group_id for g in self._resources.security_groups]),
+                    *ec2_arns("security-group", [g.security_group_id for g in groups]),
                 ],
             ),
             iam.PolicyStatement(
@@ -503,10 +511,10 @@ class TeamAccess(Construct):
             self.engineer_policy,
             {
                 "ListTrainingJobs": ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS["sagemaker:ListTrainingJobs"],
-                "FollowTeamTrainingJobs": f"Engineers follow the training jobs of team {team}: the names share "
-                "the team's prefix and differ per run",
-                "ReadTeamTrainingLogs": f"Engineers read the logs of team {team}'s jobs: the streams share the "
-                "team's job-name prefix and differ per run",
+                "FollowTeamTrainingJobs": f"Engineers follow the training jobs of team {team}: the names "
+                "share the team's prefix and differ per run",
+                "ReadTeamTrainingLogs": f"Engineers read the logs of team {team}'s jobs: the streams share "
+                "the team's job-name prefix and differ per run",
                 "ReadTeamData": f"Engineers read team {team}'s data, models and checkpoints, under its own "
                 "prefix of the platform's buckets",
                 "UploadTeamDatasets": f"Engineers upload datasets under team {team}'s own prefix of the "
@@ -561,7 +569,9 @@ def _check_teams(teams: Sequence[TeamSpec], cap: int) -> None:
     names = [team.name for team in teams]
     require(len(set(names)) == len(names), _NAME, "teams", f"names a team twice: {names}")
     prefixes = [team.job_name_prefix for team in teams]
-    require(len(set(prefixes)) == len(prefixes), _NAME, "teams", f"two teams share a job-name prefix: {prefixes}")
+    require(
+        len(set(prefixes)) == len(prefixes), _NAME, "teams", f"two teams share a job-name prefix: {prefixes}"
+    )
     for team in teams:
         require(
             team.max_keep_alive_seconds <= cap,

@@ -7,10 +7,10 @@ started it), and its role creates only the team's jobs, under SageMaker's IAM co
 An execution's input is `{"template": NAME, "version": SEMVER|"latest", "run_name": NAME,
 "overrides": {...}}` (`llmtrain.runs.ExecutionInput`). The state machine:
 
-    ReadInput ─> Resolve ─> Rejected? ─> ChooseRequestLayout ─> CreateTrainingJob .sync ─> Summarize ─> NotifySuccess
-                              │ yes          ^                       │ any failure
-                              v              │                       v
-                        NotifyFailure <─ WaitBeforeRetry <─ NextAttempt (give up ─> NotifyFailure ─> Fail)
+    ReadInput ─> Resolve ─> Rejected? ─> ChooseRequestLayout ─> CreateTrainingJob .sync ─> Summarize
+                              │ yes          ^                       │ any failure            │
+                              v              │                       v                        v
+                        NotifyFailure <─ WaitBeforeRetry <─ NextAttempt (give up)      NotifySuccess
 
 - ReadInput puts the execution input, whatever JSON it is, under `$.input`, so every later state
   has an object to add to (a list or a string as input would otherwise end in `States.Runtime`).
@@ -57,8 +57,8 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from llmtrain.handlers import launcher as handlers
 from llmtrain.errors import LlmtrainError
+from llmtrain.handlers import launcher as handlers
 from llmtrain.handlers.quotas import template_instance_types
 from llmtrain.platform import PlatformContext
 from llmtrain.render import TAG_PREFIX, RunInput, render
@@ -235,7 +235,9 @@ class TrainingLauncher(Construct):
         )
         # A run's earlier jobs say (by their tags) which template version the run keeps.
         self.resolve_function.add_to_role_policy(
-            iam.PolicyStatement(sid="ReadRunJobTags", actions=["sagemaker:ListTags"], resources=[self._team_jobs()])
+            iam.PolicyStatement(
+                sid="ReadRunJobTags", actions=["sagemaker:ListTags"], resources=[self._team_jobs()]
+            )
         )
         acknowledge_wildcards(
             self.resolve_function.role,
@@ -660,4 +662,10 @@ def _synth_render(template: JobTemplate, team: TeamSpec, inter_container_traffic
         ) from error
 
 
-__all__ = ["CREATE_JOBS_SID", "LAUNCHER_ERROR_SUBJECT", "SYNC_EVENTS_RULE", "WILDCARD_RESOURCE_ACTIONS", "TrainingLauncher"]
+__all__ = [
+    "CREATE_JOBS_SID",
+    "LAUNCHER_ERROR_SUBJECT",
+    "SYNC_EVENTS_RULE",
+    "WILDCARD_RESOURCE_ACTIONS",
+    "TrainingLauncher",
+]

@@ -48,7 +48,9 @@ def acknowledge_wildcards(scope: IConstruct, reasons: Mapping[str, str]) -> None
     scope.node.add_validation(_WildcardAcknowledger(scope, dict(reasons)))
 
 
-def acknowledge_checkov(scope: IConstruct, reasons: Mapping[str, str], *, resource_type: str | None = None) -> None:
+def acknowledge_checkov(
+    scope: IConstruct, reasons: Mapping[str, str], *, resource_type: str | None = None
+) -> None:
     """Skip checkov checks (id -> specific reason) on the CloudFormation resources under ``scope``
     (only those of ``resource_type`` when given): written into each resource's metadata."""
     for check_id, reason in reasons.items():
@@ -73,8 +75,8 @@ FUNCTION_CHECKOV_REASONS = {
     "repeats the work: a dead-letter queue would hold nothing to act on",
     "CKV_AWS_117": "calls only AWS APIs (SageMaker, Service Quotas, CloudWatch, S3); it reaches no resource "
     "inside the training VPC, whose isolated subnets have no route for it",
-    "CKV_AWS_173": "the environment holds no secret (resource names and ARNs); Lambda encrypts it at rest with "
-    "its AWS managed key",
+    "CKV_AWS_173": "the environment holds no secret (resource names and ARNs); Lambda encrypts it at rest "
+    "with its AWS managed key",
 }
 
 

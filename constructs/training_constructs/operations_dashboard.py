@@ -139,7 +139,8 @@ class OperationsDashboard(Construct):
                     # period has no data point, which would blank the sum: count it as 0.
                     expression=" + ".join(f"FILL({method[7:]}{i}, 0)" for i in range(len(state_machines))),
                     using_metrics={
-                        f"{method[7:]}{i}": getattr(machine, method)() for i, machine in enumerate(state_machines)
+                        f"{method[7:]}{i}": getattr(machine, method)()
+                        for i, machine in enumerate(state_machines)
                     },
                     label=label,
                     period=_HOUR,

@@ -130,7 +130,8 @@ def _validate(team: TeamSpec) -> None:
         is_job_name_prefix(team.job_name_prefix, MAX_TEAM_JOB_NAME_PREFIX),
         _NAME,
         "job_name_prefix",
-        f"{team.job_name_prefix!r} must be 1-{MAX_TEAM_JOB_NAME_PREFIX} lowercase letters, digits and hyphens",
+        f"{team.job_name_prefix!r} must be 1-{MAX_TEAM_JOB_NAME_PREFIX} lowercase letters, digits and "
+        "hyphens",
     )
     require(
         len(team.instance_types) > 0 and all(t.startswith("ml.") for t in team.instance_types),
@@ -139,13 +140,16 @@ def _validate(team: TeamSpec) -> None:
         f"must list the team's SageMaker instance types (ml.*), got {list(team.instance_types)}",
     )
     require(
-        is_whole_number(team.max_keep_alive_seconds) and 0 <= team.max_keep_alive_seconds <= MAX_KEEP_ALIVE_SECONDS,
+        is_whole_number(team.max_keep_alive_seconds)
+        and 0 <= team.max_keep_alive_seconds <= MAX_KEEP_ALIVE_SECONDS,
         _NAME,
         "max_keep_alive_seconds",
-        f"must be a whole number of seconds from 0 to {MAX_KEEP_ALIVE_SECONDS}, got {team.max_keep_alive_seconds!r}",
+        f"must be a whole number of seconds from 0 to {MAX_KEEP_ALIVE_SECONDS}, "
+        f"got {team.max_keep_alive_seconds!r}",
     )
     require(
-        team.max_instance_count is None or (is_whole_number(team.max_instance_count) and team.max_instance_count >= 1),
+        team.max_instance_count is None
+        or (is_whole_number(team.max_instance_count) and team.max_instance_count >= 1),
         _NAME,
         "max_instance_count",
         f"must be a whole number of at least 1, or None, got {team.max_instance_count!r}",

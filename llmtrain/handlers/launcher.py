@@ -122,7 +122,8 @@ def resolve_run(event: Mapping[str, Any]) -> dict[str, Any]:
         template = run_template(run_input, _pinned_template(sagemaker, previous), _catalog())
     except LlmtrainError as error:
         raise _rejected(error) from error
-    return start_run(template, run_input, platform, previous, layouts, execution_arn=event.get("execution_arn"))
+    execution_arn = event.get("execution_arn")
+    return start_run(template, run_input, platform, previous, layouts, execution_arn=execution_arn)
 
 
 def next_attempt(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
@@ -285,7 +286,9 @@ def start_run(
     _refuse_duplicate_run(run_input.run_name, previous)
     attempt = previous[-1]["attempt"] + 1 if previous else 1
     if attempt > MAX_ATTEMPTS:
-        raise InvalidRunInput(f"run {run_input.run_name!r} has used all {MAX_ATTEMPTS} attempts; choose a new run_name")
+        raise InvalidRunInput(
+            f"run {run_input.run_name!r} has used all {MAX_ATTEMPTS} attempts; choose a new run_name"
+        )
     owner = run_input.owner or DEFAULT_OWNER
     try:
         request = _render(template, run_input.run_name, run_input.overrides, attempt, owner, None, platform)
@@ -526,7 +529,8 @@ def plan_retry(retry: RetrySpec, run: RunState, failure: Failure) -> RetryPlan |
     index, retries, waits = run.type_index, run.capacity_retries, run.quota_waits
     if failure.kind == "throttled" and run.throttle_retries < MAX_THROTTLE_RETRIES:
         throttles = run.throttle_retries + 1
-        return RetryPlan(throttle_backoff_seconds(throttles), index, retries, waits, throttles, new_attempt=False)
+        wait = throttle_backoff_seconds(throttles)
+        return RetryPlan(wait, index, retries, waits, throttles, new_attempt=False)
     if run.attempt >= MAX_ATTEMPTS:
         return None
     if failure.kind == "capacity":

@@ -11,7 +11,13 @@ import pytest
 from aws_cdk import aws_iam as iam
 from infra_helpers import ENV, as_list, resources_of_type, statements_by_sid, synthesize
 
-from training_constructs import PropsError, TrainingAccess, TrainingNetwork, TrainingStorage, warm_pool_cap_statement
+from training_constructs import (
+    PropsError,
+    TrainingAccess,
+    TrainingNetwork,
+    TrainingStorage,
+    warm_pool_cap_statement,
+)
 from training_constructs.images import (
     DLC_REGISTRY_ACCOUNTS,
     DLC_REPOSITORIES,
@@ -36,7 +42,9 @@ def execution_statements(template, team):
 
 
 def engineer_statements(template, team="default", prefix="Access"):
-    return statements_by_sid(template, "AWS::IAM::ManagedPolicy", f"{prefix}Team{team.capitalize()}EngineerPolicy")
+    return statements_by_sid(
+        template, "AWS::IAM::ManagedPolicy", f"{prefix}Team{team.capitalize()}EngineerPolicy"
+    )
 
 
 def guardrail_statements_of(template, prefix="Access"):
@@ -88,7 +96,10 @@ def test_a_teams_role_reads_and_writes_only_its_prefix(platform, env, team):
     reads = statements["ReadTeamData"]
     assert reads["Action"] == "s3:GetObject"
     assert team_object_arns(reads["Resource"]) == {
-        "Datasets": prefix, "Checkpoints": prefix, "Artifacts": prefix, "Code": "/templates/*"
+        "Datasets": prefix,
+        "Checkpoints": prefix,
+        "Artifacts": prefix,
+        "Code": "/templates/*",
     }
     checkpoints = statements["WriteTeamCheckpoints"]
     assert set(checkpoints["Action"]) == {"s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"}
@@ -196,25 +207,37 @@ def test_the_guardrail_denies_jobs_outside_the_environments_limits(platform, env
         "Action": [create, "sagemaker:UpdateTrainingJob"],
         "Resource": "*",
         # A string: the number as IAM's grammar writes it, which every CloudFormation implementation parses.
-        "Condition": {"NumericGreaterThan": {"sagemaker:KeepAlivePeriod": str(config.warm_pools.max_keep_alive_seconds)}},
+        "Condition": {
+            "NumericGreaterThan": {"sagemaker:KeepAlivePeriod": str(config.warm_pools.max_keep_alive_seconds)}
+        },
     }
-    types = guardrail["OnlyPlatformInstanceTypes"]["Condition"]["ForAnyValue:StringNotEquals"]["sagemaker:InstanceTypes"]
+    types = guardrail["OnlyPlatformInstanceTypes"]["Condition"]["ForAnyValue:StringNotEquals"][
+        "sagemaker:InstanceTypes"
+    ]
     teams = platform.stages[env].teams
     assert types == sorted({t for team in teams for t in team.instance_types})
     assert guardrail["OnlyInTheTrainingVpc"]["Condition"] == {"Null": {"sagemaker:VpcSubnets": "true"}}
-    subnets = guardrail["OnlyTrainingSubnets"]["Condition"]["ForAnyValue:StringNotEquals"]["sagemaker:VpcSubnets"]
+    subnets = guardrail["OnlyTrainingSubnets"]["Condition"]["ForAnyValue:StringNotEquals"][
+        "sagemaker:VpcSubnets"
+    ]
     assert len(subnets) == len(config.network.availability_zones)
     groups = guardrail["OnlyTrainingSecurityGroups"]["Condition"]["ForAnyValue:StringNotEquals"]
     assert "TrainingSecurityGroup" in as_text(groups)
     assert "PlatformKeyArn" in as_text(guardrail["OnlyPlatformOutputKey"]["Condition"]["StringNotEquals"])
-    assert "PlatformKeyArn" in as_text(guardrail["OnlyPlatformVolumeKey"]["Condition"]["StringNotEqualsIfExists"])
+    assert "PlatformKeyArn" in as_text(
+        guardrail["OnlyPlatformVolumeKey"]["Condition"]["StringNotEqualsIfExists"]
+    )
     encryption = guardrail.get("OnlyEncryptedInterContainerTraffic")
     if config.network.inter_container_traffic_encryption:
-        assert encryption["Condition"] == {"BoolIfExists": {"sagemaker:InterContainerTrafficEncryption": "false"}}
+        assert encryption["Condition"] == {
+            "BoolIfExists": {"sagemaker:InterContainerTrafficEncryption": "false"}
+        }
     else:
         assert encryption is None
     # Attached to every team's execution role; in every team's engineers' policy.
-    guardrail_id = next(k for k in resources_of_type(template, "AWS::IAM::ManagedPolicy") if k.startswith("AccessGuardrail"))
+    guardrail_id = next(
+        k for k in resources_of_type(template, "AWS::IAM::ManagedPolicy") if k.startswith("AccessGuardrail")
+    )
     for team in config.teams:
         _, role = execution_role(template, team.name)
         assert role["Properties"]["ManagedPolicyArns"] == [{"Ref": guardrail_id}]
@@ -229,8 +252,15 @@ def test_a_teams_engineers_reach_only_its_jobs_logs_and_data(platform, environme
     prefix = config.team(team).job_name_prefix
     statements = engineer_statements(platform.template_json(env, "access"), team)
     jobs = statements["FollowTeamTrainingJobs"]
-    assert set(jobs["Action"]) == {"sagemaker:DescribeTrainingJob", "sagemaker:ListTags", "sagemaker:StopTrainingJob"}
-    assert jobs["Resource"]["Fn::Join"][1][-1] == f":sagemaker:{config.region}:{config.account}:training-job/{prefix}-*"
+    assert set(jobs["Action"]) == {
+        "sagemaker:DescribeTrainingJob",
+        "sagemaker:ListTags",
+        "sagemaker:StopTrainingJob",
+    }
+    assert (
+        jobs["Resource"]["Fn::Join"][1][-1]
+        == f":sagemaker:{config.region}:{config.account}:training-job/{prefix}-*"
+    )
     assert statements["ListTrainingJobs"]["Resource"] == "*"
     logs = statements["ReadTeamTrainingLogs"]
     assert set(logs["Action"]) == {"logs:DescribeLogStreams", "logs:FilterLogEvents", "logs:GetLogEvents"}
@@ -239,7 +269,9 @@ def test_a_teams_engineers_reach_only_its_jobs_logs_and_data(platform, environme
     )
     team_prefix = f"/teams/{team}/*"
     assert team_object_arns(statements["ReadTeamData"]["Resource"]) == {
-        "Datasets": team_prefix, "Checkpoints": team_prefix, "Artifacts": team_prefix
+        "Datasets": team_prefix,
+        "Checkpoints": team_prefix,
+        "Artifacts": team_prefix,
     }
     assert team_object_arns(statements["UploadTeamDatasets"]["Resource"]) == {"Datasets": team_prefix}
     assert statements["ListTeamData"]["Condition"] == {"StringLike": {"s3:prefix": [f"teams/{team}/*"]}}
@@ -248,7 +280,10 @@ def test_a_teams_engineers_reach_only_its_jobs_logs_and_data(platform, environme
     }
     # The launcher of its own team only, by the name the launcher stack gives it.
     start = statements["StartTeamRuns1"]
-    assert start["Resource"]["Fn::Join"][1][-1] == f":states:{config.region}:{config.account}:stateMachine:{prefix}-launcher"
+    assert (
+        start["Resource"]["Fn::Join"][1][-1]
+        == f":states:{config.region}:{config.account}:stateMachine:{prefix}-launcher"
+    )
     # Nothing that creates a job, passes a role, or deletes data.
     allowed = {a for s in statements.values() if s["Effect"] == "Allow" for a in as_list(s["Action"])}
     assert not {"sagemaker:CreateTrainingJob", "iam:PassRole", "s3:DeleteObject"} & allowed
@@ -260,12 +295,16 @@ def launcher_wiring(tmp_path_factory):
     outdir = tmp_path_factory.mktemp("access-variants")
     app = cdk.App(outdir=str(outdir))
     stack = cdk.Stack(app, "Wired", env=ENV)
-    access = TrainingAccess(stack, "Access", **access_props(
+    access = TrainingAccess(
         stack,
-        teams=[team_spec("a", max_keep_alive_seconds=300), team_spec("b")],
-        max_keep_alive_seconds=600,
-        image_repository_arns=["arn:aws:ecr:us-east-1:111111111111:repository/team-a/trainer"],
-    ))
+        "Access",
+        **access_props(
+            stack,
+            teams=[team_spec("a", max_keep_alive_seconds=300), team_spec("b")],
+            max_keep_alive_seconds=600,
+            image_repository_arns=["arn:aws:ecr:us-east-1:111111111111:repository/team-a/trainer"],
+        ),
+    )
     access.teams["a"].allow_launcher(STATE_MACHINE)
     launcher_role = iam.Role(stack, "LauncherRole", assumed_by=iam.ServicePrincipal("states.amazonaws.com"))
     access.teams["a"].grant_pass_execution_role(launcher_role)
@@ -288,8 +327,13 @@ def test_launcher_executions_are_granted_to_the_teams_engineers_only(launcher_wi
         "states:StopExecution",
         "states:GetExecutionHistory",
     }
-    assert follow["Resource"]["Fn::Join"][1][-1] == ":states:us-east-1:111111111111:execution:llmtrain-a-launcher:*"
-    assert not any(sid.startswith(("StartTeamRuns", "FollowTeamRuns")) for sid in engineer_statements(template, "b"))
+    assert (
+        follow["Resource"]["Fn::Join"][1][-1]
+        == ":states:us-east-1:111111111111:execution:llmtrain-a-launcher:*"
+    )
+    assert not any(
+        sid.startswith(("StartTeamRuns", "FollowTeamRuns")) for sid in engineer_statements(template, "b")
+    )
 
 
 def test_pass_role_goes_to_sagemaker_only(launcher_wiring):
@@ -303,7 +347,10 @@ def test_pass_role_goes_to_sagemaker_only(launcher_wiring):
     [statement] = launcher_policy["Properties"]["PolicyDocument"]["Statement"]
     assert statement["Action"] == "iam:PassRole"
     assert statement["Resource"] == {
-        "Fn::GetAtt": [next(k for k in template["Resources"] if k.startswith("AccessTeamAExecutionRole")), "Arn"]
+        "Fn::GetAtt": [
+            next(k for k in template["Resources"] if k.startswith("AccessTeamAExecutionRole")),
+            "Arn",
+        ]
     }
     assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
 
@@ -380,7 +427,11 @@ INVALID_PROPS = [
     ({"max_keep_alive_seconds": True}, "max_keep_alive_seconds", "whole number"),
     ({"teams": []}, "teams", "at least one TeamSpec"),
     ({"teams": [team_spec("a"), team_spec("a", job_name_prefix="other")]}, "teams", "names a team twice"),
-    ({"teams": [team_spec("a"), team_spec("b", job_name_prefix="llmtrain-a")]}, "teams", "share a job-name prefix"),
+    (
+        {"teams": [team_spec("a"), team_spec("b", job_name_prefix="llmtrain-a")]},
+        "teams",
+        "share a job-name prefix",
+    ),
     ({"teams": [team_spec("a", max_keep_alive_seconds=3601)]}, "teams", "above the environment's"),
     ({"subnets": []}, "subnets", "jobs run in the VPC only"),
     ({"image_repository_arns": []}, "image_repository_arns", "at least one"),

@@ -119,13 +119,17 @@ def test_cfn_lint_reports_nothing_of_ours(templates, environment):
 
 
 @pytest.mark.parametrize(("environment", "team"), TEAM_CASES)
-def test_one_launcher_per_team_logging_all_events_encrypted_and_tracing_on(templates, environments, environment, team):
+def test_one_launcher_per_team_logging_all_events_encrypted_and_tracing_on(
+    templates, environments, environment, team
+):
     template = templates[environment]
     machines = resources_of_type(template, "AWS::StepFunctions::StateMachine")
     assert len(machines) == len(environments[environment].teams)
     _, machine = _one(template, "AWS::StepFunctions::StateMachine", team)
     properties = machine["Properties"]
-    assert properties["StateMachineName"] == f"{environments[environment].team(team).job_name_prefix}-launcher"
+    assert (
+        properties["StateMachineName"] == f"{environments[environment].team(team).job_name_prefix}-launcher"
+    )
     assert properties["TracingConfiguration"] == {"Enabled": True}
     logging = properties["LoggingConfiguration"]
     assert logging["Level"] == "ALL" and logging["IncludeExecutionData"] is True
@@ -172,12 +176,18 @@ def test_the_flow_reads_any_input_resolves_first_retries_with_backoff_and_notifi
     assert states["ReadInput"]["Parameters"] == {"input.$": "$"} and states["ReadInput"]["Next"] == "Resolve"
     resolve = states["Resolve"]
     assert resolve["Parameters"]["Payload"] == {
-        "input.$": "$.input", "execution_arn.$": "$$.Execution.Id", "execution_name.$": "$$.Execution.Name"
+        "input.$": "$.input",
+        "execution_arn.$": "$$.Execution.Id",
+        "execution_name.$": "$$.Execution.Name",
     }
     assert resolve["Next"] == "Rejected"
-    assert resolve["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "DescribeLauncherError"}]
+    assert resolve["Catch"] == [
+        {"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "DescribeLauncherError"}
+    ]
     # A refusal is a summary from Resolve: notified, then the execution fails with its error.
-    assert states["Rejected"]["Choices"] == [{"Variable": "$.summary", "IsPresent": True, "Next": "NotifyFailure"}]
+    assert states["Rejected"]["Choices"] == [
+        {"Variable": "$.summary", "IsPresent": True, "Next": "NotifyFailure"}
+    ]
     assert states["Rejected"]["Default"] == "ChooseRequestLayout"
     # The launcher error's subject is fixed: an 80-character execution name cannot overflow SNS's 100.
     assert states["DescribeLauncherError"]["Parameters"]["summary"]["subject"] == LAUNCHER_ERROR_SUBJECT
@@ -208,7 +218,9 @@ def test_the_flow_reads_any_input_resolves_first_retries_with_backoff_and_notifi
 
 
 @pytest.mark.parametrize(("environment", "team"), TEAM_CASES)
-def test_the_job_creating_role_carries_every_condition_key(platform, templates, environments, environment, team):
+def test_the_job_creating_role_carries_every_condition_key(
+    platform, templates, environments, environment, team
+):
     """SageMaker evaluates these keys on CreateTrainingJob; moto does not, so they are asserted here."""
     config = environments[environment]
     spec = next(t for t in platform.stages[environment].teams if t.name == team)
@@ -226,7 +238,9 @@ def test_the_job_creating_role_carries_every_condition_key(platform, templates, 
     assert all("Subnet" in json.dumps(s) for s in all_of["sagemaker:VpcSubnets"])
     assert "TrainingSecurityGroup" in json.dumps(all_of["sagemaker:VpcSecurityGroupIds"])
     assert conditions["Null"] == {
-        "sagemaker:InstanceTypes": "false", "sagemaker:VpcSubnets": "false", "sagemaker:VpcSecurityGroupIds": "false"
+        "sagemaker:InstanceTypes": "false",
+        "sagemaker:VpcSubnets": "false",
+        "sagemaker:VpcSecurityGroupIds": "false",
     }
     exact = conditions["StringEquals"]
     assert "PlatformKeyArn" in json.dumps(exact["sagemaker:OutputKmsKey"])
@@ -240,7 +254,9 @@ def test_the_job_creating_role_carries_every_condition_key(platform, templates, 
         assert conditions["Bool"] == {"sagemaker:InterContainerTrafficEncryption": "true"}
     else:
         assert "Bool" not in conditions
-    assert statements["TagTeamTrainingJobs"]["Condition"] == {"StringEquals": {"aws:RequestTag/llmtrain:team": team}}
+    assert statements["TagTeamTrainingJobs"]["Condition"] == {
+        "StringEquals": {"aws:RequestTag/llmtrain:team": team}
+    }
     follow = statements["FollowTeamTrainingJobs"]
     assert set(follow["Action"]) == {"sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"}
     passing = statements["PassTeamExecutionRoleToSageMaker"]
@@ -251,16 +267,26 @@ def test_the_job_creating_role_carries_every_condition_key(platform, templates, 
     assert set(sync["Action"]) == {"events:PutTargets", "events:PutRule", "events:DescribeRule"}
     assert sync["Resource"]["Fn::Join"][1][-1].endswith(f":rule/{SYNC_EVENTS_RULE}")
     sagemaker = {a for s in statements.values() for a in as_list(s["Action"]) if a.startswith("sagemaker:")}
-    assert sagemaker == {"sagemaker:CreateTrainingJob", "sagemaker:AddTags", "sagemaker:DescribeTrainingJob",
-                         "sagemaker:StopTrainingJob"}
+    assert sagemaker == {
+        "sagemaker:CreateTrainingJob",
+        "sagemaker:AddTags",
+        "sagemaker:DescribeTrainingJob",
+        "sagemaker:StopTrainingJob",
+    }
     all_jobs = [s for s in statements.values() if "sagemaker:" in json.dumps(s.get("Action"))]
     assert all(f"training-job/{prefix}-*" in json.dumps(s["Resource"]) for s in all_jobs)
-    invoked = [s for s in _state_machine_statements(templates[environment], team) if s["Action"] == "lambda:InvokeFunction"]
+    invoked = [
+        s
+        for s in _state_machine_statements(templates[environment], team)
+        if s["Action"] == "lambda:InvokeFunction"
+    ]
     assert len(invoked) == 3
 
 
 @pytest.mark.parametrize(("environment", "team"), TEAM_CASES)
-def test_functions_get_the_teams_platform_context_and_least_privilege(templates, environments, environment, team):
+def test_functions_get_the_teams_platform_context_and_least_privilege(
+    templates, environments, environment, team
+):
     config, template = environments[environment], templates[environment]
     team_config = config.team(team)
     functions = _functions(template, team)
@@ -302,7 +328,9 @@ def test_functions_get_the_teams_platform_context_and_least_privilege(templates,
 
 
 @pytest.mark.parametrize(("environment", "team"), TEAM_CASES)
-def test_a_teams_engineers_may_start_and_follow_runs_of_its_launcher_only(platform, environments, environment, team):
+def test_a_teams_engineers_may_start_and_follow_runs_of_its_launcher_only(
+    platform, environments, environment, team
+):
     access = _template_json(platform.stages[environment].access)
     policies = {
         i: p for i, p in resources_of_type(access, "AWS::IAM::ManagedPolicy").items() if "EngineerPolicy" in i
@@ -314,7 +342,9 @@ def test_a_teams_engineers_may_start_and_follow_runs_of_its_launcher_only(platfo
     assert set(start["Action"]) == {"states:StartExecution", "states:ListExecutions"}
     prefix = environments[environment].team(team).job_name_prefix
     assert json.dumps(start["Resource"]).endswith(f':stateMachine:{prefix}-launcher"]]}}')
-    assert {"states:StopExecution", "states:DescribeExecution"} <= set(statements["FollowTeamRuns1"]["Action"])
+    assert {"states:StopExecution", "states:DescribeExecution"} <= set(
+        statements["FollowTeamRuns1"]["Action"]
+    )
     assert "StartTeamRuns2" not in statements
 
 
@@ -330,13 +360,21 @@ def test_a_teams_topic_is_encrypted_tls_only_and_mails_the_team(templates, envir
     _, policy = _one(template, "AWS::SNS::TopicPolicy", team)
     denies = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Deny"]
     assert denies[0]["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
-    subscriptions = [s["Properties"] for s in _team_resources(template, "AWS::SNS::Subscription", team).values()]
+    subscriptions = [
+        s["Properties"] for s in _team_resources(template, "AWS::SNS::Subscription", team).values()
+    ]
     assert subscriptions == [
-        {"Protocol": "email", "TopicArn": {"Ref": topic_id}, "Endpoint": environments[environment].team(team).notification_email}
+        {
+            "Protocol": "email",
+            "TopicArn": {"Ref": topic_id},
+            "Endpoint": environments[environment].team(team).notification_email,
+        }
     ]
     outputs = template["Outputs"]
     machine_id, _ = _one(template, "AWS::StepFunctions::StateMachine", team)
-    assert outputs[StackOutput.team_output(team, LauncherOutput.STATE_MACHINE_ARN)]["Value"] == {"Ref": machine_id}
+    assert outputs[StackOutput.team_output(team, LauncherOutput.STATE_MACHINE_ARN)]["Value"] == {
+        "Ref": machine_id
+    }
     assert outputs[StackOutput.team_output(team, LauncherOutput.TOPIC_ARN)]["Value"] == {"Ref": topic_id}
 
 
@@ -377,8 +415,12 @@ def _props(stack: cdk.Stack, **overrides) -> dict:
     buckets = {name: s3.Bucket(stack, name) for name in ("datasets", "checkpoints", "artifacts", "code")}
     props = dict(
         job_templates=[],
-        team=TeamSpec(name="a", job_name_prefix="llmtrain-a", instance_types=("ml.g5.12xlarge",),
-                      max_keep_alive_seconds=3600),
+        team=TeamSpec(
+            name="a",
+            job_name_prefix="llmtrain-a",
+            instance_types=("ml.g5.12xlarge",),
+            max_keep_alive_seconds=3600,
+        ),
         execution_role=iam.Role(stack, "Exec", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com")),
         datasets_bucket=buckets["datasets"],
         checkpoints_bucket=buckets["checkpoints"],
@@ -399,7 +441,9 @@ def _gpt2(stack: cdk.Stack) -> list[JobTemplate]:
 
 def _lora(stack: cdk.Stack) -> list[JobTemplate]:
     """A version with a warm pool (1800 s) by default."""
-    return [JobTemplate(stack, "Lora", template="llama-finetune-lora@1.1.0", code_bucket=s3.Bucket(stack, "Code"))]
+    return [
+        JobTemplate(stack, "Lora", template="llama-finetune-lora@1.1.0", code_bucket=s3.Bucket(stack, "Code"))
+    ]
 
 
 @pytest.mark.parametrize(
@@ -410,18 +454,40 @@ def _lora(stack: cdk.Stack) -> list[JobTemplate]:
         ({"state_machine_name": "has spaces"}, r"TrainingLauncher\(state_machine_name=...\)"),
         ({}, r"TrainingLauncher\(job_templates=...\): must list at least one JobTemplate"),
         (
-            {"job_templates": _gpt2, "team": TeamSpec(name="a", job_name_prefix="x-a", instance_types=("ml.g5.12xlarge",),
-                                                       max_keep_alive_seconds=3600, templates=("byo-script",))},
+            {
+                "job_templates": _gpt2,
+                "team": TeamSpec(
+                    name="a",
+                    job_name_prefix="x-a",
+                    instance_types=("ml.g5.12xlarge",),
+                    max_keep_alive_seconds=3600,
+                    templates=("byo-script",),
+                ),
+            },
             r"TrainingLauncher\(job_templates=...\): \['gpt2-ddp'\] are not among team 'a''s templates",
         ),
         (
-            {"job_templates": _gpt2, "team": TeamSpec(name="a", job_name_prefix="x-a", instance_types=("ml.c5.2xlarge",),
-                                                       max_keep_alive_seconds=3600)},
+            {
+                "job_templates": _gpt2,
+                "team": TeamSpec(
+                    name="a",
+                    job_name_prefix="x-a",
+                    instance_types=("ml.c5.2xlarge",),
+                    max_keep_alive_seconds=3600,
+                ),
+            },
             r"gpt2-ddp@1.1.0 runs on ml.g5.12xlarge, .* none of which team 'a' may use",
         ),
         (
-            {"job_templates": _lora, "team": TeamSpec(name="a", job_name_prefix="x-a", instance_types=("ml.g5.12xlarge",),
-                                                       max_keep_alive_seconds=60)},
+            {
+                "job_templates": _lora,
+                "team": TeamSpec(
+                    name="a",
+                    job_name_prefix="x-a",
+                    instance_types=("ml.g5.12xlarge",),
+                    max_keep_alive_seconds=60,
+                ),
+            },
             r"(?s)llama-finetune-lora@1.1.0 cannot run with its defaults for team 'a': .*keep_alive_seconds",
         ),
     ],

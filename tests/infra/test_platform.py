@@ -122,13 +122,16 @@ PERIMETER_POLICIES = ("AWS::EC2::VPCEndpoint",)
 
 
 # checkov lives in its own virtual environment (`make setup`; it pins an older boto3 than ours).
-CHECKOV = Path(os.environ.get("CHECKOV", Path(__file__).resolve().parents[2] / ".venv-checkov" / "bin" / "checkov"))
+CHECKOV = Path(
+    os.environ.get("CHECKOV", Path(__file__).resolve().parents[2] / ".venv-checkov" / "bin" / "checkov")
+)
 
 
 def checkov_report(directories: list[Path]) -> list[dict]:
     """checkov over CloudFormation templates, offline (no Prisma Cloud download): its JSON reports."""
     assert CHECKOV.exists(), f"{CHECKOV} is missing: `make setup` installs checkov into .venv-checkov"
-    command = [str(CHECKOV), "--framework", "cloudformation", "--output", "json", "--skip-download", "--compact"]
+    command = [str(CHECKOV), "--framework", "cloudformation", "--output", "json", "--skip-download"]
+    command.append("--compact")
     for directory in directories:
         command += ["--directory", str(directory)]
     result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
@@ -257,9 +260,8 @@ def test_every_team_has_its_outputs_and_a_single_team_also_the_bare_keys(platfor
     launcher = platform.template_json(env, "launcher")["Outputs"]
     for team in teams:
         assert {StackOutput.team_output(team, key) for key in per_team} <= set(access)
-        assert {StackOutput.team_output(team, key) for key in ("StateMachineArn", "NotificationTopicArn")} <= set(
-            launcher
-        )
+        launcher_keys = ("StateMachineArn", "NotificationTopicArn")
+        assert {StackOutput.team_output(team, key) for key in launcher_keys} <= set(launcher)
     bare = {*per_team} <= set(access) and "StateMachineArn" in launcher
     assert bare == (len(teams) == 1), (env, teams)
 

@@ -40,8 +40,10 @@ def deployed(platform, environments):
     config = environments[ENVIRONMENT]
     credentials = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     with (
-        mock.patch.dict(os.environ, {**credentials, "MOTO_ACCOUNT_ID": config.account,
-                                     "AWS_DEFAULT_REGION": config.region}),
+        mock.patch.dict(
+            os.environ,
+            {**credentials, "MOTO_ACCOUNT_ID": config.account, "AWS_DEFAULT_REGION": config.region},
+        ),
         mock_aws(),
     ):
         stage = deploy_stage(platform.outdir / f"assembly-{ENVIRONMENT}", config.account, config.region)
@@ -114,7 +116,8 @@ def allowed(call) -> bool:
             return False
         raise
     except NotImplementedError:
-        # moto authorizes before it dispatches: an action it does not implement (StopTrainingJob) got past IAM.
+        # moto authorizes before it dispatches: an action it does not implement (StopTrainingJob)
+        # got past IAM.
         return True
     return True
 
@@ -144,36 +147,55 @@ def test_a_teams_jobs_reach_only_its_own_prefixes(deployed, team):
             theirs = {"Bucket": deployed.bucket(bucket), "Key": f"teams/{other}/runs/object"}
             assert allowed(lambda own=own: job.get_object(**own)), bucket
             assert not allowed(lambda theirs=theirs: job.get_object(**theirs)), bucket
-        assert allowed(lambda: job.get_object(Bucket=deployed.bucket("code"),
-                                              Key="templates/gpt2-ddp/1.1.0/sourcedir.tar.gz"))
+        assert allowed(
+            lambda: job.get_object(
+                Bucket=deployed.bucket("code"), Key="templates/gpt2-ddp/1.1.0/sourcedir.tar.gz"
+            )
+        )
         for bucket in ("checkpoints", "artifacts"):
-            assert allowed(lambda b=bucket: job.put_object(
-                Bucket=deployed.bucket(b), Key=f"teams/{team}/runs/new", Body=b"1"))
-            assert not allowed(lambda b=bucket: job.put_object(
-                Bucket=deployed.bucket(b), Key=f"teams/{other}/runs/new", Body=b"1"))
+            assert allowed(
+                lambda b=bucket: job.put_object(
+                    Bucket=deployed.bucket(b), Key=f"teams/{team}/runs/new", Body=b"1"
+                )
+            )
+            assert not allowed(
+                lambda b=bucket: job.put_object(
+                    Bucket=deployed.bucket(b), Key=f"teams/{other}/runs/new", Body=b"1"
+                )
+            )
         # Jobs read datasets; they never write them, nor anything outside a team prefix.
-        assert not allowed(lambda: job.put_object(
-            Bucket=deployed.bucket("datasets"), Key=f"teams/{team}/runs/new", Body=b"1"))
-        assert not allowed(lambda: job.put_object(
-            Bucket=deployed.bucket("checkpoints"), Key="runs/new", Body=b"1"))
-        assert not allowed(lambda: job.delete_object(
-            Bucket=deployed.bucket("checkpoints"), Key=f"teams/{other}/runs/object"))
+        assert not allowed(
+            lambda: job.put_object(
+                Bucket=deployed.bucket("datasets"), Key=f"teams/{team}/runs/new", Body=b"1"
+            )
+        )
+        assert not allowed(
+            lambda: job.put_object(Bucket=deployed.bucket("checkpoints"), Key="runs/new", Body=b"1")
+        )
+        assert not allowed(
+            lambda: job.delete_object(Bucket=deployed.bucket("checkpoints"), Key=f"teams/{other}/runs/object")
+        )
 
 
 @pytest.mark.parametrize("team", TEAMS)
 def test_a_teams_engineers_start_and_stop_only_its_runs(deployed, team):
     other = OTHER[team]
     sfn = boto3.client("stepfunctions", region_name=deployed.region)
-    theirs = sfn.start_execution(stateMachineArn=deployed.state_machine(other), name=f"{other}-run-{team}-test",
-                                 input="{}")["executionArn"]
+    theirs = sfn.start_execution(
+        stateMachineArn=deployed.state_machine(other), name=f"{other}-run-{team}-test", input="{}"
+    )["executionArn"]
     engineer = deployed.client("engineer", team, "stepfunctions")
     with iam_enforced():
-        ours = engineer.start_execution(stateMachineArn=deployed.state_machine(team), name=f"{team}-own-run",
-                                        input="{}")["executionArn"]
+        ours = engineer.start_execution(
+            stateMachineArn=deployed.state_machine(team), name=f"{team}-own-run", input="{}"
+        )["executionArn"]
         assert allowed(lambda: engineer.describe_execution(executionArn=ours))
         assert allowed(lambda: engineer.list_executions(stateMachineArn=deployed.state_machine(team)))
-        assert not allowed(lambda: engineer.start_execution(
-            stateMachineArn=deployed.state_machine(other), name=f"{team}-intrudes", input="{}"))
+        assert not allowed(
+            lambda: engineer.start_execution(
+                stateMachineArn=deployed.state_machine(other), name=f"{team}-intrudes", input="{}"
+            )
+        )
         assert not allowed(lambda: engineer.describe_execution(executionArn=theirs))
         assert not allowed(lambda: engineer.stop_execution(executionArn=theirs))
         assert not allowed(lambda: engineer.list_executions(stateMachineArn=deployed.state_machine(other)))
@@ -197,8 +219,12 @@ def test_a_teams_engineers_reach_only_its_jobs_and_data(deployed, team):
         assert not allowed(lambda: engineer_jobs.stop_training_job(TrainingJobName=theirs))
         assert allowed(lambda: engineer_jobs.stop_training_job(TrainingJobName=own))
         # `llmtrain data upload`: into the team's datasets prefix only.
-        assert allowed(lambda: engineer_s3.put_object(Bucket=datasets, Key=f"teams/{team}/up/part", Body=b"1"))
-        assert not allowed(lambda: engineer_s3.put_object(Bucket=datasets, Key=f"teams/{other}/up/part", Body=b"1"))
+        assert allowed(
+            lambda: engineer_s3.put_object(Bucket=datasets, Key=f"teams/{team}/up/part", Body=b"1")
+        )
+        assert not allowed(
+            lambda: engineer_s3.put_object(Bucket=datasets, Key=f"teams/{other}/up/part", Body=b"1")
+        )
         assert not allowed(lambda: engineer_s3.delete_object(Bucket=datasets, Key=f"teams/{team}/up/part"))
 
 
@@ -232,7 +258,9 @@ def test_every_request_the_prod_teams_render_encrypts_inter_container_traffic(de
             for version in catalog.versions(name):
                 request = render(catalog.get(name, version), RunInput(run_name="ice"), context)
                 assert request["EnableInterContainerTrafficEncryption"] is True, (team, name, version)
-                assert request["CheckpointConfig"]["S3Uri"].startswith(f"s3://{context.checkpoints_bucket}/teams/{team}/")
+                assert request["CheckpointConfig"]["S3Uri"].startswith(
+                    f"s3://{context.checkpoints_bucket}/teams/{team}/"
+                )
                 rendered += 1
     assert rendered == sum(len(catalog.versions(n)) for n in environments[ENVIRONMENT].enabled_templates)
 

@@ -356,7 +356,8 @@ def test_a_long_execution_name_still_gets_its_notification(launcher):
     rejection's publish, so nobody heard of it."""
     name = "x" * 80
     with launcher([]) as harness:
-        run = harness.run({"template": "gpt2-ddp", "run_name": name, "overrides": {"max_steps": 0}}, name=name)
+        bad = {"template": "gpt2-ddp", "run_name": name, "overrides": {"max_steps": 0}}
+        run = harness.run(bad, name=name)
         notifications = harness.notifications()
     assert run.error == "InvalidRunInput"
     [note] = notifications
@@ -394,7 +395,8 @@ def test_a_run_keeps_its_template_and_version_for_life(launcher):
         )
         again = harness.run({"template": "gpt2-ddp", "run_name": "kept"}, name="kept-again")
     assert first.error == "TrainingJobFailed"
-    _rejected_before_any_job(harness, other, "run 'kept' runs gpt2-ddp@1.0.0 (its earlier jobs), not gpt2-ddp@1.1.0")
+    refused = "run 'kept' runs gpt2-ddp@1.0.0 (its earlier jobs), not gpt2-ddp@1.1.0"
+    _rejected_before_any_job(harness, other, refused)
     # Continued without a version ("latest"), the run stays on the version its jobs ran.
     assert again.status == "SUCCEEDED", again.cause
     assert again.output["template"] == "gpt2-ddp@1.0.0"
