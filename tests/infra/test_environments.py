@@ -224,7 +224,11 @@ INVALID = [
     (_set("teams", {"ml-a": {}}), "teams.ml-a", "no hyphens"),
     (_set("teams", {"Nlp": {}}), "teams.Nlp", "lowercase letters and digits"),
     (_set("teams", {"nlp": {"colour": "blue"}}), "teams.nlp.colour", "unknown field"),
-    (_set("teams", {"nlp": {"templates": ["no-such"]}}), "teams.nlp.templates", "not enabled in this environment"),
+    (
+        _set("teams", {"nlp": {"templates": ["no-such"]}}),
+        "teams.nlp.templates",
+        "not enabled in this environment",
+    ),
     (_set("teams", {"nlp": {"templates": []}}), "teams.nlp.templates", "at least 1"),
     (_set("teams", {"nlp": {"instance_types": ["p4d"]}}), "teams.nlp.instance_types", "not valid"),
     (_set("teams", {"nlp": {"max_instance_count": 0}}), "teams.nlp.max_instance_count", "at least 1"),
