@@ -52,21 +52,17 @@ class AccessStack(Stack):
             security_groups=[network.security_group],
             inter_container_traffic_encryption=config.network.inter_container_traffic_encryption,
         )
+        single = len(self.access.teams) == 1
         for name, team in self.access.teams.items():
-            keys = [StackOutput.team_output(name, ""), *([""] if len(self.access.teams) == 1 else [])]
-            for prefix in keys:
-                output(
-                    self,
-                    f"{prefix}{StackOutput.EXECUTION_ROLE_ARN}",
-                    team.execution_role.role_arn,
-                    f"RoleArn for CreateTrainingJob (team {name})",
-                )
-                output(
-                    self,
-                    f"{prefix}{StackOutput.ENGINEER_POLICY_ARN}",
-                    team.engineer_policy.managed_policy_arn,
-                    f"Attach to team {name}'s ML engineers' roles or permission sets",
-                )
+            for key, value, description in (
+                (StackOutput.EXECUTION_ROLE_ARN, team.execution_role.role_arn,
+                 f"RoleArn for CreateTrainingJob (team {name})"),
+                (StackOutput.ENGINEER_POLICY_ARN, team.engineer_policy.managed_policy_arn,
+                 f"Attach to team {name}'s ML engineers' roles or permission sets"),
+            ):
+                output(self, StackOutput.team_output(name, key), value, description)
+                if single:  # as before teams, for the clients that read the bare keys
+                    output(self, key, value, description)
         output(
             self,
             StackOutput.GUARDRAIL_POLICY_ARN,

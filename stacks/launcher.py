@@ -105,17 +105,13 @@ class LauncherStack(Stack):
             inter_container_traffic_encryption=config.network.inter_container_traffic_encryption,
             state_machine_name=state_machine_name(team),
         )
-        for prefix in [StackOutput.team_output(team.name, ""), *([""] if len(config.teams) == 1 else [])]:
-            output(
-                self,
-                f"{prefix}{LauncherOutput.STATE_MACHINE_ARN}",
-                launcher.state_machine.state_machine_arn,
-                f"Team {team.name} starts runs here (llmtrain start finds it by this output)",
-            )
-            output(
-                self,
-                f"{prefix}{LauncherOutput.TOPIC_ARN}",
-                launcher.topic.topic_arn,
-                f"Team {team.name}'s run summaries (success and failure) are published here",
-            )
+        for key, value, description in (
+            (LauncherOutput.STATE_MACHINE_ARN, launcher.state_machine.state_machine_arn,
+             f"Team {team.name} starts runs here (llmtrain start finds it by this output)"),
+            (LauncherOutput.TOPIC_ARN, launcher.topic.topic_arn,
+             f"Team {team.name}'s run summaries (success and failure) are published here"),
+        ):
+            output(self, StackOutput.team_output(team.name, key), value, description)
+            if len(config.teams) == 1:  # as before teams, for the clients that read the bare keys
+                output(self, key, value, description)
         return launcher
