@@ -415,12 +415,7 @@ def _props(stack: cdk.Stack, **overrides) -> dict:
     buckets = {name: s3.Bucket(stack, name) for name in ("datasets", "checkpoints", "artifacts", "code")}
     props = dict(
         job_templates=[],
-        team=TeamSpec(
-            name="a",
-            job_name_prefix="llmtrain-a",
-            instance_types=("ml.g5.12xlarge",),
-            max_keep_alive_seconds=3600,
-        ),
+        team=_team(),
         execution_role=iam.Role(stack, "Exec", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com")),
         datasets_bucket=buckets["datasets"],
         checkpoints_bucket=buckets["checkpoints"],
@@ -433,6 +428,16 @@ def _props(stack: cdk.Stack, **overrides) -> dict:
     )
     props.update(overrides)
     return props
+
+
+def _team(**changes) -> TeamSpec:
+    values = dict(
+        name="a",
+        job_name_prefix="llmtrain-a",
+        instance_types=("ml.g5.12xlarge",),
+        max_keep_alive_seconds=3600,
+    )
+    return TeamSpec(**{**values, **changes})
 
 
 def _gpt2(stack: cdk.Stack) -> list[JobTemplate]:
@@ -456,37 +461,21 @@ def _lora(stack: cdk.Stack) -> list[JobTemplate]:
         (
             {
                 "job_templates": _gpt2,
-                "team": TeamSpec(
-                    name="a",
-                    job_name_prefix="x-a",
-                    instance_types=("ml.g5.12xlarge",),
-                    max_keep_alive_seconds=3600,
-                    templates=("byo-script",),
-                ),
+                "team": _team(templates=("byo-script",)),
             },
             r"TrainingLauncher\(job_templates=...\): \['gpt2-ddp'\] are not among team 'a''s templates",
         ),
         (
             {
                 "job_templates": _gpt2,
-                "team": TeamSpec(
-                    name="a",
-                    job_name_prefix="x-a",
-                    instance_types=("ml.c5.2xlarge",),
-                    max_keep_alive_seconds=3600,
-                ),
+                "team": _team(instance_types=("ml.c5.2xlarge",)),
             },
             r"gpt2-ddp@1.1.0 runs on ml.g5.12xlarge, .* none of which team 'a' may use",
         ),
         (
             {
                 "job_templates": _lora,
-                "team": TeamSpec(
-                    name="a",
-                    job_name_prefix="x-a",
-                    instance_types=("ml.g5.12xlarge",),
-                    max_keep_alive_seconds=60,
-                ),
+                "team": _team(max_keep_alive_seconds=60),
             },
             r"(?s)llama-finetune-lora@1.1.0 cannot run with its defaults for team 'a': .*keep_alive_seconds",
         ),
