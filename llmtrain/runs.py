@@ -194,7 +194,7 @@ class RunState:
     type_index: int = 0
     capacity_retries: int = 0  # capacity retries on the current instance type
     quota_waits: int = 0
-    throttle_retries: int = 0  # CreateTrainingJob calls SageMaker throttled (no job was created)
+    throttle_retries: int = 0  # this attempt's CreateTrainingJob calls SageMaker throttled (no job created)
     checkpoint_s3_uri: str | None = None
     history: tuple[AttemptRecord, ...] = ()
 

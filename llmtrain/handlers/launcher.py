@@ -567,7 +567,7 @@ def plan_next_attempt(
         type_index=plan.type_index,
         capacity_retries=plan.capacity_retries,
         quota_waits=plan.quota_waits,
-        throttle_retries=plan.throttle_retries if not plan.new_attempt else run.throttle_retries,
+        throttle_retries=plan.throttle_retries,  # counts the current attempt's throttled calls
     )
     try:
         next_request = _render_attempt(template, run, platform)
