@@ -10,6 +10,7 @@ from llmtrain.environments import EnvironmentConfig
 from llmtrain.launcher_client import LAUNCHER_STACK_PART, LauncherOutput
 from stacks._outputs import output
 from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage
+from training_constructs.deployed_environment import DeployedEnvironmentProps, DeployedEnvironmentRecord
 from training_constructs.job_template import JobTemplate
 from training_constructs.launcher import TrainingLauncher
 
@@ -33,8 +34,10 @@ class LauncherStack(Stack):
     """Wires a ``TrainingLauncher`` with one ``JobTemplate`` per version of every enabled template.
 
     Every version stays runnable (`name@1.0.0`, `name@latest`): each one's code is uploaded to the
-    code bucket and its YAML bundled into the launcher's registry. Attributes: ``launcher`` (the
-    construct), ``job_templates`` (by `name@version`).
+    code bucket and its YAML bundled into the launcher's registry. The environment's record for the
+    CLI (SSM, `/llmtrain/<env>/`) is written here too, readable by the engineers' policy.
+    Attributes: ``launcher`` (the construct), ``job_templates`` (by `name@version`),
+    ``environment_record``.
     """
 
     def __init__(
@@ -88,6 +91,11 @@ class LauncherStack(Stack):
             state_machine_name=state_machine_name(config),
             notification_email=config.notifications.email,
         )
+        record = DeployedEnvironmentProps.for_launcher(
+            self.launcher, environment_name=config.name, enabled_templates=config.enabled_templates
+        )
+        self.environment_record = DeployedEnvironmentRecord(self, "DeployedEnvironment", props=record)
+        self.environment_record.grant_read(access.engineer_policy)
         output(
             self,
             LauncherOutput.STATE_MACHINE_ARN,

@@ -2,8 +2,10 @@
 
 The platform context (role, buckets, network) comes from the deployed stacks' outputs when given
 (`--outputs`, the file `cdk deploy --outputs-file` writes; or `--platform`, a PlatformContext JSON).
-Without them the request is a dry run: placeholder ARNs and ids built from `config/<env>.yaml`,
-correct in shape and validated, but not launchable; a note on stderr says so.
+Without them the request is a dry run: placeholder ARNs and ids built from `config/<env>.yaml`
+(in the platform's repository) or, where there is no environment file (llmtrain installed with
+pip), from a stand-in environment; correct in shape and validated, but not launchable; a note on
+stderr says so. `llmtrain start --dry-run` renders against a deployed environment instead.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from pathlib import Path
 
 from llmtrain.catalog import Catalog
 from llmtrain.commands._common import (
+    DEFAULT_ENVIRONMENT,
     add_environment_arguments,
     add_overrides_argument,
+    config_folder,
     environment_of,
     parse_overrides,
 )
 from llmtrain.environments import EnvironmentConfig, StackOutput
 from llmtrain.errors import LlmtrainError, PlatformContextError
-from llmtrain.platform import PlatformContext
+from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, render
 
 
@@ -37,7 +41,7 @@ def register(subparsers) -> None:
     parser.add_argument("ref", metavar="NAME[@VERSION]", help="template name, optionally @VERSION or @latest")
     parser.add_argument("--run-name", required=True, help="the run's name (part of the job name)")
     add_overrides_argument(parser)
-    add_environment_arguments(parser)
+    add_environment_arguments(parser, default=None)
     parser.add_argument("--catalog", type=Path, default=None, help="catalog folder (default: templates/)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--outputs", type=Path, help="stack outputs JSON from `cdk deploy --outputs-file`")
@@ -52,13 +56,16 @@ def register(subparsers) -> None:
 
 def render_command(args: argparse.Namespace) -> int:
     template = Catalog.load(args.catalog).resolve(args.ref)
-    environment = environment_of(args)
-    if template.name not in environment.enabled_templates:
-        raise LlmtrainError(
-            f"template {template.name!r} is not enabled in environment {environment.name!r}; "
-            f"add it to job_templates.enabled in {environment.source}"
-        )
-    platform = _platform(args, environment)
+    environment = _configured_environment(args)
+    if environment is None:
+        platform = _platform_without_configuration(args)
+    else:
+        if template.name not in environment.enabled_templates:
+            raise LlmtrainError(
+                f"template {template.name!r} is not enabled in environment {environment.name!r}; "
+                f"add it to job_templates.enabled in {environment.source}"
+            )
+        platform = _platform(args, environment)
     run = RunInput(
         run_name=args.run_name,
         overrides=parse_overrides(args.overrides),
@@ -68,13 +75,36 @@ def render_command(args: argparse.Namespace) -> int:
     )
     request = render(template, run, platform)
     if platform.dry_run:
+        source = environment.source if environment else "a stand-in environment (no config/ folder here)"
         print(
             f"llmtrain render: dry run: role, buckets, key and network ids are placeholders built from "
-            f"{environment.source}; pass --outputs for a launchable request",
+            f"{source}; pass --outputs or --platform, or use `llmtrain start --dry-run`, for a launchable "
+            "request",
             file=sys.stderr,
         )
     print(json.dumps(request, indent=2))
     return 0
+
+
+def _configured_environment(args: argparse.Namespace) -> EnvironmentConfig | None:
+    """config/<env>.yaml when there is an environments folder (or --env asks for one), else None."""
+    if args.env is None and args.config_dir is None and not config_folder(args).is_dir():
+        return None
+    return environment_of(args)
+
+
+def _platform_without_configuration(args: argparse.Namespace) -> PlatformContext:
+    if args.platform:
+        return PlatformContext.from_dict(_read_json(args.platform))
+    if args.outputs:
+        raise LlmtrainError("--outputs needs the environment's file: pass --env and --config-dir")
+    return PlatformContext.placeholder(
+        environment=DEFAULT_ENVIRONMENT,
+        account="111111111111",
+        region="us-east-1",
+        resource_prefix=f"llmtrain-{DEFAULT_ENVIRONMENT}",
+        warm_pool_cap_seconds=MAX_KEEP_ALIVE_SECONDS,
+    )
 
 
 def _platform(args: argparse.Namespace, env: EnvironmentConfig) -> PlatformContext:
