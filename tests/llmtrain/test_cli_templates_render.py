@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -141,10 +142,6 @@ def test_render_with_a_platform_file(capsys, tmp_path):
         ),
         (["render", "gpt2-ddp", "--run-name", "r", "--set", "max_steps=-5"], "is below the minimum 1"),
         (
-            ["render", "gpt2-ddp", "--run-name", "r", "--set", "max_steps"],
-            "write overrides as --set KEY=VALUE",
-        ),
-        (
             ["render", "gpt2-ddp", "--run-name", "r", "--set", "instance_count=2"],
             "more than one node needs an EFA-capable instance type",
         ),
@@ -177,6 +174,31 @@ def test_argparse_usage_errors_exit_2(capsys):
         main(["render", "gpt2-ddp"])
     assert exit_info.value.code == 2
     assert "--run-name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["render", "start", "run"])
+def test_set_with_a_space_instead_of_equals_says_how_to_write_it(capsys, command):
+    """`--set max_steps 5` is a usage error naming the fix, before anything else is looked at."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "gpt2-ddp", "--run-name", "r", "--set", "max_steps", "5"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "'max_steps' is not KEY=VALUE" in err and "--set max_steps=" in err
+    assert "Traceback" not in err
+
+
+def test_version_names_the_installed_distribution(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"llmtrain {metadata.version('llm-sagemaker-platform')}"
+
+
+def test_misspelled_names_get_a_suggestion(capsys):
+    code, _, err = run(capsys, "render", "gpt2-dp", "--run-name", "r")
+    assert code == 2 and "unknown template 'gpt2-dp' (did you mean 'gpt2-ddp'?)" in err
+    code, _, err = run(capsys, "render", "gpt2-ddp@1.1.1", "--run-name", "r")
+    assert code == 2 and "has no version '1.1.1' (did you mean '1.1.0'?)" in err
 
 
 def test_lock_check_and_lock_a_new_version(capsys, tmp_path):

@@ -1,0 +1,81 @@
+"""A deployed environment in moto, as the stacks leave it for the CLI: the record in SSM Parameter
+Store (llmtrain.deployed.parameter_values, the layout DeployedEnvironmentRecord writes), a launcher
+state machine and the datasets bucket with a dataset of team `default`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import boto3
+
+from llmtrain.catalog import Catalog
+from llmtrain.deployed import DEFAULT_TEAM, parameter_values, team_datasets_prefix
+from llmtrain.platform import PlatformContext
+
+ACCOUNT, REGION = "123456789012", "us-east-1"
+ENVIRONMENT = "dev"
+PREFIX = "llmtrain-dev"
+TOPIC_ARN = f"arn:aws:sns:{REGION}:{ACCOUNT}:llmtrain-dev-notifications"
+DATASET = "tiny"
+
+
+def platform_context() -> PlatformContext:
+    return PlatformContext(
+        environment=ENVIRONMENT,
+        region=REGION,
+        account=ACCOUNT,
+        execution_role_arn=f"arn:aws:iam::{ACCOUNT}:role/llmtrain-dev-execution",
+        datasets_bucket=f"llmtrain-dev-datasets-{ACCOUNT}",
+        checkpoints_bucket=f"llmtrain-dev-checkpoints-{ACCOUNT}",
+        artifacts_bucket=f"llmtrain-dev-artifacts-{ACCOUNT}",
+        code_bucket=f"llmtrain-dev-code-{ACCOUNT}",
+        kms_key_arn=f"arn:aws:kms:{REGION}:{ACCOUNT}:key/11111111-2222-3333-4444-555555555555",
+        subnet_ids=("subnet-0a1b2c3d4e5f60001", "subnet-0a1b2c3d4e5f60002"),
+        security_group_ids=("sg-0a1b2c3d4e5f60001",),
+        warm_pool_cap_seconds=3600,
+        job_name_prefix=PREFIX,
+    )
+
+
+BUCKET = platform_context().datasets_bucket
+TEAM_URI = f"s3://{BUCKET}/{team_datasets_prefix(DEFAULT_TEAM)}"
+TRAIN = f"channels.train={TEAM_URI}{DATASET}/train/"
+
+
+def deploy_environment(
+    state_machine_arn: str,
+    *,
+    enabled: Sequence[str] | None = None,
+    teams: Sequence[dict] | None = None,
+    with_dataset: bool = True,
+) -> None:
+    """Write the record of environment `dev` to moto's SSM, and create its datasets bucket."""
+    enabled = list(enabled or Catalog.load().names())
+    teams = teams or [
+        {
+            "name": DEFAULT_TEAM,
+            "state_machine_arn": state_machine_arn,
+            "datasets_prefix": team_datasets_prefix(DEFAULT_TEAM),
+            "allowed_templates": enabled,
+        }
+    ]
+    values = parameter_values(
+        environment=ENVIRONMENT,
+        region=REGION,
+        account=ACCOUNT,
+        job_name_prefix=PREFIX,
+        enabled_templates=enabled,
+        platform=platform_context().to_dict(),
+        notification_topic_arn=TOPIC_ARN,
+        teams=teams,
+    )
+    ssm = boto3.client("ssm", region_name=REGION)
+    for name, value in values.items():
+        ssm.put_parameter(Name=name, Value=json.dumps(value), Type="String")
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket=BUCKET)
+    if with_dataset:
+        for split in ("train", "validation"):
+            key = f"{team_datasets_prefix(DEFAULT_TEAM)}{DATASET}/{split}/manifest.json"
+            s3.put_object(Bucket=BUCKET, Key=key, Body=b"{}")
