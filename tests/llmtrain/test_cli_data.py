@@ -37,8 +37,9 @@ def environment(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     with mock_aws():
-        deploy_environment(f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:llmtrain-dev-launcher",
-                           with_dataset=False)
+        deploy_environment(
+            f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:llmtrain-dev-launcher", with_dataset=False
+        )
         yield boto3.client("s3", region_name=REGION)
 
 
@@ -49,8 +50,21 @@ def prepared(tmp_path_factory) -> Path:
     (folder / "notes.txt").write_text(TEXT * 3)
     (folder / "more.txt").write_text(TEXT[::-1])
     output = folder / "prepared"
-    code = main(["data", "prepare", "--input", str(folder / "notes.txt"), str(folder / "more.txt"),
-                 "--output", str(output), "--validation-fraction", "0.5", "--workers", "1"])
+    code = main(
+        [
+            "data",
+            "prepare",
+            "--input",
+            str(folder / "notes.txt"),
+            str(folder / "more.txt"),
+            "--output",
+            str(output),
+            "--validation-fraction",
+            "0.5",
+            "--workers",
+            "1",
+        ]
+    )
     assert code == 0
     return output
 
@@ -82,12 +96,17 @@ def test_upload_sends_every_file_verified_and_prints_the_channels(environment, p
     assert f"to {uri}, each verified against its SHA-256" in out
     assert f"--set channels.train={uri}train/ --set channels.validation={uri}validation/" in out
 
-    keys = {o["Key"]: o for o in environment.list_objects_v2(Bucket=BUCKET, Prefix="teams/default/notes/")["Contents"]}
+    keys = {
+        o["Key"]: o
+        for o in environment.list_objects_v2(Bucket=BUCKET, Prefix="teams/default/notes/")["Contents"]
+    }
     local = sorted(p.relative_to(prepared).as_posix() for p in prepared.rglob("*") if p.is_file())
-    assert sorted(keys) == sorted([f"teams/default/notes/{name}" for name in local]
-                                  + ["teams/default/notes/llmtrain-dataset.json"])
-    record = json.loads(environment.get_object(Bucket=BUCKET, Key="teams/default/notes/llmtrain-dataset.json")
-                        ["Body"].read())
+    assert sorted(keys) == sorted(
+        [f"teams/default/notes/{name}" for name in local] + ["teams/default/notes/llmtrain-dataset.json"]
+    )
+    record = json.loads(
+        environment.get_object(Bucket=BUCKET, Key="teams/default/notes/llmtrain-dataset.json")["Body"].read()
+    )
     assert {f["path"]: f["sha256"] for f in record["files"]} == {
         name: hashlib.sha256((prepared / name).read_bytes()).hexdigest() for name in local
     }
@@ -102,7 +121,7 @@ def test_a_large_file_goes_in_parts_and_is_checked_against_the_parts_checksums(e
     code, out, _ = llmtrain(capsys, "data", "upload", str(folder), "--name", "big", "--part-size-mib", "5")
     assert code == 0 and "--set channels.<CHANNEL>=" in out
     head = environment.head_object(Bucket=BUCKET, Key="teams/default/big/shard.bin", ChecksumMode="ENABLED")
-    parts = [hashlib.sha256(data[:5 * MIB]).digest(), hashlib.sha256(data[5 * MIB:]).digest()]
+    parts = [hashlib.sha256(data[: 5 * MIB]).digest(), hashlib.sha256(data[5 * MIB :]).digest()]
     composite = base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode()
     assert head["ChecksumSHA256"].split("-")[0] == composite  # S3 saw the two parts we computed
     assert environment.get_object(Bucket=BUCKET, Key="teams/default/big/shard.bin")["Body"].read() == data
@@ -117,7 +136,9 @@ def test_a_corrupted_upload_is_detected(environment, tmp_path, capsys, monkeypat
     real_upload = datasets.LocalFile
 
     def swapped(files):
-        return [real_upload(f.relative, tmp_path / "other.txt", f.size, f.sha256, f.s3_checksum) for f in files]
+        return [
+            real_upload(f.relative, tmp_path / "other.txt", f.size, f.sha256, f.s3_checksum) for f in files
+        ]
 
     original = datasets.local_files
     monkeypatch.setattr("llmtrain.commands.data.local_files", lambda *a: swapped(original(*a)))
@@ -171,8 +192,12 @@ def test_ls_lists_the_teams_datasets_and_flags_incomplete_ones(environment, prep
     files = [p for p in prepared.rglob("*") if p.is_file()]
     assert listed["notes"]["complete"] and listed["notes"]["files"] == len(files)
     assert listed["notes"]["bytes"] == sum(p.stat().st_size for p in files)
-    assert listed["partial"] == listed["partial"] | {"complete": False, "files": 1, "bytes": 10,
-                                                     "uri": f"{TEAM_URI}partial/"}
+    assert listed["partial"] == listed["partial"] | {
+        "complete": False,
+        "files": 1,
+        "bytes": 10,
+        "uri": f"{TEAM_URI}partial/",
+    }
     code, out, _ = llmtrain(capsys, "data", "ls")
     assert "incomplete (interrupted, or not uploaded by llmtrain)" in out
 
@@ -181,20 +206,27 @@ def test_ls_lists_the_teams_datasets_and_flags_incomplete_ones(environment, prep
 
 
 def test_runs_local_lists_the_run_folders(tmp_path, capsys):
-    for name, status, started in (("first", "Completed", "2026-01-01T10:00:00"),
-                                  ("second", "Failed", "2026-01-02T10:00:00")):
+    for name, status, started in (
+        ("first", "Completed", "2026-01-01T10:00:00"),
+        ("second", "Failed", "2026-01-02T10:00:00"),
+    ):
         job = tmp_path / name / "jobs" / f"local-{name}-a1"
         job.mkdir(parents=True)
-        tags = [{"Key": "llmtrain:template", "Value": "llama-pretrain-fsdp"},
-                {"Key": "llmtrain:template-version", "Value": "1.1.0"}]
+        tags = [
+            {"Key": "llmtrain:template", "Value": "llama-pretrain-fsdp"},
+            {"Key": "llmtrain:template-version", "Value": "1.1.0"},
+        ]
         (job / "request.json").write_text(json.dumps({"Tags": tags}))
         summary = {
             "TrainingJobStatus": status,
             "ResourceConfig": {"InstanceType": "local", "InstanceCount": 2},
             "CreationTime": started,
             "BillableTimeInSeconds": 42,
-            "LocalRun": {"RunName": name, "CloudInstanceType": "ml.p4d.24xlarge",
-                         "Request": str(job / "request.json")},
+            "LocalRun": {
+                "RunName": name,
+                "CloudInstanceType": "ml.p4d.24xlarge",
+                "Request": str(job / "request.json"),
+            },
         }
         (tmp_path / name / "summary.json").write_text(json.dumps(summary))
     (tmp_path / "not-a-run").mkdir()
@@ -202,8 +234,10 @@ def test_runs_local_lists_the_run_folders(tmp_path, capsys):
     code, out, _ = llmtrain(capsys, "runs", "--local", "--workdir", str(tmp_path))
     assert code == 0
     rows = [line.split() for line in out.splitlines()[1:]]
-    assert [row[:3] for row in rows] == [["second", "Failed", "llama-pretrain-fsdp@1.1.0"],
-                                         ["first", "Completed", "llama-pretrain-fsdp@1.1.0"]]
+    assert [row[:3] for row in rows] == [
+        ["second", "Failed", "llama-pretrain-fsdp@1.1.0"],
+        ["first", "Completed", "llama-pretrain-fsdp@1.1.0"],
+    ]
     assert "2 x local (ml.p4d.24xlarge in the cloud)" in out and out.splitlines()[1].rstrip().endswith("42")
     code, out, _ = llmtrain(capsys, "runs", "--local", "--workdir", str(tmp_path / "none"))
     assert code == 0 and "no local runs in" in out

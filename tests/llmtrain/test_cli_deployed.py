@@ -70,7 +70,11 @@ def test_the_record_the_stacks_write_is_what_the_cli_reads(synthesized):
     _, launcher_stack, templates = synthesized
     with launcher_in_moto(*synthesized, outcomes=[]) as harness:
         values = _deploy_record(harness, launcher_stack, templates)
-    assert sorted(values) == ["/llmtrain/dev/environment", "/llmtrain/dev/platform", "/llmtrain/dev/teams/default"]
+    assert sorted(values) == [
+        "/llmtrain/dev/environment",
+        "/llmtrain/dev/platform",
+        "/llmtrain/dev/teams/default",
+    ]
     assert all(len(value) < STANDARD_PARAMETER_LIMIT for value in values.values())
     record = from_parameters("dev", values)
     assert (record.environment, record.account, record.region) == ("dev", ACCOUNT, REGION)
@@ -93,8 +97,24 @@ def test_from_a_text_file_to_a_run_rejected_then_continued_under_its_name(synthe
     readme = (ROOT / "README.md").read_text()
     (tmp_path / "notes.txt").write_text(readme * 2)
     (tmp_path / "more.txt").write_text(readme[::-1])
-    assert main(["data", "prepare", "--input", str(tmp_path / "notes.txt"), str(tmp_path / "more.txt"),
-                 "--output", str(tmp_path / "tokens"), "--validation-fraction", "0.5", "--workers", "1"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "prepare",
+                "--input",
+                str(tmp_path / "notes.txt"),
+                str(tmp_path / "more.txt"),
+                "--output",
+                str(tmp_path / "tokens"),
+                "--validation-fraction",
+                "0.5",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     quota = JobOutcome.quota_error("ml.g5.12xlarge for training job usage", limit=0, in_use=0, requested=1)
     with launcher_in_moto(*synthesized, outcomes=[quota, JobOutcome()]) as harness:
         values = _deploy_record(harness, launcher_stack, templates)
@@ -104,16 +124,21 @@ def test_from_a_text_file_to_a_run_rejected_then_continued_under_its_name(synthe
         code, out, _ = llmtrain(capsys, "data", "upload", str(tmp_path / "tokens"), "--name", "notes")
         assert code == 0
         sets = out.split("--env dev ", 1)[1].split()
-        assert sets == ["--set", f"channels.train=s3://{bucket}/teams/default/notes/train/",
-                        "--set", f"channels.validation=s3://{bucket}/teams/default/notes/validation/"]
+        assert sets == [
+            "--set",
+            f"channels.train=s3://{bucket}/teams/default/notes/train/",
+            "--set",
+            f"channels.validation=s3://{bucket}/teams/default/notes/validation/",
+        ]
 
         code, out, _ = llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "notes-1", *sets)
         assert code == 0
         first = harness.wait(out.split("execution ", 1)[1].split()[0])
         assert first.status == "FAILED" and first.error == "QuotaExceeded"
-        assert harness.jobs.requests and not boto3.client("sagemaker", region_name=REGION).list_training_jobs()[
-            "TrainingJobSummaries"
-        ]  # SageMaker refused the request: no job exists
+        assert (
+            harness.jobs.requests
+            and not boto3.client("sagemaker", region_name=REGION).list_training_jobs()["TrainingJobSummaries"]
+        )  # SageMaker refused the request: no job exists
 
         code, out, _ = llmtrain(capsys, "status", "notes-1")
         assert "execution FAILED" in out and "ml.g5.12xlarge for training job usage" in out
@@ -125,7 +150,9 @@ def test_from_a_text_file_to_a_run_rejected_then_continued_under_its_name(synthe
         assert second.status == "SUCCEEDED", second.cause
         assert second.output["job_name"] == "llmtrain-dev-notes-1-a1"
         request = harness.jobs.requests[-1]
-        assert {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]} == {
+        assert {
+            c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]
+        } == {
             "train": f"s3://{bucket}/teams/default/notes/train/",
             "validation": f"s3://{bucket}/teams/default/notes/validation/",
         }
@@ -139,4 +166,6 @@ def test_from_a_text_file_to_a_run_rejected_then_continued_under_its_name(synthe
         assert code == 2 and "run 'notes-1' already completed (execution notes-1-2)" in err
 
         code, out, _ = llmtrain(capsys, "templates", "--env", "dev", "--json")
-        assert {row["name"] for row in json.loads(out)} == set(from_parameters("dev", values).enabled_templates)
+        assert {row["name"] for row in json.loads(out)} == set(
+            from_parameters("dev", values).enabled_templates
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from templates_support import REPO_ROOT, TEMPLATE_NAMES, catalog, copy_catalog, 
 
 from llmtrain.cli import main
 from llmtrain.environments import StackOutput
+from llmtrain.errors import LlmtrainError
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -223,3 +225,39 @@ def test_console_script_runs():
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
     assert any(r["name"] == "llama-pretrain-fsdp" and r["version"] == "1.0.0" for r in rows)
+
+
+def test_run_local_names_the_install_commands_for_missing_packages(monkeypatch):
+    """Where the toolkit or a pin of the training program is missing, `run --local` says what to install
+    (torch first, the CPU build) instead of failing inside the job."""
+    from llmtrain.commands import run as run_command
+
+    installed = metadata.version
+
+    def without_peft(name):
+        if name == "peft":
+            raise metadata.PackageNotFoundError(name)
+        return "0.0.1" if name == "transformers" else installed(name)
+
+    monkeypatch.setattr(run_command.metadata, "version", without_peft)
+    with pytest.raises(LlmtrainError) as error:
+        run_command.require_local_run_packages()
+    message = str(error.value)
+    assert "peft==0.21.2 (not installed)" in message and "transformers==5.23.0 (have 0.0.1)" in message
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in message
+    assert "pip install 'llm-sagemaker-platform[local]'" in message
+    assert f"pip install -r {REPO_ROOT / 'training_jobs' / 'requirements.txt'}" in message
+
+
+def test_an_invalid_environment_file_fails_cdk_synth_with_its_message_only(tmp_path):
+    """`cdk synth` runs app.py: a bad config/<env>.yaml is one line saying what to fix, exit 1."""
+    (tmp_path / "dev.yaml").write_text((REPO_ROOT / "config" / "dev.yaml").read_text().replace(
+        "vpc_cidr: 10.40.0.0/16", "vpc_cidr: 10.40.0.0/33"))
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({"config_dir": str(tmp_path)}),
+           "CDK_OUTDIR": str(tmp_path / "out")}
+    env.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    result = subprocess.run([sys.executable, "app.py"], cwd=REPO_ROOT, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: ") and "dev.yaml" in result.stderr and "vpc_cidr" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) <= 3

@@ -45,8 +45,23 @@ def _build_wheel(destination: Path) -> Path:
             shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(ROOT / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
-                    "--no-index", "-q", "-w", str(destination / "dist")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(source),
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(destination / "dist"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = (destination / "dist").glob("*.whl")
     return wheel
 
@@ -73,9 +88,14 @@ def _closure(requirements: list[Requirement]) -> dict[str, metadata.Distribution
         if key in found:
             continue
         distribution = metadata.distribution(requirement.name)  # not installed here: the test cannot run
-        assert requirement.specifier.contains(distribution.version, prereleases=True), (requirement, distribution)
+        assert requirement.specifier.contains(distribution.version, prereleases=True), (
+            requirement,
+            distribution,
+        )
         found[key] = distribution
-        pending += [r for r in map(Requirement, distribution.requires or []) if _applies(r, requirement.extras)]
+        pending += [
+            r for r in map(Requirement, distribution.requires or []) if _applies(r, requirement.extras)
+        ]
     return found
 
 
@@ -104,36 +124,70 @@ def installed(tmp_path_factory) -> dict[str, str]:
     venv = place / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    new_site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                   check=True, capture_output=True, text=True).stdout.strip())
-    wanted = _declared(wheel, ("local",)) + [Requirement(line) for line in (INSTALLER, *LOCAL_RUN_EXTRAS)
-                                             if line.strip() and not line.startswith("#")]
+    new_site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    wanted = _declared(wheel, ("local",)) + [
+        Requirement(line)
+        for line in (INSTALLER, *LOCAL_RUN_EXTRAS)
+        if line.strip() and not line.startswith("#")
+    ]
     _link_distributions(_closure(wanted), place / "deps", venv / "bin", python)
     (new_site / "project-deps.pth").write_text(str(place / "deps") + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_"))}
-    env.update({"PATH": f"{venv / 'bin'}{os.pathsep}/usr/bin:/bin", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "",
-                "PIP_DISABLE_PIP_VERSION_CHECK": "1", "COLUMNS": "200"})
-    result = subprocess.run([str(python), "-m", "pip", "install", "--no-index", f"{wheel}[local]"], env=env,
-                            capture_output=True, text=True)
+    env.update(
+        {
+            "PATH": f"{venv / 'bin'}{os.pathsep}/usr/bin:/bin",
+            "PIP_NO_INDEX": "1",
+            "PIP_FIND_LINKS": "",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "COLUMNS": "200",
+        }
+    )
+    result = subprocess.run(
+        [str(python), "-m", "pip", "install", "--no-index", f"{wheel}[local]"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return env
 
 
 def _llmtrain(env, cwd: Path, *argv: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(["llmtrain", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["llmtrain", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_the_installed_cli_works_from_an_empty_folder(installed, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
-    where = subprocess.run(["python", "-c", "import llmtrain, llmtrain.sourcedir as s; "
-                            "print(llmtrain.__file__); print(s.repository_root())"],
-                           cwd=work, env=installed, capture_output=True, text=True, check=True).stdout.split()
+    where = subprocess.run(
+        [
+            "python",
+            "-c",
+            "import llmtrain, llmtrain.sourcedir as s; print(llmtrain.__file__); print(s.repository_root())",
+        ],
+        cwd=work,
+        env=installed,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert not where[0].startswith(str(ROOT)) and "site-packages" in where[0]
     assert where[1].endswith("site-packages/llmtrain/_bundle")
 
     version = _llmtrain(installed, work, "--version")
-    assert version.returncode == 0 and version.stdout.strip() == f"llmtrain {metadata.version('llm-sagemaker-platform')}"
+    assert (
+        version.returncode == 0
+        and version.stdout.strip() == f"llmtrain {metadata.version('llm-sagemaker-platform')}"
+    )
 
     listing = _llmtrain(installed, work, "templates")
     assert listing.returncode == 0, listing.stderr
@@ -145,14 +199,29 @@ def test_the_installed_cli_works_from_an_empty_folder(installed, tmp_path):
     assert "dry run" in rendered.stderr and "stand-in environment" in rendered.stderr
 
     (work / "notes.txt").write_text((ROOT / "README.md").read_text() * 4)
-    prepared = _llmtrain(installed, work, "data", "prepare", "--input", "notes.txt", "--output", "tokens",
-                         "--workers", "1")
+    prepared = _llmtrain(
+        installed, work, "data", "prepare", "--input", "notes.txt", "--output", "tokens", "--workers", "1"
+    )
     assert prepared.returncode == 0, prepared.stderr
     assert (work / "tokens" / "manifest.json").is_file() and "tokenizing" in prepared.stderr
     assert "next: llmtrain data upload tokens --name NAME" in prepared.stdout
 
-    run = _llmtrain(installed, work, "run", "--local", "llama-pretrain-fsdp", "--run-name", "r1",
-                    "--set", "instance_count=1", "--set", "max_steps=2", "--data", "tokens", timeout=600)
+    run = _llmtrain(
+        installed,
+        work,
+        "run",
+        "--local",
+        "llama-pretrain-fsdp",
+        "--run-name",
+        "r1",
+        "--set",
+        "instance_count=1",
+        "--set",
+        "max_steps=2",
+        "--data",
+        "tokens",
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert (work / "runs" / "r1" / "summary.json").is_file()
     runs = _llmtrain(installed, work, "runs", "--local")

@@ -99,7 +99,9 @@ def _wait_until_finished(arn: str, name: str) -> dict:
     raise AssertionError(f"{name} still running")
 
 
-def _job(name: str, status: str, *, final_metrics: bool, template: str = "gpt2-ddp", billable: int = 0) -> None:
+def _job(
+    name: str, status: str, *, final_metrics: bool, template: str = "gpt2-ddp", billable: int = 0
+) -> None:
     platform = PlatformContext.placeholder(
         environment="dev",
         account=ACCOUNT,
@@ -177,7 +179,9 @@ def test_a_record_from_a_newer_platform_asks_for_an_upgrade(capsys, launcher):
     ssm = boto3.client("ssm", region_name=REGION)
     record = json.loads(ssm.get_parameter(Name="/llmtrain/dev/environment")["Parameter"]["Value"])
     record["schema_version"] = 99
-    ssm.put_parameter(Name="/llmtrain/dev/environment", Value=json.dumps(record), Overwrite=True, Type="String")
+    ssm.put_parameter(
+        Name="/llmtrain/dev/environment", Value=json.dumps(record), Overwrite=True, Type="String"
+    )
     code, _, err = llmtrain(capsys, "runs")
     assert code == 2 and "record schema 99" in err and "upgrade llmtrain" in err
 
@@ -190,8 +194,10 @@ def test_a_record_from_a_newer_platform_asks_for_an_upgrade(capsys, launcher):
     [
         (["gpt2-dp"], "unknown template 'gpt2-dp' (did you mean 'gpt2-ddp'?)"),
         (["gpt2-ddp@1.1.1"], "has no version '1.1.1' (did you mean '1.1.0'?)"),
-        (["gpt2-ddp", "--set", "max_step=5"], "override 'max_step': gpt2-ddp@1.1.0 does not allow overriding "
-                                              "it (did you mean 'max_steps'?)"),
+        (
+            ["gpt2-ddp", "--set", "max_step=5"],
+            "override 'max_step': gpt2-ddp@1.1.0 does not allow overriding it (did you mean 'max_steps'?)",
+        ),
         (["gpt2-ddp", "--set", "max_steps=0"], "0 is below the minimum 1"),
         (["gpt2-ddp", "--set", "channels.train=tokens/"], "must be an S3 URI"),
     ],
@@ -223,13 +229,20 @@ def test_start_sends_the_run_as_execution_run_1(capsys, launcher):
 def test_start_sends_the_version_it_checked(capsys, launcher):
     code, _, _ = start(capsys, "r0")
     assert code == 0
-    assert json.loads(_execution(launcher, "r0-1")["input"])["version"] == Catalog.load().latest("gpt2-ddp").version
+    assert (
+        json.loads(_execution(launcher, "r0-1")["input"])["version"]
+        == Catalog.load().latest("gpt2-ddp").version
+    )
 
 
 def test_start_refuses_a_run_in_progress_or_completed(capsys, launcher):
     assert start(capsys, "held-r1")[0] == 0
     code, _, err = start(capsys, "held-r1")
-    assert code == 2 and "run 'held-r1' is running (execution held-r1-1" in err and "choose a new --run-name" in err
+    assert (
+        code == 2
+        and "run 'held-r1' is running (execution held-r1-1" in err
+        and "choose a new --run-name" in err
+    )
 
     assert start(capsys, "r2")[0] == 0
     _wait_until_finished(launcher, "r2-1")
@@ -245,9 +258,11 @@ def test_a_rejected_run_is_started_again_under_its_name(capsys, launcher):
 
     code, out, _ = llmtrain(capsys, "status", "r3")
     assert code == 0 and "execution FAILED" in out and REJECTION in out
-    assert (f"continue this run under its name (it resumes from its latest checkpoint): llmtrain start "
-            f"gpt2-ddp@1.1.0 --run-name r3 --set channels.train={TEAM_URI}{DATASET}/train/ --set seed=13 "
-            "--env dev") in out
+    assert (
+        f"continue this run under its name (it resumes from its latest checkpoint): llmtrain start "
+        f"gpt2-ddp@1.1.0 --run-name r3 --set channels.train={TEAM_URI}{DATASET}/train/ --set seed=13 "
+        "--env dev"
+    ) in out
 
     code, out, _ = start(capsys, "r3", "seed=14")
     assert code == 0 and "continuing run r3: its last execution r3-1 ended FAILED" in out
@@ -265,17 +280,23 @@ def test_start_refuses_channels_outside_the_teams_datasets_or_empty(capsys, laun
     code, _, err = start(capsys, "r4", f"channels.validation={TEAM_URI}tiyn/validation/")
     assert code == 2
     assert f"channel validation: nothing at {TEAM_URI}tiyn/validation/ (did you mean 'tiny'?)" in err
-    assert not boto3.client("stepfunctions", region_name=REGION).list_executions(
-        stateMachineArn=launcher
-    )["executions"]
+    assert not boto3.client("stepfunctions", region_name=REGION).list_executions(stateMachineArn=launcher)[
+        "executions"
+    ]
 
 
 def test_start_refuses_a_template_the_environment_or_team_does_not_offer(capsys, aws):
     arn = boto3.client("stepfunctions", region_name=REGION).create_state_machine(
-        name="llmtrain-dev-launcher", definition=json.dumps(DEFINITION), roleArn=f"arn:aws:iam::{ACCOUNT}:role/x"
+        name="llmtrain-dev-launcher",
+        definition=json.dumps(DEFINITION),
+        roleArn=f"arn:aws:iam::{ACCOUNT}:role/x",
     )["stateMachineArn"]
-    team = {"name": "default", "state_machine_arn": arn, "datasets_prefix": "teams/default/",
-            "allowed_templates": ["gpt2-ddp"]}
+    team = {
+        "name": "default",
+        "state_machine_arn": arn,
+        "datasets_prefix": "teams/default/",
+        "allowed_templates": ["gpt2-ddp"],
+    }
     deploy_environment(arn, enabled=["gpt2-ddp", "byo-script"], teams=[team])
     code, _, err = start(capsys, "r5", ref="llama-pretrain-fsdp")
     assert code == 2 and "template 'llama-pretrain-fsdp' is not enabled in environment 'dev'" in err
@@ -291,9 +312,9 @@ def test_start_dry_run_prints_the_request_and_starts_nothing(capsys, launcher):
     request = json.loads(out)
     assert request["TrainingJobName"] == f"{PREFIX}-r6-a1"
     assert request["RoleArn"] == f"arn:aws:iam::{ACCOUNT}:role/llmtrain-dev-execution"
-    assert not boto3.client("stepfunctions", region_name=REGION).list_executions(
-        stateMachineArn=launcher
-    )["executions"]
+    assert not boto3.client("stepfunctions", region_name=REGION).list_executions(stateMachineArn=launcher)[
+        "executions"
+    ]
 
 
 def test_start_wait_prints_the_summary(capsys, launcher):
@@ -314,7 +335,12 @@ def test_status_shows_the_running_job_and_its_latest_metrics(capsys, launcher):
     boto3.client("cloudwatch", region_name=REGION).put_metric_data(
         Namespace=TRAINING_METRIC_NAMESPACE,
         MetricData=[
-            {"MetricName": "train:loss", "Dimensions": host, "Timestamp": now - timedelta(minutes=5), "Value": 3.5},
+            {
+                "MetricName": "train:loss",
+                "Dimensions": host,
+                "Timestamp": now - timedelta(minutes=5),
+                "Value": 3.5,
+            },
             {"MetricName": "train:loss", "Dimensions": host, "Timestamp": now, "Value": 2.75},
         ],
     )
@@ -380,7 +406,11 @@ def test_logs_print_the_latest_attempt_or_the_one_asked_for(capsys, launcher):
     begin = int(time.time() * 1000)
     streams = {
         f"{PREFIX}-r7-a1/algo-1-1700000000": ["first attempt"],
-        f"{PREFIX}-r7-a2/algo-1-1700000100": ["[metrics] step=1 loss=3.0", "[metrics] step=2 loss=2.5", "done"],
+        f"{PREFIX}-r7-a2/algo-1-1700000100": [
+            "[metrics] step=1 loss=3.0",
+            "[metrics] step=2 loss=2.5",
+            "done",
+        ],
         f"{PREFIX}-r77-a1/algo-1-1700000200": ["another run"],
     }
     for stream, messages in streams.items():
@@ -435,9 +465,14 @@ def test_runs_lists_each_run_once_with_its_jobs(capsys, launcher):
     rows = {row["run_name"]: row for row in json.loads(out)}
     assert list(rows) == ["held-gamma", "beta", "alpha"]  # the latest first
     assert rows["alpha"] | {"started": None} == {
-        "run_name": "alpha", "status": "SUCCEEDED", "template": "gpt2-ddp@1.1.0",
-        "instance_type": "ml.g5.12xlarge", "instance_count": 1, "started": None,
-        "billable_seconds": 600, "executions": 1,
+        "run_name": "alpha",
+        "status": "SUCCEEDED",
+        "template": "gpt2-ddp@1.1.0",
+        "instance_type": "ml.g5.12xlarge",
+        "instance_count": 1,
+        "started": None,
+        "billable_seconds": 600,
+        "executions": 1,
     }
     assert rows["beta"]["status"] == "SUCCEEDED" and rows["beta"]["executions"] == 2
     assert rows["beta"]["instance_type"] is None and rows["beta"]["billable_seconds"] is None
