@@ -135,8 +135,7 @@ class Catalog:
         known = self.versions(name)
         if version not in known:
             raise TemplateNotFoundError(
-                f"template {name!r} has no version {version!r}{did_you_mean(version, known)}; available: "
-                f"{', '.join(known)}"
+                f"template {name!r} has no version {version!r}; available: {', '.join(known)}"
             )
         return self._templates[(name, version)]
 

@@ -466,16 +466,16 @@ def _launcher_error(error: ClientError, doing: str) -> LlmtrainError:
 
 
 def _input(execution: Mapping[str, Any]) -> dict[str, Any]:
-    try:
-        data = json.loads(execution.get("input") or "{}")
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
+    return _json_object(execution.get("input"))
 
 
 def _output(execution: Mapping[str, Any]) -> dict[str, Any]:
+    return _json_object(execution.get("output"))
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
     try:
-        data = json.loads(execution.get("output") or "{}")
+        data = json.loads(text or "{}")
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}

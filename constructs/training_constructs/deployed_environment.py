@@ -62,12 +62,9 @@ class TeamEntry:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "state_machine_arn": self.state_machine_arn,
-            "datasets_prefix": self.datasets_prefix,
-            "allowed_templates": list(self.allowed_templates),
-        }
+        return deployed.TeamAccess(
+            self.name, self.state_machine_arn, self.datasets_prefix, self.allowed_templates
+        ).to_dict()
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,14 @@ TOPIC_ARN = f"arn:aws:sns:{REGION}:{ACCOUNT}:llmtrain-dev-notifications"
 DATASET = "tiny"
 
 
+def moto_credentials(monkeypatch) -> None:
+    """The region and made-up credentials moto accepts; no profile."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
 def platform_context() -> PlatformContext:
     return PlatformContext(
         environment=ENVIRONMENT,

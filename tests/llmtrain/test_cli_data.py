@@ -13,7 +13,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from deployed_support import ACCOUNT, BUCKET, REGION, TEAM_URI, deploy_environment
+from deployed_support import ACCOUNT, BUCKET, REGION, TEAM_URI, deploy_environment, moto_credentials
 from moto import mock_aws
 
 from llmtrain import datasets
@@ -32,10 +32,7 @@ def llmtrain(capsys, *argv: str) -> tuple[int, str, str]:
 
 @pytest.fixture
 def environment(monkeypatch):
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    moto_credentials(monkeypatch)
     with mock_aws():
         deploy_environment(
             f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:llmtrain-dev-launcher", with_dataset=False

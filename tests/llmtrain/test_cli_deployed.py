@@ -6,33 +6,21 @@ moto's SSM. The CLI finds everything from there: no config/ file is read."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
-import aws_cdk as cdk
 import boto3
 import pytest
+import test_launcher_state_machine
 from launcher_harness import ACCOUNT, REGION, CloudFormationResolver, JobOutcome, launcher_in_moto
 
 from llmtrain.cli import main
 from llmtrain.deployed import STANDARD_PARAMETER_LIMIT, from_parameters
-from llmtrain.environments import load_environment
-from stacks.platform import PlatformStage
 
 pytestmark = pytest.mark.slow
+# The fixture of test_launcher_state_machine.py: the dev stage synthesized for moto's account.
+synthesized = test_launcher_state_machine.synthesized
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def synthesized(tmp_path_factory):
-    config = dataclasses.replace(load_environment(ROOT / "config" / "dev.yaml"), account=ACCOUNT)
-    outdir = tmp_path_factory.mktemp("cdk.out")
-    app = cdk.App(outdir=str(outdir))
-    stage = PlatformStage(app, config=config)
-    assembly = app.synth().get_nested_assembly(stage.artifact_id)
-    templates = {stack.stack_name: stack.template for stack in assembly.stacks}
-    return Path(assembly.directory), stage.launcher.stack_name, templates
 
 
 def _resources(template, kind: str) -> dict:

@@ -200,7 +200,7 @@ def test_misspelled_names_get_a_suggestion(capsys):
     code, _, err = run(capsys, "render", "gpt2-dp", "--run-name", "r")
     assert code == 2 and "unknown template 'gpt2-dp' (did you mean 'gpt2-ddp'?)" in err
     code, _, err = run(capsys, "render", "gpt2-ddp@1.1.1", "--run-name", "r")
-    assert code == 2 and "has no version '1.1.1' (did you mean '1.1.0'?)" in err
+    assert code == 2 and "has no version '1.1.1'; available: 1.0.0, 1.1.0" in err
 
 
 def test_lock_check_and_lock_a_new_version(capsys, tmp_path):

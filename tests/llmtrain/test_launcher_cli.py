@@ -12,7 +12,17 @@ from datetime import UTC, datetime, timedelta
 import boto3
 import pytest
 from botocore.exceptions import ClientError
-from deployed_support import ACCOUNT, BUCKET, DATASET, PREFIX, REGION, TEAM_URI, TRAIN, deploy_environment
+from deployed_support import (
+    ACCOUNT,
+    BUCKET,
+    DATASET,
+    PREFIX,
+    REGION,
+    TEAM_URI,
+    TRAIN,
+    deploy_environment,
+    moto_credentials,
+)
 from moto import mock_aws
 from moto.sagemaker.models import sagemaker_backends
 
@@ -52,10 +62,7 @@ DEFINITION = {
 
 @pytest.fixture
 def aws(monkeypatch):
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    moto_credentials(monkeypatch)
     with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
         yield
 
@@ -193,7 +200,7 @@ def test_a_record_from_a_newer_platform_asks_for_an_upgrade(capsys, launcher):
     ("argv", "message"),
     [
         (["gpt2-dp"], "unknown template 'gpt2-dp' (did you mean 'gpt2-ddp'?)"),
-        (["gpt2-ddp@1.1.1"], "has no version '1.1.1' (did you mean '1.1.0'?)"),
+        (["gpt2-ddp@1.1.1"], "has no version '1.1.1'; available: 1.0.0, 1.1.0"),
         (
             ["gpt2-ddp", "--set", "max_step=5"],
             "override 'max_step': gpt2-ddp@1.1.0 does not allow overriding it (did you mean 'max_steps'?)",
