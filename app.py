@@ -5,17 +5,22 @@ This is the only place that reads the process environment or CDK context:
   -c config_dir=PATH        where the environment files are (default: config/ next to this file)
   -c environments=dev,prod  build only these environments (default: every file)
 cdk-nag (AwsSolutions) checks every stack at synth; an unacknowledged finding fails the synth.
+An invalid environment file (or construct props) ends the synth with its message and exit status
+1, not a traceback.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
 from llmtrain.environments import EnvironmentConfig, EnvironmentConfigError, load_environments
+from llmtrain.errors import LlmtrainError
 from stacks import add_platform_stages
+from training_constructs import PropsError
 
 ROOT = Path(__file__).resolve().parent
 
@@ -45,5 +50,15 @@ def main() -> None:
     app.synth()
 
 
+def run() -> int:
+    """`main`, with the platform's own errors as one message on stderr (what to fix, where)."""
+    try:
+        main()
+    except (EnvironmentConfigError, PropsError, LlmtrainError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(run())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from llmtrain.errors import LockError, TemplateNotFoundError, TemplateSpecError
+from llmtrain.errors import LockError, TemplateNotFoundError, TemplateSpecError, did_you_mean
 from llmtrain.sourcedir import (
     SNAPSHOT_FOLDER,
     archive_code_hash,
@@ -111,7 +111,8 @@ class Catalog:
         found = [SemVer.parse(v) for n, v in self._templates if n == name]
         if not found:
             raise TemplateNotFoundError(
-                f"unknown template {name!r}; the catalog has: {', '.join(self.names()) or '(nothing)'}"
+                f"unknown template {name!r}{did_you_mean(name, self.names())}; the catalog has: "
+                f"{', '.join(self.names()) or '(nothing)'}"
             )
         return [str(v) for v in sorted(found)]
 

@@ -3,15 +3,25 @@
 Each command group lives in its own module under `llmtrain/commands/` and exposes
 `register(subparsers)`, which adds its parser and sets `handler` (a function of the parsed
 arguments returning the exit status). Adding a command group is one line in COMMAND_MODULES.
-Bad input exits with status 2 and a message that says what to fix.
+A command that hands its remaining arguments to another program (`data prepare`) sets
+`passes_on_arguments`; for every other command an unknown argument is a usage error.
+
+Exit statuses: 0 done; 1 the work failed, or AWS could not be used as asked (the message says
+why); 2 bad input (usage, template, override, run), detected before anything was started.
+Nothing ends in a traceback: botocore's errors are explained (llmtrain.aws).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from importlib import metadata
 
+from botocore.exceptions import BotoCoreError, ClientError
+
+from llmtrain.aws import AwsAccessError, explain
 from llmtrain.errors import LlmtrainError
 
 COMMAND_MODULES = (
@@ -19,9 +29,21 @@ COMMAND_MODULES = (
     "llmtrain.commands.render",
     "llmtrain.commands.run",
     "llmtrain.commands.launch",
+    "llmtrain.commands.runs",
+    "llmtrain.commands.data",
     "llmtrain.commands.quotas",
 )
+DISTRIBUTION = "llm-sagemaker-platform"
+FAILED = 1
 USAGE_ERROR = 2
+INTERRUPTED = 130
+
+
+def version() -> str:
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # running from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="llmtrain",
         description="Train LLMs on Amazon SageMaker from versioned job templates.",
     )
+    parser.add_argument("--version", action="version", version=f"llmtrain {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
@@ -36,12 +59,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "passes_on_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.passed_on = rest
     try:
         return args.handler(args) or 0
+    except AwsAccessError as error:
+        return _fail(args, error, FAILED)
     except LlmtrainError as error:
-        print(f"llmtrain {args.command}: error: {error}", file=sys.stderr)
-        return USAGE_ERROR
+        return _fail(args, error, USAGE_ERROR)
+    except (BotoCoreError, ClientError) as error:
+        return _fail(args, explain(error), FAILED)
+    except KeyboardInterrupt:
+        print(f"llmtrain {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`llmtrain runs | head`): not an error; stop writing quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _fail(args: argparse.Namespace, error: Exception, status: int) -> int:
+    print(f"llmtrain {args.command}: error: {error}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ reach people through the CLI, the launcher's failed executions and synth errors.
 
 from __future__ import annotations
 
+import difflib
+
 
 class LlmtrainError(Exception):
     """Base class: bad input or state that the user can fix (the CLI exits 2 on these)."""
@@ -74,3 +76,9 @@ class PlatformContextError(LlmtrainError):
 
 class SourceDirError(LlmtrainError):
     """The code a template wraps cannot be packaged (missing folder or entry point)."""
+
+
+def did_you_mean(name: str, choices) -> str:
+    """' (did you mean 'x'?)' naming the closest of `choices` to a misspelled `name`, or ''."""
+    close = difflib.get_close_matches(name, [str(choice) for choice in choices], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,34 +1,46 @@
-"""Start and follow launcher runs from the command line: what `llmtrain start|status|stop|logs` call.
+"""Start and follow launcher runs from the command line: what `llmtrain start|status|stop|logs|runs` call.
 
-Finding the launcher: each environment's launcher stack is `llmtrain-<env>-launcher`
-(`EnvironmentConfig.stack_name("launcher")`) and publishes the state machine's ARN as the output
-`StateMachineArn` (`LauncherOutput`); `LauncherClient.discover` reads it with DescribeStacks in the
-environment's region. A run is one execution, named after the run (`run_name`); its training jobs
-are `<job_name_prefix>-<run_name>-a<attempt>`.
+Finding the launcher: the deployed environment's record (llmtrain.deployed, in SSM Parameter Store)
+names each team's launcher state machine and job-name prefix; nothing comes from the repository.
+A run is one or more executions of that state machine whose input names the run (`run_name`). The
+CLI names them `<run_name>-<n>` (n = 1, 2, ...): Step Functions keeps an execution name for 90
+days, so a run rejected before any job, or a failed run continued under its name, starts its next
+execution as `<run_name>-<n+1>`. Runs started by other means, whatever their
+execution names, are found by the input's `run_name` among the latest executions. The run's
+training jobs are `<team's job_name_prefix>-<run_name>-a<attempt>`, i.e.
+`<environment prefix>-<team>-<run_name>-a<attempt>`. The execution input is the launcher's own
+record, `llmtrain.runs.ExecutionInput`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+from botocore.exceptions import ClientError
 
+from llmtrain.aws import explain, explained
 from llmtrain.catalog import LATEST, parse_ref
-from llmtrain.environments import EnvironmentConfig
-from llmtrain.errors import LlmtrainError
+from llmtrain.deployed import DeployedEnvironment, TeamAccess
+from llmtrain.errors import LlmtrainError, did_you_mean
 from llmtrain.handlers.launcher import final_metrics, run_jobs
 from llmtrain.runs import ExecutionInput
 
 LAUNCHER_STACK_PART = "launcher"
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TRAINING_METRIC_NAMESPACE = "/aws/sagemaker/TrainingJobs"
+FINISHED = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
+CONTINUABLE = ("FAILED", "TIMED_OUT", "ABORTED")
+# Executions scanned by the input's run_name (runs whose executions are not named after them).
 _EXECUTIONS_SCANNED = 100
+# Execution names scanned for a run's `<run>-<n>` executions (ListExecutions returns 1000 a page).
+_NAMES_SCANNED = 10_000
+_START_TRIES = 5
 _OWNER = re.compile(r"[\w .:/=+\-@]{1,256}")
 
 
@@ -59,10 +71,20 @@ class RunStatus:
     job: Mapping[str, Any] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # The run's execution input (template, version, overrides) and all its executions, oldest first.
+    run_input: Mapping[str, Any] = field(default_factory=dict)
+    executions: list[str] = field(default_factory=list)
+
+    @property
+    def continuable(self) -> bool:
+        """A run that ended without completing can be started again under its name."""
+        return self.execution_status in CONTINUABLE
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_name": self.run_name,
+            "run_input": dict(self.run_input),
+            "executions": self.executions,
             "execution_arn": self.execution_arn,
             "execution_status": self.execution_status,
             "started": self.started,
@@ -77,8 +99,34 @@ class RunStatus:
         }
 
 
+@dataclass(frozen=True)
+class RunListing:
+    """One line of `llmtrain runs`: a run's latest execution and its training jobs."""
+
+    run_name: str
+    status: str
+    template: str
+    instance_type: str | None
+    instance_count: int | None
+    started: str | None
+    billable_seconds: int | None
+    executions: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_name": self.run_name,
+            "status": self.status,
+            "template": self.template,
+            "instance_type": self.instance_type,
+            "instance_count": self.instance_count,
+            "started": self.started,
+            "billable_seconds": self.billable_seconds,
+            "executions": self.executions,
+        }
+
+
 class LauncherClient:
-    """One environment's launcher, through the caller's AWS credentials."""
+    """One team's launcher in a deployed environment, through the caller's AWS credentials."""
 
     def __init__(
         self,
@@ -96,92 +144,70 @@ class LauncherClient:
         self.job_name_prefix = job_name_prefix
         self._clients: dict[str, Any] = {}
 
+    @classmethod
+    def for_team(
+        cls,
+        deployed: DeployedEnvironment,
+        team: TeamAccess,
+        *,
+        session: boto3.Session,
+        identity: Mapping[str, Any] | None = None,
+    ) -> LauncherClient:
+        return cls(
+            session=session,
+            region=deployed.region,
+            state_machine_arn=team.state_machine_arn,
+            job_name_prefix=team.job_name_prefix,
+            identity=identity,
+        )
+
     def client(self, service: str):
         if service not in self._clients:
             self._clients[service] = self.session.client(service, region_name=self.region)
         return self._clients[service]
 
-    # -- finding the launcher -----------------------------------------------------------------------
+    # -- a run's executions ---------------------------------------------------------------------------
 
-    @classmethod
-    def discover(
-        cls,
-        environment: EnvironmentConfig,
-        *,
-        session: boto3.Session | None = None,
-        state_machine_arn: str | None = None,
-    ) -> LauncherClient:
-        """The launcher of `environment`: checks credentials and account, reads the stack output."""
-        session = session or boto3.Session()
-        identity = caller_identity(session, environment)
-        if identity["Account"] != environment.account:
-            raise LauncherError(
-                f"your AWS credentials are for account {identity['Account']} but environment "
-                f"{environment.name!r} is in account {environment.account}: use credentials for that account "
-                "(e.g. AWS_PROFILE)"
-            )
-        arn = state_machine_arn or _state_machine_from_stack(session, environment)
-        return cls(
-            session=session,
-            region=environment.region,
-            state_machine_arn=arn,
-            job_name_prefix=environment.job_name_prefix,
-            identity=identity,
-        )
-
-    # -- runs -----------------------------------------------------------------------------------------
-
-    def execution_arn(self, run_name: str) -> str:
-        """Executions are named after their run: the ARN follows from the state machine's."""
+    def execution_arn(self, execution_name: str) -> str:
         prefix, _, name = self.state_machine_arn.rpartition(":stateMachine:")
-        return f"{prefix}:execution:{name}:{run_name}"
+        return f"{prefix}:execution:{name}:{execution_name}"
 
-    def start(
-        self, *, template_ref: str, run_name: str, overrides: Mapping[str, Any], owner: str | None = None
-    ) -> dict[str, Any]:
-        """Start the run's execution; refuses a run name already used (a run is never started twice)."""
-        name, version = parse_ref(template_ref)
-        # Checked before any AWS call, exactly as the launcher's Resolve checks it.
-        execution_input = ExecutionInput(
-            template=name, version=version or LATEST, run_name=run_name, overrides=overrides, owner=owner
-        )
-        existing = self._describe(self.execution_arn(run_name))
-        if existing is not None:
-            raise LauncherError(
-                f"run {run_name!r} was already started (execution {existing['status']}, "
-                f"{existing['startDate']:%Y-%m-%d %H:%M}); follow it with `llmtrain status {run_name}`, "
-                "or choose a new --run-name for a new run"
-            )
-        try:
-            return self.client("stepfunctions").start_execution(
-                stateMachineArn=self.state_machine_arn,
-                name=run_name,
-                input=json.dumps(execution_input.to_dict()),
-            )
-        except ClientError as error:
-            raise _launcher_error(error, f"starting run {run_name!r}") from error
+    def run_executions(self, run_name: str) -> list[dict[str, Any]]:
+        """The run's executions (described), oldest first: those named `<run>` or `<run>-<n>` whose
+        input names the run, else any of the latest executions whose input names it."""
+        own = _execution_name_pattern(run_name)
+        candidates = [item for item in self._list_executions(_NAMES_SCANNED) if own.fullmatch(item["name"])]
+        found = [e for e in map(self._describe_item, candidates) if e and _input_run_name(e) == run_name]
+        if not found:
+            latest = self._list_executions(_EXECUTIONS_SCANNED)
+            found = [e for e in map(self._describe_item, latest) if e and _input_run_name(e) == run_name]
+        return sorted(found, key=lambda e: e["startDate"])
 
     def find_execution(self, run_name: str) -> dict[str, Any]:
-        """The run's execution: by name, else among the latest executions by the input's run_name."""
-        found = self._describe(self.execution_arn(run_name))
-        if found is not None:
-            return found
-        pages = (
-            self.client("stepfunctions")
-            .get_paginator("list_executions")
-            .paginate(
-                stateMachineArn=self.state_machine_arn, PaginationConfig={"MaxItems": _EXECUTIONS_SCANNED}
-            )
-        )
-        for page in pages:
-            for item in page["executions"]:
-                execution = self._describe(item["executionArn"])
-                if execution and _input_run_name(execution) == run_name:
-                    return execution
+        """The run's latest execution."""
+        executions = self.run_executions(run_name)
+        if executions:
+            return executions[-1]
+        recent = {item["name"].rsplit("-", 1)[0] for item in self._list_executions(_EXECUTIONS_SCANNED)}
         raise LauncherError(
-            f"no run named {run_name!r} in launcher {self.state_machine_arn} (checked the "
-            f"{_EXECUTIONS_SCANNED} latest executions); list runs in the Step Functions console"
+            f"no run named {run_name!r}{did_you_mean(run_name, recent)} in launcher "
+            f"{self.state_machine_arn}; "
+            "`llmtrain runs` lists the latest runs"
         )
+
+    def _list_executions(self, most: int) -> list[dict[str, Any]]:
+        try:
+            pages = (
+                self.client("stepfunctions")
+                .get_paginator("list_executions")
+                .paginate(stateMachineArn=self.state_machine_arn, PaginationConfig={"MaxItems": most})
+            )
+            return [item for page in pages for item in page["executions"]]
+        except ClientError as error:
+            raise _launcher_error(error, "listing the launcher's executions") from error
+
+    def _describe_item(self, item: Mapping[str, Any]) -> dict[str, Any] | None:
+        return self._describe(item["executionArn"])
 
     def _describe(self, execution_arn: str) -> dict[str, Any] | None:
         try:
@@ -191,15 +217,53 @@ class LauncherClient:
                 return None
             raise _launcher_error(error, "reading the run's execution") from error
 
+    # -- starting -------------------------------------------------------------------------------------
+
+    def start(
+        self, *, template_ref: str, run_name: str, overrides: Mapping[str, Any], owner: str | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Start the run's next execution; returns it and the run's previous execution (or None).
+
+        Refuses a run that is running or has completed; a run whose executions all failed (or were
+        rejected, stopped, timed out) is continued: the launcher gives its next job the next attempt
+        number and the run's checkpoints."""
+        name, version = parse_ref(template_ref)
+        # The launcher's own record, checked before any AWS call exactly as its Resolve checks it.
+        execution_input = ExecutionInput(
+            template=name, version=version or LATEST, run_name=run_name, overrides=overrides, owner=owner
+        )
+        executions = self.run_executions(run_name)
+        previous = executions[-1] if executions else None
+        _refuse_to_restart(run_name, executions)
+        number = 1 + max((_execution_number(e["name"], run_name) for e in executions), default=0)
+        for _ in range(_START_TRIES):
+            try:
+                started = self.client("stepfunctions").start_execution(
+                    stateMachineArn=self.state_machine_arn,
+                    name=f"{run_name}-{number}",
+                    input=json.dumps(execution_input.to_dict()),
+                )
+                return started, previous
+            except ClientError as error:
+                if error.response["Error"]["Code"] != "ExecutionAlreadyExists":
+                    raise _launcher_error(error, f"starting run {run_name!r}") from error
+                number += 1  # an execution of that name exists (started meanwhile, or older than we scan)
+        raise LauncherError(f"could not find a free execution name for run {run_name!r}; try again")
+
+    # -- following ------------------------------------------------------------------------------------
+
     def jobs(self, run_name: str) -> list[dict[str, Any]]:
         """The run's training jobs, oldest attempt first: `{"attempt", "job_name", "status"}`."""
-        return run_jobs(self.client("sagemaker"), self.job_name_prefix, run_name)
+        with explained("listing the run's training jobs"):
+            return run_jobs(self.client("sagemaker"), self.job_name_prefix, run_name)
 
     def status(self, run_name: str) -> RunStatus:
-        execution = self.find_execution(run_name)
+        executions = self.run_executions(run_name)
+        if not executions:
+            self.find_execution(run_name)  # raises, with suggestions
+        execution = executions[-1]
         jobs = self.jobs(run_name)
-        sagemaker = self.client("sagemaker")
-        job = sagemaker.describe_training_job(TrainingJobName=jobs[-1]["job_name"]) if jobs else None
+        job = self._describe_job(jobs[-1]["job_name"]) if jobs else None
         metrics, notes = final_metrics(job) if job else {}, []
         if job and not metrics:
             try:
@@ -221,7 +285,13 @@ class LauncherClient:
             job=_job_view(job) if job else None,
             metrics=metrics,
             notes=notes,
+            run_input=_input(execution),
+            executions=[e["name"] for e in executions],
         )
+
+    def _describe_job(self, job_name: str) -> dict[str, Any]:
+        with explained(f"reading training job {job_name}"):
+            return self.client("sagemaker").describe_training_job(TrainingJobName=job_name)
 
     def latest_metrics(self, job_name: str) -> dict[str, float]:
         """The latest value of each metric a running job published (SageMaker's CloudWatch metrics,
@@ -294,36 +364,68 @@ class LauncherClient:
             )
         job_name = jobs[-1]["job_name"]
         logs = self.client("logs")
-        pages = logs.get_paginator("describe_log_streams").paginate(
-            logGroupName=TRAINING_LOG_GROUP, logStreamNamePrefix=f"{job_name}/"
-        )
-        streams = [stream["logStreamName"] for page in pages for stream in page["logStreams"]]
-        if not streams:
-            return []
-        events = [
-            event
-            for page in logs.get_paginator("filter_log_events").paginate(
-                logGroupName=TRAINING_LOG_GROUP, logStreamNames=streams[:100]
+        with explained(f"reading the logs of {job_name}"):
+            pages = logs.get_paginator("describe_log_streams").paginate(
+                logGroupName=TRAINING_LOG_GROUP, logStreamNamePrefix=f"{job_name}/"
             )
-            for event in page["events"]
-        ]
+            streams = [stream["logStreamName"] for page in pages for stream in page["logStreams"]]
+            if not streams:
+                return []
+            events = [
+                event
+                for page in logs.get_paginator("filter_log_events").paginate(
+                    logGroupName=TRAINING_LOG_GROUP, logStreamNames=streams[:100]
+                )
+                for event in page["events"]
+            ]
         events.sort(key=lambda event: (event["timestamp"], event.get("logStreamName", "")))
         return events[-limit:] if limit else events
 
+    # -- listing runs ---------------------------------------------------------------------------------
 
-def caller_identity(session: boto3.Session, environment: EnvironmentConfig) -> dict[str, Any]:
-    """STS GetCallerIdentity, with the clear error the CLI shows when there are no credentials."""
-    try:
-        return session.client("sts", region_name=environment.region).get_caller_identity()
-    except (NoCredentialsError, NoRegionError) as error:
-        raise LauncherError(
-            f"no AWS credentials found ({error}): configure them for account {environment.account} "
-            "(`aws configure`, `aws sso login` or AWS_PROFILE) and try again"
-        ) from error
-    except (ClientError, BotoCoreError) as error:
-        raise LauncherError(
-            f"your AWS credentials were refused ({error}); refresh them and try again"
-        ) from error
+    def runs(self, limit: int = 20) -> list[RunListing]:
+        """The latest `limit` runs, newest first: each run's latest execution and its jobs."""
+        latest: dict[str, list[dict[str, Any]]] = {}
+        for item in self._list_executions(_NAMES_SCANNED):
+            execution = self._describe_item(item)
+            run_name = execution and _input_run_name(execution)
+            if not run_name:
+                continue
+            if run_name not in latest and len(latest) == limit:
+                break  # older executions only belong to older runs from here on, or add to counts
+            latest.setdefault(run_name, []).append(execution)
+        return [self._listing(name, executions) for name, executions in latest.items()]
+
+    def _listing(self, run_name: str, executions: Sequence[Mapping[str, Any]]) -> RunListing:
+        execution = executions[0]  # ListExecutions returns the newest first
+        jobs = [self._describe_job(job["job_name"]) for job in self.jobs(run_name)]
+        resources = (jobs[-1].get("ResourceConfig") or {}) if jobs else {}
+        billable = [
+            job["BillableTimeInSeconds"] for job in jobs if job.get("BillableTimeInSeconds") is not None
+        ]
+        return RunListing(
+            run_name=run_name,
+            status=execution["status"],
+            template=self._template_of(execution, jobs[-1] if jobs else None),
+            instance_type=resources.get("InstanceType"),
+            instance_count=resources.get("InstanceCount"),
+            started=_time(executions[-1].get("startDate")),
+            billable_seconds=sum(billable) if billable else None,
+            executions=len(executions),
+        )
+
+    def _template_of(self, execution: Mapping[str, Any], job: Mapping[str, Any] | None) -> str:
+        """`name@version`: from the run's summary, else the job's tags, else the input."""
+        summary = _output(execution)
+        if summary.get("template"):
+            return summary["template"]
+        run_input = _input(execution)
+        name, version = run_input.get("template", "?"), run_input.get("version") or LATEST
+        if version == LATEST and job is not None:
+            with explained("reading the training job's tags"):
+                tags = self.client("sagemaker").list_tags(ResourceArn=job["TrainingJobArn"]).get("Tags", [])
+            version = next((t["Value"] for t in tags if t["Key"] == "llmtrain:template-version"), version)
+        return f"{name}@{version}"
 
 
 def owner_from_identity(identity: Mapping[str, Any]) -> str | None:
@@ -332,46 +434,54 @@ def owner_from_identity(identity: Mapping[str, Any]) -> str | None:
     return arn if _OWNER.fullmatch(arn) else None
 
 
-def _state_machine_from_stack(session: boto3.Session, environment: EnvironmentConfig) -> str:
-    stack_name = environment.stack_name(LAUNCHER_STACK_PART)
-    deploy = f"deploy it with `npx cdk deploy '{environment.name}/*'`"
-    try:
-        stacks = session.client("cloudformation", region_name=environment.region).describe_stacks(
-            StackName=stack_name
-        )["Stacks"]
-    except ClientError as error:
-        if "does not exist" in error.response["Error"].get("Message", ""):
-            raise LauncherError(
-                f"the platform's launcher is not deployed in environment {environment.name!r}: stack "
-                f"{stack_name} does not exist in account {environment.account}, region "
-                f"{environment.region}; {deploy}"
-            ) from error
-        raise _launcher_error(error, f"reading stack {stack_name}") from error
-    outputs = {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
-    if LauncherOutput.STATE_MACHINE_ARN not in outputs:
+def _refuse_to_restart(run_name: str, executions: Sequence[Mapping[str, Any]]) -> None:
+    running = [e for e in executions if e["status"] == "RUNNING"]
+    if running:
         raise LauncherError(
-            f"stack {stack_name} has no output {LauncherOutput.STATE_MACHINE_ARN} (status "
-            f"{stacks[0].get('StackStatus')}); {deploy}"
+            f"run {run_name!r} is running (execution {running[-1]['name']}, started "
+            f"{running[-1]['startDate']:%Y-%m-%d %H:%M}); follow it with `llmtrain status {run_name}`, or "
+            "choose a new --run-name for a new run"
         )
-    return outputs[LauncherOutput.STATE_MACHINE_ARN]
+    succeeded = [e for e in executions if e["status"] == "SUCCEEDED"]
+    if succeeded:
+        raise LauncherError(
+            f"run {run_name!r} already completed (execution {succeeded[-1]['name']}); a run name identifies "
+            "one run: choose a new --run-name"
+        )
 
 
-def _launcher_error(error: ClientError, doing: str) -> LauncherError:
-    code = error.response["Error"]["Code"]
-    message = error.response["Error"].get("Message", "")
-    if code in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
-        return LauncherError(
-            f"{doing}: access denied ({message}); ML engineers need the platform's "
-            "engineer policy (output EngineerPolicyArn of the access stack)"
-        )
-    return LauncherError(f"{doing}: {code}: {message}")
+def _execution_name_pattern(run_name: str) -> re.Pattern:
+    return re.compile(re.escape(run_name) + r"(-\d+)?")
+
+
+def _execution_number(execution_name: str, run_name: str) -> int:
+    """n of `<run>-<n>`; 0 for an execution named `<run>` or otherwise."""
+    match = re.fullmatch(re.escape(run_name) + r"-(\d+)", execution_name)
+    return int(match.group(1)) if match else 0
+
+
+def _launcher_error(error: ClientError, doing: str) -> LlmtrainError:
+    return explain(error, doing)
+
+
+def _input(execution: Mapping[str, Any]) -> dict[str, Any]:
+    return _json_object(execution.get("input"))
+
+
+def _output(execution: Mapping[str, Any]) -> dict[str, Any]:
+    return _json_object(execution.get("output"))
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    try:
+        data = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _input_run_name(execution: Mapping[str, Any]) -> str | None:
-    try:
-        return json.loads(execution.get("input") or "{}").get("run_name")
-    except (ValueError, AttributeError):
-        return None
+    return _input(execution).get("run_name")
 
 
 def _time(value: Any) -> str | None:

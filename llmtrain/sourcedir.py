@@ -15,6 +15,7 @@ import io
 import os
 import tarfile
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from llmtrain.errors import SourceDirError
@@ -48,8 +49,20 @@ class SourceFile:
     path: Path
 
 
+# Where an installed wheel keeps templates/, training_jobs/ and examples/ (setup.py puts them there).
+BUNDLE_FOLDER = "_bundle"
+
+
 def repository_root() -> Path:
-    """The checkout this package runs from (llmtrain/ sits at the repository root)."""
+    """The folder holding the platform's files (`templates/`, `training_jobs/`, `examples/`).
+
+    Installed from a wheel, that is the copy bundled as package data (`llmtrain/_bundle/`, laid out
+    as in the repository); in a checkout (an editable install, tests) it is the repository itself,
+    so a change to the live tree is seen at once.
+    """
+    bundled = resources.files("llmtrain").joinpath(BUNDLE_FOLDER)
+    if bundled.is_dir():
+        return Path(str(bundled))
     return Path(__file__).resolve().parent.parent
 
 

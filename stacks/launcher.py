@@ -12,6 +12,7 @@ from llmtrain.environments import EnvironmentConfig, StackOutput
 from llmtrain.launcher_client import LAUNCHER_STACK_PART, LauncherOutput
 from stacks._outputs import output
 from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage
+from training_constructs.deployed_environment import DeployedEnvironmentProps, DeployedEnvironmentRecord
 from training_constructs.job_template import JobTemplate
 from training_constructs.launcher import TrainingLauncher
 from training_constructs.teams import TeamSpec
@@ -37,10 +38,13 @@ class LauncherStack(Stack):
     enabled template.
 
     Every version stays runnable (`name@1.0.0`, `name@latest`): each one's code is uploaded to the
-    code bucket once, and each team's registry holds the versions of the templates it may run.
-    Attributes: ``launchers`` (by team), ``job_templates`` (by `name@version`). Outputs: per team
-    `Team<Name>StateMachineArn` and `Team<Name>NotificationTopicArn`; with a single team also the
-    bare `StateMachineArn` and `NotificationTopicArn`.
+    code bucket once, and each team's registry holds the versions of the templates it may run. The
+    environment's record for the CLI (SSM, `/llmtrain/<env>/`, one entry per team) is written here
+    too, readable by every team's engineers' policy.
+    Attributes: ``launchers`` (by team), ``job_templates`` (by `name@version`),
+    ``environment_record``. Outputs: per team `Team<Name>StateMachineArn` and
+    `Team<Name>NotificationTopicArn`; with a single team also the bare `StateMachineArn` and
+    `NotificationTopicArn`.
     """
 
     def __init__(
@@ -79,6 +83,15 @@ class LauncherStack(Stack):
         self.launchers = {
             team.name: self._launcher(config, team, network, storage, access) for team in teams
         }
+        record = DeployedEnvironmentProps.for_launchers(
+            list(self.launchers.values()),
+            environment_name=config.name,
+            job_name_prefix=config.job_name_prefix,
+            enabled_templates=config.enabled_templates,
+        )
+        self.environment_record = DeployedEnvironmentRecord(self, "DeployedEnvironment", props=record)
+        for team_access in access.teams.values():
+            self.environment_record.grant_read(team_access.engineer_policy)
 
     def _launcher(
         self,
@@ -107,7 +120,7 @@ class LauncherStack(Stack):
         )
         for key, value, description in (
             (LauncherOutput.STATE_MACHINE_ARN, launcher.state_machine.state_machine_arn,
-             f"Team {team.name} starts runs here (llmtrain start finds it by this output)"),
+             f"Team {team.name} starts runs here"),
             (LauncherOutput.TOPIC_ARN, launcher.topic.topic_arn,
              f"Team {team.name}'s run summaries (success and failure) are published here"),
         ):

@@ -1,40 +1,142 @@
-"""Arguments several command groups share: the environment, and `--set KEY=VALUE` overrides."""
+"""What several command groups share: the deployed environment of the cloud commands, the
+configured environment of `render` and `quotas`, `--set KEY=VALUE` overrides, and plain tables."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import boto3
+
+from llmtrain.aws import aws_session, caller_identity, explained, session_region
+from llmtrain.deployed import DeployedEnvironment, TeamAccess, read_deployed_environment, team_name_problem
 from llmtrain.environments import EnvironmentConfig, EnvironmentConfigError, load_environment
-from llmtrain.errors import LlmtrainError, OverrideError
+from llmtrain.errors import LlmtrainError
 from llmtrain.sourcedir import repository_root
 
+DEFAULT_ENVIRONMENT = "dev"
 
-def add_environment_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--env", default="dev", help="environment: config/<ENV>.yaml (default: dev)")
+# -- the deployed environment (cloud commands) ----------------------------------------------------------
+
+
+def add_cloud_arguments(parser: argparse.ArgumentParser, *, team: bool = True) -> None:
+    """--env, --region, --profile (and --team): where a cloud command finds the platform."""
+    parser.add_argument(
+        "--env",
+        default=DEFAULT_ENVIRONMENT,
+        help=f"the deployed environment (default: {DEFAULT_ENVIRONMENT})",
+    )
+    parser.add_argument(
+        "--region", default=None, help="the environment's AWS region (default: AWS_REGION or your profile's)"
+    )
+    parser.add_argument("--profile", default=None, help="the AWS profile to use (default: AWS_PROFILE)")
+    if team:
+        parser.add_argument(
+            "--team", default=None, help="your team (required where the environment has several teams)"
+        )
+
+
+@dataclass(frozen=True)
+class Cloud:
+    """A cloud command's view of AWS: the session, who is calling, the environment and team."""
+
+    session: boto3.Session
+    identity: dict[str, Any]
+    deployed: DeployedEnvironment
+    team: TeamAccess
+
+
+def connect(args: argparse.Namespace) -> Cloud:
+    """Check the credentials, then read the environment `--env` from AWS (llmtrain.deployed) and pick
+    the team: `--team`, or the environment's only team."""
+    team = getattr(args, "team", None)
+    problem = team_name_problem(team) if team is not None else None
+    if problem:  # before any AWS call
+        raise LlmtrainError(problem)
+    session = aws_session(args.profile)
+    region = session_region(session, args.region)
+    identity = caller_identity(session, region)
+    with explained(f"reading environment {args.env!r} from SSM Parameter Store in {region}"):
+        deployed = read_deployed_environment(session, args.env, region)
+    return Cloud(session=session, identity=identity, deployed=deployed, team=deployed.team(team))
+
+
+def follow_up_options(args: argparse.Namespace, cloud: Cloud) -> str:
+    """The options that point a follow-up command at the same environment and team."""
+    parts = [f" --env {cloud.deployed.environment}"]
+    if getattr(args, "region", None):
+        parts.append(f" --region {args.region}")
+    if getattr(args, "profile", None):
+        parts.append(f" --profile {args.profile}")
+    if getattr(args, "team", None):
+        parts.append(f" --team {args.team}")
+    return "".join(parts)
+
+
+# -- the configured environment (render, quotas) ---------------------------------------------------------
+
+
+def add_environment_arguments(
+    parser: argparse.ArgumentParser, *, default: str | None = DEFAULT_ENVIRONMENT
+) -> None:
+    parser.add_argument(
+        "--env",
+        default=default,
+        help=f"environment: config/<ENV>.yaml of the platform's repository (default: {default or 'none'})",
+    )
     parser.add_argument(
         "--config-dir", type=Path, default=None, help="folder of environment files (default: config/)"
     )
 
 
+def config_folder(args: argparse.Namespace) -> Path:
+    return args.config_dir or repository_root() / "config"
+
+
 def environment_of(args: argparse.Namespace) -> EnvironmentConfig:
     """The environment named by `--env` (and `--config-dir`), or an error listing the known ones."""
-    folder = args.config_dir or repository_root() / "config"
-    path = folder / f"{args.env}.yaml"
+    folder = config_folder(args)
+    name = args.env or DEFAULT_ENVIRONMENT
+    path = folder / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in folder.glob("*.yaml"))) or "none"
-        raise LlmtrainError(f"--env {args.env}: no {path}; environments: {known}")
+        raise LlmtrainError(
+            f"--env {name}: no {path}; environments: {known} (environment files live in the platform's "
+            "repository: pass --config-dir)"
+        )
     try:
         return load_environment(path)
     except EnvironmentConfigError as error:
         raise LlmtrainError(str(error)) from error
 
 
+# -- overrides ------------------------------------------------------------------------------------------
+
+
+class _OverrideAction(argparse.Action):
+    """Collects `--set KEY=VALUE`; `--set KEY VALUE` (a space for the '=') is a usage error at once."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        key, sep, _ = value.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentError(
+                self,
+                f"{value!r} is not KEY=VALUE: write the setting and its value with '=' and no spaces, "
+                f"e.g. --set {key.strip() or 'max_steps'}=100",
+            )
+        items = list(getattr(namespace, self.dest, None) or [])
+        items.append(value)
+        setattr(namespace, self.dest, items)
+
+
 def add_overrides_argument(parser: argparse.ArgumentParser, *, dest: str = "overrides") -> None:
     parser.add_argument(
         "--set",
         dest=dest,
-        action="append",
+        action=_OverrideAction,
         default=[],
         metavar="KEY=VALUE",
         help="override a setting the template allows (repeatable)",
@@ -44,8 +146,16 @@ def add_overrides_argument(parser: argparse.ArgumentParser, *, dest: str = "over
 def parse_overrides(items: list[str]) -> dict[str, str]:
     overrides = {}
     for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise OverrideError(item, "write overrides as --set KEY=VALUE, e.g. --set max_steps=100")
+        key, _, value = item.partition("=")
         overrides[key.strip()] = value
     return overrides
+
+
+# -- output ---------------------------------------------------------------------------------------------
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Columns padded to their widest cell, as plain text (readable in a pipe or a log)."""
+    widths = [max(len(row[i]) for row in (headers, *rows)) for i in range(len(headers))]
+    for row in (headers, *rows):
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

@@ -1,34 +1,49 @@
 """`llmtrain start | status | stop | logs`: start a run on the deployed launcher and follow it.
 
-    llmtrain start NAME[@VERSION] --run-name R [--set KEY=VALUE ...] [--env ENV] [--wait]
-    llmtrain status R [--env ENV] [--json]
-    llmtrain stop R [--env ENV]
-    llmtrain logs R [--env ENV] [--attempt N] [--limit N]
+    llmtrain start NAME[@VERSION] --run-name R [--set KEY=VALUE ...] [--env ENV] [--team T] [--wait]
+    llmtrain status R [--env ENV] [--team T] [--json]
+    llmtrain stop R [--env ENV] [--team T]
+    llmtrain logs R [--env ENV] [--team T] [--attempt N] [--limit N]
 
-The launcher of environment ENV (config/<ENV>.yaml) is found through its stack's output
-`StateMachineArn` (llmtrain.launcher_client); `--state-machine-arn` skips that lookup. AWS
-credentials come from the usual places (AWS_PROFILE, `aws sso login`, ...).
+`--team` picks the team's launcher; without it, the environment's only team (an environment of
+several teams asks for it). `start` checks the run in two rounds before it starts anything. First
+on this machine, without AWS credentials: the template and version exist, every override is one
+the template allows and within its bounds, and the request renders and validates (exit 2 and what
+to fix, with "did you mean" for a misspelled name). Then against the deployed environment, read
+from AWS (llmtrain.deployed): the template is enabled, the request renders with the team's platform
+context (its templates, instance types and count, channels inside its datasets prefix), and every
+channel holds data. Only then does it start an execution of the team's launcher
+(llmtrain.launcher_client), with the launcher's own input record (llmtrain.runs.ExecutionInput).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
+from collections.abc import Mapping
 
-import boto3
-
+from llmtrain.catalog import Catalog
 from llmtrain.commands._common import (
-    add_environment_arguments,
+    Cloud,
+    add_cloud_arguments,
     add_overrides_argument,
-    environment_of,
+    connect,
+    follow_up_options,
     parse_overrides,
 )
-from llmtrain.environments import EnvironmentConfig
-from llmtrain.launcher_client import LauncherClient, RunStatus, owner_from_identity
+from llmtrain.datasets import channel_problems
+from llmtrain.errors import LlmtrainError, OverrideError, did_you_mean
+from llmtrain.launcher_client import FINISHED, LauncherClient, RunStatus, owner_from_identity
+from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
+from llmtrain.render import RunInput, coerce_override, render
+from llmtrain.spec import CHANNEL_SETTING_PREFIX, TemplateSpec
 
-FINISHED = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
+
+class RunRejected(LlmtrainError):
+    """The run cannot start as asked; nothing was started."""
 
 
 def register(subparsers) -> None:
@@ -36,13 +51,17 @@ def register(subparsers) -> None:
         subparsers,
         "start",
         "start a training run on the deployed launcher",
-        "Start an execution of the environment's launcher state machine for one run of a "
-        "template version. The run name names the execution and the training jobs.",
+        "Check a run of a template version here and against the deployed environment, then start it "
+        "on your team's launcher. The run name names the training jobs; a run that failed can be "
+        "started again under its name and resumes from its checkpoints.",
     )
     start.add_argument("ref", metavar="NAME[@VERSION]", help="template name, optionally @VERSION or @latest")
     start.add_argument("--run-name", required=True, help="the run's name, unique per environment")
     add_overrides_argument(start)
     start.add_argument("--wait", action="store_true", help="wait for the run to end and print its summary")
+    start.add_argument(
+        "--dry-run", action="store_true", help="check everything and print the request; start nothing"
+    )
     start.add_argument("--poll-seconds", type=float, default=30.0, help=argparse.SUPPRESS)
     start.set_defaults(handler=start_command)
 
@@ -50,8 +69,8 @@ def register(subparsers) -> None:
         subparsers,
         "status",
         "show a run: execution and job status, latest metrics",
-        "Show the run's execution, its training jobs (one per attempt) and the latest job's "
-        "status and metrics; for a finished run, its summary.",
+        "Show the run's latest execution, its training jobs (one per attempt) and the latest job's "
+        "status and metrics; for a finished run, its summary; for a failed run, how to continue it.",
     )
     status.add_argument("run_name", metavar="RUN")
     status.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -82,45 +101,120 @@ def register(subparsers) -> None:
 
 def _parser(subparsers, name: str, summary: str, description: str) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(name, help=summary, description=description)
-    add_environment_arguments(parser)
-    parser.add_argument(
-        "--state-machine-arn", default=None, help="use this launcher instead of the launcher stack's output"
-    )
+    add_cloud_arguments(parser)
     return parser
 
 
-# -- commands -------------------------------------------------------------------------------------------
+# -- start ----------------------------------------------------------------------------------------------
 
 
 def start_command(args: argparse.Namespace) -> int:
-    environment = environment_of(args)
-    client = _client(args, environment)
-    execution = client.start(
-        template_ref=args.ref,
-        run_name=args.run_name,
-        overrides=parse_overrides(args.overrides),
-        owner=owner_from_identity(client.identity),
+    overrides = parse_overrides(args.overrides)
+    template = check_locally(Catalog.load(), args.ref, args.run_name, overrides)
+    cloud = connect(args)
+    request = check_in_environment(cloud, template, args.run_name, overrides)
+    ref = template.ref  # the version checked here is the version that runs
+    if args.dry_run:
+        print(json.dumps(request, indent=2))
+        print(
+            f"llmtrain start: dry run: {ref} for run {args.run_name!r} passed every check; nothing started",
+            file=sys.stderr,
+        )
+        return 0
+    client = LauncherClient.for_team(
+        cloud.deployed, cloud.team, session=cloud.session, identity=cloud.identity
     )
-    print(f"started run {args.run_name}: {execution['executionArn']}")
+    execution, previous = client.start(
+        template_ref=ref,
+        run_name=args.run_name,
+        overrides=overrides,
+        owner=owner_from_identity(cloud.identity),
+    )
+    where = follow_up_options(args, cloud)
+    if previous is not None:
+        print(
+            f"continuing run {args.run_name}: its last execution {previous['name']} ended "
+            f"{previous['status']}; "
+            "the launcher starts the next attempt, which resumes from the run's latest checkpoint"
+        )
+    print(f"started run {args.run_name} ({template.ref}): execution {execution['executionArn']}")
     if not args.wait:
-        print(f"follow it with `llmtrain status {args.run_name} --env {environment.name}`")
+        print(f"follow it with `llmtrain status {args.run_name}{where}`")
         return 0
     while client.find_execution(args.run_name)["status"] not in FINISHED:
         time.sleep(args.poll_seconds)
     status = client.status(args.run_name)
-    print(format_status(status))
+    print(format_status(status, where))
     return 0 if status.execution_status == "SUCCEEDED" else 1
 
 
+def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[str, str]) -> TemplateSpec:
+    """Everything about the run that needs no AWS: the template, the overrides, the request's rules.
+
+    Where a channel may read (the team's datasets prefix) is the environment's to say: channels are
+    checked here for their form (an S3 URI), then against the team in `check_in_environment`."""
+    template = catalog.resolve(ref)
+    for setting, value in overrides.items():
+        if setting not in template.overridable:
+            allowed = ", ".join(sorted(template.overridable))
+            raise OverrideError(
+                setting,
+                f"{template.ref} does not allow overriding it{did_you_mean(setting, template.overridable)}; "
+                f"it allows: {allowed}",
+            )
+        coerce_override(template, setting, value)
+    stand_in = PlatformContext.placeholder(
+        environment="check",
+        account="000000000000",
+        region="us-east-1",
+        resource_prefix="llmtrain",
+        warm_pool_cap_seconds=MAX_KEEP_ALIVE_SECONDS,
+    )
+    settings = {k: v for k, v in overrides.items() if not k.startswith(CHANNEL_SETTING_PREFIX)}
+    render(template, RunInput(run_name=run_name, overrides=settings), stand_in)
+    return template
+
+
+def check_in_environment(
+    cloud: Cloud, template: TemplateSpec, run_name: str, overrides: Mapping[str, str]
+) -> dict:
+    """What depends on the deployment: the template enabled, the request rendered with the team's
+    platform context (its templates, instance types and count, warm-pool cap, run-name length, channels
+    inside its datasets prefix), and every channel holding data."""
+    deployed, team = cloud.deployed, cloud.team
+    if template.name not in deployed.enabled_templates:
+        raise RunRejected(
+            f"template {template.name!r} is not enabled in environment {deployed.environment!r}"
+            f"{did_you_mean(template.name, deployed.enabled_templates)}; it offers: "
+            f"{', '.join(deployed.enabled_templates)}"
+        )
+    request = render(template, RunInput(run_name=run_name, overrides=dict(overrides)), team.platform)
+    problems = channel_problems(cloud.session.client("s3", region_name=deployed.region), team, request)
+    if problems:
+        raise RunRejected(
+            "the run's data is not where it must be:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
+    return request
+
+
+# -- status, stop, logs ---------------------------------------------------------------------------------
+
+
 def status_command(args: argparse.Namespace) -> int:
-    status = _client(args, environment_of(args)).status(args.run_name)
-    print(json.dumps(status.to_dict(), indent=2, default=str) if args.json else format_status(status))
+    cloud = connect(args)
+    status = _client(cloud).status(args.run_name)
+    print(
+        json.dumps(status.to_dict(), indent=2, default=str)
+        if args.json
+        else format_status(status, follow_up_options(args, cloud))
+    )
     return 0
 
 
 def stop_command(args: argparse.Namespace) -> int:
-    client = _client(args, environment_of(args))
-    execution = client.stop(args.run_name, by=owner_from_identity(client.identity))
+    cloud = connect(args)
+    client = _client(cloud)
+    execution = client.stop(args.run_name, by=owner_from_identity(cloud.identity))
     jobs = client.jobs(args.run_name)
     job = f"; Step Functions stops training job {jobs[-1]['job_name']}" if jobs else ""
     print(f"stopping run {args.run_name} ({execution['executionArn']}){job}")
@@ -128,8 +222,7 @@ def stop_command(args: argparse.Namespace) -> int:
 
 
 def logs_command(args: argparse.Namespace) -> int:
-    client = _client(args, environment_of(args))
-    events = client.logs(args.run_name, attempt=args.attempt, limit=args.limit)
+    events = _client(connect(args)).logs(args.run_name, attempt=args.attempt, limit=args.limit)
     if not events:
         print(f"no log events yet for run {args.run_name}", file=sys.stderr)
     for event in events:
@@ -138,14 +231,16 @@ def logs_command(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- helpers ------------------------------------------------------------------------------------------
+# -- helpers --------------------------------------------------------------------------------------------
 
 
-def format_status(status: RunStatus) -> str:
+def format_status(status: RunStatus, where: str = "") -> str:
     lines = [
         f"run {status.run_name}: execution {status.execution_status} (started {status.started}"
         + (f", ended {status.stopped})" if status.stopped else ")")
     ]
+    if len(status.executions) > 1:
+        lines.append(f"executions: {', '.join(status.executions)}")
     if status.job:
         job = status.job
         lines.append(
@@ -169,10 +264,28 @@ def format_status(status: RunStatus) -> str:
     elif status.error:
         lines.append("")
         lines.append(f"{status.error}: {status.cause}")
+    if status.continuable and status.run_input.get("template"):
+        lines.append("")
+        lines.append(
+            f"continue this run under its name (it resumes from its latest checkpoint): "
+            f"{continue_command(status, where)}"
+        )
     return "\n".join(lines)
 
 
-def _client(args: argparse.Namespace, environment: EnvironmentConfig) -> LauncherClient:
-    return LauncherClient.discover(
-        environment, session=boto3.Session(), state_machine_arn=args.state_machine_arn
+def continue_command(status: RunStatus, where: str = "") -> str:
+    """The `llmtrain start` that continues a run: its template version and overrides, as started."""
+    run_input = status.run_input
+    ref = f"{run_input['template']}@{run_input.get('version') or 'latest'}"
+    sets = "".join(
+        f" --set {shlex.quote(f'{k}={_plain(v)}')}" for k, v in (run_input.get("overrides") or {}).items()
     )
+    return f"llmtrain start {ref} --run-name {status.run_name}{sets}{where}"
+
+
+def _plain(value) -> str:
+    return json.dumps(value) if isinstance(value, bool | dict | list) or value is None else str(value)
+
+
+def _client(cloud: Cloud) -> LauncherClient:
+    return LauncherClient.for_team(cloud.deployed, cloud.team, session=cloud.session, identity=cloud.identity)

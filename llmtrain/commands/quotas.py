@@ -16,12 +16,12 @@ from pathlib import Path
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from llmtrain.aws import caller_identity
 from llmtrain.catalog import Catalog
-from llmtrain.commands._common import environment_of
+from llmtrain.commands._common import environment_of, print_table
 from llmtrain.environments import EnvironmentConfig
 from llmtrain.errors import LlmtrainError
 from llmtrain.handlers.quotas import QuotaCache, QuotaUsage, collect_usage, template_instance_types
-from llmtrain.launcher_client import caller_identity
 
 _HEADERS = ("INSTANCE TYPE", "USAGE", "IN USE", "QUOTA", "UTILISATION", "")
 
@@ -48,7 +48,7 @@ def quotas_command(args: argparse.Namespace) -> int:
     catalog = Catalog.load(args.catalog)
     templates = [t for t in catalog.all() if t.name in environment.enabled_templates]
     session = boto3.Session()
-    identity = caller_identity(session, environment)
+    identity = caller_identity(session, environment.region)
     if identity["Account"] != environment.account:
         raise LlmtrainError(
             f"your AWS credentials are for account {identity['Account']} but environment "
@@ -90,9 +90,7 @@ def _print_table(usages: list[QuotaUsage], threshold: float, environment: Enviro
         )
         for u in usages
     ]
-    widths = [max(len(row[i]) for row in (_HEADERS, *rows)) for i in range(len(_HEADERS))]
     print(f"Environment {environment.name} (account {environment.account}, {environment.region})")
-    for row in (_HEADERS, *rows):
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    print_table(_HEADERS, rows)
 
 

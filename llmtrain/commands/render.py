@@ -1,9 +1,14 @@
 """`llmtrain render`: print the CreateTrainingJob request a run of a template would send.
 
-The platform context (role, buckets, network) comes from the deployed stacks' outputs when given
-(`--outputs`, the file `cdk deploy --outputs-file` writes; or `--platform`, a PlatformContext JSON).
-Without them the request is a dry run: placeholder ARNs and ids built from `config/<env>.yaml`,
-correct in shape and validated, but not launchable; a note on stderr says so.
+It renders as one team of the environment (`--team`, or the environment's only team): with the
+team's job-name prefix, limits (templates, instance types and count, warm-pool cap) and data under
+`teams/<team>/`, where a template's default channels resolve. The platform context (role, buckets,
+network) comes from the deployed stacks' outputs when given (`--outputs`, the file
+`cdk deploy --outputs-file` writes; or `--platform`, a PlatformContext JSON, whose team it is).
+Without them the request is a dry run: placeholder ARNs and ids built from `config/<env>.yaml`
+(in the platform's repository) or, where there is no environment file (llmtrain installed with
+pip), from a stand-in environment; correct in shape and validated, but not launchable; a note on
+stderr says so. `llmtrain start --dry-run` renders against a deployed environment instead.
 """
 
 from __future__ import annotations
@@ -16,14 +21,17 @@ from pathlib import Path
 
 from llmtrain.catalog import Catalog
 from llmtrain.commands._common import (
+    DEFAULT_ENVIRONMENT,
     add_environment_arguments,
     add_overrides_argument,
+    config_folder,
     environment_of,
     parse_overrides,
 )
-from llmtrain.environments import EnvironmentConfig, StackOutput
+from llmtrain.deployed import team_name_problem
+from llmtrain.environments import EnvironmentConfig, EnvironmentConfigError, StackOutput, TeamConfig
 from llmtrain.errors import LlmtrainError, PlatformContextError
-from llmtrain.platform import PlatformContext
+from llmtrain.platform import DEFAULT_TEAM, MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, render
 
 
@@ -37,7 +45,10 @@ def register(subparsers) -> None:
     parser.add_argument("ref", metavar="NAME[@VERSION]", help="template name, optionally @VERSION or @latest")
     parser.add_argument("--run-name", required=True, help="the run's name (part of the job name)")
     add_overrides_argument(parser)
-    add_environment_arguments(parser)
+    add_environment_arguments(parser, default=None)
+    parser.add_argument(
+        "--team", default=None, help="render as this team (default: the environment's only team)"
+    )
     parser.add_argument("--catalog", type=Path, default=None, help="catalog folder (default: templates/)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--outputs", type=Path, help="stack outputs JSON from `cdk deploy --outputs-file`")
@@ -51,14 +62,19 @@ def register(subparsers) -> None:
 
 
 def render_command(args: argparse.Namespace) -> int:
+    if args.team is not None and team_name_problem(args.team):
+        raise LlmtrainError(team_name_problem(args.team))
     template = Catalog.load(args.catalog).resolve(args.ref)
-    environment = environment_of(args)
-    if template.name not in environment.enabled_templates:
-        raise LlmtrainError(
-            f"template {template.name!r} is not enabled in environment {environment.name!r}; "
-            f"add it to job_templates.enabled in {environment.source}"
-        )
-    platform = _platform(args, environment)
+    environment = _configured_environment(args)
+    if environment is None:
+        platform = _platform_without_configuration(args)
+    else:
+        if template.name not in environment.enabled_templates:
+            raise LlmtrainError(
+                f"template {template.name!r} is not enabled in environment {environment.name!r}; "
+                f"add it to job_templates.enabled in {environment.source}"
+            )
+        platform = _platform(args, environment, configured_team(environment, args.team))
     run = RunInput(
         run_name=args.run_name,
         overrides=parse_overrides(args.overrides),
@@ -68,27 +84,89 @@ def render_command(args: argparse.Namespace) -> int:
     )
     request = render(template, run, platform)
     if platform.dry_run:
+        source = environment.source if environment else "a stand-in environment (no config/ folder here)"
         print(
             f"llmtrain render: dry run: role, buckets, key and network ids are placeholders built from "
-            f"{environment.source}; pass --outputs for a launchable request",
+            f"{source}; pass --outputs or --platform, or use `llmtrain start --dry-run`, for a launchable "
+            "request",
             file=sys.stderr,
         )
     print(json.dumps(request, indent=2))
     return 0
 
 
-def _platform(args: argparse.Namespace, env: EnvironmentConfig) -> PlatformContext:
+def _configured_environment(args: argparse.Namespace) -> EnvironmentConfig | None:
+    """config/<env>.yaml when there is an environments folder (or --env asks for one), else None."""
+    if args.env is None and args.config_dir is None and not config_folder(args).is_dir():
+        return None
+    return environment_of(args)
+
+
+def configured_team(environment: EnvironmentConfig, name: str | None) -> TeamConfig:
+    """The team `name` of the environment file, or its only team."""
+    if name is None:
+        if len(environment.teams) == 1:
+            return environment.teams[0]
+        raise LlmtrainError(
+            f"environment {environment.name!r} has several teams "
+            f"({', '.join(t.name for t in environment.teams)}): choose one with --team"
+        )
+    try:
+        return environment.team(name)
+    except EnvironmentConfigError as error:
+        raise LlmtrainError(str(error)) from error
+
+
+def _platform_without_configuration(args: argparse.Namespace) -> PlatformContext:
     if args.platform:
-        return PlatformContext.from_dict(_read_json(args.platform))
+        return _given_platform(args)
     if args.outputs:
-        return platform_from_outputs(_read_json(args.outputs), env)
+        raise LlmtrainError("--outputs needs the environment's file: pass --env and --config-dir")
+    return PlatformContext.placeholder(
+        environment=DEFAULT_ENVIRONMENT,
+        account="111111111111",
+        region="us-east-1",
+        resource_prefix=f"llmtrain-{DEFAULT_ENVIRONMENT}",
+        warm_pool_cap_seconds=MAX_KEEP_ALIVE_SECONDS,
+        team=args.team or DEFAULT_TEAM,
+    )
+
+
+def _platform(args: argparse.Namespace, env: EnvironmentConfig, team: TeamConfig) -> PlatformContext:
+    if args.platform:
+        return _given_platform(args)
+    if args.outputs:
+        return platform_from_outputs(_read_json(args.outputs), env, team)
     return PlatformContext.placeholder(
         environment=env.name,
         account=env.account,
         region=env.region,
         resource_prefix=env.job_name_prefix,
-        warm_pool_cap_seconds=env.warm_pools.max_keep_alive_seconds,
+        **team_platform_fields(env, team),
     )
+
+
+def _given_platform(args: argparse.Namespace) -> PlatformContext:
+    platform = PlatformContext.from_dict(_read_json(args.platform))
+    if args.team is not None and args.team != platform.team:
+        raise LlmtrainError(
+            f"--team {args.team}: {args.platform} is the platform context of team {platform.team!r}"
+        )
+    return platform
+
+
+def team_platform_fields(env: EnvironmentConfig, team: TeamConfig) -> dict:
+    """What a team's PlatformContext takes from the environment file, as the stacks set it (a team
+    without `instance_types` may use every type its templates run on: no limit beyond theirs)."""
+    return {
+        "team": team.name,
+        "job_name_prefix": team.job_name_prefix,
+        "warm_pool_cap_seconds": team.max_keep_alive_seconds,
+        "allowed_templates": team.templates,
+        "allowed_instance_types": team.instance_types or (),
+        "max_instance_count": team.max_instance_count,
+        "inter_container_traffic_encryption": env.network.inter_container_traffic_encryption,
+    }
 
 
 def _read_json(path: Path) -> Mapping:
@@ -98,8 +176,8 @@ def _read_json(path: Path) -> Mapping:
         raise PlatformContextError(f"cannot read {path} as JSON: {error}") from error
 
 
-def platform_from_outputs(outputs: Mapping, env: EnvironmentConfig) -> PlatformContext:
-    """Build the context from the outputs of this environment's stacks (environments.StackOutput)."""
+def platform_from_outputs(outputs: Mapping, env: EnvironmentConfig, team: TeamConfig) -> PlatformContext:
+    """Build the team's context from the outputs of this environment's stacks (environments.StackOutput)."""
     merged: dict[str, str] = {}
     for stack, values in outputs.items():
         if isinstance(values, Mapping) and stack.startswith(env.stack_name("")):
@@ -113,11 +191,15 @@ def platform_from_outputs(outputs: Mapping, env: EnvironmentConfig) -> PlatformC
             )
         return merged[name]
 
+    # The team's own key; an environment of one team publishes the bare key too (as before teams).
+    role_key = StackOutput.team_output(team.name, StackOutput.EXECUTION_ROLE_ARN)
+    if role_key not in merged and len(env.teams) == 1:
+        role_key = StackOutput.EXECUTION_ROLE_ARN
     return PlatformContext(
         environment=env.name,
         region=env.region,
         account=env.account,
-        execution_role_arn=output(StackOutput.EXECUTION_ROLE_ARN),
+        execution_role_arn=output(role_key),
         datasets_bucket=output(StackOutput.DATASETS_BUCKET),
         checkpoints_bucket=output(StackOutput.CHECKPOINTS_BUCKET),
         artifacts_bucket=output(StackOutput.ARTIFACTS_BUCKET),
@@ -125,6 +207,5 @@ def platform_from_outputs(outputs: Mapping, env: EnvironmentConfig) -> PlatformC
         kms_key_arn=output(StackOutput.KEY_ARN),
         subnet_ids=tuple(s.strip() for s in output(StackOutput.SUBNET_IDS).split(",") if s.strip()),
         security_group_ids=(output(StackOutput.SECURITY_GROUP_ID),),
-        warm_pool_cap_seconds=env.warm_pools.max_keep_alive_seconds,
-        job_name_prefix=env.job_name_prefix,
+        **team_platform_fields(env, team),
     )

@@ -8,17 +8,26 @@ local platform context), then runs it on this machine the way the SageMaker cont
 from __future__ import annotations
 
 import argparse
+from importlib import metadata
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
 from rich.console import Console
 from rich.text import Text
 
 from llmtrain.catalog import DEFAULT_TEMPLATE, Catalog
 from llmtrain.commands._common import add_overrides_argument, parse_overrides
+from llmtrain.errors import LlmtrainError
 from llmtrain.local import EXIT_CODES, LocalRunOptions, RunAlreadyTrained, next_attempt, run_local
 from llmtrain.local.data import parse_data_option
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, render
+from llmtrain.sourcedir import PLATFORM_PACKAGE, REQUIREMENTS, repository_root
+
+# What a local run needs besides the training program's requirements.txt: the toolkit of the
+# SageMaker PyTorch container (the `local` extra) and torch, which the container brings.
+LOCAL_RUN_PACKAGES = ("torch", "sagemaker-training", "sagemaker-pytorch-training")
+TORCH_CPU_INSTALL = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 
 LOCAL_ACCOUNT = "000000000000"
 LOCAL_REGION = "us-east-1"
@@ -92,6 +101,7 @@ def run_command(args: argparse.Namespace) -> int:
     request = render(template, run_input, local_platform_context())
     console.print(f"[bold cyan]llmtrain[/] rendered {template.ref} for run {args.run_name!r} "
                   f"(the request the launcher would send)")
+    require_local_run_packages()
     try:
         summary = run_local(request, catalog.sourcedir(template), options,
                             template_channels=template.inputs.channels, console=console)
@@ -103,3 +113,40 @@ def run_command(args: argparse.Namespace) -> int:
         console.print("[yellow]llmtrain[/] interrupted before the job started; nothing ran")
         return EXIT_CODES["Stopped"]
     return EXIT_CODES[summary["TrainingJobStatus"]]
+
+
+def require_local_run_packages() -> None:
+    """Refuse, naming the install commands, when this environment cannot run the job as the container
+    would: the toolkit runs `pip install -r requirements.txt` without an index, so every pin of the
+    training program must already be installed, and torch with it."""
+    requirements_file = repository_root() / PLATFORM_PACKAGE / REQUIREMENTS
+    wanted = [*LOCAL_RUN_PACKAGES, *_requirement_lines(requirements_file)]
+    missing = [problem for problem in map(_unmet, wanted) if problem]
+    if missing:
+        raise LlmtrainError(
+            "llmtrain run --local needs packages this Python environment lacks: " + ", ".join(missing) +
+            ".\nInstall torch first, its CPU build (an unpinned torch pulls a multi-GB CUDA build), then "
+            f"the rest:\n  {TORCH_CPU_INSTALL}\n  pip install 'llm-sagemaker-platform[local]'\n"
+            f"  DS_BUILD_OPS=0 pip install -r {requirements_file}"
+        )
+
+
+def _requirement_lines(path: Path) -> list[str]:
+    lines = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
+    return [line for line in lines if line]
+
+
+def _unmet(line: str) -> str | None:
+    try:
+        requirement = Requirement(line)
+    except InvalidRequirement:
+        return None  # pip options and the like: the toolkit's pip reads them, not us
+    if requirement.marker is not None and not requirement.marker.evaluate():
+        return None
+    try:
+        installed = metadata.version(requirement.name)
+    except metadata.PackageNotFoundError:
+        return f"{requirement} (not installed)"
+    if requirement.specifier and not requirement.specifier.contains(installed, prereleases=True):
+        return f"{requirement} (have {installed})"
+    return None

@@ -1,4 +1,8 @@
-"""`llmtrain templates`: list the catalog, show one version, and lock newly published versions."""
+"""`llmtrain templates`: list the catalog, show one version, and lock newly published versions.
+
+With `--env ENV` the list is what that deployed environment offers your team (read from AWS,
+llmtrain.deployed): the enabled templates the team may run, with the versions this llmtrain knows.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import json
 from pathlib import Path
 
 from llmtrain.catalog import DEFAULT_TEMPLATE, Catalog
+from llmtrain.commands._common import connect, print_table
 
 
 def register(subparsers) -> None:
@@ -17,6 +22,12 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list of objects instead of a table")
     parser.add_argument("--catalog", type=Path, default=None, help="catalog folder (default: templates/)")
+    parser.add_argument(
+        "--env", default=None, help="list what this deployed environment offers your team (read from AWS)"
+    )
+    parser.add_argument("--team", default=None, help="with --env: your team (required where it has several)")
+    parser.add_argument("--region", default=None, help="with --env: its AWS region (default: AWS_REGION)")
+    parser.add_argument("--profile", default=None, help="with --env: the AWS profile (default: AWS_PROFILE)")
     parser.set_defaults(handler=list_templates)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
 
@@ -56,6 +67,16 @@ def _rows(catalog: Catalog) -> list[dict]:
 
 def list_templates(args: argparse.Namespace) -> int:
     rows = _rows(Catalog.load(args.catalog))
+    if args.env is not None:
+        cloud = connect(args)
+        offered = set(cloud.deployed.enabled_templates) & set(
+            cloud.team.allowed_templates or cloud.deployed.enabled_templates
+        )
+        rows = [row for row in rows if row["name"] in offered]
+        if not args.json:
+            deployed = cloud.deployed
+            print(f"environment {deployed.environment} ({deployed.account}, {deployed.region}), "
+                  f"team {cloud.team.name}:")
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -71,9 +92,7 @@ def list_templates(args: argparse.Namespace) -> int:
         )
         for r in rows
     ]
-    widths = [max(len(row[i]) for row in (headers, *table)) for i in range(len(headers))]
-    for row in (headers, *table):
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    print_table(headers, table)
     return 0
 
 

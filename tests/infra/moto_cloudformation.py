@@ -10,14 +10,16 @@ What the test supplies, because moto cannot do it, each said where it happens:
 - Custom resources (the JobTemplates' uploads, the VPC's default-security-group cleanup) run their
   provider Lambda in Docker in moto. `deploy_stage` answers each one with SUCCESS instead, after
   moto created the rest of its stack.
-- Two spots where moto's CloudFormation models differ from CloudFormation (`_moto_compatible`): an
+- Three spots where moto's CloudFormation models differ from CloudFormation (`_moto_compatible`): an
   `AWS::KMS::Key`'s tags are read in the KMS API's shape (TagKey/TagValue) rather than
-  CloudFormation's (Key/Value), and a security-group rule for IP protocol 50 (ESP) needs ports, which
-  EC2 ignores for that protocol. The copy deployed is changed in exactly those places.
+  CloudFormation's (Key/Value), an `AWS::SSM::Parameter`'s tags as a list of Key/Value pairs rather
+  than CloudFormation's map of key to value, and a security-group rule for IP protocol 50 (ESP)
+  needs ports, which EC2 ignores for that protocol. The copy deployed is changed in exactly those places.
 - moto's IAM enforcement asks each service for the resource of a request; Step Functions' and
   SageMaker's responses in moto do not say it (every request is "*", which no scoped policy matches).
   `iam_enforced` supplies it from the request's parameters, as AWS's own authorization does: the
-  state machine or execution ARN, the training job's ARN (names lowercased, as SageMaker's ARNs are).
+  state machine or execution ARN, the training job's ARN (names lowercased, as SageMaker's ARNs are),
+  and likewise for SSM Parameter Store, the parameter's (or the path's) ARN.
 
 moto ignores IAM condition keys (it evaluates Action and Resource only), and skips resource types it
 does not model (CloudWatch alarms, bucket and topic policies, SNS subscriptions, security-group
@@ -43,6 +45,7 @@ from moto.awslambda.models import LambdaFunction
 from moto.cloudformation import cloudformation_backends
 from moto.core.authorization import ActionAuthenticatorMixin
 from moto.sagemaker.responses import SageMakerResponse
+from moto.ssm.responses import SimpleSystemManagerResponse
 from moto.stepfunctions.responses import StepFunctionResponse
 
 BOOTSTRAP_VERSION_PARAMETER = "/cdk-bootstrap/hnb659fds/version"
@@ -135,11 +138,13 @@ def _zipped(folder: Path) -> bytes:
 
 
 def _moto_compatible(template: dict[str, Any]) -> dict[str, Any]:
-    """The two changes moto's CloudFormation models need (see the module's docstring)."""
+    """The three changes moto's CloudFormation models need (see the module's docstring)."""
     for resource in template["Resources"].values():
         properties = resource.get("Properties", {})
         if resource["Type"] == "AWS::KMS::Key" and "Tags" in properties:
             properties["Tags"] = [{"TagKey": t["Key"], "TagValue": t["Value"]} for t in properties["Tags"]]
+        if resource["Type"] == "AWS::SSM::Parameter" and isinstance(properties.get("Tags"), dict):
+            properties["Tags"] = [{"Key": key, "Value": value} for key, value in properties["Tags"].items()]
         rule_types = ("AWS::EC2::SecurityGroupIngress", "AWS::EC2::SecurityGroupEgress")
         if resource["Type"] in rule_types and properties.get("IpProtocol") == "50":
             properties.setdefault("FromPort", -1)
@@ -174,12 +179,21 @@ def _sagemaker_resource(self: SageMakerResponse) -> str:
     return f"arn:aws:sagemaker:{self.region}:{self.current_account}:training-job/{name.lower()}"
 
 
+def _ssm_resource(self: SimpleSystemManagerResponse) -> str:
+    body = json.loads(self.body or "{}")
+    name = body.get("Path") or body.get("Name") or next(iter(body.get("Names") or []), None)
+    if not name:
+        return "*"
+    return f"arn:aws:ssm:{self.region}:{self.current_account}:parameter/{name.lstrip('/')}"
+
+
 @contextmanager
 def iam_enforced() -> Iterator[None]:
     """moto evaluates every request's identity policies while inside (see the module's docstring)."""
     with (
         mock.patch.object(StepFunctionResponse, "_determine_resource", _step_functions_resource, create=True),
         mock.patch.object(SageMakerResponse, "_determine_resource", _sagemaker_resource, create=True),
+        mock.patch.object(SimpleSystemManagerResponse, "_determine_resource", _ssm_resource, create=True),
         mock.patch.object(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0),
         mock.patch.object(ActionAuthenticatorMixin, "request_count", 0),
     ):

@@ -25,6 +25,7 @@ from moto import mock_aws
 from moto_cloudformation import deploy_stage, iam_enforced
 
 from llmtrain.catalog import Catalog
+from llmtrain.cli import main
 from llmtrain.handlers.launcher import ENV_PLATFORM_CONTEXT
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, render
@@ -226,6 +227,53 @@ def test_a_teams_engineers_reach_only_its_jobs_and_data(deployed, team):
             lambda: engineer_s3.put_object(Bucket=datasets, Key=f"teams/{other}/up/part", Body=b"1")
         )
         assert not allowed(lambda: engineer_s3.delete_object(Bucket=datasets, Key=f"teams/{team}/up/part"))
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_a_teams_engineer_uploads_and_lists_its_datasets_with_the_cli(deployed, team, tmp_path, capsys):
+    """`llmtrain data upload|ls` and `templates --env` with nothing but the engineer's credentials: the
+    CLI reads the environment's record from SSM and uploads into the team's datasets prefix; the other
+    team's prefix is refused by IAM."""
+    other = OTHER[team]
+    dataset = tmp_path / "tokens"
+    (dataset / "train").mkdir(parents=True)
+    (dataset / "train" / "manifest.json").write_text("{}")
+    (dataset / "train" / "shard-00000.bin").write_bytes(bytes(range(256)) * 64)
+    datasets = deployed.bucket("datasets")
+    where = ("--env", ENVIRONMENT, "--region", deployed.region)
+
+    def llmtrain(*argv: str, who: str = "engineer") -> tuple[int, str, str]:
+        granted = deployed.sessions[(who, team)].get_credentials()
+        keys = {
+            "AWS_ACCESS_KEY_ID": granted.access_key,
+            "AWS_SECRET_ACCESS_KEY": granted.secret_key,
+            "AWS_SESSION_TOKEN": granted.token or "",
+        }
+        with mock.patch.dict(os.environ, keys), iam_enforced():
+            code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    # The record is the engineers' to read: the team's jobs (its execution role) may not. (moto answers
+    # a JSON-protocol denial with an XML body, which botocore reads as the code "403".)
+    code, _, err = llmtrain("data", "ls", *where, "--team", team, who="job")
+    assert code == 1 and f"reading environment '{ENVIRONMENT}'" in err
+    assert "not authorized to perform: ssm:GetParametersByPath" in err
+
+    code, out, err = llmtrain("data", "upload", str(dataset), "--name", f"{team}-set", *where, "--team", team)
+    assert code == 0, err
+    assert f"--set channels.train=s3://{datasets}/teams/{team}/{team}-set/train/" in out
+    assert f"--team {team}" in out
+    code, out, _ = llmtrain("data", "ls", *where, "--team", team, "--json")
+    assert (f"{team}-set", True) in [(d["name"], d["complete"]) for d in json.loads(out)]
+    code, out, _ = llmtrain("templates", *where, "--team", team, "--json")
+    assert {row["name"] for row in json.loads(out)} == set(deployed.platform_context(team).allowed_templates)
+
+    code, _, err = llmtrain("data", "upload", str(dataset), "--name", f"{team}-x", *where, "--team", other)
+    assert code == 1 and "access denied" in err and "Team<Name>EngineerPolicyArn" in err
+    s3 = boto3.client("s3", region_name=deployed.region)
+    keys = s3.list_objects_v2(Bucket=datasets, Prefix=f"teams/{other}/").get("Contents", [])
+    assert not [o["Key"] for o in keys if f"{team}-x" in o["Key"]]
 
 
 @pytest.mark.parametrize("team", TEAMS)

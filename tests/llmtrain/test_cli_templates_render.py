@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from templates_support import REPO_ROOT, TEMPLATE_NAMES, catalog, copy_catalog, 
 
 from llmtrain.cli import main
 from llmtrain.environments import StackOutput
+from llmtrain.errors import LlmtrainError
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -74,6 +77,33 @@ def test_render_prints_a_dry_run_request(capsys):
     assert request["HyperParameters"]["lr"] == "0.0001"
     assert "dry run" in err and "config/dev.yaml" in err
     assert "DRYRUN" in request["RoleArn"]
+
+
+def test_render_as_a_team_of_an_environment(capsys):
+    """prod has two teams: render asks which, then renders with the team's prefix, limits and data."""
+    prod = ("render", "gpt2-ddp", "--run-name", "r1", "--env", "prod")
+    code, _, err = run(capsys, *prod)
+    assert code == 2
+    assert "environment 'prod' has several teams (pretrain, finetune): choose one with --team" in err
+    code, _, err = run(capsys, *prod, "--team", "pretrain")
+    assert code == 2 and "team 'pretrain': template 'gpt2-ddp' is not one of its templates" in err
+    code, _, err = run(capsys, *prod, "--team", "ops")
+    assert code == 2 and "has no team 'ops'; its teams: pretrain, finetune" in err
+
+    code, out, err = run(capsys, *prod, "--team", "finetune")
+    assert code == 0, err
+    request = json.loads(out)
+    assert request["TrainingJobName"] == "llmtrain-prod-finetune-r1-a1"
+    assert "llmtrain-prod-finetune-sagemaker-execution" in request["RoleArn"]
+    # The template's default channel (a relative prefix) lies in the team's datasets.
+    (train,) = [c for c in request["InputDataConfig"] if c["ChannelName"] == "train"]
+    assert train["DataSource"]["S3DataSource"]["S3Uri"] == (
+        "s3://llmtrain-prod-datasets-222222222222-us-west-2/teams/finetune/tokens/sst2/train/"
+    )
+    assert request["EnableInterContainerTrafficEncryption"] is True
+    bigger = ("--set", "instance_count=8", "--set", "instance_type=ml.p4d.24xlarge")
+    code, _, err = run(capsys, *prod, "--team", "finetune", *bigger)
+    assert code == 2 and "team 'finetune': instance_count 8 is above its cap of 4 instances per job" in err
 
 
 def test_render_from_stack_outputs_is_launchable(capsys, tmp_path):
@@ -141,10 +171,6 @@ def test_render_with_a_platform_file(capsys, tmp_path):
         ),
         (["render", "gpt2-ddp", "--run-name", "r", "--set", "max_steps=-5"], "is below the minimum 1"),
         (
-            ["render", "gpt2-ddp", "--run-name", "r", "--set", "max_steps"],
-            "write overrides as --set KEY=VALUE",
-        ),
-        (
             ["render", "gpt2-ddp", "--run-name", "r", "--set", "instance_count=2"],
             "more than one node needs an EFA-capable instance type",
         ),
@@ -179,6 +205,31 @@ def test_argparse_usage_errors_exit_2(capsys):
     assert "--run-name" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["render", "start", "run"])
+def test_set_with_a_space_instead_of_equals_says_how_to_write_it(capsys, command):
+    """`--set max_steps 5` is a usage error naming the fix, before anything else is looked at."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "gpt2-ddp", "--run-name", "r", "--set", "max_steps", "5"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "'max_steps' is not KEY=VALUE" in err and "--set max_steps=" in err
+    assert "Traceback" not in err
+
+
+def test_version_names_the_installed_distribution(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"llmtrain {metadata.version('llm-sagemaker-platform')}"
+
+
+def test_misspelled_names_get_a_suggestion(capsys):
+    code, _, err = run(capsys, "render", "gpt2-dp", "--run-name", "r")
+    assert code == 2 and "unknown template 'gpt2-dp' (did you mean 'gpt2-ddp'?)" in err
+    code, _, err = run(capsys, "render", "gpt2-ddp@1.1.1", "--run-name", "r")
+    assert code == 2 and "has no version '1.1.1'; available: 1.0.0, 1.1.0" in err
+
+
 def test_lock_check_and_lock_a_new_version(capsys, tmp_path):
     code, out, _ = run(capsys, "templates", "lock", "--check")
     assert code == 0 and "published and unchanged" in out
@@ -201,3 +252,39 @@ def test_console_script_runs():
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
     assert any(r["name"] == "llama-pretrain-fsdp" and r["version"] == "1.0.0" for r in rows)
+
+
+def test_run_local_names_the_install_commands_for_missing_packages(monkeypatch):
+    """Where the toolkit or a pin of the training program is missing, `run --local` says what to install
+    (torch first, the CPU build) instead of failing inside the job."""
+    from llmtrain.commands import run as run_command
+
+    installed = metadata.version
+
+    def without_peft(name):
+        if name == "peft":
+            raise metadata.PackageNotFoundError(name)
+        return "0.0.1" if name == "transformers" else installed(name)
+
+    monkeypatch.setattr(run_command.metadata, "version", without_peft)
+    with pytest.raises(LlmtrainError) as error:
+        run_command.require_local_run_packages()
+    message = str(error.value)
+    assert "peft==0.21.2 (not installed)" in message and "transformers==5.23.0 (have 0.0.1)" in message
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in message
+    assert "pip install 'llm-sagemaker-platform[local]'" in message
+    assert f"pip install -r {REPO_ROOT / 'training_jobs' / 'requirements.txt'}" in message
+
+
+def test_an_invalid_environment_file_fails_cdk_synth_with_its_message_only(tmp_path):
+    """`cdk synth` runs app.py: a bad config/<env>.yaml is one line saying what to fix, exit 1."""
+    (tmp_path / "dev.yaml").write_text((REPO_ROOT / "config" / "dev.yaml").read_text().replace(
+        "vpc_cidr: 10.40.0.0/16", "vpc_cidr: 10.40.0.0/33"))
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({"config_dir": str(tmp_path)}),
+           "CDK_OUTDIR": str(tmp_path / "out")}
+    env.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    result = subprocess.run([sys.executable, "app.py"], cwd=REPO_ROOT, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: ") and "dev.yaml" in result.stderr and "vpc_cidr" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) <= 3

@@ -1,88 +1,95 @@
-"""`llmtrain start | status | stop | logs` against moto: a deployed launcher stack, its state machine,
-training jobs, their metrics and logs, all in moto. The state machine here is a small stand-in with
-the launcher's name and output (test_launcher_state_machine.py executes the real definition)."""
+"""`llmtrain start | status | stop | logs | runs` against moto: the environment's record in SSM (what
+DeployedEnvironmentRecord writes), its launcher state machine, the datasets bucket, training jobs,
+their metrics and logs, all in moto. The state machine here is a small stand-in; the real
+definition, started by the CLI, runs in test_cli_deployed.py (and test_launcher_state_machine.py)."""
 
 from __future__ import annotations
 
 import json
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import boto3
 import pytest
 from botocore.exceptions import ClientError
+from deployed_support import (
+    ACCOUNT,
+    BUCKET,
+    DATASET,
+    PREFIX,
+    REGION,
+    TEAM_URI,
+    TRAIN,
+    deploy_environment,
+    moto_credentials,
+    put_dataset,
+    team_access,
+)
 from moto import mock_aws
 from moto.sagemaker.models import sagemaker_backends
 
 from llmtrain.catalog import Catalog
 from llmtrain.cli import main
-from llmtrain.launcher_client import (
-    TRAINING_LOG_GROUP,
-    TRAINING_METRIC_NAMESPACE,
-    LauncherClient,
-    LauncherOutput,
-)
+from llmtrain.launcher_client import TRAINING_LOG_GROUP, TRAINING_METRIC_NAMESPACE, LauncherClient
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, render
 
-ROOT = Path(__file__).resolve().parents[2]
-ACCOUNT, REGION = "123456789012", "us-east-1"
-SUMMARY = {"status": "Completed", "message": "Run done (gpt2-ddp@1.0.0): Completed\nAttempts: 1"}
-# Runs named held-* wait, so they can be stopped; the others end at once with SUMMARY.
+SUMMARY = {"status": "Completed", "message": "Run done (gpt2-ddp@1.1.0): Completed\nAttempts: 1"}
+REJECTION = "run input rejected before any training job was created: quota 'x' is 0"
+# Runs named held-* wait, so they can be stopped; a run with seed 13 is rejected; the others end at
+# once with SUMMARY.
 DEFINITION = {
     "StartAt": "Hold",
     "States": {
         "Hold": {
             "Type": "Choice",
-            "Choices": [{"Variable": "$.run_name", "StringMatches": "held-*", "Next": "Wait"}],
+            "Choices": [
+                {"Variable": "$.run_name", "StringMatches": "held-*", "Next": "Wait"},
+                {
+                    "And": [
+                        {"Variable": "$.overrides.seed", "IsPresent": True},
+                        {"Variable": "$.overrides.seed", "StringEquals": "13"},
+                    ],
+                    "Next": "Reject",
+                },
+            ],
             "Default": "Summary",
         },
         "Wait": {"Type": "Wait", "Seconds": 600, "Next": "Summary"},
+        "Reject": {"Type": "Fail", "Error": "InvalidRunInput", "Cause": REJECTION},
         "Summary": {"Type": "Pass", "Result": SUMMARY, "End": True},
     },
 }
 
 
 @pytest.fixture
-def config_dir(tmp_path) -> Path:
-    """config/dev.yaml for moto's account (and prod unchanged)."""
-    folder = tmp_path / "config"
-    folder.mkdir()
-    dev = (ROOT / "config" / "dev.yaml").read_text()
-    (folder / "dev.yaml").write_text(dev.replace('account: "111111111111"', f'account: "{ACCOUNT}"'))
-    return folder
-
-
-@pytest.fixture
 def aws(monkeypatch):
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    moto_credentials(monkeypatch)
     with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
         yield
 
 
 @pytest.fixture
 def launcher(aws) -> str:
-    """The launcher stack and its state machine, deployed in moto; returns the state machine ARN."""
+    """Environment dev deployed in moto; returns its launcher's state machine ARN."""
     arn = boto3.client("stepfunctions", region_name=REGION).create_state_machine(
-        name="llmtrain-dev-launcher",
+        name="llmtrain-dev-default-launcher",
         definition=json.dumps(DEFINITION),
         roleArn=f"arn:aws:iam::{ACCOUNT}:role/launcher",
     )["stateMachineArn"]
-    template = {
-        "Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
-        "Outputs": {LauncherOutput.STATE_MACHINE_ARN: {"Value": arn}},
-    }
-    boto3.client("cloudformation", region_name=REGION).create_stack(
-        StackName="llmtrain-dev-launcher", TemplateBody=json.dumps(template)
-    )
+    deploy_environment(arn)
     return arn
 
 
-def llmtrain(capsys, *argv: str, config_dir: Path) -> tuple[int, str, str]:
-    code = main([*argv, "--config-dir", str(config_dir)])
+def llmtrain(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def start(capsys, run_name: str, *sets: str, ref: str = "gpt2-ddp", options=()) -> tuple[int, str, str]:
+    settings = [item for setting in (TRAIN, *sets) for item in ("--set", setting)]
+    return llmtrain(capsys, "start", ref, "--run-name", run_name, *settings, *options)
 
 
 def _execution(arn: str, name: str) -> dict:
@@ -101,7 +108,9 @@ def _wait_until_finished(arn: str, name: str) -> dict:
     raise AssertionError(f"{name} still running")
 
 
-def _job(name: str, status: str, *, final_metrics: bool, template: str = "gpt2-ddp") -> None:
+def _job(
+    name: str, status: str, *, final_metrics: bool, template: str = "gpt2-ddp", billable: int = 0
+) -> None:
     platform = PlatformContext.placeholder(
         environment="dev",
         account=ACCOUNT,
@@ -113,81 +122,276 @@ def _job(name: str, status: str, *, final_metrics: bool, template: str = "gpt2-d
     boto3.client("sagemaker", region_name=REGION).create_training_job(**{**request, "TrainingJobName": name})
     job = sagemaker_backends[ACCOUNT][REGION].training_jobs[name]
     job.training_job_status = job.secondary_status = status
+    job.billable_time_in_seconds = billable
     if not final_metrics:
         job.final_metric_data_list = []
 
 
-# -- errors before anything runs ---------------------------------------------------------------------------
-
-
-def test_no_credentials_is_a_clear_error(capsys, config_dir, monkeypatch, tmp_path):
+def _no_credentials(monkeypatch, tmp_path) -> None:
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    code, _, err = llmtrain(capsys, "status", "r1", config_dir=config_dir)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+
+
+# -- errors a person can act on ----------------------------------------------------------------------------
+
+
+def test_no_credentials_is_a_clear_error(capsys, monkeypatch, tmp_path):
+    _no_credentials(monkeypatch, tmp_path)
+    code, _, err = llmtrain(capsys, "status", "r1")
+    assert code == 1
+    assert "no AWS credentials found" in err and "aws sso login" in err and "Traceback" not in err
+
+
+def test_an_unknown_profile_is_a_clear_error(capsys, monkeypatch, tmp_path):
+    _no_credentials(monkeypatch, tmp_path)
+    code, _, err = llmtrain(capsys, "runs", "--profile", "ml-sandbox")
+    assert code == 1 and "AWS profile 'ml-sandbox' is not configured" in err
+    monkeypatch.setenv("AWS_PROFILE", "typo")
+    code, _, err = llmtrain(capsys, "data", "ls")
+    assert code == 1 and "AWS profile 'typo' is not configured" in err
+
+
+def test_no_network_is_told_apart_from_refused_credentials(capsys, monkeypatch):
+    """Nothing listens on the endpoint: the message is about the network, not the credentials."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEEXAMPLE00")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the discard port: refused at once
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    code, _, err = llmtrain(capsys, "status", "r1")
+    assert code == 1
+    assert "cannot reach AWS" in err and "your credentials were not checked" in err
+
+
+def test_refused_credentials_are_told_apart_from_no_network(capsys, aws):
+    """moto checks signatures once authentication is on: unknown keys are refused as AWS does."""
+    from moto.core import set_initial_no_auth_action_count
+
+    run = set_initial_no_auth_action_count(0)(lambda: llmtrain(capsys, "status", "r1"))
+    code, _, err = run()
+    assert code == 1
+    assert "AWS refused your credentials (InvalidClientTokenId" in err and "refresh them" in err
+
+
+def test_an_environment_not_deployed_is_a_clear_error(capsys, aws):
+    code, _, err = llmtrain(capsys, "status", "r1", "--env", "prod")
     assert code == 2
-    assert "no AWS credentials found" in err and f"account {ACCOUNT}" in err
+    assert "environment 'prod' is not deployed in this account's region us-east-1" in err
+    assert "nothing under /llmtrain/prod/" in err
 
 
-def test_credentials_of_another_account_are_a_clear_error(capsys, aws):
-    code, _, err = llmtrain(capsys, "status", "r1", config_dir=ROOT / "config")  # dev is 111111111111
-    assert code == 2
-    assert f"credentials are for account {ACCOUNT} but environment 'dev' is in account 111111111111" in err
-
-
-def test_a_platform_not_deployed_is_a_clear_error(capsys, aws, config_dir):
-    code, _, err = llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r1", config_dir=config_dir)
-    assert code == 2
-    assert "launcher is not deployed in environment 'dev': stack llmtrain-dev-launcher does not exist" in err
-    assert "npx cdk deploy 'dev/*'" in err
-
-
-# -- start, status, stop, logs -----------------------------------------------------------------------------
-
-
-def test_start_sends_the_run_and_refuses_a_second_start(capsys, launcher, config_dir):
-    code, out, _ = llmtrain(
-        capsys, "start", "gpt2-ddp@1.0.0", "--run-name", "r1", "--set", "max_steps=5", config_dir=config_dir
+def test_a_record_from_a_newer_platform_asks_for_an_upgrade(capsys, launcher):
+    ssm = boto3.client("ssm", region_name=REGION)
+    record = json.loads(ssm.get_parameter(Name="/llmtrain/dev/environment")["Parameter"]["Value"])
+    record["schema_version"] = 99
+    ssm.put_parameter(
+        Name="/llmtrain/dev/environment", Value=json.dumps(record), Overwrite=True, Type="String"
     )
-    assert code == 0 and "started run r1" in out and "llmtrain status r1" in out
-    execution = _execution(launcher, "r1")
+    code, _, err = llmtrain(capsys, "runs")
+    assert code == 2 and "record schema 99" in err and "upgrade llmtrain" in err
+
+
+# -- start: checked here first, then against the environment -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["gpt2-dp"], "unknown template 'gpt2-dp' (did you mean 'gpt2-ddp'?)"),
+        (["gpt2-ddp@1.1.1"], "has no version '1.1.1'; available: 1.0.0, 1.1.0"),
+        (
+            ["gpt2-ddp", "--set", "max_step=5"],
+            "override 'max_step': gpt2-ddp@1.1.0 does not allow overriding it (did you mean 'max_steps'?)",
+        ),
+        (["gpt2-ddp", "--set", "max_steps=0"], "0 is below the minimum 1"),
+        (["gpt2-ddp", "--set", "channels.train=tokens/"], "must be an S3 URI"),
+    ],
+)
+def test_start_refuses_bad_input_before_any_aws_call(capsys, monkeypatch, tmp_path, argv, message):
+    """No credentials at all: the run's own mistakes are found first (exit 2, what to fix)."""
+    _no_credentials(monkeypatch, tmp_path)
+    code, out, err = llmtrain(capsys, "start", *argv, "--run-name", "r1")
+    assert code == 2 and out == ""
+    assert message in err
+    assert "credentials" not in err
+
+
+def test_start_sends_the_run_as_execution_run_1(capsys, launcher):
+    code, out, _ = start(capsys, "r1", "max_steps=5", ref="gpt2-ddp@1.0.0")
+    assert code == 0 and "started run r1 (gpt2-ddp@1.0.0)" in out and "llmtrain status r1 --env dev" in out
+    execution = _execution(launcher, "r1-1")
     sent = json.loads(execution["input"])
     assert sent == {
         "template": "gpt2-ddp",
         "version": "1.0.0",
         "run_name": "r1",
-        "overrides": {"max_steps": "5"},
+        "overrides": {"channels.train": f"{TEAM_URI}{DATASET}/train/", "max_steps": "5"},
         "owner": sent["owner"],
     }
     assert sent["owner"].startswith(f"arn:aws:sts::{ACCOUNT}:")
 
-    code, _, err = llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r1", config_dir=config_dir)
-    assert code == 2 and "run 'r1' was already started" in err and "choose a new --run-name" in err
 
-
-def test_start_wait_prints_the_summary(capsys, launcher, config_dir):
-    code, out, _ = llmtrain(
-        capsys,
-        "start",
-        "gpt2-ddp",
-        "--run-name",
-        "r2",
-        "--wait",
-        "--poll-seconds",
-        "0.05",
-        config_dir=config_dir,
+def test_start_sends_the_version_it_checked(capsys, launcher):
+    code, _, _ = start(capsys, "r0")
+    assert code == 0
+    assert (
+        json.loads(_execution(launcher, "r0-1")["input"])["version"]
+        == Catalog.load().latest("gpt2-ddp").version
     )
+
+
+def test_start_refuses_a_run_in_progress_or_completed(capsys, launcher):
+    assert start(capsys, "held-r1")[0] == 0
+    code, _, err = start(capsys, "held-r1")
+    assert (
+        code == 2
+        and "run 'held-r1' is running (execution held-r1-1" in err
+        and "choose a new --run-name" in err
+    )
+
+    assert start(capsys, "r2")[0] == 0
+    _wait_until_finished(launcher, "r2-1")
+    code, _, err = start(capsys, "r2")
+    assert code == 2 and "run 'r2' already completed (execution r2-1)" in err
+
+
+def test_a_rejected_run_is_started_again_under_its_name(capsys, launcher):
+    """The rejection used execution r3-1; the run name is not used up: the next start is r3-2."""
+    assert start(capsys, "r3", "seed=13")[0] == 0
+    rejected = _wait_until_finished(launcher, "r3-1")
+    assert rejected["status"] == "FAILED" and rejected["error"] == "InvalidRunInput"
+
+    code, out, _ = llmtrain(capsys, "status", "r3")
+    assert code == 0 and "execution FAILED" in out and REJECTION in out
+    assert (
+        f"continue this run under its name (it resumes from its latest checkpoint): llmtrain start "
+        f"gpt2-ddp@1.1.0 --run-name r3 --set channels.train={TEAM_URI}{DATASET}/train/ --set seed=13 "
+        "--env dev"
+    ) in out
+
+    code, out, _ = start(capsys, "r3", "seed=14")
+    assert code == 0 and "continuing run r3: its last execution r3-1 ended FAILED" in out
+    assert _wait_until_finished(launcher, "r3-2")["status"] == "SUCCEEDED"
+    code, out, _ = llmtrain(capsys, "status", "r3")
+    assert "executions: r3-1, r3-2" in out and "execution SUCCEEDED" in out and "continue this run" not in out
+
+
+def test_start_refuses_channels_outside_the_teams_datasets_or_empty(capsys, launcher):
+    code, _, err = start(capsys, "r4", f"channels.validation=s3://{BUCKET}/tokens/tiny/validation/")
+    assert code == 2
+    assert f"'s3://{BUCKET}/tokens/tiny/validation/' is outside team 'default''s datasets prefix" in err
+
+    code, _, err = start(capsys, "r4", f"channels.validation={TEAM_URI}tiyn/validation/")
+    assert code == 2
+    assert f"channel validation: nothing at {TEAM_URI}tiyn/validation/ (did you mean 'tiny'?)" in err
+    assert "llmtrain data upload DIR --name NAME" in err
+    assert not boto3.client("stepfunctions", region_name=REGION).list_executions(stateMachineArn=launcher)[
+        "executions"
+    ]
+
+
+def test_the_templates_default_channels_lie_in_the_teams_datasets(capsys, launcher):
+    """Without channels.train a run reads the template's default prefix, under the team's datasets:
+    refused while it is empty, started once the team has uploaded data there."""
+    template = Catalog.load().latest("gpt2-ddp")
+    default = template.inputs.channels["train"]
+    code, _, err = llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r4")
+    assert code == 2 and f"channel train: nothing at {TEAM_URI}{default}" in err
+
+    boto3.client("s3", region_name=REGION).put_object(
+        Bucket=BUCKET, Key=f"teams/default/{default}manifest.json", Body=b"{}"
+    )
+    code, out, err = llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r4")
+    assert code == 0, err
+    assert json.loads(_execution(launcher, "r4-1")["input"])["overrides"] == {}
+
+
+def test_start_refuses_a_template_the_environment_or_team_does_not_offer(capsys, aws):
+    arn = boto3.client("stepfunctions", region_name=REGION).create_state_machine(
+        name="llmtrain-dev-default-launcher",
+        definition=json.dumps(DEFINITION),
+        roleArn=f"arn:aws:iam::{ACCOUNT}:role/x",
+    )["stateMachineArn"]
+    deploy_environment(
+        arn, enabled=["gpt2-ddp", "byo-script"], teams=[team_access(arn, allowed_templates=["gpt2-ddp"])]
+    )
+    code, _, err = start(capsys, "r5", ref="llama-pretrain-fsdp")
+    assert code == 2 and "template 'llama-pretrain-fsdp' is not enabled in environment 'dev'" in err
+    code, _, err = start(capsys, "r5", ref="byo-script")
+    assert code == 2 and "team 'default': template 'byo-script' is not one of its templates (gpt2-ddp)" in err
+    code, _, err = start(capsys, "r5", options=("--team", "nlp"))
+    assert code == 2 and "environment 'dev' has no team 'nlp'; its teams: default" in err
+
+
+def test_start_on_an_environment_of_several_teams_goes_to_the_teams_launcher(capsys, aws):
+    stepfunctions = boto3.client("stepfunctions", region_name=REGION)
+    arns = {
+        team: stepfunctions.create_state_machine(
+            name=f"llmtrain-dev-{team}-launcher",
+            definition=json.dumps(DEFINITION),
+            roleArn=f"arn:aws:iam::{ACCOUNT}:role/x",
+        )["stateMachineArn"]
+        for team in ("default", "nlp")
+    }
+    deploy_environment(
+        arns["default"],
+        teams=[
+            team_access(arns["default"]),
+            team_access(arns["nlp"], team="nlp", allowed_instance_types=("ml.g5.12xlarge",)),
+        ],
+    )
+    code, _, err = start(capsys, "r9")
+    assert code == 2 and "environment 'dev' has several teams (default, nlp): choose yours with --team" in err
+    code, _, err = start(capsys, "r9", options=("--team", "NLP"))
+    assert code == 2 and "--team 'NLP' is not a team name" in err
+    code, _, err = start(capsys, "r9", options=("--team", "nlp"))  # team default's data
+    assert code == 2 and "is outside team 'nlp''s datasets prefix" in err
+
+    put_dataset("tiny", team="nlp")
+    nlp_train = f"channels.train=s3://{BUCKET}/teams/nlp/tiny/train/"
+    code, _, err = llmtrain(
+        capsys, "start", "gpt2-ddp", "--run-name", "r9", "--set", nlp_train, "--set",
+        "instance_type=ml.p4d.24xlarge", "--team", "nlp",
+    )
+    assert code == 2 and "team 'nlp': instance type ml.p4d.24xlarge is not one of its instance types" in err
+    nlp_run = ("start", "gpt2-ddp", "--run-name", "r9", "--set", nlp_train, "--team", "nlp")
+    code, out, _ = llmtrain(capsys, *nlp_run)
+    assert code == 0 and "llmtrain status r9 --env dev --team nlp" in out
+    assert _execution(arns["nlp"], "r9-1")["status"] in ("RUNNING", "SUCCEEDED")
+    assert not stepfunctions.list_executions(stateMachineArn=arns["default"])["executions"]
+    code, out, _ = llmtrain(capsys, *nlp_run, "--dry-run")
+    assert json.loads(out)["TrainingJobName"] == "llmtrain-dev-nlp-r9-a1"
+
+
+def test_start_dry_run_prints_the_request_and_starts_nothing(capsys, launcher):
+    code, out, err = llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r6", "--set", TRAIN, "--dry-run")
+    assert code == 0 and "passed every check; nothing started" in err
+    request = json.loads(out)
+    assert request["TrainingJobName"] == f"{PREFIX}-r6-a1"
+    assert request["RoleArn"] == f"arn:aws:iam::{ACCOUNT}:role/llmtrain-dev-default-execution"
+    assert not boto3.client("stepfunctions", region_name=REGION).list_executions(stateMachineArn=launcher)[
+        "executions"
+    ]
+
+
+def test_start_wait_prints_the_summary(capsys, launcher):
+    code, out, _ = start(capsys, "r7", options=("--wait", "--poll-seconds", "0.05"))
     assert code == 0
     assert "execution SUCCEEDED" in out and SUMMARY["message"] in out
 
 
-def test_status_shows_the_running_job_and_its_latest_metrics(capsys, launcher, config_dir):
-    llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r3", config_dir=config_dir)
-    _job("llmtrain-dev-r3-a1", "Failed", final_metrics=False)
-    _job("llmtrain-dev-r3-a2", "InProgress", final_metrics=False)
-    host = [{"Name": "Host", "Value": "llmtrain-dev-r3-a2/algo-1"}]
+# -- status, stop, logs -------------------------------------------------------------------------------------
+
+
+def test_status_shows_the_running_job_and_its_latest_metrics(capsys, launcher):
+    start(capsys, "r3")
+    _job(f"{PREFIX}-r3-a1", "Failed", final_metrics=False)
+    _job(f"{PREFIX}-r3-a2", "InProgress", final_metrics=False)
+    host = [{"Name": "Host", "Value": f"{PREFIX}-r3-a2/algo-1"}]
     now = datetime.now(UTC)
     boto3.client("cloudwatch", region_name=REGION).put_metric_data(
         Namespace=TRAINING_METRIC_NAMESPACE,
@@ -202,98 +406,95 @@ def test_status_shows_the_running_job_and_its_latest_metrics(capsys, launcher, c
         ],
     )
 
-    code, out, _ = llmtrain(capsys, "status", "r3", config_dir=config_dir)
+    code, out, _ = llmtrain(capsys, "status", "r3")
     assert code == 0
-    assert "training job llmtrain-dev-r3-a2: InProgress" in out
+    assert f"training job {PREFIX}-r3-a2: InProgress" in out
     assert "attempts: 1:Failed, 2:InProgress" in out
     assert "latest metrics: train:loss=2.75" in out
 
-    code, out, _ = llmtrain(capsys, "status", "r3", "--json", config_dir=config_dir)
+    code, out, _ = llmtrain(capsys, "status", "r3", "--json")
     status = json.loads(out)
-    assert status["job"]["name"] == "llmtrain-dev-r3-a2" and status["metrics"] == {"train:loss": 2.75}
-    assert status["execution_status"] in ("RUNNING", "SUCCEEDED")
+    assert status["job"]["name"] == f"{PREFIX}-r3-a2" and status["metrics"] == {"train:loss": 2.75}
+    assert status["executions"] == ["r3-1"] and status["run_input"]["template"] == "gpt2-ddp"
 
 
-def test_status_says_where_tensorboard_follows_the_run(capsys, launcher, config_dir):
-    llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r7", config_dir=config_dir)
-    _job("llmtrain-dev-r7-a1", "InProgress", final_metrics=False, template="llama-pretrain-fsdp")
-    code, out, _ = llmtrain(capsys, "status", "r7", config_dir=config_dir)
+def test_status_says_where_tensorboard_follows_the_run(capsys, launcher):
+    start(capsys, "r7")
+    _job(f"{PREFIX}-r7-a1", "InProgress", final_metrics=False, template="llama-pretrain-fsdp")
+    code, out, _ = llmtrain(capsys, "status", "r7")
     uri = f"s3://llmtrain-dev-artifacts-{ACCOUNT}-{REGION}/teams/default/llama-pretrain-fsdp/x/tensorboard/"
     assert code == 0 and f"TensorBoard (live): tensorboard --logdir {uri}" in out
-    code, out, _ = llmtrain(capsys, "status", "r7", "--json", config_dir=config_dir)
-    assert json.loads(out)["job"]["tensorboard"] == uri
 
 
-def test_status_of_a_finished_run_shows_its_summary_and_final_metrics(capsys, launcher, config_dir):
-    llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r4", config_dir=config_dir)
-    _wait_until_finished(launcher, "r4")
-    _job("llmtrain-dev-r4-a1", "Completed", final_metrics=True)  # moto's job has a final train:progress
-    code, out, _ = llmtrain(capsys, "status", "r4", config_dir=config_dir)
+def test_status_of_a_finished_run_shows_its_summary_and_final_metrics(capsys, launcher):
+    start(capsys, "r4")
+    _wait_until_finished(launcher, "r4-1")
+    _job(f"{PREFIX}-r4-a1", "Completed", final_metrics=True)  # moto's job has a final train:progress
+    code, out, _ = llmtrain(capsys, "status", "r4")
     assert code == 0
     assert "execution SUCCEEDED" in out and "latest metrics: train:progress=100" in out
     assert SUMMARY["message"] in out
 
 
-def test_status_finds_a_run_started_under_another_execution_name(capsys, launcher, config_dir):
+def test_status_finds_a_run_started_under_another_execution_name(capsys, launcher):
     boto3.client("stepfunctions", region_name=REGION).start_execution(
         stateMachineArn=launcher,
         name="from-the-console",
         input=json.dumps({"template": "gpt2-ddp", "run_name": "r5"}),
     )
-    code, out, _ = llmtrain(capsys, "status", "r5", config_dir=config_dir)
+    code, out, _ = llmtrain(capsys, "status", "r5")
     assert code == 0 and "run r5: execution" in out and "training job: none yet" in out
-    code, _, err = llmtrain(capsys, "status", "nobody", config_dir=config_dir)
-    assert code == 2 and "no run named 'nobody'" in err
+    code, _, err = llmtrain(capsys, "status", "r55")
+    assert code == 2 and "no run named 'r55'" in err and "llmtrain runs" in err
 
 
-def test_stop_stops_a_running_run_only(capsys, launcher, config_dir):
-    llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "held-r6", config_dir=config_dir)
-    _job("llmtrain-dev-held-r6-a1", "InProgress", final_metrics=False)
-    code, out, _ = llmtrain(capsys, "stop", "held-r6", config_dir=config_dir)
-    assert code == 0 and "Step Functions stops training job llmtrain-dev-held-r6-a1" in out
-    execution = _wait_until_finished(launcher, "held-r6")
-    assert execution["status"] == "ABORTED"
-    code, _, err = llmtrain(capsys, "stop", "held-r6", config_dir=config_dir)
+def test_stop_stops_a_running_run_only(capsys, launcher):
+    start(capsys, "held-r6")
+    _job(f"{PREFIX}-held-r6-a1", "InProgress", final_metrics=False)
+    code, out, _ = llmtrain(capsys, "stop", "held-r6")
+    assert code == 0 and f"Step Functions stops training job {PREFIX}-held-r6-a1" in out
+    assert _wait_until_finished(launcher, "held-r6-1")["status"] == "ABORTED"
+    code, _, err = llmtrain(capsys, "stop", "held-r6")
     assert code == 2 and "run 'held-r6' is not running (its execution is ABORTED)" in err
 
 
-def test_logs_print_the_latest_attempt_or_the_one_asked_for(capsys, launcher, config_dir):
-    llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r7", config_dir=config_dir)
-    _job("llmtrain-dev-r7-a1", "Failed", final_metrics=False)
-    _job("llmtrain-dev-r7-a2", "InProgress", final_metrics=False)
+def test_logs_print_the_latest_attempt_or_the_one_asked_for(capsys, launcher):
+    start(capsys, "r7")
+    _job(f"{PREFIX}-r7-a1", "Failed", final_metrics=False)
+    _job(f"{PREFIX}-r7-a2", "InProgress", final_metrics=False)
     logs = boto3.client("logs", region_name=REGION)
     logs.create_log_group(logGroupName=TRAINING_LOG_GROUP)
-    start = int(time.time() * 1000)
+    begin = int(time.time() * 1000)
     streams = {
-        "llmtrain-dev-r7-a1/algo-1-1700000000": ["first attempt"],
-        "llmtrain-dev-r7-a2/algo-1-1700000100": [
+        f"{PREFIX}-r7-a1/algo-1-1700000000": ["first attempt"],
+        f"{PREFIX}-r7-a2/algo-1-1700000100": [
             "[metrics] step=1 loss=3.0",
             "[metrics] step=2 loss=2.5",
             "done",
         ],
-        "llmtrain-dev-r77-a1/algo-1-1700000200": ["another run"],
+        f"{PREFIX}-r77-a1/algo-1-1700000200": ["another run"],
     }
     for stream, messages in streams.items():
         logs.create_log_stream(logGroupName=TRAINING_LOG_GROUP, logStreamName=stream)
         logs.put_log_events(
             logGroupName=TRAINING_LOG_GROUP,
             logStreamName=stream,
-            logEvents=[{"timestamp": start + i, "message": m} for i, m in enumerate(messages)],
+            logEvents=[{"timestamp": begin + i, "message": m} for i, m in enumerate(messages)],
         )
 
-    code, out, _ = llmtrain(capsys, "logs", "r7", "--limit", "2", config_dir=config_dir)
+    code, out, _ = llmtrain(capsys, "logs", "r7", "--limit", "2")
     assert code == 0
     assert out.splitlines() == ["[algo-1-1700000100] [metrics] step=2 loss=2.5", "[algo-1-1700000100] done"]
-    code, out, _ = llmtrain(capsys, "logs", "r7", "--attempt", "1", config_dir=config_dir)
+    code, out, _ = llmtrain(capsys, "logs", "r7", "--attempt", "1")
     assert out.splitlines() == ["[algo-1-1700000000] first attempt"]
-    code, _, err = llmtrain(capsys, "logs", "r7", "--attempt", "9", config_dir=config_dir)
+    code, _, err = llmtrain(capsys, "logs", "r7", "--attempt", "9")
     assert code == 2 and "attempt 9 of run 'r7' has no training job yet" in err
 
 
-def test_status_without_cloudwatch_access_still_shows_the_run(capsys, launcher, config_dir, monkeypatch):
+def test_status_without_cloudwatch_access_still_shows_the_run(capsys, launcher, monkeypatch):
     """An engineer whose policy lacks CloudWatch reads gets the rest of the status and a note why."""
-    llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r8", config_dir=config_dir)
-    _job("llmtrain-dev-r8-a1", "InProgress", final_metrics=False)
+    start(capsys, "r8")
+    _job(f"{PREFIX}-r8-a1", "InProgress", final_metrics=False)
 
     def denied(self, job_name):
         raise ClientError(
@@ -301,6 +502,44 @@ def test_status_without_cloudwatch_access_still_shows_the_run(capsys, launcher, 
         )
 
     monkeypatch.setattr(LauncherClient, "latest_metrics", denied)
-    code, out, _ = llmtrain(capsys, "status", "r8", config_dir=config_dir)
-    assert code == 0 and "training job llmtrain-dev-r8-a1: InProgress" in out
+    code, out, _ = llmtrain(capsys, "status", "r8")
+    assert code == 0 and f"training job {PREFIX}-r8-a1: InProgress" in out
     assert "latest metrics unavailable: reading CloudWatch: access denied" in out
+
+
+# -- runs ---------------------------------------------------------------------------------------------------
+
+
+def test_runs_lists_each_run_once_with_its_jobs(capsys, launcher):
+    start(capsys, "alpha")
+    _wait_until_finished(launcher, "alpha-1")
+    _job(f"{PREFIX}-alpha-a1", "Failed", final_metrics=False, billable=60)
+    _job(f"{PREFIX}-alpha-a2", "Completed", final_metrics=True, billable=540)
+    start(capsys, "beta", "seed=13")
+    _wait_until_finished(launcher, "beta-1")
+    start(capsys, "beta", "seed=14")
+    _wait_until_finished(launcher, "beta-2")
+    start(capsys, "held-gamma", ref="gpt2-ddp@1.0.0")
+
+    code, out, _ = llmtrain(capsys, "runs", "--json")
+    assert code == 0
+    rows = {row["run_name"]: row for row in json.loads(out)}
+    assert list(rows) == ["held-gamma", "beta", "alpha"]  # the latest first
+    assert rows["alpha"] | {"started": None} == {
+        "run_name": "alpha",
+        "status": "SUCCEEDED",
+        "template": "gpt2-ddp@1.1.0",
+        "instance_type": "ml.g5.12xlarge",
+        "instance_count": 1,
+        "started": None,
+        "billable_seconds": 600,
+        "executions": 1,
+    }
+    assert rows["beta"]["status"] == "SUCCEEDED" and rows["beta"]["executions"] == 2
+    assert rows["beta"]["instance_type"] is None and rows["beta"]["billable_seconds"] is None
+    assert rows["held-gamma"]["status"] == "RUNNING" and rows["held-gamma"]["template"] == "gpt2-ddp@1.0.0"
+
+    code, out, _ = llmtrain(capsys, "runs", "--limit", "2")
+    lines = out.splitlines()
+    assert lines[0].split() == ["RUN", "STATUS", "TEMPLATE", "INSTANCES", "STARTED", "BILLABLE", "S"]
+    assert [line.split()[0] for line in lines[1:]] == ["held-gamma", "beta"]

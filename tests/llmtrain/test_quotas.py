@@ -372,10 +372,10 @@ def test_the_cli_without_credentials_says_what_to_do(monkeypatch, tmp_path, caps
 
     from llmtrain.cli import main
 
-    assert main(["quotas", "--env", "dev"]) == 2
+    assert main(["quotas", "--env", "dev"]) == 1  # an AWS problem, not bad input (llmtrain.cli)
     error = capsys.readouterr().err
-    assert error.startswith("llmtrain quotas: error: no AWS credentials found")
-    assert "configure them for account 111111111111" in error
+    assert error.startswith("llmtrain quotas: error: checking your AWS credentials: no AWS credentials found")
+    assert "configure them (`aws configure`, `aws sso login` or AWS_PROFILE)" in error
 
 
 def test_the_cli_refuses_credentials_of_another_account(monkeypatch, capsys):

@@ -1,0 +1,224 @@
+"""`DeployedEnvironmentRecord`: how the `llmtrain` CLI finds a deployed environment.
+
+Writes the environment's record (`llmtrain.deployed`: the environment, and per team its launcher,
+notification topic and PlatformContext, whence its datasets prefix, templates and instance types)
+as SSM String parameters under `/llmtrain/<env>/`, one JSON object each, so that the CLI needs
+only credentials and an environment name. Each value must fit SSM's 4 KB standard tier; values
+CloudFormation fills in at deploy time (ARNs, bucket names, ids) are counted at
+`TOKEN_SIZE_ESTIMATE` characters, and a record that could exceed the limit fails the synth naming
+the parameter.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aws_cdk import ArnFormat, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from llmtrain import deployed
+from llmtrain.platform import ENVIRONMENT_NAME_PATTERN, TEAM_NAME_PATTERN
+from training_constructs._props import is_unresolved, require
+from training_constructs.launcher import TrainingLauncher
+from training_constructs.nag import acknowledge_wildcards
+
+_NAME = "DeployedEnvironmentRecord"
+# ARNs, bucket names and ids the stacks create are far shorter than this.
+TOKEN_SIZE_ESTIMATE = 128
+_READ_SID = "ReadDeployedEnvironment"
+
+
+@dataclass(frozen=True)
+class TeamEntry:
+    """One team's part of the record (llmtrain.deployed.TeamAccess): its launcher's state machine and
+    topic, and the PlatformContext its launcher's functions receive (as a dict; tokens allowed)."""
+
+    name: str
+    state_machine_arn: str
+    notification_topic_arn: str
+    platform_context: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "platform_context", dict(self.platform_context))
+        require(
+            bool(TEAM_NAME_PATTERN.fullmatch(self.name)),
+            _NAME,
+            "teams",
+            f"team name {self.name!r} must be 1-12 lowercase letters and digits, starting with a letter",
+        )
+        require(
+            self.platform_context.get("team") == self.name,
+            _NAME,
+            "teams",
+            f"team {self.name!r}: its platform_context is team {self.platform_context.get('team')!r}'s",
+        )
+
+    @property
+    def allowed_templates(self) -> tuple[str, ...]:
+        return tuple(self.platform_context.get("allowed_templates", ()))
+
+    @classmethod
+    def for_launcher(cls, launcher: TrainingLauncher) -> TeamEntry:
+        """The entry of the team `launcher` serves."""
+        return cls(
+            name=launcher.team.name,
+            state_machine_arn=launcher.state_machine.state_machine_arn,
+            notification_topic_arn=launcher.topic.topic_arn,
+            platform_context=launcher.platform_context,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state_machine_arn": self.state_machine_arn,
+            "notification_topic_arn": self.notification_topic_arn,
+            "platform": dict(self.platform_context),
+        }
+
+
+@dataclass(frozen=True)
+class DeployedEnvironmentProps:
+    """What the record holds: the environment, and one entry per team (its launcher)."""
+
+    environment_name: str
+    job_name_prefix: str
+    enabled_templates: tuple[str, ...]
+    teams: tuple[TeamEntry, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "enabled_templates", tuple(self.enabled_templates))
+        object.__setattr__(self, "teams", tuple(self.teams))
+        require(
+            bool(ENVIRONMENT_NAME_PATTERN.fullmatch(self.environment_name)),
+            _NAME,
+            "environment_name",
+            f"{self.environment_name!r} must be lowercase letters, digits and '-' (it names the SSM path)",
+        )
+        require(bool(self.enabled_templates), _NAME, "enabled_templates", "must name at least one template")
+        require(bool(self.teams), _NAME, "teams", "must hold at least one team")
+        names = [team.name for team in self.teams]
+        require(len(set(names)) == len(names), _NAME, "teams", f"team names must be unique, got {names}")
+        for team in self.teams:
+            foreign = sorted(set(team.allowed_templates) - set(self.enabled_templates))
+            require(
+                not foreign,
+                _NAME,
+                "teams",
+                f"team {team.name!r} is allowed templates the environment does not enable: {foreign}",
+            )
+
+    @classmethod
+    def for_launchers(
+        cls,
+        launchers: Sequence[TrainingLauncher],
+        *,
+        environment_name: str,
+        job_name_prefix: str,
+        enabled_templates: Sequence[str],
+    ) -> DeployedEnvironmentProps:
+        """The record of an environment whose teams are served by `launchers` (one per team)."""
+        return cls(
+            environment_name=environment_name,
+            job_name_prefix=job_name_prefix,
+            enabled_templates=tuple(enabled_templates),
+            teams=tuple(TeamEntry.for_launcher(launcher) for launcher in launchers),
+        )
+
+
+class DeployedEnvironmentRecord(Construct):
+    """The environment's record in SSM Parameter Store, for the CLI.
+
+    Attributes: ``parameters`` (parameter name -> ``ssm.StringParameter``), ``path``
+    (``/llmtrain/<env>``). ``grant_read(policy)`` lets a managed policy (the engineers') read it.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, props: DeployedEnvironmentProps) -> None:
+        super().__init__(scope, construct_id)
+        self.props = props
+        self.path = deployed.environment_path(props.environment_name)
+        stack = Stack.of(self)
+        values = deployed.parameter_values(
+            environment=props.environment_name,
+            region=stack.region,
+            account=stack.account,
+            job_name_prefix=props.job_name_prefix,
+            enabled_templates=props.enabled_templates,
+            teams=[team.to_dict() for team in props.teams],
+        )
+        self.parameters: dict[str, ssm.StringParameter] = {}
+        for name, value in values.items():
+            size = estimated_size(value)
+            require(
+                size <= deployed.STANDARD_PARAMETER_LIMIT,
+                _NAME,
+                "teams" if "/teams/" in name else "enabled_templates",
+                f"parameter {name} could reach {size} characters, over SSM's standard limit of "
+                f"{deployed.STANDARD_PARAMETER_LIMIT}: shorten it (fewer subnets, templates or instance "
+                "types per team)",
+            )
+            self.parameters[name] = ssm.StringParameter(
+                self,
+                _construct_id(name[len(self.path) + 1 :]),
+                parameter_name=name,
+                string_value=stack.to_json_string(value),
+                tier=ssm.ParameterTier.STANDARD,
+                description=f"llmtrain: environment {props.environment_name}, read by the llmtrain CLI",
+            )
+
+    def grant_read(self, policy: iam.ManagedPolicy) -> None:
+        """Let `policy` read the record (GetParametersByPath on the path, GetParameter(s) below it).
+
+        The whole record, every team's entry included: the CLI lists the teams to a caller who must
+        choose one, and an entry holds names and ARNs, no secret; what a team may do is enforced on
+        the resources themselves (its launcher, its prefixes, its roles)."""
+        stack = Stack.of(policy)
+        path = self.path.lstrip("/")
+
+        def arn(name: str) -> str:
+            return stack.format_arn(
+                service="ssm",
+                resource="parameter",
+                resource_name=name,
+                arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+            )
+
+        policy.add_statements(
+            iam.PolicyStatement(
+                sid=_READ_SID,
+                actions=["ssm:GetParametersByPath", "ssm:GetParameters", "ssm:GetParameter"],
+                resources=[arn(path), arn(f"{path}/*")],
+            )
+        )
+        acknowledge_wildcards(
+            policy,
+            {
+                _READ_SID: "The llmtrain CLI reads the environment's record, every parameter under its own "
+                f"path {self.path}/ (one per team)"
+            },
+        )
+
+
+def estimated_size(value: Any) -> int:
+    """The JSON size of `value` once deployed, counting each unresolved token at its estimate."""
+    return len(json.dumps(_with_estimates(value)))
+
+
+def _with_estimates(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _with_estimates(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_with_estimates(item) for item in value]
+    if is_unresolved(value):
+        return "x" * TOKEN_SIZE_ESTIMATE
+    return value
+
+
+def _construct_id(relative_name: str) -> str:
+    """`teams/default` -> `Teams-default`: a construct id per parameter, stable across deploys."""
+    return "-".join(part[:1].upper() + part[1:] for part in re.split(r"/", relative_name))
