@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "llmtrain.commands.run",
     "llmtrain.commands.launch",
     "llmtrain.commands.quotas",
+    "llmtrain.commands.plan",
 )
 USAGE_ERROR = 2
 

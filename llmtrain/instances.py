@@ -29,19 +29,21 @@ class GpuModel:
     memory_bytes: int
     peak_flops: float
     link_bytes_per_second: float
+    # HBM bandwidth from the data sheet (the optimizer's update is bound by it).
+    memory_bytes_per_second: float
 
 
 GPU_MODELS: dict[str, GpuModel] = {
     gpu.name: gpu
     for gpu in (
-        GpuModel("T4", 15360 * 1024**2, 65e12, 16e9),  # fp16: no bf16 tensor cores; PCIe 3
-        GpuModel("A10G", 23028 * 1024**2, 70e12, 32e9),  # PCIe 4, no NVLink
-        GpuModel("V100-16GB", 16384 * 1024**2, 125e12, 150e9),  # fp16; NVLink 2
-        GpuModel("V100-32GB", 32768 * 1024**2, 125e12, 150e9),
-        GpuModel("A100-40GB", 40960 * 1024**2, 312e12, 300e9),  # NVLink 3
-        GpuModel("A100-80GB", 81920 * 1024**2, 312e12, 300e9),
-        GpuModel("H100-80GB", 81559 * 1024**2, 989e12, 450e9),  # SXM, NVLink 4
-        GpuModel("H200-141GB", 143771 * 1024**2, 989e12, 450e9),
+        GpuModel("T4", 15360 * 1024**2, 65e12, 16e9, 320e9),  # fp16: no bf16 tensor cores; PCIe 3
+        GpuModel("A10G", 23028 * 1024**2, 70e12, 32e9, 600e9),  # PCIe 4, no NVLink
+        GpuModel("V100-16GB", 16384 * 1024**2, 125e12, 150e9, 900e9),  # fp16; NVLink 2
+        GpuModel("V100-32GB", 32768 * 1024**2, 125e12, 150e9, 900e9),
+        GpuModel("A100-40GB", 40960 * 1024**2, 312e12, 300e9, 1555e9),  # NVLink 3
+        GpuModel("A100-80GB", 81920 * 1024**2, 312e12, 300e9, 2039e9),
+        GpuModel("H100-80GB", 81559 * 1024**2, 989e12, 450e9, 3350e9),  # SXM, NVLink 4
+        GpuModel("H200-141GB", 143771 * 1024**2, 989e12, 450e9, 4800e9),
     )
 }
 

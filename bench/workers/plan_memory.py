@@ -131,10 +131,16 @@ def optimizer_storages(strategy, params: dict[int, int]) -> dict[int, int]:
 
 def gradient_storages(strategy) -> dict[int, int]:
     model = strategy.hf_model
-    tensors = [p.grad for p in model.parameters()]
-    for fsdp_param in _fsdp_params(model):
-        unsharded = getattr(fsdp_param, "_unsharded_param", None)
-        tensors += [fsdp_param.unsharded_accumulated_grad, getattr(unsharded, "grad", None)]
+    fsdp_params = list(_fsdp_params(model))
+    if fsdp_params:
+        # The sharded parameters' gradients, and the fp32 unsharded ones FSDP2 keeps between micro
+        # steps when it does not reduce them (grad_op accumulation). While a block runs backward its
+        # modules hold unsharded parameters whose gradients are on their way to the reduce-scatter:
+        # working memory, not counted here.
+        tensors = [p.sharded_param.grad for p in fsdp_params]
+        tensors += [p.unsharded_accumulated_grad for p in fsdp_params]
+    else:
+        tensors = [p.grad for p in model.parameters()]
     found = storages(tensors)
     reducer = getattr(strategy.model, "reducer", None)
     if reducer is not None:  # DDP's buckets live in C++; the reducer reports them

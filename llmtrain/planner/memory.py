@@ -233,12 +233,8 @@ def _fsdp_states(work: Workload, layout: Layout, tensors: Tensors) -> ModelState
     trainable_shard = sum(shard_numel(p, t, n, padded=False) for p in tensors.trainable)
     grads = FP32 * sum(shard_numel(p, t, n, padded=True) for p in tensors.trainable)
     if layout.fsdp_sharding == "grad_op" and work.grad_accum_steps > 1:
-        # fp32 unsharded gradients accumulate between micro steps; in the last one's backward the
-        # root's and a block's compute-dtype gradients join them before FSDP folds them in.
-        accumulated = FP32 * sum(tp_local_numel(p, t) for p in tensors.trainable)
-        arriving = compute * sum(tp_local_numel(p, t) for p in tensors.trainable
-                                 if p.layer is None or p.layer == work.model.num_layers - 1)
-        grads = max(grads, accumulated + arriving)
+        # fp32 unsharded gradients accumulate between micro steps (no reduction until the last)
+        grads = max(grads, FP32 * sum(tp_local_numel(p, t) for p in tensors.trainable))
     optimizer = _adam_bytes(trainable_shard, len(tensors.trainable))
     return ModelStates(parameters=sharded + gathered, gradients=grads, optimizer=optimizer,
                        offloadable=(sharded, grads, optimizer),

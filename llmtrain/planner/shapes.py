@@ -11,6 +11,7 @@ is shaped after (`vocab_size`), which `model_overrides` or `--vocab-size` replac
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -102,7 +103,7 @@ class ModelShape:
 
     def parameters(self) -> tuple[ParameterTensor, ...]:
         """Every parameter tensor once (a tied output head shares the embedding's)."""
-        return _llama_parameters(self) if self.family == "llama" else _gpt2_parameters(self)
+        return _parameters(self)
 
     @property
     def num_parameters(self) -> int:
@@ -118,6 +119,11 @@ class ModelShape:
         weight plus the attention scores' 12 x layers x hidden x sequence (PaLM, appendix B), the
         convention of the training program's MFU and of torchtitan's."""
         return 6.0 * self.matmul_parameters() + 12.0 * self.num_layers * self.hidden_size * seq_len
+
+
+@functools.lru_cache(maxsize=128)
+def _parameters(shape: ModelShape) -> tuple[ParameterTensor, ...]:
+    return _llama_parameters(shape) if shape.family == "llama" else _gpt2_parameters(shape)
 
 
 def padded_vocab_size(size: int) -> int:
