@@ -44,8 +44,13 @@ SCALING_TOLERANCE = 0.10
 # --- 1. memory, measured here ------------------------------------------------------------------------
 
 # A small preset at a short sequence: every strategy and checkpointing mode in seconds per launch.
-SMALL = {"model_preset": "llama-20m", "seq_len": 128, "micro_batch_size": 2, "grad_accum_steps": 1,
-         "max_grad_norm": 1.0}
+SMALL = {
+    "model_preset": "llama-20m",
+    "seq_len": 128,
+    "micro_batch_size": 2,
+    "grad_accum_steps": 1,
+    "max_grad_norm": 1.0,
+}
 
 
 @dataclass(frozen=True)
@@ -65,8 +70,13 @@ MEMORY_CONFIGS = (
     _config("single bf16", 1, parallelism="single"),
     _config("single bf16, full AC", 1, parallelism="single", activation_checkpointing="full"),
     _config("single bf16, selective AC", 1, parallelism="single", activation_checkpointing="selective"),
-    _config("single bf16, full AC every 2nd", 1, parallelism="single", activation_checkpointing="full",
-            activation_checkpointing_every=2),
+    _config(
+        "single bf16, full AC every 2nd",
+        1,
+        parallelism="single",
+        activation_checkpointing="full",
+        activation_checkpointing_every=2,
+    ),
     _config("single gpt2 bf16", 1, parallelism="single", model_preset="gpt2-tiny", seq_len=256),
     _config("ddp bf16", 2, parallelism="ddp"),
     _config("ddp bf16, accumulation 2", 2, parallelism="ddp", grad_accum_steps=2),
@@ -74,24 +84,41 @@ MEMORY_CONFIGS = (
     _config("fsdp full fp32", 2, parallelism="fsdp", mixed_precision="fp32"),
     _config("fsdp full, full AC", 2, parallelism="fsdp", activation_checkpointing="full"),
     _config("fsdp full, selective AC", 2, parallelism="fsdp", activation_checkpointing="selective"),
-    _config("fsdp grad_op, accumulation 2", 2, parallelism="fsdp", fsdp_sharding="grad_op",
-            grad_accum_steps=2),
+    _config(
+        "fsdp grad_op, accumulation 2", 2, parallelism="fsdp", fsdp_sharding="grad_op", grad_accum_steps=2
+    ),
     _config("tensor parallel 2", 2, parallelism="fsdp", tensor_parallel_degree=2),
     _config("fsdp + LoRA r=8, dropout 0.1", 2, parallelism="fsdp", lora_r=8, lora_dropout=0.1),
-    _config("fsdp + LoRA r=8 q/v, full AC", 2, parallelism="fsdp", lora_r=8,
-            lora_target_modules=["q_proj", "v_proj"], activation_checkpointing="full"),
+    _config(
+        "fsdp + LoRA r=8 q/v, full AC",
+        2,
+        parallelism="fsdp",
+        lora_r=8,
+        lora_target_modules=["q_proj", "v_proj"],
+        activation_checkpointing="full",
+    ),
     _config("ddp + LoRA r=8", 2, parallelism="ddp", lora_r=8),
     _config("hsdp 2 x 2", 4, parallelism="fsdp", fsdp_sharding="hybrid", replicate_degree=2),
     _config("fsdp 2 x tensor parallel 2", 4, parallelism="fsdp", tensor_parallel_degree=2),
     _config("zero-1 bf16", 2, parallelism="deepspeed", zero_stage=1),
     _config("zero-2 bf16", 2, parallelism="deepspeed", zero_stage=2),
-    _config("zero-2 bf16, full AC", 2, parallelism="deepspeed", zero_stage=2, activation_checkpointing="full"),
+    _config(
+        "zero-2 bf16, full AC", 2, parallelism="deepspeed", zero_stage=2, activation_checkpointing="full"
+    ),
     _config("zero-3 bf16", 2, parallelism="deepspeed", zero_stage=3),
 )
 # What the test runs (tests/bench/test_plan_bench.py): one launch per process count.
-QUICK_CONFIGS = ("single bf16", "single bf16, selective AC", "ddp bf16", "fsdp full, full AC",
-                 "fsdp grad_op, accumulation 2", "tensor parallel 2", "fsdp + LoRA r=8, dropout 0.1",
-                 "zero-1 bf16", "zero-3 bf16")
+QUICK_CONFIGS = (
+    "single bf16",
+    "single bf16, selective AC",
+    "ddp bf16",
+    "fsdp full, full AC",
+    "fsdp grad_op, accumulation 2",
+    "tensor parallel 2",
+    "fsdp + LoRA r=8, dropout 0.1",
+    "zero-1 bf16",
+    "zero-3 bf16",
+)
 
 
 def predicted_memory(config: MemoryConfig) -> dict[str, int]:
@@ -105,8 +132,13 @@ def predicted_memory(config: MemoryConfig) -> dict[str, int]:
 
 def _child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SAGEMAKER_"))}
-    env.update(DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.update(
+        DS_ACCELERATOR="cpu",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1",
+    )
     return env
 
 
@@ -126,22 +158,40 @@ def measure_memory(configs: tuple[MemoryConfig, ...], timeout: float = 1200) -> 
         group = [c for c in configs if c.processes == processes]
         with tempfile.TemporaryDirectory() as folder:
             spec, out = Path(folder) / "spec.json", Path(folder) / "out.json"
-            spec.write_text(json.dumps([{"name": c.name, "hyperparameters": c.hyperparameters}
-                                        for c in group]))
-            command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-                       "--master_port", str(_free_port()), str(WORKER), str(spec), str(out)]
-            done = subprocess.run(command, cwd=REPO, env=_child_env(), capture_output=True, text=True,
-                                  timeout=timeout)
-            ranks = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(processes)
-                     if Path(f"{out}.{rank}").exists()]
+            spec.write_text(
+                json.dumps([{"name": c.name, "hyperparameters": c.hyperparameters} for c in group])
+            )
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                str(processes),
+                "--master_port",
+                str(_free_port()),
+                str(WORKER),
+                str(spec),
+                str(out),
+            ]
+            done = subprocess.run(
+                command, cwd=REPO, env=_child_env(), capture_output=True, text=True, timeout=timeout
+            )
+            ranks = [
+                json.loads(Path(f"{out}.{rank}").read_text())
+                for rank in range(processes)
+                if Path(f"{out}.{rank}").exists()
+            ]
             if done.returncode or len(ranks) != processes:
-                raise RuntimeError(f"the memory worker failed ({done.returncode}):\n{done.stdout[-3000:]}"
-                                   f"\n{done.stderr[-3000:]}")
+                raise RuntimeError(
+                    f"the memory worker failed ({done.returncode}):\n{done.stdout[-3000:]}"
+                    f"\n{done.stderr[-3000:]}"
+                )
         for config in group:
             per_rank = [rank[config.name] for rank in ranks]
             errors = [r["error"] for r in per_rank if "error" in r]
-            results[config.name] = {"error": errors[0]} if errors else {
-                part: max(r[part] for r in per_rank) for part in PARTS}
+            results[config.name] = (
+                {"error": errors[0]} if errors else {part: max(r[part] for r in per_rank) for part in PARTS}
+            )
     return results
 
 
@@ -149,8 +199,12 @@ def memory_rows(configs: tuple[MemoryConfig, ...], measured: dict[str, dict]) ->
     rows = []
     for config in configs:
         found = measured[config.name]
-        row = {"name": config.name, "processes": config.processes, "measured": found,
-               "predicted": predicted_memory(config)}
+        row = {
+            "name": config.name,
+            "processes": config.processes,
+            "measured": found,
+            "predicted": predicted_memory(config),
+        }
         if "error" not in found:
             row["error"] = {part: relative_error(row["predicted"][part], found[part]) for part in PARTS}
         rows.append(row)
@@ -198,8 +252,16 @@ def torchtitan_selective_recompute(work: Workload) -> float:
 
 def torchtitan_workload(run: PublishedRun) -> tuple[Workload, Layout, speed.Cluster]:
     model = preset_shape("llama3-8b", 8192)
-    work = Workload(model=model, seq_len=8192, micro_batch_size=2, grad_accum_steps=1, max_steps=1,
-                    precision="bf16", activation_checkpointing="selective", compile=run.compile)
+    work = Workload(
+        model=model,
+        seq_len=8192,
+        micro_batch_size=2,
+        grad_accum_steps=1,
+        max_steps=1,
+        precision="bf16",
+        activation_checkpointing="selective",
+        compile=run.compile,
+    )
     work = replace(work, selective_recompute=torchtitan_selective_recompute(work))
     nodes = run.gpus // TORCHTITAN_HARDWARE.gpus
     layout = Layout("fsdp", nodes, TORCHTITAN_HARDWARE.gpus, replicate=1, shard=run.gpus, tensor=1)
@@ -215,13 +277,17 @@ def calibrate() -> speed.Calibration:
         if not run.calibrates:
             continue
         work, layout, cluster = torchtitan_workload(run)
-        unit = speed.estimate(work, layout, cluster, replace(speed.CALIBRATION, achievable_eager=1.0,
-                                                             achievable_compiled=1.0))
+        unit = speed.estimate(
+            work, layout, cluster, replace(speed.CALIBRATION, achievable_eager=1.0, achievable_compiled=1.0)
+        )
         measured_step = work.micro_batch_tokens / run.tokens_per_second_per_gpu
         other = unit.step_seconds - unit.compute_seconds
         fractions[run.compile] = unit.compute_seconds / (measured_step - other)
-    return replace(speed.CALIBRATION, achievable_eager=round(fractions[False], 4),
-                   achievable_compiled=round(fractions[True], 4))
+    return replace(
+        speed.CALIBRATION,
+        achievable_eager=round(fractions[False], 4),
+        achievable_compiled=round(fractions[True], 4),
+    )
 
 
 def torchtitan_rows() -> list[dict]:
@@ -231,13 +297,18 @@ def torchtitan_rows() -> list[dict]:
         estimate = speed.estimate(work, layout, cluster)
         gpu_memory = replace(GPU_MODELS["H100-80GB"], memory_bytes=TORCHTITAN_GPU_MEMORY)
         peak = memory.estimate(work, layout, gpu_memory.memory_bytes).per_gpu / 1024**3
-        rows.append({"name": run.name, "role": "calibrates" if run.calibrates else "checks",
-                     "published_tokens_per_second_per_gpu": run.tokens_per_second_per_gpu,
-                     "predicted_tokens_per_second_per_gpu": estimate.tokens_per_second_per_gpu,
-                     "error": relative_error(estimate.tokens_per_second_per_gpu, run.tokens_per_second_per_gpu),
-                     "predicted_mfu": estimate.mfu,
-                     "published_peak_memory_gib": run.peak_memory_gib,
-                     "program_peak_memory_gib": peak})
+        rows.append(
+            {
+                "name": run.name,
+                "role": "calibrates" if run.calibrates else "checks",
+                "published_tokens_per_second_per_gpu": run.tokens_per_second_per_gpu,
+                "predicted_tokens_per_second_per_gpu": estimate.tokens_per_second_per_gpu,
+                "error": relative_error(estimate.tokens_per_second_per_gpu, run.tokens_per_second_per_gpu),
+                "predicted_mfu": estimate.mfu,
+                "published_peak_memory_gib": run.peak_memory_gib,
+                "program_peak_memory_gib": peak,
+            }
+        )
     return rows
 
 
@@ -247,8 +318,15 @@ def torchtitan_rows() -> list[dict]:
 # the single-instance time fixes the job's amount of work (it calibrates nothing else).
 SEEDS_MINUTES = {1: 99.0, 2: 55.0, 4: 27.0, 8: 13.5}
 SEEDS_INSTANCE = "ml.p4d.24xlarge"
-SEEDS_JOB = {"model_preset": "llama-1b", "parallelism": "ddp", "seq_len": 2048, "micro_batch_size": 2,
-             "grad_accum_steps": 8, "activation_checkpointing": "full", "mixed_precision": "bf16"}
+SEEDS_JOB = {
+    "model_preset": "llama-1b",
+    "parallelism": "ddp",
+    "seq_len": 2048,
+    "micro_batch_size": 2,
+    "grad_accum_steps": 8,
+    "activation_checkpointing": "full",
+    "mixed_precision": "bf16",
+}
 
 
 def seeds_rows(job: dict | None = None) -> list[dict]:
@@ -265,10 +343,16 @@ def seeds_rows(job: dict | None = None) -> list[dict]:
     for count, minutes in SEEDS_MINUTES.items():
         steps = steps_on_one / count  # the same tokens, a global batch `count` times larger
         predicted = steps * step_seconds[count] / 60
-        rows.append({"instances": count, "published_minutes": minutes, "predicted_minutes": predicted,
-                     "error": relative_error(predicted, minutes),
-                     "role": "calibrates the job's size" if count == 1 else "checks",
-                     "step_seconds": step_seconds[count]})
+        rows.append(
+            {
+                "instances": count,
+                "published_minutes": minutes,
+                "predicted_minutes": predicted,
+                "error": relative_error(predicted, minutes),
+                "role": "calibrates the job's size" if count == 1 else "checks",
+                "step_seconds": step_seconds[count],
+            }
+        )
     return rows
 
 
@@ -288,24 +372,32 @@ def print_memory(rows: list[dict]) -> None:
             continue
         for index, part in enumerate(PARTS):
             label = row["name"] if index == 0 else ""
-            print(f"{label:36} {part:12} {_mib(row['measured'][part])} {_mib(row['predicted'][part])} "
-                  f"{row['error'][part]:+8.1%}")
+            print(
+                f"{label:36} {part:12} {_mib(row['measured'][part])} {_mib(row['predicted'][part])} "
+                f"{row['error'][part]:+8.1%}"
+            )
 
 
 def print_speed(titan: list[dict], seeds: list[dict]) -> None:
     print("\nSpeed vs published runs (tokens/s per GPU)")
-    print(f"{'run':42} {'role':10} {'published':>9} {'predicted':>9} {'error':>7}  {'MFU':>5}  "
-          f"{'peak GiB: published':>19} {'program':>7}")
+    print(
+        f"{'run':42} {'role':10} {'published':>9} {'predicted':>9} {'error':>7}  {'MFU':>5}  "
+        f"{'peak GiB: published':>19} {'program':>7}"
+    )
     for row in titan:
-        print(f"{row['name']:42} {row['role']:10} {row['published_tokens_per_second_per_gpu']:9.0f} "
-              f"{row['predicted_tokens_per_second_per_gpu']:9.0f} {row['error']:+7.1%}  "
-              f"{row['predicted_mfu']:5.1%}  {row['published_peak_memory_gib']:19.1f} "
-              f"{row['program_peak_memory_gib']:7.1f}")
+        print(
+            f"{row['name']:42} {row['role']:10} {row['published_tokens_per_second_per_gpu']:9.0f} "
+            f"{row['predicted_tokens_per_second_per_gpu']:9.0f} {row['error']:+7.1%}  "
+            f"{row['predicted_mfu']:5.1%}  {row['published_peak_memory_gib']:19.1f} "
+            f"{row['program_peak_memory_gib']:7.1f}"
+        )
     print("\nData-parallel scaling, the seeds' table (minutes)")
     print(f"{'instances':>9} {'published':>9} {'predicted':>9} {'error':>7}  role")
     for row in seeds:
-        print(f"{row['instances']:9d} {row['published_minutes']:9.1f} {row['predicted_minutes']:9.1f} "
-              f"{row['error']:+7.1%}  {row['role']}")
+        print(
+            f"{row['instances']:9d} {row['published_minutes']:9.1f} {row['predicted_minutes']:9.1f} "
+            f"{row['error']:+7.1%}  {row['role']}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

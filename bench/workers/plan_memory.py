@@ -109,8 +109,11 @@ def parameter_storages(strategy) -> dict[int, int]:
     for param in model.parameters():
         tensors += [param, getattr(param, "ds_tensor", None)]
     for fsdp_param in _fsdp_params(model):
-        tensors += [fsdp_param.sharded_param, getattr(fsdp_param, "_unsharded_param", None),
-                    *fsdp_param.all_gather_outputs]
+        tensors += [
+            fsdp_param.sharded_param,
+            getattr(fsdp_param, "_unsharded_param", None),
+            *fsdp_param.all_gather_outputs,
+        ]
     engine_optimizer = getattr(getattr(strategy, "engine", None), "optimizer", None)
     for name in ("bit16_groups_flat", "fp16_partitioned_groups_flat"):
         tensors += list(tensors_under(getattr(engine_optimizer, name, None)))
@@ -254,10 +257,14 @@ class Measurement:
 
         # Gradients are read after each block's backward and after each parameter's gradient is
         # accumulated (where a parameter reports it), so a peak between reductions is seen.
-        hooks = [layer.register_full_backward_hook(self.sample_gradients)
-                 for layer in _blocks(strategy.hf_model)]
-        hooks += [param.register_post_accumulate_grad_hook(self.sample_gradients)
-                  for param in strategy.hf_model.parameters() if param.requires_grad]
+        hooks = [
+            layer.register_full_backward_hook(self.sample_gradients) for layer in _blocks(strategy.hf_model)
+        ]
+        hooks += [
+            param.register_post_accumulate_grad_hook(self.sample_gradients)
+            for param in strategy.hf_model.parameters()
+            if param.requires_grad
+        ]
         owner.backward = backward
         try:
             with self.saved.recording():
@@ -275,9 +282,13 @@ def _blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 def _batches(config, vocab: int, generator: torch.Generator):
     data = config.data
-    return [(torch.randint(0, vocab, (data.micro_batch_size, data.seq_len), generator=generator),
-             torch.randint(0, vocab, (data.micro_batch_size, data.seq_len), generator=generator))
-            for _ in range(data.grad_accum_steps)]
+    return [
+        (
+            torch.randint(0, vocab, (data.micro_batch_size, data.seq_len), generator=generator),
+            torch.randint(0, vocab, (data.micro_batch_size, data.seq_len), generator=generator),
+        )
+        for _ in range(data.grad_accum_steps)
+    ]
 
 
 def measure(hyperparameters: dict, tokenizer) -> dict[str, int]:
@@ -288,8 +299,13 @@ def measure(hyperparameters: dict, tokenizer) -> dict[str, int]:
     try:
         generator = torch.Generator().manual_seed(dist.get_rank())
         batches = SimpleNamespace(samples=SimpleNamespace(manifest=SimpleNamespace(loss_mask=False)))
-        ctx = SimpleNamespace(strategy=strategy, config=config, device=device, train=batches,
-                              dp_group=strategy.topology.data_parallel_group())
+        ctx = SimpleNamespace(
+            strategy=strategy,
+            config=config,
+            device=device,
+            train=batches,
+            dp_group=strategy.topology.data_parallel_group(),
+        )
         strategy.train(True)
         batches.next_step = lambda: _batches(config, source.config.vocab_size, generator)
         train_step(ctx)

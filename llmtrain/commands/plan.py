@@ -37,33 +37,59 @@ def register(subparsers) -> None:
     parser.add_argument("ref", metavar="NAME[@VERSION]", help="template name, optionally @VERSION or @latest")
     add_overrides_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.add_argument("--model-config", type=Path, default=None,
-                        help="a Hugging Face config.json: plan this model instead of the preset "
-                        "(a run that starts from a checkpoint in its model channel)")
-    parser.add_argument("--vocab-size", type=int, default=None,
-                        help="the tokenizer's vocabulary (default: the preset's published model's)")
-    parser.add_argument("--assume", action="append", default=[], metavar="KEY=VALUE",
-                        help="a training-program hyperparameter the run does not set, for templates "
-                        "that run their own code (repeatable)")
-    parser.add_argument("--suggest", action="store_true",
-                        help="search instance type and count, micro batch, activation checkpointing "
-                        "and compile within the template's bounds")
-    parser.add_argument("--max-hours", type=float, default=None,
-                        help="with --suggest: the cheapest plan must finish within this many hours")
+    parser.add_argument(
+        "--model-config",
+        type=Path,
+        default=None,
+        help="a Hugging Face config.json: plan this model instead of the preset "
+        "(a run that starts from a checkpoint in its model channel)",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="the tokenizer's vocabulary (default: the preset's published model's)",
+    )
+    parser.add_argument(
+        "--assume",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a training-program hyperparameter the run does not set, for templates "
+        "that run their own code (repeatable)",
+    )
+    parser.add_argument(
+        "--suggest",
+        action="store_true",
+        help="search instance type and count, micro batch, activation checkpointing "
+        "and compile within the template's bounds",
+    )
+    parser.add_argument(
+        "--max-hours",
+        type=float,
+        default=None,
+        help="with --suggest: the cheapest plan must finish within this many hours",
+    )
     parser.add_argument("--catalog", type=Path, default=None, help="catalog folder (default: templates/)")
     parser.set_defaults(handler=plan_command)
 
     price_parser = subparsers.add_parser(
-        "prices", help="show or refresh the instance price table the planner uses",
-        description="The planner's dated table of SageMaker training prices per instance-hour.")
+        "prices",
+        help="show or refresh the instance price table the planner uses",
+        description="The planner's dated table of SageMaker training prices per instance-hour.",
+    )
     actions = price_parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     show = actions.add_parser("show", help="print the price table")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(handler=prices_show_command)
     refresh = actions.add_parser("refresh", help="rewrite the table from the AWS Price List API")
     refresh.add_argument("--region", default=None, help="the region to price (default: the table's)")
-    refresh.add_argument("--out", type=Path, default=prices.PRICE_TABLE,
-                         help="where to write the table (default: the shipped one)")
+    refresh.add_argument(
+        "--out",
+        type=Path,
+        default=prices.PRICE_TABLE,
+        help="where to write the table (default: the shipped one)",
+    )
     refresh.set_defaults(handler=prices_refresh_command)
 
 
@@ -106,8 +132,11 @@ def format_plan(plan: Plan) -> str:
         f"  working      {_gib(m.working)}   (transient buffers at the peak)",
         f"  overhead     {_gib(m.overhead)}   (CUDA context, NCCL, allocator)",
         f"  total        {_gib(m.per_gpu)} of {m.capacity / GIB:.2f} GiB: "
-        + (f"fits, {m.headroom / GIB:.2f} GiB headroom" if m.fits else
-           f"DOES NOT FIT by {-m.headroom / GIB:.2f} GiB (try --suggest)"),
+        + (
+            f"fits, {m.headroom / GIB:.2f} GiB headroom"
+            if m.fits
+            else f"DOES NOT FIT by {-m.headroom / GIB:.2f} GiB (try --suggest)"
+        ),
     ]
     if m.offloaded:
         lines.append(f"  offloaded to host memory: {m.offloaded / GIB:.2f} GiB")
@@ -116,10 +145,13 @@ def format_plan(plan: Plan) -> str:
         "speed",
         f"  step         {s.step_seconds:.3f} s (compute {s.compute_seconds:.3f}, exposed communication "
         f"{s.exposed_communication_seconds:.3f}, optimizer {s.optimizer_seconds:.3f})",
-        f"  tokens/s     {s.tokens_per_second:,.0f} ({s.tokens_per_second_per_gpu:,.0f} per GPU), MFU {s.mfu:.1%}",
+        f"  tokens/s     {s.tokens_per_second:,.0f} ({s.tokens_per_second_per_gpu:,.0f} per GPU), "
+        f"MFU {s.mfu:.1%}",
     ]
-    lines += [f"  {t.name:<36} {t.bytes_per_gpu / GIB:8.2f} GiB/GPU per step, {t.seconds:.3f} s"
-              for t in s.transfers]
+    lines += [
+        f"  {t.name:<36} {t.bytes_per_gpu / GIB:8.2f} GiB/GPU per step, {t.seconds:.3f} s"
+        for t in s.transfers
+    ]
     lines += [
         "",
         "time and cost",
@@ -136,16 +168,28 @@ def _suggestions_dict(found: Suggestions) -> dict:
     def entry(plan: Plan | None) -> dict | None:
         return None if plan is None else {**plan.to_dict(), "set_flags": set_flags(plan)}
 
-    return {"current": entry(found.current), "fastest": entry(found.fastest),
-            "cheapest": entry(found.cheapest), "max_hours": found.max_hours,
-            "candidates": found.candidates, "fitting": found.fitting}
+    return {
+        "current": entry(found.current),
+        "fastest": entry(found.fastest),
+        "cheapest": entry(found.cheapest),
+        "max_hours": found.max_hours,
+        "candidates": found.candidates,
+        "fitting": found.fitting,
+    }
 
 
 def format_suggestions(found: Suggestions) -> str:
-    lines = [f"searched {found.candidates} settings the template allows; {found.fitting} fit", "",
-             "as requested:", f"  {found.current.summary_line()}"]
+    lines = [
+        f"searched {found.candidates} settings the template allows; {found.fitting} fit",
+        "",
+        "as requested:",
+        f"  {found.current.summary_line()}",
+    ]
     within = f" finishing within {found.max_hours:g} h" if found.max_hours is not None else ""
-    for title, plan in (("fastest that fits:", found.fastest), (f"cheapest that fits{within}:", found.cheapest)):
+    for title, plan in (
+        ("fastest that fits:", found.fastest),
+        (f"cheapest that fits{within}:", found.cheapest),
+    ):
         lines.append("")
         lines.append(title)
         if plan is None:
@@ -161,7 +205,9 @@ def prices_show_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(table.to_dict(), indent=2))
         return 0
-    print(f"{table.describe()}; spot assumed {table.spot_savings_assumed:.0%} cheaper\nsource: {table.source}")
+    print(
+        f"{table.describe()}; spot assumed {table.spot_savings_assumed:.0%} cheaper\nsource: {table.source}"
+    )
     for name, price in sorted(table.on_demand_per_hour.items()):
         print(f"  {name:20} ${price:10.3f}/h")
     return 0
@@ -171,8 +217,9 @@ def prices_refresh_command(args: argparse.Namespace) -> int:
     import boto3
 
     client = boto3.client("pricing", region_name=prices.PRICING_API_REGION)
-    table, missing = prices.refresh(client, prices.load(args.out if args.out.exists() else prices.PRICE_TABLE),
-                                    region=args.region)
+    table, missing = prices.refresh(
+        client, prices.load(args.out if args.out.exists() else prices.PRICE_TABLE), region=args.region
+    )
     prices.write(table, args.out)
     print(f"wrote {len(table.on_demand_per_hour)} prices ({table.describe()}) to {args.out}")
     if missing:

@@ -58,8 +58,14 @@ class MemoryEstimate:
 
     @property
     def per_gpu(self) -> int:
-        return (self.parameters + self.gradients + self.optimizer + self.activations + self.working
-                + self.overhead)
+        return (
+            self.parameters
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.working
+            + self.overhead
+        )
 
     @property
     def fits(self) -> bool:
@@ -71,11 +77,16 @@ class MemoryEstimate:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "per_gpu_bytes": self.per_gpu, "capacity_bytes": self.capacity,
-            "headroom_bytes": self.headroom, "parameters_bytes": self.parameters,
-            "gradients_bytes": self.gradients, "optimizer_bytes": self.optimizer,
-            "activations_bytes": self.activations, "working_bytes": self.working,
-            "overhead_bytes": self.overhead, "offloaded_bytes": self.offloaded,
+            "per_gpu_bytes": self.per_gpu,
+            "capacity_bytes": self.capacity,
+            "headroom_bytes": self.headroom,
+            "parameters_bytes": self.parameters,
+            "gradients_bytes": self.gradients,
+            "optimizer_bytes": self.optimizer,
+            "activations_bytes": self.activations,
+            "working_bytes": self.working,
+            "overhead_bytes": self.overhead,
+            "offloaded_bytes": self.offloaded,
             "details": dict(self.details),
         }
 
@@ -113,8 +124,10 @@ def parameter_tensors(work: Workload) -> Tensors:
         prefix = weight.name.removesuffix(".weight")
         # peft splits the adapters like their base under tensor parallel: not supported (the
         # program refuses LoRA with TP), so they carry no tp tag.
-        adapters += [ParameterTensor(f"{prefix}.lora_A.weight", (work.lora_r, in_dim), "linear", weight.layer),
-                     ParameterTensor(f"{prefix}.lora_B.weight", (out_dim, work.lora_r), "linear", weight.layer)]
+        adapters += [
+            ParameterTensor(f"{prefix}.lora_A.weight", (work.lora_r, in_dim), "linear", weight.layer),
+            ParameterTensor(f"{prefix}.lora_B.weight", (out_dim, work.lora_r), "linear", weight.layer),
+        ]
     return Tensors(base, tuple(adapters))
 
 
@@ -159,9 +172,16 @@ def estimate(work: Workload, layout: Layout, capacity: int, *, on_gpu: bool = Tr
     overhead = int(CUDA_CONTEXT_BYTES + ALLOCATOR_RESERVE_FRACTION * subtotal) if on_gpu else 0
     details = {**act_details, **states.details}
     return MemoryEstimate(
-        parameters=gpu_states[0], gradients=gpu_states[1], optimizer=gpu_states[2],
-        activations=activations, working=working, overhead=overhead, capacity=capacity,
-        offloaded=sum(states.all()) - sum(gpu_states) + offloaded_activations, details=details)
+        parameters=gpu_states[0],
+        gradients=gpu_states[1],
+        optimizer=gpu_states[2],
+        activations=activations,
+        working=working,
+        overhead=overhead,
+        capacity=capacity,
+        offloaded=sum(states.all()) - sum(gpu_states) + offloaded_activations,
+        details=details,
+    )
 
 
 @dataclass(frozen=True)
@@ -200,9 +220,11 @@ def _replicated_states(work: Workload, layout: Layout, tensors: Tensors) -> Mode
     buckets = FP32 * trainable if layout.strategy == "ddp" and layout.world_size > 1 else 0
     grads = FP32 * trainable + buckets
     return ModelStates(
-        parameters=FP32 * trainable + frozen_bytes, gradients=grads,
+        parameters=FP32 * trainable + frozen_bytes,
+        gradients=grads,
         optimizer=_adam_bytes(trainable, len(tensors.trainable)),
-        details={"ddp_bucket_bytes": buckets})
+        details={"ddp_bucket_bytes": buckets},
+    )
 
 
 def _frozen_bytes(work: Workload, frozen: tuple[ParameterTensor, ...]) -> int:
@@ -236,9 +258,13 @@ def _fsdp_states(work: Workload, layout: Layout, tensors: Tensors) -> ModelState
         # fp32 unsharded gradients accumulate between micro steps (no reduction until the last)
         grads = max(grads, FP32 * sum(tp_local_numel(p, t) for p in tensors.trainable))
     optimizer = _adam_bytes(trainable_shard, len(tensors.trainable))
-    return ModelStates(parameters=sharded + gathered, gradients=grads, optimizer=optimizer,
-                       offloadable=(sharded, grads, optimizer),
-                       details={"sharded_parameter_bytes": sharded, "gathered_parameter_bytes": gathered})
+    return ModelStates(
+        parameters=sharded + gathered,
+        gradients=grads,
+        optimizer=optimizer,
+        offloadable=(sharded, grads, optimizer),
+        details={"sharded_parameter_bytes": sharded, "gathered_parameter_bytes": gathered},
+    )
 
 
 def _unsharded_after_forward(work: Workload, layout: Layout, tensors: Tensors) -> list[ParameterTensor]:
@@ -272,10 +298,17 @@ def _deepspeed_states(work: Workload, layout: Layout, tensors: Tensors) -> Model
         parameters = compute * everything
         grads = compute * trainable
     optimizer = FP32 * partition + _adam_bytes(partition, len(tensors.trainable))
-    return ModelStates(parameters=parameters, gradients=grads, optimizer=optimizer,
-                       offloadable=(parameters if layout.zero_stage == 3 and layout.offload_params else 0,
-                                    0, optimizer if layout.offload_optimizer else 0),
-                       details={"deepspeed_partition_elements": partition})
+    return ModelStates(
+        parameters=parameters,
+        gradients=grads,
+        optimizer=optimizer,
+        offloadable=(
+            parameters if layout.zero_stage == 3 and layout.offload_params else 0,
+            0,
+            optimizer if layout.offload_optimizer else 0,
+        ),
+        details={"deepspeed_partition_elements": partition},
+    )
 
 
 # --- activations ----------------------------------------------------------------------------------
@@ -304,8 +337,9 @@ class BlockTrace:
     backward (per token, keyed so that a tensor saved twice counts once), which weights autocast
     copies and keeps (per block, not per token), and which outputs require a gradient."""
 
-    def __init__(self, work: Workload, reg: Regime, tensor: int, input_requires_grad: bool,
-                 on_gpu: bool = True) -> None:
+    def __init__(
+        self, work: Workload, reg: Regime, tensor: int, input_requires_grad: bool, on_gpu: bool = True
+    ) -> None:
         self.work, self.reg, self.t, self.on_gpu = work, reg, tensor, on_gpu
         self.per_token: dict[str, float] = {}
         self.weight_copies = 0.0
@@ -346,8 +380,16 @@ class BlockTrace:
         else:
             self.save(source, source_bytes)
 
-    def _adapter(self, module: str, source: str, d_in: int, d_out: int, source_bytes: float,
-                 cast_input: bool, needs_input_grad: bool) -> None:
+    def _adapter(
+        self,
+        module: str,
+        source: str,
+        d_in: int,
+        d_out: int,
+        source_bytes: float,
+        cast_input: bool,
+        needs_input_grad: bool,
+    ) -> None:
         """peft's LoRA: B(A(dropout(x))) x scale, with x first cast to the adapter weights' dtype.
         lora_A saves its input (dropout's output, or x itself; under autocast always a fresh
         compute-dtype copy, since peft casts x to the fp32 adapter dtype first), lora_B lora_A's
@@ -403,8 +445,9 @@ def _adapted_modules(work: Workload) -> set[str]:
     return {p.module for p in lora_targets(work.model, work.lora_targets)}
 
 
-def _block_traces(work: Workload, layout: Layout, reg: Regime,
-                  on_gpu: bool = True) -> tuple[BlockTrace, BlockTrace]:
+def _block_traces(
+    work: Workload, layout: Layout, reg: Regime, on_gpu: bool = True
+) -> tuple[BlockTrace, BlockTrace]:
     """The first block (whose input needs no gradient when the embedding is frozen, as with LoRA)
     and every other block."""
     first = BlockTrace(work, reg, layout.tensor, input_requires_grad=not work.lora, on_gpu=on_gpu)
@@ -419,8 +462,15 @@ def _selective_bytes(work: Workload, layout: Layout, reg: Regime, tokens: int) -
     m, t, e = work.model, layout.tensor, reg.compute
     h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
     adapted = _adapted_modules(work)
-    outputs = {"q_proj": h // t, "k_proj": kv // t, "v_proj": kv // t, "o_proj": h,
-               "gate_proj": i // t, "up_proj": i // t, "down_proj": h}
+    outputs = {
+        "q_proj": h // t,
+        "k_proj": kv // t,
+        "v_proj": kv // t,
+        "o_proj": h,
+        "gate_proj": i // t,
+        "up_proj": i // t,
+        "down_proj": h,
+    }
     per_token = reg.residual * h + e * h / t + FP32 * m.num_heads / t
     for module, width in outputs.items():
         per_token += e * width

@@ -67,11 +67,13 @@ class Plan:
         m, s = self.memory, self.speed
         verdict = "fits" if self.fits else "DOES NOT FIT"
         price = "spot" if self.spot else "on-demand"
-        return (f"plan: {verdict} ({m.per_gpu / GIB:.1f} of {m.capacity / GIB:.1f} GiB per GPU), "
-                f"{s.tokens_per_second:,.0f} tokens/s ({s.tokens_per_second_per_gpu:,.0f}/GPU, "
-                f"MFU {s.mfu:.0%}), {s.step_seconds:.2f} s/step, {self.workload.max_steps:,} steps in "
-                f"{self.hours:.1f} h, ${self.usd:,.0f} {price} ({self.instance_count} x "
-                f"{self.instance.name} at ${self.usd_per_hour / self.instance_count:,.2f}/h)")
+        return (
+            f"plan: {verdict} ({m.per_gpu / GIB:.1f} of {m.capacity / GIB:.1f} GiB per GPU), "
+            f"{s.tokens_per_second:,.0f} tokens/s ({s.tokens_per_second_per_gpu:,.0f}/GPU, "
+            f"MFU {s.mfu:.0%}), {s.step_seconds:.2f} s/step, {self.workload.max_steps:,} steps in "
+            f"{self.hours:.1f} h, ${self.usd:,.0f} {price} ({self.instance_count} x "
+            f"{self.instance.name} at ${self.usd_per_hour / self.instance_count:,.2f}/h)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         work = self.workload
@@ -82,18 +84,33 @@ class Plan:
             "instance_count": self.instance_count,
             "gpus": self.layout.world_size,
             "layout": self.layout.describe(),
-            "model": {"parameters": work.model.num_parameters, "layers": work.model.num_layers,
-                      "hidden_size": work.model.hidden_size, "vocab_size": work.model.vocab_size},
-            "workload": {"seq_len": work.seq_len, "micro_batch_size": work.micro_batch_size,
-                         "grad_accum_steps": work.grad_accum_steps, "max_steps": work.max_steps,
-                         "mixed_precision": work.precision,
-                         "activation_checkpointing": work.activation_checkpointing,
-                         "compile": work.compile, "lora_r": work.lora_r},
+            "model": {
+                "parameters": work.model.num_parameters,
+                "layers": work.model.num_layers,
+                "hidden_size": work.model.hidden_size,
+                "vocab_size": work.model.vocab_size,
+            },
+            "workload": {
+                "seq_len": work.seq_len,
+                "micro_batch_size": work.micro_batch_size,
+                "grad_accum_steps": work.grad_accum_steps,
+                "max_steps": work.max_steps,
+                "mixed_precision": work.precision,
+                "activation_checkpointing": work.activation_checkpointing,
+                "compile": work.compile,
+                "lora_r": work.lora_r,
+            },
             "memory": self.memory.to_dict(),
             "throughput": self.speed.to_dict(),
-            "cost": {"usd_per_hour": self.usd_per_hour, "hours": self.hours, "usd": self.usd,
-                     "spot": self.spot, "training_seconds": self.training_seconds,
-                     "billed_startup_seconds": BILLED_STARTUP_SECONDS, "prices": self.price_source},
+            "cost": {
+                "usd_per_hour": self.usd_per_hour,
+                "hours": self.hours,
+                "usd": self.usd,
+                "spot": self.spot,
+                "training_seconds": self.training_seconds,
+                "billed_startup_seconds": BILLED_STARTUP_SECONDS,
+                "prices": self.price_source,
+            },
             "settings": dict(self.settings),
             "summary": self.summary_line(),
         }
@@ -111,18 +128,29 @@ class PlanOptions:
     price_table: prices.PriceTable | None = None
 
 
-def plan(template: TemplateSpec, hyperparameters: Mapping[str, Any], instance: InstanceType,
-         count: int, spot: bool, options: PlanOptions = PlanOptions(),
-         settings: Mapping[str, Any] | None = None) -> Plan:
+DEFAULT_OPTIONS = PlanOptions()
+
+
+def plan(
+    template: TemplateSpec,
+    hyperparameters: Mapping[str, Any],
+    instance: InstanceType,
+    count: int,
+    spot: bool,
+    options: PlanOptions = DEFAULT_OPTIONS,
+    settings: Mapping[str, Any] | None = None,
+) -> Plan:
     """Plan the platform's training program with these hyperparameters on `count` instances."""
     if not template.code.is_platform and not options.assume and options.model is None:
         raise PlanInputError(
             f"{template.ref} runs its own training code, which the planner does not know: plan it as "
             "the platform's program with --model-config config.json and --assume KEY=VALUE "
-            "(seq_len, micro_batch_size, ...)")
+            "(seq_len, micro_batch_size, ...)"
+        )
     if instance.gpu_model is None:
-        raise PlanInputError(f"{instance.name} has no GPU: the planner plans GPU training; choose a "
-                             "GPU instance type")
+        raise PlanInputError(
+            f"{instance.name} has no GPU: the planner plans GPU training; choose a GPU instance type"
+        )
     given = {**hyperparameters, **options.assume}
     given.setdefault("parallelism", template.distribution.strategy)
     values = hyperparameter_values(given)
@@ -132,15 +160,32 @@ def plan(template: TemplateSpec, hyperparameters: Mapping[str, Any], instance: I
     return build(template.ref, work, layout, instance, count, spot, table, settings or {})
 
 
-def build(ref: str, work: Workload, layout: Layout, instance: InstanceType, count: int, spot: bool,
-          table: prices.PriceTable, settings: Mapping[str, Any]) -> Plan:
+def build(
+    ref: str,
+    work: Workload,
+    layout: Layout,
+    instance: InstanceType,
+    count: int,
+    spot: bool,
+    table: prices.PriceTable,
+    settings: Mapping[str, Any],
+) -> Plan:
     gpu = instance.gpu_model
     estimate = memory.estimate(work, layout, gpu.memory_bytes)
     rate = speed.estimate(work, layout, speed.Cluster.of(instance, count))
-    return Plan(template=ref, instance=instance, instance_count=count, spot=spot, workload=work,
-                layout=layout, memory=estimate, speed=rate,
-                usd_per_hour=table.per_hour(instance.name, spot=spot) * count,
-                price_source=table.describe(), settings=dict(settings))
+    return Plan(
+        template=ref,
+        instance=instance,
+        instance_count=count,
+        spot=spot,
+        workload=work,
+        layout=layout,
+        memory=estimate,
+        speed=rate,
+        usd_per_hour=table.per_hour(instance.name, spot=spot) * count,
+        price_source=table.describe(),
+        settings=dict(settings),
+    )
 
 
 def request_hyperparameters(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,25 +202,45 @@ def request_hyperparameters(request: Mapping[str, Any]) -> dict[str, Any]:
     return decoded
 
 
-def plan_request(template: TemplateSpec, request: Mapping[str, Any],
-                 options: PlanOptions = PlanOptions()) -> Plan:
+def plan_request(
+    template: TemplateSpec, request: Mapping[str, Any], options: PlanOptions = DEFAULT_OPTIONS
+) -> Plan:
     """Plan a rendered CreateTrainingJob request of `template`."""
     resources = request["ResourceConfig"]
-    return plan(template, request_hyperparameters(request), instance_type(resources["InstanceType"]),
-                int(resources["InstanceCount"]), bool(request.get("EnableManagedSpotTraining")), options)
+    return plan(
+        template,
+        request_hyperparameters(request),
+        instance_type(resources["InstanceType"]),
+        int(resources["InstanceCount"]),
+        bool(request.get("EnableManagedSpotTraining")),
+        options,
+    )
 
 
-def plan_run(template: TemplateSpec, overrides: Mapping[str, Any],
-             options: PlanOptions = PlanOptions()) -> Plan:
+def plan_run(
+    template: TemplateSpec, overrides: Mapping[str, Any], options: PlanOptions = DEFAULT_OPTIONS
+) -> Plan:
     """Plan a run of `template` with these overrides (validated as the launcher validates them)."""
     from llmtrain.platform import PlatformContext
     from llmtrain.render import RunInput, resolve_settings
 
-    platform = PlatformContext.placeholder(environment="plan", account="000000000000", region="us-east-1",
-                                           resource_prefix="plan", warm_pool_cap_seconds=0)
+    platform = PlatformContext.placeholder(
+        environment="plan",
+        account="000000000000",
+        region="us-east-1",
+        resource_prefix="plan",
+        warm_pool_cap_seconds=0,
+    )
     settings = resolve_settings(template, RunInput(run_name="plan", overrides=dict(overrides)), platform)
     hyperparameters = dict(settings.hyperparameters)
     if template.code.is_platform:
         hyperparameters.update(parallelism=template.distribution.strategy, **settings.degrees)
-    return plan(template, hyperparameters, instance_type(settings.instance_type), settings.instance_count,
-                settings.spot, options, settings=overrides)
+    return plan(
+        template,
+        hyperparameters,
+        instance_type(settings.instance_type),
+        settings.instance_count,
+        settings.spot,
+        options,
+        settings=overrides,
+    )

@@ -43,8 +43,10 @@ class PriceTable:
         try:
             return self.on_demand_per_hour[instance_type]
         except KeyError:
-            raise PriceError(f"the price table ({self.region}, {self.retrieved}) has no price for "
-                             f"{instance_type}; run `llmtrain prices refresh`") from None
+            raise PriceError(
+                f"the price table ({self.region}, {self.retrieved}) has no price for "
+                f"{instance_type}; run `llmtrain prices refresh`"
+            ) from None
 
     def per_hour(self, instance_type: str, *, spot: bool) -> float:
         price = self.on_demand(instance_type)
@@ -55,19 +57,29 @@ class PriceTable:
         return f"{self.currency} {self.region} on-demand, {origin} of {self.retrieved}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"about": self.about, "source": self.source, "retrieved": self.retrieved,
-                "region": self.region, "currency": self.currency,
-                "spot_savings_assumed": self.spot_savings_assumed,
-                "on_demand_per_hour": dict(sorted(self.on_demand_per_hour.items()))}
+        return {
+            "about": self.about,
+            "source": self.source,
+            "retrieved": self.retrieved,
+            "region": self.region,
+            "currency": self.currency,
+            "spot_savings_assumed": self.spot_savings_assumed,
+            "on_demand_per_hour": dict(sorted(self.on_demand_per_hour.items())),
+        }
 
 
 def load(path: Path = PRICE_TABLE) -> PriceTable:
     try:
         data = json.loads(Path(path).read_text())
-        return PriceTable(region=data["region"], currency=data["currency"], source=data["source"],
-                          retrieved=data["retrieved"], spot_savings_assumed=float(data["spot_savings_assumed"]),
-                          on_demand_per_hour={k: float(v) for k, v in data["on_demand_per_hour"].items()},
-                          about=data.get("about", ""))
+        return PriceTable(
+            region=data["region"],
+            currency=data["currency"],
+            source=data["source"],
+            retrieved=data["retrieved"],
+            spot_savings_assumed=float(data["spot_savings_assumed"]),
+            on_demand_per_hour={k: float(v) for k, v in data["on_demand_per_hour"].items()},
+            about=data.get("about", ""),
+        )
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise PriceError(f"cannot read the price table {path}: {error}") from error
 
@@ -82,8 +94,10 @@ def write(table: PriceTable, path: Path = PRICE_TABLE) -> None:
 def fetch_on_demand(pricing_client, region: str, instance_types: Iterable[str]) -> dict[str, float]:
     """On-demand USD per hour of SageMaker training instances in `region`, from GetProducts."""
     wanted = set(instance_types)
-    filters = [{"Type": "TERM_MATCH", "Field": "regionCode", "Value": region},
-               {"Type": "TERM_MATCH", "Field": "component", "Value": "Training"}]
+    filters = [
+        {"Type": "TERM_MATCH", "Field": "regionCode", "Value": region},
+        {"Type": "TERM_MATCH", "Field": "component", "Value": "Training"},
+    ]
     found: dict[str, float] = {}
     paginator = pricing_client.get_paginator("get_products")
     for page in paginator.paginate(ServiceCode=SERVICE_CODE, Filters=filters, FormatVersion="aws_v1"):
@@ -107,18 +121,26 @@ def _training_price(product: Mapping[str, Any]) -> tuple[str | None, float | Non
     return name, None
 
 
-def refresh(pricing_client, table: PriceTable, region: str | None = None,
-            today: datetime.date | None = None) -> tuple[PriceTable, list[str]]:
+def refresh(
+    pricing_client, table: PriceTable, region: str | None = None, today: datetime.date | None = None
+) -> tuple[PriceTable, list[str]]:
     """A new table with every instance type of `table` priced from the API, and the types the API
     did not price (they keep no price: a plan for them says to refresh again)."""
     region = region or table.region
     prices = fetch_on_demand(pricing_client, region, table.on_demand_per_hour)
     if not prices:
-        raise PriceError(f"the Price List API returned no SageMaker training prices for {region}: "
-                         "check the region name and that the credentials allow pricing:GetProducts")
+        raise PriceError(
+            f"the Price List API returned no SageMaker training prices for {region}: "
+            "check the region name and that the credentials allow pricing:GetProducts"
+        )
     missing = sorted(set(table.on_demand_per_hour) - set(prices))
-    refreshed = PriceTable(region=region, currency="USD", source=API_SOURCE,
-                           retrieved=(today or datetime.date.today()).isoformat(),
-                           spot_savings_assumed=table.spot_savings_assumed, on_demand_per_hour=prices,
-                           about=table.about)
+    refreshed = PriceTable(
+        region=region,
+        currency="USD",
+        source=API_SOURCE,
+        retrieved=(today or datetime.date.today()).isoformat(),
+        spot_savings_assumed=table.spot_savings_assumed,
+        on_demand_per_hour=prices,
+        about=table.about,
+    )
     return refreshed, missing

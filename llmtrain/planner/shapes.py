@@ -78,16 +78,24 @@ class ModelShape:
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
-            raise ModelShapeError(f"model family {self.family!r} is not one the planner models: "
-                                  f"{', '.join(FAMILIES)}")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads"):
+            raise ModelShapeError(
+                f"model family {self.family!r} is not one the planner models: {', '.join(FAMILIES)}"
+            )
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+        ):
             if getattr(self, name) < 1:
                 raise ModelShapeError(f"model {name} must be at least 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ModelShapeError(
                 f"hidden_size {self.hidden_size} must divide into num_attention_heads "
-                f"{self.num_heads}, which num_key_value_heads {self.num_kv_heads} must divide")
+                f"{self.num_heads}, which num_key_value_heads {self.num_kv_heads} must divide"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -137,10 +145,14 @@ def _llama_parameters(shape: ModelShape) -> tuple[ParameterTensor, ...]:
         prefix = f"model.layers.{layer}"
         attention = (("q_proj", h, "colwise"), ("k_proj", kv, "colwise"), ("v_proj", kv, "colwise"))
         for name, rows, tp in attention:
-            params.append(ParameterTensor(f"{prefix}.self_attn.{name}.weight", (rows, h), "linear", layer, tp))
+            params.append(
+                ParameterTensor(f"{prefix}.self_attn.{name}.weight", (rows, h), "linear", layer, tp)
+            )
             if shape.attention_bias:
                 params.append(ParameterTensor(f"{prefix}.self_attn.{name}.bias", (rows,), "bias", layer, tp))
-        params.append(ParameterTensor(f"{prefix}.self_attn.o_proj.weight", (h, h), "linear", layer, "rowwise"))
+        params.append(
+            ParameterTensor(f"{prefix}.self_attn.o_proj.weight", (h, h), "linear", layer, "rowwise")
+        )
         params += [
             ParameterTensor(f"{prefix}.mlp.gate_proj.weight", (i, h), "linear", layer, "colwise"),
             ParameterTensor(f"{prefix}.mlp.up_proj.weight", (i, h), "linear", layer, "colwise"),
@@ -156,20 +168,30 @@ def _llama_parameters(shape: ModelShape) -> tuple[ParameterTensor, ...]:
 
 def _gpt2_parameters(shape: ModelShape) -> tuple[ParameterTensor, ...]:
     h, i = shape.hidden_size, shape.intermediate_size
-    params = [ParameterTensor("transformer.wte.weight", (shape.vocab_size, h), "embedding"),
-              ParameterTensor("transformer.wpe.weight", (shape.max_positions, h), "embedding")]
+    params = [
+        ParameterTensor("transformer.wte.weight", (shape.vocab_size, h), "embedding"),
+        ParameterTensor("transformer.wpe.weight", (shape.max_positions, h), "embedding"),
+    ]
     for layer in range(shape.num_layers):
         prefix = f"transformer.h.{layer}"
         # GPT-2's Conv1D stores weights as (in, out).
-        for module, shape_in, shape_out in (("attn.c_attn", h, 3 * h), ("attn.c_proj", h, h),
-                                            ("mlp.c_fc", h, i), ("mlp.c_proj", i, h)):
-            params.append(ParameterTensor(f"{prefix}.{module}.weight", (shape_in, shape_out), "linear", layer))
+        for module, shape_in, shape_out in (
+            ("attn.c_attn", h, 3 * h),
+            ("attn.c_proj", h, h),
+            ("mlp.c_fc", h, i),
+            ("mlp.c_proj", i, h),
+        ):
+            params.append(
+                ParameterTensor(f"{prefix}.{module}.weight", (shape_in, shape_out), "linear", layer)
+            )
             params.append(ParameterTensor(f"{prefix}.{module}.bias", (shape_out,), "bias", layer))
         for norm in ("ln_1", "ln_2"):
             params.append(ParameterTensor(f"{prefix}.{norm}.weight", (h,), "norm", layer))
             params.append(ParameterTensor(f"{prefix}.{norm}.bias", (h,), "norm", layer))
-    params += [ParameterTensor("transformer.ln_f.weight", (h,), "norm"),
-               ParameterTensor("transformer.ln_f.bias", (h,), "norm")]
+    params += [
+        ParameterTensor("transformer.ln_f.weight", (h,), "norm"),
+        ParameterTensor("transformer.ln_f.bias", (h,), "norm"),
+    ]
     return tuple(params)
 
 
@@ -181,33 +203,111 @@ def _gpt2_parameters(shape: ModelShape) -> tuple[ParameterTensor, ...]:
 _LLAMA = {"hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
 _ROPE_500K = {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama-tiny": ("llama", {**_LLAMA, "hidden_size": 64, "intermediate_size": 176,
-                             "num_hidden_layers": 2, "num_attention_heads": 4,
-                             "num_key_value_heads": 2}),
-    "llama-20m": ("llama", {**_LLAMA, "hidden_size": 512, "intermediate_size": 1408,
-                            "num_hidden_layers": 6, "num_attention_heads": 8,
-                            "num_key_value_heads": 8}),
-    "llama-1b": ("llama", {**_LLAMA, "hidden_size": 2048, "intermediate_size": 8192,
-                           "num_hidden_layers": 16, "num_attention_heads": 32,
-                           "num_key_value_heads": 8, "tie_word_embeddings": True, **_ROPE_500K}),
-    "llama-7b": ("llama", {**_LLAMA, "hidden_size": 4096, "intermediate_size": 11008,
-                           "num_hidden_layers": 32, "num_attention_heads": 32,
-                           "num_key_value_heads": 32}),
-    "llama-13b": ("llama", {**_LLAMA, "hidden_size": 5120, "intermediate_size": 13824,
-                            "num_hidden_layers": 40, "num_attention_heads": 40,
-                            "num_key_value_heads": 40}),
-    "llama-70b": ("llama", {**_LLAMA, "hidden_size": 8192, "intermediate_size": 28672,
-                            "num_hidden_layers": 80, "num_attention_heads": 64,
-                            "num_key_value_heads": 8, **_ROPE_500K}),
-    "llama3-8b": ("llama", {**_LLAMA, "hidden_size": 4096, "intermediate_size": 14336,
-                            "num_hidden_layers": 32, "num_attention_heads": 32,
-                            "num_key_value_heads": 8, **_ROPE_500K}),
-    "llama3-70b": ("llama", {**_LLAMA, "hidden_size": 8192, "intermediate_size": 28672,
-                             "num_hidden_layers": 80, "num_attention_heads": 64,
-                             "num_key_value_heads": 8, **_ROPE_500K}),
-    "llama3-405b": ("llama", {**_LLAMA, "hidden_size": 16384, "intermediate_size": 53248,
-                              "num_hidden_layers": 126, "num_attention_heads": 128,
-                              "num_key_value_heads": 8, **_ROPE_500K}),
+    "llama-tiny": (
+        "llama",
+        {
+            **_LLAMA,
+            "hidden_size": 64,
+            "intermediate_size": 176,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+    ),
+    "llama-20m": (
+        "llama",
+        {
+            **_LLAMA,
+            "hidden_size": 512,
+            "intermediate_size": 1408,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 8,
+        },
+    ),
+    "llama-1b": (
+        "llama",
+        {
+            **_LLAMA,
+            "hidden_size": 2048,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "tie_word_embeddings": True,
+            **_ROPE_500K,
+        },
+    ),
+    "llama-7b": (
+        "llama",
+        {
+            **_LLAMA,
+            "hidden_size": 4096,
+            "intermediate_size": 11008,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+        },
+    ),
+    "llama-13b": (
+        "llama",
+        {
+            **_LLAMA,
+            "hidden_size": 5120,
+            "intermediate_size": 13824,
+            "num_hidden_layers": 40,
+            "num_attention_heads": 40,
+            "num_key_value_heads": 40,
+        },
+    ),
+    "llama-70b": (
+        "llama",
+        {
+            **_LLAMA,
+            "hidden_size": 8192,
+            "intermediate_size": 28672,
+            "num_hidden_layers": 80,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            **_ROPE_500K,
+        },
+    ),
+    "llama3-8b": (
+        "llama",
+        {
+            **_LLAMA,
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            **_ROPE_500K,
+        },
+    ),
+    "llama3-70b": (
+        "llama",
+        {
+            **_LLAMA,
+            "hidden_size": 8192,
+            "intermediate_size": 28672,
+            "num_hidden_layers": 80,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            **_ROPE_500K,
+        },
+    ),
+    "llama3-405b": (
+        "llama",
+        {
+            **_LLAMA,
+            "hidden_size": 16384,
+            "intermediate_size": 53248,
+            "num_hidden_layers": 126,
+            "num_attention_heads": 128,
+            "num_key_value_heads": 8,
+            **_ROPE_500K,
+        },
+    ),
     "gpt2-tiny": ("gpt2", {"n_embd": 64, "n_layer": 2, "n_head": 4}),
     "gpt2-small": ("gpt2", {"n_embd": 768, "n_layer": 12, "n_head": 12}),
     "gpt2-medium": ("gpt2", {"n_embd": 1024, "n_layer": 24, "n_head": 16}),
@@ -218,16 +318,26 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 # tokenizers for the others: Llama 3 (and the Llama-3.2-shaped 1B), Llama 2, GPT-2.
 SHIPPED_TOKENIZER_VOCAB = 629
 PRESET_VOCAB = {
-    "llama-tiny": SHIPPED_TOKENIZER_VOCAB, "llama-20m": SHIPPED_TOKENIZER_VOCAB,
+    "llama-tiny": SHIPPED_TOKENIZER_VOCAB,
+    "llama-20m": SHIPPED_TOKENIZER_VOCAB,
     "gpt2-tiny": SHIPPED_TOKENIZER_VOCAB,
-    "llama-1b": 128256, "llama3-8b": 128256, "llama3-70b": 128256, "llama3-405b": 128256,
-    "llama-70b": 128256, "llama-7b": 32000, "llama-13b": 32000,
-    "gpt2-small": 50257, "gpt2-medium": 50257, "gpt2-large": 50257, "gpt2-xl": 50257,
+    "llama-1b": 128256,
+    "llama3-8b": 128256,
+    "llama3-70b": 128256,
+    "llama3-405b": 128256,
+    "llama-70b": 128256,
+    "llama-7b": 32000,
+    "llama-13b": 32000,
+    "gpt2-small": 50257,
+    "gpt2-medium": 50257,
+    "gpt2-large": 50257,
+    "gpt2-xl": 50257,
 }
 
 
-def preset_shape(name: str, seq_len: int, overrides: Mapping[str, Any] | None = None,
-                 vocab_size: int | None = None) -> ModelShape:
+def preset_shape(
+    name: str, seq_len: int, overrides: Mapping[str, Any] | None = None, vocab_size: int | None = None
+) -> ModelShape:
     """The shape the program builds for preset `name` at `seq_len`, with `model_overrides`."""
     if name not in PRESETS:
         raise ModelShapeError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
@@ -248,10 +358,14 @@ def shape_from_hf_config(config: Mapping[str, Any]) -> ModelShape:
         if model_type == "gpt2":
             return _gpt2_shape(config)
     except (KeyError, TypeError) as error:
-        raise ModelShapeError(f"the {model_type} config lacks or misstates {error}: the planner needs "
-                              "the layer count and the hidden, intermediate and head sizes") from error
-    raise ModelShapeError(f"model_type {model_type!r} is not one the planner models; it models "
-                          f"{', '.join(LLAMA_LIKE)} (as Llama) and gpt2")
+        raise ModelShapeError(
+            f"the {model_type} config lacks or misstates {error}: the planner needs "
+            "the layer count and the hidden, intermediate and head sizes"
+        ) from error
+    raise ModelShapeError(
+        f"model_type {model_type!r} is not one the planner models; it models "
+        f"{', '.join(LLAMA_LIKE)} (as Llama) and gpt2"
+    )
 
 
 def _llama_shape(config: Mapping[str, Any], model_type: str) -> ModelShape:
@@ -259,26 +373,37 @@ def _llama_shape(config: Mapping[str, Any], model_type: str) -> ModelShape:
     head_dim = config.get("head_dim")
     hidden = int(config["hidden_size"])
     if head_dim is not None and int(head_dim) * heads != hidden:
-        raise ModelShapeError(f"head_dim {head_dim} x num_attention_heads {heads} differs from "
-                              f"hidden_size {hidden}: the planner models head_dim = hidden / heads")
+        raise ModelShapeError(
+            f"head_dim {head_dim} x num_attention_heads {heads} differs from "
+            f"hidden_size {hidden}: the planner models head_dim = hidden / heads"
+        )
     return ModelShape(
-        family="llama", vocab_size=int(config["vocab_size"]), hidden_size=hidden,
+        family="llama",
+        vocab_size=int(config["vocab_size"]),
+        hidden_size=hidden,
         intermediate_size=int(config["intermediate_size"]),
-        num_layers=int(config["num_hidden_layers"]), num_heads=heads,
+        num_layers=int(config["num_hidden_layers"]),
+        num_heads=heads,
         num_kv_heads=int(config.get("num_key_value_heads") or heads),
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=bool(config.get("attention_bias", model_type == "qwen2")))
+        attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+    )
 
 
 def _gpt2_shape(config: Mapping[str, Any]) -> ModelShape:
     hidden = int(config["n_embd"])
     heads = int(config["n_head"])
     return ModelShape(
-        family="gpt2", vocab_size=int(config.get("vocab_size", 50257)), hidden_size=hidden,
+        family="gpt2",
+        vocab_size=int(config.get("vocab_size", 50257)),
+        hidden_size=hidden,
         intermediate_size=int(config.get("n_inner") or 4 * hidden),
-        num_layers=int(config["n_layer"]), num_heads=heads, num_kv_heads=heads,
+        num_layers=int(config["n_layer"]),
+        num_heads=heads,
+        num_kv_heads=heads,
         tie_embeddings=bool(config.get("tie_word_embeddings", True)),
-        max_positions=int(config.get("n_positions", 1024)))
+        max_positions=int(config.get("n_positions", 1024)),
+    )
 
 
 def shape_from_file(path: Path) -> ModelShape:

@@ -34,10 +34,11 @@ class Calibration:
 
     achievable_eager / achievable_compiled: the fraction of the dense bf16 peak the program's
     step reaches in compute (all of it: matmuls, attention, norms, the loss), without and with
-    torch.compile (calibrated: torchtitan's 8-GPU runs). link_efficiency / network_efficiency: the fraction of the nominal
-    bandwidth collectives reach inside an instance and between instances (NCCL's bus bandwidth on
-    NVLink and EFA; assumed, not fitted). fp32_peak_fraction: the dense fp32 rate relative to bf16
-    (tensor cores unused: PyTorch keeps TF32 off for matmuls by default).
+    torch.compile (calibrated: torchtitan's 8-GPU runs). link_efficiency / network_efficiency:
+    the fraction of the nominal bandwidth collectives reach inside an instance and between
+    instances (NCCL's bus bandwidth on NVLink and EFA; assumed, not fitted). fp32_peak_fraction:
+    the dense fp32 rate relative to bf16 (tensor cores unused: PyTorch keeps TF32 off for matmuls
+    by default).
     """
 
     achievable_eager: float = 0.3706
@@ -116,13 +117,16 @@ class SpeedEstimate:
         return {
             "tokens_per_second": self.tokens_per_second,
             "tokens_per_second_per_gpu": self.tokens_per_second_per_gpu,
-            "step_seconds": self.step_seconds, "mfu": self.mfu,
+            "step_seconds": self.step_seconds,
+            "mfu": self.mfu,
             "compute_seconds": self.compute_seconds,
             "exposed_communication_seconds": self.exposed_communication_seconds,
             "optimizer_seconds": self.optimizer_seconds,
             "tokens_per_step": self.tokens_per_step,
-            "communication": [{"collective": t.name, "bytes_per_gpu": t.bytes_per_gpu,
-                               "seconds": t.seconds} for t in self.transfers],
+            "communication": [
+                {"collective": t.name, "bytes_per_gpu": t.bytes_per_gpu, "seconds": t.seconds}
+                for t in self.transfers
+            ],
         }
 
 
@@ -198,10 +202,11 @@ class StepComm:
     transfers: list[Transfer] = field(default_factory=list)
 
     def add(self, name: str, sent_and_seconds: tuple[float, float], *, times: int = 1) -> float:
+        """Record `times` runs of a collective in the step; their seconds."""
         sent, seconds = sent_and_seconds
         if seconds:
             self.transfers.append(Transfer(name, sent * times, seconds * times))
-        return seconds
+        return seconds * times
 
 
 def _unit_bytes(work: Workload, layout: Layout, dtype_bytes: int) -> tuple[float, float, float]:
@@ -227,14 +232,22 @@ def _fsdp_comm(work: Workload, layout: Layout, links: Links, comm: StepComm) -> 
     params, block, root = _unit_bytes(work, layout, compute)
     trainable_fraction = _trainable_elements(work, layout) / max(params / compute, 1)
     grads, grad_block, grad_root = (x / compute * FP32 * trainable_fraction for x in (params, block, root))
-    comm.forward += comm.add("fsdp all-gather (forward)", links.seconds("all_gather", params, n, span),
-                             times=accum) / accum
+    comm.forward += (
+        comm.add("fsdp all-gather (forward)", links.seconds("all_gather", params, n, span), times=accum)
+        / accum
+    )
     if layout.fsdp_sharding != "grad_op":
         resharded = params - block - root
-        comm.backward += comm.add("fsdp all-gather (backward)",
-                                  links.seconds("all_gather", resharded, n, span), times=accum) / accum
-        comm.backward += comm.add("fsdp reduce-scatter", links.seconds("reduce_scatter", grads, n, span),
-                                  times=accum) / accum
+        comm.backward += (
+            comm.add(
+                "fsdp all-gather (backward)", links.seconds("all_gather", resharded, n, span), times=accum
+            )
+            / accum
+        )
+        comm.backward += (
+            comm.add("fsdp reduce-scatter", links.seconds("reduce_scatter", grads, n, span), times=accum)
+            / accum
+        )
     else:
         comm.last_backward += comm.add("fsdp reduce-scatter", links.seconds("reduce_scatter", grads, n, span))
     if layout.replicate > 1:
@@ -266,17 +279,23 @@ def _deepspeed_comm(work: Workload, layout: Layout, links: Links, comm: StepComm
     params, block, root = _unit_bytes(work, layout, compute)
     grads = compute * _trainable_elements(work, layout)
     if layout.zero_stage == 3:
-        comm.forward += comm.add("zero-3 all-gather (forward)", links.seconds("all_gather", params, n),
-                                 times=accum) / accum
-        comm.backward += comm.add("zero-3 all-gather (backward)", links.seconds("all_gather", params, n),
-                                  times=accum) / accum
-        comm.backward += comm.add("zero-3 reduce-scatter", links.seconds("reduce_scatter", grads, n),
-                                  times=accum) / accum
+        comm.forward += (
+            comm.add("zero-3 all-gather (forward)", links.seconds("all_gather", params, n), times=accum)
+            / accum
+        )
+        comm.backward += (
+            comm.add("zero-3 all-gather (backward)", links.seconds("all_gather", params, n), times=accum)
+            / accum
+        )
+        comm.backward += (
+            comm.add("zero-3 reduce-scatter", links.seconds("reduce_scatter", grads, n), times=accum) / accum
+        )
         comm.exposed += links.seconds("all_gather", block + root, n)[1]
         return
     if layout.zero_stage == 2:
-        comm.backward += comm.add("zero-2 reduce-scatter", links.seconds("reduce_scatter", grads, n),
-                                  times=accum) / accum
+        comm.backward += (
+            comm.add("zero-2 reduce-scatter", links.seconds("reduce_scatter", grads, n), times=accum) / accum
+        )
     else:
         comm.last_backward += comm.add("zero-1 reduce-scatter", links.seconds("reduce_scatter", grads, n))
     comm.exposed += comm.add("zero all-gather of updated weights", links.seconds("all_gather", params, n))
@@ -289,8 +308,9 @@ def _tensor_parallel_comm(work: Workload, layout: Layout, links: Links, comm: St
     activation = work.micro_batch_tokens * work.model.hidden_size * compute
     t = layout.tensor
     count = 4 * work.model.num_layers * work.grad_accum_steps
-    comm.exposed += comm.add("tensor-parallel all-reduce", links.seconds("all_reduce", activation, t),
-                             times=count)
+    comm.exposed += comm.add(
+        "tensor-parallel all-reduce", links.seconds("all_reduce", activation, t), times=count
+    )
 
 
 def _offload_seconds(work: Workload, layout: Layout, calibration: Calibration) -> float:
@@ -300,14 +320,18 @@ def _offload_seconds(work: Workload, layout: Layout, calibration: Calibration) -
         return 0.0
     shard = _trainable_elements(work, layout) / layout.shard
     copies = 2 * FP32 * shard * (work.grad_accum_steps if layout.offload_params else 1)
-    return copies / calibration.offload_bytes_per_second + shard / calibration.host_optimizer_parameters_per_second
+    return (
+        copies / calibration.offload_bytes_per_second
+        + shard / calibration.host_optimizer_parameters_per_second
+    )
 
 
 # --- the step ---------------------------------------------------------------------------------------
 
 
-def estimate(work: Workload, layout: Layout, cluster: Cluster,
-             calibration: Calibration = CALIBRATION) -> SpeedEstimate:
+def estimate(
+    work: Workload, layout: Layout, cluster: Cluster, calibration: Calibration = CALIBRATION
+) -> SpeedEstimate:
     m = work.model
     rate = compute_rate(work, cluster, calibration)
     model_flops = m.flops_per_token(work.seq_len)
@@ -325,15 +349,28 @@ def estimate(work: Workload, layout: Layout, cluster: Cluster,
     if layout.tensor > 1:
         _tensor_parallel_comm(work, layout, links, comm)
     accum = work.grad_accum_steps
-    exposed = (accum * (max(0.0, comm.forward - forward) + max(0.0, comm.backward - backward))
-               + max(0.0, comm.last_backward - max(0.0, backward - comm.backward)) + comm.exposed)
-    optimizer = (_trainable_elements(work, layout) / (layout.shard if layout.strategy != "ddp" else 1)
-                 * calibration.optimizer_bytes_per_parameter / cluster.gpu.memory_bytes_per_second)
+    exposed = (
+        accum * (max(0.0, comm.forward - forward) + max(0.0, comm.backward - backward))
+        + max(0.0, comm.last_backward - max(0.0, backward - comm.backward))
+        + comm.exposed
+    )
+    optimizer = (
+        _trainable_elements(work, layout)
+        / (layout.shard if layout.strategy != "ddp" else 1)
+        * calibration.optimizer_bytes_per_parameter
+        / cluster.gpu.memory_bytes_per_second
+    )
     optimizer += _offload_seconds(work, layout, calibration)
     compute = accum * (forward + backward)
     tokens = micro_tokens * accum * layout.data_parallel
     return SpeedEstimate(
-        step_seconds=compute + exposed + optimizer, compute_seconds=compute,
-        exposed_communication_seconds=exposed, optimizer_seconds=optimizer, tokens_per_step=tokens,
-        world_size=layout.world_size, model_flops_per_token=model_flops,
-        peak_flops=cluster.gpu.peak_flops, transfers=tuple(comm.transfers))
+        step_seconds=compute + exposed + optimizer,
+        compute_seconds=compute,
+        exposed_communication_seconds=exposed,
+        optimizer_seconds=optimizer,
+        tokens_per_step=tokens,
+        world_size=layout.world_size,
+        model_flops_per_token=model_flops,
+        peak_flops=cluster.gpu.peak_flops,
+        transfers=tuple(comm.transfers),
+    )

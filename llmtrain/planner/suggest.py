@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrain.errors import LlmtrainError
-from llmtrain.planner.plan import Plan, PlanOptions, plan_run
+from llmtrain.planner.plan import DEFAULT_OPTIONS, Plan, PlanOptions, plan_run
 from llmtrain.render import coerce_override
 from llmtrain.spec import OverrideRule, TemplateSpec
 
@@ -99,22 +99,35 @@ def candidate_overrides(template: TemplateSpec, base: Plan) -> Iterator[dict[str
     for kind, count, mode, compiled in itertools.product(types, counts, modes, compiles):
         gpus = instance_type(kind).processes_per_host * count
         for batch in _batch_settings(template, base, gpus, base.layout.tensor):
-            changes = {"instance_type": kind, "instance_count": count, "activation_checkpointing": mode,
-                       "compile": compiled, **batch}
-            yield {name: value for name, value in changes.items()
-                   if _allowed(template, name) is not None and _differs(base, name, value)}
+            changes = {
+                "instance_type": kind,
+                "instance_count": count,
+                "activation_checkpointing": mode,
+                "compile": compiled,
+                **batch,
+            }
+            yield {
+                name: value
+                for name, value in changes.items()
+                if _allowed(template, name) is not None and _differs(base, name, value)
+            }
 
 
 def _differs(base: Plan, name: str, value: Any) -> bool:
-    current = {"instance_type": base.instance.name, "instance_count": base.instance_count,
-               "activation_checkpointing": base.workload.activation_checkpointing,
-               "compile": base.workload.compile, "micro_batch_size": base.workload.micro_batch_size,
-               "grad_accum_steps": base.workload.grad_accum_steps}
+    current = {
+        "instance_type": base.instance.name,
+        "instance_count": base.instance_count,
+        "activation_checkpointing": base.workload.activation_checkpointing,
+        "compile": base.workload.compile,
+        "micro_batch_size": base.workload.micro_batch_size,
+        "grad_accum_steps": base.workload.grad_accum_steps,
+    }
     return current[name] != value
 
 
-def _plans(template: TemplateSpec, overrides: Mapping[str, Any], base: Plan,
-           options: PlanOptions) -> Iterator[Plan]:
+def _plans(
+    template: TemplateSpec, overrides: Mapping[str, Any], base: Plan, options: PlanOptions
+) -> Iterator[Plan]:
     seen = set()
     for changes in candidate_overrides(template, base):
         key = tuple(sorted(changes.items()))
@@ -127,8 +140,12 @@ def _plans(template: TemplateSpec, overrides: Mapping[str, Any], base: Plan,
             continue  # a combination the template or the program refuses (e.g. degrees)
 
 
-def suggest(template: TemplateSpec, overrides: Mapping[str, Any], options: PlanOptions = PlanOptions(),
-            max_hours: float | None = None) -> Suggestions:
+def suggest(
+    template: TemplateSpec,
+    overrides: Mapping[str, Any],
+    options: PlanOptions = DEFAULT_OPTIONS,
+    max_hours: float | None = None,
+) -> Suggestions:
     base = plan_run(template, overrides, options)
     plans = list(_plans(template, overrides, base, options))
     fitting = [p for p in plans if p.fits]
@@ -147,21 +164,29 @@ def _text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def fit_advice(template: TemplateSpec, overrides: Mapping[str, Any],
-               options: PlanOptions = PlanOptions()) -> str:
+def fit_advice(
+    template: TemplateSpec, overrides: Mapping[str, Any], options: PlanOptions = DEFAULT_OPTIONS
+) -> str:
     """The cheapest change of one setting (micro batch with its accumulation counting as one) the
     template allows that makes the run fit, as words; or where to look when none does."""
     base = plan_run(template, overrides, options)
-    single = [p for p in _plans(template, overrides, base, options)
-              if p.fits and len(set(p.settings) - set(overrides)) <= 2 and _one_change(p, overrides)]
+    single = [
+        p
+        for p in _plans(template, overrides, base, options)
+        if p.fits and len(set(p.settings) - set(overrides)) <= 2 and _one_change(p, overrides)
+    ]
     if not single:
-        return (f"no single setting {template.ref} lets a run change makes it fit; see "
-                f"`llmtrain plan {template.ref} --suggest` for combinations")
+        return (
+            f"no single setting {template.ref} lets a run change makes it fit; see "
+            f"`llmtrain plan {template.ref} --suggest` for combinations"
+        )
     best = min(single, key=lambda p: (p.usd, p.training_seconds))
     changed = {k: v for k, v in best.settings.items() if overrides.get(k) != v}
     words = ", ".join(f"{k}={_text(v)}" for k, v in changed.items())
-    return (f"set {words} (predicted {best.memory.per_gpu / 1024**3:.1f} of "
-            f"{best.memory.capacity / 1024**3:.1f} GiB per GPU, ${best.usd:,.0f})")
+    return (
+        f"set {words} (predicted {best.memory.per_gpu / 1024**3:.1f} of "
+        f"{best.memory.capacity / 1024**3:.1f} GiB per GPU, ${best.usd:,.0f})"
+    )
 
 
 def _one_change(plan: Plan, overrides: Mapping[str, Any]) -> bool:

@@ -80,8 +80,9 @@ class Layout:
         without it (its weights stay fp32 and autocast computes in bf16, like DDP)."""
         if self.strategy == "smp":
             return True
-        return self.strategy == "fsdp" and (self.data_parallel > 1 or self.offload_params
-                                            or self.offload_optimizer or self.world_size == 1)
+        return self.strategy == "fsdp" and (
+            self.data_parallel > 1 or self.offload_params or self.offload_optimizer or self.world_size == 1
+        )
 
     def describe(self) -> str:
         if self.strategy in ("fsdp", "smp"):
@@ -95,8 +96,11 @@ class Layout:
             text = f"deepspeed zero-{self.zero_stage} over {self.shard}"
         else:
             text = f"{self.strategy} x{self.replicate}"
-        offload = [name for name, on in (("params", self.offload_params),
-                                         ("optimizer", self.offload_optimizer)) if on]
+        offload = [
+            name
+            for name, on in (("params", self.offload_params), ("optimizer", self.offload_optimizer))
+            if on
+        ]
         return text + (f", offload {'+'.join(offload)}" if offload else "")
 
 
@@ -143,7 +147,11 @@ def hyperparameter_values(hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
     SageMaker toolkit decodes rendered hyperparameters)."""
     values = dict(PROGRAM_DEFAULTS)
     for name, value in hyperparameters.items():
-        if isinstance(value, str) and name in PROGRAM_DEFAULTS and not isinstance(PROGRAM_DEFAULTS[name], str):
+        if (
+            isinstance(value, str)
+            and name in PROGRAM_DEFAULTS
+            and not isinstance(PROGRAM_DEFAULTS[name], str)
+        ):
             try:
                 value = json.loads(value)
             except ValueError as error:
@@ -152,31 +160,38 @@ def hyperparameter_values(hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def workload_from_hyperparameters(values: Mapping[str, Any], *, model: ModelShape | None = None,
-                                  vocab_size: int | None = None) -> Workload:
+def workload_from_hyperparameters(
+    values: Mapping[str, Any], *, model: ModelShape | None = None, vocab_size: int | None = None
+) -> Workload:
     """The workload of a run's hyperparameters; `model` replaces the preset (a --model-config)."""
     seq_len = int(values["seq_len"])
     if model is None:
         if not values.get("model_preset"):
-            raise PlanInputError("the run sets no model_preset: pass the model's config with "
-                                 "--model-config config.json")
-        model = preset_shape(values["model_preset"], seq_len, values.get("model_overrides") or {},
-                             vocab_size)
+            raise PlanInputError(
+                "the run sets no model_preset: pass the model's config with --model-config config.json"
+            )
+        model = preset_shape(values["model_preset"], seq_len, values.get("model_overrides") or {}, vocab_size)
     elif vocab_size:
         model = model.with_vocab(vocab_size)
     targets = values["lora_target_modules"]
     if isinstance(targets, str):
         targets = [t.strip() for t in targets.split(",") if t.strip()]
     return Workload(
-        model=model, seq_len=seq_len, micro_batch_size=int(values["micro_batch_size"]),
-        grad_accum_steps=int(values["grad_accum_steps"]), max_steps=int(values["max_steps"]),
+        model=model,
+        seq_len=seq_len,
+        micro_batch_size=int(values["micro_batch_size"]),
+        grad_accum_steps=int(values["grad_accum_steps"]),
+        max_steps=int(values["max_steps"]),
         precision=str(values["mixed_precision"]),
         activation_checkpointing=str(values["activation_checkpointing"]),
         checkpoint_every=int(values["activation_checkpointing_every"]),
         activation_offloading=bool(values["activation_offloading"]),
-        compile=bool(values["compile"]), lora_r=int(values["lora_r"]),
-        lora_dropout=float(values["lora_dropout"]), lora_targets=tuple(targets),
-        quantization=str(values["quantization"]))
+        compile=bool(values["compile"]),
+        lora_r=int(values["lora_r"]),
+        lora_dropout=float(values["lora_dropout"]),
+        lora_targets=tuple(targets),
+        quantization=str(values["quantization"]),
+    )
 
 
 def resolve_layout(values: Mapping[str, Any], gpus_per_node: int, nodes: int) -> Layout:
@@ -188,8 +203,10 @@ def resolve_layout(values: Mapping[str, Any], gpus_per_node: int, nodes: int) ->
         raise PlanInputError(f"parallelism {strategy!r} is not one of {', '.join(STRATEGIES)}")
     world = nodes * gpus_per_node
     if strategy == "single" and world != 1:
-        raise PlanInputError(f"parallelism single runs one process, and {world} GPUs would run: "
-                             "use ddp, fsdp or deepspeed, or one single-GPU instance")
+        raise PlanInputError(
+            f"parallelism single runs one process, and {world} GPUs would run: "
+            "use ddp, fsdp or deepspeed, or one single-GPU instance"
+        )
     tensor = max(int(values["tensor_parallel_degree"]), 1)
     if world % tensor:
         raise PlanInputError(f"tensor_parallel_degree {tensor} does not divide the world size {world}")
@@ -205,9 +222,19 @@ def resolve_layout(values: Mapping[str, Any], gpus_per_node: int, nodes: int) ->
     else:
         replicate, shard = 1, int(values["shard_degree"]) or data_parallel
     if replicate * shard * tensor != world:
-        raise PlanInputError(f"replicate ({replicate}) x shard ({shard}) x tensor parallel ({tensor}) "
-                             f"degrees must equal the world size {world}")
-    return Layout(strategy=strategy, nodes=nodes, gpus_per_node=gpus_per_node,
-                  replicate=replicate, shard=shard, tensor=tensor, fsdp_sharding=sharding,
-                  zero_stage=int(values["zero_stage"]), offload_params=bool(values["offload_params"]),
-                  offload_optimizer=bool(values["offload_optimizer"]))
+        raise PlanInputError(
+            f"replicate ({replicate}) x shard ({shard}) x tensor parallel ({tensor}) "
+            f"degrees must equal the world size {world}"
+        )
+    return Layout(
+        strategy=strategy,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        replicate=replicate,
+        shard=shard,
+        tensor=tensor,
+        fsdp_sharding=sharding,
+        zero_stage=int(values["zero_stage"]),
+        offload_params=bool(values["offload_params"]),
+        offload_optimizer=bool(values["offload_optimizer"]),
+    )
