@@ -39,6 +39,7 @@ from llmtrain.platform import (
 
 __all__ = [
     "MAX_WARM_POOL_KEEP_ALIVE_SECONDS",
+    "BudgetConfig",
     "EnvironmentConfig",
     "EnvironmentConfigError",
     "ExistingVpcConfig",
@@ -146,6 +147,14 @@ class WarmPoolConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BudgetConfig:
+    """What one run may cost: the launcher refuses a run whose planned cost (llmtrain.planner)
+    exceeds ``max_run_cost_usd``, before any job exists. None: no limit."""
+
+    max_run_cost_usd: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class NotificationConfig:
     """Who hears about finished runs and alarms (an SNS e-mail subscription; none when unset)."""
 
@@ -165,6 +174,7 @@ class EnvironmentConfig:
     quotas: QuotaConfig = field(default_factory=QuotaConfig)
     warm_pools: WarmPoolConfig = field(default_factory=WarmPoolConfig)
     notifications: NotificationConfig = field(default_factory=NotificationConfig)
+    budgets: BudgetConfig = field(default_factory=BudgetConfig)
     tags: Mapping[str, str] = field(default_factory=dict)
     source: Path | None = None
 
@@ -224,6 +234,7 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
             "quotas",
             "warm_pools",
             "notifications",
+            "budgets",
             "tags",
         }
     )
@@ -244,6 +255,7 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
         quotas=_read_quotas(reader.section("quotas", required=False)),
         warm_pools=_read_warm_pools(reader.section("warm_pools", required=False)),
         notifications=_read_notifications(reader.section("notifications", required=False)),
+        budgets=_read_budgets(reader.section("budgets", required=False)),
         tags=_read_tags(reader),
         source=source,
     )
@@ -352,6 +364,16 @@ def _read_job_name_prefix(reader: _Reader) -> str:
             "leave room for the run name in SageMaker's 63-character job names",
         )
     return prefix
+
+
+def _read_budgets(reader: _Reader) -> BudgetConfig:
+    reader.only_keys({"max_run_cost_usd"})
+    if "max_run_cost_usd" not in reader.data:
+        return BudgetConfig()
+    limit = reader.number("max_run_cost_usd", default=0)
+    if limit <= 0:
+        reader.fail("max_run_cost_usd", f"must be a positive number of US dollars, got {limit}")
+    return BudgetConfig(max_run_cost_usd=float(limit))
 
 
 def _read_quotas(reader: _Reader) -> QuotaConfig:

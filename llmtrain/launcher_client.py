@@ -136,9 +136,16 @@ class LauncherClient:
         return f"{prefix}:execution:{name}:{run_name}"
 
     def start(
-        self, *, template_ref: str, run_name: str, overrides: Mapping[str, Any], owner: str | None = None
+        self,
+        *,
+        template_ref: str,
+        run_name: str,
+        overrides: Mapping[str, Any],
+        owner: str | None = None,
+        skip_plan_check: bool = False,
     ) -> dict[str, Any]:
-        """Start the run's execution; refuses a run name already used (a run is never started twice)."""
+        """Start the run's execution; refuses a run name already used (a run is never started twice).
+        `skip_plan_check` starts it even when the planner predicts it will not fit its GPUs."""
         existing = self._describe(self.execution_arn(run_name))
         if existing is not None:
             raise LauncherError(
@@ -155,6 +162,8 @@ class LauncherClient:
         }
         if owner:
             execution_input["owner"] = owner
+        if skip_plan_check:
+            execution_input["skip_plan_check"] = True
         try:
             return self.client("stepfunctions").start_execution(
                 stateMachineArn=self.state_machine_arn, name=run_name, input=json.dumps(execution_input)

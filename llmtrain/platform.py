@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 from llmtrain.errors import PlatformContextError
@@ -63,6 +63,8 @@ class PlatformContext:
     job_name_prefix: str
     # True for a placeholder built from config only (`llmtrain render` without deployed outputs).
     dry_run: bool = False
+    # The most one run may cost, in US dollars, as planned (environment budgets); None: no limit.
+    run_budget_usd: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "subnet_ids", tuple(self.subnet_ids))
@@ -113,7 +115,7 @@ class PlatformContext:
         unknown = sorted(set(data) - names)
         if unknown:
             raise PlatformContextError(f"unknown platform context field(s): {', '.join(unknown)}")
-        missing = sorted(f.name for f in fields(cls) if f.name not in data and f.name != "dry_run")
+        missing = sorted(f.name for f in fields(cls) if f.name not in data and f.default is MISSING)
         if missing:
             raise PlatformContextError(f"platform context lacks field(s): {', '.join(missing)}")
         return cls(**data)

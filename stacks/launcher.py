@@ -85,6 +85,7 @@ class LauncherStack(Stack):
             environment_name=config.name,
             job_name_prefix=config.job_name_prefix,
             warm_pool_cap_seconds=cap,
+            run_budget_usd=config.budgets.max_run_cost_usd,
             state_machine_name=state_machine_name(config),
             notification_email=config.notifications.email,
         )

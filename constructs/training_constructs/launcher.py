@@ -106,6 +106,8 @@ class TrainingLauncher(Construct):
       environment_name: the environment (e.g. dev), in the jobs' tags and resource descriptions.
       job_name_prefix: the platform's job-name prefix; every job is `<prefix>-<run>-a<attempt>`.
       warm_pool_cap_seconds: the environment's cap on KeepAlivePeriodInSeconds (0..21600).
+      run_budget_usd: the most one run may cost as planned (llmtrain.planner); Resolve refuses a
+        run planned above it. None: no limit.
       state_machine_name: a fixed name (so other stacks can build its ARN without a reference).
       notification_email: subscribed to the topic (optional; it must confirm the subscription).
       encryption_key: encrypts the log groups and the topic; created (with rotation) when not given.
@@ -135,6 +137,7 @@ class TrainingLauncher(Construct):
         environment_name: str,
         job_name_prefix: str,
         warm_pool_cap_seconds: int,
+        run_budget_usd: float | None = None,
         state_machine_name: str | None = None,
         notification_email: str | None = None,
         encryption_key: kms.IKey | None = None,
@@ -172,6 +175,10 @@ class TrainingLauncher(Construct):
             "warm_pool_cap_seconds": warm_pool_cap_seconds,
             "job_name_prefix": job_name_prefix,
         }
+        if run_budget_usd is not None:
+            if run_budget_usd <= 0:
+                raise ValueError(f"TrainingLauncher run_budget_usd must be positive, got {run_budget_usd}")
+            self.platform_context["run_budget_usd"] = run_budget_usd
         self.encryption_key = encryption_key or self._create_key(environment_name)
         self._log_retention = log_retention
         self.function_log_groups: dict[str, logs.LogGroup] = {}

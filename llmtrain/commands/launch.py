@@ -1,6 +1,6 @@
 """`llmtrain start | status | stop | logs`: start a run on the deployed launcher and follow it.
 
-    llmtrain start NAME[@VERSION] --run-name R [--set KEY=VALUE ...] [--env ENV] [--wait]
+    llmtrain start NAME[@VERSION] --run-name R [--set KEY=VALUE ...] [--env ENV] [--wait] [--skip-plan-check]
     llmtrain status R [--env ENV] [--json]
     llmtrain stop R [--env ENV]
     llmtrain logs R [--env ENV] [--attempt N] [--limit N]
@@ -19,6 +19,7 @@ import time
 
 import boto3
 
+from llmtrain.catalog import Catalog
 from llmtrain.commands._common import (
     add_environment_arguments,
     add_overrides_argument,
@@ -26,7 +27,9 @@ from llmtrain.commands._common import (
     parse_overrides,
 )
 from llmtrain.environments import EnvironmentConfig
+from llmtrain.errors import LlmtrainError
 from llmtrain.launcher_client import LauncherClient, RunStatus, owner_from_identity
+from llmtrain.planner.plan import plan_run
 
 FINISHED = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
 
@@ -43,6 +46,11 @@ def register(subparsers) -> None:
     start.add_argument("--run-name", required=True, help="the run's name, unique per environment")
     add_overrides_argument(start)
     start.add_argument("--wait", action="store_true", help="wait for the run to end and print its summary")
+    start.add_argument(
+        "--skip-plan-check",
+        action="store_true",
+        help="start the run even if the planner predicts it will not fit its GPUs (`llmtrain plan`)",
+    )
     start.add_argument("--poll-seconds", type=float, default=30.0, help=argparse.SUPPRESS)
     start.set_defaults(handler=start_command)
 
@@ -94,12 +102,15 @@ def _parser(subparsers, name: str, summary: str, description: str) -> argparse.A
 
 def start_command(args: argparse.Namespace) -> int:
     environment = environment_of(args)
+    overrides = parse_overrides(args.overrides)
+    print(run_plan_summary(args.ref, overrides))
     client = _client(args, environment)
     execution = client.start(
         template_ref=args.ref,
         run_name=args.run_name,
-        overrides=parse_overrides(args.overrides),
+        overrides=overrides,
         owner=owner_from_identity(client.identity),
+        skip_plan_check=args.skip_plan_check,
     )
     print(f"started run {args.run_name}: {execution['executionArn']}")
     if not args.wait:
@@ -170,6 +181,15 @@ def format_status(status: RunStatus) -> str:
         lines.append("")
         lines.append(f"{status.error}: {status.cause}")
     return "\n".join(lines)
+
+
+def run_plan_summary(ref: str, overrides: dict[str, str]) -> str:
+    """The planner's one line for the run the launcher is about to check (it refuses one that does
+    not fit or exceeds the budget), from this checkout's catalog."""
+    try:
+        return plan_run(Catalog.load().resolve(ref), overrides).summary_line()
+    except LlmtrainError as error:
+        return f"plan: not available: {error}"
 
 
 def _client(args: argparse.Namespace, environment: EnvironmentConfig) -> LauncherClient:

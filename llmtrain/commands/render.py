@@ -23,6 +23,7 @@ from llmtrain.commands._common import (
 )
 from llmtrain.environments import EnvironmentConfig, StackOutput
 from llmtrain.errors import LlmtrainError, PlatformContextError
+from llmtrain.planner.checks import plan_summary
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, render
 
@@ -74,6 +75,7 @@ def render_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(json.dumps(request, indent=2))
+    print(plan_summary(template, request), file=sys.stderr)
     return 0
 
 

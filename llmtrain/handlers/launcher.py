@@ -4,8 +4,10 @@ The state machine (constructs/training_constructs/launcher.py) calls three Lambd
 
 - `resolve`: checks the execution input, resolves `template@version` in the bundled registry,
   refuses a run that is in progress or already completed, and renders attempt 1 (or the attempt
-  after the run's last one, so a failed run started again resumes from its checkpoints). Bad
-  input raises `InvalidRunInput` BEFORE any training job exists; its message says what to fix.
+  after the run's last one, so a failed run started again resumes from its checkpoints). It plans
+  the run (llmtrain.planner.checks) and refuses one planned not to fit its GPUs (unless the input
+  sets `skip_plan_check`) or to cost more than the environment's budget. Bad input raises
+  `InvalidRunInput` BEFORE any training job exists; its message says what to fix.
 - `next_attempt`: after CreateTrainingJob (`.sync`) failed, classifies the failure (capacity,
   quota, the job's own failure, a stop, an API error) and either plans a retry (the wait, a new
   job name, the same checkpoint prefix, maybe the next fallback instance type) or gives up with a
@@ -37,6 +39,7 @@ import boto3
 
 from llmtrain.catalog import LATEST, Catalog
 from llmtrain.errors import LlmtrainError, OverrideError
+from llmtrain.planner.checks import actual_cost, check_run
 from llmtrain.platform import PlatformContext
 from llmtrain.render import MAX_ATTEMPTS, RunInput, max_run_name_length, render
 from llmtrain.spec import RetrySpec, TemplateSpec
@@ -48,7 +51,14 @@ BUNDLED_TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 
 ENV_REQUEST_LAYOUTS = "LLMTRAIN_REQUEST_LAYOUTS"
 
-INPUT_FIELDS = {"template": "str", "version": "str", "run_name": "str", "overrides": "object", "owner": "str"}
+INPUT_FIELDS = {
+    "template": "str",
+    "version": "str",
+    "run_name": "str",
+    "overrides": "object",
+    "owner": "str",
+    "skip_plan_check": "bool",
+}
 CAPACITY_MARKERS = ("CapacityError", "InsufficientInstanceCapacity", "InsufficientCapacity")
 QUOTA_MARKER = "ResourceLimitExceeded"
 ACTIVE_JOB_STATUSES = ("InProgress", "Stopping")
@@ -183,12 +193,15 @@ def parse_execution_input(data: Any) -> dict[str, Any]:
     overrides = data.get("overrides", {})
     if overrides is None or not isinstance(overrides, Mapping):
         raise _invalid(f"'overrides' must be an object of setting name to value, got {overrides!r}")
+    if not isinstance(data.get("skip_plan_check", False), bool):
+        raise _invalid(f"'skip_plan_check' must be true or false, got {data['skip_plan_check']!r}")
     return {
         "template": data["template"],
         "version": data.get("version") or LATEST,
         "run_name": data["run_name"],
         "overrides": dict(overrides),
         "owner": data.get("owner") or "launcher",
+        "skip_plan_check": data.get("skip_plan_check", False),
     }
 
 
@@ -253,6 +266,14 @@ def start_run(
     try:
         request = _render_attempt(template, run, platform)
         layout = request_layout(request, layouts)
+        # The planner: refuse a run that will not fit its GPUs or costs more than the budget.
+        run["plan"] = check_run(
+            template,
+            request,
+            run["overrides"],
+            budget_usd=platform.run_budget_usd,
+            skip_fit_check=run_input.get("skip_plan_check", False),
+        )
     except LlmtrainError as error:
         raise _rejected(error) from error
     run["instance_types"] = _instance_types(template, request)
@@ -600,12 +621,19 @@ def build_summary(
         "attempt_history": history,
         "checkpoint_s3_uri": run.get("checkpoint_s3_uri"),
         "execution_arn": run.get("execution_arn"),
+        "actual_cost_usd": actual_cost(job),
+        "predicted_cost_usd": (run.get("plan") or {}).get("usd"),
+        "plan": (run.get("plan") or {}).get("summary"),
     }
     if error is not None:
         summary.update(error=error, failure_reason=reason, advice=advice)
     summary["subject"] = _subject(summary)
     summary["message"] = summary_message(summary)
     return summary
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
 
 
 def final_metrics(job: Mapping[str, Any]) -> dict[str, float]:
@@ -635,6 +663,8 @@ def summary_message(summary: Mapping[str, Any]) -> str:
     lines.append(f"Model artifacts: {summary.get('model_artifacts') or '-'}")
     billable = summary.get("billable_seconds")
     lines.append(f"Billable seconds: {billable if billable is not None else '-'}")
+    lines.append(f"Cost: {_usd(summary.get('actual_cost_usd'))} actual (billable seconds x instances x "
+                 f"on-demand price), {_usd(summary.get('predicted_cost_usd'))} predicted")
     lines.append(f"Checkpoints: {summary.get('checkpoint_s3_uri') or '-'}")
     lines.append(f"Attempts: {summary['attempts']}")
     for entry in summary.get("attempt_history", ()):

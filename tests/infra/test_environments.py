@@ -57,6 +57,7 @@ def test_committed_environments_load_with_their_values():
     assert dev.warm_pools.max_keep_alive_seconds == 3600 and dev.warm_pools.idle_budget_seconds == 1800
     assert prod.quotas.alarm_threshold_percent == 90.0
     assert dev.notifications.email == "ml-platform-dev@example.com"
+    assert (dev.budgets.max_run_cost_usd, prod.budgets.max_run_cost_usd) == (20000.0, 250000.0)
     assert dev.job_name_prefix == "llmtrain-dev"
     assert dev.tags["environment"] == "dev"
     assert dev.stack_name("storage") == "llmtrain-dev-storage"
@@ -65,13 +66,14 @@ def test_committed_environments_load_with_their_values():
 
 def test_optional_sections_take_documented_defaults(tmp_path):
     document = valid_document()
-    for optional in ("quotas", "warm_pools", "notifications", "tags"):
+    for optional in ("quotas", "warm_pools", "notifications", "budgets", "tags"):
         del document[optional]
     del document["network"]["nat_gateways"], document["network"]["inter_container_traffic_encryption"]
     config = load_environment(write(tmp_path, "dev", document))
     assert config.quotas.alarm_threshold_percent == 80.0
     assert (config.warm_pools.max_keep_alive_seconds, config.warm_pools.idle_budget_seconds) == (3600, 1800)
     assert config.notifications.email is None and dict(config.tags) == {}
+    assert config.budgets.max_run_cost_usd is None
     assert config.network.nat_gateways == 0 and not config.network.inter_container_traffic_encryption
 
 
@@ -171,6 +173,8 @@ INVALID = [
     (_set("job_name_prefix", "LLMTrain"), "job_name_prefix", "lowercase"),
     (_set("job_name_prefix", "a" * 25), "job_name_prefix", "at most 24"),
     (_set("quotas.alarm_threshold_percent", 120), "quotas.alarm_threshold_percent", "at most 100"),
+    (_set("budgets.max_run_cost_usd", 0), "budgets.max_run_cost_usd", "positive number of US dollars"),
+    (_set("budgets.max_run_cost_usd", "lots"), "budgets.max_run_cost_usd", "a number"),
     (_set("quotas.alarm_threshold_percent", "high"), "quotas.alarm_threshold_percent", "a number"),
     (
         _set("warm_pools.max_keep_alive_seconds", MAX_WARM_POOL_KEEP_ALIVE_SECONDS + 1),

@@ -174,6 +174,7 @@ def test_handlers_need_the_environment_the_construct_sets(monkeypatch):
         ({"run_name": "r"}, "'template' is required"),
         ({"template": "gpt2-ddp", "run_name": "r", "extra": 1}, "unknown input field(s) extra"),
         ({"template": "gpt2-ddp", "run_name": "r", "version": 1}, "'version' must be a string"),
+        ({"template": "gpt2-ddp", "run_name": "r", "skip_plan_check": "yes"}, "'skip_plan_check' must be"),
     ],
 )
 def test_execution_input_is_checked(data, message):
@@ -189,6 +190,7 @@ def test_execution_input_defaults():
         "run_name": "r",
         "overrides": {},
         "owner": "launcher",
+        "skip_plan_check": False,
     }
 
 

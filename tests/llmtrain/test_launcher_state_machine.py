@@ -301,3 +301,36 @@ def test_the_definition_is_resolved_from_the_synthesized_template(synthesized):
         f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:"
     )
     assert "${" not in json.dumps(definition) and "Fn::" not in json.dumps(definition)
+
+
+def test_the_planner_guards_the_launcher_and_the_summary_reports_the_cost(launcher):
+    """Resolve plans every run (llmtrain.planner): it refuses one planned not to fit its GPUs,
+    naming the change that would, unless the input sets skip_plan_check, and one planned to cost
+    more than the environment's budget (config/dev.yaml: $20,000); the summary of a run that ran
+    holds its actual cost (billable seconds x instances x on-demand price) beside the predicted."""
+    too_big = {"model_preset": "gpt2-medium", "seq_len": 1024, "micro_batch_size": 16}
+    with launcher([JobOutcome(billable_seconds=1800)]) as harness:
+        refused = harness.run({"template": "gpt2-ddp", "run_name": "too-big", "overrides": too_big})
+        dear = harness.run(
+            {"template": "llama-pretrain-fsdp", "run_name": "too-dear", "overrides": {"max_steps": 1000000}}
+        )
+        forced = harness.run(
+            {"template": "gpt2-ddp", "run_name": "forced", "overrides": too_big, "skip_plan_check": True}
+        )
+        notifications = harness.notifications()
+
+    assert refused.status == "FAILED" and refused.error == "InvalidRunInput"
+    assert "planned not to fit" in refused.cause and "ml.g5.12xlarge" in refused.cause
+    assert "; set micro_batch_size=" in refused.cause and "skip_plan_check" in refused.cause
+    assert dear.status == "FAILED" and dear.error == "InvalidRunInput"
+    assert "above the environment's budget of $20,000 per run" in dear.cause
+    # Only the forced run reached SageMaker.
+    assert _sent(harness, "TrainingJobName") == [f"{PREFIX}-forced-a1"]
+    assert forced.status == "SUCCEEDED", forced.cause
+    summary = forced.output
+    price = json.loads((ROOT / "llmtrain" / "planner" / "prices.json").read_text())["on_demand_per_hour"]
+    assert summary["actual_cost_usd"] == pytest.approx(1800 * price["ml.g5.12xlarge"] / 3600)
+    assert summary["predicted_cost_usd"] > 0 and summary["plan"].startswith("plan: DOES NOT FIT")
+    note = next(n for n in notifications if n["Subject"] == "llmtrain: run forced Completed")
+    assert f"Cost: ${summary['actual_cost_usd']:,.2f} actual" in note["Message"]
+    assert f"${summary['predicted_cost_usd']:,.2f} predicted" in note["Message"]
