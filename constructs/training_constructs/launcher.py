@@ -144,6 +144,12 @@ class TrainingLauncher(Construct):
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_YEAR,
     ) -> None:
         super().__init__(scope, construct_id)
+        require(
+            run_budget_usd is None or run_budget_usd > 0,
+            _NAME,
+            "run_budget_usd",
+            "must be a positive number of US dollars, or None for no limit",
+        )
         _validate(
             job_templates,
             subnets,
@@ -176,8 +182,6 @@ class TrainingLauncher(Construct):
             "job_name_prefix": job_name_prefix,
         }
         if run_budget_usd is not None:
-            if run_budget_usd <= 0:
-                raise ValueError(f"TrainingLauncher run_budget_usd must be positive, got {run_budget_usd}")
             self.platform_context["run_budget_usd"] = run_budget_usd
         self.encryption_key = encryption_key or self._create_key(environment_name)
         self._log_retention = log_retention

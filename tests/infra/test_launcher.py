@@ -361,6 +361,7 @@ def _props(stack: cdk.Stack, **overrides) -> dict:
             r"TrainingLauncher\(notification_email=...\): 'nobody' is not an e-mail",
         ),
         ({"state_machine_name": "has spaces"}, r"TrainingLauncher\(state_machine_name=...\)"),
+        ({"run_budget_usd": 0}, r"TrainingLauncher\(run_budget_usd=...\): must be a positive number"),
         ({}, r"TrainingLauncher\(job_templates=...\): must list at least one JobTemplate"),
     ],
 )
