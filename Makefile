@@ -45,10 +45,12 @@ demo: synth
 	scripts/demo.sh
 
 # `make bench` (quick, this CPU, < 20 min) or `make bench MODE=full` (CUDA GPUs); docs/benchmarks.md.
+# bench.plan: the run planner against memory measured here and published runs (docs/planning.md).
 MODE ?= quick
 bench: setup
 	$(PY) -m bench.run --mode $(MODE) --out bench/results/latest.json
 	$(PY) -m bench.report bench/results/latest.json
+	$(PY) -m bench.plan --out bench/results/plan.json
 
 lint: setup
 	$(VENV)/bin/ruff check llmtrain training_jobs stacks constructs app.py tests

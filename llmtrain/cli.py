@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "llmtrain.commands.runs",
     "llmtrain.commands.data",
     "llmtrain.commands.quotas",
+    "llmtrain.commands.plan",
 )
 DISTRIBUTION = "llm-sagemaker-platform"
 FAILED = 1

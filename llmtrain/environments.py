@@ -42,6 +42,7 @@ from llmtrain.platform import (
 
 __all__ = [
     "MAX_WARM_POOL_KEEP_ALIVE_SECONDS",
+    "BudgetConfig",
     "EnvironmentConfig",
     "EnvironmentConfigError",
     "ExistingVpcConfig",
@@ -157,6 +158,15 @@ class WarmPoolConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BudgetConfig:
+    """What one run may cost: the launcher refuses a run whose planned cost (llmtrain.planner)
+    exceeds ``max_run_cost_usd``, before any job exists. None: no limit. A team may set its own
+    (``teams.<name>.max_run_cost_usd``); this is the default of every team that does not."""
+
+    max_run_cost_usd: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class NotificationConfig:
     """Who hears about finished runs and alarms (an SNS e-mail subscription; none when unset)."""
 
@@ -171,7 +181,8 @@ class TeamConfig:
     enables; ``instance_types`` (None) to every type its templates may run on (resolved with the
     catalog by the stacks); ``max_instance_count`` (None) to no cap beyond the templates' bounds;
     ``max_keep_alive_seconds`` to the environment's cap; ``notification_email`` to the
-    environment's address. ``job_name_prefix`` is `<environment prefix>-<name>`.
+    environment's address; ``max_run_cost_usd`` (the most one run may cost as planned) to the
+    environment's ``budgets.max_run_cost_usd``. ``job_name_prefix`` is `<environment prefix>-<name>`.
     """
 
     name: str
@@ -181,6 +192,7 @@ class TeamConfig:
     max_instance_count: int | None = None
     max_keep_alive_seconds: int = 3600
     notification_email: str | None = None
+    max_run_cost_usd: float | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -197,6 +209,7 @@ class EnvironmentConfig:
     quotas: QuotaConfig = field(default_factory=QuotaConfig)
     warm_pools: WarmPoolConfig = field(default_factory=WarmPoolConfig)
     notifications: NotificationConfig = field(default_factory=NotificationConfig)
+    budgets: BudgetConfig = field(default_factory=BudgetConfig)
     tags: Mapping[str, str] = field(default_factory=dict)
     # The teams sharing the environment; one team named `default` when the file has no `teams:`.
     teams: tuple[TeamConfig, ...] = ()
@@ -268,6 +281,7 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
             "quotas",
             "warm_pools",
             "notifications",
+            "budgets",
             "tags",
             "teams",
         }
@@ -279,12 +293,14 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
     job_name_prefix = _read_job_name_prefix(reader)
     warm_pools = _read_warm_pools(reader.section("warm_pools", required=False))
     notifications = _read_notifications(reader.section("notifications", required=False))
+    budgets = _read_budgets(reader.section("budgets", required=False))
     defaults = TeamConfig(
         name=DEFAULT_TEAM,
         job_name_prefix=team_job_name_prefix(job_name_prefix, DEFAULT_TEAM),
         templates=enabled,
         max_keep_alive_seconds=warm_pools.max_keep_alive_seconds,
         notification_email=notifications.email,
+        max_run_cost_usd=budgets.max_run_cost_usd,
     )
     return EnvironmentConfig(
         name=reader.string(
@@ -300,6 +316,7 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
         quotas=_read_quotas(reader.section("quotas", required=False)),
         warm_pools=warm_pools,
         notifications=notifications,
+        budgets=budgets,
         tags=_read_tags(reader, "tags"),
         teams=_read_teams(reader, defaults, job_name_prefix),
         source=source,
@@ -334,6 +351,7 @@ def _read_team(reader: _Reader, name: str, defaults: TeamConfig, environment_pre
             "instance_types",
             "max_instance_count",
             "max_keep_alive_seconds",
+            "max_run_cost_usd",
             "notifications",
             "tags",
         }
@@ -371,6 +389,7 @@ def _read_team(reader: _Reader, name: str, defaults: TeamConfig, environment_pre
         max_instance_count=max_instances,
         max_keep_alive_seconds=keep_alive,
         notification_email=notifications.email or defaults.notification_email,
+        max_run_cost_usd=_read_run_cost(reader, defaults.max_run_cost_usd),
         tags=_read_tags(reader, "tags"),
     )
 
@@ -478,6 +497,21 @@ def _read_job_name_prefix(reader: _Reader) -> str:
             "leave room for the run name in SageMaker's 63-character job names",
         )
     return prefix
+
+
+def _read_budgets(reader: _Reader) -> BudgetConfig:
+    reader.only_keys({"max_run_cost_usd"})
+    return BudgetConfig(max_run_cost_usd=_read_run_cost(reader, None))
+
+
+def _read_run_cost(reader: _Reader, default: float | None) -> float | None:
+    """`max_run_cost_usd` of a section: a positive number of US dollars, or `default` when unset."""
+    if reader.raw("max_run_cost_usd", default=None) is None:
+        return default
+    limit = reader.number("max_run_cost_usd", default=0)
+    if limit <= 0:
+        reader.fail("max_run_cost_usd", f"must be a positive number of US dollars, got {limit}")
+    return float(limit)
 
 
 def _read_quotas(reader: _Reader) -> QuotaConfig:

@@ -220,17 +220,29 @@ class LauncherClient:
     # -- starting -------------------------------------------------------------------------------------
 
     def start(
-        self, *, template_ref: str, run_name: str, overrides: Mapping[str, Any], owner: str | None = None
+        self,
+        *,
+        template_ref: str,
+        run_name: str,
+        overrides: Mapping[str, Any],
+        owner: str | None = None,
+        skip_plan_check: bool = False,
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """Start the run's next execution; returns it and the run's previous execution (or None).
 
         Refuses a run that is running or has completed; a run whose executions all failed (or were
         rejected, stopped, timed out) is continued: the launcher gives its next job the next attempt
-        number and the run's checkpoints."""
+        number and the run's checkpoints. `skip_plan_check` lets the launcher start a run the planner
+        predicts will not fit its GPUs."""
         name, version = parse_ref(template_ref)
         # The launcher's own record, checked before any AWS call exactly as its Resolve checks it.
         execution_input = ExecutionInput(
-            template=name, version=version or LATEST, run_name=run_name, overrides=overrides, owner=owner
+            template=name,
+            version=version or LATEST,
+            run_name=run_name,
+            overrides=overrides,
+            owner=owner,
+            skip_plan_check=skip_plan_check,
         )
         executions = self.run_executions(run_name)
         previous = executions[-1] if executions else None

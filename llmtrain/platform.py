@@ -1,12 +1,14 @@
 """What rendering needs to know about one team of one deployed environment of the platform.
 
-The stacks pass a `PlatformContext` to each team's launcher functions as JSON (`to_dict`); the CLI
-reads it from the deployed stack outputs, or builds a clearly marked dry-run placeholder from
+The stacks pass a `PlatformContext` to each team's launcher functions as JSON (`to_dict`) and write
+it into the deployed environment's record (llmtrain.deployed), where the cloud commands read it;
+`llmtrain render` builds it from stack outputs, or a clearly marked dry-run placeholder from
 `config/<env>.yaml`; tests and the local runner build it directly.
 
 A context is one team's view: its execution role, its job-name prefix, its limits (templates,
-instance types, instance count, warm-pool cap) and its data prefix `teams/<team>/` in the datasets,
-checkpoints and artifacts buckets. An environment without `teams:` has one team, `default`.
+instance types, instance count, warm-pool cap, the planned cost of one run) and its data prefix
+`teams/<team>/` in the datasets, checkpoints and artifacts buckets. An environment without
+`teams:` has one team, `default`.
 """
 
 from __future__ import annotations
@@ -95,6 +97,9 @@ class PlatformContext:
     max_instance_count: int | None = None
     # The environment encrypts traffic between the instances of every job, whatever the template says.
     inter_container_traffic_encryption: bool = False
+    # The most one run of the team may cost, in US dollars, as planned (llmtrain.planner): the team's
+    # `max_run_cost_usd`, else the environment's `budgets.max_run_cost_usd`; None: no limit.
+    run_budget_usd: float | None = None
 
     @property
     def data_prefix(self) -> str:
@@ -151,6 +156,11 @@ class PlatformContext:
         for name in ("allowed_templates", "allowed_instance_types"):
             if not all(isinstance(item, str) and item for item in getattr(self, name)):
                 yield f"{name} must list non-empty strings"
+        budget = self.run_budget_usd
+        if budget is not None and (
+            isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0
+        ):
+            yield f"run_budget_usd {budget!r} must be a positive number of US dollars, or null"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -188,7 +198,7 @@ class PlatformContext:
         are obviously fake. Rendering with it shows the request's shape, not a launchable job.
         ``job_name_prefix`` defaults to the team's (`<resource_prefix>-<team>`); ``limits`` are the
         team's (``allowed_templates``, ``allowed_instance_types``, ``max_instance_count``,
-        ``inter_container_traffic_encryption``)."""
+        ``inter_container_traffic_encryption``, ``run_budget_usd``)."""
         prefix = resource_prefix.lower()
         return cls(
             environment=environment,

@@ -27,7 +27,7 @@ from llmtrain.render import RUN_NAME_PATTERN
 
 INPUT_SHAPE = (
     '{"template": NAME, "version": SEMVER or "latest", "run_name": NAME, "overrides": {SETTING: VALUE}, '
-    '"owner": TEXT}'
+    '"owner": TEXT, "skip_plan_check": BOOLEAN}'
 )
 DEFAULT_OWNER = "launcher"
 
@@ -49,13 +49,17 @@ class LauncherStateError(Exception):
 
 @dataclass(frozen=True, kw_only=True)
 class ExecutionInput:
-    """One execution of the launcher: which template version to run, under which run name."""
+    """One execution of the launcher: which template version to run, under which run name.
+
+    ``skip_plan_check`` starts a run the planner predicts will not fit its GPUs (never one above the
+    team's budget)."""
 
     template: str
     run_name: str
     version: str = LATEST
     overrides: Mapping[str, Any] = field(default_factory=dict)
     owner: str | None = None
+    skip_plan_check: bool = False
 
     def __post_init__(self) -> None:
         problem = _input_problem(self)
@@ -82,8 +86,9 @@ class ExecutionInput:
         values = dict(data)
         if values.get("overrides", {}) is None:
             raise InvalidRunInput("'overrides' must be an object of setting name to value, got null")
-        if "owner" in values and values["owner"] is None:
-            del values["owner"]
+        for name in ("owner", "skip_plan_check"):
+            if name in values and values[name] is None:
+                del values[name]
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
@@ -95,6 +100,8 @@ class ExecutionInput:
         }
         if self.owner:
             data["owner"] = self.owner
+        if self.skip_plan_check:
+            data["skip_plan_check"] = True
         return data
 
 
@@ -113,6 +120,8 @@ def _input_problem(execution: ExecutionInput) -> str | None:
         )
     if execution.owner is not None and not isinstance(execution.owner, str):
         return f"'owner' must be a string, got {execution.owner!r}"
+    if not isinstance(execution.skip_plan_check, bool):
+        return f"'skip_plan_check' must be true or false, got {execution.skip_plan_check!r:.80}"
     if not isinstance(execution.overrides, Mapping):
         return f"'overrides' must be an object of setting name to value, got {execution.overrides!r:.80}"
     return run_name_problem(execution.run_name)
@@ -197,6 +206,8 @@ class RunState:
     throttle_retries: int = 0  # this attempt's CreateTrainingJob calls SageMaker throttled (no job created)
     checkpoint_s3_uri: str | None = None
     history: tuple[AttemptRecord, ...] = ()
+    # The planner's figures for the run (llmtrain.planner.checks.plan_state), for its summary.
+    plan: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "overrides", dict(self.overrides))

@@ -26,5 +26,6 @@ def _team_spec(team: TeamConfig, catalog: Catalog) -> TeamSpec:
         max_instance_count=team.max_instance_count,
         templates=team.templates,
         notification_email=team.notification_email,
+        max_run_cost_usd=team.max_run_cost_usd,
         tags=team.tags,
     )

@@ -105,7 +105,8 @@ class TrainingLauncher(Construct):
     Props (keyword-only):
       job_templates: the published template versions runs may use (the registry).
       team: the team this launcher serves (`TeamSpec`): its job-name prefix, instance types,
-        warm-pool cap, instance cap, templates and notification address.
+        warm-pool cap, instance cap, templates, notification address and run budget (Resolve
+        refuses a run planned to cost more, `run_budget_usd` in the functions' platform context).
       execution_role: the team's SageMaker execution role (the only role the launcher may pass).
       datasets_bucket, checkpoints_bucket, artifacts_bucket, code_bucket: the platform's buckets.
       data_key: the platform's KMS key: job outputs and volumes are encrypted with it.
@@ -174,6 +175,7 @@ class TrainingLauncher(Construct):
             "allowed_instance_types": list(team.instance_types),
             "max_instance_count": team.max_instance_count,
             "inter_container_traffic_encryption": inter_container_traffic_encryption,
+            "run_budget_usd": team.max_run_cost_usd,
         }
         self.encryption_key = encryption_key or self._create_key(environment_name)
         self._log_retention = log_retention

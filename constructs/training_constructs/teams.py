@@ -40,6 +40,8 @@ class TeamSpec:
       condition key for it). None: no cap beyond the templates' bounds.
     ``templates``: the template names its runs may use; empty means every registered one.
     ``notification_email``: subscribed to its launcher's topic.
+    ``max_run_cost_usd``: the most one run may cost as planned (llmtrain.planner), in US dollars;
+      the launcher refuses a run planned above it. None: no limit.
     ``tags``: added to the team's resources.
     """
 
@@ -50,6 +52,7 @@ class TeamSpec:
     max_instance_count: int | None = None
     templates: tuple[str, ...] = ()
     notification_email: str | None = None
+    max_run_cost_usd: float | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -153,6 +156,13 @@ def _validate(team: TeamSpec) -> None:
         _NAME,
         "max_instance_count",
         f"must be a whole number of at least 1, or None, got {team.max_instance_count!r}",
+    )
+    budget = team.max_run_cost_usd
+    require(
+        budget is None or (isinstance(budget, int | float) and not isinstance(budget, bool) and budget > 0),
+        _NAME,
+        "max_run_cost_usd",
+        f"must be a positive number of US dollars, or None for no limit, got {budget!r}",
     )
     require(
         team.notification_email is None or bool(EMAIL_PATTERN.fullmatch(team.notification_email)),

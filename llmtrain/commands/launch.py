@@ -1,6 +1,7 @@
 """`llmtrain start | status | stop | logs`: start a run on the deployed launcher and follow it.
 
-    llmtrain start NAME[@VERSION] --run-name R [--set KEY=VALUE ...] [--env ENV] [--team T] [--wait]
+    llmtrain start NAME[@VERSION] --run-name R [--set KEY=VALUE ...] [--env ENV] [--team T]
+                   [--wait] [--dry-run] [--skip-plan-check]
     llmtrain status R [--env ENV] [--team T] [--json]
     llmtrain stop R [--env ENV] [--team T]
     llmtrain logs R [--env ENV] [--team T] [--attempt N] [--limit N]
@@ -11,9 +12,11 @@ on this machine, without AWS credentials: the template and version exist, every 
 the template allows and within its bounds, and the request renders and validates (exit 2 and what
 to fix, with "did you mean" for a misspelled name). Then against the deployed environment, read
 from AWS (llmtrain.deployed): the template is enabled, the request renders with the team's platform
-context (its templates, instance types and count, channels inside its datasets prefix), and every
-channel holds data. Only then does it start an execution of the team's launcher
-(llmtrain.launcher_client), with the launcher's own input record (llmtrain.runs.ExecutionInput).
+context (its templates, instance types and count, channels inside its datasets prefix), every
+channel holds data, and the run's plan (llmtrain.planner) fits its GPUs (unless --skip-plan-check)
+and its cost stays within the team's budget; the plan's one line is printed. Only then does it
+start an execution of the team's launcher (llmtrain.launcher_client), with the launcher's own input
+record (llmtrain.runs.ExecutionInput).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from llmtrain.commands._common import (
 from llmtrain.datasets import channel_problems
 from llmtrain.errors import LlmtrainError, OverrideError, did_you_mean
 from llmtrain.launcher_client import FINISHED, LauncherClient, RunStatus, owner_from_identity
+from llmtrain.planner.checks import check_run
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, coerce_override, render
 from llmtrain.spec import CHANNEL_SETTING_PREFIX, TemplateSpec
@@ -61,6 +65,11 @@ def register(subparsers) -> None:
     start.add_argument("--wait", action="store_true", help="wait for the run to end and print its summary")
     start.add_argument(
         "--dry-run", action="store_true", help="check everything and print the request; start nothing"
+    )
+    start.add_argument(
+        "--skip-plan-check",
+        action="store_true",
+        help="start the run even if the planner predicts it will not fit its GPUs (`llmtrain plan`)",
     )
     start.add_argument("--poll-seconds", type=float, default=30.0, help=argparse.SUPPRESS)
     start.set_defaults(handler=start_command)
@@ -112,7 +121,10 @@ def start_command(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
     template = check_locally(Catalog.load(), args.ref, args.run_name, overrides)
     cloud = connect(args)
-    request = check_in_environment(cloud, template, args.run_name, overrides)
+    request, plan = check_in_environment(
+        cloud, template, args.run_name, overrides, skip_plan_check=args.skip_plan_check
+    )
+    print(plan.get("summary") or f"plan: not available: {plan.get('unavailable')}", file=sys.stderr)
     ref = template.ref  # the version checked here is the version that runs
     if args.dry_run:
         print(json.dumps(request, indent=2))
@@ -129,6 +141,7 @@ def start_command(args: argparse.Namespace) -> int:
         run_name=args.run_name,
         overrides=overrides,
         owner=owner_from_identity(cloud.identity),
+        skip_plan_check=args.skip_plan_check,
     )
     where = follow_up_options(args, cloud)
     if previous is not None:
@@ -176,11 +189,17 @@ def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[
 
 
 def check_in_environment(
-    cloud: Cloud, template: TemplateSpec, run_name: str, overrides: Mapping[str, str]
-) -> dict:
+    cloud: Cloud,
+    template: TemplateSpec,
+    run_name: str,
+    overrides: Mapping[str, str],
+    *,
+    skip_plan_check: bool = False,
+) -> tuple[dict, dict]:
     """What depends on the deployment: the template enabled, the request rendered with the team's
     platform context (its templates, instance types and count, warm-pool cap, run-name length, channels
-    inside its datasets prefix), and every channel holding data."""
+    inside its datasets prefix), every channel holding data, and the run's plan: the launcher's own
+    check (fits, within the team's budget). Returns the request and the plan's figures."""
     deployed, team = cloud.deployed, cloud.team
     if template.name not in deployed.enabled_templates:
         raise RunRejected(
@@ -189,12 +208,20 @@ def check_in_environment(
             f"{', '.join(deployed.enabled_templates)}"
         )
     request = render(template, RunInput(run_name=run_name, overrides=dict(overrides)), team.platform)
+    plan = check_run(
+        template,
+        request,
+        overrides,
+        budget_usd=team.platform.run_budget_usd,
+        team=team.name,
+        skip_fit_check=skip_plan_check,
+    )
     problems = channel_problems(cloud.session.client("s3", region_name=deployed.region), team, request)
     if problems:
         raise RunRejected(
             "the run's data is not where it must be:\n" + "\n".join(f"  - {p}" for p in problems)
         )
-    return request
+    return request, plan
 
 
 # -- status, stop, logs ---------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ network) comes from the deployed stacks' outputs when given (`--outputs`, the fi
 Without them the request is a dry run: placeholder ARNs and ids built from `config/<env>.yaml`
 (in the platform's repository) or, where there is no environment file (llmtrain installed with
 pip), from a stand-in environment; correct in shape and validated, but not launchable; a note on
-stderr says so. `llmtrain start --dry-run` renders against a deployed environment instead.
+stderr says so. `llmtrain start --dry-run` renders against a deployed environment instead. The
+run's plan (llmtrain.planner: fits, speed, hours, cost) follows on stderr in one line.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from llmtrain.commands._common import (
 from llmtrain.deployed import team_name_problem
 from llmtrain.environments import EnvironmentConfig, EnvironmentConfigError, StackOutput, TeamConfig
 from llmtrain.errors import LlmtrainError, PlatformContextError
+from llmtrain.planner.checks import plan_summary
 from llmtrain.platform import DEFAULT_TEAM, MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, render
 
@@ -92,6 +94,7 @@ def render_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(json.dumps(request, indent=2))
+    print(plan_summary(template, request), file=sys.stderr)
     return 0
 
 
@@ -166,6 +169,7 @@ def team_platform_fields(env: EnvironmentConfig, team: TeamConfig) -> dict:
         "allowed_instance_types": team.instance_types or (),
         "max_instance_count": team.max_instance_count,
         "inter_container_traffic_encryption": env.network.inter_container_traffic_encryption,
+        "run_budget_usd": team.max_run_cost_usd,
     }
 
 

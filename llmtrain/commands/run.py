@@ -20,6 +20,7 @@ from llmtrain.commands._common import add_overrides_argument, parse_overrides
 from llmtrain.errors import LlmtrainError
 from llmtrain.local import EXIT_CODES, LocalRunOptions, RunAlreadyTrained, next_attempt, run_local
 from llmtrain.local.data import parse_data_option
+from llmtrain.planner.checks import plan_summary
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, render
 from llmtrain.sourcedir import PLATFORM_PACKAGE, REQUIREMENTS, repository_root
@@ -101,6 +102,8 @@ def run_command(args: argparse.Namespace) -> int:
     request = render(template, run_input, local_platform_context())
     console.print(f"[bold cyan]llmtrain[/] rendered {template.ref} for run {args.run_name!r} "
                   f"(the request the launcher would send)")
+    console.print(f"[bold cyan]llmtrain[/] {plan_summary(template, request)} [dim](for the cloud "
+                  "request; this machine runs it scaled down)[/]", markup=True, highlight=False)
     require_local_run_packages()
     try:
         summary = run_local(request, catalog.sourcedir(template), options,

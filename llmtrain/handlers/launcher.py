@@ -6,13 +6,16 @@ The state machine (constructs/training_constructs/launcher.py) calls three Lambd
   run with earlier jobs keeps the version they ran), refuses a run that is in progress or already
   completed or beyond its team's limits, renders attempt 1 (or the attempt after the run's last
   one, so a failed run started again resumes from its checkpoints) and checks the template's
-  capacity fallbacks against the run. Bad input is refused BEFORE any training job exists, with a
+  capacity fallbacks against the run. It plans the run (llmtrain.planner.checks) and refuses one
+  planned not to fit its GPUs (unless the input sets `skip_plan_check`) or to cost more than the
+  team's budget (`run_budget_usd`). Bad input is refused BEFORE any training job exists, with a
   message that says what to fix.
 - `next_attempt`: after CreateTrainingJob (`.sync`) failed, classifies the failure (capacity,
   quota, throttling, the job's own failure, a stop, an API error) and either plans a retry (the wait, a new
   job name, the same checkpoint prefix, maybe the next fallback instance type) or gives up with a
   summary of the run.
-- `summarize`: the summary of a run whose job completed.
+- `summarize`: the summary of a run whose job completed. Every summary holds the cost the last job
+  billed (billable seconds x instances x on-demand price) beside the plan's prediction.
 
 Between states the execution carries `{"run": RunState, "request": CreateTrainingJob request,
 "layout": name}`; the execution input and the run state are the typed records of `llmtrain.runs`,
@@ -41,6 +44,7 @@ import boto3
 
 from llmtrain.catalog import LATEST, Catalog
 from llmtrain.errors import LlmtrainError, OverrideError
+from llmtrain.planner.checks import actual_cost, check_run
 from llmtrain.platform import PlatformContext
 from llmtrain.render import (
     MAX_ATTEMPTS,
@@ -293,6 +297,15 @@ def start_run(
     try:
         request = _render(template, run_input.run_name, run_input.overrides, attempt, owner, None, platform)
         layout = request_layout(request, layouts)
+        # The planner: refuse a run that will not fit its GPUs or costs more than the team's budget.
+        plan = check_run(
+            template,
+            request,
+            run_input.overrides,
+            budget_usd=platform.run_budget_usd,
+            team=platform.team,
+            skip_fit_check=run_input.skip_plan_check,
+        )
     except LlmtrainError as error:
         raise _rejected(error) from error
     first = request["ResourceConfig"]["InstanceType"]
@@ -309,6 +322,7 @@ def start_run(
         instance_types=(first, *usable),
         unusable_instance_types=unusable,
         checkpoint_s3_uri=request.get("CheckpointConfig", {}).get("S3Uri"),
+        plan=plan,
     )
     return {"run": run.to_dict(), "request": request, "layout": layout}
 
@@ -684,6 +698,9 @@ def build_summary(
         "attempt_history": history,
         "checkpoint_s3_uri": run.checkpoint_s3_uri,
         "execution_arn": run.execution_arn,
+        "actual_cost_usd": actual_cost(job),
+        "predicted_cost_usd": (run.plan or {}).get("usd"),
+        "plan": (run.plan or {}).get("summary"),
     }
     if error is not None:
         summary.update(error=error, failure_reason=reason, advice=advice)
@@ -707,6 +724,10 @@ def rejection_summary(refusal: Exception, event: Mapping[str, Any]) -> dict[str,
         "subject": notification_subject(run_name, "rejected", None),
         "execution_arn": event.get("execution_arn"),
     }
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
 
 
 def final_metrics(job: Mapping[str, Any]) -> dict[str, float]:
@@ -740,6 +761,8 @@ def summary_message(summary: Mapping[str, Any]) -> str:
     lines.append(f"Model artifacts: {summary.get('model_artifacts') or '-'}")
     billable = summary.get("billable_seconds")
     lines.append(f"Billable seconds: {billable if billable is not None else '-'}")
+    lines.append(f"Cost: {_usd(summary.get('actual_cost_usd'))} actual (billable seconds x instances x "
+                 f"on-demand price), {_usd(summary.get('predicted_cost_usd'))} predicted")
     lines.append(f"Checkpoints: {summary.get('checkpoint_s3_uri') or '-'}")
     lines.append(f"Attempts: {summary['attempts']}")
     for entry in summary.get("attempt_history", ()):

@@ -464,6 +464,8 @@ INVALID_TEAMS = [
     ({"instance_types": ()}, "instance_types", "ml.*"),
     ({"max_keep_alive_seconds": 21601}, "max_keep_alive_seconds", "0 to 21600"),
     ({"max_instance_count": 0}, "max_instance_count", "at least 1"),
+    ({"max_run_cost_usd": 0}, "max_run_cost_usd", "positive number of US dollars"),
+    ({"max_run_cost_usd": True}, "max_run_cost_usd", "positive number of US dollars"),
     ({"notification_email": "nobody"}, "notification_email", "not an e-mail address"),
 ]
 

@@ -57,6 +57,7 @@ def test_committed_environments_load_with_their_values():
     assert dev.warm_pools.max_keep_alive_seconds == 3600 and dev.warm_pools.idle_budget_seconds == 1800
     assert prod.quotas.alarm_threshold_percent == 90.0
     assert dev.notifications.email == "ml-platform-dev@example.com"
+    assert (dev.budgets.max_run_cost_usd, prod.budgets.max_run_cost_usd) == (20000.0, 250000.0)
     assert dev.job_name_prefix == "llmtrain-dev"
     assert dev.tags["environment"] == "dev"
     assert dev.stack_name("storage") == "llmtrain-dev-storage"
@@ -71,6 +72,7 @@ def test_without_teams_an_environment_has_one_team_named_default():
     assert team.instance_types is None and team.max_instance_count is None  # the templates' own
     assert team.max_keep_alive_seconds == dev.warm_pools.max_keep_alive_seconds
     assert team.notification_email == dev.notifications.email
+    assert team.max_run_cost_usd == dev.budgets.max_run_cost_usd == 20000.0
     assert dev.team("default") is team
 
 
@@ -83,6 +85,8 @@ def test_prod_is_shared_by_two_teams_with_their_limits():
     assert pretrain.instance_types == ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge")
     assert (pretrain.max_instance_count, finetune.max_instance_count) == (32, 4)
     assert finetune.max_keep_alive_seconds == prod.warm_pools.max_keep_alive_seconds  # the default
+    # Its own run budget, and the environment's for the team that sets none.
+    assert (finetune.max_run_cost_usd, pretrain.max_run_cost_usd) == (25000.0, 250000.0)
     assert finetune.notification_email == "ml-finetuning@example.com"
     assert finetune.tags == {"cost-center": "ml-finetuning"}
     with pytest.raises(EnvironmentConfigError, match="has no team 'nlp'; its teams: pretrain, finetune"):
@@ -91,9 +95,14 @@ def test_prod_is_shared_by_two_teams_with_their_limits():
 
 def test_a_team_takes_the_environments_defaults(tmp_path):
     document = valid_document()
-    document["teams"] = {"nlp": None, "vision": {"templates": ["gpt2-ddp"], "max_keep_alive_seconds": 600}}
+    document["teams"] = {
+        "nlp": None,
+        "vision": {"templates": ["gpt2-ddp"], "max_keep_alive_seconds": 600, "max_run_cost_usd": 900000},
+    }
     config = load_environment(write(tmp_path, "dev", document))
     nlp, vision = config.teams
+    # A team's budget is its own, above or below the environment's, which is the default.
+    assert (nlp.max_run_cost_usd, vision.max_run_cost_usd) == (config.budgets.max_run_cost_usd, 900000.0)
     assert nlp.templates == config.enabled_templates and nlp.instance_types is None
     assert (nlp.max_keep_alive_seconds, vision.max_keep_alive_seconds) == (3600, 600)
     assert vision.templates == ("gpt2-ddp",) and vision.job_name_prefix == "llmtrain-dev-vision"
@@ -101,13 +110,14 @@ def test_a_team_takes_the_environments_defaults(tmp_path):
 
 def test_optional_sections_take_documented_defaults(tmp_path):
     document = valid_document()
-    for optional in ("quotas", "warm_pools", "notifications", "tags"):
+    for optional in ("quotas", "warm_pools", "notifications", "budgets", "tags"):
         del document[optional]
     del document["network"]["nat_gateways"], document["network"]["inter_container_traffic_encryption"]
     config = load_environment(write(tmp_path, "dev", document))
     assert config.quotas.alarm_threshold_percent == 80.0
     assert (config.warm_pools.max_keep_alive_seconds, config.warm_pools.idle_budget_seconds) == (3600, 1800)
     assert config.notifications.email is None and dict(config.tags) == {}
+    assert config.budgets.max_run_cost_usd is None
     assert config.network.nat_gateways == 0 and not config.network.inter_container_traffic_encryption
 
 
@@ -207,6 +217,8 @@ INVALID = [
     (_set("job_name_prefix", "LLMTrain"), "job_name_prefix", "lowercase"),
     (_set("job_name_prefix", "a" * 25), "job_name_prefix", "at most 24"),
     (_set("quotas.alarm_threshold_percent", 120), "quotas.alarm_threshold_percent", "at most 100"),
+    (_set("budgets.max_run_cost_usd", 0), "budgets.max_run_cost_usd", "positive number of US dollars"),
+    (_set("budgets.max_run_cost_usd", "lots"), "budgets.max_run_cost_usd", "a number"),
     (_set("quotas.alarm_threshold_percent", "high"), "quotas.alarm_threshold_percent", "a number"),
     (
         _set("warm_pools.max_keep_alive_seconds", MAX_WARM_POOL_KEEP_ALIVE_SECONDS + 1),
@@ -232,6 +244,8 @@ INVALID = [
     (_set("teams", {"nlp": {"templates": []}}), "teams.nlp.templates", "at least 1"),
     (_set("teams", {"nlp": {"instance_types": ["p4d"]}}), "teams.nlp.instance_types", "not valid"),
     (_set("teams", {"nlp": {"max_instance_count": 0}}), "teams.nlp.max_instance_count", "at least 1"),
+    (_set("teams", {"nlp": {"max_run_cost_usd": -5}}), "teams.nlp.max_run_cost_usd", "positive number"),
+    (_set("teams", {"nlp": {"max_run_cost_usd": "cheap"}}), "teams.nlp.max_run_cost_usd", "a number"),
     (
         _set("teams", {"nlp": {"max_keep_alive_seconds": 7200}}),
         "teams.nlp.max_keep_alive_seconds",

@@ -309,6 +309,10 @@ def test_functions_get_the_teams_platform_context_and_least_privilege(
         assert f'\\"warm_pool_cap_seconds\\":{team_config.max_keep_alive_seconds}' in context
         encryption = "true" if config.network.inter_container_traffic_encryption else "false"
         assert f'\\"inter_container_traffic_encryption\\":{encryption}' in context
+        # The team's run budget, else the environment's (prod: finetune has its own).
+        budget = {"default": 20000, "pretrain": 250000, "finetune": 25000}[team]
+        assert team_config.max_run_cost_usd == budget
+        assert f'\\"run_budget_usd\\":{budget}' in context
         assert properties["Runtime"] == f"python{sys.version_info.major}.{sys.version_info.minor}"
         role_id = properties["Role"]["Fn::GetAtt"][0]
         role_policies = [

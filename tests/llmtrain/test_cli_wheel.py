@@ -15,6 +15,7 @@ the training program and the example data from its package data.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -197,6 +198,10 @@ def test_the_installed_cli_works_from_an_empty_folder(installed, tmp_path):
     assert rendered.returncode == 0, rendered.stderr
     assert '"TrainingJobName": "llmtrain-dev-default-r1-a1"' in rendered.stdout
     assert "dry run" in rendered.stderr and "stand-in environment" in rendered.stderr
+    # The planner's line: its price table ships in the wheel.
+    assert "plan: fits" in rendered.stderr and "not available" not in rendered.stderr
+    planned = _llmtrain(installed, work, "plan", "gpt2-ddp", "--json")
+    assert planned.returncode == 0 and json.loads(planned.stdout)["fits"] is True, planned.stderr
 
     (work / "notes.txt").write_text((ROOT / "README.md").read_text() * 4)
     prepared = _llmtrain(

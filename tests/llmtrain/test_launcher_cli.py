@@ -367,6 +367,32 @@ def test_start_on_an_environment_of_several_teams_goes_to_the_teams_launcher(cap
     assert json.loads(out)["TrainingJobName"] == "llmtrain-dev-nlp-r9-a1"
 
 
+def test_start_plans_the_run_as_the_launcher_would_before_starting_it(capsys, aws):
+    """The team's budget (its platform context's run_budget_usd) and the fit check refuse a run before
+    any execution; --skip-plan-check starts one planned not to fit, and says so in the input."""
+    arn = boto3.client("stepfunctions", region_name=REGION).create_state_machine(
+        name="llmtrain-dev-default-launcher",
+        definition=json.dumps(DEFINITION),
+        roleArn=f"arn:aws:iam::{ACCOUNT}:role/x",
+    )["stateMachineArn"]
+    deploy_environment(arn, teams=[team_access(arn, run_budget_usd=10.0)])
+    code, _, err = start(capsys, "r10", "max_steps=200000")
+    assert code == 2 and "above team 'default''s budget of $10 per run" in err
+    too_big = ("model_preset=gpt2-medium", "seq_len=1024", "micro_batch_size=16")
+    code, _, err = start(capsys, "r10", *too_big)
+    assert code == 2 and "planned not to fit" in err and "skip_plan_check" in err
+    assert not boto3.client("stepfunctions", region_name=REGION).list_executions(stateMachineArn=arn)[
+        "executions"
+    ]
+
+    code, out, err = start(capsys, "r10", *too_big, options=("--skip-plan-check",))
+    assert code == 0 and "plan: DOES NOT FIT" in err
+    assert json.loads(_execution(arn, "r10-1")["input"])["skip_plan_check"] is True
+    code, _, err = start(capsys, "r11")
+    assert code == 0 and "plan: fits" in err
+    assert "skip_plan_check" not in json.loads(_execution(arn, "r11-1")["input"])
+
+
 def test_start_dry_run_prints_the_request_and_starts_nothing(capsys, launcher):
     code, out, err = llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r6", "--set", TRAIN, "--dry-run")
     assert code == 0 and "passed every check; nothing started" in err

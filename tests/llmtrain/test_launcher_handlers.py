@@ -223,6 +223,7 @@ def test_handlers_need_the_environment_the_construct_sets(monkeypatch):
         ({"template": "gpt2-ddp", "run_name": "r", "extra": 1}, "unknown input field(s) extra"),
         ({"template": "gpt2-ddp", "run_name": "r", "version": 1}, "'version' must be a published version"),
         ({"template": "gpt2-ddp", "run_name": "r", "version": ""}, "got ''"),
+        ({"template": "gpt2-ddp", "run_name": "r", "skip_plan_check": "yes"}, "'skip_plan_check' must be"),
         (
             {"template": "gpt2-ddp", "run_name": "Big-Run"},
             "has upper-case letters; SageMaker job names ignore case, so it would share its jobs with "
@@ -241,6 +242,9 @@ def test_execution_input_defaults_and_round_trip():
     assert parsed == ExecutionInput(template="t", run_name="r", version="latest", overrides={}, owner=None)
     assert parse_execution_input(parsed.to_dict()) == parsed
     assert parsed.to_dict() == {"template": "t", "version": "latest", "run_name": "r", "overrides": {}}
+    assert not parsed.skip_plan_check
+    forced = parse_execution_input({"template": "t", "run_name": "r", "skip_plan_check": True})
+    assert forced.skip_plan_check and parse_execution_input(forced.to_dict()) == forced
 
 
 def test_the_job_name_stem_agrees_with_render():

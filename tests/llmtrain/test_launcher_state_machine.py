@@ -34,16 +34,23 @@ ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "llmtrain-dev-default"  # the job-name prefix of dev's one team, `default`
 
 
-@pytest.fixture(scope="module")
-def synthesized(tmp_path_factory):
-    """The dev stage, synthesized once for this module: its assembly folder and templates by stack."""
-    config = dataclasses.replace(load_environment(ROOT / "config" / "dev.yaml"), account=ACCOUNT)
+def _synthesize(tmp_path_factory, config):
     outdir = tmp_path_factory.mktemp("cdk.out")
     app = cdk.App(outdir=str(outdir))
     stage = PlatformStage(app, config=config)
     assembly = app.synth().get_nested_assembly(stage.artifact_id)
     templates = {stack.stack_name: stack.template for stack in assembly.stacks}
     return Path(assembly.directory), stage.launcher.stack_name, templates
+
+
+def _dev_config():
+    return dataclasses.replace(load_environment(ROOT / "config" / "dev.yaml"), account=ACCOUNT)
+
+
+@pytest.fixture(scope="module")
+def synthesized(tmp_path_factory):
+    """The dev stage, synthesized once for this module: its assembly folder and templates by stack."""
+    return _synthesize(tmp_path_factory, _dev_config())
 
 
 @pytest.fixture
@@ -425,3 +432,70 @@ def test_a_run_name_with_upper_case_is_refused(launcher):
     assert first.status == "SUCCEEDED", first.cause
     _rejected_before_any_job(harness, upper, "run_name 'Casey' has upper-case letters", "use 'casey'")
     assert len(harness.jobs.requests) == 1
+
+
+def test_the_planner_guards_the_launcher_and_the_summary_reports_the_cost(launcher):
+    """Resolve plans every run (llmtrain.planner): it refuses one planned not to fit its GPUs,
+    naming the change that would, unless the input sets skip_plan_check, and one planned to cost
+    more than its team's budget (dev's one team has none of its own: the environment's budgets.
+    max_run_cost_usd of config/dev.yaml, $20,000); the summary of a run that ran
+    holds its actual cost (billable seconds x instances x on-demand price) beside the predicted."""
+    too_big = {"model_preset": "gpt2-medium", "seq_len": 1024, "micro_batch_size": 16}
+    with launcher([JobOutcome(billable_seconds=1800)]) as harness:
+        # A run's own channels (under its team's datasets) do not change the plan or its advice.
+        datasets = _platform(harness).datasets_uri
+        too_big["channels.train"] = f"{datasets}notes/train/"
+        refused = harness.run({"template": "gpt2-ddp", "run_name": "too-big", "overrides": too_big})
+        dear = harness.run(
+            {"template": "llama-pretrain-fsdp", "run_name": "too-dear", "overrides": {"max_steps": 1000000}}
+        )
+        forced = harness.run(
+            {"template": "gpt2-ddp", "run_name": "forced", "overrides": too_big, "skip_plan_check": True}
+        )
+        notifications = harness.notifications()
+
+    assert refused.status == "FAILED" and refused.error == "InvalidRunInput"
+    assert "planned not to fit" in refused.cause and "ml.g5.12xlarge" in refused.cause
+    assert "; set micro_batch_size=" in refused.cause and "skip_plan_check" in refused.cause
+    assert dear.status == "FAILED" and dear.error == "InvalidRunInput"
+    assert "above team 'default''s budget of $20,000 per run" in dear.cause
+    # Only the forced run reached SageMaker.
+    assert _sent(harness, "TrainingJobName") == [f"{PREFIX}-forced-a1"]
+    assert forced.status == "SUCCEEDED", forced.cause
+    summary = forced.output
+    price = json.loads((ROOT / "llmtrain" / "planner" / "prices.json").read_text())["on_demand_per_hour"]
+    assert summary["actual_cost_usd"] == pytest.approx(1800 * price["ml.g5.12xlarge"] / 3600)
+    assert summary["predicted_cost_usd"] > 0 and summary["plan"].startswith("plan: DOES NOT FIT")
+    note = next(n for n in notifications if n["Subject"] == "llmtrain: run forced Completed")
+    assert f"Cost: ${summary['actual_cost_usd']:,.2f} actual" in note["Message"]
+    assert f"${summary['predicted_cost_usd']:,.2f} predicted" in note["Message"]
+
+
+@pytest.fixture(scope="module")
+def team_budget_launcher(tmp_path_factory):
+    """dev, its one team with a budget of its own ($10 a run) below the environment's ($20,000)."""
+    config = _dev_config()
+    team = dataclasses.replace(config.teams[0], max_run_cost_usd=10.0)
+    assembly_dir, launcher_stack, templates = _synthesize(
+        tmp_path_factory, dataclasses.replace(config, teams=(team,))
+    )
+    return lambda outcomes: launcher_in_moto(assembly_dir, launcher_stack, templates, outcomes)
+
+
+def test_a_teams_own_budget_is_what_its_launcher_enforces(team_budget_launcher):
+    """The team's max_run_cost_usd reaches its launcher as run_budget_usd, in place of the
+    environment's: a run planned at about $18 is refused at $10, one planned under $1 runs; the
+    environment's $20,000 would have let both through."""
+    with team_budget_launcher([JobOutcome(billable_seconds=600)]) as harness:
+        assert _platform(harness).run_budget_usd == 10.0
+        long_run = harness.run(
+            {"template": "gpt2-ddp", "run_name": "long", "overrides": {"max_steps": 200000}}
+        )
+        short_run = harness.run({"template": "gpt2-ddp", "run_name": "short"})
+
+    assert long_run.status == "FAILED" and long_run.error == "InvalidRunInput"
+    assert "above team 'default''s budget of $10 per run" in long_run.cause
+    assert "teams.default.max_run_cost_usd" in long_run.cause
+    assert _sent(harness, "TrainingJobName") == [f"{PREFIX}-short-a1"]
+    assert short_run.status == "SUCCEEDED", short_run.cause
+    assert 0 < short_run.output["predicted_cost_usd"] < 10

@@ -314,11 +314,13 @@ def tokenizer():
 
 
 @pytest.mark.parametrize(("preset", "billions"), [("llama-7b", 6.7), ("llama-13b", 13.0),
-                                                  ("llama-70b", 69.0), ("gpt2-xl", 1.56)])
+                                                  ("llama-70b", 69.0), ("gpt2-xl", 1.56),
+                                                  ("llama3-8b", 8.03), ("llama3-70b", 70.55),
+                                                  ("llama3-405b", 405.85)])
 def test_large_presets_have_their_nominal_size(tokenizer, preset, billions):
     config = models.preset_config(ModelConfig(model_preset=preset), tokenizer, seq_len=2048)
-    if preset.startswith("llama"):
-        config.vocab_size = 32000 if preset != "llama-70b" else 128256  # their own tokenizers
+    if preset.startswith("llama"):  # their own tokenizers
+        config.vocab_size = 32000 if preset in ("llama-7b", "llama-13b") else 128256
     else:
         config.vocab_size = 50257
     model = models.build_model(models.ModelSource(config, None, preset), materialize=False, seed=0)

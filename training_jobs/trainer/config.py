@@ -34,6 +34,7 @@ def _hp(default: Any, help: str, *, minimum: float | None = None, maximum: float
 
 
 MODEL_PRESETS = ("llama-tiny", "llama-20m", "llama-1b", "llama-7b", "llama-13b", "llama-70b",
+                 "llama3-8b", "llama3-70b", "llama3-405b",
                  "gpt2-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
 Parallelism = Literal["single", "ddp", "fsdp", "deepspeed", "smp"]

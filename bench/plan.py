@@ -1,0 +1,446 @@
+"""`python -m bench.plan [--quick] [--skip-memory] [--out bench/results/plan.json]`
+
+The planner (llmtrain.planner) against what it predicts, in one table each:
+
+1. Memory, measured here: the training program runs on this CPU (torchrun, gloo) for every
+   configuration in MEMORY_CONFIGS, and bench/workers/plan_memory.py counts what each rank holds:
+   parameters, gradients, optimizer state (live tensors) and activations (saved-tensor hooks).
+2. Speed, against published runs: torchtitan's Llama 3.1 8B FSDP runs on H100s
+   (benchmarks/llama3_h100_202412_torchtitan.md) and the seeds' data-parallel scaling table.
+   Which figures calibrated the model and which only check it is in CALIBRATED / each row.
+
+docs/planning.md shows the tables; tests/bench/test_plan_bench.py runs a subset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from llmtrain.instances import GPU_MODELS, InstanceType, instance_type
+from llmtrain.planner import memory, speed
+from llmtrain.planner.shapes import SHIPPED_TOKENIZER_VOCAB, preset_shape
+from llmtrain.planner.workload import (
+    Layout,
+    Workload,
+    hyperparameter_values,
+    resolve_layout,
+    workload_from_hyperparameters,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = REPO / "bench" / "workers" / "plan_memory.py"
+PARTS = ("parameters", "gradients", "optimizer", "activations")
+MEMORY_TOLERANCE = 0.10
+SPEED_TOLERANCE = 0.15
+SCALING_TOLERANCE = 0.10
+
+# --- 1. memory, measured here ------------------------------------------------------------------------
+
+# A small preset at a short sequence: every strategy and checkpointing mode in seconds per launch.
+SMALL = {
+    "model_preset": "llama-20m",
+    "seq_len": 128,
+    "micro_batch_size": 2,
+    "grad_accum_steps": 1,
+    "max_grad_norm": 1.0,
+}
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    name: str
+    processes: int
+    hyperparameters: dict
+
+
+def _config(name: str, processes: int, **settings) -> MemoryConfig:
+    return MemoryConfig(name, processes, {**SMALL, **settings})
+
+
+# DeepSpeed last in each launch: its ZeRO-3 patches torch functions for the rest of the process.
+MEMORY_CONFIGS = (
+    _config("single fp32", 1, parallelism="single", mixed_precision="fp32"),
+    _config("single bf16", 1, parallelism="single"),
+    _config("single bf16, full AC", 1, parallelism="single", activation_checkpointing="full"),
+    _config("single bf16, selective AC", 1, parallelism="single", activation_checkpointing="selective"),
+    _config(
+        "single bf16, full AC every 2nd",
+        1,
+        parallelism="single",
+        activation_checkpointing="full",
+        activation_checkpointing_every=2,
+    ),
+    _config("single gpt2-tiny bf16, seq 256", 1, parallelism="single", model_preset="gpt2-tiny", seq_len=256),
+    _config("ddp bf16", 2, parallelism="ddp"),
+    _config("ddp bf16, accumulation 2", 2, parallelism="ddp", grad_accum_steps=2),
+    _config("fsdp full bf16", 2, parallelism="fsdp"),
+    _config("fsdp full fp32", 2, parallelism="fsdp", mixed_precision="fp32"),
+    _config("fsdp full, full AC", 2, parallelism="fsdp", activation_checkpointing="full"),
+    _config("fsdp full, selective AC", 2, parallelism="fsdp", activation_checkpointing="selective"),
+    _config(
+        "fsdp grad_op, accumulation 2", 2, parallelism="fsdp", fsdp_sharding="grad_op", grad_accum_steps=2
+    ),
+    _config("tensor parallel 2", 2, parallelism="fsdp", tensor_parallel_degree=2),
+    _config("fsdp + LoRA r=8, dropout 0.1", 2, parallelism="fsdp", lora_r=8, lora_dropout=0.1),
+    _config(
+        "fsdp + LoRA r=8 q/v, full AC",
+        2,
+        parallelism="fsdp",
+        lora_r=8,
+        lora_target_modules=["q_proj", "v_proj"],
+        activation_checkpointing="full",
+    ),
+    _config("ddp + LoRA r=8", 2, parallelism="ddp", lora_r=8),
+    _config("hsdp 2 x 2", 4, parallelism="fsdp", fsdp_sharding="hybrid", replicate_degree=2),
+    _config("fsdp 2 x tensor parallel 2", 4, parallelism="fsdp", tensor_parallel_degree=2),
+    _config("zero-1 bf16", 2, parallelism="deepspeed", zero_stage=1),
+    _config("zero-2 bf16", 2, parallelism="deepspeed", zero_stage=2),
+    _config(
+        "zero-2 bf16, full AC", 2, parallelism="deepspeed", zero_stage=2, activation_checkpointing="full"
+    ),
+    _config("zero-3 bf16", 2, parallelism="deepspeed", zero_stage=3),
+)
+# What the test runs (tests/bench/test_plan_bench.py): one launch per process count.
+QUICK_CONFIGS = (
+    "single bf16",
+    "single bf16, selective AC",
+    "ddp bf16",
+    "fsdp full, full AC",
+    "fsdp grad_op, accumulation 2",
+    "tensor parallel 2",
+    "fsdp + LoRA r=8, dropout 0.1",
+    "zero-1 bf16",
+    "zero-3 bf16",
+)
+
+
+def predicted_memory(config: MemoryConfig) -> dict[str, int]:
+    """The planner's parts for a configuration measured here (CPU: no CUDA context, CPU dropout)."""
+    values = hyperparameter_values(config.hyperparameters)
+    work = workload_from_hyperparameters(values, vocab_size=SHIPPED_TOKENIZER_VOCAB)
+    layout = resolve_layout(values, config.processes, 1)
+    estimate = memory.estimate(work, layout, capacity=0, on_gpu=False)
+    return {part: getattr(estimate, part) for part in PARTS}
+
+
+def _child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SAGEMAKER_"))}
+    env.update(
+        DS_ACCELERATOR="cpu",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1",
+    )
+    return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def measure_memory(configs: tuple[MemoryConfig, ...], timeout: float = 1200) -> dict[str, dict]:
+    """Run each group of configurations (by process count) in one torchrun launch; per part, the
+    largest value over the ranks."""
+    results: dict[str, dict] = {}
+    for processes in sorted({c.processes for c in configs}):
+        group = [c for c in configs if c.processes == processes]
+        with tempfile.TemporaryDirectory() as folder:
+            spec, out = Path(folder) / "spec.json", Path(folder) / "out.json"
+            spec.write_text(
+                json.dumps([{"name": c.name, "hyperparameters": c.hyperparameters} for c in group])
+            )
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                str(processes),
+                "--master_port",
+                str(_free_port()),
+                str(WORKER),
+                str(spec),
+                str(out),
+            ]
+            done = subprocess.run(
+                command, cwd=REPO, env=_child_env(), capture_output=True, text=True, timeout=timeout
+            )
+            ranks = [
+                json.loads(Path(f"{out}.{rank}").read_text())
+                for rank in range(processes)
+                if Path(f"{out}.{rank}").exists()
+            ]
+            if done.returncode or len(ranks) != processes:
+                raise RuntimeError(
+                    f"the memory worker failed ({done.returncode}):\n{done.stdout[-3000:]}"
+                    f"\n{done.stderr[-3000:]}"
+                )
+        for config in group:
+            per_rank = [rank[config.name] for rank in ranks]
+            errors = [r["error"] for r in per_rank if "error" in r]
+            results[config.name] = (
+                {"error": errors[0]} if errors else {part: max(r[part] for r in per_rank) for part in PARTS}
+            )
+    return results
+
+
+def memory_rows(configs: tuple[MemoryConfig, ...], measured: dict[str, dict]) -> list[dict]:
+    rows = []
+    for config in configs:
+        found = measured[config.name]
+        row = {
+            "name": config.name,
+            "processes": config.processes,
+            "measured": found,
+            "predicted": predicted_memory(config),
+        }
+        if "error" not in found:
+            row["error"] = {part: relative_error(row["predicted"][part], found[part]) for part in PARTS}
+        rows.append(row)
+    return rows
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    return (predicted - measured) / measured if measured else (0.0 if predicted == 0 else float("inf"))
+
+
+# --- 2. speed, against published runs ---------------------------------------------------------------
+
+# torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (end of 2024): Llama 3.1 8B, FSDP,
+# local batch 2 at their llama3_8b.toml's sequence of 8192, selective (op) activation
+# checkpointing, bf16. Hosts of 8 H100 (96 GB HBM2e, 500 W) with NVLink, 400 Gb/s RDMA per GPU.
+TORCHTITAN_HARDWARE = InstanceType("grand-teton-h100", 8, True, gpu="H100-80GB", network_gbps=3200)
+TORCHTITAN_GPU_MEMORY = 96 * 1024**3
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    name: str
+    gpus: int
+    compile: bool
+    tokens_per_second_per_gpu: float
+    peak_memory_gib: float
+    calibrates: bool  # used to set the achievable fraction, not to check it
+
+
+PUBLISHED_RUNS = (
+    PublishedRun("torchtitan 8B FSDP, 8 GPUs", 8, False, 5762, 82.4, calibrates=True),
+    PublishedRun("torchtitan 8B FSDP + compile, 8 GPUs", 8, True, 6667, 77.0, calibrates=True),
+    PublishedRun("torchtitan 8B FSDP, 128 GPUs", 128, False, 5605, 67.0, calibrates=False),
+    PublishedRun("torchtitan 8B FSDP + compile, 128 GPUs", 128, True, 6514, 62.0, calibrates=False),
+)
+
+
+def torchtitan_selective_recompute(work: Workload) -> float:
+    """torchtitan's op-level policy recomputes every second matmul of a block (k, o and up of q, k,
+    v, o, gate, up, down): that share of the block's matmul FLOPs."""
+    m = work.model
+    h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
+    return (kv * h + h * h + i * h) / (2 * h * h + 2 * kv * h + 3 * i * h)
+
+
+def torchtitan_workload(run: PublishedRun) -> tuple[Workload, Layout, speed.Cluster]:
+    model = preset_shape("llama3-8b", 8192)
+    work = Workload(
+        model=model,
+        seq_len=8192,
+        micro_batch_size=2,
+        grad_accum_steps=1,
+        max_steps=1,
+        precision="bf16",
+        activation_checkpointing="selective",
+        compile=run.compile,
+    )
+    work = replace(work, selective_recompute=torchtitan_selective_recompute(work))
+    nodes = run.gpus // TORCHTITAN_HARDWARE.gpus
+    layout = Layout("fsdp", nodes, TORCHTITAN_HARDWARE.gpus, replicate=1, shard=run.gpus, tensor=1)
+    return work, layout, speed.Cluster.of(TORCHTITAN_HARDWARE, nodes)
+
+
+def calibrate() -> speed.Calibration:
+    """The achievable fractions that make the calibrating runs' step times exact: the compute
+    time their measured step leaves after the model's communication and optimizer time.
+    speed.CALIBRATION holds the result, rounded (tests/llmtrain/test_planner.py checks it)."""
+    fractions = {}
+    for run in PUBLISHED_RUNS:
+        if not run.calibrates:
+            continue
+        work, layout, cluster = torchtitan_workload(run)
+        unit = speed.estimate(
+            work, layout, cluster, replace(speed.CALIBRATION, achievable_eager=1.0, achievable_compiled=1.0)
+        )
+        measured_step = work.micro_batch_tokens / run.tokens_per_second_per_gpu
+        other = unit.step_seconds - unit.compute_seconds
+        fractions[run.compile] = unit.compute_seconds / (measured_step - other)
+    return replace(
+        speed.CALIBRATION,
+        achievable_eager=round(fractions[False], 4),
+        achievable_compiled=round(fractions[True], 4),
+    )
+
+
+def torchtitan_rows() -> list[dict]:
+    rows = []
+    for run in PUBLISHED_RUNS:
+        work, layout, cluster = torchtitan_workload(run)
+        estimate = speed.estimate(work, layout, cluster)
+        gpu_memory = replace(GPU_MODELS["H100-80GB"], memory_bytes=TORCHTITAN_GPU_MEMORY)
+        peak = memory.estimate(work, layout, gpu_memory.memory_bytes).per_gpu / 1024**3
+        rows.append(
+            {
+                "name": run.name,
+                "role": "calibrates" if run.calibrates else "checks",
+                "published_tokens_per_second_per_gpu": run.tokens_per_second_per_gpu,
+                "predicted_tokens_per_second_per_gpu": estimate.tokens_per_second_per_gpu,
+                "error": relative_error(estimate.tokens_per_second_per_gpu, run.tokens_per_second_per_gpu),
+                "predicted_mfu": estimate.mfu,
+                "published_peak_memory_gib": run.peak_memory_gib,
+                "program_peak_memory_gib": peak,
+            }
+        )
+    return rows
+
+
+# The seeds' table (a SageMaker distributed-training talk): one data-parallel job on 1, 2, 4 and 8
+# instances, minutes to train. It names neither the model nor the instance type: the planner runs
+# it as SEEDS_JOB, a data-parallel pretraining run of the training program on ml.p4d.24xlarge, and
+# the single-instance time fixes the job's amount of work (it calibrates nothing else).
+SEEDS_MINUTES = {1: 99.0, 2: 55.0, 4: 27.0, 8: 13.5}
+SEEDS_INSTANCE = "ml.p4d.24xlarge"
+SEEDS_JOB = {
+    "model_preset": "llama-1b",
+    "parallelism": "ddp",
+    "seq_len": 2048,
+    "micro_batch_size": 2,
+    "grad_accum_steps": 8,
+    "activation_checkpointing": "full",
+    "mixed_precision": "bf16",
+}
+
+
+# Not claims: how the same check comes out for other data-parallel jobs on ml.p4d.24xlarge (the
+# table's job is unknown; docs/planning.md discusses it).
+SEEDS_OTHER_JOBS = {
+    "gpt2-ddp recipe (gpt2-small, seq 128, micro batch 32)": {
+        "model_preset": "gpt2-small",
+        "parallelism": "ddp",
+        "seq_len": 128,
+        "micro_batch_size": 32,
+    },
+    "gpt2-large, seq 1024, micro batch 4": {
+        "model_preset": "gpt2-large",
+        "parallelism": "ddp",
+        "seq_len": 1024,
+        "micro_batch_size": 4,
+    },
+    "llama-1b as SEEDS_JOB without accumulation": {**SEEDS_JOB, "grad_accum_steps": 1},
+}
+
+
+def seeds_rows(job: dict | None = None) -> list[dict]:
+    values = hyperparameter_values(job or SEEDS_JOB)
+    work = workload_from_hyperparameters(values)
+    kind = instance_type(SEEDS_INSTANCE)
+    step_seconds = {}
+    for count in SEEDS_MINUTES:
+        layout = resolve_layout(values, kind.gpus, count)
+        step_seconds[count] = speed.estimate(work, layout, speed.Cluster.of(kind, count)).step_seconds
+    # One instance trains the whole job in 99 minutes: that many of its steps.
+    steps_on_one = SEEDS_MINUTES[1] * 60 / step_seconds[1]
+    rows = []
+    for count, minutes in SEEDS_MINUTES.items():
+        steps = steps_on_one / count  # the same tokens, a global batch `count` times larger
+        predicted = steps * step_seconds[count] / 60
+        rows.append(
+            {
+                "instances": count,
+                "published_minutes": minutes,
+                "predicted_minutes": predicted,
+                "error": relative_error(predicted, minutes),
+                "role": "calibrates the job's size" if count == 1 else "checks",
+                "step_seconds": step_seconds[count],
+            }
+        )
+    return rows
+
+
+# --- report -----------------------------------------------------------------------------------------
+
+
+def _mib(value: float) -> str:
+    return f"{value / 1024**2:9.2f}"
+
+
+def print_memory(rows: list[dict]) -> None:
+    print("Memory per rank, measured on this CPU vs predicted (MiB; error = predicted / measured - 1)")
+    print(f"{'configuration':36} {'part':12} {'measured':>9} {'predicted':>9} {'error':>8}")
+    for row in rows:
+        if "error" in row["measured"]:
+            print(f"{row['name']:36} FAILED: {row['measured']['error'].splitlines()[-1]}")
+            continue
+        for index, part in enumerate(PARTS):
+            label = row["name"] if index == 0 else ""
+            print(
+                f"{label:36} {part:12} {_mib(row['measured'][part])} {_mib(row['predicted'][part])} "
+                f"{row['error'][part]:+8.1%}"
+            )
+
+
+def print_speed(titan: list[dict], seeds: list[dict]) -> None:
+    print("\nSpeed vs published runs (tokens/s per GPU)")
+    print(
+        f"{'run':42} {'role':10} {'published':>9} {'predicted':>9} {'error':>7}  {'MFU':>5}  "
+        f"{'peak GiB: published':>19} {'program':>7}"
+    )
+    for row in titan:
+        print(
+            f"{row['name']:42} {row['role']:10} {row['published_tokens_per_second_per_gpu']:9.0f} "
+            f"{row['predicted_tokens_per_second_per_gpu']:9.0f} {row['error']:+7.1%}  "
+            f"{row['predicted_mfu']:5.1%}  {row['published_peak_memory_gib']:19.1f} "
+            f"{row['program_peak_memory_gib']:7.1f}"
+        )
+    print("\nData-parallel scaling, the seeds' table (minutes)")
+    print(f"{'instances':>9} {'published':>9} {'predicted':>9} {'error':>7}  role")
+    for row in seeds:
+        print(
+            f"{row['instances']:9d} {row['published_minutes']:9.1f} {row['predicted_minutes']:9.1f} "
+            f"{row['error']:+7.1%}  {row['role']}"
+        )
+    print("\nThe same check for other jobs (not claims; errors at 2, 4, 8 instances)")
+    for name, job in SEEDS_OTHER_JOBS.items():
+        errors = ", ".join(f"{row['error']:+.1%}" for row in seeds_rows(job)[1:])
+        print(f"  {name:52} {errors}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.plan", description=__doc__.splitlines()[2])
+    parser.add_argument("--quick", action="store_true", help="measure only QUICK_CONFIGS")
+    parser.add_argument("--skip-memory", action="store_true", help="only the published-runs tables")
+    parser.add_argument("--out", type=Path, default=None, help="also write the tables as JSON")
+    args = parser.parse_args(argv)
+    configs = tuple(c for c in MEMORY_CONFIGS if not args.quick or c.name in QUICK_CONFIGS)
+    results: dict[str, object] = {}
+    if not args.skip_memory:
+        results["memory"] = memory_rows(configs, measure_memory(configs))
+        print_memory(results["memory"])
+    results["published"] = torchtitan_rows()
+    results["seeds"] = seeds_rows()
+    print_speed(results["published"], results["seeds"])
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

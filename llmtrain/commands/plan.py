@@ -1,0 +1,227 @@
+"""`llmtrain plan` and `llmtrain prices`: will a run fit, how fast, how long and how much.
+
+    llmtrain plan NAME[@VERSION] [--set KEY=VALUE ...] [--json] [--model-config config.json]
+                  [--vocab-size N] [--assume KEY=VALUE ...] [--suggest [--max-hours H]]
+    llmtrain prices show [--json]
+    llmtrain prices refresh [--region REGION]
+
+`plan` renders nothing and calls no AWS API: it plans the run the launcher would start with these
+overrides (llmtrain.planner; the model and its validation are in docs/planning.md). `prices
+refresh` rewrites the shipped price table from the AWS Price List API (needs credentials allowed
+pricing:GetProducts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from llmtrain.catalog import Catalog
+from llmtrain.commands._common import add_overrides_argument, parse_overrides
+from llmtrain.planner import prices
+from llmtrain.planner.plan import GIB, Plan, PlanOptions, plan_run
+from llmtrain.planner.shapes import shape_from_file
+from llmtrain.planner.suggest import Suggestions, set_flags, suggest
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="predict a run's memory per GPU, speed, time and cost",
+        description="Plan a run of a template version with its overrides, before it costs anything: "
+        "memory per GPU (parameters, gradients, optimizer state, activations) against the GPU's, "
+        "tokens per second and MFU, hours to max_steps and the cost. --suggest searches the "
+        "settings the template lets a run change for the fastest and the cheapest plans that fit.",
+    )
+    parser.add_argument("ref", metavar="NAME[@VERSION]", help="template name, optionally @VERSION or @latest")
+    add_overrides_argument(parser)
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument(
+        "--model-config",
+        type=Path,
+        default=None,
+        help="a Hugging Face config.json: plan this model instead of the preset "
+        "(a run that starts from a checkpoint in its model channel)",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="the tokenizer's vocabulary (default: the preset's published model's)",
+    )
+    parser.add_argument(
+        "--assume",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a training-program hyperparameter the run does not set, for templates "
+        "that run their own code (repeatable)",
+    )
+    parser.add_argument(
+        "--suggest",
+        action="store_true",
+        help="search instance type and count, micro batch, activation checkpointing "
+        "and compile within the template's bounds",
+    )
+    parser.add_argument(
+        "--max-hours",
+        type=float,
+        default=None,
+        help="with --suggest: the cheapest plan must finish within this many hours",
+    )
+    parser.add_argument("--catalog", type=Path, default=None, help="catalog folder (default: templates/)")
+    parser.set_defaults(handler=plan_command)
+
+    price_parser = subparsers.add_parser(
+        "prices",
+        help="show or refresh the instance price table the planner uses",
+        description="The planner's dated table of SageMaker training prices per instance-hour.",
+    )
+    actions = price_parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    show = actions.add_parser("show", help="print the price table")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(handler=prices_show_command)
+    refresh = actions.add_parser("refresh", help="rewrite the table from the AWS Price List API")
+    refresh.add_argument("--region", default=None, help="the region to price (default: the table's)")
+    refresh.add_argument(
+        "--out",
+        type=Path,
+        default=prices.PRICE_TABLE,
+        help="where to write the table (default: the shipped one)",
+    )
+    refresh.set_defaults(handler=prices_refresh_command)
+
+
+def _options(args: argparse.Namespace) -> PlanOptions:
+    model = shape_from_file(args.model_config) if args.model_config else None
+    return PlanOptions(model=model, vocab_size=args.vocab_size, assume=parse_overrides(args.assume))
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    template = Catalog.load(args.catalog).resolve(args.ref)
+    overrides = parse_overrides(args.overrides)
+    options = _options(args)
+    if args.suggest:
+        found = suggest(template, overrides, options, max_hours=args.max_hours)
+        print(json.dumps(_suggestions_dict(found), indent=2) if args.json else format_suggestions(found))
+        return 0
+    plan = plan_run(template, overrides, options)
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan))
+    return 0
+
+
+def _gib(value: float) -> str:
+    return f"{value / GIB:8.2f} GiB"
+
+
+def format_plan(plan: Plan) -> str:
+    m, s, w = plan.memory, plan.speed, plan.workload
+    lines = [
+        f"{plan.template} on {plan.instance_count} x {plan.instance.name} ({plan.layout.world_size} GPUs, "
+        f"{plan.layout.describe()})",
+        f"model: {w.model.num_parameters / 1e9:.2f}B parameters, {w.model.num_layers} layers, vocabulary "
+        f"{w.model.vocab_size:,}; seq_len {w.seq_len}, micro batch {w.micro_batch_size}, accumulation "
+        f"{w.grad_accum_steps}, {w.precision}, activation checkpointing {w.activation_checkpointing}",
+        "",
+        "memory per GPU",
+        f"  parameters   {_gib(m.parameters)}",
+        f"  gradients    {_gib(m.gradients)}",
+        f"  optimizer    {_gib(m.optimizer)}",
+        f"  activations  {_gib(m.activations)}",
+        f"  working      {_gib(m.working)}   (transient buffers at the peak)",
+        f"  overhead     {_gib(m.overhead)}   (CUDA context, NCCL, allocator)",
+        f"  total        {_gib(m.per_gpu)} of {m.capacity / GIB:.2f} GiB: "
+        + (
+            f"fits, {m.headroom / GIB:.2f} GiB headroom"
+            if m.fits
+            else f"DOES NOT FIT by {-m.headroom / GIB:.2f} GiB (try --suggest)"
+        ),
+    ]
+    if m.offloaded:
+        lines.append(f"  offloaded to host memory: {m.offloaded / GIB:.2f} GiB")
+    lines += [
+        "",
+        "speed",
+        f"  step         {s.step_seconds:.3f} s (compute {s.compute_seconds:.3f}, exposed communication "
+        f"{s.exposed_communication_seconds:.3f}, optimizer {s.optimizer_seconds:.3f})",
+        f"  tokens/s     {s.tokens_per_second:,.0f} ({s.tokens_per_second_per_gpu:,.0f} per GPU), "
+        f"MFU {s.mfu:.1%}",
+    ]
+    lines += [
+        f"  {t.name:<36} {t.bytes_per_gpu / GIB:8.2f} GiB/GPU per step, {t.seconds:.3f} s"
+        for t in s.transfers
+    ]
+    lines += [
+        "",
+        "time and cost",
+        f"  {w.max_steps:,} steps: {plan.training_seconds / 3600:.2f} h training, {plan.hours:.2f} h billed",
+        f"  ${plan.usd_per_hour:,.2f}/h ({'spot, assumed savings' if plan.spot else 'on-demand'}): "
+        f"${plan.usd:,.2f} ({plan.price_source})",
+        "",
+        plan.summary_line(),
+    ]
+    return "\n".join(lines)
+
+
+def _suggestions_dict(found: Suggestions) -> dict:
+    def entry(plan: Plan | None) -> dict | None:
+        return None if plan is None else {**plan.to_dict(), "set_flags": set_flags(plan)}
+
+    return {
+        "current": entry(found.current),
+        "fastest": entry(found.fastest),
+        "cheapest": entry(found.cheapest),
+        "max_hours": found.max_hours,
+        "candidates": found.candidates,
+        "fitting": found.fitting,
+    }
+
+
+def format_suggestions(found: Suggestions) -> str:
+    lines = [
+        f"searched {found.candidates} settings the template allows; {found.fitting} fit",
+        "",
+        "as requested:",
+        f"  {found.current.summary_line()}",
+    ]
+    within = f" finishing within {found.max_hours:g} h" if found.max_hours is not None else ""
+    for title, plan in (
+        ("fastest that fits:", found.fastest),
+        (f"cheapest that fits{within}:", found.cheapest),
+    ):
+        lines.append("")
+        lines.append(title)
+        if plan is None:
+            lines.append("  none")
+            continue
+        lines.append(f"  {plan.summary_line()}")
+        lines.append(f"  {set_flags(plan) or '(the run as requested)'}")
+    return "\n".join(lines)
+
+
+def prices_show_command(args: argparse.Namespace) -> int:
+    table = prices.load()
+    if args.json:
+        print(json.dumps(table.to_dict(), indent=2))
+        return 0
+    print(
+        f"{table.describe()}; spot assumed {table.spot_savings_assumed:.0%} cheaper\nsource: {table.source}"
+    )
+    for name, price in sorted(table.on_demand_per_hour.items()):
+        print(f"  {name:20} ${price:10.3f}/h")
+    return 0
+
+
+def prices_refresh_command(args: argparse.Namespace) -> int:
+    import boto3
+
+    client = boto3.client("pricing", region_name=prices.PRICING_API_REGION)
+    table, missing = prices.refresh(
+        client, prices.load(args.out if args.out.exists() else prices.PRICE_TABLE), region=args.region
+    )
+    prices.write(table, args.out)
+    print(f"wrote {len(table.on_demand_per_hour)} prices ({table.describe()}) to {args.out}")
+    if missing:
+        print(f"the Price List API priced none of: {', '.join(missing)}")
+    return 0

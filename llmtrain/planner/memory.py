@@ -1,0 +1,569 @@
+"""Memory per GPU: what the training program holds, part by part, at the peak of a step.
+
+Each part is the most the program holds of it during a step, as bench/plan_memory.py measures it:
+
+- parameters: parameter storage at the end of the forward pass: the rank's (sharded) weights plus
+  the gathered copies a sharding strategy still holds then (FSDP2's unsharded compute-dtype copies of
+  modules it does not reshard after forward: the root and the last block, or every block with
+  grad_op);
+- gradients: gradient storage after backward (or between micro steps when they are larger there):
+  `.grad`, DDP's buckets, DeepSpeed's partitions and reduction buckets;
+- optimizer: AdamW's moments and step counts, and the fp32 master weights DeepSpeed keeps apart from
+  the model's low-precision weights;
+- activations: what autograd saves for backward during one micro batch's forward (all decoder
+  blocks, the final norm, the output head, the loss), and the compute-dtype weight copies autocast
+  saves; never parameter storage;
+- working: buffers that exist for a moment at the peak: the next block gathered ahead of use, one
+  checkpointed block recomputed, the logits and their gradient, a block's unsharded gradients;
+- overhead: the CUDA context, NCCL's buffers and the allocator's unusable remainder (on GPUs only).
+
+How each part follows from the strategy is in docs/planning.md ("The memory model"). The
+activation terms follow the Hugging Face Llama block op by op (which tensor each op saves, in which
+dtype) rather than a fitted constant, so they hold for any width, depth, sequence and batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmtrain.planner.shapes import ALL_LINEAR, ModelShape, ParameterTensor
+from llmtrain.planner.workload import Layout, Workload
+
+FP32, LOW = 4, 2
+ADAM_MOMENTS = 2
+# DeepSpeed's defaults as the program configures it (training_jobs/trainer/deepspeed_strategy.py).
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+DEEPSPEED_PERSISTENCE_THRESHOLD = 100_000  # ZeRO-3 keeps smaller parameters whole on every rank
+# ZeRO-3 leaves up to this many gathered parameter elements in place after forward when backward
+# will use them again soon (stage3_max_live_parameters and max_reuse_distance, both 1e9).
+DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
+# The CUDA context, NCCL's buffers and what the caching allocator cannot hand out: the part of a
+# GPU no tensor gets (torchtitan's H100 runs, docs/planning.md; measured there, not here).
+CUDA_CONTEXT_BYTES = 1_000_000_000
+ALLOCATOR_RESERVE_FRACTION = 0.05
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    parameters: int
+    gradients: int
+    optimizer: int
+    activations: int
+    working: int
+    overhead: int
+    capacity: int
+    offloaded: int = 0  # bytes moved to host memory (offload), not counted above
+    details: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def per_gpu(self) -> int:
+        return (
+            self.parameters
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.working
+            + self.overhead
+        )
+
+    @property
+    def fits(self) -> bool:
+        return self.per_gpu <= self.capacity
+
+    @property
+    def headroom(self) -> int:
+        return self.capacity - self.per_gpu
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "per_gpu_bytes": self.per_gpu,
+            "capacity_bytes": self.capacity,
+            "headroom_bytes": self.headroom,
+            "parameters_bytes": self.parameters,
+            "gradients_bytes": self.gradients,
+            "optimizer_bytes": self.optimizer,
+            "activations_bytes": self.activations,
+            "working_bytes": self.working,
+            "overhead_bytes": self.overhead,
+            "offloaded_bytes": self.offloaded,
+            "details": dict(self.details),
+        }
+
+
+# --- which parameters train, and how big each rank's piece is ------------------------------------
+
+
+def lora_targets(model: ModelShape, targets: tuple[str, ...]) -> list[ParameterTensor]:
+    """The decoder blocks' linear weights that get LoRA adapters."""
+    linears = [p for p in model.parameters() if p.kind == "linear" and p.layer is not None]
+    if ALL_LINEAR in targets:
+        return linears
+    return [p for p in linears if p.module in targets]
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """The model's parameter tensors with the trainable ones marked (LoRA adds its adapters)."""
+
+    frozen: tuple[ParameterTensor, ...]
+    trainable: tuple[ParameterTensor, ...]
+
+    @property
+    def all(self) -> tuple[ParameterTensor, ...]:
+        return self.frozen + self.trainable
+
+
+def parameter_tensors(work: Workload) -> Tensors:
+    base = work.model.parameters()
+    if not work.lora:
+        return Tensors((), base)
+    adapters = []
+    for weight in lora_targets(work.model, work.lora_targets):
+        out_dim, in_dim = _linear_dims(work.model, weight)
+        prefix = weight.name.removesuffix(".weight")
+        # peft splits the adapters like their base under tensor parallel: not supported (the
+        # program refuses LoRA with TP), so they carry no tp tag.
+        adapters += [
+            ParameterTensor(f"{prefix}.lora_A.weight", (work.lora_r, in_dim), "linear", weight.layer),
+            ParameterTensor(f"{prefix}.lora_B.weight", (out_dim, work.lora_r), "linear", weight.layer),
+        ]
+    return Tensors(base, tuple(adapters))
+
+
+def _linear_dims(model: ModelShape, weight: ParameterTensor) -> tuple[int, int]:
+    """(out, in) of a linear: Llama stores (out, in), GPT-2's Conv1D (in, out)."""
+    rows, cols = weight.shape
+    return (cols, rows) if model.family == "gpt2" else (rows, cols)
+
+
+def tp_local_numel(param: ParameterTensor, tensor: int) -> int:
+    """Elements on one tensor-parallel rank (colwise splits rows, rowwise columns)."""
+    if tensor <= 1 or param.tp is None:
+        return param.numel
+    return param.numel // tensor
+
+
+def shard_numel(param: ParameterTensor, tensor: int, shard: int, *, padded: bool) -> int:
+    """Elements of one FSDP2 shard: dim 0 split in `shard` chunks, padded to equal chunks."""
+    local = tp_local_numel(param, tensor)
+    rows = param.shape[0] // tensor if param.tp == "colwise" and tensor > 1 else param.shape[0]
+    rest = local // rows
+    if padded:
+        return -(-rows // shard) * rest
+    return local // shard if rows % shard == 0 else -(-rows // shard) * rest
+
+
+# --- the parts ------------------------------------------------------------------------------------
+
+
+def estimate(work: Workload, layout: Layout, capacity: int, *, on_gpu: bool = True) -> MemoryEstimate:
+    """The memory one rank holds for `work` under `layout` (see the module docstring)."""
+    tensors = parameter_tensors(work)
+    states = _model_states(work, layout, tensors)
+    activations, act_details = activation_bytes(work, layout, on_gpu)
+    working = working_bytes(work, layout, tensors)
+    gpu_states = states.on_gpu(layout)
+    if work.activation_offloading and work.activation_checkpointing != "none":
+        offloaded_activations, activations = activations, 0
+    else:
+        offloaded_activations = 0
+    subtotal = sum(gpu_states) + activations + working
+    overhead = int(CUDA_CONTEXT_BYTES + ALLOCATOR_RESERVE_FRACTION * subtotal) if on_gpu else 0
+    details = {**act_details, **states.details}
+    return MemoryEstimate(
+        parameters=gpu_states[0],
+        gradients=gpu_states[1],
+        optimizer=gpu_states[2],
+        activations=activations,
+        working=working,
+        overhead=overhead,
+        capacity=capacity,
+        offloaded=sum(states.all()) - sum(gpu_states) + offloaded_activations,
+        details=details,
+    )
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    parameters: int
+    gradients: int
+    optimizer: int
+    # What offloading moves to the host, by part (it stays in the parts above until on_gpu).
+    offloadable: tuple[int, int, int] = (0, 0, 0)
+    details: dict[str, int] = field(default_factory=dict)
+
+    def all(self) -> tuple[int, int, int]:
+        return self.parameters, self.gradients, self.optimizer
+
+    def on_gpu(self, layout: Layout) -> tuple[int, int, int]:
+        if not (layout.offload_params or layout.offload_optimizer):
+            return self.all()
+        return tuple(part - moved for part, moved in zip(self.all(), self.offloadable, strict=True))
+
+
+def _model_states(work: Workload, layout: Layout, tensors: Tensors) -> ModelStates:
+    if layout.fsdp_wrapped:
+        return _fsdp_states(work, layout, tensors)
+    if layout.strategy == "deepspeed":
+        return _deepspeed_states(work, layout, tensors)
+    return _replicated_states(work, layout, tensors)
+
+
+def _replicated_states(work: Workload, layout: Layout, tensors: Tensors) -> ModelStates:
+    """single, DDP and tensor parallel alone: fp32 weights (autocast computes in bf16/fp16), fp32
+    gradients, and DDP's gradient buckets (as large again: the program keeps
+    gradient_as_bucket_view off)."""
+    t = layout.tensor
+    trainable = sum(tp_local_numel(p, t) for p in tensors.trainable)
+    frozen_bytes = _frozen_bytes(work, tensors.frozen)
+    buckets = FP32 * trainable if layout.strategy == "ddp" and layout.world_size > 1 else 0
+    grads = FP32 * trainable + buckets
+    return ModelStates(
+        parameters=FP32 * trainable + frozen_bytes,
+        gradients=grads,
+        optimizer=_adam_bytes(trainable, len(tensors.trainable)),
+        details={"ddp_bucket_bytes": buckets},
+    )
+
+
+def _frozen_bytes(work: Workload, frozen: tuple[ParameterTensor, ...]) -> int:
+    """A LoRA base: fp32, or NF4 (QLoRA: 4 bits per quantized weight plus its block scales, ~0.127
+    bits with double quantization; the rest fp32 as peft's prepare_model_for_kbit_training leaves it)."""
+    if work.quantization != "nf4":
+        return FP32 * sum(p.numel for p in frozen)
+    quantized = sum(p.numel for p in frozen if p.kind == "linear" and p.layer is not None)
+    others = sum(p.numel for p in frozen) - quantized
+    return int(quantized * (4 + 0.127) / 8) + FP32 * others
+
+
+def _adam_bytes(trainable_elements: int, tensors: int) -> int:
+    """AdamW's exp_avg and exp_avg_sq in fp32, plus one fp32 step count per tensor."""
+    return ADAM_MOMENTS * FP32 * trainable_elements + FP32 * tensors
+
+
+def _fsdp_states(work: Workload, layout: Layout, tensors: Tensors) -> ModelStates:
+    """FSDP2 (fully_shard per block, then the root) with MixedPrecisionPolicy(param_dtype=compute,
+    reduce_dtype=fp32): fp32 shards of weights, gradients and moments; compute-dtype unsharded
+    copies of the modules not resharded after forward (the root and the last block; every block
+    with grad_op); grad_op with accumulation keeps unsharded fp32 gradients between micro steps."""
+    n, t = layout.shard, layout.tensor
+    compute = FP32 if work.precision == "fp32" else LOW
+    sharded = sum(FP32 * shard_numel(p, t, n, padded=True) for p in tensors.all)
+    kept = _unsharded_after_forward(work, layout, tensors)
+    gathered = sum(compute * shard_numel(p, t, 1, padded=True) for p in kept)
+    trainable_shard = sum(shard_numel(p, t, n, padded=False) for p in tensors.trainable)
+    grads = FP32 * sum(shard_numel(p, t, n, padded=True) for p in tensors.trainable)
+    if layout.fsdp_sharding == "grad_op" and work.grad_accum_steps > 1:
+        # fp32 unsharded gradients accumulate between micro steps (no reduction until the last)
+        grads = max(grads, FP32 * sum(tp_local_numel(p, t) for p in tensors.trainable))
+    optimizer = _adam_bytes(trainable_shard, len(tensors.trainable))
+    return ModelStates(
+        parameters=sharded + gathered,
+        gradients=grads,
+        optimizer=optimizer,
+        offloadable=(sharded, grads, optimizer),
+        details={"sharded_parameter_bytes": sharded, "gathered_parameter_bytes": gathered},
+    )
+
+
+def _unsharded_after_forward(work: Workload, layout: Layout, tensors: Tensors) -> list[ParameterTensor]:
+    last = work.model.num_layers - 1
+    if layout.fsdp_sharding == "grad_op":
+        return list(tensors.all)
+    return [p for p in tensors.all if p.layer is None or p.layer == last]
+
+
+def _deepspeed_states(work: Workload, layout: Layout, tensors: Tensors) -> ModelStates:
+    """ZeRO 1-3 with bf16/fp16: the model's weights in the compute dtype (whole for stages 1-2;
+    partitioned for 3, except small persistent ones, and gathered ones ZeRO-3 leaves in place for
+    backward), fp32 master partitions and moments in the optimizer. Gradients: stage 1 keeps every
+    full gradient until the step's reduction; stages 2 and 3 reduce them through a bucket of
+    reduce_bucket_size elements (allocated whole) into compute-dtype partitions."""
+    n = layout.shard
+    compute = FP32 if work.precision == "fp32" else LOW
+    everything = sum(p.numel for p in tensors.all)
+    trainable = sum(p.numel for p in tensors.trainable)
+    partition = -(-trainable // n)
+    bucket = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+    if layout.zero_stage == 3:
+        persistent = sum(p.numel for p in tensors.all if p.numel < DEEPSPEED_PERSISTENCE_THRESHOLD)
+        live = min(everything - persistent, DEEPSPEED_MAX_LIVE_PARAMETERS)
+        parameters = compute * (-(-(everything - persistent) // n) + persistent + live)
+        grads = compute * (partition + bucket)
+    elif layout.zero_stage == 2:
+        parameters = compute * everything
+        grads = compute * (partition + bucket)
+    else:
+        parameters = compute * everything
+        grads = compute * trainable
+    optimizer = FP32 * partition + _adam_bytes(partition, len(tensors.trainable))
+    return ModelStates(
+        parameters=parameters,
+        gradients=grads,
+        optimizer=optimizer,
+        offloadable=(
+            parameters if layout.zero_stage == 3 and layout.offload_params else 0,
+            0,
+            optimizer if layout.offload_optimizer else 0,
+        ),
+        details={"deepspeed_partition_elements": partition},
+    )
+
+
+# --- activations ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Regime:
+    """Dtypes of one precision setup, in bytes: the residual stream, matmul inputs and outputs, and
+    whether every matmul input and weight is a fresh compute-dtype copy (autocast)."""
+
+    residual: int
+    compute: int
+    autocast: bool
+
+
+def regime(work: Workload, layout: Layout) -> Regime:
+    if work.precision == "fp32":
+        return Regime(FP32, FP32, False)
+    if layout.strategy in ("single", "ddp") or (layout.strategy == "fsdp" and not layout.fsdp_wrapped):
+        return Regime(FP32, LOW, True)  # autocast over fp32 weights
+    return Regime(LOW, LOW, False)  # the weights themselves are bf16/fp16 in compute
+
+
+class BlockTrace:
+    """Walks a Llama block op by op, the way autograd records it: which tensors each op saves for
+    backward (per token, keyed so that a tensor saved twice counts once), which weights autocast
+    copies and keeps (per block, not per token), and which outputs require a gradient."""
+
+    def __init__(
+        self, work: Workload, reg: Regime, tensor: int, input_requires_grad: bool, on_gpu: bool = True
+    ) -> None:
+        self.work, self.reg, self.t, self.on_gpu = work, reg, tensor, on_gpu
+        self.per_token: dict[str, float] = {}
+        self.weight_copies = 0.0
+        self.grad: dict[str, bool] = {"input": input_requires_grad}
+        self.adapted = _adapted_modules(work)
+
+    def save(self, key: str, bytes_per_token: float) -> None:
+        self.per_token[key] = bytes_per_token
+
+    def norm(self, name: str, source: str) -> None:
+        """RMSNorm in fp32: the (upcast) input and 1/rms for the input's gradient, the normalized
+        value (in the input dtype) for the scale's."""
+        h = self.work.model.hidden_size
+        trains_scale = not self.work.lora
+        if self.grad[source]:
+            self.save(f"{name}.x", FP32 * h)
+            self.save(f"{name}.rstd", FP32)
+        if trains_scale:
+            self.save(f"{name}.y", self.reg.residual * h)
+        self.grad[name] = self.grad[source] or trains_scale
+
+    def linear(self, module: str, source: str, d_in: int, d_out: int, source_bytes: float) -> None:
+        trains_weight = not self.work.lora
+        needs_input_grad = self.grad[source]
+        cast_input = self.reg.autocast and source_bytes == FP32 * d_in
+        if trains_weight:
+            self._save_input(f"{module}.input", source, d_in, source_bytes, cast_input)
+        if self.reg.autocast and (trains_weight or needs_input_grad):
+            self.weight_copies += LOW * d_in * d_out
+        adapted = module in self.adapted
+        if adapted:
+            self._adapter(module, source, d_in, d_out, source_bytes, cast_input, needs_input_grad)
+        self.grad[module] = needs_input_grad or trains_weight or adapted
+
+    def _save_input(self, key: str, source: str, d_in: int, source_bytes: float, cast: bool) -> None:
+        if cast:
+            self.save(key, LOW * d_in)  # autocast copies a fp32 input at every call
+        else:
+            self.save(source, source_bytes)
+
+    def _adapter(
+        self,
+        module: str,
+        source: str,
+        d_in: int,
+        d_out: int,
+        source_bytes: float,
+        cast_input: bool,
+        needs_input_grad: bool,
+    ) -> None:
+        """peft's LoRA: B(A(dropout(x))) x scale, with x first cast to the adapter weights' dtype.
+        lora_A saves its input (dropout's output, or x itself; under autocast always a fresh
+        compute-dtype copy, since peft casts x to the fp32 adapter dtype first), lora_B lora_A's
+        output; dropout saves its mask when x needs a gradient: a bool tensor on CUDA, the scaled
+        noise in the adapter dtype on a CPU."""
+        r, e = self.work.lora_r, self.reg.compute
+        adapter_dtype = FP32 if self.reg.autocast or self.reg.compute == FP32 else LOW
+        if self.work.lora_dropout > 0:
+            if needs_input_grad:
+                self.save(f"{module}.dropout_mask", (1 if self.on_gpu else adapter_dtype) * d_in)
+            self.save(f"{module}.dropout_out", (LOW if self.reg.autocast else adapter_dtype) * d_in)
+        elif self.reg.autocast:
+            self.save(f"{module}.lora_input", LOW * d_in)
+        else:
+            self._save_input(f"{module}.lora_input", source, d_in, source_bytes, cast_input)
+        self.save(f"{module}.lora_a_out", e * r)
+        if self.reg.autocast:
+            self.weight_copies += LOW * r * d_out + (LOW * r * d_in if needs_input_grad else 0)
+
+    def trace(self) -> BlockTrace:
+        m, t, e = self.work.model, self.t, self.reg.compute
+        h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
+        norm_bytes = (self.reg.residual if not self.reg.autocast else FP32) * h
+        self.norm("norm1", "input")
+        for module, d_out in (("q_proj", h // t), ("k_proj", kv // t), ("v_proj", kv // t)):
+            self.linear(module, "norm1", h, d_out, norm_bytes if not self.reg.autocast else FP32 * h)
+        if self.grad["q_proj"] or self.grad["k_proj"] or self.grad["v_proj"]:
+            for key, width in (("q_rotary", h // t), ("k_rotary", kv // t), ("v", kv // t), ("attn", h // t)):
+                self.save(key, e * width)  # SDPA keeps its inputs and output (o_proj's input)
+            self.save("lse", FP32 * m.num_heads / t)
+        self.grad["attn"] = self.grad["q_proj"] or self.grad["k_proj"] or self.grad["v_proj"]
+        self.linear("o_proj", "attn", h // t, h, e * h / t)
+        self.grad["mid"] = self.grad["input"] or self.grad["o_proj"]
+        self.norm("norm2", "mid")
+        for module in ("gate_proj", "up_proj"):
+            self.linear(module, "norm2", h, i // t, norm_bytes if not self.reg.autocast else FP32 * h)
+        if self.grad["gate_proj"]:
+            self.save("gate", e * i / t)
+        if self.grad["gate_proj"] or self.grad["up_proj"]:
+            self.save("silu", e * i / t)
+            self.save("up", e * i / t)
+        self.grad["prod"] = self.grad["gate_proj"] or self.grad["up_proj"]
+        self.linear("down_proj", "prod", i // t, h, e * i / t)
+        return self
+
+    def bytes(self, tokens: int) -> float:
+        return sum(self.per_token.values()) * tokens + self.weight_copies
+
+
+def _adapted_modules(work: Workload) -> set[str]:
+    if not work.lora:
+        return set()
+    return {p.module for p in lora_targets(work.model, work.lora_targets)}
+
+
+def _block_traces(
+    work: Workload, layout: Layout, reg: Regime, on_gpu: bool = True
+) -> tuple[BlockTrace, BlockTrace]:
+    """The first block (whose input needs no gradient when the embedding is frozen, as with LoRA)
+    and every other block."""
+    first = BlockTrace(work, reg, layout.tensor, input_requires_grad=not work.lora, on_gpu=on_gpu)
+    rest = BlockTrace(work, reg, layout.tensor, input_requires_grad=True, on_gpu=on_gpu)
+    return first.trace(), rest.trace()
+
+
+def _selective_bytes(work: Workload, layout: Layout, reg: Regime, tokens: int) -> float:
+    """The program's selective policy keeps every matmul's and attention's output and recomputes
+    the rest (casts included): q/k/v/o/gate/up/down outputs, SDPA's output and log-sum-exp, the
+    adapters' outputs; plus the block's input, which the checkpoint keeps."""
+    m, t, e = work.model, layout.tensor, reg.compute
+    h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
+    adapted = _adapted_modules(work)
+    outputs = {
+        "q_proj": h // t,
+        "k_proj": kv // t,
+        "v_proj": kv // t,
+        "o_proj": h,
+        "gate_proj": i // t,
+        "up_proj": i // t,
+        "down_proj": h,
+    }
+    per_token = reg.residual * h + e * h / t + FP32 * m.num_heads / t
+    for module, width in outputs.items():
+        per_token += e * width
+        if module in adapted:
+            per_token += e * (work.lora_r + width)
+    return per_token * tokens
+
+
+def _head_bytes(work: Workload, reg: Regime, tokens: int) -> float:
+    """After the blocks: the final norm, the output head's input (or, frozen under autocast, its
+    weight copy), the loss (log-softmax in fp32) and the token ids the embedding and the loss keep."""
+    m = work.model
+    h = m.hidden_size
+    trains = not work.lora
+    per_token = FP32 * h + FP32 + (reg.residual * h if trains else 0)  # the final norm
+    per_token += (LOW if reg.autocast else reg.compute) * h if trains else 0
+    per_token += FP32 * m.vocab_size + 8 + (8 if trains else 0)
+    weight = LOW * m.vocab_size * h if reg.autocast else 0
+    return per_token * tokens + weight
+
+
+def activation_bytes(work: Workload, layout: Layout, on_gpu: bool = True) -> tuple[int, dict[str, int]]:
+    """Bytes saved for backward during one micro batch's forward, on one rank."""
+    if work.model.family != "llama":
+        return _gpt2_activation_bytes(work, layout)
+    reg = regime(work, layout)
+    tokens = work.micro_batch_tokens
+    m = work.model
+    first, rest = _block_traces(work, layout, reg, on_gpu)
+    if work.activation_checkpointing == "full":
+        kept = reg.residual * m.hidden_size * tokens
+    elif work.activation_checkpointing == "selective":
+        kept = _selective_bytes(work, layout, reg, tokens)
+    else:
+        kept = None
+    blocks = 0.0
+    for layer in range(m.num_layers):
+        checkpointed = kept is not None and layer % work.checkpoint_every == 0
+        blocks += kept if checkpointed else (first if layer == 0 else rest).bytes(tokens)
+    head = _head_bytes(work, reg, tokens)
+    # cos and sin, shared by the blocks that save them (a checkpointed block keeps them only as
+    # its inputs, outside autograd's saved tensors)
+    uncheckpointed = m.num_layers - work.checkpointed_layers
+    rotary = 2 * work.seq_len * m.head_dim * reg.residual if uncheckpointed else 0
+    total = int(blocks + head + rotary)
+    return total, {"activation_block_bytes": int(rest.bytes(tokens)), "activation_head_bytes": int(head)}
+
+
+def _gpt2_activation_bytes(work: Workload, layout: Layout) -> tuple[int, dict[str, int]]:
+    """GPT-2 blocks op by op (LayerNorm keeps its input, mean and 1/std; Conv1D its input; SDPA the
+    fused q/k/v projection, its output and log-sum-exp; the tanh GELU four intermediates; the
+    second Conv1D the GELU's output); dropout is off in the presets. Autocast copies the LayerNorms'
+    fp32 outputs and every weight to the compute dtype."""
+    reg = regime(work, layout)
+    m, tokens, e = work.model, work.micro_batch_tokens, reg.compute
+    h, i = m.hidden_size, m.intermediate_size
+    norm = (FP32 if reg.autocast else reg.residual) * h + 2 * FP32  # input, mean, 1/std
+    norm_output = (LOW if reg.autocast else e) * h  # what the next Conv1D keeps
+    per_token = 2 * (norm + norm_output) + e * (3 * h + h) + FP32 * m.num_heads + 5 * e * i
+    block_weights = sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer == 0)
+    full_block = per_token * tokens + (LOW * block_weights if reg.autocast else 0)
+    if work.activation_checkpointing == "full":
+        kept = reg.residual * h * tokens
+    elif work.activation_checkpointing == "selective":  # the matmuls' and attention's outputs
+        kept = (reg.residual * h + e * (3 * h + h + i + h + h) + FP32 * m.num_heads) * tokens
+    else:
+        kept = full_block
+    checkpointed = work.checkpointed_layers
+    blocks = checkpointed * kept + (m.num_layers - checkpointed) * full_block
+    head = (norm + norm_output + FP32 * m.vocab_size + 8 + 8) * tokens + 8 * work.seq_len
+    head += LOW * m.vocab_size * h if reg.autocast else 0
+    return int(blocks + head), {"activation_block_bytes": int(full_block), "activation_head_bytes": int(head)}
+
+
+# --- working buffers ------------------------------------------------------------------------------
+
+
+def working_bytes(work: Workload, layout: Layout, tensors: Tensors) -> int:
+    """Transient buffers at the peak (beginning of backward): the logits in the compute dtype and
+    their fp32 gradient; one checkpointed block recomputed; for FSDP the next block gathered ahead
+    and one block's unsharded gradients; for ZeRO-3 the gathered block."""
+    m = work.model
+    reg = regime(work, layout)
+    tokens = work.micro_batch_tokens
+    logits = (reg.compute + FP32 + FP32) * m.vocab_size * tokens  # logits, their fp32 copy's gradient
+    recompute = 0
+    if work.activation_checkpointing != "none" and m.family == "llama":
+        recompute = int(_block_traces(work, layout, reg)[1].bytes(tokens))
+    block = [p for p in tensors.all if p.layer == 0]
+    block_elements = sum(tp_local_numel(p, layout.tensor) for p in block)
+    gathered = 0
+    if layout.fsdp_wrapped:
+        gathered = (reg.compute + FP32) * block_elements  # prefetched block + its unsharded gradients
+    elif layout.strategy == "deepspeed" and layout.zero_stage == 3:
+        gathered = 2 * reg.compute * block_elements
+    return int(logits + recompute + gathered)

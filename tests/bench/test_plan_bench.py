@@ -1,0 +1,60 @@
+"""The planner against what it predicts (bench.plan): memory measured here, published speed.
+
+The memory test runs the training program on this CPU for a subset of bench.plan's configurations
+(QUICK_CONFIGS: every strategy and checkpointing mode, one torchrun launch per process count) and
+checks every part within 10% of what the ranks hold. The speed tests are arithmetic on published
+figures (no timing is measured here).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.plan import (
+    MEMORY_CONFIGS,
+    MEMORY_TOLERANCE,
+    PARTS,
+    QUICK_CONFIGS,
+    SCALING_TOLERANCE,
+    SPEED_TOLERANCE,
+    calibrate,
+    measure_memory,
+    memory_rows,
+    seeds_rows,
+    torchtitan_rows,
+)
+from llmtrain.planner import speed
+
+
+@pytest.mark.slow
+def test_memory_predictions_match_what_the_program_holds():
+    configs = tuple(c for c in MEMORY_CONFIGS if c.name in QUICK_CONFIGS)
+    assert len(configs) == len(QUICK_CONFIGS)
+    rows = memory_rows(configs, measure_memory(configs))
+    for row in rows:
+        assert "error" not in row["measured"], (row["name"], row["measured"].get("error"))
+        for part in PARTS:
+            assert row["measured"][part] > 0, (row["name"], part)
+            assert abs(row["error"][part]) <= MEMORY_TOLERANCE, (row["name"], part, row)
+
+
+def test_calibration_is_what_the_calibrating_runs_give():
+    fitted = calibrate()
+    assert (fitted.achievable_eager, fitted.achievable_compiled) == (
+        speed.CALIBRATION.achievable_eager,
+        speed.CALIBRATION.achievable_compiled,
+    )
+
+
+def test_published_torchtitan_runs_within_tolerance():
+    rows = torchtitan_rows()
+    assert {row["role"] for row in rows} == {"calibrates", "checks"}
+    for row in rows:
+        assert abs(row["error"]) <= SPEED_TOLERANCE, row
+
+
+def test_seeds_scaling_within_tolerance():
+    rows = seeds_rows()
+    assert [row["instances"] for row in rows] == [1, 2, 4, 8]
+    for row in rows:
+        assert abs(row["error"]) <= SCALING_TOLERANCE, row

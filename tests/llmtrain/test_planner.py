@@ -1,0 +1,543 @@
+"""The run planner: its tables against the training program's, and its arithmetic on cases computed
+by hand here. Timings are never asserted: the planner's predictions are checked against measured
+memory and published runs by `python -m bench.plan` (tests/bench/test_plan_bench.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from botocore.stub import Stubber
+
+from llmtrain.catalog import Catalog
+from llmtrain.cli import main
+from llmtrain.instances import GPU_MODELS, INSTANCE_TYPES, instance_type
+from llmtrain.planner import memory, prices, speed
+from llmtrain.planner.plan import BILLED_STARTUP_SECONDS, plan_run
+from llmtrain.planner.shapes import (
+    PRESET_VOCAB,
+    PRESETS,
+    ModelShape,
+    ModelShapeError,
+    padded_vocab_size,
+    preset_shape,
+    shape_from_file,
+)
+from llmtrain.planner.suggest import fit_advice, suggest
+from llmtrain.planner.workload import (
+    PROGRAM_DEFAULTS,
+    Layout,
+    PlanInputError,
+    Workload,
+    hyperparameter_values,
+    resolve_layout,
+)
+
+# llama-tiny with the shipped tokenizer: h 64, i 176, 2 layers, 4 heads of 16, 2 kv heads, V 640.
+TINY = ModelShape(
+    "llama",
+    vocab_size=640,
+    hidden_size=64,
+    intermediate_size=176,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    tie_embeddings=False,
+)
+# Its parameters: embedding and head 640 x 64 each; per block q, o 64 x 64, k, v 32 x 64, three
+# MLP matrices 176 x 64, two norms of 64; the final norm.
+TINY_BLOCK = 2 * 64 * 64 + 2 * 32 * 64 + 3 * 176 * 64 + 2 * 64
+TINY_PARAMETERS = 2 * 640 * 64 + 2 * TINY_BLOCK + 64
+TINY_TENSORS = 2 + 2 * 9 + 1
+
+
+def _work(model: ModelShape = TINY, **changes) -> Workload:
+    base = Workload(
+        model=model, seq_len=32, micro_batch_size=2, grad_accum_steps=1, max_steps=10, precision="bf16"
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def _layout(strategy: str, world: int = 1, **changes) -> Layout:
+    shard = world if strategy in ("fsdp", "deepspeed") else 1
+    replicate = world // shard
+    return dataclasses.replace(
+        Layout(strategy, 1, world, replicate=replicate, shard=shard, tensor=1), **changes
+    )
+
+
+# --- tables kept equal to the training program's ---------------------------------------------------
+
+
+def test_presets_are_the_training_programs():
+    from training_jobs.trainer.config import MODEL_PRESETS
+    from training_jobs.trainer.models import PRESETS as PROGRAM_PRESETS
+
+    assert PRESETS == PROGRAM_PRESETS
+    assert set(PRESETS) == set(MODEL_PRESETS) == set(PRESET_VOCAB)
+
+
+def test_defaults_are_the_training_programs():
+    from training_jobs.trainer.config import TrainConfig
+
+    program = TrainConfig().flat()
+    for name, value in PROGRAM_DEFAULTS.items():
+        assert program[name] == value, name
+
+
+def test_gpu_peaks_are_the_programs_mfu_table():
+    from training_jobs.trainer.metrics import PEAK_TFLOPS_BY_INSTANCE_FAMILY
+
+    compared = 0
+    for kind in INSTANCE_TYPES.values():
+        family = kind.name.rsplit(".", 1)[0]
+        if kind.gpu and family in PEAK_TFLOPS_BY_INSTANCE_FAMILY:
+            assert kind.gpu_model.peak_flops == PEAK_TFLOPS_BY_INSTANCE_FAMILY[family] * 1e12, kind.name
+            compared += 1
+    assert compared >= 8
+
+
+def test_every_gpu_instance_type_has_a_price():
+    table = prices.load()
+    for kind in INSTANCE_TYPES.values():
+        assert table.on_demand(kind.name) > 0
+
+
+# --- model shapes -----------------------------------------------------------------------------------
+
+
+def test_tiny_shape_counts_by_hand():
+    assert TINY.num_parameters == TINY_PARAMETERS == 174_400
+    assert len(TINY.parameters()) == TINY_TENSORS
+    # FLOPs per token: 6 per block weight and head weight, attention 12 x layers x hidden x seq.
+    assert TINY.flops_per_token(32) == 6 * (2 * (TINY_BLOCK - 128) + 640 * 64) + 12 * 2 * 64 * 32
+
+
+@pytest.mark.parametrize(
+    ("preset", "parameters"),
+    [("llama3-8b", 8_030_261_248), ("llama3-70b", 70_553_706_496), ("llama3-405b", 405_853_388_800)],
+)
+def test_llama3_presets_have_the_published_sizes(preset, parameters):
+    assert preset_shape(preset, 8192).num_parameters == parameters
+
+
+@pytest.mark.parametrize("preset", ["llama-20m", "llama-1b", "gpt2-small"])
+def test_shapes_count_what_transformers_builds(preset):
+    import torch
+    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+    family, architecture = PRESETS[preset]
+    vocab = padded_vocab_size(PRESET_VOCAB[preset])  # the program pads its tokenizer's
+    if family == "llama":
+        config = LlamaConfig(**architecture, vocab_size=vocab)
+    else:
+        config = GPT2Config(**architecture, vocab_size=vocab, n_positions=512)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    built = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    planned = {p.name: p.shape for p in preset_shape(preset, 512, vocab_size=vocab).parameters()}
+    assert built == planned
+
+
+def test_hugging_face_configs(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "hidden_size": 896,
+                "intermediate_size": 4864,
+                "num_hidden_layers": 24,
+                "num_attention_heads": 14,
+                "num_key_value_heads": 2,
+                "vocab_size": 151936,
+                "tie_word_embeddings": True,
+            }
+        )
+    )
+    shape = shape_from_file(path)
+    assert shape.attention_bias and shape.tie_embeddings and shape.kv_size == 128
+    path.write_text(json.dumps({"model_type": "t5", "d_model": 512}))
+    with pytest.raises(ModelShapeError, match="model_type 't5' is not one the planner models"):
+        shape_from_file(path)
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    with pytest.raises(ModelShapeError, match="lacks or misstates"):
+        shape_from_file(path)
+
+
+# --- memory, by hand --------------------------------------------------------------------------------
+
+
+def test_ddp_memory_by_hand():
+    """DDP: fp32 weights, fp32 .grad plus the reducer's buckets, AdamW's two moments and steps."""
+    estimate = memory.estimate(_work(), _layout("ddp", 2), capacity=0, on_gpu=False)
+    assert estimate.parameters == 4 * TINY_PARAMETERS
+    assert estimate.gradients == 2 * 4 * TINY_PARAMETERS
+    assert estimate.optimizer == 2 * 4 * TINY_PARAMETERS + 4 * TINY_TENSORS
+    assert estimate.overhead == 0
+
+
+def test_single_fp32_activations_by_hand():
+    """What each op of a Llama block saves (fp32, SDPA): per token, the block input, 1/rms and
+    the normalized value of both norms, their outputs (the linears' inputs), the rotated q and k,
+    v, SDPA's output and log-sum-exp, four MLP intermediates; then the final norm, the head's
+    input, the log-softmax, the ids and targets; cos and sin once. bench/workers/plan_memory.py
+    measured 876,804 bytes: these and the loss's 4-byte total weight."""
+    h, kv, i, heads, tokens = 64, 32, 176, 4, 64
+    block = 4 * (2 * 3 * h + h + 2 * kv + h + 4 * i) + 2 * 4 + 4 * heads
+    head = 4 * 3 * h + 4 + 4 * 640 + 8 + 8
+    rotary = 2 * 32 * 16 * 4
+    expected = 2 * block * tokens + head * tokens + rotary
+    work = _work(precision="fp32")
+    assert memory.activation_bytes(work, _layout("single"))[0] == expected == 876_800
+
+
+def test_fsdp_memory_by_hand():
+    """FSDP2 over 2: fp32 shards of everything; bf16 unsharded copies of the root (embedding, head,
+    final norm) and of the last block, which it does not reshard after forward."""
+    layout = _layout("fsdp", 2)
+    estimate = memory.estimate(_work(), layout, capacity=0, on_gpu=False)
+    root = 2 * 640 * 64 + 64
+    assert estimate.parameters == 4 * TINY_PARAMETERS // 2 + 2 * (root + TINY_BLOCK)
+    assert estimate.gradients == 4 * TINY_PARAMETERS // 2
+    grad_op = memory.estimate(
+        _work(grad_accum_steps=4),
+        dataclasses.replace(layout, fsdp_sharding="grad_op"),
+        capacity=0,
+        on_gpu=False,
+    )
+    assert grad_op.parameters == 4 * TINY_PARAMETERS // 2 + 2 * TINY_PARAMETERS
+    assert grad_op.gradients == 4 * TINY_PARAMETERS  # fp32, unsharded between micro steps
+
+
+def test_fsdp_shards_pad_the_first_dimension():
+    odd = dataclasses.replace(TINY, vocab_size=650)  # 650 rows over 4 ranks: 163 each, padded
+    embedding = odd.parameters()[0]
+    assert memory.shard_numel(embedding, 1, 4, padded=True) == 163 * 64
+    assert memory.shard_numel(embedding, 1, 5, padded=True) == 130 * 64
+
+
+def test_deepspeed_memory_by_hand():
+    """ZeRO over 2 with bf16: whole bf16 weights (stages 1-2) or half plus the small persistent
+    ones plus those left gathered for backward (3); fp32 master partitions and moments."""
+    half = TINY_PARAMETERS // 2
+    zero1 = memory.estimate(_work(), _layout("deepspeed", 2, zero_stage=1), capacity=0, on_gpu=False)
+    assert (zero1.parameters, zero1.gradients) == (2 * TINY_PARAMETERS, 2 * TINY_PARAMETERS)
+    assert zero1.optimizer == 4 * half + 8 * half + 4 * TINY_TENSORS
+    zero2 = memory.estimate(_work(), _layout("deepspeed", 2, zero_stage=2), capacity=0, on_gpu=False)
+    assert zero2.gradients == 2 * (half + memory.DEEPSPEED_REDUCE_BUCKET_ELEMENTS)
+    zero3 = memory.estimate(_work(), _layout("deepspeed", 2, zero_stage=3), capacity=0, on_gpu=False)
+    # Every tiny tensor is below the persistence threshold: whole on each rank, nothing gathered.
+    assert zero3.parameters == 2 * TINY_PARAMETERS
+
+
+def test_lora_trains_only_the_adapters():
+    work = _work(lora_r=4, lora_targets=("q_proj", "v_proj"))
+    tensors = memory.parameter_tensors(work)
+    # per block: q (64 in, 64 out) and v (64 in, 32 out): A is r x in, B out x r
+    assert sum(p.numel for p in tensors.trainable) == 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4)
+    estimate = memory.estimate(work, _layout("ddp", 2), capacity=0, on_gpu=False)
+    trainable = sum(p.numel for p in tensors.trainable)
+    assert estimate.gradients == 2 * 4 * trainable
+    assert estimate.parameters == 4 * (TINY_PARAMETERS + trainable)
+
+
+def test_checkpointing_keeps_only_block_inputs():
+    full = memory.activation_bytes(
+        _work(activation_checkpointing="full", precision="fp32"), _layout("single")
+    )[0]
+    none = memory.activation_bytes(_work(precision="fp32"), _layout("single"))[0]
+    head = (4 * (3 * 64 + 1) + 4 * 640 + 16) * 64
+    assert full == 2 * 4 * 64 * 64 + head  # two blocks keep their fp32 input; no cos/sin
+    assert full < none
+
+
+def test_fits_against_the_gpu_with_overhead():
+    capacity = GPU_MODELS["A10G"].memory_bytes
+    estimate = memory.estimate(_work(), _layout("single"), capacity=capacity)
+    parts = (
+        estimate.parameters
+        + estimate.gradients
+        + estimate.optimizer
+        + estimate.activations
+        + estimate.working
+    )
+    assert estimate.overhead == int(memory.CUDA_CONTEXT_BYTES + memory.ALLOCATOR_RESERVE_FRACTION * parts)
+    assert estimate.fits and estimate.headroom == capacity - estimate.per_gpu
+
+
+# --- speed, by hand ---------------------------------------------------------------------------------
+
+
+def test_single_gpu_step_by_hand():
+    p5 = instance_type("ml.p5.48xlarge")
+    cluster = speed.Cluster(p5.gpu_model, 1, 1, p5.network_gbps * 1e9 / 8)
+    work = _work(model=preset_shape("llama3-8b", 4096), seq_len=4096, micro_batch_size=1)
+    estimate = speed.estimate(work, _layout("single"), cluster)
+    flops = 4096 * work.model.flops_per_token(4096)
+    compute = flops / (989e12 * speed.CALIBRATION.achievable_eager)
+    optimizer = work.model.num_parameters * 28 / 3350e9
+    assert estimate.compute_seconds == pytest.approx(compute)
+    assert estimate.step_seconds == pytest.approx(compute + optimizer)
+    assert estimate.mfu == pytest.approx(
+        4096 / estimate.step_seconds * work.model.flops_per_token(4096) / 989e12
+    )
+
+
+def test_collectives_by_hand():
+    p4d = instance_type("ml.p4d.24xlarge")
+    links = speed.Links(speed.Cluster.of(p4d, 2), speed.CALIBRATION)
+    inside, network = 300e9 * 0.8, 400e9 / 8 * 0.8
+    assert links.bandwidth(8, 1) == inside
+    assert links.bandwidth(16, 1) == network  # a ring over both instances: their whole network
+    assert links.bandwidth(2, 8) == network / 8  # 8 replica groups side by side, one rank each
+    sent, seconds = links.seconds("all_reduce", 1e9, 16)
+    assert sent == pytest.approx(2 * 15 / 16 * 1e9) and seconds == pytest.approx(sent / network)
+
+
+def test_ddp_hides_its_all_reduce_behind_backward_until_it_cannot():
+    """Exposed = all-reduce beyond the last micro step's backward, plus the last bucket."""
+    p4d = instance_type("ml.p4d.24xlarge")
+    work = _work(model=preset_shape("gpt2-xl", 1024), seq_len=1024, micro_batch_size=1)
+    layout = _layout("ddp", 16, nodes=2, gpus_per_node=8)
+    estimate = speed.estimate(work, layout, speed.Cluster.of(p4d, 2))
+    network = 400e9 / 8 * 0.8
+    grads = 4 * work.model.num_parameters
+    all_reduce = 2 * 15 / 16 * grads / network
+    backward = 1024 * 2 * work.model.flops_per_token(1024) / 3 / (312e12 * speed.CALIBRATION.achievable_eager)
+    last_bucket = 2 * 15 / 16 * speed.DDP_BUCKET_BYTES / network
+    assert all_reduce > backward
+    assert estimate.exposed_communication_seconds == pytest.approx(all_reduce - backward + last_bucket)
+
+
+def test_tensor_parallel_all_reduces_are_exposed():
+    p5 = instance_type("ml.p5.48xlarge")
+    work = _work(model=preset_shape("llama3-8b", 2048), seq_len=2048, micro_batch_size=1)
+    layout = Layout("fsdp", 1, 8, replicate=1, shard=1, tensor=8)
+    estimate = speed.estimate(work, layout, speed.Cluster.of(p5, 1))
+    activation = 2048 * 4096 * 2
+    expected = 4 * 32 * (2 * 7 / 8 * activation) / (450e9 * 0.8)
+    assert estimate.exposed_communication_seconds == pytest.approx(expected)
+
+
+def test_full_checkpointing_recomputes_the_forward():
+    work = _work(model=preset_shape("llama3-8b", 2048), seq_len=2048, activation_checkpointing="full")
+    block = sum(p.numel for p in work.model.parameters() if p.kind == "linear" and p.layer == 0)
+    assert speed.recompute_flops_per_token(work) == 32 * (2 * block + 4 * 4096 * 2048)
+
+
+# --- mesh -------------------------------------------------------------------------------------------
+
+
+def test_layouts_follow_the_programs_mesh_rules():
+    hybrid = resolve_layout(
+        hyperparameter_values(
+            {"parallelism": "fsdp", "fsdp_sharding": "hybrid", "shard_degree": 2, "tensor_parallel_degree": 4}
+        ),
+        8,
+        4,
+    )
+    assert (hybrid.replicate, hybrid.shard, hybrid.tensor) == (4, 2, 4)
+    with pytest.raises(PlanInputError, match="tensor_parallel_degree 3 does not divide the world size 8"):
+        resolve_layout(hyperparameter_values({"parallelism": "fsdp", "tensor_parallel_degree": 3}), 8, 1)
+    with pytest.raises(PlanInputError, match="parallelism single runs one process"):
+        resolve_layout(hyperparameter_values({"parallelism": "single"}), 4, 1)
+
+
+# --- plans, cost and suggestions ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return Catalog.load()
+
+
+def test_cost_is_hours_times_price(catalog):
+    plan = plan_run(catalog.resolve("llama-pretrain-fsdp"), {"max_steps": 100})
+    table = prices.load()
+    assert plan.usd_per_hour == 2 * table.on_demand("ml.p4d.24xlarge")
+    assert plan.hours == pytest.approx((100 * plan.speed.step_seconds + BILLED_STARTUP_SECONDS) / 3600)
+    assert plan.usd == pytest.approx(plan.usd_per_hour * plan.hours)
+    spot = plan_run(catalog.resolve("llama-pretrain-fsdp"), {"max_steps": 100, "spot": True})
+    assert spot.usd_per_hour == pytest.approx(plan.usd_per_hour * (1 - table.spot_savings_assumed))
+
+
+def test_overrides_are_validated_as_the_launcher_does(catalog):
+    from llmtrain.errors import OverrideError
+
+    with pytest.raises(OverrideError, match="micro_batch_size"):
+        plan_run(catalog.resolve("llama-pretrain-fsdp"), {"micro_batch_size": 0})
+
+
+def test_suggestions_fit_and_keep_the_global_batch(catalog):
+    template = catalog.resolve("llama-pretrain-fsdp")
+    found = suggest(template, {"model_preset": "llama-13b"}, max_hours=100)
+    for plan in (found.fastest, found.cheapest):
+        assert plan.fits
+        work = plan.workload
+        assert work.micro_batch_size * work.grad_accum_steps * plan.layout.data_parallel == 1 * 8 * 16
+        assert set(plan.settings) - {"model_preset"} <= set(template.overridable)
+    assert found.cheapest.hours <= 100
+    assert found.fastest.training_seconds <= found.current.training_seconds
+
+
+def test_fit_advice_names_a_change_that_fits(catalog):
+    template = catalog.resolve("llama-pretrain-fsdp")
+    overrides = {"model_preset": "llama-13b", "activation_checkpointing": "none"}
+    assert not plan_run(template, overrides).fits
+    advice = fit_advice(template, overrides)
+    setting = advice.removeprefix("set ").split(" (")[0]
+    changes = dict(item.split("=", 1) for item in setting.split(", "))
+    assert plan_run(template, {**overrides, **changes}).fits
+
+
+# --- prices ------------------------------------------------------------------------------------------
+
+
+def _product(name: str, usd: str, component: str = "Training") -> str:
+    return json.dumps(
+        {
+            "product": {
+                "attributes": {"instanceName": name, "component": component, "regionCode": "us-east-1"}
+            },
+            "terms": {
+                "OnDemand": {"T1": {"priceDimensions": {"D1": {"unit": "Hrs", "pricePerUnit": {"USD": usd}}}}}
+            },
+        }
+    )
+
+
+def test_refresh_reads_the_price_list_api():
+    import boto3
+
+    client = boto3.client(
+        "pricing", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    filters = [
+        {"Type": "TERM_MATCH", "Field": "regionCode", "Value": "us-east-1"},
+        {"Type": "TERM_MATCH", "Field": "component", "Value": "Training"},
+    ]
+    request = {"ServiceCode": "AmazonSageMaker", "Filters": filters, "FormatVersion": "aws_v1"}
+    with Stubber(client) as stub:
+        stub.add_response(
+            "get_products",
+            {
+                "PriceList": [_product("ml.p5.48xlarge", "55.04")],
+                "NextToken": "page2",
+                "FormatVersion": "aws_v1",
+            },
+            request,
+        )
+        stub.add_response(
+            "get_products",
+            {
+                "PriceList": [_product("ml.g5.xlarge", "1.41"), _product("ml.c9.huge", "9.99")],
+                "FormatVersion": "aws_v1",
+            },
+            {**request, "NextToken": "page2"},
+        )
+        table, missing = prices.refresh(client, prices.load())
+    assert table.on_demand_per_hour == {"ml.p5.48xlarge": 55.04, "ml.g5.xlarge": 1.41}
+    assert table.source.startswith("AWS Price List API") and "ml.p4d.24xlarge" in missing
+    assert "Price List API" in table.describe()
+
+
+def test_refresh_refuses_an_empty_answer():
+    import boto3
+
+    client = boto3.client(
+        "pricing", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    with Stubber(client) as stub:
+        stub.add_response("get_products", {"PriceList": [], "FormatVersion": "aws_v1"})
+        with pytest.raises(prices.PriceError, match="returned no SageMaker training prices for xx-west-9"):
+            prices.refresh(client, prices.load(), region="xx-west-9")
+
+
+# --- the command ------------------------------------------------------------------------------------
+
+JSON_FIELDS = (
+    "fits",
+    "memory.per_gpu_bytes",
+    "memory.capacity_bytes",
+    "memory.parameters_bytes",
+    "memory.gradients_bytes",
+    "memory.optimizer_bytes",
+    "memory.activations_bytes",
+    "throughput.tokens_per_second",
+    "throughput.tokens_per_second_per_gpu",
+    "throughput.step_seconds",
+    "throughput.mfu",
+    "cost.usd_per_hour",
+    "cost.hours",
+    "cost.usd",
+)
+
+
+def _field(data: dict, dotted: str):
+    for key in dotted.split("."):
+        data = data[key]
+    return data
+
+
+@pytest.mark.parametrize("name", [t for t in Catalog.load().names() if t != "byo-script"])
+def test_plan_json_on_every_platform_template(name, capsys):
+    assert main(["plan", name, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for dotted in JSON_FIELDS:
+        assert isinstance(_field(data, dotted), bool | int | float), dotted
+
+
+def test_plan_byo_script_needs_a_model(tmp_path, capsys):
+    assert main(["plan", "byo-script"]) == 2
+    assert "--model-config" in capsys.readouterr().err
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "gpt2",
+                "n_embd": 384,
+                "n_layer": 6,
+                "n_head": 6,
+                "vocab_size": 50257,
+                "n_positions": 256,
+            }
+        )
+    )
+    assert (
+        main(
+            [
+                "plan",
+                "byo-script",
+                "--model-config",
+                str(config),
+                "--assume",
+                "seq_len=256",
+                "--assume",
+                "micro_batch_size=8",
+            ]
+        )
+        == 0
+    )
+    assert "ml.g5.2xlarge" in capsys.readouterr().out
+
+
+def test_plan_text_and_suggest(capsys):
+    assert main(["plan", "llama-pretrain-fsdp", "--set", "model_preset=llama-13b"]) == 0
+    text = capsys.readouterr().out
+    assert "memory per GPU" in text and "fsdp reduce-scatter" in text and text.strip().endswith(")")
+    assert main(["plan", "gpt2-ddp", "--suggest", "--max-hours", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "fastest that fits:" in text and "cheapest that fits finishing within 1 h:" in text
+    assert "--set instance_type=" in text
+
+
+def test_plan_refuses_unknown_settings(capsys):
+    assert main(["plan", "gpt2-ddp", "--set", "zero_stage=3"]) == 2
+    assert "does not allow overriding it" in capsys.readouterr().err
+
+
+def test_prices_show(capsys):
+    assert main(["prices", "show", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["on_demand_per_hour"]["ml.p5.48xlarge"] > 0
