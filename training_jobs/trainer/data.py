@@ -186,16 +186,21 @@ class TrainBatches:
 
 
 class EvalBatches:
-    """A fixed, unshuffled slice of the validation channel, split across data-parallel ranks."""
+    """A fixed, unshuffled slice of the validation channel, split across data-parallel ranks; the
+    number of batches is a multiple of `together` (a pipeline evaluates a round of micro-batches
+    at once)."""
 
     def __init__(self, samples: TokenSamples, layout: BatchLayout, steps: int,
-                 device: torch.device) -> None:
+                 device: torch.device, *, together: int = 1) -> None:
         per_batch = layout.data_parallel_size * layout.micro_batch_size
-        self.steps = min(steps, samples.num_samples // per_batch)
+        self.steps = min(steps, samples.num_samples // per_batch) // together * together
         if self.steps == 0:
             raise DataError(f"the validation channel holds {samples.num_samples} samples, fewer than "
-                            f"one evaluation batch of {per_batch} (data-parallel ranks x "
-                            "micro_batch_size)")
+                            f"{together} evaluation batch(es) of {per_batch} (data-parallel ranks x "
+                            "micro_batch_size), and eval_steps is "
+                            f"{steps}" + (f" (a pipeline evaluates {together} batches at once: raise "
+                                           "eval_steps to a multiple of grad_accum_steps)"
+                                           if together > 1 else ""))
         self.samples, self.layout, self.device = samples, layout, device
 
     def __iter__(self):
