@@ -4,8 +4,9 @@
    members, minimums), plus the `max`/`pattern`/`enum` metadata and map sizes that `ParamValidator`
    skips but the SageMaker API enforces (the same patterns, matched against the whole value).
 2. The platform's rules: more than one node needs an EFA-capable instance type, parallel degrees
-   divide the world size, the warm pool stays within the environment's cap (and off with spot), job
-   names fit SageMaker's pattern and carry the environment's prefix, storage fits instance storage.
+   (pipeline x replicate x shard x tensor) divide the world size, SMDDP runs only where it is
+   supported, the warm pool stays within the environment's cap (and off with spot), job names fit
+   SageMaker's pattern and carry the environment's prefix, storage fits instance storage.
 
 Pure functions (no AWS calls): the launcher's Lambda, the CLI and the construct all call them.
 """
@@ -161,6 +162,22 @@ def degree_problems(degrees: Mapping[str, int], world_size: int) -> list[str]:
             "set one degree to 0 to derive it, or make the product equal the world size"
         ]
     return []
+
+
+# The instance types SageMaker's distributed data parallel library (SMDDP) runs on: the SageMaker
+# Python SDK's own list (sagemaker.fw_utils.SM_DATAPARALLEL_SUPPORTED_INSTANCE_TYPES, which
+# tests/llmtrain/test_render.py keeps equal).
+SMDDP_INSTANCE_TYPES = ("ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge", "ml.p4de.24xlarge")
+
+
+def smddp_problems(smddp: bool, instance_type: str) -> list[str]:
+    """SMDDP on an instance type it does not support (a capacity fallback included)."""
+    if not smddp or instance_type in SMDDP_INSTANCE_TYPES:
+        return []
+    return [
+        f"distribution.smddp runs on {', '.join(SMDDP_INSTANCE_TYPES)}, not {instance_type}: pick one of "
+        "those instance types or a template version without smddp"
+    ]
 
 
 # The strategies the training program runs 4-bit QLoRA with (training_jobs/trainer/lora.py's

@@ -193,14 +193,16 @@ class EvalBatches:
     def __init__(self, samples: TokenSamples, layout: BatchLayout, steps: int,
                  device: torch.device, *, together: int = 1) -> None:
         per_batch = layout.data_parallel_size * layout.micro_batch_size
-        self.steps = min(steps, samples.num_samples // per_batch) // together * together
-        if self.steps == 0:
+        available = min(steps, samples.num_samples // per_batch)
+        self.steps = available // together * together
+        if available == 0:
             raise DataError(f"the validation channel holds {samples.num_samples} samples, fewer than "
-                            f"{together} evaluation batch(es) of {per_batch} (data-parallel ranks x "
-                            "micro_batch_size), and eval_steps is "
-                            f"{steps}" + (f" (a pipeline evaluates {together} batches at once: raise "
-                                           "eval_steps to a multiple of grad_accum_steps)"
-                                           if together > 1 else ""))
+                            f"one evaluation batch of {per_batch} (data-parallel ranks x "
+                            "micro_batch_size)")
+        if self.steps == 0:
+            raise DataError(f"a pipeline evaluates {together} batches at once (grad_accum_steps) and "
+                            f"this job has {available}: raise eval_steps to at least {together}, or "
+                            "add validation data")
         self.samples, self.layout, self.device = samples, layout, device
 
     def __iter__(self):

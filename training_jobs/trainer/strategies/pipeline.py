@@ -55,21 +55,24 @@ def stage_indices(pipeline_rank: int, degree: int, per_rank: int) -> list[int]:
 
 def balanced_split(num_layers: int, num_stages: int, head_cost: float) -> tuple[int, ...]:
     """Decoder layers per stage (contiguous, at least one each) so that the most expensive stage is
-    as cheap as possible; a stage costs its layers, the last one also `head_cost` layers' worth."""
+    as cheap as possible, and among such splits the most even; a stage costs its layers, the last
+    one also `head_cost` layers' worth."""
     if num_layers < num_stages:
         raise ConfigError(f"invalid hyperparameter 'pipeline_parallel_degree': {num_stages} pipeline "
                           f"stages need at least as many decoder layers, and the model has {num_layers}; "
                           "lower pipeline_parallel_degree or pipeline_stages_per_rank")
-    infinity = float("inf")
-    # best[s][k]: the cheapest most-expensive stage when the first s stages hold the first k layers.
-    best = [[infinity] * (num_layers + 1) for _ in range(num_stages + 1)]
+    worst = (float("inf"), float("inf"))
+    # best[s][k]: (most expensive stage, sum of squared stage costs) of the first s stages holding
+    # the first k layers, and the layers of stage s in that split.
+    best = [[worst] * (num_layers + 1) for _ in range(num_stages + 1)]
     taken = [[0] * (num_layers + 1) for _ in range(num_stages + 1)]
-    best[0][0] = 0.0
+    best[0][0] = (0.0, 0.0)
     for stage in range(1, num_stages + 1):
         extra = head_cost if stage == num_stages else 0.0
         for held in range(stage, num_layers - (num_stages - stage) + 1):
             for count in range(1, held - stage + 2):
-                cost = max(best[stage - 1][held - count], count + extra)
+                most, squares = best[stage - 1][held - count]
+                cost = (max(most, count + extra), squares + (count + extra) ** 2)
                 if cost < best[stage][held]:
                     best[stage][held], taken[stage][held] = cost, count
     counts, held = [], num_layers
