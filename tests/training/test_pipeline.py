@@ -29,8 +29,18 @@ import json
 import pytest
 import torch
 
-from .conftest import CORPUS, REPO, TINY, TOKENIZER, child_env, job_root, losses, outcome, run_jobs, \
-    train_records
+from .conftest import (
+    CORPUS,
+    REPO,
+    TINY,
+    TOKENIZER,
+    child_env,
+    job_root,
+    losses,
+    outcome,
+    run_jobs,
+    train_records,
+)
 
 pytestmark = pytest.mark.slow
 
