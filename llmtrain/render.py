@@ -32,6 +32,7 @@ from llmtrain.spec import (
 from llmtrain.validate import (
     JOB_NAME_MAX,
     degree_problems,
+    global_batch_problems,
     quantization_problems,
     smddp_problems,
     validate_request,
@@ -143,6 +144,8 @@ def render(
         + quantization_problems(template.distribution.strategy, settings.hyperparameters, template.ref)
         + smddp_problems(template.distribution.smddp, settings.instance_type)
     )
+    if template.code.is_platform:
+        problems += global_batch_problems(settings.hyperparameters, settings.degrees, settings.world_size)
     if problems:
         raise RequestValidationError(problems)
     request = build_request(template, settings, run, platform)

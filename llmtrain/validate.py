@@ -164,6 +164,34 @@ def degree_problems(degrees: Mapping[str, int], world_size: int) -> list[str]:
     return []
 
 
+# The training program's default micro_batch_size (training_jobs/trainer/config.py; a test in
+# tests/llmtrain/test_render.py keeps the two equal).
+PROGRAM_MICRO_BATCH_SIZE = 4
+
+
+def global_batch_problems(hyperparameters: Mapping[str, Any], degrees: Mapping[str, int],
+                          world_size: int) -> list[str]:
+    """A fixed global batch (the platform program's global_batch_size) that the data-parallel ranks
+    of this world size cannot split: each takes micro_batch_size samples per micro-batch. Checked at
+    every render, so another instance count or a fallback with another GPU count that cannot keep
+    the run's batch fails before a job exists."""
+    batch = hyperparameters.get("global_batch_size", 0)
+    if not batch:
+        return []
+    model_parallel = max(degrees.get("pipeline_parallel_degree", 1), 1) * max(
+        degrees.get("tensor_parallel_degree", 1), 1
+    )
+    micro = hyperparameters.get("micro_batch_size", PROGRAM_MICRO_BATCH_SIZE)
+    data_parallel = world_size // model_parallel
+    if data_parallel and batch % (data_parallel * micro) == 0:
+        return []
+    return [
+        f"global_batch_size {batch} is not a multiple of data-parallel ranks x micro_batch_size "
+        f"({data_parallel} x {micro}) at world size {world_size}: change global_batch_size, "
+        "micro_batch_size or the instance count"
+    ]
+
+
 # The instance types SageMaker's distributed data parallel library (SMDDP) runs on: the SageMaker
 # Python SDK's own list (sagemaker.fw_utils.SM_DATAPARALLEL_SUPPORTED_INSTANCE_TYPES, which
 # tests/llmtrain/test_render.py keeps equal).

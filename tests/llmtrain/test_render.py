@@ -456,3 +456,16 @@ def test_smddp_runs_only_on_the_instance_types_that_support_it():
         "collective_backend"] == "smddp"
     with pytest.raises(RequestValidationError, match="distribution.smddp runs on .*not ml.p5.48xlarge"):
         render(spec, RunInput(run_name="p5", overrides={"instance_type": "ml.p5.48xlarge"}), PLATFORM)
+
+
+def test_a_global_batch_the_cluster_cannot_split_is_refused_before_a_job_exists():
+    from llmtrain.validate import PROGRAM_MICRO_BATCH_SIZE
+    from training_jobs.trainer.config import DataConfig
+
+    assert PROGRAM_MICRO_BATCH_SIZE == DataConfig().micro_batch_size
+    # 12 instances: 96 GPUs / (4 stages x 8 tensor-parallel) = 3 data-parallel ranks for 256 samples.
+    with pytest.raises(RequestValidationError, match=re.escape("global_batch_size 256 is not a multiple "
+                                                               "of data-parallel ranks x micro_batch_size "
+                                                               "(3 x 1) at world size 96")):
+        _render("llama-pretrain-3d", overrides={"instance_count": 12})
+    _render("llama-pretrain-3d", overrides={"instance_count": 8})
