@@ -187,9 +187,9 @@ class PipelineStrategy:
         return self.num_stages - 1 in self.stage_ids
 
     def model_summary(self) -> ModelSummary:
-        counts = torch.tensor([sum(map(parameter_count, part.parameters())) for part in self.parts])
-        non_embedding = torch.tensor([non_embedding_parameters(part) for part in self.parts])
-        totals = torch.stack([counts.sum(), non_embedding.sum()])
+        totals = torch.tensor([sum(sum(map(parameter_count, part.parameters())) for part in self.parts),
+                               sum(non_embedding_parameters(part) for part in self.parts)],
+                              device=self.device)
         dist.all_reduce(totals, group=self.topology.pipeline_group())
         return ModelSummary(self.hf_model.config, int(totals[0]), int(totals[1]))
 
@@ -267,7 +267,7 @@ class PipelineStrategy:
                     gathered[name] = tensor
         if not leader:
             return {}
-        return _collect_on_first(gathered, self.topology.pipeline_group())
+        return _collect_on_first(gathered, self.topology.pipeline_group(), self.device)
 
     def close(self) -> None:
         pass
@@ -284,19 +284,21 @@ def _full_tensors(module: nn.Module):
         yield name, full.detach().cpu()
 
 
-def _collect_on_first(gathered: dict[str, torch.Tensor], group) -> dict:
-    """The stages' weights, from their first ranks (one pipeline group), on its rank 0."""
+def _collect_on_first(gathered: dict[str, torch.Tensor], group, device: torch.device) -> dict:
+    """The stages' weights, from their first ranks (one pipeline group), on its rank 0 (CPU); each
+    tensor travels through the device the group's collectives run on."""
     names: list[dict | None] = [None] * dist.get_world_size(group)
     shapes = {name: (tensor.shape, tensor.dtype) for name, tensor in gathered.items()}
     dist.all_gather_object(names, shapes, group=group)
     if dist.get_rank(group) != 0:
         for name in sorted(gathered):
-            dist.send(gathered[name], group_dst=0, group=group)
+            dist.send(gathered[name].to(device), group_dst=0, group=group)
         return {}
     state = dict(gathered)
     for sender, listed in enumerate(names[1:], start=1):
         for name in sorted(listed):
             shape, dtype = listed[name]
-            state[name] = torch.empty(shape, dtype=dtype)
-            dist.recv(state[name], group_src=sender, group=group)
+            received = torch.empty(shape, dtype=dtype, device=device)
+            dist.recv(received, group_src=sender, group=group)
+            state[name] = received.cpu()
     return state

@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
@@ -21,15 +22,15 @@ from .protocol import LossFn, MicroBatch, ModelSummary
 from .setup import summarize
 
 # How gradients are accumulated over micro-batches: by FSDP2's switches (trainer/parallel.py's
-# fully_shard), by the wrapper's no_sync until the last micro-batch (DDP, FSDP1), or not at all.
-ACCUMULATION = ("fsdp2", "no_sync", "local")
+# fully_shard), by the wrapper's no_sync until the last micro-batch (DDP, FSDP1), or locally.
+Accumulation = Literal["fsdp2", "no_sync", "local"]
 
 
 class WholeModelStrategy:
     eval_micro_batches = 1
 
     def __init__(self, config: TrainConfig, device: torch.device, topology: parallel.Topology, *,
-                 kind: str, model: nn.Module, hf_model: nn.Module, accumulation: str,
+                 kind: str, model: nn.Module, hf_model: nn.Module, accumulation: Accumulation,
                  clip: Callable[[float], torch.Tensor] | None = None, asynchronous: bool,
                  reshards: bool) -> None:
         self.config, self.device, self.topology, self.kind = config, device, topology, kind
