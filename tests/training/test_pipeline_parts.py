@@ -13,7 +13,7 @@ import torch
 from training_jobs.trainer import parallel
 from training_jobs.trainer.config import ConfigError, ParallelConfig, from_hyperparameters
 from training_jobs.trainer.errors import ContainerError
-from training_jobs.trainer.float8 import apply_float8
+from training_jobs.trainer.float8 import apply_float8, convert_to_float8
 from training_jobs.trainer.parallel_dims import ParallelDims, with_global_batch
 from training_jobs.trainer.stage_model import CausalLMStage, stage_of_parameter
 from training_jobs.trainer.strategies.pipeline import balanced_split, layer_stages, stage_indices
@@ -159,3 +159,13 @@ def test_pipeline_degree_is_resolved_with_the_other_degrees():
     dims = ParallelDims.resolve(ParallelConfig(parallelism="fsdp", pipeline_parallel_degree=2,
                                                tensor_parallel_degree=2), 8, 1)
     assert dims.mesh_shape == (2, 1, 2, 2) and dims.data_parallel == 2
+
+
+def test_fp8_converts_the_decoder_layers_linear_layers_only():
+    from torchao.float8.float8_linear import Float8Linear
+
+    model = _tiny("llama")  # 3 layers; hidden 32, 2 KV heads of 8 (16 wide), intermediate 64
+    assert convert_to_float8(model) == 3 * 7  # q, k, v, o, gate, up, down
+    assert not isinstance(model.lm_head, Float8Linear)  # the head and embedding stay
+    kv = model.model.layers[0].self_attn.k_proj
+    assert isinstance(kv, Float8Linear) and (kv.in_features, kv.out_features) == (32, 16)

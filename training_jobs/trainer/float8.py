@@ -41,8 +41,15 @@ def _fp8_linear(module: nn.Module) -> bool:
 
 
 def apply_float8(model: nn.Module, device: torch.device) -> int:
-    """Convert the decoder layers' linear layers to torchao Float8Linear; returns how many."""
+    """Convert the decoder layers' linear layers to torchao Float8Linear on a GPU that runs FP8
+    matmuls; returns how many."""
     check_fp8_device(device)
+    return convert_to_float8(model)
+
+
+def convert_to_float8(model: nn.Module) -> int:
+    """The conversion alone (any device; the matmuls then need FP8 tensor cores): every linear
+    layer of the decoder layers whose dimensions FP8 matmuls take; returns how many."""
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
         from torchao.float8.float8_linear import Float8Linear
