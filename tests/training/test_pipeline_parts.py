@@ -169,3 +169,15 @@ def test_fp8_converts_the_decoder_layers_linear_layers_only():
     assert not isinstance(model.lm_head, Float8Linear)  # the head and embedding stay
     kv = model.model.layers[0].self_attn.k_proj
     assert isinstance(kv, Float8Linear) and (kv.in_features, kv.out_features) == (32, 16)
+
+
+def test_each_cluster_shape_trains_the_same_positions_of_the_global_order():
+    """The data position is a sample count: 4 ranks x 2 micro-batches and 2 ranks x 4 micro-batches
+    of the same global batch train the same next samples, each once."""
+    from training_jobs.trainer.data import BatchLayout
+
+    def step(ranks: int, micro_steps: int, first: int) -> list[int]:
+        return sorted(int(position) for rank in range(ranks) for micro in range(micro_steps)
+                      for position in BatchLayout(ranks, rank, 1, micro_steps).positions(first, micro))
+
+    assert step(4, 2, 16) == step(2, 4, 16) == list(range(16, 24))
