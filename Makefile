@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 NPM_STAMP := node_modules/.npm-done
+# checkov pins an older boto3 than the platform: it gets a virtual environment of its own.
+CHECKOV_VENV := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.setup-done
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_VERSION_CHECK := 1
 export DS_BUILD_OPS := 0
@@ -12,12 +15,17 @@ PYTEST_ARGS ?=
 
 .PHONY: setup synth test demo bench lint clean
 
-setup: $(SETUP_STAMP) $(NPM_STAMP)
+setup: $(SETUP_STAMP) $(NPM_STAMP) $(CHECKOV_STAMP)
 
 $(SETUP_STAMP): requirements.txt requirements-dev.txt pyproject.toml constructs/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet -r requirements-dev.txt -e . -e ./constructs
 	$(PY) -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') and '+cu' not in v else f'torch must stay at the 2.13.0 CPU build, got {v}')"
+	touch $@
+
+$(CHECKOV_STAMP): requirements-checkov.txt
+	test -x $(CHECKOV_VENV)/bin/python || python3 -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet -r requirements-checkov.txt
 	touch $@
 
 $(NPM_STAMP): package.json package-lock.json

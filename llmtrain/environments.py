@@ -25,6 +25,7 @@ import yaml
 
 from llmtrain.platform import (
     ACCOUNT_PATTERN,
+    DEFAULT_TEAM,
     EMAIL_PATTERN,
     ENVIRONMENT_NAME_PATTERN,
     JOB_NAME_PREFIX_PATTERN,
@@ -34,7 +35,9 @@ from llmtrain.platform import (
     REGION_PATTERN,
     ROUTE_TABLE_ID_PATTERN,
     SUBNET_ID_PATTERN,
+    TEAM_NAME_PATTERN,
     VPC_ID_PATTERN,
+    team_job_name_prefix,
 )
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "NotificationConfig",
     "QuotaConfig",
     "StackOutput",
+    "TeamConfig",
     "WarmPoolConfig",
     "load_environment",
     "load_environments",
@@ -58,6 +62,7 @@ MAX_WARM_POOL_KEEP_ALIVE_SECONDS = MAX_KEEP_ALIVE_SECONDS  # SageMaker's limit (
 _TEMPLATE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _TAG_KEY = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
 _TAG_VALUE = re.compile(r"^[\w.:/=+\-@ ]{0,256}$")
+_INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
 
 
 class EnvironmentConfigError(ValueError):
@@ -83,10 +88,16 @@ class StackOutput:
     ARTIFACTS_BUCKET = "ArtifactsBucketName"
     CODE_BUCKET = "CodeBucketName"
     ACCESS_LOGS_BUCKET = "AccessLogsBucketName"
-    # stack "access"
+    # stack "access": per team (team_output), and the environment's guard rail
     EXECUTION_ROLE_ARN = "ExecutionRoleArn"
     ENGINEER_POLICY_ARN = "EngineerPolicyArn"
-    WARM_POOL_GUARDRAIL_POLICY_ARN = "WarmPoolGuardrailPolicyArn"
+    GUARDRAIL_POLICY_ARN = "GuardrailPolicyArn"
+
+    @staticmethod
+    def team_output(team: str, key: str) -> str:
+        """A team's output key, e.g. `TeamNlpExecutionRoleArn`. An environment with a single team
+        also publishes its outputs under the bare keys (`ExecutionRoleArn`), as before teams."""
+        return f"Team{team.capitalize()}{key}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,6 +164,27 @@ class NotificationConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TeamConfig:
+    """One team sharing the environment (`teams.<name>` in the file).
+
+    Every field but the name is optional: ``templates`` defaults to every template the environment
+    enables; ``instance_types`` (None) to every type its templates may run on (resolved with the
+    catalog by the stacks); ``max_instance_count`` (None) to no cap beyond the templates' bounds;
+    ``max_keep_alive_seconds`` to the environment's cap; ``notification_email`` to the
+    environment's address. ``job_name_prefix`` is `<environment prefix>-<name>`.
+    """
+
+    name: str
+    job_name_prefix: str
+    templates: tuple[str, ...]
+    instance_types: tuple[str, ...] | None = None
+    max_instance_count: int | None = None
+    max_keep_alive_seconds: int = 3600
+    notification_email: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class EnvironmentConfig:
     """One deployment of the platform, loaded from ``config/<name>.yaml``."""
 
@@ -166,11 +198,23 @@ class EnvironmentConfig:
     warm_pools: WarmPoolConfig = field(default_factory=WarmPoolConfig)
     notifications: NotificationConfig = field(default_factory=NotificationConfig)
     tags: Mapping[str, str] = field(default_factory=dict)
+    # The teams sharing the environment; one team named `default` when the file has no `teams:`.
+    teams: tuple[TeamConfig, ...] = ()
     source: Path | None = None
 
     def stack_name(self, part: str) -> str:
         """The CloudFormation stack name of one part of this environment, e.g. ``llmtrain-dev-storage``."""
         return f"llmtrain-{self.name}-{part}"
+
+    def team(self, name: str) -> TeamConfig:
+        """The team of that name; EnvironmentConfigError lists the environment's teams otherwise."""
+        for team in self.teams:
+            if team.name == name:
+                return team
+        raise EnvironmentConfigError(
+            f"{self.source or self.name}: teams: environment {self.name!r} has no team {name!r}; its teams: "
+            f"{', '.join(t.name for t in self.teams)}"
+        )
 
 
 def load_environments(config_dir: str | Path) -> dict[str, EnvironmentConfig]:
@@ -225,11 +269,23 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
             "warm_pools",
             "notifications",
             "tags",
+            "teams",
         }
     )
     region = reader.string("region", pattern=REGION_PATTERN, hint="an AWS region such as us-east-1")
     templates = reader.section("job_templates")
     templates.only_keys({"enabled"})
+    enabled = _read_template_names(templates)
+    job_name_prefix = _read_job_name_prefix(reader)
+    warm_pools = _read_warm_pools(reader.section("warm_pools", required=False))
+    notifications = _read_notifications(reader.section("notifications", required=False))
+    defaults = TeamConfig(
+        name=DEFAULT_TEAM,
+        job_name_prefix=team_job_name_prefix(job_name_prefix, DEFAULT_TEAM),
+        templates=enabled,
+        max_keep_alive_seconds=warm_pools.max_keep_alive_seconds,
+        notification_email=notifications.email,
+    )
     return EnvironmentConfig(
         name=reader.string(
             "name",
@@ -239,13 +295,83 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
         account=_read_account(reader),
         region=region,
         network=_read_network(reader.section("network"), region),
-        enabled_templates=_read_template_names(templates),
-        job_name_prefix=_read_job_name_prefix(reader),
+        enabled_templates=enabled,
+        job_name_prefix=job_name_prefix,
         quotas=_read_quotas(reader.section("quotas", required=False)),
-        warm_pools=_read_warm_pools(reader.section("warm_pools", required=False)),
-        notifications=_read_notifications(reader.section("notifications", required=False)),
-        tags=_read_tags(reader),
+        warm_pools=warm_pools,
+        notifications=notifications,
+        tags=_read_tags(reader, "tags"),
+        teams=_read_teams(reader, defaults, job_name_prefix),
         source=source,
+    )
+
+
+def _read_teams(reader: _Reader, defaults: TeamConfig, environment_prefix: str) -> tuple[TeamConfig, ...]:
+    """`teams:` maps team names to their settings; without it the environment has the default team."""
+    if reader.raw("teams", default=None) is None:
+        return (defaults,)
+    teams = reader.raw("teams")
+    if not isinstance(teams, dict) or not teams:
+        reader.fail("teams", "must map team names to their settings, e.g. teams: {nlp: {templates: [...]}}")
+    read = []
+    for name in teams:
+        if not isinstance(name, str) or not TEAM_NAME_PATTERN.fullmatch(name):
+            reader.fail(
+                f"teams.{name}",
+                "is not a valid team name: 1-12 lowercase letters and digits, starting with a letter (no "
+                "hyphens: a team's jobs are named <job_name_prefix>-<team>-..., and IAM matches them by "
+                "that prefix)",
+            )
+        section = reader.section("teams").section(name, required=False)
+        read.append(_read_team(section, name, defaults, environment_prefix))
+    return tuple(read)
+
+
+def _read_team(reader: _Reader, name: str, defaults: TeamConfig, environment_prefix: str) -> TeamConfig:
+    reader.only_keys(
+        {
+            "templates",
+            "instance_types",
+            "max_instance_count",
+            "max_keep_alive_seconds",
+            "notifications",
+            "tags",
+        }
+    )
+    templates = defaults.templates
+    if reader.raw("templates", default=None) is not None:
+        templates = reader.string_list("templates", min_items=1, pattern=_TEMPLATE_NAME)
+        outside = [t for t in templates if t not in defaults.templates]
+        if outside:
+            reader.fail(
+                "templates",
+                f"{', '.join(outside)} not enabled in this environment (job_templates.enabled: "
+                f"{', '.join(defaults.templates)}); a team runs a subset of them",
+            )
+    instance_types = None
+    if reader.raw("instance_types", default=None) is not None:
+        instance_types = reader.string_list("instance_types", min_items=1, pattern=_INSTANCE_TYPE)
+    cap = defaults.max_keep_alive_seconds
+    keep_alive = reader.integer("max_keep_alive_seconds", default=cap, minimum=0)
+    if keep_alive > cap:
+        reader.fail(
+            "max_keep_alive_seconds",
+            f"{keep_alive} exceeds the environment's warm_pools.max_keep_alive_seconds ({cap}); a team's cap "
+            "is at most the environment's",
+        )
+    max_instances = None
+    if reader.raw("max_instance_count", default=None) is not None:
+        max_instances = reader.integer("max_instance_count", default=1, minimum=1)
+    notifications = _read_notifications(reader.section("notifications", required=False))
+    return TeamConfig(
+        name=name,
+        job_name_prefix=team_job_name_prefix(environment_prefix, name),
+        templates=templates,
+        instance_types=instance_types,
+        max_instance_count=max_instances,
+        max_keep_alive_seconds=keep_alive,
+        notification_email=notifications.email or defaults.notification_email,
+        tags=_read_tags(reader, "tags"),
     )
 
 
@@ -388,15 +514,17 @@ def _read_notifications(reader: _Reader) -> NotificationConfig:
     return NotificationConfig(email=email)
 
 
-def _read_tags(reader: _Reader) -> dict[str, str]:
-    tags = reader.raw("tags", default={})
+def _read_tags(reader: _Reader, field_name: str) -> dict[str, str]:
+    tags = reader.raw(field_name, default={})
     if not isinstance(tags, dict):
-        reader.fail("tags", "must be a mapping of tag key to string value")
+        reader.fail(field_name, "must be a mapping of tag key to string value")
     for key, value in tags.items():
         if not isinstance(key, str) or not _TAG_KEY.fullmatch(key) or key.lower().startswith("aws:"):
-            reader.fail(f"tags.{key}", "is not a valid tag key (1-128 characters, not starting with aws:)")
+            reader.fail(
+                f"{field_name}.{key}", "is not a valid tag key (1-128 characters, not starting with aws:)"
+            )
         if not isinstance(value, str) or not _TAG_VALUE.fullmatch(value):
-            reader.fail(f"tags.{key}", "must be a string of at most 256 characters (quote numbers)")
+            reader.fail(f"{field_name}.{key}", "must be a string of at most 256 characters (quote numbers)")
     return dict(tags)
 
 

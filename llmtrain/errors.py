@@ -42,6 +42,19 @@ class RunInputError(LlmtrainError):
         self.problem = problem
 
 
+class TeamLimitError(LlmtrainError):
+    """A run asks for more than its team may use (a template, instance type or instance count)."""
+
+    def __init__(self, team: str, limit: str, problem: str):
+        super().__init__(
+            f"team {team!r}: {problem}; the platform team sets it as teams.{team}.{limit} "
+            "in the environment's config/<env>.yaml"
+        )
+        self.team = team
+        self.limit = limit
+        self.problem = problem
+
+
 class RequestValidationError(LlmtrainError):
     """The rendered CreateTrainingJob request breaks SageMaker's rules or the platform's."""
 

@@ -23,6 +23,7 @@ from llmtrain.catalog import LATEST, parse_ref
 from llmtrain.environments import EnvironmentConfig
 from llmtrain.errors import LlmtrainError
 from llmtrain.handlers.launcher import final_metrics, run_jobs
+from llmtrain.runs import ExecutionInput
 
 LAUNCHER_STACK_PART = "launcher"
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -139,6 +140,11 @@ class LauncherClient:
         self, *, template_ref: str, run_name: str, overrides: Mapping[str, Any], owner: str | None = None
     ) -> dict[str, Any]:
         """Start the run's execution; refuses a run name already used (a run is never started twice)."""
+        name, version = parse_ref(template_ref)
+        # Checked before any AWS call, exactly as the launcher's Resolve checks it.
+        execution_input = ExecutionInput(
+            template=name, version=version or LATEST, run_name=run_name, overrides=overrides, owner=owner
+        )
         existing = self._describe(self.execution_arn(run_name))
         if existing is not None:
             raise LauncherError(
@@ -146,18 +152,11 @@ class LauncherClient:
                 f"{existing['startDate']:%Y-%m-%d %H:%M}); follow it with `llmtrain status {run_name}`, "
                 "or choose a new --run-name for a new run"
             )
-        name, version = parse_ref(template_ref)
-        execution_input = {
-            "template": name,
-            "version": version or LATEST,
-            "run_name": run_name,
-            "overrides": dict(overrides),
-        }
-        if owner:
-            execution_input["owner"] = owner
         try:
             return self.client("stepfunctions").start_execution(
-                stateMachineArn=self.state_machine_arn, name=run_name, input=json.dumps(execution_input)
+                stateMachineArn=self.state_machine_arn,
+                name=run_name,
+                input=json.dumps(execution_input.to_dict()),
             )
         except ClientError as error:
             raise _launcher_error(error, f"starting run {run_name!r}") from error

@@ -1,15 +1,19 @@
-"""What rendering needs to know about one deployed environment of the platform.
+"""What rendering needs to know about one team of one deployed environment of the platform.
 
-The stacks pass a `PlatformContext` to the launcher's functions as JSON (`to_dict`); the CLI reads it
-from a file written from the deployed stack outputs, or builds a clearly marked dry-run placeholder
-from `config/<env>.yaml`; tests and the local runner build it directly.
+The stacks pass a `PlatformContext` to each team's launcher functions as JSON (`to_dict`); the CLI
+reads it from the deployed stack outputs, or builds a clearly marked dry-run placeholder from
+`config/<env>.yaml`; tests and the local runner build it directly.
+
+A context is one team's view: its execution role, its job-name prefix, its limits (templates,
+instance types, instance count, warm-pool cap) and its data prefix `teams/<team>/` in the datasets,
+checkpoints and artifacts buckets. An environment without `teams:` has one team, `default`.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 from llmtrain.errors import PlatformContextError
@@ -39,10 +43,30 @@ VPC_ID_PATTERN = re.compile(r"vpc-[0-9a-f]{8,17}")
 SUBNET_ID_PATTERN = re.compile(r"subnet-[0-9a-f]{8,17}")
 ROUTE_TABLE_ID_PATTERN = re.compile(r"rtb-[0-9a-f]{8,17}")
 PREFIX_LIST_ID_PATTERN = re.compile(r"pl-[0-9a-f]{8,17}")
+# Team names: lowercase letters and digits, no hyphens. A team's jobs are named
+# `<environment prefix>-<team>-<run>-a<n>` and IAM matches them by `<environment prefix>-<team>-*`;
+# with a hyphen in team names, team `a` would match the jobs of a team `a-b`.
+TEAM_NAME_PATTERN = re.compile(r"[a-z][a-z0-9]{0,11}")
+MAX_TEAM_NAME = 12
+# A team's job-name prefix: the environment's prefix, a hyphen and the team name.
+MAX_TEAM_JOB_NAME_PREFIX = MAX_JOB_NAME_PREFIX + 1 + MAX_TEAM_NAME
+DEFAULT_TEAM = "default"
+# Where a team's data lives in the datasets, checkpoints and artifacts buckets.
+TEAM_DATA_ROOT = "teams"
 
 
-def is_job_name_prefix(value: object) -> bool:
-    return (isinstance(value, str) and len(value) <= MAX_JOB_NAME_PREFIX
+def team_data_prefix(team: str) -> str:
+    """The key prefix of a team's data in the datasets, checkpoints and artifacts buckets."""
+    return f"{TEAM_DATA_ROOT}/{team}/"
+
+
+def team_job_name_prefix(environment_prefix: str, team: str) -> str:
+    """The job-name prefix of a team's training jobs (IAM scopes the team's roles by it)."""
+    return f"{environment_prefix}-{team}"
+
+
+def is_job_name_prefix(value: object, longest: int = MAX_JOB_NAME_PREFIX) -> bool:
+    return (isinstance(value, str) and len(value) <= longest
             and bool(JOB_NAME_PREFIX_PATTERN.fullmatch(value)))
 
 
@@ -63,10 +87,28 @@ class PlatformContext:
     job_name_prefix: str
     # True for a placeholder built from config only (`llmtrain render` without deployed outputs).
     dry_run: bool = False
+    # The team this context renders for; its data lives under teams/<team>/ (team_data_prefix).
+    team: str = DEFAULT_TEAM
+    # The team's limits; empty or None means no limit beyond the templates' own bounds.
+    allowed_templates: tuple[str, ...] = ()
+    allowed_instance_types: tuple[str, ...] = ()
+    max_instance_count: int | None = None
+    # The environment encrypts traffic between the instances of every job, whatever the template says.
+    inter_container_traffic_encryption: bool = False
+
+    @property
+    def data_prefix(self) -> str:
+        """`teams/<team>/`: the team's key prefix in the datasets, checkpoints and artifacts buckets."""
+        return team_data_prefix(self.team)
+
+    @property
+    def datasets_uri(self) -> str:
+        """The only place the team's run channels may read from."""
+        return f"s3://{self.datasets_bucket}/{self.data_prefix}"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "subnet_ids", tuple(self.subnet_ids))
-        object.__setattr__(self, "security_group_ids", tuple(self.security_group_ids))
+        for name in ("subnet_ids", "security_group_ids", "allowed_templates", "allowed_instance_types"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = list(self._problems())
         if problems:
             raise PlatformContextError("invalid platform context: " + "; ".join(problems))
@@ -90,19 +132,30 @@ class PlatformContext:
                 yield f"{name} {value!r} must be {expected}"
         if not self.environment:
             yield "environment must not be empty"
-        if not is_job_name_prefix(self.job_name_prefix):
-            yield (f"job_name_prefix {self.job_name_prefix!r} must be 1-{MAX_JOB_NAME_PREFIX} lowercase "
+        if not is_job_name_prefix(self.job_name_prefix, MAX_TEAM_JOB_NAME_PREFIX):
+            yield (f"job_name_prefix {self.job_name_prefix!r} must be 1-{MAX_TEAM_JOB_NAME_PREFIX} lowercase "
                    "letters, digits and hyphens")
         yield from _id_problems("subnet_ids", self.subnet_ids, _SUBNET, 16)
         yield from _id_problems("security_group_ids", self.security_group_ids, _SECURITY_GROUP, 5)
         cap = self.warm_pool_cap_seconds
         if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= MAX_KEEP_ALIVE_SECONDS:
             yield f"warm_pool_cap_seconds {cap!r} must be an integer in 0..{MAX_KEEP_ALIVE_SECONDS}"
+        yield from self._team_problems()
+
+    def _team_problems(self):
+        if not isinstance(self.team, str) or not TEAM_NAME_PATTERN.fullmatch(self.team):
+            yield f"team {self.team!r} must be 1-12 lowercase letters and digits, starting with a letter"
+        count = self.max_instance_count
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+            yield f"max_instance_count {count!r} must be a whole number of at least 1, or null"
+        for name in ("allowed_templates", "allowed_instance_types"):
+            if not all(isinstance(item, str) and item for item in getattr(self, name)):
+                yield f"{name} must list non-empty strings"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["subnet_ids"] = list(self.subnet_ids)
-        data["security_group_ids"] = list(self.security_group_ids)
+        for name in ("subnet_ids", "security_group_ids", "allowed_templates", "allowed_instance_types"):
+            data[name] = list(data[name])
         return data
 
     @classmethod
@@ -113,7 +166,7 @@ class PlatformContext:
         unknown = sorted(set(data) - names)
         if unknown:
             raise PlatformContextError(f"unknown platform context field(s): {', '.join(unknown)}")
-        missing = sorted(f.name for f in fields(cls) if f.name not in data and f.name != "dry_run")
+        missing = sorted(f.name for f in fields(cls) if f.name not in data and f.name in _REQUIRED_FIELDS)
         if missing:
             raise PlatformContextError(f"platform context lacks field(s): {', '.join(missing)}")
         return cls(**data)
@@ -127,15 +180,21 @@ class PlatformContext:
         region: str,
         resource_prefix: str,
         warm_pool_cap_seconds: int,
+        team: str = DEFAULT_TEAM,
+        job_name_prefix: str | None = None,
+        **limits: Any,
     ) -> PlatformContext:
         """A dry-run context from configuration alone: names follow the platform's conventions, ids
-        are obviously fake. Rendering with it shows the request's shape, not a launchable job."""
+        are obviously fake. Rendering with it shows the request's shape, not a launchable job.
+        ``job_name_prefix`` defaults to the team's (`<resource_prefix>-<team>`); ``limits`` are the
+        team's (``allowed_templates``, ``allowed_instance_types``, ``max_instance_count``,
+        ``inter_container_traffic_encryption``)."""
         prefix = resource_prefix.lower()
         return cls(
             environment=environment,
             region=region,
             account=account,
-            execution_role_arn=f"arn:aws:iam::{account}:role/{prefix}-sagemaker-execution-DRYRUN",
+            execution_role_arn=f"arn:aws:iam::{account}:role/{prefix}-{team}-sagemaker-execution-DRYRUN",
             datasets_bucket=f"{prefix}-datasets-{account}-{region}",
             checkpoints_bucket=f"{prefix}-checkpoints-{account}-{region}",
             artifacts_bucket=f"{prefix}-artifacts-{account}-{region}",
@@ -144,9 +203,14 @@ class PlatformContext:
             subnet_ids=("subnet-0dryrun0000000001", "subnet-0dryrun0000000002"),
             security_group_ids=("sg-0dryrun0000000001",),
             warm_pool_cap_seconds=warm_pool_cap_seconds,
-            job_name_prefix=prefix,
+            job_name_prefix=job_name_prefix or team_job_name_prefix(prefix, team),
             dry_run=True,
+            team=team,
+            **limits,
         )
+
+
+_REQUIRED_FIELDS = {f.name for f in fields(PlatformContext) if f.default is MISSING}
 
 
 def _id_problems(name: str, values: tuple[str, ...], pattern: re.Pattern, most: int):

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmtrain.errors import OverrideError, RequestValidationError, RunInputError
+from llmtrain.errors import OverrideError, RequestValidationError, RunInputError, TeamLimitError
 from llmtrain.images import training_image_uri
 from llmtrain.instances import instance_type as lookup_instance_type
 from llmtrain.platform import PlatformContext
@@ -138,7 +138,9 @@ def render(
     """The complete CreateTrainingJob request; raises OverrideError or RequestValidationError."""
     run = run_input if isinstance(run_input, RunInput) else RunInput.from_dict(run_input)
     _check_run_name(run, platform)
+    check_team_template(template.name, platform)
     settings = resolve_settings(template, run, platform)
+    check_team_limits(settings, platform)
     problems = (
         degree_problems(settings.degrees, settings.world_size)
         + quantization_problems(template.distribution.strategy, settings.hyperparameters, template.ref)
@@ -160,6 +162,35 @@ def _check_run_name(run: RunInput, platform: PlatformContext) -> None:
             "run_name",
             f"{run.run_name!r} is {len(run.run_name)} characters; with the job-name prefix "
             f"'{platform.job_name_prefix}' and the attempt suffix it may be at most {longest}",
+        )
+
+
+def check_team_template(name: str, platform: PlatformContext) -> None:
+    """Refuse a template the team may not run, naming the team's list."""
+    if platform.allowed_templates and name not in platform.allowed_templates:
+        raise TeamLimitError(
+            platform.team,
+            "templates",
+            f"template {name!r} is not one of its templates "
+            f"({', '.join(platform.allowed_templates)})",
+        )
+
+
+def check_team_limits(settings: JobSettings, platform: PlatformContext) -> None:
+    """Refuse an instance type or count beyond the team's limits, naming the limit."""
+    allowed = platform.allowed_instance_types
+    if allowed and settings.instance_type not in allowed:
+        raise TeamLimitError(
+            platform.team,
+            "instance_types",
+            f"instance type {settings.instance_type} is not one of its instance types ({', '.join(allowed)})",
+        )
+    cap = platform.max_instance_count
+    if cap is not None and settings.instance_count > cap:
+        raise TeamLimitError(
+            platform.team,
+            "max_instance_count",
+            f"instance_count {settings.instance_count} is above its cap of {cap} instances per job",
         )
 
 
@@ -235,18 +266,28 @@ def _parse_typed(setting: str, raw: Any, rule: OverrideRule) -> Any:
             if kind == "s3_uri" and not _S3_URI.fullmatch(raw):
                 raise OverrideError(setting, f"{raw!r} must be an S3 URI such as s3://bucket/prefix/")
             return raw
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: an integer too large for a float
         pass
-    raise OverrideError(setting, f"{raw!r} is not a valid {kind}; expected {rule.describe()}")
+    raise OverrideError(setting, f"{_shown(raw)} is not a valid {kind}; expected {rule.describe()}")
+
+
+def _shown(value: Any, longest: int = 60) -> str:
+    """A value as an error message quotes it: enormous inputs are cut, not echoed whole."""
+    text = repr(value)
+    return text if len(text) <= longest else f"{text[:longest]}... ({len(text)} characters)"
 
 
 def _check_bounds(setting: str, value: Any, rule: OverrideRule) -> None:
     if rule.min is not None and value < rule.min:
-        raise OverrideError(setting, f"{value} is below the minimum {rule.min}; allowed: {rule.describe()}")
+        raise OverrideError(
+            setting, f"{_shown(value)} is below the minimum {rule.min}; allowed: {rule.describe()}"
+        )
     if rule.max is not None and value > rule.max:
-        raise OverrideError(setting, f"{value} is above the maximum {rule.max}; allowed: {rule.describe()}")
+        raise OverrideError(
+            setting, f"{_shown(value)} is above the maximum {rule.max}; allowed: {rule.describe()}"
+        )
     if rule.choices is not None and value not in rule.choices:
-        raise OverrideError(setting, f"{value!r} is not allowed; allowed: {rule.describe()}")
+        raise OverrideError(setting, f"{_shown(value)} is not allowed; allowed: {rule.describe()}")
 
 
 def _fallback_instance_type(template: TemplateSpec, chosen: str) -> str:
@@ -261,12 +302,20 @@ def _fallback_instance_type(template: TemplateSpec, chosen: str) -> str:
 
 
 def _channel_uris(channels: Mapping[str, str | None], platform: PlatformContext) -> dict[str, str]:
-    """Prefixes resolve in the datasets bucket; channels without a source are left out."""
+    """A template's prefixes resolve under the team's datasets prefix; a run's S3 URIs must lie inside
+    it (the team's execution role reads nothing else); channels without a source are left out."""
     uris = {}
     for name, source in channels.items():
         if source is None:
             continue
-        uris[name] = source if source.startswith("s3://") else f"s3://{platform.datasets_bucket}/{source}"
+        uri = source if source.startswith("s3://") else platform.datasets_uri + source
+        if not uri.startswith(platform.datasets_uri):
+            raise OverrideError(
+                f"{CHANNEL_SETTING_PREFIX}{name}",
+                f"{uri!r} is outside team {platform.team!r}'s datasets prefix; "
+                f"its channels may read only under {platform.datasets_uri}",
+            )
+        uris[name] = uri
     return uris
 
 
@@ -291,7 +340,7 @@ def build_request(
             _channel(channel, uri, template.inputs.mode) for channel, uri in settings.channels.items()
         ],
         "OutputDataConfig": {
-            "S3OutputPath": f"s3://{platform.artifacts_bucket}/{template.name}/{run.run_name}/",
+            "S3OutputPath": run_prefix_uri(platform.artifacts_bucket, template, run, platform),
             "KmsKeyId": platform.kms_key_arn,
         },
         "ResourceConfig": _resource_config(settings, platform),
@@ -301,7 +350,10 @@ def build_request(
         },
         "StoppingCondition": _stopping_condition(settings),
         "EnableNetworkIsolation": False,
-        "EnableInterContainerTrafficEncryption": template.inter_container_encryption,
+        # An environment that asks for it encrypts every job's inter-node traffic, whatever the template says.
+        "EnableInterContainerTrafficEncryption": (
+            template.inter_container_encryption or platform.inter_container_traffic_encryption
+        ),
         "EnableManagedSpotTraining": settings.spot,
         "RetryStrategy": {"MaximumRetryAttempts": template.retry.internal_error_attempts},
         # SageMaker Debugger's system profiler stays off: the training program profiles itself.
@@ -318,15 +370,21 @@ def build_request(
     if template.checkpoints:
         request["CheckpointConfig"] = {
             # One prefix per run, shared by all its attempts, so a retried job resumes.
-            "S3Uri": f"s3://{platform.checkpoints_bucket}/{template.name}/{run.run_name}/",
+            "S3Uri": run_prefix_uri(platform.checkpoints_bucket, template, run, platform),
             "LocalPath": CHECKPOINT_LOCAL_PATH,
         }
     return request
 
 
+def run_prefix_uri(bucket: str, template: TemplateSpec, run: RunInput, platform: PlatformContext) -> str:
+    """A run's prefix in one of the team's buckets: `s3://<bucket>/teams/<team>/<template>/<run>/`,
+    shared by every attempt of the run (checkpoints resume, artifacts and events sit together)."""
+    return f"s3://{bucket}/{platform.data_prefix}{template.name}/{run.run_name}/"
+
+
 def tensorboard_uri(template: TemplateSpec, run: RunInput, platform: PlatformContext) -> str:
     """Where a run's TensorBoard events are synced (beside its model artifacts)."""
-    return f"s3://{platform.artifacts_bucket}/{template.name}/{run.run_name}/tensorboard/"
+    return run_prefix_uri(platform.artifacts_bucket, template, run, platform) + "tensorboard/"
 
 
 def image_uri(template: TemplateSpec, instance_type_name: str, region: str) -> str:
@@ -439,5 +497,7 @@ def _tags(template: TemplateSpec, run: RunInput, platform: PlatformContext) -> l
         "attempt": str(run.attempt),
         "owner": run.owner,
         "environment": platform.environment,
+        # The team's job-creating role may create only jobs carrying its team's tag (IAM).
+        "team": platform.team,
     }
     return [{"Key": TAG_PREFIX + key, "Value": value} for key, value in values.items()]

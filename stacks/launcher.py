@@ -1,40 +1,46 @@
-"""The launcher stack (stateless): the job-template registry, the launcher state machine, its topic."""
+"""The launcher stack (stateless): the job-template registry, and per team a launcher and its topic."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from aws_cdk import ArnFormat, Stack
 from constructs import Construct
 
 from llmtrain.catalog import Catalog
-from llmtrain.environments import EnvironmentConfig
+from llmtrain.environments import EnvironmentConfig, StackOutput
 from llmtrain.launcher_client import LAUNCHER_STACK_PART, LauncherOutput
 from stacks._outputs import output
 from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage
 from training_constructs.job_template import JobTemplate
 from training_constructs.launcher import TrainingLauncher
+from training_constructs.teams import TeamSpec
 
 
-def state_machine_name(config: EnvironmentConfig) -> str:
+def state_machine_name(team: TeamSpec) -> str:
     """A fixed name, so other stacks (the engineers' policy) can build its ARN without a reference."""
-    return f"{config.job_name_prefix}-launcher"
+    return f"{team.job_name_prefix}-launcher"
 
 
-def state_machine_arn(stack: Stack, config: EnvironmentConfig) -> str:
-    """The launcher's ARN as seen from `stack` (same account and region), from its fixed name."""
+def state_machine_arn(stack: Stack, team: TeamSpec) -> str:
+    """A team's launcher's ARN as seen from `stack` (same account and region), from its fixed name."""
     return stack.format_arn(
         service="states",
         resource="stateMachine",
-        resource_name=state_machine_name(config),
+        resource_name=state_machine_name(team),
         arn_format=ArnFormat.COLON_RESOURCE_NAME,
     )
 
 
 class LauncherStack(Stack):
-    """Wires a ``TrainingLauncher`` with one ``JobTemplate`` per version of every enabled template.
+    """Wires one ``TrainingLauncher`` per team, sharing one ``JobTemplate`` per version of every
+    enabled template.
 
     Every version stays runnable (`name@1.0.0`, `name@latest`): each one's code is uploaded to the
-    code bucket and its YAML bundled into the launcher's registry. Attributes: ``launcher`` (the
-    construct), ``job_templates`` (by `name@version`).
+    code bucket once, and each team's registry holds the versions of the templates it may run.
+    Attributes: ``launchers`` (by team), ``job_templates`` (by `name@version`). Outputs: per team
+    `Team<Name>StateMachineArn` and `Team<Name>NotificationTopicArn`; with a single team also the
+    bare `StateMachineArn` and `NotificationTopicArn`.
     """
 
     def __init__(
@@ -43,6 +49,7 @@ class LauncherStack(Stack):
         construct_id: str,
         *,
         config: EnvironmentConfig,
+        teams: Sequence[TeamSpec],
         network: TrainingNetwork,
         storage: TrainingStorage,
         access: TrainingAccess,
@@ -53,10 +60,9 @@ class LauncherStack(Stack):
             construct_id,
             stack_name=config.stack_name(LAUNCHER_STACK_PART),
             description=f"LLM training platform ({config.name}): job-template registry, "
-            "launcher state machine, run notifications",
+            "one launcher state machine per team, run notifications",
         )
         catalog = catalog or Catalog.load()
-        cap = config.warm_pools.max_keep_alive_seconds
         self.job_templates = {
             f"{name}@{version}": JobTemplate(
                 self,
@@ -65,16 +71,29 @@ class LauncherStack(Stack):
                 catalog=catalog,
                 code_bucket=storage.code_bucket,
                 encryption_key=storage.key,
-                warm_pool_cap_seconds=cap,
+                warm_pool_cap_seconds=config.warm_pools.max_keep_alive_seconds,
             )
             for name in config.enabled_templates
             for version in catalog.versions(name)
         }
-        self.launcher = TrainingLauncher(
+        self.launchers = {
+            team.name: self._launcher(config, team, network, storage, access) for team in teams
+        }
+
+    def _launcher(
+        self,
+        config: EnvironmentConfig,
+        team: TeamSpec,
+        network: TrainingNetwork,
+        storage: TrainingStorage,
+        access: TrainingAccess,
+    ) -> TrainingLauncher:
+        launcher = TrainingLauncher(
             self,
-            "Launcher",
-            job_templates=list(self.job_templates.values()),
-            execution_role=access.execution_role,
+            f"Launcher{team.construct_suffix}",
+            job_templates=[t for t in self.job_templates.values() if t.spec.name in team.templates],
+            team=team,
+            execution_role=access.teams[team.name].execution_role,
             datasets_bucket=storage.datasets_bucket,
             checkpoints_bucket=storage.checkpoints_bucket,
             artifacts_bucket=storage.artifacts_bucket,
@@ -83,20 +102,16 @@ class LauncherStack(Stack):
             subnets=network.subnets,
             security_groups=[network.security_group],
             environment_name=config.name,
-            job_name_prefix=config.job_name_prefix,
-            warm_pool_cap_seconds=cap,
-            state_machine_name=state_machine_name(config),
-            notification_email=config.notifications.email,
+            inter_container_traffic_encryption=config.network.inter_container_traffic_encryption,
+            state_machine_name=state_machine_name(team),
         )
-        output(
-            self,
-            LauncherOutput.STATE_MACHINE_ARN,
-            self.launcher.state_machine.state_machine_arn,
-            "Start runs here (llmtrain start finds it by this output)",
-        )
-        output(
-            self,
-            LauncherOutput.TOPIC_ARN,
-            self.launcher.topic.topic_arn,
-            "Run summaries (success and failure) are published here",
-        )
+        for key, value, description in (
+            (LauncherOutput.STATE_MACHINE_ARN, launcher.state_machine.state_machine_arn,
+             f"Team {team.name} starts runs here (llmtrain start finds it by this output)"),
+            (LauncherOutput.TOPIC_ARN, launcher.topic.topic_arn,
+             f"Team {team.name}'s run summaries (success and failure) are published here"),
+        ):
+            output(self, StackOutput.team_output(team.name, key), value, description)
+            if len(config.teams) == 1:  # as before teams, for the clients that read the bare keys
+                output(self, key, value, description)
+        return launcher

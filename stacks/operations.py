@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import Stack
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_stepfunctions as sfn
@@ -36,7 +38,7 @@ class OperationsStack(Stack):
         config: EnvironmentConfig,
         catalog: Catalog | None = None,
         notification_topic: sns.ITopic | None = None,
-        state_machine: sfn.IStateMachine | None = None,
+        state_machines: Sequence[sfn.IStateMachine] = (),
     ) -> None:
         super().__init__(
             scope,
@@ -57,7 +59,7 @@ class OperationsStack(Stack):
             warm_pool_idle_budget_seconds=config.warm_pools.idle_budget_seconds,
             notification_topic=notification_topic,
             notification_email=None if notification_topic else config.notifications.email,
-            state_machine=state_machine,
+            state_machines=state_machines,
             template_metrics=latest_template_metrics(catalog, config.enabled_templates),
         )
         output(self, DASHBOARD_OUTPUT, self.operations.dashboard.dashboard_name, "CloudWatch dashboard")

@@ -7,12 +7,14 @@ from collections.abc import Iterable
 from aws_cdk import Environment, Stage, Tags
 from constructs import Construct
 
+from llmtrain.catalog import Catalog
 from llmtrain.environments import EnvironmentConfig
 from stacks.access import AccessStack
 from stacks.launcher import LauncherStack, state_machine_arn
 from stacks.network import NetworkStack
 from stacks.operations import OperationsStack
 from stacks.storage import StorageStack
+from stacks.teams import team_specs
 
 
 class PlatformStage(Stage):
@@ -21,7 +23,7 @@ class PlatformStage(Stage):
     Stack construct IDs are stable (``Network``, ``Storage``, ``Access``), so
     ``npx cdk deploy '<env>/*'`` picks one environment. Each stack keeps its construct as an
     attribute (``self.network.network``, ``self.storage.storage``, ``self.access.access``) for
-    the stacks built on top of them.
+    the stacks built on top of them; ``self.teams`` are the environment's teams (``TeamSpec``).
     """
 
     def __init__(self, scope: Construct, *, config: EnvironmentConfig) -> None:
@@ -30,21 +32,30 @@ class PlatformStage(Stage):
         for key, value in {**config.tags, "llmtrain:environment": config.name}.items():
             Tags.of(self).add(key, value)
 
-        # The foundation: network and storage, then who may use them.
+        catalog = Catalog.load()
+        self.teams = team_specs(config, catalog)
+
+        # The foundation: network and storage, then who may use them (per team).
         self.network = NetworkStack(self, "Network", config=config)
         self.storage = StorageStack(self, "Storage", config=config)
-        self.access = AccessStack(self, "Access", config=config, network=self.network.network,
-                                  storage=self.storage.storage)
+        self.access = AccessStack(self, "Access", config=config, teams=self.teams,
+                                  network=self.network.network, storage=self.storage.storage)
+        # Jobs reach only the platform's buckets through the S3 endpoint (and ECR's layers).
+        self.network.network.restrict_s3_endpoint(list(self.storage.storage.buckets.values()))
 
-        # Stacks built on the foundation (the launcher, operations) are added below this line,
+        # Stacks built on the foundation (the launchers, operations) are added below this line,
         # each taking what it needs from the attributes above.
-        self.launcher = LauncherStack(self, "Launcher", config=config, network=self.network.network,
-                                      storage=self.storage.storage, access=self.access.access)
-        self.access.access.allow_launcher(state_machine_arn(self.access, config))
-        # One notification topic per environment: alarms and job events go where run summaries go.
-        self.operations = OperationsStack(self, "Operations", config=config,
-                                          notification_topic=self.launcher.launcher.topic,
-                                          state_machine=self.launcher.launcher.state_machine)
+        self.launcher = LauncherStack(self, "Launcher", config=config, teams=self.teams, catalog=catalog,
+                                      network=self.network.network, storage=self.storage.storage,
+                                      access=self.access.access)
+        for team in self.teams:
+            # By the launcher's fixed name: a reference would make the access stack depend on the launcher's.
+            self.access.access.teams[team.name].allow_launcher(state_machine_arn(self.access, team))
+        # Alarms and job events of the whole environment go to the operations topic (the environment's
+        # address); each team's run summaries go to its launcher's topic.
+        launchers = self.launcher.launchers.values()
+        self.operations = OperationsStack(self, "Operations", config=config, catalog=catalog,
+                                          state_machines=[launcher.state_machine for launcher in launchers])
 
 
 def add_platform_stages(scope: Construct, environments: Iterable[EnvironmentConfig]) -> list[PlatformStage]:

@@ -11,6 +11,8 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from training_constructs.nag import FUNCTION_CHECKOV_REASONS, acknowledge_checkov
+
 
 def logged_function(
     scope: Construct,
@@ -60,4 +62,5 @@ def logged_function(
         log_group=log_group,
         environment=dict(environment),
     )
+    acknowledge_checkov(function, FUNCTION_CHECKOV_REASONS, resource_type="AWS::Lambda::Function")
     return function, log_group

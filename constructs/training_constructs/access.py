@@ -1,11 +1,12 @@
-"""Who may do what: the SageMaker execution role, the ML engineers' policy and the warm-pool guard rail."""
+"""Who may do what, per team: SageMaker execution roles, ML engineers' policies, and the guard rail."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from aws_cdk import ArnFormat, Fn, Stack
+from aws_cdk import ArnFormat, Fn, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -13,13 +14,16 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS
-from training_constructs._props import check_job_name_prefix, is_unresolved, is_whole_number, require
+from training_constructs._props import is_unresolved, is_whole_number, require
 from training_constructs.images import DLC_REGISTRY_ACCOUNTS, training_image_repositories
 from training_constructs.nag import acknowledge_wildcards
+from training_constructs.teams import TeamSpec
 
 _NAME = "TrainingAccess"
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TRAINING_METRIC_NAMESPACE = "/aws/sagemaker/TrainingJobs"
+# Where JobTemplate uploads every template version's code in the code bucket (llmtrain.render.code_key).
+TEMPLATE_CODE_PREFIX = "templates/"
 _REPOSITORY_ARN = re.compile(r"^arn:aws[a-z-]*:ecr:[a-z0-9-]+:\d{12}:repository/[a-z0-9._/-]+\*?$")
 
 # Actions whose only IAM resource is "*" (AWS offers no narrower one), with the reason. Tests
@@ -45,7 +49,7 @@ def warm_pool_cap_statement(max_keep_alive_seconds: int) -> iam.PolicyStatement:
     SageMaker evaluates ``sagemaker:KeepAlivePeriod`` (the request's
     ``ResourceConfig.KeepAlivePeriodInSeconds``) on CreateTrainingJob and UpdateTrainingJob; a
     request without a warm pool has no such key and is not affected. Attach it to any principal
-    that may call SageMaker directly.
+    that may call SageMaker directly. The number is written as a string, as IAM's grammar does.
     """
     _check_cap("max_keep_alive_seconds", max_keep_alive_seconds)
     return iam.PolicyStatement(
@@ -53,26 +57,76 @@ def warm_pool_cap_statement(max_keep_alive_seconds: int) -> iam.PolicyStatement:
         effect=iam.Effect.DENY,
         actions=["sagemaker:CreateTrainingJob", "sagemaker:UpdateTrainingJob"],
         resources=["*"],
-        conditions={"NumericGreaterThan": {"sagemaker:KeepAlivePeriod": max_keep_alive_seconds}},
+        conditions={"NumericGreaterThan": {"sagemaker:KeepAlivePeriod": str(max_keep_alive_seconds)}},
     )
 
 
+def guardrail_statements(
+    *,
+    max_keep_alive_seconds: int,
+    instance_types: Sequence[str],
+    subnet_ids: Sequence[str],
+    security_group_ids: Sequence[str],
+    key_arn: str,
+    inter_container_traffic_encryption: bool,
+) -> list[iam.PolicyStatement]:
+    """Denies of any training job the environment would not create: the limits that the teams'
+    job-creating roles carry as conditions, for anyone who calls SageMaker directly.
+
+    Each Deny names one limit (Sid): the warm-pool cap; the environment's instance types; a job
+    outside the training VPC, its subnets or its security group; an output or volume key other
+    than the platform's; and, where the environment asks for it, a job without inter-container
+    traffic encryption.
+    """
+    create = ["sagemaker:CreateTrainingJob"]
+
+    def deny(sid: str, conditions: dict) -> iam.PolicyStatement:
+        return iam.PolicyStatement(
+            sid=sid, effect=iam.Effect.DENY, actions=create, resources=["*"], conditions=conditions
+        )
+
+    statements = [
+        warm_pool_cap_statement(max_keep_alive_seconds),
+        deny("OnlyPlatformInstanceTypes",
+             {"ForAnyValue:StringNotEquals": {"sagemaker:InstanceTypes": list(instance_types)}}),
+        deny("OnlyInTheTrainingVpc", {"Null": {"sagemaker:VpcSubnets": "true"}}),
+        deny(
+            "OnlyTrainingSubnets",
+            {"ForAnyValue:StringNotEquals": {"sagemaker:VpcSubnets": list(subnet_ids)}},
+        ),
+        deny("OnlyTrainingSecurityGroups",
+             {"ForAnyValue:StringNotEquals": {"sagemaker:VpcSecurityGroupIds": list(security_group_ids)}}),
+        deny("OnlyPlatformOutputKey", {"StringNotEquals": {"sagemaker:OutputKmsKey": key_arn}}),
+        deny("OnlyPlatformVolumeKey", {"StringNotEqualsIfExists": {"sagemaker:VolumeKmsKey": key_arn}}),
+    ]
+    if inter_container_traffic_encryption:
+        statements.append(
+            deny("OnlyEncryptedInterContainerTraffic",
+                 {"BoolIfExists": {"sagemaker:InterContainerTrafficEncryption": "false"}})
+        )
+    return statements
+
+
 class TrainingAccess(Construct):
-    """The SageMaker execution role, a managed policy for ML engineers, and the warm-pool cap.
+    """Who may do what, per team: an execution role and an engineers' policy for each ``TeamSpec``,
+    and the environment's guard rail for anyone who calls SageMaker directly.
 
-    The execution role (trusted by ``sagemaker.amazonaws.com`` for this account only) may read
-    datasets, code and earlier artifacts, read and write checkpoints, write artifacts, use the
-    key, pull the Deep Learning Container images, write the training job logs and metrics, and
-    manage the network interfaces VPC mode needs, in ``subnets`` with ``security_groups``
-    when given. It also carries the warm-pool cap, since notebooks often call SageMaker with it.
+    Each team's execution role (trusted by ``sagemaker.amazonaws.com`` for this account only) reads
+    and writes only its team's prefix ``teams/<team>/`` in the datasets, checkpoints and artifacts
+    buckets, and reads the templates' code; it uses the key, pulls the Deep Learning Container
+    images, writes the training job logs and metrics, and manages the network interfaces VPC mode
+    needs, in ``subnets`` with ``security_groups``. Each team's engineers' policy starts and follows
+    that team's launcher runs (``TeamAccess.allow_launcher``), reads and stops its jobs, reads their
+    logs, and reads and uploads its data.
 
-    ``engineer_policy`` lets ML engineers start and follow launcher runs (see
-    ``allow_launcher``), read training jobs whose names start with ``job_name_prefix``, and read
-    their logs; it carries the warm-pool cap too. ``warm_pool_guardrail_policy`` holds only the
-    cap, to attach to any other role that calls SageMaker.
+    ``guardrail_policy`` denies every training job the environment would not create (warm pool over
+    ``max_keep_alive_seconds``, other instance types than the teams', outside the VPC, other keys,
+    unencrypted inter-container traffic when ``inter_container_traffic_encryption``); it is attached
+    to every execution role and its statements are in every engineers' policy. Attach it to any
+    other role or permission set that may call SageMaker.
 
-    Attributes: ``execution_role``, ``engineer_policy``, ``warm_pool_guardrail_policy``,
-    ``max_keep_alive_seconds``, ``job_name_prefix``.
+    Attributes: ``teams`` (``TeamAccess`` by team name), ``guardrail_policy``,
+    ``max_keep_alive_seconds``.
     """
 
     def __init__(
@@ -85,155 +139,58 @@ class TrainingAccess(Construct):
         artifacts_bucket: s3.IBucket,
         code_bucket: s3.IBucket,
         key: kms.IKey,
-        job_name_prefix: str,
+        teams: Sequence[TeamSpec],
         max_keep_alive_seconds: int,
-        subnets: Sequence[ec2.ISubnet] = (),
-        security_groups: Sequence[ec2.ISecurityGroup] = (),
+        subnets: Sequence[ec2.ISubnet],
+        security_groups: Sequence[ec2.ISecurityGroup],
+        inter_container_traffic_encryption: bool = False,
         image_repository_arns: Sequence[str] | None = None,
-        launcher_state_machine_arns: Sequence[str] = (),
     ) -> None:
         super().__init__(scope, construct_id)
         _check_cap("max_keep_alive_seconds", max_keep_alive_seconds)
-        check_job_name_prefix(_NAME, job_name_prefix)
+        _check_teams(teams, max_keep_alive_seconds)
+        require(
+            len(subnets) > 0, _NAME, "subnets", "must list the training subnets: jobs run in the VPC only"
+        )
+        require(len(security_groups) > 0, _NAME, "security_groups", "must list the training security group")
         self.stack = Stack.of(self)
-        self.job_name_prefix = job_name_prefix
         self.max_keep_alive_seconds = max_keep_alive_seconds
-        self._launchers = 0
-        repositories = self._image_repositories(image_repository_arns)
-
-        self.warm_pool_guardrail_policy = iam.ManagedPolicy(
+        resources = _SharedResources(
+            datasets=datasets_bucket,
+            checkpoints=checkpoints_bucket,
+            artifacts=artifacts_bucket,
+            code=code_bucket,
+            key=key,
+            subnets=tuple(subnets),
+            security_groups=tuple(security_groups),
+            image_repositories=tuple(self._image_repositories(image_repository_arns)),
+        )
+        limits = dict(
+            max_keep_alive_seconds=max_keep_alive_seconds,
+            instance_types=sorted({t for team in teams for t in team.instance_types}),
+            subnet_ids=[subnet.subnet_id for subnet in subnets],
+            security_group_ids=[group.security_group_id for group in security_groups],
+            key_arn=key.key_arn,
+            inter_container_traffic_encryption=inter_container_traffic_encryption,
+        )
+        self.guardrail_policy = iam.ManagedPolicy(
             self,
-            "WarmPoolGuardrailPolicy",
-            description=f"Denies SageMaker warm pools kept alive longer than {max_keep_alive_seconds} s",
-            statements=[warm_pool_cap_statement(max_keep_alive_seconds)],
+            "GuardrailPolicy",
+            description="Denies SageMaker training jobs outside the platform's limits (warm pools, instance "
+            "types, VPC, keys, inter-container encryption)",
+            statements=guardrail_statements(**limits),
         )
-        self.execution_role = iam.Role(
-            self,
-            "ExecutionRole",
-            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com").with_conditions(
-                {"StringEquals": {"aws:SourceAccount": self.stack.account}}
-            ),
-            description="SageMaker training jobs of the LLM training platform",
-            managed_policies=[self.warm_pool_guardrail_policy],
-        )
-        policy = iam.Policy(
-            self,
-            "ExecutionPolicy",
-            roles=[self.execution_role],
-            statements=[
-                *self._storage_statements(datasets_bucket, checkpoints_bucket, artifacts_bucket, code_bucket),
-                *self._key_statements(key),
-                *self._image_statements(repositories),
-                *self._observability_statements(),
-                *self._network_statements(subnets, security_groups),
-            ],
-        )
-        self._acknowledge_execution_wildcards(policy)
-
-        self.engineer_policy = iam.ManagedPolicy(
-            self,
-            "EngineerPolicy",
-            description="ML engineers: start and follow launcher runs, read training jobs and their logs",
-            statements=[*self._engineer_statements(), warm_pool_cap_statement(max_keep_alive_seconds)],
-        )
-        self._acknowledge_engineer_wildcards()
-        for arn in launcher_state_machine_arns:
-            self.allow_launcher(arn)
-
-    # -- what other constructs call -------------------------------------------------------------
-
-    def allow_launcher(self, state_machine_arn: str) -> None:
-        """Let ML engineers start, list, describe and stop executions of one launcher state machine."""
-        self._launchers += 1
-        follow_sid = f"FollowLauncherRuns{self._launchers}"
-        executions = self.stack.format_arn(
-            service="states",
-            resource="execution",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-            resource_name=f"{Fn.select(6, Fn.split(':', state_machine_arn))}:*",
-        )
-        self.engineer_policy.add_statements(
-            iam.PolicyStatement(
-                sid=f"StartLauncherRuns{self._launchers}",
-                actions=["states:StartExecution", "states:ListExecutions"],
-                resources=[state_machine_arn],
-            ),
-            iam.PolicyStatement(
-                sid=follow_sid,
-                actions=["states:DescribeExecution", "states:StopExecution", "states:GetExecutionHistory"],
-                resources=[executions],
-            ),
-        )
-        acknowledge_wildcards(
-            self.engineer_policy,
-            {
-                follow_sid: "Engineers follow every run (execution) of the launcher state machine; "
-                "execution names are chosen per run"
-            },
-        )
-
-    def grant_pass_execution_role(self, grantee: iam.IGrantable) -> iam.Grant:
-        """Let ``grantee`` (the launcher) hand the execution role to SageMaker, and to nothing else."""
-        return iam.Grant.add_to_principal(
-            grantee=grantee,
-            actions=["iam:PassRole"],
-            resource_arns=[self.execution_role.role_arn],
-            conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
-        )
-
-    def training_job_arn(self, name_pattern: str = "*") -> str:
-        """ARN of this platform's training jobs: those whose names start with the prefix."""
-        return self.stack.format_arn(
-            service="sagemaker",
-            resource="training-job",
-            resource_name=f"{self.job_name_prefix}{name_pattern}",
-        )
-
-    # -- the execution role ---------------------------------------------------------------------
-
-    def _storage_statements(self, datasets, checkpoints, artifacts, code) -> list[iam.PolicyStatement]:
-        def objects(*buckets):
-            return [bucket.arn_for_objects("*") for bucket in buckets]
-
-        return [
-            iam.PolicyStatement(
-                sid="ListPlatformBuckets",
-                actions=["s3:ListBucket", "s3:GetBucketLocation"],
-                resources=[b.bucket_arn for b in (datasets, checkpoints, artifacts, code)],
-            ),
-            # Artifacts are read too: a fine-tuning job starts from an earlier run's model.
-            iam.PolicyStatement(
-                sid="ReadTrainingInputs",
-                actions=["s3:GetObject"],
-                resources=objects(datasets, code, checkpoints, artifacts),
-            ),
-            iam.PolicyStatement(
-                sid="WriteCheckpoints",
-                actions=["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                resources=objects(checkpoints),
-            ),
-            iam.PolicyStatement(
-                sid="WriteArtifacts",
-                actions=["s3:PutObject", "s3:AbortMultipartUpload"],
-                resources=objects(artifacts),
-            ),
-        ]
-
-    def _key_statements(self, key: kms.IKey) -> list[iam.PolicyStatement]:
-        return [
-            iam.PolicyStatement(
-                sid="UsePlatformKey",
-                actions=["kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey"],
-                resources=[key.key_arn],
-            ),
-            # SageMaker encrypts the instances' ML storage volumes with the key through a grant.
-            iam.PolicyStatement(
-                sid="GrantKeyToVolumes",
-                actions=["kms:CreateGrant"],
-                resources=[key.key_arn],
-                conditions={"Bool": {"kms:GrantIsForAWSResource": True}},
-            ),
-        ]
+        self.teams = {
+            team.name: TeamAccess(
+                self,
+                f"Team{team.construct_suffix}",
+                team=team,
+                resources=resources,
+                guardrail_policy=self.guardrail_policy,
+                guardrail_statements=guardrail_statements(**limits),
+            )
+            for team in teams
+        }
 
     def _image_repositories(self, arns: Sequence[str] | None) -> list[str]:
         if arns is not None:
@@ -267,23 +224,175 @@ class TrainingAccess(Construct):
             for account, repository in training_image_repositories(region)
         ]
 
-    @staticmethod
-    def _image_statements(repositories: list[str]) -> list[iam.PolicyStatement]:
-        return [
-            iam.PolicyStatement(
-                sid="PullTrainingImages",
-                actions=[
-                    "ecr:BatchGetImage",
-                    "ecr:GetDownloadUrlForLayer",
-                    "ecr:BatchCheckLayerAvailability",
-                ],
-                resources=repositories,
+
+
+@dataclass(frozen=True)
+class _SharedResources:
+    """What every team's roles use: the environment's buckets, key, network and images."""
+
+    datasets: s3.IBucket
+    checkpoints: s3.IBucket
+    artifacts: s3.IBucket
+    code: s3.IBucket
+    key: kms.IKey
+    subnets: tuple[ec2.ISubnet, ...]
+    security_groups: tuple[ec2.ISecurityGroup, ...]
+    image_repositories: tuple[str, ...]
+
+
+class TeamAccess(Construct):
+    """One team's execution role and engineers' policy (made by ``TrainingAccess``).
+
+    Attributes: ``team`` (its ``TeamSpec``), ``execution_role``, ``engineer_policy``.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        team: TeamSpec,
+        resources: _SharedResources,
+        guardrail_policy: iam.IManagedPolicy,
+        guardrail_statements: Sequence[iam.PolicyStatement],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.stack = Stack.of(self)
+        self.team = team
+        self._resources = resources
+        self._launchers = 0
+        self.execution_role = iam.Role(
+            self,
+            "ExecutionRole",
+            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com").with_conditions(
+                {"StringEquals": {"aws:SourceAccount": self.stack.account}}
             ),
-            iam.PolicyStatement(sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]),
+            description=f"SageMaker training jobs of team {team.name} of the LLM training platform",
+            managed_policies=[guardrail_policy],
+        )
+        policy = iam.Policy(
+            self,
+            "ExecutionPolicy",
+            roles=[self.execution_role],
+            statements=[
+                *self._storage_statements(),
+                *_key_statements(resources.key),
+                *_image_statements(list(resources.image_repositories)),
+                *self._observability_statements(),
+                *self._network_statements(),
+            ],
+        )
+        self._acknowledge_execution_wildcards(policy)
+        self.engineer_policy = iam.ManagedPolicy(
+            self,
+            "EngineerPolicy",
+            description=f"ML engineers of team {team.name}: start and follow the team's launcher runs, read "
+            "and stop its training jobs, read their logs, read and upload its data",
+            statements=[*self._engineer_statements(), *guardrail_statements],
+        )
+        self._acknowledge_engineer_wildcards()
+        for construct in (self.execution_role, self.engineer_policy):
+            for key, value in team.tags.items():
+                Tags.of(construct).add(key, value)
+
+    # -- what other constructs call -------------------------------------------------------------
+
+    def allow_launcher(self, state_machine_arn: str) -> None:
+        """Let the team's engineers start, list, describe and stop executions of its launcher."""
+        self._launchers += 1
+        follow_sid = f"FollowTeamRuns{self._launchers}"
+        executions = self.stack.format_arn(
+            service="states",
+            resource="execution",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            resource_name=f"{Fn.select(6, Fn.split(':', state_machine_arn))}:*",
+        )
+        self.engineer_policy.add_statements(
+            iam.PolicyStatement(
+                sid=f"StartTeamRuns{self._launchers}",
+                actions=["states:StartExecution", "states:ListExecutions"],
+                resources=[state_machine_arn],
+            ),
+            iam.PolicyStatement(
+                sid=follow_sid,
+                actions=["states:DescribeExecution", "states:StopExecution", "states:GetExecutionHistory"],
+                resources=[executions],
+            ),
+        )
+        acknowledge_wildcards(
+            self.engineer_policy,
+            {
+                follow_sid: f"Engineers of team {self.team.name} follow every run (execution) of the team's "
+                "launcher; execution names are chosen per run"
+            },
+        )
+
+    def grant_pass_execution_role(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let ``grantee`` (the team's launcher) hand the execution role to SageMaker, and to nothing else."""
+        return iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["iam:PassRole"],
+            resource_arns=[self.execution_role.role_arn],
+            conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
+        )
+
+    def training_job_arn(self, name_pattern: str = "-*") -> str:
+        """ARN of the team's training jobs: those whose names start with its prefix and a hyphen."""
+        return self.stack.format_arn(
+            service="sagemaker",
+            resource="training-job",
+            resource_name=f"{self.team.job_name_prefix}{name_pattern}",
+        )
+
+    # -- the execution role ---------------------------------------------------------------------
+
+    def _team_objects(self, *buckets: s3.IBucket) -> list[str]:
+        return [bucket.arn_for_objects(f"{self.team.data_prefix}*") for bucket in buckets]
+
+    def _list_team_prefix(self, sid: str, *buckets: s3.IBucket) -> iam.PolicyStatement:
+        return iam.PolicyStatement(
+            sid=sid,
+            actions=["s3:ListBucket"],
+            resources=[bucket.bucket_arn for bucket in buckets],
+            conditions={"StringLike": {"s3:prefix": [f"{self.team.data_prefix}*"]}},
+        )
+
+    def _storage_statements(self) -> list[iam.PolicyStatement]:
+        r = self._resources
+        data = (r.datasets, r.checkpoints, r.artifacts)
+        return [
+            self._list_team_prefix("ListTeamData", *data),
+            iam.PolicyStatement(
+                sid="LocatePlatformBuckets",
+                actions=["s3:GetBucketLocation"],
+                resources=[b.bucket_arn for b in (*data, r.code)],
+            ),
+            iam.PolicyStatement(
+                sid="ListTemplateCode",
+                actions=["s3:ListBucket"],
+                resources=[r.code.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{TEMPLATE_CODE_PREFIX}*"]}},
+            ),
+            # Artifacts are read too: a fine-tuning job starts from an earlier run's model.
+            iam.PolicyStatement(
+                sid="ReadTeamData",
+                actions=["s3:GetObject"],
+                resources=[*self._team_objects(*data), r.code.arn_for_objects(f"{TEMPLATE_CODE_PREFIX}*")],
+            ),
+            iam.PolicyStatement(
+                sid="WriteTeamCheckpoints",
+                actions=["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                resources=self._team_objects(r.checkpoints),
+            ),
+            iam.PolicyStatement(
+                sid="WriteTeamArtifacts",
+                actions=["s3:PutObject", "s3:AbortMultipartUpload"],
+                resources=self._team_objects(r.artifacts),
+            ),
         ]
 
     def _observability_statements(self) -> list[iam.PolicyStatement]:
-        log_group = self._log_group_arn()
+        log_group = _log_group_arn(self.stack)
         return [
             iam.PolicyStatement(
                 sid="WriteTrainingLogs",
@@ -293,7 +402,7 @@ class TrainingAccess(Construct):
                     "logs:PutLogEvents",
                     "logs:DescribeLogStreams",
                 ],
-                resources=[log_group, f"{log_group}:log-stream:*"],
+                resources=[log_group, f"{log_group}:log-stream:{self.team.job_name_prefix}-*"],
             ),
             iam.PolicyStatement(
                 sid="PublishTrainingMetrics",
@@ -303,23 +412,22 @@ class TrainingAccess(Construct):
             ),
         ]
 
-    def _network_statements(
-        self, subnets: Sequence[ec2.ISubnet], security_groups: Sequence[ec2.ISecurityGroup]
-    ) -> list[iam.PolicyStatement]:
+    def _network_statements(self) -> list[iam.PolicyStatement]:
         def ec2_arns(kind: str, ids: list[str]) -> list[str]:
             return [
                 self.stack.format_arn(service="ec2", resource=kind, resource_name=i) for i in ids or ["*"]
             ]
 
         interfaces = ec2_arns("network-interface", [])
+        groups = self._resources.security_groups
         return [
             iam.PolicyStatement(
                 sid="CreateJobNetworkInterfaces",
                 actions=["ec2:CreateNetworkInterface"],
                 resources=[
                     *interfaces,
-                    *ec2_arns("subnet", [s.subnet_id for s in subnets]),
-                    *ec2_arns("security-group", [g.security_group_id for g in security_groups]),
+                    *ec2_arns("subnet", [s.subnet_id for s in self._resources.subnets]),
+                    *ec2_arns("security-group", [g.security_group_id for g in groups]),
                 ],
             ),
             iam.PolicyStatement(
@@ -334,66 +442,143 @@ class TrainingAccess(Construct):
             iam.PolicyStatement(sid="DescribeJobNetwork", actions=_DESCRIBE_VPC_ACTIONS, resources=["*"]),
         ]
 
-    def _log_group_arn(self) -> str:
-        return self.stack.format_arn(
-            service="logs",
-            resource="log-group",
-            resource_name=TRAINING_LOG_GROUP,
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
-
     def _acknowledge_execution_wildcards(self, policy: iam.Policy) -> None:
+        team = self.team.name
         acknowledge_wildcards(
             policy,
             {
-                "ReadTrainingInputs": "Training reads objects under any key of the platform's own buckets, "
-                "which are named exactly",
-                "WriteCheckpoints": "Checkpoints are written under any key of the checkpoints bucket, "
-                "which is named exactly",
-                "WriteArtifacts": "Model artifacts are written under any key of the artifacts bucket, "
-                "which is named exactly",
+                "ReadTeamData": f"Training reads objects under team {team}'s own prefix of the platform's "
+                "buckets, and the templates' code (named per template and version)",
+                "WriteTeamCheckpoints": f"Checkpoints are written under team {team}'s own prefix of the "
+                "checkpoints bucket, per run",
+                "WriteTeamArtifacts": f"Model artifacts are written under team {team}'s own prefix of the "
+                "artifacts bucket, per run",
                 "EcrLogin": ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS["ecr:GetAuthorizationToken"],
                 "PublishTrainingMetrics": ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS[
                     "cloudwatch:PutMetricData"
                 ],
                 "DescribeJobNetwork": ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS["ec2:DescribeSubnets"],
                 "WriteTrainingLogs": "SageMaker writes one log stream per job and instance, named at "
-                "run time, inside the training-jobs log group",
+                f"run time after the job, under team {team}'s job-name prefix",
                 "CreateJobNetworkInterfaces": "SageMaker creates a network interface per instance, whose id "
-                "is not known in advance (subnets and groups are exact when given)",
+                "is not known in advance (subnets and groups are exact)",
                 "ManageJobNetworkInterfaces": "SageMaker manages the network interfaces it created per "
                 "instance, whose ids are not known in advance",
             },
         )
 
+    # -- the engineers' policy ------------------------------------------------------------------
+
     def _engineer_statements(self) -> list[iam.PolicyStatement]:
-        log_group = self._log_group_arn()
+        log_group = _log_group_arn(self.stack)
+        r = self._resources
+        data = (r.datasets, r.checkpoints, r.artifacts)
         return [
             iam.PolicyStatement(
-                sid="ReadPlatformTrainingJobs",
-                actions=["sagemaker:DescribeTrainingJob", "sagemaker:ListTags"],
+                sid="FollowTeamTrainingJobs",
+                actions=["sagemaker:DescribeTrainingJob", "sagemaker:ListTags", "sagemaker:StopTrainingJob"],
                 resources=[self.training_job_arn()],
             ),
             iam.PolicyStatement(
                 sid="ListTrainingJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"]
             ),
             iam.PolicyStatement(
-                sid="ReadTrainingLogs",
+                sid="ReadTeamTrainingLogs",
                 actions=["logs:DescribeLogStreams", "logs:FilterLogEvents", "logs:GetLogEvents"],
-                resources=[log_group, f"{log_group}:log-stream:{self.job_name_prefix}*"],
+                resources=[log_group, f"{log_group}:log-stream:{self.team.job_name_prefix}-*"],
+            ),
+            self._list_team_prefix("ListTeamData", *data),
+            iam.PolicyStatement(
+                sid="ReadTeamData", actions=["s3:GetObject"], resources=self._team_objects(*data)
+            ),
+            # `llmtrain data upload`: a team brings its datasets; nothing an engineer can delete.
+            iam.PolicyStatement(
+                sid="UploadTeamDatasets",
+                actions=["s3:PutObject", "s3:AbortMultipartUpload"],
+                resources=self._team_objects(r.datasets),
+            ),
+            iam.PolicyStatement(
+                sid="UseKeyThroughS3",
+                actions=["kms:Decrypt", "kms:GenerateDataKey"],
+                resources=[r.key.key_arn],
+                conditions={"StringEquals": {"kms:ViaService": f"s3.{self.stack.region}.amazonaws.com"}},
             ),
         ]
 
     def _acknowledge_engineer_wildcards(self) -> None:
+        team = self.team.name
         acknowledge_wildcards(
             self.engineer_policy,
             {
                 "ListTrainingJobs": ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS["sagemaker:ListTrainingJobs"],
-                "ReadPlatformTrainingJobs": "Engineers read every training job of this platform: the names "
-                "share the platform's prefix and differ per run",
-                "ReadTrainingLogs": "Engineers read the logs of this platform's jobs: the streams share the "
-                "platform's job-name prefix and differ per run",
+                "FollowTeamTrainingJobs": f"Engineers follow the training jobs of team {team}: the names "
+                "share the team's prefix and differ per run",
+                "ReadTeamTrainingLogs": f"Engineers read the logs of team {team}'s jobs: the streams share "
+                "the team's job-name prefix and differ per run",
+                "ReadTeamData": f"Engineers read team {team}'s data, models and checkpoints, under its own "
+                "prefix of the platform's buckets",
+                "UploadTeamDatasets": f"Engineers upload datasets under team {team}'s own prefix of the "
+                "datasets bucket, one key per file",
             },
+        )
+
+
+def _key_statements(key: kms.IKey) -> list[iam.PolicyStatement]:
+    return [
+        iam.PolicyStatement(
+            sid="UsePlatformKey",
+            actions=["kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey"],
+            resources=[key.key_arn],
+        ),
+        # SageMaker encrypts the instances' ML storage volumes with the key through a grant.
+        iam.PolicyStatement(
+            sid="GrantKeyToVolumes",
+            actions=["kms:CreateGrant"],
+            resources=[key.key_arn],
+            conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
+        ),
+    ]
+
+
+def _image_statements(repositories: list[str]) -> list[iam.PolicyStatement]:
+    return [
+        iam.PolicyStatement(
+            sid="PullTrainingImages",
+            actions=[
+                "ecr:BatchGetImage",
+                "ecr:GetDownloadUrlForLayer",
+                "ecr:BatchCheckLayerAvailability",
+            ],
+            resources=repositories,
+        ),
+        iam.PolicyStatement(sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]),
+    ]
+
+
+def _log_group_arn(stack: Stack) -> str:
+    return stack.format_arn(
+        service="logs",
+        resource="log-group",
+        resource_name=TRAINING_LOG_GROUP,
+        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+    )
+
+
+def _check_teams(teams: Sequence[TeamSpec], cap: int) -> None:
+    require(len(teams) > 0, _NAME, "teams", "must list at least one TeamSpec")
+    names = [team.name for team in teams]
+    require(len(set(names)) == len(names), _NAME, "teams", f"names a team twice: {names}")
+    prefixes = [team.job_name_prefix for team in teams]
+    require(
+        len(set(prefixes)) == len(prefixes), _NAME, "teams", f"two teams share a job-name prefix: {prefixes}"
+    )
+    for team in teams:
+        require(
+            team.max_keep_alive_seconds <= cap,
+            _NAME,
+            "teams",
+            f"team {team.name!r} caps warm pools at {team.max_keep_alive_seconds} s, above the environment's "
+            f"max_keep_alive_seconds ({cap})",
         )
 
 
@@ -407,4 +592,11 @@ def _check_cap(field: str, seconds: int) -> None:
     )
 
 
-__all__ = ["ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS", "TrainingAccess", "warm_pool_cap_statement"]
+__all__ = [
+    "ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS",
+    "TEMPLATE_CODE_PREFIX",
+    "TeamAccess",
+    "TrainingAccess",
+    "guardrail_statements",
+    "warm_pool_cap_statement",
+]

@@ -27,7 +27,12 @@ from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, code_key, render
 from llmtrain.sourcedir import SOURCEDIR_NAME
 from llmtrain.spec import TemplateSpec
-from training_constructs.nag import acknowledge, acknowledge_wildcards
+from training_constructs.nag import (
+    FUNCTION_CHECKOV_REASONS,
+    acknowledge,
+    acknowledge_checkov,
+    acknowledge_wildcards,
+)
 
 # The dry-run context used to validate a template at synth: only its shape matters.
 _SYNTH_ACCOUNT = "123456789012"
@@ -147,6 +152,7 @@ def _acknowledge_deployment_findings(template: JobTemplate) -> None:
         "AwsSolutions-L1",
         "the BucketDeployment provider's runtime is chosen and updated by aws-cdk-lib, not by us",
     )
+    acknowledge_checkov(handler, FUNCTION_CHECKOV_REASONS, resource_type="AWS::Lambda::Function")
     acknowledge_wildcards(
         handler,
         {

@@ -1,16 +1,23 @@
 """`TrainingLauncher`: the Step Functions state machine that starts and follows training runs.
 
+One launcher serves one team (`TeamSpec`): its state machine is the team's entry point, so an
+engineers' policy can be scoped to it by ARN (Step Functions does not tell a state machine who
+started it), and its role creates only the team's jobs, under SageMaker's IAM condition keys.
+
 An execution's input is `{"template": NAME, "version": SEMVER|"latest", "run_name": NAME,
-"overrides": {...}}`. The state machine:
+"overrides": {...}}` (`llmtrain.runs.ExecutionInput`). The state machine:
 
-    Resolve ─> ChooseRequestLayout ─> CreateTrainingJob .sync ─> Summarize ─> NotifySuccess ─> Succeed
-      │ bad input         ^                     │ any failure
-      v                   │                     v
-    DescribeRejection   WaitBeforeRetry <─ NextAttempt ─ give up ─> NotifyFailure ─> Fail
+    ReadInput ─> Resolve ─> Rejected? ─> ChooseRequestLayout ─> CreateTrainingJob .sync ─> Summarize
+                              │ yes          ^                       │ any failure            │
+                              v              │                       v                        v
+                        NotifyFailure <─ WaitBeforeRetry <─ NextAttempt (give up)      NotifySuccess
 
+- ReadInput puts the execution input, whatever JSON it is, under `$.input`, so every later state
+  has an object to add to (a list or a string as input would otherwise end in `States.Runtime`).
 - Resolve checks the input, resolves the template in the registry, refuses a run that is in
-  progress or completed, and renders the CreateTrainingJob request: bad input fails here, before
-  any job exists, with an error (`InvalidRunInput`, ...) whose cause says what to fix.
+  progress or completed or beyond the team's limits, and renders the CreateTrainingJob request:
+  bad input ends here, before any job exists, with a summary whose error (`InvalidRunInput`, ...)
+  and message say what to fix.
 - CreateTrainingJob is a `CustomState` (the CDK task lacks KeepAlivePeriodInSeconds, CheckpointConfig,
   managed spot, RetryStrategy, ...) on `sagemaker:createTrainingJob.sync`, passing every field of
   the rendered request; it waits for the job to end, and stopping the execution stops the job.
@@ -50,19 +57,18 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
+from llmtrain.errors import LlmtrainError
 from llmtrain.handlers import launcher as handlers
-from llmtrain.platform import (
-    EMAIL_PATTERN,
-    MAX_KEEP_ALIVE_SECONDS,
-    PlatformContext,
-)
-from llmtrain.render import RunInput, render
+from llmtrain.handlers.quotas import template_instance_types
+from llmtrain.platform import PlatformContext
+from llmtrain.render import TAG_PREFIX, RunInput, render
 from training_constructs._functions import logged_function
-from training_constructs._props import check_job_name_prefix, is_whole_number, require
+from training_constructs._props import PropsError, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.job_template import JobTemplate
 from training_constructs.lambda_code import lambda_code, matching_runtime
 from training_constructs.nag import acknowledge, acknowledge_wildcards
+from training_constructs.teams import CREATE_JOBS_SID, TeamSpec, job_creation_conditions
 
 _NAME = "TrainingLauncher"
 _STATE_MACHINE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
@@ -71,8 +77,7 @@ _STATE_MACHINE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 SYNC_EVENTS_RULE = "StepFunctionsGetEventsForSageMakerTrainingJobsRule"
 # The functions vendor `regex` (llmtrain.validate reads AWS's Java-style patterns with it).
 VENDORED_PACKAGES = ("yaml", "regex")
-# Resolve errors that mean "the input cannot start a run": the execution fails with their message.
-REJECTION_ERRORS = ("InvalidRunInput", "RunAlreadyInProgress", "RunAlreadyCompleted")
+LAUNCHER_ERROR_SUBJECT = "llmtrain: a run failed (launcher error)"
 
 # Actions this construct allows on "*" because AWS offers no narrower resource for them.
 WILDCARD_RESOURCE_ACTIONS = {
@@ -99,15 +104,16 @@ class TrainingLauncher(Construct):
 
     Props (keyword-only):
       job_templates: the published template versions runs may use (the registry).
-      execution_role: the SageMaker execution role the jobs run as (passed to SageMaker only).
+      team: the team this launcher serves (`TeamSpec`): its job-name prefix, instance types,
+        warm-pool cap, instance cap, templates and notification address.
+      execution_role: the team's SageMaker execution role (the only role the launcher may pass).
       datasets_bucket, checkpoints_bucket, artifacts_bucket, code_bucket: the platform's buckets.
       data_key: the platform's KMS key: job outputs and volumes are encrypted with it.
       subnets, security_groups: where the jobs' instances run (the EFA security group).
       environment_name: the environment (e.g. dev), in the jobs' tags and resource descriptions.
-      job_name_prefix: the platform's job-name prefix; every job is `<prefix>-<run>-a<attempt>`.
-      warm_pool_cap_seconds: the environment's cap on KeepAlivePeriodInSeconds (0..21600).
+      inter_container_traffic_encryption: every job encrypts traffic between its instances, and the
+        role may create no other (the environment's setting, whatever a template says).
       state_machine_name: a fixed name (so other stacks can build its ARN without a reference).
-      notification_email: subscribed to the topic (optional; it must confirm the subscription).
       encryption_key: encrypts the log groups and the topic; created (with rotation) when not given.
         A given key must let CloudWatch Logs use it.
       log_retention: how long the state machine's and the functions' logs are kept.
@@ -124,6 +130,7 @@ class TrainingLauncher(Construct):
         construct_id: str,
         *,
         job_templates: Sequence[JobTemplate],
+        team: TeamSpec,
         execution_role: iam.IRole,
         datasets_bucket: s3.IBucket,
         checkpoints_bucket: s3.IBucket,
@@ -133,29 +140,20 @@ class TrainingLauncher(Construct):
         subnets: Sequence[ec2.ISubnet],
         security_groups: Sequence[ec2.ISecurityGroup],
         environment_name: str,
-        job_name_prefix: str,
-        warm_pool_cap_seconds: int,
+        inter_container_traffic_encryption: bool = False,
         state_machine_name: str | None = None,
-        notification_email: str | None = None,
         encryption_key: kms.IKey | None = None,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_YEAR,
     ) -> None:
         super().__init__(scope, construct_id)
-        _validate(
-            job_templates,
-            subnets,
-            security_groups,
-            environment_name,
-            job_name_prefix,
-            warm_pool_cap_seconds,
-            state_machine_name,
-            notification_email,
-        )
+        _validate(job_templates, team, subnets, security_groups, environment_name, state_machine_name)
         self.stack = Stack.of(self)
+        self.team = team
         self.job_templates = tuple(job_templates)
-        self.job_name_prefix = job_name_prefix
+        self.job_name_prefix = team.job_name_prefix
+        self.inter_container_traffic_encryption = inter_container_traffic_encryption
         self.request_layouts = handlers.request_layouts(
-            [_synth_render(t, job_name_prefix, warm_pool_cap_seconds) for t in self.job_templates]
+            [_synth_render(t, team, inter_container_traffic_encryption) for t in self.job_templates]
         )
         self.platform_context = {
             "environment": environment_name,
@@ -169,16 +167,21 @@ class TrainingLauncher(Construct):
             "kms_key_arn": data_key.key_arn,
             "subnet_ids": [subnet.subnet_id for subnet in subnets],
             "security_group_ids": [group.security_group_id for group in security_groups],
-            "warm_pool_cap_seconds": warm_pool_cap_seconds,
-            "job_name_prefix": job_name_prefix,
+            "warm_pool_cap_seconds": team.max_keep_alive_seconds,
+            "job_name_prefix": team.job_name_prefix,
+            "team": team.name,
+            "allowed_templates": sorted(team.templates or {t.spec.name for t in self.job_templates}),
+            "allowed_instance_types": list(team.instance_types),
+            "max_instance_count": team.max_instance_count,
+            "inter_container_traffic_encryption": inter_container_traffic_encryption,
         }
         self.encryption_key = encryption_key or self._create_key(environment_name)
         self._log_retention = log_retention
         self.function_log_groups: dict[str, logs.LogGroup] = {}
-        self.topic = self._topic(environment_name, notification_email)
+        self.topic = self._topic(environment_name, team.notification_email)
         self._create_functions()
         self._create_state_machine(execution_role, state_machine_name, environment_name)
-        self._grant_training(execution_role)
+        self._grant_training(execution_role, data_key, subnets, security_groups, environment_name)
         self._acknowledge_state_machine_findings()
         self._order_deployment()
 
@@ -209,7 +212,7 @@ class TrainingLauncher(Construct):
             "Topic",
             master_key=self.encryption_key,
             enforce_ssl=True,
-            display_name=f"LLM training runs ({environment_name})",
+            display_name=f"LLM training runs ({environment_name}, team {self.team.name})",
         )
         if email:
             topic.add_subscription(subscriptions.EmailSubscription(email))
@@ -230,9 +233,19 @@ class TrainingLauncher(Construct):
         self.resolve_function.add_to_role_policy(
             iam.PolicyStatement(sid="ListRunJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"])
         )
+        # A run's earlier jobs say (by their tags) which template version the run keeps.
+        self.resolve_function.add_to_role_policy(
+            iam.PolicyStatement(
+                sid="ReadRunJobTags", actions=["sagemaker:ListTags"], resources=[self._team_jobs()]
+            )
+        )
         acknowledge_wildcards(
             self.resolve_function.role,
-            {"ListRunJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListTrainingJobs"]},
+            {
+                "ListRunJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListTrainingJobs"],
+                "ReadRunJobTags": "the tags of the team's jobs, named per run and attempt under the team's "
+                "job-name prefix",
+            },
         )
         self.next_attempt_function = self._function(
             "NextAttemptFunction", code, "next_attempt", "Classifies a failed attempt and plans the retry"
@@ -357,21 +370,31 @@ class TrainingLauncher(Construct):
             .otherwise(notify_failure)
         )
 
+        read_input = sfn.Pass(
+            self,
+            "ReadInput",
+            parameters={"input": sfn.JsonPath.entire_payload},
+            comment="Any JSON value may start an execution: keep it under $.input, so every later state "
+            "has an object to add to",
+        )
         resolve = self._invoke(
             "Resolve",
             self.resolve_function,
             {
-                "input": sfn.JsonPath.object_at("$"),
+                "input": sfn.JsonPath.string_at("$.input"),
                 "execution_arn": sfn.JsonPath.string_at("$$.Execution.Id"),
+                "execution_name": sfn.JsonPath.string_at("$$.Execution.Name"),
             },
-        )
-        resolve.add_catch(
-            self._rejection(notify_failure), errors=list(REJECTION_ERRORS), result_path="$.error"
         )
         launcher_error = self._launcher_error(notify_failure)
         for step in (resolve, next_attempt, summarize):
             step.add_catch(launcher_error, errors=["States.ALL"], result_path="$.error")
-        return resolve.next(choose_layout)
+        rejected = (
+            sfn.Choice(self, "Rejected", comment="Bad input ends here, before any training job exists")
+            .when(sfn.Condition.is_present("$.summary"), notify_failure)
+            .otherwise(choose_layout)
+        )
+        return read_input.next(resolve).next(rejected)
 
     def _invoke(self, state_id: str, function: lambda_.IFunction, payload: dict) -> tasks.LambdaInvoke:
         return tasks.LambdaInvoke(
@@ -415,36 +438,9 @@ class TrainingLauncher(Construct):
         publish.add_catch(then, errors=["States.ALL"], result_path="$.notification_error")
         return publish.next(then)
 
-    def _rejection(self, notify_failure: sfn.State) -> sfn.Pass:
-        describe = sfn.Pass(
-            self,
-            "DescribeRejection",
-            parameters={
-                "summary": {
-                    "status": "Rejected",
-                    "error": sfn.JsonPath.string_at("$.error.Error"),
-                    "details": sfn.JsonPath.string_to_json(sfn.JsonPath.string_at("$.error.Cause")),
-                    "subject": sfn.JsonPath.format(
-                        "llmtrain: run {} rejected", sfn.JsonPath.string_at("$$.Execution.Name")
-                    ),
-                }
-            },
-        )
-        shape = sfn.Pass(
-            self,
-            "ShapeRejection",
-            parameters={
-                "summary": {
-                    "status": sfn.JsonPath.string_at("$.summary.status"),
-                    "error": sfn.JsonPath.string_at("$.summary.error"),
-                    "message": sfn.JsonPath.string_at("$.summary.details.errorMessage"),
-                    "subject": sfn.JsonPath.string_at("$.summary.subject"),
-                }
-            },
-        )
-        return describe.next(shape.next(notify_failure))
-
     def _launcher_error(self, notify_failure: sfn.State) -> sfn.Pass:
+        # The subject is fixed: SNS refuses subjects over 100 characters, and an execution's name
+        # (up to 80) cannot be shortened here; the message names the execution.
         return sfn.Pass(
             self,
             "DescribeLauncherError",
@@ -452,35 +448,67 @@ class TrainingLauncher(Construct):
                 "summary": {
                     "status": "Failed",
                     "error": sfn.JsonPath.string_at("$.error.Error"),
-                    "message": sfn.JsonPath.string_at("$.error.Cause"),
-                    "subject": sfn.JsonPath.format(
-                        "llmtrain: run {} failed (launcher error)",
+                    "message": sfn.JsonPath.format(
+                        "Execution {} failed in the launcher: {}: {}",
                         sfn.JsonPath.string_at("$$.Execution.Name"),
+                        sfn.JsonPath.string_at("$.error.Error"),
+                        sfn.JsonPath.string_at("$.error.Cause"),
                     ),
+                    "subject": LAUNCHER_ERROR_SUBJECT,
                 }
             },
         ).next(notify_failure)
 
     # -- permissions ----------------------------------------------------------------------------
 
-    def _grant_training(self, execution_role: iam.IRole) -> None:
-        jobs = self.stack.format_arn(
-            service="sagemaker", resource="training-job", resource_name=f"{self.job_name_prefix}-*"
+    def _team_jobs(self) -> str:
+        return self.stack.format_arn(
+            service="sagemaker", resource="training-job", resource_name=f"{self.team.job_name_prefix}-*"
         )
+
+    def _grant_training(
+        self,
+        execution_role: iam.IRole,
+        data_key: kms.IKey,
+        subnets: Sequence[ec2.ISubnet],
+        security_groups: Sequence[ec2.ISecurityGroup],
+        environment_name: str,
+    ) -> None:
+        """The job-creating role: the team's jobs only, and only as the environment allows them.
+
+        SageMaker evaluates the condition keys below on CreateTrainingJob, so a request the launcher
+        did not render (a bug, or a changed function) is refused by IAM whatever it says.
+        """
+        jobs = self._team_jobs()
         rule = self.stack.format_arn(service="events", resource="rule", resource_name=SYNC_EVENTS_RULE)
+        conditions = job_creation_conditions(
+            team=self.team,
+            subnet_ids=[subnet.subnet_id for subnet in subnets],
+            security_group_ids=[group.security_group_id for group in security_groups],
+            key_arn=data_key.key_arn,
+            environment_name=environment_name,
+            inter_container_traffic_encryption=self.inter_container_traffic_encryption,
+        )
         for statement in (
             iam.PolicyStatement(
-                sid="RunPlatformTrainingJobs",
-                actions=[
-                    "sagemaker:CreateTrainingJob",
-                    "sagemaker:DescribeTrainingJob",
-                    "sagemaker:StopTrainingJob",
-                    "sagemaker:AddTags",
-                ],
+                sid=CREATE_JOBS_SID,
+                actions=["sagemaker:CreateTrainingJob"],
+                resources=[jobs],
+                conditions=conditions,
+            ),
+            iam.PolicyStatement(
+                sid="TagTeamTrainingJobs",
+                actions=["sagemaker:AddTags"],
+                resources=[jobs],
+                conditions={"StringEquals": {f"aws:RequestTag/{TAG_PREFIX}team": self.team.name}},
+            ),
+            iam.PolicyStatement(
+                sid="FollowTeamTrainingJobs",
+                actions=["sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"],
                 resources=[jobs],
             ),
             iam.PolicyStatement(
-                sid="PassExecutionRoleToSageMaker",
+                sid="PassTeamExecutionRoleToSageMaker",
                 actions=["iam:PassRole"],
                 resources=[execution_role.role_arn],
                 conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
@@ -511,8 +539,12 @@ class TrainingLauncher(Construct):
                 "(CDK's tracing grant)",
                 "lambda:InvokeFunction": "Step Functions may invoke every version of the launcher's own "
                 "three functions (CDK's grant names each function)",
-                "RunPlatformTrainingJobs": "every attempt of every run gets a new job name under the "
-                "platform's job-name prefix, so the jobs are named by that prefix",
+                CREATE_JOBS_SID: "every attempt of every run gets a new job name under the team's "
+                "job-name prefix, so the jobs are named by that prefix",
+                "TagTeamTrainingJobs": "the team's jobs are tagged at creation; their names differ per run "
+                "and attempt under the team's prefix",
+                "FollowTeamTrainingJobs": "the team's jobs are named per run and attempt under the team's "
+                "job-name prefix",
             },
         )
 
@@ -555,16 +587,8 @@ def _registry_files(job_templates: Sequence[JobTemplate]) -> dict[str, bytes]:
     }
 
 
-def _validate(
-    job_templates,
-    subnets,
-    security_groups,
-    environment_name,
-    job_name_prefix,
-    warm_pool_cap_seconds,
-    state_machine_name,
-    notification_email,
-) -> None:
+def _validate(job_templates, team, subnets, security_groups, environment_name, state_machine_name) -> None:
+    require(isinstance(team, TeamSpec), _NAME, "team", f"must be a TeamSpec, got {type(team).__name__}")
     require(
         1 <= len(subnets) <= 16, _NAME, "subnets", "must hold 1 to 16 subnets (SageMaker's VpcConfig limit)"
     )
@@ -575,26 +599,11 @@ def _validate(
         "must hold 1 to 5 security groups (SageMaker's VpcConfig limit)",
     )
     require(bool(environment_name), _NAME, "environment_name", "must not be empty")
-    check_job_name_prefix(_NAME, job_name_prefix)
-    require(
-        is_whole_number(warm_pool_cap_seconds)
-        and 0 <= warm_pool_cap_seconds <= MAX_KEEP_ALIVE_SECONDS,
-        _NAME,
-        "warm_pool_cap_seconds",
-        f"must be a whole number of seconds from 0 to {MAX_KEEP_ALIVE_SECONDS}, "
-        f"got {warm_pool_cap_seconds!r}",
-    )
     require(
         state_machine_name is None or bool(_STATE_MACHINE_NAME.fullmatch(state_machine_name)),
         _NAME,
         "state_machine_name",
         f"{state_machine_name!r} must be 1-80 letters, digits, '-' or '_'",
-    )
-    require(
-        notification_email is None or bool(EMAIL_PATTERN.fullmatch(notification_email)),
-        _NAME,
-        "notification_email",
-        f"{notification_email!r} is not an e-mail address",
     )
     require(
         len(job_templates) > 0,
@@ -609,18 +618,54 @@ def _validate(
         "job_templates",
         f"lists a version twice: {sorted({r for r in refs if refs.count(r) > 1})}",
     )
+    _validate_team_templates(job_templates, team)
 
 
-def _synth_render(template: JobTemplate, job_name_prefix: str, warm_pool_cap_seconds: int) -> dict:
-    """The version's request with its defaults and a placeholder platform: its layout is what counts."""
+def _validate_team_templates(job_templates: Sequence[JobTemplate], team: TeamSpec) -> None:
+    outside = sorted({t.spec.name for t in job_templates} - set(team.templates)) if team.templates else []
+    require(
+        not outside,
+        _NAME,
+        "job_templates",
+        f"{outside} are not among team {team.name!r}'s templates {list(team.templates)}",
+    )
+    for template in job_templates:
+        types = template_instance_types([template.spec])
+        require(
+            bool(set(types) & set(team.instance_types)),
+            _NAME,
+            "job_templates",
+            f"{template.spec.ref} runs on {', '.join(types)}, none of which team {team.name!r} may use "
+            f"({', '.join(team.instance_types)}): add one to the team's instance types or drop the template",
+        )
+
+
+def _synth_render(template: JobTemplate, team: TeamSpec, inter_container_traffic_encryption: bool) -> dict:
+    """The version's request with its defaults and a placeholder platform of the team: its layout is
+    what counts, and a version whose defaults the team cannot run fails the synth here."""
     platform = PlatformContext.placeholder(
         environment="synth",
         account="123456789012",
         region="us-east-1",
-        resource_prefix=job_name_prefix,
-        warm_pool_cap_seconds=warm_pool_cap_seconds,
+        resource_prefix="synth",
+        warm_pool_cap_seconds=team.max_keep_alive_seconds,
+        team=team.name,
+        job_name_prefix=team.job_name_prefix,
+        inter_container_traffic_encryption=inter_container_traffic_encryption,
     )
-    return render(template.spec, RunInput(run_name="synth-check"), platform)
+    try:
+        return render(template.spec, RunInput(run_name="synth-check"), platform)
+    except LlmtrainError as error:
+        raise PropsError(
+            f"{_NAME}(job_templates=...): {template.spec.ref} cannot run with its defaults for team "
+            f"{team.name!r}: {error}"
+        ) from error
 
 
-__all__ = ["SYNC_EVENTS_RULE", "WILDCARD_RESOURCE_ACTIONS", "TrainingLauncher"]
+__all__ = [
+    "CREATE_JOBS_SID",
+    "LAUNCHER_ERROR_SUBJECT",
+    "SYNC_EVENTS_RULE",
+    "WILDCARD_RESOURCE_ACTIONS",
+    "TrainingLauncher",
+]

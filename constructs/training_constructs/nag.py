@@ -1,4 +1,8 @@
-"""cdk-nag (v3) acknowledgments: every finding left in a construct is acknowledged here, with its reason.
+"""Security-check acknowledgments: every cdk-nag and checkov finding left in a construct is
+acknowledged here, next to the resource, with its reason.
+
+checkov reads skips from a resource's CloudFormation metadata (`Metadata.checkov.skip`, each with
+its check id and comment); :func:`acknowledge_checkov` writes them.
 
 cdk-nag v3 reads CDK's native ``Validations`` acknowledgments. A rule that reports several findings
 on one resource (``AwsSolutions-IAM5``, wildcard permissions) needs one acknowledgment per finding,
@@ -42,6 +46,38 @@ def acknowledge_wildcards(scope: IConstruct, reasons: Mapping[str, str]) -> None
         if len(reason) < _MIN_REASON:
             raise ValueError(f"the wildcard of statement {key} needs a specific reason, got {reason!r}")
     scope.node.add_validation(_WildcardAcknowledger(scope, dict(reasons)))
+
+
+def acknowledge_checkov(
+    scope: IConstruct, reasons: Mapping[str, str], *, resource_type: str | None = None
+) -> None:
+    """Skip checkov checks (id -> specific reason) on the CloudFormation resources under ``scope``
+    (only those of ``resource_type`` when given): written into each resource's metadata."""
+    for check_id, reason in reasons.items():
+        if len(reason) < _MIN_REASON:
+            raise ValueError(f"the checkov skip of {check_id} needs a specific reason, got {reason!r}")
+    for node in scope.node.find_all():
+        if not isinstance(node, CfnResource):
+            continue
+        if resource_type is not None and node.cfn_resource_type != resource_type:
+            continue
+        skips = {skip["id"]: skip for skip in (node.get_metadata("checkov") or {}).get("skip", [])}
+        skips.update({check_id: {"id": check_id, "comment": reason} for check_id, reason in reasons.items()})
+        node.add_metadata("checkov", {"skip": list(skips.values())})
+
+
+# checkov's Lambda checks, with why the platform's functions (and aws-cdk-lib's providers) do not
+# follow them: every function runs for a short call whose caller handles its failure.
+FUNCTION_CHECKOV_REASONS = {
+    "CKV_AWS_115": "reserved concurrency would take from the account's unreserved pool (as low as 10 in new "
+    "accounts, which fails the deployment); each call is one step of a run or one scheduled pass",
+    "CKV_AWS_116": "invoked synchronously (Step Functions, CloudFormation) or on a schedule whose next run "
+    "repeats the work: a dead-letter queue would hold nothing to act on",
+    "CKV_AWS_117": "calls only AWS APIs (SageMaker, Service Quotas, CloudWatch, S3); it reaches no resource "
+    "inside the training VPC, whose isolated subnets have no route for it",
+    "CKV_AWS_173": "the environment holds no secret (resource names and ARNs); Lambda encrypts it at rest "
+    "with its AWS managed key",
+}
 
 
 def wildcard_findings(statement: Mapping[str, Any]) -> list[str]:

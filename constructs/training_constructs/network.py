@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from llmtrain.platform import (
@@ -20,6 +22,7 @@ from llmtrain.platform import (
 )
 from training_constructs._props import check_cidr, is_unresolved, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
+from training_constructs.nag import FUNCTION_CHECKOV_REASONS, acknowledge_checkov
 
 _NAME = "TrainingNetwork"
 _HTTPS = ec2.Port.tcp(443)
@@ -36,6 +39,32 @@ INTERFACE_ENDPOINT_SERVICES: Mapping[str, ec2.InterfaceVpcEndpointAwsService] = 
     "EcrDocker": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
     "Kms": ec2.InterfaceVpcEndpointAwsService.KMS,
 }
+# The IAM service prefix of each endpoint's API. Every one of these services supports endpoint
+# policies; each endpoint's policy allows its own service's actions to this account's principals.
+INTERFACE_ENDPOINT_ACTIONS: Mapping[str, str] = {
+    "SageMakerApi": "sagemaker",
+    "Sts": "sts",
+    "Logs": "logs",
+    "Monitoring": "cloudwatch",
+    "EcrApi": "ecr",
+    "EcrDocker": "ecr",
+    "Kms": "kms",
+}
+# What a training job does in the platform's buckets (read data and code, write checkpoints and
+# models, the multipart uploads of large files).
+S3_ENDPOINT_BUCKET_ACTIONS = ("s3:ListBucket", "s3:GetBucketLocation", "s3:ListBucketMultipartUploads")
+S3_ENDPOINT_OBJECT_ACTIONS = (
+    "s3:GetObject",
+    "s3:PutObject",
+    "s3:DeleteObject",
+    "s3:AbortMultipartUpload",
+    "s3:ListMultipartUploadParts",
+)
+
+
+def ecr_layer_bucket_arn(region: str) -> str:
+    """ECR serves image layers from this AWS-owned bucket of the region (through the S3 endpoint)."""
+    return f"arn:aws:s3:::prod-{region}-starport-layer-bucket/*"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +91,10 @@ class TrainingNetwork(Construct):
     the VPC endpoints created here and nothing can reach them from outside. ``nat_gateways >= 1``
     makes them ``PRIVATE_WITH_EGRESS`` behind NAT gateways in small public subnets, for jobs that
     must download from the internet; still nothing is allowed in.
+
+    Every interface endpoint has a policy: its own service's actions, for this account's principals
+    only. ``restrict_s3_endpoint(buckets)`` gives the S3 gateway endpoint a policy that allows only
+    those buckets and the ECR layer bucket image pulls need (until then S3's default policy applies).
 
     Attributes: ``vpc``, ``subnets``, ``subnet_selection``, ``security_group`` (the one to give
     training jobs), ``endpoint_security_group``, ``s3_endpoint``, ``interface_endpoints`` (by the
@@ -118,6 +151,39 @@ class TrainingNetwork(Construct):
     def subnet_ids(self) -> list[str]:
         return [subnet.subnet_id for subnet in self.subnets]
 
+    def restrict_s3_endpoint(self, buckets: Sequence[s3.IBucket]) -> None:
+        """Let the S3 gateway endpoint reach only ``buckets`` and the region's ECR layer bucket.
+
+        Jobs in the subnets then cannot copy data to, or read from, any other bucket through the
+        endpoint (in isolated subnets it is their only way to S3).
+        """
+        require(len(buckets) > 0, _NAME, "restrict_s3_endpoint(buckets)", "must list the platform's buckets")
+        principals = [iam.AnyPrincipal()]
+        self.s3_endpoint.add_to_policy(
+            iam.PolicyStatement(
+                sid="PlatformBuckets",
+                principals=principals,
+                actions=list(S3_ENDPOINT_BUCKET_ACTIONS),
+                resources=[bucket.bucket_arn for bucket in buckets],
+            )
+        )
+        self.s3_endpoint.add_to_policy(
+            iam.PolicyStatement(
+                sid="PlatformObjects",
+                principals=principals,
+                actions=list(S3_ENDPOINT_OBJECT_ACTIONS),
+                resources=[bucket.arn_for_objects("*") for bucket in buckets],
+            )
+        )
+        self.s3_endpoint.add_to_policy(
+            iam.PolicyStatement(
+                sid="EcrImageLayers",
+                principals=principals,
+                actions=["s3:GetObject"],
+                resources=[ecr_layer_bucket_arn(Stack.of(self).region)],
+            )
+        )
+
     def _create_vpc(self, vpc_cidr: str, nat_gateways: int) -> ec2.Vpc:
         subnets = [
             ec2.SubnetConfiguration(
@@ -137,7 +203,7 @@ class TrainingNetwork(Construct):
                     name="nat", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=28, map_public_ip_on_launch=False
                 ),
             )
-        return ec2.Vpc(
+        vpc = ec2.Vpc(
             self,
             "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(vpc_cidr),
@@ -148,6 +214,8 @@ class TrainingNetwork(Construct):
             enable_dns_support=True,
             restrict_default_security_group=True,
         )
+        _acknowledge_default_group_provider(Stack.of(self))
+        return vpc
 
     def _import_vpc(self, existing: ExistingVpcAttributes) -> ec2.IVpc:
         return ec2.Vpc.from_vpc_attributes(
@@ -240,6 +308,17 @@ class TrainingNetwork(Construct):
             )
             for name, service in INTERFACE_ENDPOINT_SERVICES.items()
         }
+        account = Stack.of(self).account
+        for name, endpoint in interface_endpoints.items():
+            endpoint.add_to_policy(
+                iam.PolicyStatement(
+                    sid="ThisAccountOnly",
+                    principals=[iam.AnyPrincipal()],
+                    actions=[f"{INTERFACE_ENDPOINT_ACTIONS[name]}:*"],
+                    resources=["*"],
+                    conditions={"StringEquals": {"aws:PrincipalAccount": account}},
+                )
+            )
         return endpoint_group, s3_endpoint, interface_endpoints
 
     def _flow_log(self, retention: logs.RetentionDays, key: kms.IKey | None):
@@ -261,6 +340,13 @@ class TrainingNetwork(Construct):
             traffic_type=ec2.FlowLogTrafficType.ALL,
         )
         return key, group, flow_log
+
+
+def _acknowledge_default_group_provider(stack: Stack) -> None:
+    """aws-cdk-lib's provider that empties the default security group is a singleton at the stack's root."""
+    for child in stack.node.children:
+        if child.node.id.startswith("Custom::VpcRestrictDefaultSG"):
+            acknowledge_checkov(child, FUNCTION_CHECKOV_REASONS, resource_type="AWS::Lambda::Function")
 
 
 def _validate(
@@ -336,4 +422,10 @@ def _validate_existing(existing: ExistingVpcAttributes, zone_count: int) -> None
         require(not bad, _NAME, f"{field}.{name}", f"{bad} do not look like {pattern.pattern}")
 
 
-__all__ = ["INTERFACE_ENDPOINT_SERVICES", "ExistingVpcAttributes", "TrainingNetwork"]
+__all__ = [
+    "INTERFACE_ENDPOINT_ACTIONS",
+    "INTERFACE_ENDPOINT_SERVICES",
+    "ExistingVpcAttributes",
+    "TrainingNetwork",
+    "ecr_layer_bucket_arn",
+]

@@ -78,7 +78,7 @@ class TrainingOperations(Construct):
       reaper_dry_run: the reaper only reports what it would end.
       notification_topic: where alarms and job notifications go; created here when not given.
       notification_email: subscribed to the topic created here (only without notification_topic).
-      state_machine: the launcher, whose executions the dashboard shows (optional).
+      state_machines: the launchers (one per team), whose executions the dashboard shows (optional).
       template_metrics: per enabled template, its loss and tokens/s metric names (dashboard).
       quota_interval / reaper_interval: how often the scheduled functions run (default 5 and 10
         minutes).
@@ -104,7 +104,7 @@ class TrainingOperations(Construct):
         reaper_dry_run: bool = False,
         notification_topic: sns.ITopic | None = None,
         notification_email: str | None = None,
-        state_machine: sfn.IStateMachine | None = None,
+        state_machines: Sequence[sfn.IStateMachine] = (),
         template_metrics: Sequence[TemplateMetrics] = (),
         quota_interval: Duration | None = None,
         reaper_interval: Duration | None = None,
@@ -155,7 +155,7 @@ class TrainingOperations(Construct):
             instance_types=self.instance_types,
             threshold_percent=self.quota_alarm_threshold_percent,
             quota_interval=quota_interval,
-            state_machine=state_machine,
+            state_machines=list(state_machines),
             template_metrics=template_metrics,
             functions=[self.quota_function, self.reaper_function, self.job_events_function],
         ).dashboard

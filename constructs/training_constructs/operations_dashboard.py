@@ -72,7 +72,7 @@ class OperationsDashboard(Construct):
         instance_types: Sequence[str],
         threshold_percent: float,
         quota_interval: Duration,
-        state_machine: sfn.IStateMachine | None,
+        state_machines: Sequence[sfn.IStateMachine],
         template_metrics: Sequence[TemplateMetrics],
         functions: Sequence[lambda_.IFunction],
     ) -> None:
@@ -86,7 +86,7 @@ class OperationsDashboard(Construct):
             default_interval=Duration.days(1),
         )
         self.dashboard.add_widgets(cloudwatch.TextWidget(markdown=self._header(), width=24, height=2))
-        self.dashboard.add_widgets(self._launcher(state_machine), *self._job_outcomes())
+        self.dashboard.add_widgets(self._launcher(state_machines), *self._job_outcomes())
         for row in _rows(
             [self._quota(t, threshold_percent, quota_interval) for t in instance_types]
             + [self._unreadable_quotas(quota_interval)],
@@ -117,24 +117,38 @@ class OperationsDashboard(Construct):
         )
 
     @staticmethod
-    def _launcher(state_machine: sfn.IStateMachine | None) -> cloudwatch.IWidget:
-        if state_machine is None:
+    def _launcher(state_machines: Sequence[sfn.IStateMachine]) -> cloudwatch.IWidget:
+        if not state_machines:
             return cloudwatch.TextWidget(
                 markdown="### Launcher executions\nNo launcher state machine was given.", width=8, height=6
             )
+        # One line per outcome, summed over the teams' launchers.
+        outcomes = {
+            "started": "metric_started",
+            "succeeded": "metric_succeeded",
+            "failed": "metric_failed",
+            "aborted": "metric_aborted",
+            "timed out": "metric_timed_out",
+        }
+        if len(state_machines) == 1:
+            left = [getattr(state_machines[0], method)(label=label) for label, method in outcomes.items()]
+        else:
+            left = [
+                cloudwatch.MathExpression(
+                    # Ids are unique within the graph: one set per outcome. A launcher without runs in a
+                    # period has no data point, which would blank the sum: count it as 0.
+                    expression=" + ".join(f"FILL({method[7:]}{i}, 0)" for i in range(len(state_machines))),
+                    using_metrics={
+                        f"{method[7:]}{i}": getattr(machine, method)()
+                        for i, machine in enumerate(state_machines)
+                    },
+                    label=label,
+                    period=_HOUR,
+                )
+                for label, method in outcomes.items()
+            ]
         return cloudwatch.GraphWidget(
-            title="Launcher executions",
-            width=8,
-            height=6,
-            statistic="Sum",
-            period=_HOUR,
-            left=[
-                state_machine.metric_started(label="started"),
-                state_machine.metric_succeeded(label="succeeded"),
-                state_machine.metric_failed(label="failed"),
-                state_machine.metric_aborted(label="aborted"),
-                state_machine.metric_timed_out(label="timed out"),
-            ],
+            title="Launcher executions", width=8, height=6, statistic="Sum", period=_HOUR, left=left
         )
 
     def _job_outcomes(self) -> list[cloudwatch.IWidget]:

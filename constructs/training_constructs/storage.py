@@ -10,7 +10,7 @@ from constructs import Construct
 
 from training_constructs._props import is_whole_number, require
 from training_constructs.encryption import create_encryption_key
-from training_constructs.nag import acknowledge
+from training_constructs.nag import acknowledge, acknowledge_checkov
 
 _NAME = "TrainingStorage"
 
@@ -26,7 +26,8 @@ class TrainingStorage(Construct):
     SSE-KMS under ``key`` using S3 Bucket Keys (fewer KMS calls: cheaper and no throttling on
     large checkpoints), enforces bucket-owner object ownership, and writes server access logs to
     ``access_logs_bucket``. Checkpoints, artifacts and code are versioned (a bad overwrite or delete
-    is recoverable); old checkpoint versions expire after ``checkpoint_noncurrent_days`` and
+    is recoverable); so are datasets (``version_datasets``, on by default: a dataset overwritten by
+    an upload is recoverable); old checkpoint versions expire after ``checkpoint_noncurrent_days`` and
     incomplete multipart uploads are aborted. The logs bucket uses SSE-S3, because S3 server
     access logging cannot deliver to a bucket encrypted with SSE-KMS.
 
@@ -43,7 +44,7 @@ class TrainingStorage(Construct):
         construct_id: str,
         *,
         key_alias: str | None = None,
-        version_datasets: bool = False,
+        version_datasets: bool = True,
         checkpoint_noncurrent_days: int = 30,
         incomplete_upload_days: int = 7,
         access_log_retention_days: int = 365,
@@ -126,7 +127,6 @@ class TrainingStorage(Construct):
             encryption=s3.BucketEncryption.S3_MANAGED,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,
-            minimum_tls_version=1.2,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             versioned=False,
             lifecycle_rules=[
@@ -139,12 +139,22 @@ class TrainingStorage(Construct):
             "AwsSolutions-S1",
             "This is the server access log destination; logging its own access would loop",
         )
+        acknowledge_checkov(
+            bucket,
+            {
+                "CKV_AWS_18": "this is the server access log destination; logging its own access would loop",
+                "CKV_AWS_21": "access logs are written once and expire after the retention period; versions "
+                "would keep what the lifecycle rule deletes",
+            },
+            resource_type="AWS::S3::Bucket",
+        )
+        _deny_old_tls(bucket)
         return bucket
 
     def _data_bucket(
         self, name: str, *, versioned: bool, lifecycle_rules: list[s3.LifecycleRule] | None = None
     ) -> s3.Bucket:
-        return s3.Bucket(
+        bucket = s3.Bucket(
             self,
             f"{name.capitalize()}Bucket",
             encryption=s3.BucketEncryption.KMS,
@@ -152,7 +162,6 @@ class TrainingStorage(Construct):
             bucket_key_enabled=True,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,
-            minimum_tls_version=1.2,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             versioned=versioned,
             lifecycle_rules=lifecycle_rules,
@@ -160,6 +169,24 @@ class TrainingStorage(Construct):
             server_access_logs_prefix=f"{name}/",
             removal_policy=self.removal_policy,
         )
+        _deny_old_tls(bucket)
+        return bucket
+
+
+def _deny_old_tls(bucket: s3.Bucket) -> None:
+    """Refuse requests over TLS older than 1.2. (The Bucket's own `minimum_tls_version` writes the
+    number as a JSON number, which some CloudFormation implementations refuse; IAM's grammar writes
+    condition values as strings.)"""
+    bucket.add_to_resource_policy(
+        iam.PolicyStatement(
+            sid="DenyTlsBelow12",
+            effect=iam.Effect.DENY,
+            principals=[iam.AnyPrincipal()],
+            actions=["s3:*"],
+            resources=[bucket.bucket_arn, bucket.arn_for_objects("*")],
+            conditions={"NumericLessThan": {"s3:TlsVersion": "1.2"}},
+        )
+    )
 
 
 def _validate(key_alias: str | None, noncurrent_days: int, upload_days: int, log_days: int) -> None:

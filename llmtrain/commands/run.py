@@ -11,10 +11,11 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from llmtrain.catalog import DEFAULT_TEMPLATE, Catalog
 from llmtrain.commands._common import add_overrides_argument, parse_overrides
-from llmtrain.local import EXIT_CODES, LocalRunOptions, next_attempt, run_local
+from llmtrain.local import EXIT_CODES, LocalRunOptions, RunAlreadyTrained, next_attempt, run_local
 from llmtrain.local.data import parse_data_option
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, render
@@ -94,6 +95,9 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         summary = run_local(request, catalog.sourcedir(template), options,
                             template_channels=template.inputs.channels, console=console)
+    except RunAlreadyTrained as done:
+        console.print(Text(f"llmtrain {done}"))
+        return 0
     except KeyboardInterrupt:
         # Only before the job starts: once it runs, Ctrl-C stops it like StopTrainingJob.
         console.print("[yellow]llmtrain[/] interrupted before the job started; nothing ran")

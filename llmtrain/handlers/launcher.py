@@ -2,19 +2,23 @@
 
 The state machine (constructs/training_constructs/launcher.py) calls three Lambda functions:
 
-- `resolve`: checks the execution input, resolves `template@version` in the bundled registry,
-  refuses a run that is in progress or already completed, and renders attempt 1 (or the attempt
-  after the run's last one, so a failed run started again resumes from its checkpoints). Bad
-  input raises `InvalidRunInput` BEFORE any training job exists; its message says what to fix.
+- `resolve`: checks the execution input, resolves `template@version` in the bundled registry (a
+  run with earlier jobs keeps the version they ran), refuses a run that is in progress or already
+  completed or beyond its team's limits, renders attempt 1 (or the attempt after the run's last
+  one, so a failed run started again resumes from its checkpoints) and checks the template's
+  capacity fallbacks against the run. Bad input is refused BEFORE any training job exists, with a
+  message that says what to fix.
 - `next_attempt`: after CreateTrainingJob (`.sync`) failed, classifies the failure (capacity,
-  quota, the job's own failure, a stop, an API error) and either plans a retry (the wait, a new
+  quota, throttling, the job's own failure, a stop, an API error) and either plans a retry (the wait, a new
   job name, the same checkpoint prefix, maybe the next fallback instance type) or gives up with a
   summary of the run.
 - `summarize`: the summary of a run whose job completed.
 
 Between states the execution carries `{"run": RunState, "request": CreateTrainingJob request,
-"layout": name}`; RunState is plain JSON (see `_new_run_state`). The summary (`build_summary`) is
-the execution's output, the SNS notification's body, and what `llmtrain status` shows.
+"layout": name}`; the execution input and the run state are the typed records of `llmtrain.runs`,
+shared with the CLI. The summary (`build_summary`) is the execution's output, the SNS
+notification's body, and what `llmtrain status` shows. A run refused at Resolve gets a summary too
+(`rejection_summary`, status `Rejected`): the execution fails with its error, after the notification.
 
 The functions read their settings from their environment, set by the construct:
 `LLMTRAIN_PLATFORM_CONTEXT` (the PlatformContext as JSON), `LLMTRAIN_REQUEST_LAYOUTS` (the request
@@ -38,7 +42,22 @@ import boto3
 from llmtrain.catalog import LATEST, Catalog
 from llmtrain.errors import LlmtrainError, OverrideError
 from llmtrain.platform import PlatformContext
-from llmtrain.render import MAX_ATTEMPTS, RunInput, max_run_name_length, render
+from llmtrain.render import (
+    MAX_ATTEMPTS,
+    TAG_PREFIX,
+    RunInput,
+    check_team_template,
+    max_run_name_length,
+    render,
+)
+from llmtrain.runs import (
+    DEFAULT_OWNER,
+    ExecutionInput,
+    InvalidRunInput,
+    LauncherStateError,
+    RunState,
+    UnusableInstanceType,
+)
 from llmtrain.spec import RetrySpec, TemplateSpec
 
 ENV_PLATFORM_CONTEXT = "LLMTRAIN_PLATFORM_CONTEXT"
@@ -48,8 +67,11 @@ BUNDLED_TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 
 ENV_REQUEST_LAYOUTS = "LLMTRAIN_REQUEST_LAYOUTS"
 
-INPUT_FIELDS = {"template": "str", "version": "str", "run_name": "str", "overrides": "object", "owner": "str"}
 CAPACITY_MARKERS = ("CapacityError", "InsufficientInstanceCapacity", "InsufficientCapacity")
+# SageMaker's API throttling, as Step Functions reports it in the cause of a failed call.
+THROTTLING_MARKERS = ("ThrottlingException", "Rate exceeded", "TooManyRequestsException")
+MAX_THROTTLE_RETRIES = 5
+THROTTLE_BACKOFF_SECONDS = 10
 QUOTA_MARKER = "ResourceLimitExceeded"
 ACTIVE_JOB_STATUSES = ("InProgress", "Stopping")
 _QUOTA_MESSAGE = re.compile(
@@ -59,49 +81,55 @@ _QUOTA_MESSAGE = re.compile(
 _SUBJECT_MAX = 100
 
 
-class InvalidRunInput(Exception):
-    """The execution input cannot start a run; nothing was created. The message says what to fix."""
-
-
-class RunAlreadyInProgress(Exception):
+class RunAlreadyInProgress(LlmtrainError):
     """A training job of this run is still running; a second one is never started."""
 
 
-class RunAlreadyCompleted(Exception):
+class RunAlreadyCompleted(LlmtrainError):
     """This run name already has a completed training job; run names identify one run."""
 
 
-class LauncherStateError(Exception):
-    """The state the state machine passed is not what this function expects (a deployment bug)."""
+# Resolve's refusals: the execution ends with their class name as its error, before any job exists.
+REJECTIONS = (InvalidRunInput, RunAlreadyInProgress, RunAlreadyCompleted)
 
 
 # --- Lambda entry points ----------------------------------------------------------------------------
 
 
 def resolve(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
-    """`{"input": execution input, "execution_arn": ...}` -> `{"run", "request", "layout"}`."""
-    platform = platform_from_environment()
-    run_input = parse_execution_input(event.get("input"))
+    """`{"input": execution input, "execution_arn", "execution_name"}` -> `{"run", "request", "layout"}`,
+    or `{"summary": ...}` of a rejected run (status `Rejected`; nothing was created)."""
     try:
-        template = _catalog().get(run_input["template"], run_input["version"])
-        check_run_name(run_input["run_name"], platform)
+        return resolve_run(event)
+    except REJECTIONS as refusal:
+        return {"summary": rejection_summary(refusal, event)}
+
+
+def resolve_run(event: Mapping[str, Any]) -> dict[str, Any]:
+    """Resolve, raising the refusals that `resolve` turns into a rejection summary."""
+    platform = platform_from_environment()
+    layouts = layouts_from_environment()
+    run_input = ExecutionInput.parse(event.get("input"))
+    try:
+        check_team_template(run_input.template, platform)
+        check_run_name(run_input.run_name, platform)
     except LlmtrainError as error:
         raise _rejected(error) from error
-    previous = run_jobs(_sagemaker(platform), platform.job_name_prefix, run_input["run_name"])
-    return start_run(
-        template,
-        run_input,
-        platform,
-        previous,
-        layouts_from_environment(),
-        execution_arn=event.get("execution_arn"),
-    )
+    sagemaker = _sagemaker(platform)
+    previous = run_jobs(sagemaker, platform.job_name_prefix, run_input.run_name)
+    _refuse_duplicate_run(run_input.run_name, previous)
+    try:
+        template = run_template(run_input, _pinned_template(sagemaker, previous), _catalog())
+    except LlmtrainError as error:
+        raise _rejected(error) from error
+    execution_arn = event.get("execution_arn")
+    return start_run(template, run_input, platform, previous, layouts, execution_arn=execution_arn)
 
 
 def next_attempt(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
     """`{"run", "request", "failure": {"Error", "Cause"}}` -> a retry plan or a failure summary."""
     run, request = _state(event)
-    template = _catalog().get(run["template"], run["version"])
+    template = _catalog().get(run.template, run.version)
     return plan_next_attempt(
         template,
         run,
@@ -116,8 +144,9 @@ def summarize(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
     """`{"run", "job": DescribeTrainingJob output}` -> `{"summary": ...}` for a completed job."""
     run, _ = _state(event, need_request=False)
     job = event.get("job") or {}
-    run = _record_attempt(run, job.get("TrainingJobName", ""), job.get("TrainingJobStatus", "Completed"), "")
-    return {"summary": build_summary(run, status=job.get("TrainingJobStatus", "Completed"), job=job)}
+    status = job.get("TrainingJobStatus", "Completed")
+    run = run.with_attempt_ended(job.get("TrainingJobName", ""), status)
+    return {"summary": build_summary(run, status=status, job=job)}
 
 
 # --- settings --------------------------------------------------------------------------------------
@@ -151,57 +180,30 @@ def _sagemaker(platform: PlatformContext):
     return boto3.client("sagemaker", region_name=platform.region)
 
 
-def _state(event: Mapping[str, Any], *, need_request: bool = True) -> tuple[dict, dict]:
+def _state(event: Mapping[str, Any], *, need_request: bool = True) -> tuple[RunState, dict]:
     run, request = event.get("run"), event.get("request")
     if not isinstance(run, Mapping) or (need_request and not isinstance(request, Mapping)):
         raise LauncherStateError(
             "the state lacks 'run' or 'request': the state machine and the functions "
             "disagree (deploy them together)"
         )
-    return dict(run), dict(request or {})
+    return RunState.from_dict(run), dict(request or {})
 
 
 # --- resolve ---------------------------------------------------------------------------------------
 
 
-def parse_execution_input(data: Any) -> dict[str, Any]:
-    """The checked execution input: template, version, run_name, overrides, owner."""
-    expected = (
-        '{"template": NAME, "version": SEMVER or "latest", "run_name": NAME, "overrides": {SETTING: VALUE}}'
-    )
-    if not isinstance(data, Mapping):
-        raise _invalid(f"the execution input must be a JSON object like {expected}")
-    unknown = sorted(set(data) - set(INPUT_FIELDS))
-    if unknown:
-        raise _invalid(f"unknown input field(s) {', '.join(unknown)}; the input is {expected}")
-    for name in ("template", "run_name"):
-        if not isinstance(data.get(name), str) or not data[name]:
-            raise _invalid(f"'{name}' is required and must be a non-empty string; the input is {expected}")
-    for name in ("version", "owner"):
-        if name in data and not isinstance(data[name], str):
-            raise _invalid(f"'{name}' must be a string, got {data[name]!r}")
-    overrides = data.get("overrides", {})
-    if overrides is None or not isinstance(overrides, Mapping):
-        raise _invalid(f"'overrides' must be an object of setting name to value, got {overrides!r}")
-    return {
-        "template": data["template"],
-        "version": data.get("version") or LATEST,
-        "run_name": data["run_name"],
-        "overrides": dict(overrides),
-        "owner": data.get("owner") or "launcher",
-    }
+def parse_execution_input(data: Any) -> ExecutionInput:
+    """The checked execution input (`llmtrain.runs.ExecutionInput`); InvalidRunInput says what to fix."""
+    return ExecutionInput.parse(data)
 
 
-def _invalid(problem: str) -> InvalidRunInput:
-    return InvalidRunInput(f"run input rejected before any training job was created: {problem}")
-
-
-def _rejected(error: Exception) -> InvalidRunInput:
-    return _invalid(str(error))
+def _rejected(error: LlmtrainError) -> InvalidRunInput:
+    return error if isinstance(error, InvalidRunInput) else InvalidRunInput(str(error))
 
 
 def check_run_name(run_name: str, platform: PlatformContext) -> None:
-    """Raise OverrideError unless the run name fits SageMaker's job names with the platform's prefix."""
+    """Raise OverrideError unless the run name fits SageMaker's job names with the team's prefix."""
     RunInput(run_name=run_name)
     longest = max_run_name_length(platform)
     if len(run_name) > longest:
@@ -219,7 +221,8 @@ def attempt_name_stem(job_name_prefix: str, run_name: str) -> str:
 
 
 def run_jobs(sagemaker, job_name_prefix: str, run_name: str) -> list[dict[str, Any]]:
-    """The run's training jobs (any status), oldest attempt first: `{"attempt", "job_name", "status"}`."""
+    """The run's training jobs (any status), oldest attempt first:
+    `{"attempt", "job_name", "job_arn", "status"}`."""
     stem = attempt_name_stem(job_name_prefix, run_name)
     own = re.compile(re.escape(stem) + r"(\d+)", re.IGNORECASE)
     found = []
@@ -231,33 +234,111 @@ def run_jobs(sagemaker, job_name_prefix: str, run_name: str) -> list[dict[str, A
                     {
                         "attempt": int(match.group(1)),
                         "job_name": job["TrainingJobName"],
+                        "job_arn": job.get("TrainingJobArn"),
                         "status": job["TrainingJobStatus"],
                     }
                 )
     return sorted(found, key=lambda job: job["attempt"])
 
 
+def _pinned_template(sagemaker, previous: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """The template and version a run's earlier jobs ran (their `llmtrain:` tags), if any."""
+    if not previous or not previous[-1].get("job_arn"):
+        return None
+    tags = {
+        tag["Key"]: tag["Value"]
+        for page in sagemaker.get_paginator("list_tags").paginate(ResourceArn=previous[-1]["job_arn"])
+        for tag in page["Tags"]
+    }
+    name, version = tags.get(TAG_PREFIX + "template"), tags.get(TAG_PREFIX + "template-version")
+    return (name, version) if name and version else None
+
+
+def run_template(
+    run_input: ExecutionInput, pinned: tuple[str, str] | None, catalog: Catalog
+) -> TemplateSpec:
+    """The template version a run renders: the input's, or for a run that already has jobs, the one
+    those jobs ran. A run keeps its template and version for life (its program and checkpoints)."""
+    if pinned is None:
+        return catalog.get(run_input.template, run_input.version)
+    name, version = pinned
+    if run_input.template != name or run_input.version not in (LATEST, version):
+        asked = f"{run_input.template}@{run_input.version}"
+        raise InvalidRunInput(
+            f"run {run_input.run_name!r} runs {name}@{version} (its earlier jobs), not {asked}: a run keeps "
+            f"its template and version for life, because its checkpoints belong to that program; continue "
+            f"it with template {name!r} and version {version!r}, or choose a new run_name for {asked}"
+        )
+    return catalog.get(name, version)
+
+
 def start_run(
     template: TemplateSpec,
-    run_input: Mapping[str, Any],
+    run_input: ExecutionInput,
     platform: PlatformContext,
     previous: Sequence[Mapping[str, Any]],
     layouts: Mapping[str, Sequence[str]],
     *,
     execution_arn: str | None = None,
 ) -> dict[str, Any]:
-    """Render the run's first attempt here, after checking what earlier attempts left behind."""
-    _refuse_duplicate_run(run_input["run_name"], previous)
+    """Render the run's first attempt here, after checking what earlier attempts left behind, and
+    check its capacity fallbacks up front: a type that cannot hold the run is never tried."""
+    _refuse_duplicate_run(run_input.run_name, previous)
     attempt = previous[-1]["attempt"] + 1 if previous else 1
-    run = _new_run_state(template, run_input, attempt, execution_arn)
+    if attempt > MAX_ATTEMPTS:
+        raise InvalidRunInput(
+            f"run {run_input.run_name!r} has used all {MAX_ATTEMPTS} attempts; choose a new run_name"
+        )
+    owner = run_input.owner or DEFAULT_OWNER
     try:
-        request = _render_attempt(template, run, platform)
+        request = _render(template, run_input.run_name, run_input.overrides, attempt, owner, None, platform)
         layout = request_layout(request, layouts)
     except LlmtrainError as error:
         raise _rejected(error) from error
-    run["instance_types"] = _instance_types(template, request)
-    run["checkpoint_s3_uri"] = request.get("CheckpointConfig", {}).get("S3Uri")
-    return {"run": run, "request": request, "layout": layout}
+    first = request["ResourceConfig"]["InstanceType"]
+    usable, unusable = _check_fallbacks(template, run_input, first, platform, layouts)
+    run = RunState(
+        run_name=run_input.run_name,
+        team=platform.team,
+        template=template.name,
+        version=template.version,
+        overrides=run_input.overrides,
+        owner=owner,
+        execution_arn=execution_arn,
+        attempt=attempt,
+        instance_types=(first, *usable),
+        unusable_instance_types=unusable,
+        checkpoint_s3_uri=request.get("CheckpointConfig", {}).get("S3Uri"),
+    )
+    return {"run": run.to_dict(), "request": request, "layout": layout}
+
+
+def _check_fallbacks(
+    template: TemplateSpec,
+    run_input: ExecutionInput,
+    first: str,
+    platform: PlatformContext,
+    layouts: Mapping[str, Sequence[str]],
+) -> tuple[list[str], list[UnusableInstanceType]]:
+    """The template's fallback types that can hold this run, and those that cannot (with why)."""
+    usable: list[str] = []
+    unusable: list[UnusableInstanceType] = []
+    for fallback in dict.fromkeys(template.retry.fallback_instance_types):
+        if fallback == first:
+            continue
+        try:
+            request = _render(template, run_input.run_name, run_input.overrides, 1, DEFAULT_OWNER, fallback,
+                              platform)
+            request_layout(request, layouts)
+        except LlmtrainError as error:
+            unusable.append(UnusableInstanceType(instance_type=fallback, reason=_one_line(str(error))))
+        else:
+            usable.append(fallback)
+    return usable, unusable
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:500]
 
 
 def _refuse_duplicate_run(run_name: str, previous: Sequence[Mapping[str, Any]]) -> None:
@@ -274,44 +355,26 @@ def _refuse_duplicate_run(run_name: str, previous: Sequence[Mapping[str, Any]]) 
             f"run {run_name!r} already completed (training job {completed[-1]}); a run name identifies one "
             "run: choose a new run_name"
         )
-    if previous and previous[-1]["attempt"] >= MAX_ATTEMPTS:
-        raise _invalid(f"run {run_name!r} has used all {MAX_ATTEMPTS} attempts; choose a new run_name")
 
 
-def _new_run_state(
-    template: TemplateSpec, run_input: Mapping[str, Any], attempt: int, execution_arn: str | None
-) -> dict[str, Any]:
-    return {
-        "run_name": run_input["run_name"],
-        "template": template.name,
-        "version": template.version,  # pinned: every attempt renders this exact version
-        "overrides": dict(run_input["overrides"]),
-        "owner": run_input["owner"],
-        "execution_arn": execution_arn,
-        "attempt": attempt,
-        "type_index": 0,  # index into instance_types: 0 is the run's own instance type
-        "capacity_retries": 0,  # capacity retries on the current instance type
-        "quota_waits": 0,
-        "history": [],  # one entry per ended attempt
-    }
-
-
-def _instance_types(template: TemplateSpec, request: Mapping[str, Any]) -> list[str]:
-    """The run's instance type, then the template's fallbacks (in order, without repeats)."""
-    first = request["ResourceConfig"]["InstanceType"]
-    return list(dict.fromkeys([first, *template.retry.fallback_instance_types]))
-
-
-def _render_attempt(template: TemplateSpec, run: Mapping[str, Any], platform: PlatformContext) -> dict:
-    fallback = run["instance_types"][run["type_index"]] if run["type_index"] else None
+def _render(
+    template: TemplateSpec,
+    run_name: str,
+    overrides: Mapping[str, Any],
+    attempt: int,
+    owner: str,
+    instance_type: str | None,
+    platform: PlatformContext,
+) -> dict:
     run_input = RunInput(
-        run_name=run["run_name"],
-        overrides=run["overrides"],
-        attempt=run["attempt"],
-        instance_type=fallback,
-        owner=run["owner"],
+        run_name=run_name, overrides=overrides, attempt=attempt, instance_type=instance_type, owner=owner
     )
     return render(template, run_input, platform)
+
+
+def _render_attempt(template: TemplateSpec, run: RunState, platform: PlatformContext) -> dict:
+    fallback = run.instance_type if run.type_index else None
+    return _render(template, run.run_name, run.overrides, run.attempt, run.owner, fallback, platform)
 
 
 def request_layouts(requests: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
@@ -368,7 +431,8 @@ class Quota:
 
 @dataclass(frozen=True)
 class Failure:
-    """One failed attempt, classified. `kind`: capacity, quota, job_failed, stopped or api_error."""
+    """One failed attempt, classified. `kind`: capacity, quota, throttled (SageMaker refused the call
+    for its rate; no job exists), job_failed, stopped or api_error."""
 
     kind: str
     reason: str
@@ -380,8 +444,8 @@ def classify_failure(failure: Mapping[str, Any]) -> Failure:
     """Classify the `{"Error", "Cause"}` that Step Functions caught from CreateTrainingJob `.sync`.
 
     A job that ran and ended badly arrives as `States.TaskFailed` with the DescribeTrainingJob
-    output as the cause (JSON); an API error (e.g. ResourceLimitExceeded) arrives as
-    `SageMaker.<...>` with SageMaker's message as the cause.
+    output as the cause (JSON); an API error (e.g. ResourceLimitExceeded, ThrottlingException)
+    arrives as `SageMaker.<...>` with SageMaker's message and error code as the cause.
     """
     error, cause = str(failure.get("Error", "")), str(failure.get("Cause", ""))
     job = _job_from_cause(cause)
@@ -392,6 +456,8 @@ def classify_failure(failure: Mapping[str, Any]) -> Failure:
         return Failure(kind="quota", reason=cause or error, quota=parse_quota(cause))
     if any(marker in text for marker in CAPACITY_MARKERS):
         return Failure(kind="capacity", reason=cause or error)
+    if any(marker in text for marker in THROTTLING_MARKERS):
+        return Failure(kind="throttled", reason=cause or error)
     return Failure(kind="api_error", reason=f"{error}: {cause}" if cause else error)
 
 
@@ -428,10 +494,15 @@ def parse_quota(message: str) -> Quota | None:
 
 @dataclass(frozen=True)
 class RetryPlan:
+    """What the next call does: wait, then create the job again (a new attempt, or the same attempt
+    when the call was throttled and no job was created)."""
+
     wait_seconds: int
     type_index: int
     capacity_retries: int
     quota_waits: int
+    throttle_retries: int = 0
+    new_attempt: bool = True
 
 
 def backoff_seconds(retry: RetrySpec, retry_number: int) -> int:
@@ -440,21 +511,32 @@ def backoff_seconds(retry: RetrySpec, retry_number: int) -> int:
     return int(min(wait, retry.max_backoff_seconds))
 
 
-def plan_retry(retry: RetrySpec, run: Mapping[str, Any], failure: Failure) -> RetryPlan | None:
+def throttle_backoff_seconds(retry_number: int) -> int:
+    """The wait before calling CreateTrainingJob again after SageMaker throttled it."""
+    return THROTTLE_BACKOFF_SECONDS * 2 ** (retry_number - 1)
+
+
+def plan_retry(retry: RetrySpec, run: RunState, failure: Failure) -> RetryPlan | None:
     """What to do after a failed attempt, by the template's retry policy; None gives up.
 
     Capacity: up to `capacity_retry_attempts` retries on the same instance type with exponential
-    backoff, then the next fallback type at once (its capacity is a different pool), which gets the
-    same number of retries. Quota with policy `wait`: up to `capacity_retry_attempts` waits on the
-    same backoff schedule for running jobs to free the quota. Anything else is not retried.
+    backoff, then the next usable fallback type at once (its capacity is a different pool), which
+    gets the same number of retries. Quota with policy `wait`: up to `capacity_retry_attempts` waits
+    on the same backoff schedule for running jobs to free the quota. A throttled CreateTrainingJob
+    (no job was created) is called again, same job name, up to `MAX_THROTTLE_RETRIES` times with a
+    short backoff. Anything else is not retried.
     """
-    if run["attempt"] >= MAX_ATTEMPTS:
+    index, retries, waits = run.type_index, run.capacity_retries, run.quota_waits
+    if failure.kind == "throttled" and run.throttle_retries < MAX_THROTTLE_RETRIES:
+        throttles = run.throttle_retries + 1
+        wait = throttle_backoff_seconds(throttles)
+        return RetryPlan(wait, index, retries, waits, throttles, new_attempt=False)
+    if run.attempt >= MAX_ATTEMPTS:
         return None
-    index, retries, waits = run["type_index"], run["capacity_retries"], run["quota_waits"]
     if failure.kind == "capacity":
         if retries < retry.capacity_retry_attempts:
             return RetryPlan(backoff_seconds(retry, retries + 1), index, retries + 1, waits)
-        if index + 1 < len(run["instance_types"]):
+        if index + 1 < len(run.instance_types):
             return RetryPlan(0, index + 1, 0, waits)
     if failure.kind == "quota" and retry.quota_policy == "wait" and waits < retry.capacity_retry_attempts:
         return RetryPlan(backoff_seconds(retry, waits + 1), index, retries, waits + 1)
@@ -463,55 +545,44 @@ def plan_retry(retry: RetrySpec, run: Mapping[str, Any], failure: Failure) -> Re
 
 def plan_next_attempt(
     template: TemplateSpec,
-    run: Mapping[str, Any],
+    run: RunState,
     request: Mapping[str, Any],
     caught: Mapping[str, Any],
     platform: PlatformContext,
     layouts: Mapping[str, Sequence[str]],
 ) -> dict[str, Any]:
     failure = classify_failure(caught)
-    run = _record_attempt(
-        run,
-        request.get("TrainingJobName", ""),
-        failure.kind,
-        failure.reason,
-        instance_type=request.get("ResourceConfig", {}).get("InstanceType"),
-    )
     plan = plan_retry(template.retry, run, failure)
+    if plan is None or plan.new_attempt:
+        run = run.with_attempt_ended(
+            request.get("TrainingJobName", ""),
+            failure.kind,
+            failure.reason,
+            instance_type=request.get("ResourceConfig", {}).get("InstanceType"),
+        )
     if plan is None:
         return {"decision": "fail", "summary": failure_summary(template, run, failure)}
-    run.update(
-        attempt=run["attempt"] + 1,
+    run = run.replace(
+        attempt=run.attempt + 1 if plan.new_attempt else run.attempt,
         type_index=plan.type_index,
         capacity_retries=plan.capacity_retries,
         quota_waits=plan.quota_waits,
+        throttle_retries=plan.throttle_retries,  # counts the current attempt's throttled calls
     )
     try:
         next_request = _render_attempt(template, run, platform)
         layout = request_layout(next_request, layouts)
     except LlmtrainError as error:
-        bad = Failure(kind="invalid_retry", reason=f"the retry could not be rendered: {error}")
+        kind = "capacity" if failure.kind == "capacity" else "invalid_retry"
+        bad = Failure(kind=kind, reason=f"the retry could not be rendered: {error}")
         return {"decision": "fail", "summary": failure_summary(template, run, bad)}
     return {
         "decision": "retry",
         "wait_seconds": plan.wait_seconds,
-        "run": run,
+        "run": run.to_dict(),
         "request": next_request,
         "layout": layout,
     }
-
-
-def _record_attempt(
-    run: Mapping[str, Any], job: str, outcome: str, reason: str, *, instance_type: str | None = None
-) -> dict[str, Any]:
-    entry = {
-        "attempt": run["attempt"],
-        "job_name": job,
-        "instance_type": instance_type or run["instance_types"][run["type_index"]],
-        "outcome": outcome,
-        "reason": reason[:1000],
-    }
-    return {**run, "history": [*run.get("history", []), entry]}
 
 
 # --- summaries ---------------------------------------------------------------------------------------
@@ -523,11 +594,12 @@ FAILURE_ERRORS = {
     "job_failed": "TrainingJobFailed",
     "stopped": "TrainingJobStopped",
     "api_error": "CreateTrainingJobFailed",
+    "throttled": "CreateTrainingJobFailed",
     "invalid_retry": "RetryNotPossible",
 }
 
 
-def failure_summary(template: TemplateSpec, run: Mapping[str, Any], failure: Failure) -> dict[str, Any]:
+def failure_summary(template: TemplateSpec, run: RunState, failure: Failure) -> dict[str, Any]:
     status = "Stopped" if failure.kind == "stopped" else "Failed"
     summary = build_summary(
         run,
@@ -547,34 +619,45 @@ def failure_summary(template: TemplateSpec, run: Mapping[str, Any], failure: Fai
     return summary
 
 
-def _advice(template: TemplateSpec, run: Mapping[str, Any], failure: Failure) -> str:
-    types = ", ".join(run["instance_types"])
+def _advice(template: TemplateSpec, run: RunState, failure: Failure) -> str:
     if failure.kind == "capacity":
-        return (
-            f"SageMaker had no capacity for {types} after {len(run['history'])} attempt(s) "
-            f"({template.retry.capacity_retry_attempts} retries per type); start the run again later "
-            "(it resumes from its checkpoints) or override instance_type"
-        )
+        return _capacity_advice(template, run)
     if failure.kind == "quota":
         numbers = failure.quota.describe() if failure.quota else failure.reason
         policy = (
             ""
             if template.retry.quota_policy == "fail"
-            else f" (waited {run['quota_waits']} time(s) for it to free up)"
+            else f" (waited {run.quota_waits} time(s) for it to free up)"
         )
         return (
             f"the account's {numbers}{policy}: request an increase in Service Quotas (service "
             "Amazon SageMaker), wait for running jobs to end, or use fewer or other instances"
         )
     if failure.kind == "job_failed":
-        return f"the training job failed: read its logs with `llmtrain logs {run['run_name']}`"
+        return f"the training job failed: read its logs with `llmtrain logs {run.run_name}`"
     if failure.kind == "stopped":
         return "the training job was stopped before it completed"
+    if failure.kind == "throttled":
+        return (f"SageMaker throttled CreateTrainingJob {run.throttle_retries + 1} time(s) in a row; start "
+                "the run again in a few minutes (it continues where it stopped)")
     return "SageMaker refused the request; fix what the message names and start a new run"
 
 
+def _capacity_advice(template: TemplateSpec, run: RunState) -> str:
+    types = ", ".join(run.instance_types)
+    advice = (
+        f"SageMaker had no capacity for {types} after {len(run.history)} attempt(s) "
+        f"({template.retry.capacity_retry_attempts} retries per type); start the run again later "
+        "(it resumes from its checkpoints) or override instance_type"
+    )
+    if run.unusable_instance_types:
+        skipped = "; ".join(f"{item.instance_type}: {item.reason}" for item in run.unusable_instance_types)
+        advice += f". Fallback types that cannot hold this run were not tried ({skipped})"
+    return advice
+
+
 def build_summary(
-    run: Mapping[str, Any],
+    run: RunState,
     *,
     status: str,
     job: Mapping[str, Any],
@@ -583,11 +666,12 @@ def build_summary(
     advice: str | None = None,
 ) -> dict[str, Any]:
     """The run's outcome: the execution output, the notification and what `llmtrain status` shows."""
-    history = list(run.get("history", []))
+    history = [entry.to_dict() for entry in run.history]
     last = history[-1] if history else {}
     summary = {
-        "run_name": run["run_name"],
-        "template": f"{run['template']}@{run['version']}",
+        "run_name": run.run_name,
+        "team": run.team,
+        "template": f"{run.template}@{run.version}",
         "status": status,
         "job_name": job.get("TrainingJobName") or last.get("job_name"),
         "job_arn": job.get("TrainingJobArn"),
@@ -598,14 +682,31 @@ def build_summary(
         "training_seconds": job.get("TrainingTimeInSeconds"),
         "attempts": len(history),
         "attempt_history": history,
-        "checkpoint_s3_uri": run.get("checkpoint_s3_uri"),
-        "execution_arn": run.get("execution_arn"),
+        "checkpoint_s3_uri": run.checkpoint_s3_uri,
+        "execution_arn": run.execution_arn,
     }
     if error is not None:
         summary.update(error=error, failure_reason=reason, advice=advice)
-    summary["subject"] = _subject(summary)
+    summary["subject"] = notification_subject(run.run_name, status, error)
     summary["message"] = summary_message(summary)
     return summary
+
+
+def rejection_summary(refusal: Exception, event: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary of a run refused before any job: the execution fails with `error`, notified."""
+    raw = event.get("input")
+    name = raw.get("run_name") if isinstance(raw, Mapping) else None
+    run_name = name if isinstance(name, str) and name else str(event.get("execution_name") or "?")
+    error = type(refusal).__name__
+    message = f"Run {run_name}: Rejected\nError: {error}: {refusal}"
+    return {
+        "status": "Rejected",
+        "run_name": run_name,
+        "error": error,
+        "message": message,
+        "subject": notification_subject(run_name, "rejected", None),
+        "execution_arn": event.get("execution_arn"),
+    }
 
 
 def final_metrics(job: Mapping[str, Any]) -> dict[str, float]:
@@ -616,11 +717,15 @@ def final_metrics(job: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def _subject(summary: Mapping[str, Any]) -> str:
-    subject = f"llmtrain: run {summary['run_name']} {summary['status']}"
-    if summary.get("error"):
-        subject += f" ({summary['error']})"
-    return subject.encode("ascii", "replace").decode()[:_SUBJECT_MAX]
+def notification_subject(run_name: str, status: str, error: str | None) -> str:
+    """An SNS subject: printable ASCII, at most 100 characters (SNS refuses longer ones); a long run
+    name is shortened, never the outcome."""
+    outcome = f" {status}" + (f" ({error})" if error else "")
+    room = _SUBJECT_MAX - len("llmtrain: run ") - len(outcome)
+    name = "".join(c if " " <= c <= "~" else "?" for c in run_name)
+    if len(name) > room:
+        name = name[: room - 3] + "..."
+    return f"llmtrain: run {name}{outcome}"
 
 
 def summary_message(summary: Mapping[str, Any]) -> str:

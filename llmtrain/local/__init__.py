@@ -10,6 +10,7 @@ runner    all of the above, in order
 """
 
 from llmtrain.local.plan import LocalLimits, LocalRunError
-from llmtrain.local.runner import EXIT_CODES, LocalRunOptions, next_attempt, run_local
+from llmtrain.local.runner import EXIT_CODES, LocalRunOptions, RunAlreadyTrained, next_attempt, run_local
 
-__all__ = ["EXIT_CODES", "LocalLimits", "LocalRunError", "LocalRunOptions", "next_attempt", "run_local"]
+__all__ = ["EXIT_CODES", "LocalLimits", "LocalRunError", "LocalRunOptions", "RunAlreadyTrained",
+           "next_attempt", "run_local"]

@@ -3,10 +3,13 @@
 Every line goes to the host's log file; the terminal gets the training program's output, the
 toolkit's errors, and one progress line per metric line (step, loss, tokens/s, ...). The toolkit's
 long preamble (the training environment it prints before it launches torchrun) stays in the log
-file. On a terminal, a progress bar sits below the log.
+file, and so does noise that would bury the useful lines (`NOISE`). On a terminal, a progress bar
+sits below the log.
 """
 
 from __future__ import annotations
+
+import re
 
 from rich.console import Console
 from rich.markup import escape
@@ -18,6 +21,20 @@ from llmtrain.local.metrics import MetricPoint, loss_metric, throughput_metric
 # The toolkit prints this, a blank line, then the command it runs (torchrun ...).
 _INVOCATION = "Invoking script with the following command"
 _ALWAYS_SHOWN = (" ERROR ", "Traceback", "Error:")
+# Lines only the log file gets: every rank repeating a library's deprecation warnings (DeepSpeed's
+# collectives, transformers' renamed attributes), torchrun's thread-count banner, the toolkit's INFO
+# chatter, bitsandbytes announcing that it has no GPU kernels (only QLoRA needs them), and
+# transformers' padding advice (packed samples have no padding).
+NOISE = re.compile("|".join((
+    r"(Future|Deprecation)Warning: ",
+    r"torch/distributed/run\.py:\d+\]",
+    r"sagemaker-training-toolkit INFO ",
+    r"bitsandbytes.*(without GPU support|GPU quantization are unavailable)",
+    r"We strongly recommend passing in an `attention_mask`",
+    r"You may ignore this warning if your `pad_token_id`",
+)))
+# Python prints a warning's source line, indented, under it.
+_SOURCE_LINE = re.compile(r"^\s+\S")
 
 
 class JobDisplay:
@@ -33,6 +50,8 @@ class JobDisplay:
         self._progress: Progress | None = None
         self._task = None
         self.last_step: int | None = None
+        self._after_noise = dict.fromkeys(hosts, False)
+        self.hidden_lines = 0
 
     def __enter__(self) -> JobDisplay:
         if self.console.is_terminal:
@@ -66,8 +85,17 @@ class JobDisplay:
         if not self._launched[host]:
             self._preamble_line(host, line)
             return
-        if line.strip():
+        if self._is_noise(host, line):
+            self.hidden_lines += 1
+        elif line.strip():
             self._print(Text(f"{host} | {line}"))
+
+    def _is_noise(self, host: str, line: str) -> bool:
+        follows_noise, self._after_noise[host] = self._after_noise[host], False
+        if NOISE.search(line):
+            self._after_noise[host] = True
+            return True
+        return follows_noise and bool(_SOURCE_LINE.match(line))
 
     def _preamble_line(self, host: str, line: str) -> None:
         if self._command_next[host] and line.strip():

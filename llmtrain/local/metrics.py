@@ -115,5 +115,11 @@ def loss_metric(names: Iterable[str]) -> str | None:
     return pick_metric(names, "loss", avoid=("eval", "val"))
 
 
+def eval_loss_metric(names: Iterable[str]) -> str | None:
+    """The validation loss: a loss metric named for evaluation or validation."""
+    losses = [name for name in names if "loss" in name.lower()]
+    return pick_metric(losses, "eval", "val")
+
+
 def throughput_metric(names: Iterable[str]) -> str | None:
     return pick_metric(names, "tokens_per_sec", "tokens/s", "throughput", "samples_per_sec")

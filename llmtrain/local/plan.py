@@ -44,6 +44,7 @@ class LocalLimits:
     max_seq_len: int = 256
     max_micro_batch_size: int = 4
     max_steps: int = 50
+    max_eval_steps: int = 5
 
 
 @dataclass(frozen=True)
@@ -118,14 +119,18 @@ def plan_local_job(
             "use a template with one instance type"
         )
     cloud_type = resource["InstanceType"]
-    hosts = _plan_hosts(int(resource.get("InstanceCount", 1)), limits, adjustments)
-    processes = _plan_processes(cloud_type, hps, limits, adjustments)
+    cloud_hosts = int(resource.get("InstanceCount", 1))
+    hosts = _plan_hosts(cloud_hosts, limits, adjustments)
+    processes, cloud_processes = _plan_processes(cloud_type, hps, limits, adjustments)
     adjustments.insert(0, Adjustment(
         "ResourceConfig.InstanceType", _describe_instance(cloud_type), "local (this machine's CPU, gloo)",
         "local runs train on CPU",
     ))
     _rescale_degrees(hps, processes, len(hosts) * processes, adjustments)
+    cloud_hps = dict(hps)
     _scale_hyperparameters(hps, limits, user_settings, adjustments, notes)
+    notes.extend(schedule_notes(cloud_hps, hps, cloud_world=cloud_hosts * cloud_processes,
+                                local_world=len(hosts) * processes))
     _check_runnable(request, hps)
     notes.extend(_ignored_settings(request))
     return LocalPlan(
@@ -177,7 +182,8 @@ def _plan_hosts(count: int, limits: LocalLimits, adjustments: list[Adjustment]) 
 
 def _plan_processes(
     instance_type: str, hps: dict[str, str], limits: LocalLimits, adjustments: list[Adjustment]
-) -> int:
+) -> tuple[int, int]:
+    """Processes per host here, and in the cloud."""
     explicit = hps.get(PROCESSES_PER_HOST_HP)
     if explicit is not None:
         cloud = int(_decode(explicit))
@@ -194,7 +200,7 @@ def _plan_processes(
     if local > 1 or explicit is not None:
         # The toolkit starts one process per GPU and 1 on a CPU host unless told otherwise.
         _set_hp(hps, PROCESSES_PER_HOST_HP, local)
-    return local
+    return local, cloud
 
 
 def _rescale_degrees(hps: dict[str, str], processes: int, world: int, adjustments: list[Adjustment]) -> None:
@@ -251,26 +257,81 @@ def _scale_hyperparameters(
     if _decode(hps.get("quantization", '""')) == "nf4":
         wanted["quantization"] = ("none", "a local smoke run trains plain LoRA; 4-bit QLoRA quantizes "
                                           "the model channel's checkpoint on bitsandbytes' slow CPU path")
+    cloud_max_steps = _int_hp(hps, "max_steps")
     _apply(hps, wanted, user_settings, adjustments, notes)
-    _apply(hps, _fit_schedule(hps), user_settings, adjustments, notes)
+    local_scaled_steps = "max_steps" in wanted and "max_steps" not in user_settings
+    _apply(hps, _fit_schedule(hps, limits, cloud_max_steps, local_scaled_steps), user_settings, adjustments,
+           notes)
 
 
-def _fit_schedule(hps: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+def _int_hp(hps: Mapping[str, str], name: str) -> int | None:
+    value = _decode(hps[name]) if name in hps else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _fit_schedule(hps: Mapping[str, str], limits: LocalLimits, cloud_max_steps: int | None,
+                  local_scaled_steps: bool) -> dict[str, tuple[Any, str]]:
     """Step counts sized for a long cloud run, shrunk to the (shorter) local max_steps."""
-    max_steps = _decode(hps.get("max_steps", "0"))
-    if not isinstance(max_steps, int) or max_steps < 1:
+    max_steps = _int_hp(hps, "max_steps")
+    if max_steps is None or max_steps < 1:
         return {}
-    limits = {
+    caps = {
         "warmup_steps": (max(1, max_steps // 10),
                          "a warm-up longer than the run keeps the learning rate near 0"),
         "log_every_steps": (max(1, max_steps // 20), "log often enough to show a short run's progress"),
+        "eval_steps": (limits.max_eval_steps, "a few validation batches keep evaluation short"),
     }
-    wanted = {}
-    for name, (limit, reason) in limits.items():
-        value = _decode(hps.get(name, "0"))
-        if isinstance(value, int) and value > limit:
-            wanted[name] = (limit, reason)
+    if local_scaled_steps:  # the user's own max_steps keeps the template's schedule (schedule_notes)
+        caps["lr_decay_steps"] = (max_steps, "the learning rate decays over the local run as it would "
+                                             "over the cloud run")
+    wanted = {name: (cap, reason) for name, (cap, reason) in caps.items()
+              if (_int_hp(hps, name) or 0) > cap}
+    eval_every = _int_hp(hps, "eval_every_steps") or 0
+    if eval_every > max_steps:  # else the local run would never evaluate
+        scaled = max(1, min(max_steps, eval_every * max_steps // (cloud_max_steps or max_steps)))
+        wanted["eval_every_steps"] = (scaled, "so that the local run evaluates: as often as the cloud run, "
+                                              "relative to its length, and at least at its end")
     return wanted
+
+
+def schedule_notes(cloud_hps: Mapping[str, str], local_hps: Mapping[str, str], *, cloud_world: int,
+                   local_world: int) -> list[str]:
+    """What the local run's learning rate does differently from the cloud run's, and how to align it."""
+    notes = [_global_batch_lr_note(cloud_hps, local_hps, cloud_world, local_world), _decay_note(local_hps)]
+    return [note for note in notes if note]
+
+
+def _decay_note(hps: Mapping[str, str]) -> str | None:
+    """A max_steps below lr_decay_steps (a run trained in stages) stops before the decay ends."""
+    max_steps, decay = _int_hp(hps, "max_steps"), _int_hp(hps, "lr_decay_steps")
+    constant = _decode(hps.get("lr_schedule", '""')) == "constant"
+    if not max_steps or not decay or decay <= max_steps or constant:
+        return None
+    warmup = _int_hp(hps, "warmup_steps") or 0
+    progress = max(0.0, min(1.0, (max_steps - warmup) / max(1, decay - warmup)))
+    return (f"lr_decay_steps={decay} is longer than max_steps={max_steps}: the run ends "
+            f"{100 * progress:.0f}% of the way through the learning-rate decay, far above min_lr; "
+            f"--set lr_decay_steps={max_steps} decays it fully within this run")
+
+
+def _global_batch(hps: Mapping[str, str], world: int) -> int:
+    return (_int_hp(hps, "micro_batch_size") or 1) * (_int_hp(hps, "grad_accum_steps") or 1) * world
+
+
+def _global_batch_lr_note(cloud_hps: Mapping[str, str], local_hps: Mapping[str, str], cloud_world: int,
+                          local_world: int) -> str | None:
+    """scale_lr_by_global_batch: lr is per 256 samples, so a smaller local batch trains slower."""
+    if _decode(local_hps.get("scale_lr_by_global_batch", "false")) is not True or "lr" not in local_hps:
+        return None
+    lr = float(_decode(local_hps["lr"]))
+    cloud_batch, local_batch = _global_batch(cloud_hps, cloud_world), _global_batch(local_hps, local_world)
+    if cloud_batch == local_batch:
+        return None
+    ratio = cloud_batch / local_batch
+    return (f"scale_lr_by_global_batch: the peak learning rate is lr x global batch / 256 = "
+            f"{lr * cloud_batch / 256:.3g} in the cloud ({cloud_batch} samples per step) but "
+            f"{lr * local_batch / 256:.3g} here ({local_batch} samples per step, {ratio:.3g}x fewer), so "
+            f"this run learns far slower; --set lr={lr * ratio:.3g} trains at the cloud's peak rate")
 
 
 def _apply(

@@ -21,7 +21,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from llmtrain.local.metrics import MetricExtractor, loss_metric, throughput_metric
+from llmtrain.local.metrics import MetricExtractor, eval_loss_metric, loss_metric, throughput_metric
 from llmtrain.local.plan import DEFAULT_CHECKPOINT_PATH, DEFAULT_TENSORBOARD_PATH, LocalPlan
 
 SUMMARY_FILE = "summary.json"
@@ -223,15 +223,19 @@ def plot_run(run_dir: Path, job_dirs: list[Path], destination: Path) -> Path | N
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
+    eval_loss = eval_loss_metric(names)
     figure, axes = pyplot.subplots(len(panels), 1, figsize=(8, 3.2 * len(panels)), sharex=True, squeeze=False)
     for axis, (metric, label) in zip(axes[:, 0], panels, strict=True):
+        shown = [metric, eval_loss] if label == "loss" and eval_loss else [metric]
         for job_name, points in jobs:
-            series = sorted((p["step"], p["value"]) for p in points
-                            if p["name"] == metric and p["step"] is not None)
-            if series:
-                axis.plot(*zip(*series, strict=True), marker=".", label=job_name)
-        axis.set_ylabel(metric)
-        axis.set_title(f"{label}: {metric}")
+            for name in shown:
+                series = sorted((p["step"], p["value"]) for p in points
+                                if p["name"] == name and p["step"] is not None)
+                if series:
+                    axis.plot(*zip(*series, strict=True), marker="o" if name == eval_loss else ".",
+                              linestyle="--" if name == eval_loss else "-", label=f"{job_name} {name}")
+        axis.set_ylabel(label)
+        axis.set_title(f"{label}: {', '.join(shown)}")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize="small")
     axes[-1, 0].set_xlabel("step")
@@ -243,15 +247,30 @@ def plot_run(run_dir: Path, job_dirs: list[Path], destination: Path) -> Path | N
 
 
 def print_summary(console: Console, summary: Mapping[str, Any]) -> None:
-    local = summary["LocalRun"]
-    status, secondary = summary["TrainingJobStatus"], summary["SecondaryStatus"]
+    """A panel on a terminal; elsewhere (a pipe, a CI log) one `label: value` line per row, never
+    wrapped, so paths and messages stay whole for copy and paste and grep."""
+    rows: list[tuple[str, str, str]] = []
+    _summary_rows(summary, lambda label, value, style="": rows.append((label, value, style)))
+    title = f"training job {summary['TrainingJobName']}"
+    if not console.is_terminal:
+        console.print(Text(title, style="bold"), soft_wrap=True)
+        for label, value, style in rows:
+            for index, line in enumerate(value.splitlines() or [""]):
+                shown = f"{label}:" if index == 0 and label.strip() else ""
+                console.print(Text(f"  {shown:<24}{line}", style=style), soft_wrap=True)
+        return
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column(overflow="fold")
-
-    def row(label: str, value: str, style: str = "") -> None:
+    for label, value, style in rows:
         # Text, not markup: paths, regexes and error messages hold square brackets.
         table.add_row(Text(label), Text(value, style=style))
+    console.print(Panel(table, title=title, expand=False))
+
+
+def _summary_rows(summary: Mapping[str, Any], row) -> None:
+    local = summary["LocalRun"]
+    status, secondary = summary["TrainingJobStatus"], summary["SecondaryStatus"]
 
     shown = status if secondary == status else f"{status} ({secondary})"
     row("Status", shown, STATUS_STYLE.get(status, "bold"))
@@ -274,7 +293,6 @@ def print_summary(console: Console, summary: Mapping[str, Any]) -> None:
     row("Summary", str(Path(local["JobFolder"]) / SUMMARY_FILE))
     if local["Plot"]:
         row("Plot", local["Plot"])
-    console.print(Panel(table, title=f"training job {summary['TrainingJobName']}", expand=False))
 
 
 def _failure_rows(row, reason: str, log_errors: list[str]) -> None:

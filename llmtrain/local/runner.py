@@ -69,6 +69,7 @@ JOBS_DIR = "jobs"
 CHECKPOINTS_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"  # the run's TensorBoardOutputConfig.S3OutputPath, locally
 DATA_CACHE_DIR = ".data"
+VALIDATION = "validation"
 # In a job folder: where its hosts keep what SageMaker would sync to S3, and whether that went to the
 # run's folders. A job whose llmtrain was killed never uploads; the next job of the run does it.
 SYNC_FILE = "sync.json"
@@ -82,6 +83,13 @@ DROPPABLE_CHANNELS = {
     "tokenizer": "the program uses its shipped tokenizer, which the local data was prepared with",
 }
 EXIT_CODES = {"Completed": 0, "Failed": 1, "Stopped": 130}
+# The training program's committed checkpoints: step_<8 digits>/ with COMPLETE written last
+# (training_jobs/trainer/checkpoint.py).
+_COMMITTED_CHECKPOINTS = "step_*/COMPLETE"
+
+
+class RunAlreadyTrained(LocalRunError):
+    """The run's checkpoints already reach max_steps: a job would only load and export them."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +182,7 @@ def _prepare(
     for recovered in recover_unsynced_jobs(options.run_dir):
         console.print(Text(f"llmtrain {recovered.name} ended without syncing its checkpoints (its llmtrain "
                            "process was killed): synced them now", style="yellow"))
+    _check_steps_left(plan, options.run_name, checkpoints_dir)
     _print_plan(console, plan, options.run_dir, checkpoints_dir)
     try:
         job_dir.mkdir(parents=True)
@@ -187,6 +196,25 @@ def _prepare(
         shutil.rmtree(job_dir, ignore_errors=True)
         raise
     return _PreparedJob(plan, job_dir, roots, channel_dirs, checkpoints_dir, tensorboard_dir)
+
+
+def latest_checkpoint_step(checkpoints_dir: Path | None) -> int | None:
+    """The step of the run's newest committed checkpoint, if any."""
+    if checkpoints_dir is None or not checkpoints_dir.is_dir():
+        return None
+    markers = checkpoints_dir.glob(_COMMITTED_CHECKPOINTS)
+    steps = [int(marker.parent.name.removeprefix("step_")) for marker in markers]
+    return max(steps, default=None)
+
+
+def _check_steps_left(plan: LocalPlan, run_name: str, checkpoints_dir: Path | None) -> None:
+    trained = latest_checkpoint_step(checkpoints_dir)
+    max_steps = plan.hyperparameter("max_steps")
+    if trained is not None and isinstance(max_steps, int) and trained >= max_steps:
+        raise RunAlreadyTrained(
+            f"run {run_name!r} is already trained to step {trained} (max_steps={max_steps}; checkpoints in "
+            f"{checkpoints_dir}): nothing to train. --set max_steps=N with N > {trained} trains it further; "
+            "a new --run-name starts over")
 
 
 def _sync_record(plan: LocalPlan, checkpoints_dir: Path | None, tensorboard_dir: Path | None, *,
@@ -258,18 +286,25 @@ def _with_channels(
         )
     dirs = dict(options.data)
     missing = [name for name in requested if name not in dirs]
+    # With the shipped corpus as training data, its validation split lets the run evaluate, as a
+    # cloud run does when it is given a validation channel.
+    shipped_validation = "train" in missing and VALIDATION in declared - set(requested) - set(dirs)
     defaults = local_data.tiny_corpus_channels(
-        options.workdir.resolve() / DATA_CACHE_DIR, missing,
+        options.workdir.resolve() / DATA_CACHE_DIR, missing + [VALIDATION] * shipped_validation,
         log=lambda message: console.print(Text(f"llmtrain {message}")),
     )
     dirs.update(defaults)
     dropped = [_drop_channel(name, request) for name in missing if name not in defaults]
+    added = [name for name in dirs if name not in requested]
     channels = tuple(c for c in plan.channels if c.name in dirs) + tuple(
         LocalChannel(name, {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated",
                             "RecordWrapperType": "None"}, sharded=False)
-        for name in options.data if name not in requested
+        for name in added
     )
     notes = [f"channel '{name}': the shipped tiny corpus ({path})" for name, path in defaults.items()]
+    if shipped_validation:
+        notes.append("the cloud run evaluates only when given a validation channel "
+                     "(--set channels.validation=s3://...)")
     return replace(plan, channels=channels, adjustments=(*plan.adjustments, *dropped),
                    notes=(*plan.notes, *notes)), dirs
 
@@ -367,6 +402,9 @@ def _supervise(
                     processes.kill()
         processes.finish()
         _show_lines(processes, metrics, display)
+        if display.hidden_lines:
+            display.note(f"{display.hidden_lines} lines of library warnings and toolkit messages are "
+                         f"only in the log file(s): {', '.join(map(str, processes.log_paths.values()))}")
     return stop_reason
 
 

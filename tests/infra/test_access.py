@@ -1,4 +1,4 @@
-"""TrainingAccess: the execution role, the engineers' policy and the warm-pool cap."""
+"""TrainingAccess: per team an execution role and an engineers' policy, and the environment's guard rail."""
 
 from __future__ import annotations
 
@@ -11,26 +11,44 @@ import pytest
 from aws_cdk import aws_iam as iam
 from infra_helpers import ENV, as_list, resources_of_type, statements_by_sid, synthesize
 
-from training_constructs import PropsError, TrainingAccess, TrainingStorage, warm_pool_cap_statement
+from training_constructs import (
+    PropsError,
+    TrainingAccess,
+    TrainingNetwork,
+    TrainingStorage,
+    warm_pool_cap_statement,
+)
 from training_constructs.images import (
     DLC_REGISTRY_ACCOUNTS,
     DLC_REPOSITORIES,
     SMP_REGISTRY_ACCOUNTS,
     SMP_REPOSITORY,
 )
+from training_constructs.teams import TeamSpec
 
 ENVS = ["dev", "prod"]
-STATE_MACHINE = "arn:aws:states:us-east-1:111111111111:stateMachine:llmtrain-launcher"
+STATE_MACHINE = "arn:aws:states:us-east-1:111111111111:stateMachine:llmtrain-a-launcher"
 
 
-def execution_statements(platform, env):
+def team_cases(environments):
+    return [(env, team.name) for env in ENVS for team in environments[env].teams]
+
+
+TEAM_CASES = [("dev", "default"), ("prod", "pretrain"), ("prod", "finetune")]
+
+
+def execution_statements(template, team):
+    return statements_by_sid(template, "AWS::IAM::Policy", f"AccessTeam{team.capitalize()}ExecutionPolicy")
+
+
+def engineer_statements(template, team="default", prefix="Access"):
     return statements_by_sid(
-        platform.template_json(env, "access"), "AWS::IAM::Policy", "AccessExecutionPolicy"
+        template, "AWS::IAM::ManagedPolicy", f"{prefix}Team{team.capitalize()}EngineerPolicy"
     )
 
 
-def engineer_statements(template):
-    return statements_by_sid(template, "AWS::IAM::ManagedPolicy", "AccessEngineerPolicy")
+def guardrail_statements_of(template, prefix="Access"):
+    return statements_by_sid(template, "AWS::IAM::ManagedPolicy", f"{prefix}GuardrailPolicy")
 
 
 def as_text(value):
@@ -38,55 +56,86 @@ def as_text(value):
     return json.dumps(value)
 
 
-@pytest.mark.parametrize("env", ENVS)
-def test_only_sagemaker_of_this_account_can_assume_the_role(platform, environments, env):
-    template = platform.template_json(env, "access")
-    [role] = resources_of_type(template, "AWS::IAM::Role").values()
+def execution_role(template, team):
+    [(logical_id, role)] = [
+        (logical_id, role)
+        for logical_id, role in resources_of_type(template, "AWS::IAM::Role").items()
+        if logical_id.startswith(f"AccessTeam{team.capitalize()}ExecutionRole")
+    ]
+    return logical_id, role
+
+
+def test_the_cases_cover_every_team_of_the_configs(environments):
+    assert sorted(team_cases(environments)) == sorted(TEAM_CASES)
+
+
+@pytest.mark.parametrize(("env", "team"), TEAM_CASES)
+def test_only_sagemaker_of_this_account_can_assume_a_teams_role(platform, environments, env, team):
+    _, role = execution_role(platform.template_json(env, "access"), team)
     [statement] = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
     assert statement["Principal"] == {"Service": "sagemaker.amazonaws.com"}
     assert statement["Action"] == "sts:AssumeRole"
     assert statement["Condition"] == {"StringEquals": {"aws:SourceAccount": environments[env].account}}
 
 
-@pytest.mark.parametrize("env", ENVS)
-def test_role_reads_inputs_and_writes_only_checkpoints_and_artifacts(platform, env):
-    statements = execution_statements(platform, env)
-    reads = as_text(statements["ReadTrainingInputs"]["Resource"])
-    for name in ("Datasets", "Code", "Checkpoints", "Artifacts"):
-        assert f"{name}BucketArn" in reads, name
-    assert statements["ReadTrainingInputs"]["Action"] == "s3:GetObject"
-    checkpoints = statements["WriteCheckpoints"]
+def team_object_arns(resources) -> dict[str, str]:
+    """{bucket logical id prefix: key pattern} of object ARNs written `<Bucket.Arn>/<pattern>`."""
+    found = {}
+    for arn in as_list(resources):
+        parts = arn["Fn::Join"][1]
+        bucket = parts[0]["Fn::ImportValue"] if "Fn::ImportValue" in parts[0] else json.dumps(parts[0])
+        name = next(n for n in ("Datasets", "Checkpoints", "Artifacts", "Code") if n in bucket)
+        found[name] = parts[1]
+    return found
+
+
+@pytest.mark.parametrize(("env", "team"), TEAM_CASES)
+def test_a_teams_role_reads_and_writes_only_its_prefix(platform, env, team):
+    statements = execution_statements(platform.template_json(env, "access"), team)
+    prefix = f"/teams/{team}/*"
+    reads = statements["ReadTeamData"]
+    assert reads["Action"] == "s3:GetObject"
+    assert team_object_arns(reads["Resource"]) == {
+        "Datasets": prefix,
+        "Checkpoints": prefix,
+        "Artifacts": prefix,
+        "Code": "/templates/*",
+    }
+    checkpoints = statements["WriteTeamCheckpoints"]
     assert set(checkpoints["Action"]) == {"s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"}
-    assert "CheckpointsBucketArn" in as_text(checkpoints["Resource"])
-    artifacts = statements["WriteArtifacts"]
+    assert team_object_arns(checkpoints["Resource"]) == {"Checkpoints": prefix}
+    artifacts = statements["WriteTeamArtifacts"]
     assert set(artifacts["Action"]) == {"s3:PutObject", "s3:AbortMultipartUpload"}
-    assert "ArtifactsBucketArn" in as_text(artifacts["Resource"])
+    assert team_object_arns(artifacts["Resource"]) == {"Artifacts": prefix}
     writers = [
         s for s in statements.values() if {"s3:PutObject", "s3:DeleteObject"} & set(as_list(s["Action"]))
     ]
-    assert {s["Sid"] for s in writers} == {"WriteCheckpoints", "WriteArtifacts"}
-    for statement in writers:
-        assert "Datasets" not in as_text(statement["Resource"]) and "Code" not in as_text(
-            statement["Resource"]
-        )
+    assert {s["Sid"] for s in writers} == {"WriteTeamCheckpoints", "WriteTeamArtifacts"}
+    # Listing is limited to the team's prefix too (moto does not evaluate s3:prefix: asserted here).
+    listing = statements["ListTeamData"]
+    assert listing["Action"] == "s3:ListBucket"
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": [f"teams/{team}/*"]}}
+    assert statements["ListTemplateCode"]["Condition"] == {"StringLike": {"s3:prefix": ["templates/*"]}}
+    listers = [s["Sid"] for s in statements.values() if "s3:ListBucket" in as_list(s["Action"])]
+    assert sorted(listers) == ["ListTeamData", "ListTemplateCode"]
 
 
-@pytest.mark.parametrize("env", ENVS)
-def test_role_uses_the_platform_key(platform, env):
-    statements = execution_statements(platform, env)
+@pytest.mark.parametrize(("env", "team"), TEAM_CASES)
+def test_a_teams_role_uses_the_platform_key(platform, env, team):
+    statements = execution_statements(platform.template_json(env, "access"), team)
     assert set(statements["UsePlatformKey"]["Action"]) == {
         "kms:Decrypt",
         "kms:GenerateDataKey",
         "kms:DescribeKey",
     }
     assert "PlatformKeyArn" in as_text(statements["UsePlatformKey"]["Resource"])
-    assert statements["GrantKeyToVolumes"]["Condition"] == {"Bool": {"kms:GrantIsForAWSResource": True}}
+    assert statements["GrantKeyToVolumes"]["Condition"] == {"Bool": {"kms:GrantIsForAWSResource": "true"}}
 
 
-@pytest.mark.parametrize("env", ENVS)
-def test_role_pulls_only_the_deep_learning_container_repositories(platform, environments, env):
+@pytest.mark.parametrize(("env", "team"), TEAM_CASES)
+def test_a_teams_role_pulls_only_the_deep_learning_container_repositories(platform, environments, env, team):
     region = environments[env].region
-    statements = execution_statements(platform, env)
+    statements = execution_statements(platform.template_json(env, "access"), team)
     pull = statements["PullTrainingImages"]
     assert set(pull["Action"]) == {
         "ecr:BatchGetImage",
@@ -107,22 +156,22 @@ def test_role_pulls_only_the_deep_learning_container_repositories(platform, envi
     }
 
 
-@pytest.mark.parametrize("env", ENVS)
-def test_role_writes_training_logs_and_metrics(platform, environments, env):
+@pytest.mark.parametrize(("env", "team"), TEAM_CASES)
+def test_a_teams_role_writes_its_jobs_logs_and_metrics(platform, environments, env, team):
     config = environments[env]
-    statements = execution_statements(platform, env)
+    statements = execution_statements(platform.template_json(env, "access"), team)
     logs = statements["WriteTrainingLogs"]
     arns = [arn["Fn::Join"][1][-1] for arn in logs["Resource"]]
     group = f":logs:{config.region}:{config.account}:log-group:/aws/sagemaker/TrainingJobs"
-    assert arns == [group, f"{group}:log-stream:*"]
+    assert arns == [group, f"{group}:log-stream:{config.team(team).job_name_prefix}-*"]
     metrics = statements["PublishTrainingMetrics"]
     assert metrics["Action"] == "cloudwatch:PutMetricData" and metrics["Resource"] == "*"
     assert metrics["Condition"] == {"StringEquals": {"cloudwatch:namespace": "/aws/sagemaker/TrainingJobs"}}
 
 
-@pytest.mark.parametrize("env", ENVS)
-def test_role_manages_network_interfaces_in_the_platform_subnets(platform, environments, env):
-    statements = execution_statements(platform, env)
+@pytest.mark.parametrize(("env", "team"), TEAM_CASES)
+def test_a_teams_role_manages_network_interfaces_in_the_platform_subnets(platform, environments, env, team):
+    statements = execution_statements(platform.template_json(env, "access"), team)
     create = statements["CreateJobNetworkInterfaces"]
     assert create["Action"] == "ec2:CreateNetworkInterface"
     resources = as_text(create["Resource"])
@@ -146,85 +195,133 @@ def test_role_manages_network_interfaces_in_the_platform_subnets(platform, envir
 
 
 @pytest.mark.parametrize("env", ENVS)
-def test_warm_pool_cap_denies_longer_keep_alive_for_role_and_engineers(platform, environments, env):
-    cap = environments[env].warm_pools.max_keep_alive_seconds
+def test_the_guardrail_denies_jobs_outside_the_environments_limits(platform, environments, env):
+    config = environments[env]
     template = platform.template_json(env, "access")
-    expected = {
+    guardrail = guardrail_statements_of(template)
+    create = "sagemaker:CreateTrainingJob"
+    assert all(s["Effect"] == "Deny" and s["Resource"] == "*" for s in guardrail.values())
+    assert guardrail["CapWarmPoolKeepAlive"] == {
         "Sid": "CapWarmPoolKeepAlive",
         "Effect": "Deny",
-        "Action": ["sagemaker:CreateTrainingJob", "sagemaker:UpdateTrainingJob"],
+        "Action": [create, "sagemaker:UpdateTrainingJob"],
         "Resource": "*",
-        "Condition": {"NumericGreaterThan": {"sagemaker:KeepAlivePeriod": cap}},
+        # A string: the number as IAM's grammar writes it, which every CloudFormation implementation parses.
+        "Condition": {
+            "NumericGreaterThan": {"sagemaker:KeepAlivePeriod": str(config.warm_pools.max_keep_alive_seconds)}
+        },
     }
-    guardrail = statements_by_sid(template, "AWS::IAM::ManagedPolicy", "AccessWarmPoolGuardrailPolicy")
-    assert guardrail == {"CapWarmPoolKeepAlive": expected}
-    assert engineer_statements(template)["CapWarmPoolKeepAlive"] == expected
-    [role] = resources_of_type(template, "AWS::IAM::Role").values()
-    guardrail_id = next(
-        iter(
-            resources_of_type(template, "AWS::IAM::ManagedPolicy").keys()
-            & {k for k in template["Resources"] if k.startswith("AccessWarmPoolGuardrail")}
-        )
+    types = guardrail["OnlyPlatformInstanceTypes"]["Condition"]["ForAnyValue:StringNotEquals"][
+        "sagemaker:InstanceTypes"
+    ]
+    teams = platform.stages[env].teams
+    assert types == sorted({t for team in teams for t in team.instance_types})
+    assert guardrail["OnlyInTheTrainingVpc"]["Condition"] == {"Null": {"sagemaker:VpcSubnets": "true"}}
+    subnets = guardrail["OnlyTrainingSubnets"]["Condition"]["ForAnyValue:StringNotEquals"][
+        "sagemaker:VpcSubnets"
+    ]
+    assert len(subnets) == len(config.network.availability_zones)
+    groups = guardrail["OnlyTrainingSecurityGroups"]["Condition"]["ForAnyValue:StringNotEquals"]
+    assert "TrainingSecurityGroup" in as_text(groups)
+    assert "PlatformKeyArn" in as_text(guardrail["OnlyPlatformOutputKey"]["Condition"]["StringNotEquals"])
+    assert "PlatformKeyArn" in as_text(
+        guardrail["OnlyPlatformVolumeKey"]["Condition"]["StringNotEqualsIfExists"]
     )
-    assert {"Ref": guardrail_id} in role["Properties"]["ManagedPolicyArns"]
+    encryption = guardrail.get("OnlyEncryptedInterContainerTraffic")
+    if config.network.inter_container_traffic_encryption:
+        assert encryption["Condition"] == {
+            "BoolIfExists": {"sagemaker:InterContainerTrafficEncryption": "false"}
+        }
+    else:
+        assert encryption is None
+    # Attached to every team's execution role; in every team's engineers' policy.
+    guardrail_id = next(
+        k for k in resources_of_type(template, "AWS::IAM::ManagedPolicy") if k.startswith("AccessGuardrail")
+    )
+    for team in config.teams:
+        _, role = execution_role(template, team.name)
+        assert role["Properties"]["ManagedPolicyArns"] == [{"Ref": guardrail_id}]
+        engineers = engineer_statements(template, team.name)
+        for sid, statement in guardrail.items():
+            assert engineers[sid] == statement, (team.name, sid)
 
 
-@pytest.mark.parametrize("env", ENVS)
-def test_engineers_read_only_the_platform_jobs_and_logs(platform, environments, env):
+@pytest.mark.parametrize(("env", "team"), TEAM_CASES)
+def test_a_teams_engineers_reach_only_its_jobs_logs_and_data(platform, environments, env, team):
     config = environments[env]
-    statements = engineer_statements(platform.template_json(env, "access"))
-    read = statements["ReadPlatformTrainingJobs"]
-    assert set(read["Action"]) == {"sagemaker:DescribeTrainingJob", "sagemaker:ListTags"}
-    assert read["Resource"]["Fn::Join"][1][-1] == (
-        f":sagemaker:{config.region}:{config.account}:training-job/{config.job_name_prefix}*"
+    prefix = config.team(team).job_name_prefix
+    statements = engineer_statements(platform.template_json(env, "access"), team)
+    jobs = statements["FollowTeamTrainingJobs"]
+    assert set(jobs["Action"]) == {
+        "sagemaker:DescribeTrainingJob",
+        "sagemaker:ListTags",
+        "sagemaker:StopTrainingJob",
+    }
+    assert (
+        jobs["Resource"]["Fn::Join"][1][-1]
+        == f":sagemaker:{config.region}:{config.account}:training-job/{prefix}-*"
     )
     assert statements["ListTrainingJobs"]["Resource"] == "*"
-    logs = statements["ReadTrainingLogs"]
+    logs = statements["ReadTeamTrainingLogs"]
     assert set(logs["Action"]) == {"logs:DescribeLogStreams", "logs:FilterLogEvents", "logs:GetLogEvents"}
     assert logs["Resource"][1]["Fn::Join"][1][-1].endswith(
-        f"log-group:/aws/sagemaker/TrainingJobs:log-stream:{config.job_name_prefix}*"
+        f"log-group:/aws/sagemaker/TrainingJobs:log-stream:{prefix}-*"
     )
-    # Nothing that starts, stops or changes a training job directly.
+    team_prefix = f"/teams/{team}/*"
+    assert team_object_arns(statements["ReadTeamData"]["Resource"]) == {
+        "Datasets": team_prefix,
+        "Checkpoints": team_prefix,
+        "Artifacts": team_prefix,
+    }
+    assert team_object_arns(statements["UploadTeamDatasets"]["Resource"]) == {"Datasets": team_prefix}
+    assert statements["ListTeamData"]["Condition"] == {"StringLike": {"s3:prefix": [f"teams/{team}/*"]}}
+    assert statements["UseKeyThroughS3"]["Condition"] == {
+        "StringEquals": {"kms:ViaService": f"s3.{config.region}.amazonaws.com"}
+    }
+    # The launcher of its own team only, by the name the launcher stack gives it.
+    start = statements["StartTeamRuns1"]
+    assert (
+        start["Resource"]["Fn::Join"][1][-1]
+        == f":states:{config.region}:{config.account}:stateMachine:{prefix}-launcher"
+    )
+    # Nothing that creates a job, passes a role, or deletes data.
     allowed = {a for s in statements.values() if s["Effect"] == "Allow" for a in as_list(s["Action"])}
-    assert not {"sagemaker:CreateTrainingJob", "sagemaker:StopTrainingJob", "iam:PassRole"} & allowed
+    assert not {"sagemaker:CreateTrainingJob", "iam:PassRole", "s3:DeleteObject"} & allowed
 
 
 @pytest.fixture(scope="module")
 def launcher_wiring(tmp_path_factory):
-    """The construct as the launcher will use it: a state machine for engineers, PassRole for its role."""
+    """The construct as another app uses it: two teams, a launcher role for one, explicit images."""
     outdir = tmp_path_factory.mktemp("access-variants")
     app = cdk.App(outdir=str(outdir))
     stack = cdk.Stack(app, "Wired", env=ENV)
-    storage = TrainingStorage(stack, "Storage")
     access = TrainingAccess(
         stack,
         "Access",
-        datasets_bucket=storage.datasets_bucket,
-        checkpoints_bucket=storage.checkpoints_bucket,
-        artifacts_bucket=storage.artifacts_bucket,
-        code_bucket=storage.code_bucket,
-        key=storage.key,
-        job_name_prefix="team-a",
-        max_keep_alive_seconds=600,
-        launcher_state_machine_arns=[STATE_MACHINE],
-        image_repository_arns=["arn:aws:ecr:us-east-1:111111111111:repository/team-a/trainer"],
+        **access_props(
+            stack,
+            teams=[team_spec("a", max_keep_alive_seconds=300), team_spec("b")],
+            max_keep_alive_seconds=600,
+            image_repository_arns=["arn:aws:ecr:us-east-1:111111111111:repository/team-a/trainer"],
+        ),
     )
+    access.teams["a"].allow_launcher(STATE_MACHINE)
     launcher_role = iam.Role(stack, "LauncherRole", assumed_by=iam.ServicePrincipal("states.amazonaws.com"))
-    access.grant_pass_execution_role(launcher_role)
+    access.teams["a"].grant_pass_execution_role(launcher_role)
     return synthesize(app, outdir, {("wired", "access"): stack}), access
 
 
-def test_launcher_executions_are_granted_to_engineers(launcher_wiring):
+def test_launcher_executions_are_granted_to_the_teams_engineers_only(launcher_wiring):
     synthesized, _ = launcher_wiring
     assert synthesized.synth_error is None, synthesized.synth_error
     template = synthesized.template_json("wired", "access")
-    statements = engineer_statements(template)
-    assert statements["StartLauncherRuns1"]["Resource"] == STATE_MACHINE
-    assert set(statements["StartLauncherRuns1"]["Action"]) == {
+    statements = engineer_statements(template, "a")
+    assert statements["StartTeamRuns1"]["Resource"] == STATE_MACHINE
+    assert set(statements["StartTeamRuns1"]["Action"]) == {
         "states:StartExecution",
         "states:ListExecutions",
     }
-    follow = statements["FollowLauncherRuns1"]
+    follow = statements["FollowTeamRuns1"]
     assert set(follow["Action"]) == {
         "states:DescribeExecution",
         "states:StopExecution",
@@ -232,7 +329,10 @@ def test_launcher_executions_are_granted_to_engineers(launcher_wiring):
     }
     assert (
         follow["Resource"]["Fn::Join"][1][-1]
-        == ":states:us-east-1:111111111111:execution:llmtrain-launcher:*"
+        == ":states:us-east-1:111111111111:execution:llmtrain-a-launcher:*"
+    )
+    assert not any(
+        sid.startswith(("StartTeamRuns", "FollowTeamRuns")) for sid in engineer_statements(template, "b")
     )
 
 
@@ -247,7 +347,10 @@ def test_pass_role_goes_to_sagemaker_only(launcher_wiring):
     [statement] = launcher_policy["Properties"]["PolicyDocument"]["Statement"]
     assert statement["Action"] == "iam:PassRole"
     assert statement["Resource"] == {
-        "Fn::GetAtt": [next(k for k in template["Resources"] if k.startswith("AccessExecutionRole")), "Arn"]
+        "Fn::GetAtt": [
+            next(k for k in template["Resources"] if k.startswith("AccessTeamAExecutionRole")),
+            "Arn",
+        ]
     }
     assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
 
@@ -255,16 +358,16 @@ def test_pass_role_goes_to_sagemaker_only(launcher_wiring):
 def test_explicit_image_repositories_replace_the_defaults(launcher_wiring):
     synthesized, access = launcher_wiring
     template = synthesized.template_json("wired", "access")
-    pull = statements_by_sid(template, "AWS::IAM::Policy", "AccessExecutionPolicy")["PullTrainingImages"]
+    pull = execution_statements(template, "a")["PullTrainingImages"]
     assert pull["Resource"] == "arn:aws:ecr:us-east-1:111111111111:repository/team-a/trainer"
-    assert access.max_keep_alive_seconds == 600 and access.job_name_prefix == "team-a"
-    assert access.training_job_arn().endswith(":training-job/team-a*")
+    assert access.max_keep_alive_seconds == 600 and set(access.teams) == {"a", "b"}
+    assert access.teams["a"].training_job_arn().endswith(":training-job/llmtrain-a-*")
 
 
 def test_warm_pool_cap_statement_is_reusable():
     statement = warm_pool_cap_statement(1800).to_json()
     assert statement["Effect"] == "Deny"
-    assert statement["Condition"] == {"NumericGreaterThan": {"sagemaker:KeepAlivePeriod": 1800}}
+    assert statement["Condition"] == {"NumericGreaterThan": {"sagemaker:KeepAlivePeriod": "1800"}}
     with pytest.raises(PropsError, match=r"max_keep_alive_seconds=.*21600"):
         warm_pool_cap_statement(21601)
 
@@ -290,16 +393,30 @@ def test_image_registries_match_the_sagemaker_sdk():
     assert DLC_REPOSITORIES == ("pytorch-training", "huggingface-pytorch-training")
 
 
+def team_spec(name: str, **changes) -> TeamSpec:
+    values = dict(
+        name=name,
+        job_name_prefix=f"llmtrain-{name}",
+        instance_types=("ml.p4d.24xlarge",),
+        max_keep_alive_seconds=600,
+    )
+    return TeamSpec(**{**values, **changes})
+
+
 def access_props(stack, **overrides):
     storage = TrainingStorage(stack, "Storage")
+    region = stack.region if not cdk.Token.is_unresolved(stack.region) else "us-east-1"
+    network = TrainingNetwork(stack, "Network", availability_zones=[f"{region}a", f"{region}b"])
     props = dict(
         datasets_bucket=storage.datasets_bucket,
         checkpoints_bucket=storage.checkpoints_bucket,
         artifacts_bucket=storage.artifacts_bucket,
         code_bucket=storage.code_bucket,
         key=storage.key,
-        job_name_prefix="llmtrain-dev",
+        teams=[team_spec("a")],
         max_keep_alive_seconds=3600,
+        subnets=network.subnets,
+        security_groups=[network.security_group],
     )
     return {**props, **overrides}
 
@@ -308,8 +425,15 @@ INVALID_PROPS = [
     ({"max_keep_alive_seconds": 21601}, "max_keep_alive_seconds", "0 to 21600"),
     ({"max_keep_alive_seconds": -1}, "max_keep_alive_seconds", "0 to 21600"),
     ({"max_keep_alive_seconds": True}, "max_keep_alive_seconds", "whole number"),
-    ({"job_name_prefix": "LLM_train"}, "job_name_prefix", "lowercase"),
-    ({"job_name_prefix": "x" * 25}, "job_name_prefix", "1-24"),
+    ({"teams": []}, "teams", "at least one TeamSpec"),
+    ({"teams": [team_spec("a"), team_spec("a", job_name_prefix="other")]}, "teams", "names a team twice"),
+    (
+        {"teams": [team_spec("a"), team_spec("b", job_name_prefix="llmtrain-a")]},
+        "teams",
+        "share a job-name prefix",
+    ),
+    ({"teams": [team_spec("a", max_keep_alive_seconds=3601)]}, "teams", "above the environment's"),
+    ({"subnets": []}, "subnets", "jobs run in the VPC only"),
     ({"image_repository_arns": []}, "image_repository_arns", "at least one"),
     (
         {"image_repository_arns": ["763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training"]},
@@ -330,6 +454,27 @@ def test_invalid_props_fail_at_synth_naming_the_field(overrides, field, explanat
         TrainingAccess(stack, "Access", **access_props(stack, **overrides))
     assert str(raised.value).startswith(f"TrainingAccess({field}=...):"), str(raised.value)
     assert explanation in str(raised.value)
+
+
+INVALID_TEAMS = [
+    ({"name": "ml-a"}, "name", "no hyphens"),
+    ({"name": "Nlp"}, "name", "lowercase"),
+    ({"name": "a" * 13}, "name", "1-12"),
+    ({"job_name_prefix": "LLM_a"}, "job_name_prefix", "lowercase"),
+    ({"instance_types": ()}, "instance_types", "ml.*"),
+    ({"max_keep_alive_seconds": 21601}, "max_keep_alive_seconds", "0 to 21600"),
+    ({"max_instance_count": 0}, "max_instance_count", "at least 1"),
+    ({"notification_email": "nobody"}, "notification_email", "not an e-mail address"),
+]
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "explanation"), INVALID_TEAMS, ids=[f"{f}-{e}" for _, f, e in INVALID_TEAMS]
+)
+def test_invalid_teams_are_refused_naming_the_field(changes, field, explanation):
+    with pytest.raises(PropsError) as raised:
+        team_spec(changes.pop("name", "a"), **changes)
+    assert str(raised.value).startswith(f"TeamSpec({field}=...):") and explanation in str(raised.value)
 
 
 @pytest.mark.parametrize(

@@ -63,6 +63,42 @@ def test_committed_environments_load_with_their_values():
     assert dev.source == CONFIG_DIR / "dev.yaml"
 
 
+def test_without_teams_an_environment_has_one_team_named_default():
+    dev = load_environments(CONFIG_DIR)["dev"]
+    [team] = dev.teams
+    assert (team.name, team.job_name_prefix) == ("default", "llmtrain-dev-default")
+    assert team.templates == dev.enabled_templates
+    assert team.instance_types is None and team.max_instance_count is None  # the templates' own
+    assert team.max_keep_alive_seconds == dev.warm_pools.max_keep_alive_seconds
+    assert team.notification_email == dev.notifications.email
+    assert dev.team("default") is team
+
+
+def test_prod_is_shared_by_two_teams_with_their_limits():
+    prod = load_environments(CONFIG_DIR)["prod"]
+    assert [t.name for t in prod.teams] == ["pretrain", "finetune"]
+    pretrain, finetune = prod.teams
+    assert pretrain.job_name_prefix == "llmtrain-prod-pretrain"
+    assert set(pretrain.templates) == {"llama-pretrain-fsdp", "llama-pretrain-hsdp-tp", "llama-pretrain-smp"}
+    assert pretrain.instance_types == ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge")
+    assert (pretrain.max_instance_count, finetune.max_instance_count) == (32, 4)
+    assert finetune.max_keep_alive_seconds == prod.warm_pools.max_keep_alive_seconds  # the default
+    assert finetune.notification_email == "ml-finetuning@example.com"
+    assert finetune.tags == {"cost-center": "ml-finetuning"}
+    with pytest.raises(EnvironmentConfigError, match="has no team 'nlp'; its teams: pretrain, finetune"):
+        prod.team("nlp")
+
+
+def test_a_team_takes_the_environments_defaults(tmp_path):
+    document = valid_document()
+    document["teams"] = {"nlp": None, "vision": {"templates": ["gpt2-ddp"], "max_keep_alive_seconds": 600}}
+    config = load_environment(write(tmp_path, "dev", document))
+    nlp, vision = config.teams
+    assert nlp.templates == config.enabled_templates and nlp.instance_types is None
+    assert (nlp.max_keep_alive_seconds, vision.max_keep_alive_seconds) == (3600, 600)
+    assert vision.templates == ("gpt2-ddp",) and vision.job_name_prefix == "llmtrain-dev-vision"
+
+
 def test_optional_sections_take_documented_defaults(tmp_path):
     document = valid_document()
     for optional in ("quotas", "warm_pools", "notifications", "tags"):
@@ -184,6 +220,25 @@ INVALID = [
     (_set("tags.aws:owner", "me"), "tags.aws:owner", "tag key"),
     (_set("tags.cost-center", 42), "tags.cost-center", "string"),
     (_set("network", "10.0.0.0/16"), "network", "mapping"),
+    (_set("teams", []), "teams", "must map team names"),
+    (_set("teams", {"ml-a": {}}), "teams.ml-a", "no hyphens"),
+    (_set("teams", {"Nlp": {}}), "teams.Nlp", "lowercase letters and digits"),
+    (_set("teams", {"nlp": {"colour": "blue"}}), "teams.nlp.colour", "unknown field"),
+    (
+        _set("teams", {"nlp": {"templates": ["no-such"]}}),
+        "teams.nlp.templates",
+        "not enabled in this environment",
+    ),
+    (_set("teams", {"nlp": {"templates": []}}), "teams.nlp.templates", "at least 1"),
+    (_set("teams", {"nlp": {"instance_types": ["p4d"]}}), "teams.nlp.instance_types", "not valid"),
+    (_set("teams", {"nlp": {"max_instance_count": 0}}), "teams.nlp.max_instance_count", "at least 1"),
+    (
+        _set("teams", {"nlp": {"max_keep_alive_seconds": 7200}}),
+        "teams.nlp.max_keep_alive_seconds",
+        "exceeds the environment's warm_pools.max_keep_alive_seconds (3600)",
+    ),
+    (_set("teams", {"nlp": {"notifications": {"email": "x"}}}), "teams.nlp.notifications.email", "e-mail"),
+    (_set("teams", {"nlp": {"tags": {"aws:x": "y"}}}), "teams.nlp.tags.aws:x", "tag key"),
 ]
 
 

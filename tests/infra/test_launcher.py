@@ -22,13 +22,16 @@ from cfnlint.api import ManualArgs, lint
 from infra_helpers import ENV, as_list, resources_of_type
 
 from llmtrain.catalog import Catalog
-from llmtrain.environments import load_environment
+from llmtrain.environments import StackOutput, load_environment
 from llmtrain.handlers.launcher import ENV_PLATFORM_CONTEXT, ENV_REQUEST_LAYOUTS
 from llmtrain.launcher_client import LauncherOutput
 from training_constructs import PropsError
-from training_constructs.launcher import SYNC_EVENTS_RULE, TrainingLauncher
+from training_constructs.job_template import JobTemplate
+from training_constructs.launcher import LAUNCHER_ERROR_SUBJECT, SYNC_EVENTS_RULE, TrainingLauncher
+from training_constructs.teams import CREATE_JOBS_SID, TeamSpec
 
 ENVIRONMENTS = ("dev", "prod")
+TEAM_CASES = [("dev", "default"), ("prod", "pretrain"), ("prod", "finetune")]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -41,14 +44,25 @@ def _template_json(stack: cdk.Stack) -> dict:
     return json.loads((Path(cdk.Stage.of(stack).outdir) / stack.template_file).read_text())
 
 
-def _one(template: dict, resource_type: str) -> tuple[str, dict]:
-    [(logical_id, resource)] = resources_of_type(template, resource_type).items()
+def _one(template: dict, resource_type: str, team: str = "default") -> tuple[str, dict]:
+    """The one resource of that type in a team's launcher (logical IDs start `Launcher<Team>`)."""
+    prefix = f"Launcher{team.capitalize()}"
+    [(logical_id, resource)] = [
+        (logical_id, resource)
+        for logical_id, resource in resources_of_type(template, resource_type).items()
+        if logical_id.startswith(prefix)
+    ]
     return logical_id, resource
 
 
-def _definition(template: dict) -> dict:
+def _team_resources(template: dict, resource_type: str, team: str) -> dict[str, dict]:
+    prefix = f"Launcher{team.capitalize()}"
+    return {i: r for i, r in resources_of_type(template, resource_type).items() if i.startswith(prefix)}
+
+
+def _definition(template: dict, team: str = "default") -> dict:
     """The state machine definition, references shown as <Ref>/<Logical.Attr> (as cdk-nag names them)."""
-    _, machine = _one(template, "AWS::StepFunctions::StateMachine")
+    _, machine = _one(template, "AWS::StepFunctions::StateMachine", team)
     parts = machine["Properties"]["DefinitionString"]["Fn::Join"][1]
     return json.loads("".join(part if isinstance(part, str) else _placeholder(part) for part in parts))
 
@@ -63,17 +77,17 @@ def _placeholder(reference: dict) -> str:
     raise AssertionError(f"unexpected reference in the definition: {reference}")
 
 
-def _functions(template: dict) -> dict[str, dict]:
-    """The launcher's functions by handler (resolve, next_attempt, summarize)."""
+def _functions(template: dict, team: str = "default") -> dict[str, dict]:
+    """A team's launcher functions by handler (resolve, next_attempt, summarize)."""
     return {
         resource["Properties"]["Handler"].rsplit(".", 1)[1]: resource
-        for resource in resources_of_type(template, "AWS::Lambda::Function").values()
+        for resource in _team_resources(template, "AWS::Lambda::Function", team).values()
         if resource["Properties"]["Handler"].startswith("llmtrain.handlers.launcher.")
     }
 
 
-def _state_machine_statements(template: dict) -> list[dict]:
-    machine_role = _one(template, "AWS::StepFunctions::StateMachine")[1]["Properties"]["RoleArn"][
+def _state_machine_statements(template: dict, team: str = "default") -> list[dict]:
+    machine_role = _one(template, "AWS::StepFunctions::StateMachine", team)[1]["Properties"]["RoleArn"][
         "Fn::GetAtt"
     ][0]
     policies = [
@@ -104,31 +118,37 @@ def test_cfn_lint_reports_nothing_of_ours(templates, environment):
 # -- the state machine ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("environment", ENVIRONMENTS)
-def test_logging_all_events_encrypted_and_tracing_on(templates, environments, environment):
+@pytest.mark.parametrize(("environment", "team"), TEAM_CASES)
+def test_one_launcher_per_team_logging_all_events_encrypted_and_tracing_on(
+    templates, environments, environment, team
+):
     template = templates[environment]
-    _, machine = _one(template, "AWS::StepFunctions::StateMachine")
+    machines = resources_of_type(template, "AWS::StepFunctions::StateMachine")
+    assert len(machines) == len(environments[environment].teams)
+    _, machine = _one(template, "AWS::StepFunctions::StateMachine", team)
     properties = machine["Properties"]
-    assert properties["StateMachineName"] == f"{environments[environment].job_name_prefix}-launcher"
+    assert (
+        properties["StateMachineName"] == f"{environments[environment].team(team).job_name_prefix}-launcher"
+    )
     assert properties["TracingConfiguration"] == {"Enabled": True}
     logging = properties["LoggingConfiguration"]
     assert logging["Level"] == "ALL" and logging["IncludeExecutionData"] is True
     log_group_id = logging["Destinations"][0]["CloudWatchLogsLogGroup"]["LogGroupArn"]["Fn::GetAtt"][0]
-    key_id, key = _one(template, "AWS::KMS::Key")
+    key_id, key = _one(template, "AWS::KMS::Key", team)
     assert key["Properties"]["EnableKeyRotation"] is True
-    for log_group in resources_of_type(template, "AWS::Logs::LogGroup").values():
+    for log_group in _team_resources(template, "AWS::Logs::LogGroup", team).values():
         assert log_group["Properties"]["KmsKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
         assert log_group["Properties"]["RetentionInDays"] == 365
     assert log_group_id in template["Resources"]
 
 
-@pytest.mark.parametrize("environment", ENVIRONMENTS)
-def test_every_rendered_field_reaches_create_training_job(templates, environment):
+@pytest.mark.parametrize(("environment", "team"), TEAM_CASES)
+def test_every_rendered_field_reaches_create_training_job(templates, environment, team):
     template = templates[environment]
     layouts = json.loads(
-        _functions(template)["resolve"]["Properties"]["Environment"]["Variables"][ENV_REQUEST_LAYOUTS]
+        _functions(template, team)["resolve"]["Properties"]["Environment"]["Variables"][ENV_REQUEST_LAYOUTS]
     )
-    states = _definition(template)["States"]
+    states = _definition(template, team)["States"]
     train_states = {name: state for name, state in states.items() if name.startswith("CreateTrainingJob-")}
     assert set(train_states) == {f"CreateTrainingJob-{layout}" for layout in layouts}
     for layout, fields in layouts.items():
@@ -137,8 +157,9 @@ def test_every_rendered_field_reaches_create_training_job(templates, environment
         passed = {key.removesuffix(".$"): value for key, value in state["Parameters"].items()}
         assert set(passed) == set(fields)
         assert all(passed[f] == f"$.request.{f}" for f in fields if f != "RoleArn")
-        # The role is fixed in the definition: only the platform's execution role is ever passed.
-        assert passed["RoleArn"].startswith("<ImportValue:") and "ExecutionRole" in passed["RoleArn"]
+        # The role is fixed in the definition: only the team's execution role is ever passed.
+        assert passed["RoleArn"].startswith("<ImportValue:")
+        assert f"Team{team.capitalize()}ExecutionRole" in passed["RoleArn"]
         for field in ("CheckpointConfig", "RetryStrategy", "EnableManagedSpotTraining", "ResourceConfig"):
             assert field in passed, field
         assert state["Catch"] == [
@@ -147,15 +168,30 @@ def test_every_rendered_field_reaches_create_training_job(templates, environment
         assert state["Next"] == "Summarize" and state["ResultPath"] == "$.job"
 
 
-def test_the_flow_resolves_first_retries_with_backoff_and_notifies(templates):
+def test_the_flow_reads_any_input_resolves_first_retries_with_backoff_and_notifies(templates):
     definition = _definition(templates["dev"])
     states = definition["States"]
-    assert definition["StartAt"] == "Resolve"
+    # Any JSON starts an execution; it is kept under $.input so that every later state has an object.
+    assert definition["StartAt"] == "ReadInput"
+    assert states["ReadInput"]["Parameters"] == {"input.$": "$"} and states["ReadInput"]["Next"] == "Resolve"
     resolve = states["Resolve"]
-    assert resolve["Next"] == "ChooseRequestLayout"
-    rejection = next(c for c in resolve["Catch"] if "InvalidRunInput" in c["ErrorEquals"])
-    assert set(rejection["ErrorEquals"]) == {"InvalidRunInput", "RunAlreadyInProgress", "RunAlreadyCompleted"}
-    assert not rejection["Next"].startswith("CreateTrainingJob")
+    assert resolve["Parameters"]["Payload"] == {
+        "input.$": "$.input",
+        "execution_arn.$": "$$.Execution.Id",
+        "execution_name.$": "$$.Execution.Name",
+    }
+    assert resolve["Next"] == "Rejected"
+    assert resolve["Catch"] == [
+        {"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "DescribeLauncherError"}
+    ]
+    # A refusal is a summary from Resolve: notified, then the execution fails with its error.
+    assert states["Rejected"]["Choices"] == [
+        {"Variable": "$.summary", "IsPresent": True, "Next": "NotifyFailure"}
+    ]
+    assert states["Rejected"]["Default"] == "ChooseRequestLayout"
+    # The launcher error's subject is fixed: an 80-character execution name cannot overflow SNS's 100.
+    assert states["DescribeLauncherError"]["Parameters"]["summary"]["subject"] == LAUNCHER_ERROR_SUBJECT
+    assert len(LAUNCHER_ERROR_SUBJECT) <= 100
     assert states["RetryOrGiveUp"]["Choices"] == [
         {"Variable": "$.decision", "StringEquals": "retry", "Next": "WaitBeforeRetry"}
     ]
@@ -181,47 +217,85 @@ def test_the_flow_resolves_first_retries_with_backoff_and_notifies(templates):
 # -- permissions ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("environment", ENVIRONMENTS)
-def test_state_machine_role_is_scoped_as_designed(templates, environments, environment):
+@pytest.mark.parametrize(("environment", "team"), TEAM_CASES)
+def test_the_job_creating_role_carries_every_condition_key(
+    platform, templates, environments, environment, team
+):
+    """SageMaker evaluates these keys on CreateTrainingJob; moto does not, so they are asserted here."""
     config = environments[environment]
-    statements = {s.get("Sid"): s for s in _state_machine_statements(templates[environment])}
-    jobs = statements["RunPlatformTrainingJobs"]
-    assert set(jobs["Action"]) == {
-        "sagemaker:CreateTrainingJob",
-        "sagemaker:DescribeTrainingJob",
-        "sagemaker:StopTrainingJob",
-        "sagemaker:AddTags",
-    }
-    assert jobs["Resource"]["Fn::Join"][1][-1] == (
-        f":sagemaker:{config.region}:{config.account}:training-job/{config.job_name_prefix}-*"
+    spec = next(t for t in platform.stages[environment].teams if t.name == team)
+    statements = {s.get("Sid"): s for s in _state_machine_statements(templates[environment], team)}
+    create = statements[CREATE_JOBS_SID]
+    assert create["Action"] == "sagemaker:CreateTrainingJob"
+    prefix = config.team(team).job_name_prefix
+    assert create["Resource"]["Fn::Join"][1][-1] == (
+        f":sagemaker:{config.region}:{config.account}:training-job/{prefix}-*"
     )
-    passing = statements["PassExecutionRoleToSageMaker"]
+    conditions = create["Condition"]
+    all_of = conditions["ForAllValues:StringEquals"]
+    assert all_of["sagemaker:InstanceTypes"] == list(spec.instance_types)
+    assert len(all_of["sagemaker:VpcSubnets"]) == len(config.network.availability_zones)
+    assert all("Subnet" in json.dumps(s) for s in all_of["sagemaker:VpcSubnets"])
+    assert "TrainingSecurityGroup" in json.dumps(all_of["sagemaker:VpcSecurityGroupIds"])
+    assert conditions["Null"] == {
+        "sagemaker:InstanceTypes": "false",
+        "sagemaker:VpcSubnets": "false",
+        "sagemaker:VpcSecurityGroupIds": "false",
+    }
+    exact = conditions["StringEquals"]
+    assert "PlatformKeyArn" in json.dumps(exact["sagemaker:OutputKmsKey"])
+    assert exact["aws:RequestTag/llmtrain:team"] == team
+    assert exact["aws:RequestTag/llmtrain:environment"] == environment
+    assert conditions["StringEqualsIfExists"]["sagemaker:VolumeKmsKey"] == exact["sagemaker:OutputKmsKey"]
+    assert conditions["NumericLessThanEqualsIfExists"] == {
+        "sagemaker:KeepAlivePeriod": str(config.team(team).max_keep_alive_seconds)
+    }
+    if config.network.inter_container_traffic_encryption:
+        assert conditions["Bool"] == {"sagemaker:InterContainerTrafficEncryption": "true"}
+    else:
+        assert "Bool" not in conditions
+    assert statements["TagTeamTrainingJobs"]["Condition"] == {
+        "StringEquals": {"aws:RequestTag/llmtrain:team": team}
+    }
+    follow = statements["FollowTeamTrainingJobs"]
+    assert set(follow["Action"]) == {"sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"}
+    passing = statements["PassTeamExecutionRoleToSageMaker"]
     assert passing["Action"] == "iam:PassRole"
-    assert "ExecutionRole" in passing["Resource"]["Fn::ImportValue"]
+    assert f"Team{team.capitalize()}ExecutionRole" in passing["Resource"]["Fn::ImportValue"]
     assert passing["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
     sync = statements["SyncWithTrainingJobEvents"]
     assert set(sync["Action"]) == {"events:PutTargets", "events:PutRule", "events:DescribeRule"}
     assert sync["Resource"]["Fn::Join"][1][-1].endswith(f":rule/{SYNC_EVENTS_RULE}")
-    sagemaker_actions = {
-        a for s in statements.values() for a in as_list(s["Action"]) if a.startswith("sagemaker:")
+    sagemaker = {a for s in statements.values() for a in as_list(s["Action"]) if a.startswith("sagemaker:")}
+    assert sagemaker == {
+        "sagemaker:CreateTrainingJob",
+        "sagemaker:AddTags",
+        "sagemaker:DescribeTrainingJob",
+        "sagemaker:StopTrainingJob",
     }
-    assert sagemaker_actions == set(jobs["Action"])
+    all_jobs = [s for s in statements.values() if "sagemaker:" in json.dumps(s.get("Action"))]
+    assert all(f"training-job/{prefix}-*" in json.dumps(s["Resource"]) for s in all_jobs)
     invoked = [
-        s for s in _state_machine_statements(templates[environment]) if s["Action"] == "lambda:InvokeFunction"
+        s
+        for s in _state_machine_statements(templates[environment], team)
+        if s["Action"] == "lambda:InvokeFunction"
     ]
     assert len(invoked) == 3
 
 
-@pytest.mark.parametrize("environment", ENVIRONMENTS)
-def test_functions_get_the_platform_context_and_least_privilege(templates, environments, environment):
+@pytest.mark.parametrize(("environment", "team"), TEAM_CASES)
+def test_functions_get_the_teams_platform_context_and_least_privilege(
+    templates, environments, environment, team
+):
     config, template = environments[environment], templates[environment]
-    functions = _functions(template)
+    team_config = config.team(team)
+    functions = _functions(template, team)
     assert set(functions) == {"resolve", "next_attempt", "summarize"}
     for handler, function in functions.items():
         properties = function["Properties"]
         context = json.dumps(properties["Environment"]["Variables"][ENV_PLATFORM_CONTEXT])
         for export in (
-            "ExecutionRole",
+            f"Team{team.capitalize()}ExecutionRole",
             "DatasetsBucket",
             "CheckpointsBucket",
             "ArtifactsBucket",
@@ -230,8 +304,11 @@ def test_functions_get_the_platform_context_and_least_privilege(templates, envir
             "TrainingSecurityGroup",
         ):
             assert export in context, (handler, export)
-        assert f'\\"job_name_prefix\\":\\"{config.job_name_prefix}\\"' in context
-        assert f'\\"warm_pool_cap_seconds\\":{config.warm_pools.max_keep_alive_seconds}' in context
+        assert f'\\"job_name_prefix\\":\\"{team_config.job_name_prefix}\\"' in context
+        assert f'\\"team\\":\\"{team}\\"' in context
+        assert f'\\"warm_pool_cap_seconds\\":{team_config.max_keep_alive_seconds}' in context
+        encryption = "true" if config.network.inter_container_traffic_encryption else "false"
+        assert f'\\"inter_container_traffic_encryption\\":{encryption}' in context
         assert properties["Runtime"] == f"python{sys.version_info.major}.{sys.version_info.minor}"
         role_id = properties["Role"]["Fn::GetAtt"][0]
         role_policies = [
@@ -246,52 +323,59 @@ def test_functions_get_the_platform_context_and_least_privilege(templates, envir
             for a in as_list(s["Action"])
         }
         expected = {"logs:CreateLogStream", "logs:PutLogEvents"}
-        assert actions == (expected | {"sagemaker:ListTrainingJobs"} if handler == "resolve" else expected)
+        resolve = expected | {"sagemaker:ListTrainingJobs", "sagemaker:ListTags"}
+        assert actions == (resolve if handler == "resolve" else expected)
 
 
-@pytest.mark.parametrize("environment", ENVIRONMENTS)
-def test_engineers_may_start_and_follow_runs_of_this_launcher(platform, environments, environment):
+@pytest.mark.parametrize(("environment", "team"), TEAM_CASES)
+def test_a_teams_engineers_may_start_and_follow_runs_of_its_launcher_only(
+    platform, environments, environment, team
+):
     access = _template_json(platform.stages[environment].access)
-    _, policy = next(
-        (i, p)
-        for i, p in resources_of_type(access, "AWS::IAM::ManagedPolicy").items()
-        if "EngineerPolicy" in i
-    )
+    policies = {
+        i: p for i, p in resources_of_type(access, "AWS::IAM::ManagedPolicy").items() if "EngineerPolicy" in i
+    }
+    assert len(policies) == len(environments[environment].teams)
+    policy = next(p for i, p in policies.items() if i.startswith(f"AccessTeam{team.capitalize()}"))
     statements = {s.get("Sid"): s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
-    start = statements["StartLauncherRuns1"]
+    start = statements["StartTeamRuns1"]
     assert set(start["Action"]) == {"states:StartExecution", "states:ListExecutions"}
-    assert json.dumps(start["Resource"]).endswith(
-        f':stateMachine:{environments[environment].job_name_prefix}-launcher"]]}}'
-    )
+    prefix = environments[environment].team(team).job_name_prefix
+    assert json.dumps(start["Resource"]).endswith(f':stateMachine:{prefix}-launcher"]]}}')
     assert {"states:StopExecution", "states:DescribeExecution"} <= set(
-        statements["FollowLauncherRuns1"]["Action"]
+        statements["FollowTeamRuns1"]["Action"]
     )
+    assert "StartTeamRuns2" not in statements
 
 
 # -- topic and outputs ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("environment", ENVIRONMENTS)
-def test_topic_is_encrypted_tls_only_and_mails_the_environment(templates, environments, environment):
+@pytest.mark.parametrize(("environment", "team"), TEAM_CASES)
+def test_a_teams_topic_is_encrypted_tls_only_and_mails_the_team(templates, environments, environment, team):
     template = templates[environment]
-    topic_id, topic = _one(template, "AWS::SNS::Topic")
-    key_id, _ = _one(template, "AWS::KMS::Key")
+    topic_id, topic = _one(template, "AWS::SNS::Topic", team)
+    key_id, _ = _one(template, "AWS::KMS::Key", team)
     assert topic["Properties"]["KmsMasterKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
-    _, policy = _one(template, "AWS::SNS::TopicPolicy")
+    _, policy = _one(template, "AWS::SNS::TopicPolicy", team)
     denies = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Deny"]
     assert denies[0]["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
-    subscriptions = [s["Properties"] for s in resources_of_type(template, "AWS::SNS::Subscription").values()]
+    subscriptions = [
+        s["Properties"] for s in _team_resources(template, "AWS::SNS::Subscription", team).values()
+    ]
     assert subscriptions == [
         {
             "Protocol": "email",
             "TopicArn": {"Ref": topic_id},
-            "Endpoint": environments[environment].notifications.email,
+            "Endpoint": environments[environment].team(team).notification_email,
         }
     ]
     outputs = template["Outputs"]
-    machine_id, _ = _one(template, "AWS::StepFunctions::StateMachine")
-    assert outputs[LauncherOutput.STATE_MACHINE_ARN]["Value"] == {"Ref": machine_id}
-    assert outputs[LauncherOutput.TOPIC_ARN]["Value"] == {"Ref": topic_id}
+    machine_id, _ = _one(template, "AWS::StepFunctions::StateMachine", team)
+    assert outputs[StackOutput.team_output(team, LauncherOutput.STATE_MACHINE_ARN)]["Value"] == {
+        "Ref": machine_id
+    }
+    assert outputs[StackOutput.team_output(team, LauncherOutput.TOPIC_ARN)]["Value"] == {"Ref": topic_id}
 
 
 # -- the functions' code ----------------------------------------------------------------------------------
@@ -331,6 +415,7 @@ def _props(stack: cdk.Stack, **overrides) -> dict:
     buckets = {name: s3.Bucket(stack, name) for name in ("datasets", "checkpoints", "artifacts", "code")}
     props = dict(
         job_templates=[],
+        team=_team(),
         execution_role=iam.Role(stack, "Exec", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com")),
         datasets_bucket=buckets["datasets"],
         checkpoints_bucket=buckets["checkpoints"],
@@ -340,32 +425,66 @@ def _props(stack: cdk.Stack, **overrides) -> dict:
         subnets=[ec2.Subnet.from_subnet_id(stack, "Subnet", "subnet-0123456789abcdef0")],
         security_groups=[ec2.SecurityGroup.from_security_group_id(stack, "Sg", "sg-0123456789abcdef0")],
         environment_name="test",
-        job_name_prefix="llmtrain-test",
-        warm_pool_cap_seconds=3600,
     )
     props.update(overrides)
     return props
 
 
+def _team(**changes) -> TeamSpec:
+    values = dict(
+        name="a",
+        job_name_prefix="llmtrain-a",
+        instance_types=("ml.g5.12xlarge",),
+        max_keep_alive_seconds=3600,
+    )
+    return TeamSpec(**{**values, **changes})
+
+
+def _gpt2(stack: cdk.Stack) -> list[JobTemplate]:
+    return [JobTemplate(stack, "Gpt2", template="gpt2-ddp@1.1.0", code_bucket=s3.Bucket(stack, "Code"))]
+
+
+def _lora(stack: cdk.Stack) -> list[JobTemplate]:
+    """A version with a warm pool (1800 s) by default."""
+    return [
+        JobTemplate(stack, "Lora", template="llama-finetune-lora@1.1.0", code_bucket=s3.Bucket(stack, "Code"))
+    ]
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"job_name_prefix": "Bad_Prefix"}, r"TrainingLauncher\(job_name_prefix=...\): 'Bad_Prefix' must be"),
-        (
-            {"warm_pool_cap_seconds": 30000},
-            r"TrainingLauncher\(warm_pool_cap_seconds=...\): must be a whole number",
-        ),
+        ({"team": "a"}, r"TrainingLauncher\(team=...\): must be a TeamSpec"),
         ({"subnets": []}, r"TrainingLauncher\(subnets=...\): must hold 1 to 16 subnets"),
-        (
-            {"notification_email": "nobody"},
-            r"TrainingLauncher\(notification_email=...\): 'nobody' is not an e-mail",
-        ),
         ({"state_machine_name": "has spaces"}, r"TrainingLauncher\(state_machine_name=...\)"),
         ({}, r"TrainingLauncher\(job_templates=...\): must list at least one JobTemplate"),
+        (
+            {
+                "job_templates": _gpt2,
+                "team": _team(templates=("byo-script",)),
+            },
+            r"TrainingLauncher\(job_templates=...\): \['gpt2-ddp'\] are not among team 'a''s templates",
+        ),
+        (
+            {
+                "job_templates": _gpt2,
+                "team": _team(instance_types=("ml.c5.2xlarge",)),
+            },
+            r"gpt2-ddp@1.1.0 runs on ml.g5.12xlarge, .* none of which team 'a' may use",
+        ),
+        (
+            {
+                "job_templates": _lora,
+                "team": _team(max_keep_alive_seconds=60),
+            },
+            r"(?s)llama-finetune-lora@1.1.0 cannot run with its defaults for team 'a': .*keep_alive_seconds",
+        ),
     ],
 )
 def test_invalid_props_fail_at_synth_naming_the_field(overrides, message):
     stack = cdk.Stack(cdk.App(), "Invalid", env=ENV)
+    if callable(overrides.get("job_templates")):
+        overrides = {**overrides, "job_templates": overrides["job_templates"](stack)}
     with pytest.raises(PropsError, match=message):
         TrainingLauncher(stack, "Launcher", **_props(stack, **overrides))
 

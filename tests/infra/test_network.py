@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_logs as logs
@@ -141,6 +143,55 @@ def test_endpoints_cover_every_service_a_job_calls(platform, environments, env):
         443,
         443,
     )
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_every_interface_endpoint_serves_only_this_accounts_principals(platform, environments, env):
+    template = platform.template_json(env, "network")
+    region, account = environments[env].region, environments[env].account
+    endpoints = [
+        e["Properties"] for e in resources_of_type(template, "AWS::EC2::VPCEndpoint").values()
+        if e["Properties"]["VpcEndpointType"] == "Interface"
+    ]
+    for endpoint in endpoints:
+        service = endpoint["ServiceName"].removeprefix(f"com.amazonaws.{region}.")
+        [statement] = endpoint["PolicyDocument"]["Statement"]
+        prefix = {"sagemaker.api": "sagemaker", "sts": "sts", "logs": "logs", "monitoring": "cloudwatch",
+                  "ecr.api": "ecr", "ecr.dkr": "ecr", "kms": "kms"}[service]
+        assert statement == {
+            "Sid": "ThisAccountOnly",
+            "Effect": "Allow",
+            "Principal": {"AWS": "*"},
+            "Action": f"{prefix}:*",
+            "Resource": "*",
+            "Condition": {"StringEquals": {"aws:PrincipalAccount": account}},
+        }, service
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_the_s3_endpoint_reaches_only_the_platforms_buckets_and_ecr_layers(platform, environments, env):
+    template = platform.template_json(env, "network")
+    [gateway] = [
+        e["Properties"] for e in resources_of_type(template, "AWS::EC2::VPCEndpoint").values()
+        if e["Properties"]["VpcEndpointType"] == "Gateway"
+    ]
+    statements = {s["Sid"]: s for s in gateway["PolicyDocument"]["Statement"]}
+    assert set(statements) == {"PlatformBuckets", "PlatformObjects", "EcrImageLayers"}
+    assert all(s["Effect"] == "Allow" and s["Principal"] == {"AWS": "*"} for s in statements.values())
+    buckets = json.dumps(statements["PlatformBuckets"]["Resource"])
+    for name in ("DatasetsBucket", "CheckpointsBucket", "ArtifactsBucket", "CodeBucket"):
+        assert name in buckets, name
+    assert "AccessLogsBucket" not in buckets  # jobs never touch the access logs
+    assert len(statements["PlatformObjects"]["Resource"]) == 4
+    assert statements["EcrImageLayers"] == {
+        "Sid": "EcrImageLayers",
+        "Effect": "Allow",
+        "Principal": {"AWS": "*"},
+        "Action": "s3:GetObject",
+        "Resource": f"arn:aws:s3:::prod-{environments[env].region}-starport-layer-bucket/*",
+    }
+    actions = {a for s in statements.values() for a in as_list(s["Action"])}
+    assert not any(a.endswith("*") for a in actions)
 
 
 @pytest.mark.parametrize("env", ["dev", "prod"])

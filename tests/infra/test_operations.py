@@ -375,14 +375,19 @@ def test_the_dashboard_shows_every_part(templates, environments, environment):
     board = dashboard(templates[environment])
     by_title = {w["properties"].get("title"): w["properties"] for w in board["widgets"]}
     launcher = by_title["Launcher executions"]["metrics"]
-    assert [m[1] for m in launcher] == [
-        "ExecutionsStarted",
-        "ExecutionsSucceeded",
-        "ExecutionsFailed",
-        "ExecutionsAborted",
-        "ExecutionsTimedOut",
-    ]
-    assert all(m[0] == "AWS/States" and m[2] == "StateMachineArn" for m in launcher)
+    outcomes = ["ExecutionsStarted", "ExecutionsSucceeded", "ExecutionsFailed", "ExecutionsAborted",
+                "ExecutionsTimedOut"]
+    teams = len(config.teams)
+    metrics = [m for m in launcher if isinstance(m[0], str)]
+    assert all(m[0] == "AWS/States" and m[2] == "StateMachineArn" for m in metrics)
+    # Every team's launcher, each outcome once; with several teams the graph shows their sums.
+    assert sorted(m[1] for m in metrics) == sorted(outcomes * teams)
+    sums = [m[0] for m in launcher if isinstance(m[0], dict)]
+    if teams == 1:
+        assert sums == []
+    else:
+        assert [s["label"] for s in sums] == ["started", "succeeded", "failed", "aborted", "timed out"]
+        assert sums[0]["expression"] == " + ".join(f"FILL(started{i}, 0)" for i in range(teams))
 
     failures = by_title["Job failures by class"]["metrics"]
     assert sorted(m[5] for m in failures) == sorted(c.value for c in job_events.FailureClass)

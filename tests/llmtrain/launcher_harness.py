@@ -347,6 +347,11 @@ class JobOutcome:
     def algorithm_error(cls, reason: str) -> JobOutcome:
         return cls(status="Failed", failure_reason=reason, billable_seconds=120)
 
+    @classmethod
+    def throttled(cls) -> JobOutcome:
+        """SageMaker refuses the CreateTrainingJob call for its rate: no job is created."""
+        return cls(api_error=("ThrottlingException", "Rate exceeded"))
+
 
 class TrainingJobEnded(Exception):
     """A .sync training job ended in Failed or Stopped."""
@@ -519,10 +524,12 @@ class LauncherHarness:
             TopicArn=topic_arn, Protocol="sqs", Endpoint=queue_arn, Attributes={"RawMessageDelivery": "false"}
         )
 
-    def start(self, execution_input: Mapping[str, Any], *, name: str | None = None) -> str:
+    def start(self, execution_input: Any, *, name: str | None = None) -> str:
+        """Start an execution with any JSON input (named after its run_name unless `name` is given)."""
+        run_name = execution_input.get("run_name") if isinstance(execution_input, Mapping) else None
         return self.sfn.start_execution(
             stateMachineArn=self.state_machine_arn,
-            name=name or str(execution_input.get("run_name", uuid.uuid4())),
+            name=name or str(run_name or uuid.uuid4()),
             input=json.dumps(execution_input),
         )["executionArn"]
 
@@ -544,7 +551,7 @@ class LauncherHarness:
             history=history,
         )
 
-    def run(self, execution_input: Mapping[str, Any], **kwargs) -> LauncherRun:
+    def run(self, execution_input: Any, **kwargs) -> LauncherRun:
         return self.wait(self.start(execution_input, **kwargs))
 
     def notifications(self) -> list[dict[str, Any]]:

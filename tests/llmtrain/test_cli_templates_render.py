@@ -69,7 +69,7 @@ def test_render_prints_a_dry_run_request(capsys):
     )
     assert code == 0
     request = json.loads(out)
-    assert request["TrainingJobName"] == "llmtrain-dev-exp1-a1"
+    assert request["TrainingJobName"] == "llmtrain-dev-default-exp1-a1"
     assert request["HyperParameters"]["max_steps"] == "100"
     assert request["HyperParameters"]["lr"] == "0.0001"
     assert "dry run" in err and "config/dev.yaml" in err

@@ -218,7 +218,7 @@ def test_status_says_where_tensorboard_follows_the_run(capsys, launcher, config_
     llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r7", config_dir=config_dir)
     _job("llmtrain-dev-r7-a1", "InProgress", final_metrics=False, template="llama-pretrain-fsdp")
     code, out, _ = llmtrain(capsys, "status", "r7", config_dir=config_dir)
-    uri = f"s3://llmtrain-dev-artifacts-{ACCOUNT}-{REGION}/llama-pretrain-fsdp/x/tensorboard/"
+    uri = f"s3://llmtrain-dev-artifacts-{ACCOUNT}-{REGION}/teams/default/llama-pretrain-fsdp/x/tensorboard/"
     assert code == 0 and f"TensorBoard (live): tensorboard --logdir {uri}" in out
     code, out, _ = llmtrain(capsys, "status", "r7", "--json", config_dir=config_dir)
     assert json.loads(out)["job"]["tensorboard"] == uri

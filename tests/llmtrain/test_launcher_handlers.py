@@ -6,6 +6,7 @@ and the repository's template catalog as their registry.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import boto3
@@ -32,6 +33,7 @@ from llmtrain.handlers.launcher import (
 )
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, job_name, render
+from llmtrain.runs import ExecutionInput, RunState
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 CATALOG = Catalog.load()
@@ -49,6 +51,7 @@ PLATFORM = PlatformContext(
     security_group_ids=("sg-0123456789abcdef0",),
     warm_pool_cap_seconds=3600,
     job_name_prefix="llmtrain-test",
+    team="nlp",
 )
 LAYOUTS = request_layouts([render(t, RunInput(run_name="layout"), PLATFORM) for t in CATALOG.all()])
 CAPACITY = {
@@ -89,13 +92,17 @@ def _job(sagemaker, name: str, status: str) -> None:
     sagemaker_backends[ACCOUNT][REGION].training_jobs[name].training_job_status = status
 
 
+def _event(run_name: str, **fields) -> dict:
+    return {
+        "input": {"template": "gpt2-ddp", "run_name": run_name, **fields},
+        "execution_arn": "arn:aws:states:us-east-1:123456789012:execution:l:" + run_name,
+        "execution_name": run_name,
+    }
+
+
 def _resolve(run_name: str, **fields) -> dict:
-    return launcher.resolve(
-        {
-            "input": {"template": "gpt2-ddp", "run_name": run_name, **fields},
-            "execution_arn": "arn:aws:states:us-east-1:123456789012:execution:l:" + run_name,
-        }
-    )
+    """Resolve as the functions' code runs it, raising its refusals."""
+    return launcher.resolve_run(_event(run_name, **fields))
 
 
 # -- resolve ------------------------------------------------------------------------------------------
@@ -111,7 +118,8 @@ def test_resolve_renders_attempt_one_of_the_pinned_version(deployed):
     run = state["run"]
     assert (run["template"], run["version"], run["attempt"]) == ("gpt2-ddp", "1.1.0", 1)
     assert run["instance_types"] == ["ml.g5.12xlarge", "ml.g5.24xlarge"]
-    assert run["checkpoint_s3_uri"] == "s3://checkpoints-bucket/gpt2-ddp/fresh/"
+    assert run["checkpoint_s3_uri"] == "s3://checkpoints-bucket/teams/nlp/gpt2-ddp/fresh/"
+    assert run["team"] == "nlp" and run["unusable_instance_types"] == []
     assert state["layout"] in LAYOUTS and set(LAYOUTS[state["layout"]]) == set(state["request"])
 
 
@@ -135,7 +143,30 @@ def test_a_failed_run_started_again_continues_with_the_next_attempt(deployed):
     state = _resolve("again")
     assert state["run"]["attempt"] == 3
     assert state["request"]["TrainingJobName"] == "llmtrain-test-again-a3"
-    assert state["request"]["CheckpointConfig"]["S3Uri"] == "s3://checkpoints-bucket/gpt2-ddp/again/"
+    assert state["request"]["CheckpointConfig"]["S3Uri"] == "s3://checkpoints-bucket/teams/nlp/gpt2-ddp/again/"
+
+
+def test_the_lambda_entry_point_turns_a_refusal_into_a_rejection_summary(deployed):
+    _job(deployed, "llmtrain-test-busy2-a1", "InProgress")
+    summary = launcher.resolve(_event("busy2"))["summary"]
+    assert (summary["status"], summary["error"]) == ("Rejected", "RunAlreadyInProgress")
+    assert summary["run_name"] == "busy2"
+    assert summary["subject"] == "llmtrain: run busy2 rejected"
+    assert "llmtrain-test-busy2-a1 in progress" in summary["message"]
+
+
+def test_a_run_keeps_its_template_and_version_for_life(deployed):
+    old = render(CATALOG.get("gpt2-ddp", "1.0.0"), RunInput(run_name="kept"), PLATFORM)
+    deployed.create_training_job(**old)
+    sagemaker_backends[ACCOUNT][REGION].training_jobs[old["TrainingJobName"]].training_job_status = "Failed"
+    # "latest" continues on the version the run's jobs ran, not today's latest.
+    state = _resolve("kept")
+    assert (state["run"]["version"], state["run"]["attempt"]) == ("1.0.0", 2)
+    for fields, asked in (({"version": "1.1.0"}, "gpt2-ddp@1.1.0"),
+                          ({"template": "llama-pretrain-fsdp"}, "llama-pretrain-fsdp@latest")):
+        with pytest.raises(InvalidRunInput) as error:
+            _resolve("kept", **fields)
+        assert f"run 'kept' runs gpt2-ddp@1.0.0 (its earlier jobs), not {asked}" in str(error.value)
 
 
 @pytest.mark.parametrize(
@@ -145,12 +176,26 @@ def test_a_failed_run_started_again_continues_with_the_next_attempt(deployed):
         ({"overrides": {"max_steps": "lots"}}, "override 'max_steps': 'lots' is not a valid int"),
         ({"overrides": {"instance_type": "ml.t3.medium"}}, "override 'instance_type'"),
         ({"overrides": ["max_steps=1"]}, "'overrides' must be an object"),
+        ({"overrides": {"lr": 10**400}}, "override 'lr'"),
+        ({"version": ""}, "'version' must be a published version"),
+        ({"template": "llama-pretrain-fsdp"}, "team 'nlp': template 'llama-pretrain-fsdp' is not one of"),
     ],
 )
-def test_resolve_rejects_bad_input_naming_what_to_fix(deployed, fields, message):
+def test_resolve_rejects_bad_input_naming_what_to_fix(deployed, monkeypatch, fields, message):
+    team = dataclasses.replace(PLATFORM, allowed_templates=("gpt2-ddp",))
+    monkeypatch.setenv(launcher.ENV_PLATFORM_CONTEXT, json.dumps(team.to_dict()))
     with pytest.raises(InvalidRunInput, match="rejected before any training job was created") as error:
         _resolve("bad", **fields)
     assert message in str(error.value)
+
+
+def test_fallback_types_that_cannot_hold_the_run_are_found_up_front(deployed):
+    # Two nodes need EFA; gpt2-ddp's fallback ml.g5.24xlarge has none, ml.p4d.24xlarge (chosen) has.
+    state = _resolve("efa", overrides={"instance_count": 2, "instance_type": "ml.p4d.24xlarge"})
+    run = state["run"]
+    assert run["instance_types"] == ["ml.p4d.24xlarge"]
+    [skipped] = run["unusable_instance_types"]
+    assert skipped["instance_type"] == "ml.g5.24xlarge" and "EFA" in skipped["reason"]
 
 
 def test_resolve_rejects_a_run_name_sagemaker_cannot_use(deployed):
@@ -169,11 +214,20 @@ def test_handlers_need_the_environment_the_construct_sets(monkeypatch):
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (None, "must be a JSON object"),
+        (None, "must be a JSON object like {\"template\": NAME"),
+        ([1, 2], "got a list"),
+        ("gpt2-ddp", "got a string ('gpt2-ddp')"),
+        (7, "got a number"),
         ({"template": "gpt2-ddp"}, "'run_name' is required"),
         ({"run_name": "r"}, "'template' is required"),
         ({"template": "gpt2-ddp", "run_name": "r", "extra": 1}, "unknown input field(s) extra"),
-        ({"template": "gpt2-ddp", "run_name": "r", "version": 1}, "'version' must be a string"),
+        ({"template": "gpt2-ddp", "run_name": "r", "version": 1}, "'version' must be a published version"),
+        ({"template": "gpt2-ddp", "run_name": "r", "version": ""}, "got ''"),
+        (
+            {"template": "gpt2-ddp", "run_name": "Big-Run"},
+            "has upper-case letters; SageMaker job names ignore case, so it would share its jobs with "
+            "'big-run'",
+        ),
     ],
 )
 def test_execution_input_is_checked(data, message):
@@ -182,14 +236,11 @@ def test_execution_input_is_checked(data, message):
     assert message in str(error.value)
 
 
-def test_execution_input_defaults():
-    assert parse_execution_input({"template": "t", "run_name": "r"}) == {
-        "template": "t",
-        "version": "latest",
-        "run_name": "r",
-        "overrides": {},
-        "owner": "launcher",
-    }
+def test_execution_input_defaults_and_round_trip():
+    parsed = parse_execution_input({"template": "t", "run_name": "r"})
+    assert parsed == ExecutionInput(template="t", run_name="r", version="latest", overrides={}, owner=None)
+    assert parse_execution_input(parsed.to_dict()) == parsed
+    assert parsed.to_dict() == {"template": "t", "version": "latest", "run_name": "r", "overrides": {}}
 
 
 def test_the_job_name_stem_agrees_with_render():
@@ -244,15 +295,27 @@ def test_failures_are_classified():
 # -- retry planning ---------------------------------------------------------------------------------------
 
 
-def _run(**state) -> dict:
-    return {
-        "attempt": 1,
-        "type_index": 0,
-        "capacity_retries": 0,
-        "quota_waits": 0,
-        "instance_types": ["ml.p4d.24xlarge", "ml.p5.48xlarge"],
-        **state,
-    }
+def _run(**state) -> RunState:
+    return RunState(
+        run_name="r",
+        team="nlp",
+        template="llama-pretrain-fsdp",
+        version="1.1.0",
+        overrides={},
+        owner="launcher",
+        execution_arn=None,
+        **{"attempt": 1, "instance_types": ("ml.p4d.24xlarge", "ml.p5.48xlarge"), **state},
+    )
+
+
+def test_the_run_state_round_trips_and_refuses_a_state_from_another_deployment():
+    run = _run().with_attempt_ended("job-a1", "capacity", "CapacityError")
+    again = RunState.from_dict(json.loads(json.dumps(run.to_dict())))
+    assert again == run and again.history[0].outcome == "capacity"
+    with pytest.raises(LauncherStateError, match="different deployments"):
+        RunState.from_dict({**run.to_dict(), "surprise": 1})
+    with pytest.raises(LauncherStateError, match="deploy the state machine and the functions together"):
+        RunState.from_dict({k: v for k, v in run.to_dict().items() if k != "attempt"})
 
 
 def test_backoff_is_exponential_and_capped():
@@ -277,6 +340,22 @@ def test_quota_fails_fast_or_waits_by_policy():
     plan = plan_retry(waiting, _run(), quota)
     assert (plan.wait_seconds, plan.type_index, plan.quota_waits) == (900, 0, 1)
     assert plan_retry(waiting, _run(quota_waits=waiting.capacity_retry_attempts), quota) is None
+
+
+def test_a_throttled_call_is_made_again_for_the_same_attempt_then_given_up():
+    retry = CATALOG.get("llama-pretrain-fsdp").retry
+    throttled = classify_failure(
+        {
+            "Error": "SageMaker.AmazonSageMakerException",
+            "Cause": "Rate exceeded (Service: AmazonSageMaker; Status Code: 400; "
+            "Error Code: ThrottlingException)",
+        }
+    )
+    assert throttled.kind == "throttled"
+    plan = plan_retry(retry, _run(), throttled)
+    assert (plan.wait_seconds, plan.new_attempt, plan.throttle_retries) == (10, False, 1)
+    assert plan_retry(retry, _run(throttle_retries=4), throttled).wait_seconds == 160
+    assert plan_retry(retry, _run(throttle_retries=5), throttled) is None
 
 
 def test_other_failures_are_never_retried_and_attempts_are_bounded():

@@ -31,7 +31,7 @@ from llmtrain.render import RunInput, render
 from stacks.platform import PlatformStage
 
 ROOT = Path(__file__).resolve().parents[2]
-PREFIX = "llmtrain-dev"
+PREFIX = "llmtrain-dev-default"  # the job-name prefix of dev's one team, `default`
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_happy_path_passes_every_rendered_field_and_summarizes_the_run(launcher)
     assert summary["job_name"] == f"{PREFIX}-happy-a1"
     assert summary["final_metrics"] == {"train:loss": 1.875, "eval:loss": 2.0}
     assert summary["model_artifacts"] == (
-        f"s3://{platform.artifacts_bucket}/llama-pretrain-fsdp/happy/{PREFIX}-happy-a1/output/model.tar.gz"
+        f"s3://{platform.artifacts_bucket}/teams/default/llama-pretrain-fsdp/happy/{PREFIX}-happy-a1/output/model.tar.gz"
     )
     assert summary["billable_seconds"] == 7200
     assert summary["attempts"] == 1
@@ -142,7 +142,9 @@ def test_bad_input_fails_before_any_training_job_with_what_to_fix(launcher):
     bad_inputs = {
         "unknown-template": (
             {"template": "no-such-template", "run_name": "r1"},
-            ["unknown template 'no-such-template'", "llama-pretrain-fsdp"],
+            # The team's templates are its launcher's registry: the message lists them.
+            ["team 'default': template 'no-such-template' is not one of its templates", "llama-pretrain-fsdp",
+             "teams.default.templates"],
         ),
         "disallowed-override": (
             {"template": "gpt2-ddp", "run_name": "r2", "overrides": {"parallelism": "fsdp"}},
@@ -176,8 +178,10 @@ def test_bad_input_fails_before_any_training_job_with_what_to_fix(launcher):
         for fragment in fragments:
             assert fragment in run.cause, (name, fragment, run.cause)
         assert not any(state.startswith("CreateTrainingJob") for state in _states_entered(run))
+    # The subject names the run (the input's run_name, else the execution's name).
     assert sorted(n["Subject"] for n in notifications) == sorted(
-        f"llmtrain: run {name} rejected" for name in bad_inputs
+        f"llmtrain: run {execution_input.get('run_name', name)} rejected"
+        for name, (execution_input, _) in bad_inputs.items()
     )
     assert all(n["MessageAttributes"]["status"]["Value"] == "Rejected" for n in notifications)
 
@@ -189,7 +193,7 @@ def test_capacity_error_then_success_retries_with_a_new_name_and_the_same_checkp
     assert run.status == "SUCCEEDED", run.cause
     assert _sent(harness, "TrainingJobName") == [f"{PREFIX}-busy-a1", f"{PREFIX}-busy-a2"]
     checkpoints = {request["CheckpointConfig"]["S3Uri"] for request in harness.jobs.requests}
-    assert len(checkpoints) == 1 and checkpoints.pop().endswith("/llama-pretrain-fsdp/busy/")
+    assert len(checkpoints) == 1 and checkpoints.pop().endswith("/teams/default/llama-pretrain-fsdp/busy/")
     assert _instance_types(harness) == ["ml.p4d.24xlarge", "ml.p4d.24xlarge"]
     assert harness.waits == [600]  # the template's backoff_seconds before the first retry
     assert run.output["attempts"] == 2
@@ -301,3 +305,123 @@ def test_the_definition_is_resolved_from_the_synthesized_template(synthesized):
         f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:"
     )
     assert "${" not in json.dumps(definition) and "Fn::" not in json.dumps(definition)
+
+
+# -- defects found by executing the synthesized state machine with unusual input ----------------------
+# Each test below failed on the launcher as it was before typed records and teams (issue 18).
+
+
+def _rejected_before_any_job(harness, run, *fragments):
+    assert run.status == "FAILED", (run.status, run.error, run.cause)
+    assert run.error == "InvalidRunInput", (run.error, run.cause)
+    for fragment in fragments:
+        assert fragment in run.cause, (fragment, run.cause)
+    assert not any(state.startswith("CreateTrainingJob") for state in _states_entered(run))
+
+
+@pytest.mark.parametrize(
+    ("execution_input", "kind"),
+    [([1, 2], "got a list"), ("gpt2-ddp", "got a string"), (7, "got a number"), (None, "got null")],
+)
+def test_input_that_is_not_a_json_object_is_rejected_and_notified(launcher, execution_input, kind):
+    """Defect 1: such input ended in States.Runtime, with no notification."""
+    with launcher([]) as harness:
+        run = harness.run(execution_input, name="not-an-object")
+        notifications = harness.notifications()
+    _rejected_before_any_job(harness, run, "the execution input must be a JSON object like", kind)
+    assert harness.jobs.requests == []
+    assert [n["Subject"] for n in notifications] == ["llmtrain: run not-an-object rejected"]
+    assert "Error: InvalidRunInput" in notifications[0]["Message"]
+
+
+def test_an_enormous_number_is_rejected_naming_the_override(launcher):
+    """Defect 2: Resolve crashed with a raw stack trace (OverflowError) instead of a rejection."""
+    with launcher([]) as harness:
+        run = harness.run({"template": "gpt2-ddp", "run_name": "huge", "overrides": {"lr": 10**400}})
+    _rejected_before_any_job(harness, run, "override 'lr': 1000000000", "is not a valid float")
+    assert "Traceback" not in run.cause and len(run.cause) < 1000
+    assert harness.jobs.requests == []
+
+
+def test_an_empty_version_is_refused_not_taken_for_latest(launcher):
+    """Defect 3: `"version": ""` silently ran the latest version."""
+    with launcher([JobOutcome()]) as harness:
+        run = harness.run({"template": "gpt2-ddp", "version": "", "run_name": "noversion"})
+    _rejected_before_any_job(harness, run, "'version' must be a published version", 'or "latest"')
+    assert harness.jobs.requests == []
+
+
+def test_a_long_execution_name_still_gets_its_notification(launcher):
+    """Defect 4: SNS subjects are at most 100 characters; an 80-character execution name broke the
+    rejection's publish, so nobody heard of it."""
+    name = "x" * 80
+    with launcher([]) as harness:
+        bad = {"template": "gpt2-ddp", "run_name": name, "overrides": {"max_steps": 0}}
+        run = harness.run(bad, name=name)
+        notifications = harness.notifications()
+    assert run.error == "InvalidRunInput"
+    [note] = notifications
+    assert len(note["Subject"]) <= 100 and note["Subject"].endswith("... rejected")
+    assert note["Subject"].startswith("llmtrain: run xxxx")
+    assert not any("notification_error" in json.dumps(e, default=str) for e in run.history)
+
+
+def test_a_fallback_type_that_cannot_hold_the_run_is_never_tried(launcher):
+    """Defect 5: gpt2-ddp's fallback ml.g5.24xlarge has no EFA, so a two-node run could not use it; the
+    run ended as RetryNotPossible blaming SageMaker. It now ends as CapacityUnavailable, saying why."""
+    run_input = {
+        "template": "gpt2-ddp",
+        "run_name": "twonodes",
+        "overrides": {"instance_count": 2, "instance_type": "ml.p4d.24xlarge"},
+    }
+    with launcher([JobOutcome.capacity_error()] * 4) as harness:
+        run = harness.run(run_input)
+    assert run.status == "FAILED"
+    assert run.error == "CapacityUnavailable", run.cause
+    assert _instance_types(harness) == ["ml.p4d.24xlarge"] * 4  # 1 + 3 retries, no fallback attempt
+    assert "SageMaker had no capacity for ml.p4d.24xlarge after 4 attempt(s)" in run.cause
+    assert "Fallback types that cannot hold this run were not tried (ml.g5.24xlarge:" in run.cause
+    assert "EFA" in run.cause
+
+
+def test_a_run_keeps_its_template_and_version_for_life(launcher):
+    """Defect 6: starting a failed run again under another template version continued the run's name
+    with another program on the same checkpoints."""
+    reason = "AlgorithmError: exit code 1"
+    with launcher([JobOutcome.algorithm_error(reason), JobOutcome()]) as harness:
+        first = harness.run({"template": "gpt2-ddp", "version": "1.0.0", "run_name": "kept"})
+        other = harness.run(
+            {"template": "gpt2-ddp", "version": "1.1.0", "run_name": "kept"}, name="kept-other-version"
+        )
+        again = harness.run({"template": "gpt2-ddp", "run_name": "kept"}, name="kept-again")
+    assert first.error == "TrainingJobFailed"
+    refused = "run 'kept' runs gpt2-ddp@1.0.0 (its earlier jobs), not gpt2-ddp@1.1.0"
+    _rejected_before_any_job(harness, other, refused)
+    # Continued without a version ("latest"), the run stays on the version its jobs ran.
+    assert again.status == "SUCCEEDED", again.cause
+    assert again.output["template"] == "gpt2-ddp@1.0.0"
+    assert _sent(harness, "TrainingJobName") == [f"{PREFIX}-kept-a1", f"{PREFIX}-kept-a2"]
+    code = {json.loads(r["HyperParameters"]["sagemaker_submit_directory"]) for r in harness.jobs.requests}
+    assert len(code) == 1 and "/gpt2-ddp/1.0.0/" in code.pop()
+
+
+def test_a_throttled_create_training_job_is_called_again(launcher):
+    """Defect 7: a one-off ThrottlingException from CreateTrainingJob failed the run."""
+    with launcher([JobOutcome.throttled(), JobOutcome()]) as harness:
+        run = harness.run({"template": "gpt2-ddp", "run_name": "throttled"})
+    assert run.status == "SUCCEEDED", run.cause
+    # No job existed after the throttled call: the same attempt (and job name) is made again.
+    assert _sent(harness, "TrainingJobName") == [f"{PREFIX}-throttled-a1"] * 2
+    assert harness.waits == [10]
+    assert run.output["attempts"] == 1
+
+
+def test_a_run_name_with_upper_case_is_refused(launcher):
+    """Defect 8: SageMaker matches job names without case, checkpoint prefixes do not: `Casey` and
+    `casey` shared jobs but not checkpoints."""
+    with launcher([JobOutcome()]) as harness:
+        first = harness.run({"template": "gpt2-ddp", "run_name": "casey"})
+        upper = harness.run({"template": "gpt2-ddp", "run_name": "Casey"}, name="Casey")
+    assert first.status == "SUCCEEDED", first.cause
+    _rejected_before_any_job(harness, upper, "run_name 'Casey' has upper-case letters", "use 'casey'")
+    assert len(harness.jobs.requests) == 1

@@ -41,3 +41,19 @@ def test_data_option_names_train_by_default(tmp_path):
         parse_data_option([str(tmp_path / "a"), f"train={tmp_path / 'b'}"])
     with pytest.raises(LocalRunError, match="is not a folder"):
         parse_data_option([str(Path(tmp_path) / "missing")])
+
+
+def test_a_run_already_at_max_steps_says_so_and_starts_nothing(tmp_path, capsys):
+    """Its checkpoints reach max_steps: a job would only load and export them."""
+    marker = tmp_path / "done" / "checkpoints" / "step_00000007" / "COMPLETE"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("{}")
+    partial = tmp_path / "done" / "checkpoints" / "step_00000009"  # never committed: not counted
+    partial.mkdir()
+    code = main(["run", "--local", "gpt2-ddp", "--run-name", "done", "--workdir", str(tmp_path),
+                 "--set", "max_steps=7"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "run 'done' is already trained to step 7 (max_steps=7" in out
+    assert "--set max_steps=N with N > 7 trains it further" in out
+    assert not (tmp_path / "done" / "jobs").exists()

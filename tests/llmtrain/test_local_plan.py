@@ -134,3 +134,44 @@ def test_gpu_only_precision_and_quantization_are_replaced():
     changes = adjusted(plan_local_job(request))
     assert changes["HyperParameters.mixed_precision"] == ("fp16", "bf16")
     assert changes["HyperParameters.quantization"] == ("nf4", "none")
+
+
+USER_MAX_STEPS = frozenset({"max_steps"})
+
+
+def test_the_schedule_follows_a_scaled_down_max_steps_and_the_run_evaluates():
+    plan = plan_local_job(rendered("llama-finetune-lora"))
+    values = decoded(plan)
+    assert values["max_steps"] == 50
+    # The template decays over its 1000 steps and evaluates every 100: scaled like max_steps (x0.05).
+    assert adjusted(plan)["HyperParameters.lr_decay_steps"] == ("1000", "50")
+    assert adjusted(plan)["HyperParameters.eval_every_steps"] == ("100", "5")
+    assert values["eval_steps"] == LocalLimits().max_eval_steps
+
+
+def test_a_max_steps_of_the_users_keeps_the_decay_and_says_what_it_leads_to():
+    plan = plan_local_job(rendered("llama-finetune-lora", max_steps=200), user_settings=USER_MAX_STEPS)
+    values = decoded(plan)
+    assert values["max_steps"] == 200 and values["lr_decay_steps"] == 1000
+    # the warm-up scaled to 20 steps: 200 steps are (200 - 20) / (1000 - 20) = 18% of the decay
+    assert values["warmup_steps"] == 20
+    assert ("lr_decay_steps=1000 is longer than max_steps=200: the run ends 18% of the way through the "
+            "learning-rate decay, far above min_lr; --set lr_decay_steps=200 decays it fully within this run"
+            ) in plan.notes
+    # Evaluating every 100 steps fits in 200 steps: unchanged.
+    assert values["eval_every_steps"] == 100
+
+
+def test_evaluation_reaches_a_short_run_of_the_users_at_its_end():
+    plan = plan_local_job(rendered("llama-finetune-lora", max_steps=30), user_settings=USER_MAX_STEPS)
+    assert adjusted(plan)["HyperParameters.eval_every_steps"] == ("100", "30")
+
+
+def test_a_learning_rate_scaled_by_the_global_batch_is_explained_with_its_values_and_the_fix():
+    plan = plan_local_job(rendered("gpt2-ddp"))
+    # gpt2-ddp: lr 1.5e-4 per 256 samples; cloud 32 x 1 x 4 GPUs = 128 samples, local 4 x 1 x 2 = 8.
+    note = next(n for n in plan.notes if n.startswith("scale_lr_by_global_batch"))
+    assert "= 7.5e-05 in the cloud (128 samples per step) but 4.69e-06 here (8 samples per step, 16x fewer)" \
+        in note
+    assert note.endswith("--set lr=0.0024 trains at the cloud's peak rate")
+    assert not any(n.startswith("scale_lr") for n in plan_local_job(rendered("llama-finetune-lora")).notes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -165,3 +166,27 @@ def test_plot_shows_every_job_of_the_run(request_and_plan, tmp_path):
     plot = plot_run(tmp_path, jobs, tmp_path / "metrics.png")
     assert plot == tmp_path / "metrics.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_summary_stays_whole_when_the_output_is_not_a_terminal(request_and_plan, tmp_path):
+    """In a pipe or a CI log a panel would wrap paths mid-word; there it is one line per value."""
+    request, plan = request_and_plan
+    deep = tmp_path / ("a-very-long-folder-name-" * 4) / "run"
+    record = JobRecord(run_name="report", run_dir=deep, job_dir=deep / "jobs" / plan.job_name,
+                       checkpoints_dir=deep / "checkpoints", channel_dirs={"train": tmp_path / "data"},
+                       model_dir=deep / "model", logs={"algo-1": deep / "algo-1.log"},
+                       exit_codes={"algo-1": 0})
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    completed = Outcome("Completed", "Completed", None, "done")
+    summary = build_summary(request=request, plan=plan, outcome=completed,
+                            metrics=extractor(request), times=JobTimes(start, start, start), record=record,
+                            model_artifact=None, plot=None)
+    piped = io.StringIO()
+    print_summary(Console(file=piped, width=60), summary)
+    lines = piped.getvalue().splitlines()
+    assert f"  Checkpoints:            {(deep / 'checkpoints').as_uri()}" in lines
+    assert f"  Logs:                   {deep / 'algo-1.log'}" in lines
+    assert not any("│" in line or "╭" in line for line in lines)
+    terminal = io.StringIO()
+    print_summary(Console(file=terminal, width=60, force_terminal=True), summary)
+    assert "╭" in terminal.getvalue()

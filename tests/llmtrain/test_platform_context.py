@@ -30,9 +30,12 @@ def test_round_trip_through_json():
         ({"subnet_ids": ()}, "subnet_ids must hold 1..16 ids, got 0"),
         ({"security_group_ids": ("group-1",)}, "security_group_ids entry 'group-1' is not a valid id"),
         ({"warm_pool_cap_seconds": 30000}, "warm_pool_cap_seconds 30000 must be an integer in 0..21600"),
-        ({"job_name_prefix": "x" * 30}, "job_name_prefix"),
+        ({"job_name_prefix": "x" * 38}, "job_name_prefix"),
         # SageMaker lowercases job names inside ARNs, where the IAM policies match the prefix.
-        ({"job_name_prefix": "LLMTrain"}, "job_name_prefix 'LLMTrain' must be 1-24 lowercase"),
+        ({"job_name_prefix": "LLMTrain"}, "job_name_prefix 'LLMTrain' must be 1-37 lowercase"),
+        ({"team": "ml-a"}, "team 'ml-a' must be 1-12 lowercase letters and digits"),
+        ({"team": "Nlp"}, "team 'Nlp'"),
+        ({"max_instance_count": 0}, "max_instance_count 0 must be a whole number of at least 1"),
     ],
 )
 def test_bad_fields_are_named(changes, message):
@@ -60,7 +63,27 @@ def test_placeholder_is_marked_as_a_dry_run():
     assert context.dry_run is True
     assert "DRYRUN" in context.execution_role_arn
     assert context.code_bucket == "llmtrain-dev-code-111111111111-eu-west-1"
-    assert context.job_name_prefix == "llmtrain-dev"
+    # The implicit team of an environment without `teams:` is `default`, with its own job-name prefix.
+    assert (context.team, context.job_name_prefix) == ("default", "llmtrain-dev-default")
+    assert context.datasets_uri == "s3://llmtrain-dev-datasets-111111111111-eu-west-1/teams/default/"
+
+
+def test_a_team_context_round_trips_with_its_limits():
+    context = platform_context(
+        team="nlp",
+        job_name_prefix="llmtrain-dev-nlp",
+        allowed_templates=("gpt2-ddp",),
+        allowed_instance_types=("ml.g5.12xlarge",),
+        max_instance_count=2,
+        inter_container_traffic_encryption=True,
+    )
+    again = PlatformContext.from_dict(json.loads(json.dumps(context.to_dict())))
+    assert again == context and again.data_prefix == "teams/nlp/"
+    # A context written before teams existed still reads, as the default team without limits.
+    legacy = {k: v for k, v in context.to_dict().items() if k not in (
+        "team", "allowed_templates", "allowed_instance_types", "max_instance_count",
+        "inter_container_traffic_encryption")}
+    assert PlatformContext.from_dict(legacy).team == "default"
 
 
 @pytest.mark.parametrize("prefix", ["llmtrain-dev", "a", "team--a", "7" * 24])
@@ -69,8 +92,8 @@ def test_job_name_prefixes_the_config_the_constructs_and_the_context_accept(pref
     assert platform_context(job_name_prefix=prefix).job_name_prefix == prefix
 
 
-@pytest.mark.parametrize("prefix", ["LLMTrain", "-dev", "dev-", "x" * 25, "", "team_a", "dev.1", 7, None])
+@pytest.mark.parametrize("prefix", ["LLMTrain", "-dev", "dev-", "x" * 38, "", "team_a", "dev.1", 7, None])
 def test_job_name_prefixes_everyone_refuses(prefix):
-    assert not is_job_name_prefix(prefix)
+    assert not is_job_name_prefix(prefix, 37)
     with pytest.raises(PlatformContextError, match="job_name_prefix"):
         platform_context(job_name_prefix=prefix)

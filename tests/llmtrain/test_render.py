@@ -10,7 +10,7 @@ import pytest
 from botocore.validate import ParamValidator
 from templates_support import EVAL_LINE, METRIC_LINE, catalog, import_training_config, platform_context
 
-from llmtrain.errors import OverrideError, RequestValidationError, RunInputError
+from llmtrain.errors import OverrideError, RequestValidationError, RunInputError, TeamLimitError
 from llmtrain.instances import instance_type
 from llmtrain.render import RunInput, render
 from llmtrain.validate import create_training_job_shape, shape_problems
@@ -43,7 +43,7 @@ def test_every_catalog_version_renders_a_valid_request(ref):
     assert algorithm["EnableSageMakerMetricsTimeSeries"] is True
     assert [m["Name"] for m in algorithm["MetricDefinitions"]] == [m.name for m in spec.metrics]
     assert request["OutputDataConfig"] == {
-        "S3OutputPath": f"s3://llmtrain-test-artifacts/{spec.name}/r1/",
+        "S3OutputPath": f"s3://llmtrain-test-artifacts/teams/default/{spec.name}/r1/",
         "KmsKeyId": PLATFORM.kms_key_arn,
     }
     assert request["VpcConfig"] == {
@@ -51,7 +51,7 @@ def test_every_catalog_version_renders_a_valid_request(ref):
         "Subnets": ["subnet-0aaaaaaaaaaaaaaa1", "subnet-0aaaaaaaaaaaaaaa2"],
     }
     assert request["CheckpointConfig"] == {
-        "S3Uri": f"s3://llmtrain-test-checkpoints/{spec.name}/r1/",
+        "S3Uri": f"s3://llmtrain-test-checkpoints/teams/default/{spec.name}/r1/",
         "LocalPath": "/opt/ml/checkpoints",
     }
     assert request["EnableNetworkIsolation"] is False
@@ -65,6 +65,7 @@ def test_every_catalog_version_renders_a_valid_request(ref):
         "llmtrain:attempt": "1",
         "llmtrain:owner": "unknown",
         "llmtrain:environment": "test",
+        "llmtrain:team": "default",
     }
     hyperparameters = _decoded_hyperparameters(request)
     assert (
@@ -138,20 +139,79 @@ def test_hyperparameters_are_json_encoded_like_the_sdk():
     assert all(isinstance(v, str) for v in raw.values())
 
 
-def test_channels_default_to_the_datasets_bucket_and_optional_ones_are_left_out():
+def test_channels_default_to_the_teams_datasets_prefix_and_optional_ones_are_left_out():
     request = _render("llama-finetune-deepspeed")
     channels = {c["ChannelName"]: c for c in request["InputDataConfig"]}
     assert set(channels) == {"train", "model"}
     assert channels["train"]["DataSource"]["S3DataSource"] == {
         "S3DataType": "S3Prefix",
-        "S3Uri": "s3://llmtrain-test-datasets/tokens/finetune/train/",
+        "S3Uri": "s3://llmtrain-test-datasets/teams/default/tokens/finetune/train/",
         "S3DataDistributionType": "FullyReplicated",
     }
     overridden = _render(
-        "llama-finetune-deepspeed", overrides={"channels.validation": "s3://other-bucket/val/"}
+        "llama-finetune-deepspeed",
+        overrides={"channels.validation": "s3://llmtrain-test-datasets/teams/default/val/"},
     )
     uris = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in overridden["InputDataConfig"]}
-    assert uris["validation"] == "s3://other-bucket/val/"
+    assert uris["validation"] == "s3://llmtrain-test-datasets/teams/default/val/"
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "s3://other-bucket/val/",
+        "s3://llmtrain-test-datasets/val/",  # the bucket, outside every team
+        "s3://llmtrain-test-datasets/teams/vision/val/",  # another team's data
+        "s3://llmtrain-test-datasets/teams/nlp2/val/",  # a team whose name starts like this one's
+        "s3://llmtrain-test-checkpoints/teams/nlp/x/",
+    ],
+)
+def test_a_channel_outside_the_teams_datasets_prefix_is_refused_naming_the_prefix(uri):
+    team = platform_context(team="nlp", job_name_prefix="llmtrain-test-nlp")
+    with pytest.raises(OverrideError) as error:
+        _render("llama-finetune-deepspeed", team, overrides={"channels.validation": uri})
+    assert "override 'channels.validation'" in str(error.value)
+    assert "its channels may read only under s3://llmtrain-test-datasets/teams/nlp/" in str(error.value)
+
+
+def test_a_teams_runs_write_under_its_prefix_and_carry_its_tag():
+    team = platform_context(team="nlp", job_name_prefix="llmtrain-test-nlp")
+    request = _render("llama-pretrain-fsdp", team)
+    assert request["TrainingJobName"] == "llmtrain-test-nlp-r1-a1"
+    assert request["CheckpointConfig"]["S3Uri"] == "s3://llmtrain-test-checkpoints/teams/nlp/llama-pretrain-fsdp/r1/"
+    assert request["OutputDataConfig"]["S3OutputPath"] == (
+        "s3://llmtrain-test-artifacts/teams/nlp/llama-pretrain-fsdp/r1/"
+    )
+    assert request["TensorBoardOutputConfig"]["S3OutputPath"].startswith("s3://llmtrain-test-artifacts/teams/nlp/")
+    assert {"Key": "llmtrain:team", "Value": "nlp"} in request["Tags"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "ref", "overrides", "message"),
+    [
+        ({"allowed_templates": ("gpt2-ddp",)}, "llama-pretrain-fsdp", {},
+         "team 'nlp': template 'llama-pretrain-fsdp' is not one of its templates (gpt2-ddp); "
+         "the platform team sets it as teams.nlp.templates"),
+        ({"allowed_instance_types": ("ml.g5.12xlarge",)}, "gpt2-ddp", {"instance_type": "ml.p4d.24xlarge"},
+         "instance type ml.p4d.24xlarge is not one of its instance types (ml.g5.12xlarge); "
+         "the platform team sets it as teams.nlp.instance_types"),
+        ({"max_instance_count": 2}, "llama-pretrain-fsdp", {"instance_count": 4},
+         "instance_count 4 is above its cap of 2 instances per job; the platform team sets it as "
+         "teams.nlp.max_instance_count"),
+    ],
+)
+def test_a_run_beyond_its_teams_limits_is_refused_naming_the_limit(limits, ref, overrides, message):
+    team = platform_context(team="nlp", job_name_prefix="llmtrain-test-nlp", **limits)
+    with pytest.raises(TeamLimitError) as error:
+        _render(ref, team, overrides=overrides)
+    assert message in str(error.value)
+
+
+def test_an_environment_with_inter_container_encryption_forces_it_on_every_job():
+    assert _render("gpt2-ddp")["EnableInterContainerTrafficEncryption"] is False
+    encrypted = platform_context(inter_container_traffic_encryption=True)
+    for ref in ALL_VERSIONS:
+        assert _render(ref, encrypted)["EnableInterContainerTrafficEncryption"] is True, ref
 
 
 def test_attempts_get_unique_job_names_and_share_the_runs_checkpoints():
@@ -186,10 +246,10 @@ def test_tensorboard_events_are_synced_beside_the_runs_artifacts():
     assert request["TensorBoardOutputConfig"] == {
         # The training program writes to SM_OUTPUT_DATA_DIR/tensorboard.
         "LocalPath": "/opt/ml/output/data/tensorboard",
-        "S3OutputPath": f"s3://{PLATFORM.artifacts_bucket}/llama-pretrain-fsdp/tb1/tensorboard/",
+        "S3OutputPath": f"s3://{PLATFORM.artifacts_bucket}/teams/default/llama-pretrain-fsdp/tb1/tensorboard/",
     }
     assert request["OutputDataConfig"]["S3OutputPath"] == \
-        f"s3://{PLATFORM.artifacts_bucket}/llama-pretrain-fsdp/tb1/"
+        f"s3://{PLATFORM.artifacts_bucket}/teams/default/llama-pretrain-fsdp/tb1/"
     # Every attempt of a run syncs to the same prefix, so TensorBoard shows one continuing run.
     second = _render("llama-pretrain-fsdp", run_name="tb1", attempt=2)
     assert second["TensorBoardOutputConfig"] == request["TensorBoardOutputConfig"]
@@ -285,6 +345,10 @@ def test_resource_overrides_reach_the_request():
             "override 'lr': 'fast' is not a valid float; expected float >= 1e-06",
         ),
         ("llama-pretrain-fsdp", {"lr": "nan"}, "override 'lr': 'nan' is not a valid float"),
+        # Enormous numbers are refused like any bad value, and quoted cut short.
+        ("llama-pretrain-fsdp", {"lr": 10**400}, "override 'lr': 1000000000"),
+        ("llama-pretrain-fsdp", {"lr": 10**400}, "... (401 characters) is not a valid float"),
+        ("llama-pretrain-fsdp", {"max_steps": 10**400}, "(401 characters) is above the maximum"),
         ("llama-pretrain-fsdp", {"max_steps": True}, "override 'max_steps': True is not a valid int"),
         ("llama-pretrain-fsdp", {"max_steps": "1.5"}, "'1.5' is not a valid int"),
         ("llama-pretrain-fsdp", {"compile": "yes"}, "override 'compile': 'yes' is not a valid bool"),

@@ -1,0 +1,186 @@
+"""Deploy a synthesized stage into moto's CloudFormation, and switch moto's IAM enforcement on.
+
+What is real: the templates the app synthesizes, every stack of the stage, created in dependency
+order by moto's CloudFormation with cross-stack exports; the file assets (the Lambda functions' code)
+uploaded to the bootstrap bucket the templates name; moto's IAM policy evaluation (actions and
+resources) once enforcement is on.
+
+What the test supplies, because moto cannot do it, each said where it happens:
+
+- Custom resources (the JobTemplates' uploads, the VPC's default-security-group cleanup) run their
+  provider Lambda in Docker in moto. `deploy_stage` answers each one with SUCCESS instead, after
+  moto created the rest of its stack.
+- Two spots where moto's CloudFormation models differ from CloudFormation (`_moto_compatible`): an
+  `AWS::KMS::Key`'s tags are read in the KMS API's shape (TagKey/TagValue) rather than
+  CloudFormation's (Key/Value), and a security-group rule for IP protocol 50 (ESP) needs ports, which
+  EC2 ignores for that protocol. The copy deployed is changed in exactly those places.
+- moto's IAM enforcement asks each service for the resource of a request; Step Functions' and
+  SageMaker's responses in moto do not say it (every request is "*", which no scoped policy matches).
+  `iam_enforced` supplies it from the request's parameters, as AWS's own authorization does: the
+  state machine or execution ARN, the training job's ARN (names lowercased, as SageMaker's ARNs are).
+
+moto ignores IAM condition keys (it evaluates Action and Resource only), and skips resource types it
+does not model (CloudWatch alarms, bucket and topic policies, SNS subscriptions, security-group
+egress rules): what conditions enforce is asserted on the synthesized statements instead.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import boto3
+from moto import settings
+from moto.awslambda.models import LambdaFunction
+from moto.cloudformation import cloudformation_backends
+from moto.core.authorization import ActionAuthenticatorMixin
+from moto.sagemaker.responses import SageMakerResponse
+from moto.stepfunctions.responses import StepFunctionResponse
+
+BOOTSTRAP_VERSION_PARAMETER = "/cdk-bootstrap/hnb659fds/version"
+
+
+@dataclass
+class DeployedStage:
+    """The stacks of one stage as moto created them: status, outputs and resources by stack name."""
+
+    account: str
+    region: str
+    statuses: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    answered_custom_resources: list[str] = field(default_factory=list)
+
+
+def deploy_stage(assembly_dir: Path, account: str, region: str) -> DeployedStage:
+    """Create every stack of a synthesized stage's assembly in moto (inside an active mock_aws)."""
+    manifest = json.loads((assembly_dir / "manifest.json").read_text())
+    stacks = {
+        artifact_id: artifact
+        for artifact_id, artifact in manifest["artifacts"].items()
+        if artifact["type"] == "aws:cloudformation:stack"
+    }
+    boto3.client("ssm", region_name=region).put_parameter(
+        Name=BOOTSTRAP_VERSION_PARAMETER, Value="30", Type="String"
+    )
+    _upload_file_assets(assembly_dir, region)
+    cloudformation = boto3.client("cloudformation", region_name=region)
+    deployed = DeployedStage(account=account, region=region)
+    # Custom resources' providers would run in Docker; they are answered below instead.
+    with mock.patch.object(LambdaFunction, "invoke", lambda self, body, headers, response_headers: "{}"):
+        for artifact_id in _dependency_order(stacks):
+            properties = stacks[artifact_id]["properties"]
+            name = properties.get("stackName", artifact_id)
+            template = _moto_compatible(json.loads((assembly_dir / properties["templateFile"]).read_text()))
+            cloudformation.create_stack(
+                StackName=name, TemplateBody=json.dumps(template), Capabilities=["CAPABILITY_NAMED_IAM"]
+            )
+            deployed.answered_custom_resources += _answer_custom_resources(name, account, region)
+            described = cloudformation.describe_stacks(StackName=name)["Stacks"][0]
+            deployed.statuses[name] = described["StackStatus"]
+            deployed.outputs.update({o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])})
+            deployed.resources[name] = cloudformation.list_stack_resources(StackName=name)[
+                "StackResourceSummaries"
+            ]
+    return deployed
+
+
+def _dependency_order(stacks: dict[str, Any]) -> list[str]:
+    ordered: list[str] = []
+
+    def visit(artifact_id: str) -> None:
+        if artifact_id in ordered:
+            return
+        for dependency in stacks[artifact_id].get("dependencies", []):
+            if dependency in stacks:
+                visit(dependency)
+        ordered.append(artifact_id)
+
+    for artifact_id in stacks:
+        visit(artifact_id)
+    return ordered
+
+
+def _upload_file_assets(assembly_dir: Path, region: str) -> None:
+    """The file assets, zipped as the CDK CLI publishes them, into the bucket the templates name."""
+    s3 = boto3.client("s3", region_name=region)
+    buckets: set[str] = set()
+    for manifest in assembly_dir.glob("*.assets.json"):
+        for asset in json.loads(manifest.read_text())["files"].values():
+            source = (assembly_dir / asset["source"]["path"]).resolve()
+            body = _zipped(source) if source.is_dir() else source.read_bytes()
+            for destination in asset["destinations"].values():
+                bucket = destination["bucketName"].replace("${AWS::Region}", region)
+                if bucket not in buckets:
+                    s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": region})
+                    buckets.add(bucket)
+                s3.put_object(Bucket=bucket, Key=destination["objectKey"], Body=body)
+
+
+def _zipped(folder: Path) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                archive.write(path, path.relative_to(folder))
+    return buffer.getvalue()
+
+
+def _moto_compatible(template: dict[str, Any]) -> dict[str, Any]:
+    """The two changes moto's CloudFormation models need (see the module's docstring)."""
+    for resource in template["Resources"].values():
+        properties = resource.get("Properties", {})
+        if resource["Type"] == "AWS::KMS::Key" and "Tags" in properties:
+            properties["Tags"] = [{"TagKey": t["Key"], "TagValue": t["Value"]} for t in properties["Tags"]]
+        rule_types = ("AWS::EC2::SecurityGroupIngress", "AWS::EC2::SecurityGroupEgress")
+        if resource["Type"] in rule_types and properties.get("IpProtocol") == "50":
+            properties.setdefault("FromPort", -1)
+            properties.setdefault("ToPort", -1)
+    return template
+
+
+def _answer_custom_resources(stack_name: str, account: str, region: str, timeout: float = 30) -> list[str]:
+    backend = cloudformation_backends[account][region]
+    stack = next(s for s in backend.stacks.values() if s.name == stack_name)
+    answered = []
+    for logical_id, custom_resource in stack.custom_resources.items():
+        custom_resource.set_data({})
+        answered.append(f"{stack_name}/{logical_id}")
+    stack.verify_readiness()
+    deadline = time.monotonic() + timeout
+    while stack.status.endswith("IN_PROGRESS") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return answered
+
+
+def _step_functions_resource(self: StepFunctionResponse) -> str:
+    body = json.loads(self.body or "{}")
+    return body.get("stateMachineArn") or body.get("executionArn") or "*"
+
+
+def _sagemaker_resource(self: SageMakerResponse) -> str:
+    body = json.loads(self.body or "{}")
+    name = body.get("TrainingJobName")
+    if not name:
+        return "*"
+    return f"arn:aws:sagemaker:{self.region}:{self.current_account}:training-job/{name.lower()}"
+
+
+@contextmanager
+def iam_enforced() -> Iterator[None]:
+    """moto evaluates every request's identity policies while inside (see the module's docstring)."""
+    with (
+        mock.patch.object(StepFunctionResponse, "_determine_resource", _step_functions_resource, create=True),
+        mock.patch.object(SageMakerResponse, "_determine_resource", _sagemaker_resource, create=True),
+        mock.patch.object(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0),
+        mock.patch.object(ActionAuthenticatorMixin, "request_count", 0),
+    ):
+        yield

@@ -1,0 +1,271 @@
+"""An environment shared by two teams, deployed: prod's stacks in moto's CloudFormation, IAM enforced.
+
+Every stack of the synthesized prod stage (teams `pretrain` and `finetune`) is created in moto's
+CloudFormation (tests/infra/moto_cloudformation.py says what the test supplies: answers to custom
+resources, two template spots moto's models read differently, and the request resources moto's IAM
+enforcement does not compute for Step Functions and SageMaker). Then each team's principals call AWS
+with moto's IAM enforcement on: the execution role a team's jobs run as, an engineer holding the
+team's managed policy, and the team's launcher role that creates its jobs.
+
+moto evaluates actions and resources, not condition keys: what the conditions add (SageMaker's keys
+on CreateTrainingJob, the `s3:prefix` of ListBucket, PassRole's service) is asserted on the
+synthesized statements in test_access.py and test_launcher.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from unittest import mock
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
+from moto_cloudformation import deploy_stage, iam_enforced
+
+from llmtrain.catalog import Catalog
+from llmtrain.handlers.launcher import ENV_PLATFORM_CONTEXT
+from llmtrain.platform import PlatformContext
+from llmtrain.render import RunInput, render
+
+ENVIRONMENT = "prod"
+TEAMS = ("pretrain", "finetune")
+OTHER = {"pretrain": "finetune", "finetune": "pretrain"}
+
+
+@pytest.fixture(scope="module")
+def deployed(platform, environments):
+    """prod's stacks in moto, and each team's principals' credentials (taken before enforcement)."""
+    config = environments[ENVIRONMENT]
+    credentials = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    with (
+        mock.patch.dict(
+            os.environ,
+            {**credentials, "MOTO_ACCOUNT_ID": config.account, "AWS_DEFAULT_REGION": config.region},
+        ),
+        mock_aws(),
+    ):
+        stage = deploy_stage(platform.outdir / f"assembly-{ENVIRONMENT}", config.account, config.region)
+        yield Principals(stage, config.region)
+
+
+class Principals:
+    """Sessions as each team's principals, and the deployed stage's outputs."""
+
+    def __init__(self, stage, region: str):
+        self.stage = stage
+        self.region = region
+        self.outputs = stage.outputs
+        iam = boto3.client("iam", region_name=region)
+        sts = boto3.client("sts", region_name=region)
+        sfn = boto3.client("stepfunctions", region_name=region)
+        self.sessions: dict[tuple[str, str], boto3.Session] = {}
+        for team in TEAMS:
+            key = team.capitalize()
+            self.sessions[("job", team)] = self._assumed(sts, self.outputs[f"Team{key}ExecutionRoleArn"])
+            machine = sfn.describe_state_machine(stateMachineArn=self.state_machine(team))
+            self.sessions[("launcher", team)] = self._assumed(sts, machine["roleArn"])
+            user = f"engineer-{team}"
+            iam.create_user(UserName=user)
+            iam.attach_user_policy(UserName=user, PolicyArn=self.outputs[f"Team{key}EngineerPolicyArn"])
+            access_key = iam.create_access_key(UserName=user)["AccessKey"]
+            self.sessions[("engineer", team)] = boto3.Session(
+                aws_access_key_id=access_key["AccessKeyId"],
+                aws_secret_access_key=access_key["SecretAccessKey"],
+                region_name=region,
+            )
+
+    def _assumed(self, sts, role_arn: str) -> boto3.Session:
+        granted = sts.assume_role(RoleArn=role_arn, RoleSessionName="test")["Credentials"]
+        return boto3.Session(
+            aws_access_key_id=granted["AccessKeyId"],
+            aws_secret_access_key=granted["SecretAccessKey"],
+            aws_session_token=granted["SessionToken"],
+            region_name=self.region,
+        )
+
+    def client(self, who: str, team: str, service: str):
+        return self.sessions[(who, team)].client(service)
+
+    def bucket(self, name: str) -> str:
+        return self.outputs[f"{name.capitalize()}BucketName"]
+
+    def state_machine(self, team: str) -> str:
+        return self.outputs[f"Team{team.capitalize()}StateMachineArn"]
+
+    def platform_context(self, team: str) -> PlatformContext:
+        """What the team's deployed resolve function receives, as moto's CloudFormation resolved it."""
+        functions = boto3.client("lambda", region_name=self.region)
+        for page in functions.get_paginator("list_functions").paginate():
+            for function in page["Functions"]:
+                variables = function.get("Environment", {}).get("Variables", {})
+                if function["Handler"].endswith(".resolve") and ENV_PLATFORM_CONTEXT in variables:
+                    context = PlatformContext.from_dict(json.loads(variables[ENV_PLATFORM_CONTEXT]))
+                    if context.team == team:
+                        return context
+        raise AssertionError(f"no resolve function of team {team}")
+
+
+def allowed(call) -> bool:
+    """True when moto's IAM lets the call through, False on AccessDenied."""
+    try:
+        call()
+    except ClientError as error:
+        if error.response["Error"]["Code"] in ("AccessDenied", "AccessDeniedException", "403"):
+            return False
+        raise
+    except NotImplementedError:
+        # moto authorizes before it dispatches: an action it does not implement (StopTrainingJob)
+        # got past IAM.
+        return True
+    return True
+
+
+def test_every_stack_of_the_two_team_environment_deploys(deployed):
+    assert set(deployed.stage.statuses.values()) == {"CREATE_COMPLETE"}, deployed.stage.statuses
+    assert len(deployed.stage.statuses) == 5
+    for team in TEAMS:
+        for output in ("ExecutionRoleArn", "EngineerPolicyArn", "StateMachineArn", "NotificationTopicArn"):
+            assert f"Team{team.capitalize()}{output}" in deployed.outputs, (team, output)
+    # The JobTemplates' uploads and the default security group's cleanup were answered by the test.
+    assert any("CodeCustomResource" in name for name in deployed.stage.answered_custom_resources)
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_a_teams_jobs_reach_only_its_own_prefixes(deployed, team):
+    other = OTHER[team]
+    s3 = boto3.client("s3", region_name=deployed.region)
+    for owner in TEAMS:
+        for bucket in ("datasets", "checkpoints", "artifacts"):
+            s3.put_object(Bucket=deployed.bucket(bucket), Key=f"teams/{owner}/runs/object", Body=b"x")
+    s3.put_object(Bucket=deployed.bucket("code"), Key="templates/gpt2-ddp/1.1.0/sourcedir.tar.gz", Body=b"x")
+    job = deployed.client("job", team, "s3")
+    with iam_enforced():
+        for bucket in ("datasets", "checkpoints", "artifacts"):
+            own = {"Bucket": deployed.bucket(bucket), "Key": f"teams/{team}/runs/object"}
+            theirs = {"Bucket": deployed.bucket(bucket), "Key": f"teams/{other}/runs/object"}
+            assert allowed(lambda own=own: job.get_object(**own)), bucket
+            assert not allowed(lambda theirs=theirs: job.get_object(**theirs)), bucket
+        assert allowed(
+            lambda: job.get_object(
+                Bucket=deployed.bucket("code"), Key="templates/gpt2-ddp/1.1.0/sourcedir.tar.gz"
+            )
+        )
+        for bucket in ("checkpoints", "artifacts"):
+            assert allowed(
+                lambda b=bucket: job.put_object(
+                    Bucket=deployed.bucket(b), Key=f"teams/{team}/runs/new", Body=b"1"
+                )
+            )
+            assert not allowed(
+                lambda b=bucket: job.put_object(
+                    Bucket=deployed.bucket(b), Key=f"teams/{other}/runs/new", Body=b"1"
+                )
+            )
+        # Jobs read datasets; they never write them, nor anything outside a team prefix.
+        assert not allowed(
+            lambda: job.put_object(
+                Bucket=deployed.bucket("datasets"), Key=f"teams/{team}/runs/new", Body=b"1"
+            )
+        )
+        assert not allowed(
+            lambda: job.put_object(Bucket=deployed.bucket("checkpoints"), Key="runs/new", Body=b"1")
+        )
+        assert not allowed(
+            lambda: job.delete_object(Bucket=deployed.bucket("checkpoints"), Key=f"teams/{other}/runs/object")
+        )
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_a_teams_engineers_start_and_stop_only_its_runs(deployed, team):
+    other = OTHER[team]
+    sfn = boto3.client("stepfunctions", region_name=deployed.region)
+    theirs = sfn.start_execution(
+        stateMachineArn=deployed.state_machine(other), name=f"{other}-run-{team}-test", input="{}"
+    )["executionArn"]
+    engineer = deployed.client("engineer", team, "stepfunctions")
+    with iam_enforced():
+        ours = engineer.start_execution(
+            stateMachineArn=deployed.state_machine(team), name=f"{team}-own-run", input="{}"
+        )["executionArn"]
+        assert allowed(lambda: engineer.describe_execution(executionArn=ours))
+        assert allowed(lambda: engineer.list_executions(stateMachineArn=deployed.state_machine(team)))
+        assert not allowed(
+            lambda: engineer.start_execution(
+                stateMachineArn=deployed.state_machine(other), name=f"{team}-intrudes", input="{}"
+            )
+        )
+        assert not allowed(lambda: engineer.describe_execution(executionArn=theirs))
+        assert not allowed(lambda: engineer.stop_execution(executionArn=theirs))
+        assert not allowed(lambda: engineer.list_executions(stateMachineArn=deployed.state_machine(other)))
+        assert allowed(lambda: engineer.stop_execution(executionArn=ours))
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_a_teams_engineers_reach_only_its_jobs_and_data(deployed, team):
+    other = OTHER[team]
+    requests = {t: _rendered(deployed, t, f"{t}-eng") for t in TEAMS}
+    sagemaker = boto3.client("sagemaker", region_name=deployed.region)
+    for request in requests.values():
+        sagemaker.create_training_job(**request)
+    engineer_jobs = deployed.client("engineer", team, "sagemaker")
+    engineer_s3 = deployed.client("engineer", team, "s3")
+    datasets = deployed.bucket("datasets")
+    with iam_enforced():
+        own, theirs = requests[team]["TrainingJobName"], requests[other]["TrainingJobName"]
+        assert allowed(lambda: engineer_jobs.describe_training_job(TrainingJobName=own))
+        assert not allowed(lambda: engineer_jobs.describe_training_job(TrainingJobName=theirs))
+        assert not allowed(lambda: engineer_jobs.stop_training_job(TrainingJobName=theirs))
+        assert allowed(lambda: engineer_jobs.stop_training_job(TrainingJobName=own))
+        # `llmtrain data upload`: into the team's datasets prefix only.
+        assert allowed(
+            lambda: engineer_s3.put_object(Bucket=datasets, Key=f"teams/{team}/up/part", Body=b"1")
+        )
+        assert not allowed(
+            lambda: engineer_s3.put_object(Bucket=datasets, Key=f"teams/{other}/up/part", Body=b"1")
+        )
+        assert not allowed(lambda: engineer_s3.delete_object(Bucket=datasets, Key=f"teams/{team}/up/part"))
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_a_teams_launcher_creates_only_its_teams_jobs(deployed, team):
+    """The launcher role's CreateTrainingJob allow is scoped to the team's job names (moto evaluates the
+    resource; the condition keys it carries are asserted in test_launcher.py)."""
+    other = OTHER[team]
+    own = _rendered(deployed, team, f"{team}-own")
+    # What a launcher that rendered for the other team (or was tricked into it) would send.
+    theirs = _rendered(deployed, other, f"{team}-theirs")
+    launcher = deployed.client("launcher", team, "sagemaker")
+    with iam_enforced():
+        assert allowed(lambda: launcher.create_training_job(**own))
+        assert not allowed(lambda: launcher.create_training_job(**theirs))
+        assert allowed(lambda: launcher.describe_training_job(TrainingJobName=own["TrainingJobName"]))
+        assert not allowed(lambda: launcher.stop_training_job(TrainingJobName=theirs["TrainingJobName"]))
+
+
+def test_every_request_the_prod_teams_render_encrypts_inter_container_traffic(deployed, environments):
+    """prod asks for inter-container traffic encryption: every version every team may run renders it
+    on, with the context its deployed functions received (as CloudFormation resolved it)."""
+    assert environments[ENVIRONMENT].network.inter_container_traffic_encryption
+    catalog = Catalog.load()
+    rendered = 0
+    for team in TEAMS:
+        context = deployed.platform_context(team)
+        assert context.inter_container_traffic_encryption and context.team == team
+        assert context.job_name_prefix == environments[ENVIRONMENT].team(team).job_name_prefix
+        for name in context.allowed_templates:
+            for version in catalog.versions(name):
+                request = render(catalog.get(name, version), RunInput(run_name="ice"), context)
+                assert request["EnableInterContainerTrafficEncryption"] is True, (team, name, version)
+                assert request["CheckpointConfig"]["S3Uri"].startswith(
+                    f"s3://{context.checkpoints_bucket}/teams/{team}/"
+                )
+                rendered += 1
+    assert rendered == sum(len(catalog.versions(n)) for n in environments[ENVIRONMENT].enabled_templates)
+
+
+def _rendered(deployed, team: str, run_name: str) -> dict:
+    context = deployed.platform_context(team)
+    template = Catalog.load().get(context.allowed_templates[0])
+    return render(template, RunInput(run_name=run_name), context)

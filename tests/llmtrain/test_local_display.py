@@ -1,0 +1,48 @@
+"""What a local job shows while it runs: the program's lines and progress, not the libraries' noise
+(which stays in the log file)."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from llmtrain.local.display import JobDisplay
+
+# Lines as a DeepSpeed LoRA job prints them after the toolkit launched torchrun (one host).
+LAUNCH = ["Invoking script with the following command:", "",
+          "torchrun --nproc_per_node 2 training_jobs/train.py"]
+NOISY = [
+    "W1124 00:22:30.272000 17926 torch/distributed/run.py:874] *****************************************",
+    "W1124 00:22:30.272000 17926 torch/distributed/run.py:874] Setting OMP_NUM_THREADS environment variable",
+    "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:83: FutureWarning: "
+    "`torch.distributed.reduce_scatter_tensor` is deprecated.",
+    "  return func(*args, **kwargs)",
+    "/venv/lib/python3.11/site-packages/transformers/modeling_utils.py:3303: FutureWarning: "
+    "`is_gradient_checkpointing` is deprecated",
+    "  warnings.warn(",
+    "The installed version of bitsandbytes was compiled without GPU support. 8-bit optimizers, 8-bit "
+    "multiplication, and GPU quantization are unavailable.",
+    "2026-11-24 00:23:54,280 sagemaker-training-toolkit INFO     Waiting for the process to finish",
+]
+USEFUL = [
+    "[train] model preset llama-tiny: 174,400 parameters",
+    "  indented program output after a useful line",
+    "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py:1: UserWarning: check your inputs",
+    "2026-11-24 00:23:54,281 sagemaker-training-toolkit ERROR    ExecuteUserScriptError:",
+]
+
+
+def test_library_noise_stays_in_the_log_and_useful_lines_are_shown():
+    output = io.StringIO()
+    console = Console(file=output, width=300)
+    with JobDisplay(console, max_steps=10, metric_names=["train:loss"], hosts=("algo-1",)) as display:
+        for line in LAUNCH + NOISY + USEFUL:
+            display.line("algo-1", line, [])
+    shown = output.getvalue()
+    assert display.hidden_lines == len(NOISY)
+    for line in USEFUL:
+        assert f"algo-1 | {line}" in shown
+    for word in ("OMP_NUM_THREADS", "FutureWarning", "warnings.warn", "return func", "bitsandbytes",
+                 "Waiting for the process"):
+        assert word not in shown
