@@ -164,6 +164,29 @@ def degree_problems(degrees: Mapping[str, int], world_size: int) -> list[str]:
     return []
 
 
+# Strategies whose checkpoints the training program reshards to another number of data-parallel
+# ranks (its strategies' reshards_checkpoints; tests/llmtrain/test_render.py keeps the two equal).
+RESHARDING_STRATEGIES = ("single", "ddp", "fsdp")
+
+
+def _world_size(request: Mapping[str, Any]) -> int:
+    resources = request["ResourceConfig"]
+    return resources["InstanceCount"] * INSTANCE_TYPES[resources["InstanceType"]].processes_per_host
+
+
+def reshape_problems(strategy: str, first: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
+    """Another attempt of a run (`other`, e.g. on a fallback type with another number of GPUs)
+    with another world size than its `first`: fine where the checkpoints reshard, not otherwise."""
+    before, after = _world_size(first), _world_size(other)
+    if before == after or strategy in RESHARDING_STRATEGIES:
+        return []
+    return [
+        f"{other['ResourceConfig']['InstanceType']} runs {after} processes where the run's "
+        f"{first['ResourceConfig']['InstanceType']} runs {before}, and {strategy} checkpoints do not "
+        "reshard to another number of GPUs: choose fallback types with the same GPUs per instance"
+    ]
+
+
 # The training program's default micro_batch_size (training_jobs/trainer/config.py; a test in
 # tests/llmtrain/test_render.py keeps the two equal).
 PROGRAM_MICRO_BATCH_SIZE = 4

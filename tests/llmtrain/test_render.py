@@ -533,3 +533,18 @@ def test_a_global_batch_the_cluster_cannot_split_is_refused_before_a_job_exists(
                                                                "(3 x 1) at world size 96")):
         _render("llama-pretrain-3d", overrides={"instance_count": 12})
     _render("llama-pretrain-3d", overrides={"instance_count": 8})
+
+
+def test_the_strategies_whose_checkpoints_reshard_are_the_training_programs():
+    from llmtrain.validate import RESHARDING_STRATEGIES
+    from training_jobs.trainer.strategies.deepspeed_zero import DeepSpeedStrategy
+    from training_jobs.trainer.strategies.pipeline import PipelineStrategy
+    from training_jobs.trainer.strategies.smp import SmpStrategy
+    from training_jobs.trainer.strategies.torch_native import TorchStrategy
+
+    implemented = {TorchStrategy: ("single", "ddp", "fsdp"), PipelineStrategy: ("ddp", "fsdp"),
+                   DeepSpeedStrategy: ("deepspeed",), SmpStrategy: ("smp",)}
+    resharding = {name for cls, names in implemented.items() if cls.reshards_checkpoints for name in names}
+    assert resharding == set(RESHARDING_STRATEGIES)
+    refusing = {name for cls, names in implemented.items() if not cls.reshards_checkpoints for name in names}
+    assert not resharding & refusing

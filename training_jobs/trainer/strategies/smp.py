@@ -94,6 +94,8 @@ def import_smp():
 class SmpStrategy(WholeModelStrategy):
     """Inside an SMP container: init, transform, FSDP wrap; the training is the whole-model one."""
 
+    reshards_checkpoints = False  # SMP's FSDP1 state on another rank count is untested
+
     def __init__(self, ctx: SetupContext) -> None:
         tsm = import_smp()
         plan = smp_plan(ctx.config.parallel, ctx.config.run.seed, ctx.world_size)
@@ -126,6 +128,6 @@ class SmpStrategy(WholeModelStrategy):
         # Ranks of one tensor-parallel group see the same data: SMP numbers them by dp_rank.
         topology = parallel.Topology(dims, None, tsm.state.dp_rank, ctx.device)
         super().__init__(config, ctx.device, topology, kind="smp", model=wrapped, hf_model=wrapped,
-                         accumulation="no_sync", asynchronous=False, reshards=False,
+                         accumulation="no_sync", asynchronous=False,
                          clip=lambda max_norm: wrapped.clip_grad_norm_(max_norm if max_norm > 0
                                                                        else float("inf")))

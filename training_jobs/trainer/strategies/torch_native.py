@@ -11,6 +11,7 @@ from .whole_model import WholeModelStrategy
 
 
 class TorchStrategy(WholeModelStrategy):
+    reshards_checkpoints = True  # DCP reshards model and optimizer state
     def __init__(self, ctx: SetupContext) -> None:
         kind = ctx.config.parallel.parallelism
         topology = parallel.build_topology(ctx.dims, ctx.device, needs_mesh=kind == "fsdp")
@@ -28,7 +29,7 @@ class TorchStrategy(WholeModelStrategy):
             model, accumulation = DistributedDataParallel(hf_model, device_ids=device_ids(ctx.device)), \
                 "no_sync"
         super().__init__(ctx.config, ctx.device, topology, kind=kind, model=model, hf_model=hf_model,
-                         accumulation=accumulation, asynchronous=True, reshards=True)
+                         accumulation=accumulation, asynchronous=True)
 
 
 def _build_sharded(ctx: SetupContext, topology: parallel.Topology, sharded: bool) -> nn.Module:

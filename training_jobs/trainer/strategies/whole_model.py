@@ -28,18 +28,17 @@ Accumulation = Literal["fsdp2", "no_sync", "local"]
 
 class WholeModelStrategy:
     eval_micro_batches = 1
+    reshards_checkpoints: bool  # each subclass says
 
     def __init__(self, config: TrainConfig, device: torch.device, topology: parallel.Topology, *,
                  kind: str, model: nn.Module, hf_model: nn.Module, accumulation: Accumulation,
-                 clip: Callable[[float], torch.Tensor] | None = None, asynchronous: bool,
-                 reshards: bool) -> None:
+                 clip: Callable[[float], torch.Tensor] | None = None, asynchronous: bool) -> None:
         self.config, self.device, self.topology, self.kind = config, device, topology, kind
         self.model, self.hf_model, self.accumulation = model, hf_model, accumulation
         self.optimization = Optimization(config, [hf_model], device, topology.data_parallel_size)
         self._clip = clip or (lambda max_norm: parallel.clip_grad_norm(self.optimization.parameters,
                                                                         max_norm))
         self.saves_asynchronously = asynchronous
-        self.reshards_checkpoints = reshards
 
     def model_summary(self) -> ModelSummary:
         return summarize(self.hf_model)
