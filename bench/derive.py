@@ -15,6 +15,9 @@ RATIOS = {
     "fsdp2_bf16_vs_ddp_bf16": ("ours_fsdp2_bf16", "ours_ddp_bf16"),
     "ours_vs_hf_trainer_compiled": ("ours_bf16", "hf_trainer_bf16_compile"),
     "ours_no_compile_vs_hf_trainer": ("ours_bf16_no_compile", "hf_trainer_bf16"),
+    "pipeline_1f1b_vs_ddp": ("ours_pp2_1f1b", "ours_ddp"),
+    "pipeline_gpipe_vs_ddp": ("ours_pp2_gpipe", "ours_ddp"),
+    "pipeline_interleaved_vs_ddp": ("ours_pp2_interleaved", "ours_ddp"),
     "zero2_vs_ddp": ("ours_zero2", "ours_ddp"),
     "zero3_vs_ddp": ("ours_zero3", "ours_ddp"),
 }
@@ -24,6 +27,7 @@ TARGETS = (
     ("ratios.ours_vs_hf_trainer", ">=", 1.1),
     ("mfu.ours_bf16", ">=", 0.70),
     ("ratios.fsdp2_vs_ddp", ">=", 0.95),
+    ("ratios.pipeline_1f1b_vs_ddp", ">=", 0.8),
     ("checkpoint.stall_fraction", "<=", 0.05),
     ("data_loader.ratio_to_consumption", ">=", 50.0),
 )

@@ -112,6 +112,12 @@ class BenchConfig:
         return mode.compile if self.compile is None else self.compile
 
 
+def _pipeline(mode: BenchMode, stages: int, schedule: str) -> dict:
+    """Hyperparameters of a pipeline over all `stages` processes: one sample per micro-batch."""
+    return {"pipeline_parallel_degree": stages, "pipeline_schedule": schedule, "micro_batch_size": 1,
+            "grad_accum_steps": mode.global_batch_size}
+
+
 def configurations(mode: BenchMode) -> list[BenchConfig]:
     """The configurations of one run, in the order they are measured.
 
@@ -120,6 +126,8 @@ def configurations(mode: BenchMode) -> list[BenchConfig]:
     `hf_trainer_bf16_compile` the Trainer with its own `torch_compile=True`, so each ratio has its
     like-for-like counterpart. `ours_fsdp2_grad_op` is FSDP2 keeping parameters gathered from
     forward to backward (ZeRO-2 style); `ours_ddp_bf16` is the counterpart of `ours_fsdp2_bf16`.
+    `ours_pp2_*` split the model into pipeline stages over the same processes (interleaved: two
+    stages per process), with the global batch as micro-batches of one sample.
     """
     n = mode.distributed_world_size
     configs = [
@@ -131,6 +139,12 @@ def configurations(mode: BenchMode) -> list[BenchConfig]:
         BenchConfig("ours_fsdp2", "ours", "fp32", n, "fsdp", {"fsdp_sharding": "full"}),
         BenchConfig("ours_fsdp2_bf16", "ours", "bf16", n, "fsdp", {"fsdp_sharding": "full"}),
         BenchConfig("ours_fsdp2_grad_op", "ours", "fp32", n, "fsdp", {"fsdp_sharding": "grad_op"}),
+        # Pipeline stages on the same processes, the global batch as 8 micro-batches of one sample
+        # (DDP: one micro-batch per rank); the pipeline's counterpart is ours_ddp.
+        BenchConfig("ours_pp2_1f1b", "ours", "fp32", n, "ddp", _pipeline(mode, n, "1f1b")),
+        BenchConfig("ours_pp2_gpipe", "ours", "fp32", n, "ddp", _pipeline(mode, n, "gpipe")),
+        BenchConfig("ours_pp2_interleaved", "ours", "fp32", n, "ddp",
+                    _pipeline(mode, n, "interleaved_1f1b")),
         BenchConfig("ours_zero2", "ours", "fp32", n, "deepspeed", {"zero_stage": 2}),
         BenchConfig("ours_zero3", "ours", "fp32", n, "deepspeed", {"zero_stage": 3}),
         BenchConfig("hf_trainer_fp32", "hf_trainer", "fp32"),

@@ -29,7 +29,14 @@ from llmtrain.spec import (
     OverrideRule,
     TemplateSpec,
 )
-from llmtrain.validate import JOB_NAME_MAX, degree_problems, quantization_problems, validate_request
+from llmtrain.validate import (
+    JOB_NAME_MAX,
+    degree_problems,
+    global_batch_problems,
+    quantization_problems,
+    smddp_problems,
+    validate_request,
+)
 
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 # Where the training program writes TensorBoard events with tensorboard=true: SM_OUTPUT_DATA_DIR
@@ -134,9 +141,13 @@ def render(
     check_team_template(template.name, platform)
     settings = resolve_settings(template, run, platform)
     check_team_limits(settings, platform)
-    problems = degree_problems(settings.degrees, settings.world_size) + quantization_problems(
-        template.distribution.strategy, settings.hyperparameters, template.ref
+    problems = (
+        degree_problems(settings.degrees, settings.world_size)
+        + quantization_problems(template.distribution.strategy, settings.hyperparameters, template.ref)
+        + smddp_problems(template.distribution.smddp, settings.instance_type)
     )
+    if template.code.is_platform:
+        problems += global_batch_problems(settings.hyperparameters, settings.degrees, settings.world_size)
     if problems:
         raise RequestValidationError(problems)
     request = build_request(template, settings, run, platform)
@@ -395,7 +406,11 @@ def hyperparameters(
     values = dict(settings.hyperparameters)
     if template.code.is_platform:
         values["parallelism"] = template.distribution.strategy
-        values.update(settings.degrees)
+        # Code frozen before pipeline stages existed refuses the name, so it is sent only when used.
+        values.update({name: degree for name, degree in settings.degrees.items()
+                       if name != "pipeline_parallel_degree" or degree != 1})
+        if template.distribution.smddp:
+            values["collective_backend"] = "smddp"
     values.update(framework_hyperparameters(template, settings, name, platform))
     return {key: json.dumps(value) for key, value in values.items()}
 
@@ -414,6 +429,12 @@ def framework_hyperparameters(
     if template.distribution.strategy == "smp":
         framework["mp_parameters"] = smp_parameters(template, settings)
         framework["sagemaker_distributed_dataparallel_enabled"] = False
+    elif template.distribution.smddp:
+        # The SDK's distribution={"torch_distributed": ..., "smdistributed": {"dataparallel": ...}}:
+        # torchrun launches (it wins over the mpirun launcher in the PyTorch container's toolkit),
+        # and the program initialises the smddp process-group backend.
+        framework["sagemaker_distributed_dataparallel_enabled"] = True
+        framework["sagemaker_distributed_dataparallel_custom_mpi_options"] = ""
     framework["sagemaker_torch_distributed_enabled"] = True
     # The toolkit turns EFA on (FI_PROVIDER=efa) for torchrun by this instance type.
     framework["sagemaker_instance_type"] = settings.instance_type

@@ -31,7 +31,9 @@ STRATEGIES = ("single", "ddp", "fsdp", "deepspeed", "smp")
 INPUT_MODES = ("File", "FastFile")
 QUOTA_POLICIES = ("fail", "wait")
 OVERRIDE_TYPES = ("int", "float", "bool", "str", "s3_uri")
-DEGREE_NAMES = ("shard_degree", "replicate_degree", "tensor_parallel_degree")
+DEGREE_NAMES = ("shard_degree", "replicate_degree", "tensor_parallel_degree", "pipeline_parallel_degree")
+# Strategies whose pipeline stages the training program builds (trainer/strategies/pipeline.py).
+PIPELINE_STRATEGIES = ("ddp", "fsdp")
 # Settings that are not hyperparameters: a run overrides them by these names.
 RESOURCE_SETTINGS = (
     "instance_type",
@@ -55,9 +57,10 @@ _SETTING_TYPES = {
     "shard_degree": "int",
     "replicate_degree": "int",
     "tensor_parallel_degree": "int",
+    "pipeline_parallel_degree": "int",
 }
 # Hyperparameters that render derives from `distribution` for the platform's own training code.
-DERIVED_HYPERPARAMETERS = ("parallelism", *DEGREE_NAMES)
+DERIVED_HYPERPARAMETERS = ("parallelism", "collective_backend", *DEGREE_NAMES)
 SAGEMAKER_LIMIT_MAX_RUNTIME_SECONDS = 28 * 24 * 3600
 
 
@@ -183,6 +186,8 @@ class DistributionSpec:
     shard_degree: int = 0
     replicate_degree: int = 1
     tensor_parallel_degree: int = 1
+    pipeline_parallel_degree: int = 1
+    smddp: bool = False  # SageMaker's distributed data parallel library as the collective backend
     smp_parameters: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -197,7 +202,15 @@ class DistributionSpec:
             degrees[name] = f.get(name, int, getattr(cls, name))
             _positive(f, name, degrees[name], allow_zero=True)
         smp_parameters = dict(f.get("smp_parameters", Mapping, {}))
+        smddp = f.get("smddp", bool, False)
         f.done()
+        if degrees["pipeline_parallel_degree"] > 1 and strategy not in PIPELINE_STRATEGIES:
+            why = " (SMP v2 has no pipeline parallelism)" if strategy == "smp" else ""
+            raise _fail(f.source, f"'distribution.pipeline_parallel_degree' needs strategy "
+                                  f"{' or '.join(PIPELINE_STRATEGIES)}, not {strategy}{why}")
+        if smddp and (strategy != "fsdp" or degrees["pipeline_parallel_degree"] > 1):
+            raise _fail(f.source, "'distribution.smddp' needs strategy fsdp without pipeline stages: "
+                                  "launched by torchrun, SMDDP replaces FSDP's all-gather")
         if smp_parameters and strategy != "smp":
             raise _fail(f.source, "'distribution.smp_parameters' is only valid with strategy 'smp'")
         reserved = {"hybrid_shard_degree", "tensor_parallel_degree", "sm_activation_offloading"} & set(
@@ -209,7 +222,7 @@ class DistributionSpec:
                 f"'distribution.smp_parameters' must not set {', '.join(sorted(reserved))}: they come from "
                 "shard_degree, tensor_parallel_degree and the activation_offloading hyperparameter",
             )
-        return cls(strategy=strategy, smp_parameters=smp_parameters, **degrees)
+        return cls(strategy=strategy, smp_parameters=smp_parameters, smddp=smddp, **degrees)
 
 
 @dataclass(frozen=True)

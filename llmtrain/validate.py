@@ -4,8 +4,9 @@
    members, minimums), plus the `max`/`pattern`/`enum` metadata and map sizes that `ParamValidator`
    skips but the SageMaker API enforces (the same patterns, matched against the whole value).
 2. The platform's rules: more than one node needs an EFA-capable instance type, parallel degrees
-   divide the world size, the warm pool stays within the environment's cap (and off with spot), job
-   names fit SageMaker's pattern and carry the environment's prefix, storage fits instance storage.
+   (pipeline x replicate x shard x tensor) divide the world size, SMDDP runs only where it is
+   supported, the warm pool stays within the environment's cap (and off with spot), job names fit
+   SageMaker's pattern and carry the environment's prefix, storage fits instance storage.
 
 Pure functions (no AWS calls): the launcher's Lambda, the CLI and the construct all call them.
 """
@@ -161,6 +162,73 @@ def degree_problems(degrees: Mapping[str, int], world_size: int) -> list[str]:
             "set one degree to 0 to derive it, or make the product equal the world size"
         ]
     return []
+
+
+# Strategies whose checkpoints the training program reshards to another number of data-parallel
+# ranks (its strategies' reshards_checkpoints; tests/llmtrain/test_render.py keeps the two equal).
+RESHARDING_STRATEGIES = ("single", "ddp", "fsdp")
+
+
+def _world_size(request: Mapping[str, Any]) -> int:
+    resources = request["ResourceConfig"]
+    return resources["InstanceCount"] * INSTANCE_TYPES[resources["InstanceType"]].processes_per_host
+
+
+def reshape_problems(strategy: str, first: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
+    """Another attempt of a run (`other`, e.g. on a fallback type with another number of GPUs)
+    with another world size than its `first`: fine where the checkpoints reshard, not otherwise."""
+    before, after = _world_size(first), _world_size(other)
+    if before == after or strategy in RESHARDING_STRATEGIES:
+        return []
+    return [
+        f"{other['ResourceConfig']['InstanceType']} runs {after} processes where the run's "
+        f"{first['ResourceConfig']['InstanceType']} runs {before}, and {strategy} checkpoints do not "
+        "reshard to another number of GPUs: choose fallback types with the same GPUs per instance"
+    ]
+
+
+# The training program's default micro_batch_size (training_jobs/trainer/config.py; a test in
+# tests/llmtrain/test_render.py keeps the two equal).
+PROGRAM_MICRO_BATCH_SIZE = 4
+
+
+def global_batch_problems(hyperparameters: Mapping[str, Any], degrees: Mapping[str, int],
+                          world_size: int) -> list[str]:
+    """A fixed global batch (the platform program's global_batch_size) that the data-parallel ranks
+    of this world size cannot split: each takes micro_batch_size samples per micro-batch. Checked at
+    every render, so another instance count or a fallback with another GPU count that cannot keep
+    the run's batch fails before a job exists."""
+    batch = hyperparameters.get("global_batch_size", 0)
+    if not batch:
+        return []
+    model_parallel = max(degrees.get("pipeline_parallel_degree", 1), 1) * max(
+        degrees.get("tensor_parallel_degree", 1), 1
+    )
+    micro = hyperparameters.get("micro_batch_size", PROGRAM_MICRO_BATCH_SIZE)
+    data_parallel = world_size // model_parallel
+    if data_parallel and batch % (data_parallel * micro) == 0:
+        return []
+    return [
+        f"global_batch_size {batch} is not a multiple of data-parallel ranks x micro_batch_size "
+        f"({data_parallel} x {micro}) at world size {world_size}: change global_batch_size, "
+        "micro_batch_size or the instance count"
+    ]
+
+
+# The instance types SageMaker's distributed data parallel library (SMDDP) runs on: the SageMaker
+# Python SDK's own list (sagemaker.fw_utils.SM_DATAPARALLEL_SUPPORTED_INSTANCE_TYPES, which
+# tests/llmtrain/test_render.py keeps equal).
+SMDDP_INSTANCE_TYPES = ("ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge", "ml.p4de.24xlarge")
+
+
+def smddp_problems(smddp: bool, instance_type: str) -> list[str]:
+    """SMDDP on an instance type it does not support (a capacity fallback included)."""
+    if not smddp or instance_type in SMDDP_INSTANCE_TYPES:
+        return []
+    return [
+        f"distribution.smddp runs on {', '.join(SMDDP_INSTANCE_TYPES)}, not {instance_type}: pick one of "
+        "those instance types or a template version without smddp"
+    ]
 
 
 # The strategies the training program runs 4-bit QLoRA with (training_jobs/trainer/lora.py's

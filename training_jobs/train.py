@@ -43,7 +43,8 @@ def run(argv: list[str], *, own_process_group: bool = True) -> int:
     device = parallel.pick_device(env.local_rank)
     if device.type == "cpu":
         host.keep_freed_memory()  # a CPU step then reuses its activation memory (trainer/host.py)
-    parallel.init_distributed(device, env.rank, env.world_size, timeout_minutes=30)
+    parallel.init_distributed(device, env.rank, env.world_size, timeout_minutes=30,
+                              collective_backend=config.parallel.collective_backend)
     stop = StopSignal()  # from here on, SIGTERM means "checkpoint and exit 0"
     training = None
     try:
@@ -51,8 +52,8 @@ def run(argv: list[str], *, own_process_group: bool = True) -> int:
         training = job.build(config, env, device, stop)
         job.resume(training)
         if loop.run(training.loop) == "finished":
-            path = export.export_model(training.loop.strategy, config, training.tokenizer,
-                                       env.model_dir, env.is_main)
+            path = export.export_model(training.loop.strategy, training.loop.config,
+                                       training.tokenizer, env.model_dir, env.is_main)
             if env.is_main:
                 metrics.log(f"finished at step {training.loop.step}; model written to {path}")
         dist.barrier()  # leave together: no rank tears down its connections while rank 0 still writes

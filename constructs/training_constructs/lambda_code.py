@@ -1,20 +1,21 @@
 """Package the platform's Lambda handlers as a `lambda_.Code` asset without Docker.
 
 The handlers live in `llmtrain/handlers/` and need the standard library, boto3 (which the Lambda
-Python runtime provides) and a few packages it does not provide, vendored from this environment:
+Python runtime provides) and a few packages it does not provide:
 
-    llmtrain/                 the llmtrain package, copied from where it is installed
-    yaml/                     PyYAML (always): its pure-Python parser, without the C extension
-    <other packages>/         e.g. regex (which llmtrain.validate needs), compiled files included
+    llmtrain/                 the llmtrain package, copied from where it is installed (pure Python)
+    yaml/, regex/, ...        vendored packages, from wheels built for the Lambda runtime
+    <package>-<v>.dist-info/  their metadata
     LICENSES/<package>        each vendored package's licence file
     templates/<name>/<v>.yaml the job-template versions the function should know (optional)
     <extra files>             any data files the caller adds (optional)
 
-PyYAML falls back to pure Python when its C extension is missing, so it is vendored without it and
-runs on any Lambda Python runtime. A package with compiled modules and no such fallback (`regex`)
-only loads on the same Python version and CPU as the interpreter that synthesizes: use
-`matching_runtime()` for functions that vendor one; it fails at synth, with what to do, where no
-Lambda runtime matches (e.g. synthesizing on macOS).
+Every function runs on `LAMBDA_RUNTIME` (the newest Python runtime Lambda offers) on
+`LAMBDA_ARCHITECTURE`, whatever Python synthesizes: the vendored packages are not copied from the
+synthesizing environment (whose compiled modules fit only its own interpreter) but unpacked from
+the wheels PyPI publishes for that runtime and architecture, of the version installed here (so
+requirements.txt pins both). pip fetches them (`pip download --platform ... --python-version ...`,
+no Docker) into a wheel cache once; later synths read the cache without the network.
 
 The folder is staged under a directory named after the SHA-256 of its content, so the same
 inputs always give the same folder and the same asset hash (no spurious redeploys), and a
@@ -23,15 +24,15 @@ concurrent synth never sees a half-written folder (it is written aside and renam
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
-import importlib.util
 import os
-import platform
 import shutil
+import subprocess
 import sys
-import sysconfig
 import tempfile
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -39,17 +40,20 @@ from aws_cdk import aws_lambda as lambda_
 
 import llmtrain
 
-# Packages vendored without their compiled modules because they have a pure-Python fallback.
-PURE_FALLBACK_PACKAGES = frozenset({"yaml"})
+# Every function's runtime: the newest Python runtime Lambda offers, on Graviton (cheaper per GB-s).
+LAMBDA_RUNTIME = lambda_.Runtime.PYTHON_3_14
+LAMBDA_ARCHITECTURE = lambda_.Architecture.ARM_64
+# Wheel platform tags the runtime loads: Amazon Linux 2023, glibc 2.34, aarch64.
+LAMBDA_WHEEL_PLATFORMS = ("manylinux_2_34_aarch64", "manylinux_2_28_aarch64", "manylinux2014_aarch64")
 # Byte code is rebuilt by the runtime; caches and test suites are not needed at run time.
 _EXCLUDED_SUFFIXES = (".pyc", ".pyo")
 _EXCLUDED_DIRS = ("__pycache__", "tests")
-_COMPILED_SUFFIXES = (".so", ".pyd", ".dylib")
-# The import name of a vendored package -> its distribution name, for the licence file.
+# The import name of a vendored package -> its distribution name.
 _DISTRIBUTIONS = {"yaml": "PyYAML"}
-_LAMBDA_ARCHITECTURES = {"x86_64": "X86_64", "amd64": "X86_64", "aarch64": "ARM_64", "arm64": "ARM_64"}
+_LICENCE_NAMES = ("LICENSE", "LICENCE", "COPYING")
 
 DEFAULT_STAGING_ROOT = Path(tempfile.gettempdir()) / "llmtrain-lambda-code"
+DEFAULT_WHEEL_CACHE = Path.home() / ".cache" / "llmtrain" / "lambda-wheels"
 
 
 class LambdaCodeError(ValueError):
@@ -62,21 +66,24 @@ def lambda_code(
     extra_files: Mapping[str, bytes] | None = None,
     vendored_packages: Sequence[str] = ("yaml",),
     staging_root: Path | None = None,
+    wheel_cache: Path | None = None,
 ) -> lambda_.Code:
     """Return a `Code.from_asset` of a folder holding llmtrain, the vendored packages and the data.
 
     template_files: job-template files laid out as `<anything>/<name>/<version>.yaml`; each is
         placed at `templates/<name>/<version>.yaml` in the asset.
     extra_files: more files to add, by relative path inside the asset (e.g. a registry index).
-    vendored_packages: import names of the packages to copy from this environment ("yaml" always
-        comes along). One with compiled modules needs `matching_runtime()` for its function.
+    vendored_packages: import names of the packages to vendor, at the version installed here, from
+        their wheels for `LAMBDA_RUNTIME` ("yaml" always comes along).
     staging_root: where the content-addressed folders are written (default: the system temp dir).
+    wheel_cache: where the fetched wheels are kept (default: ~/.cache/llmtrain/lambda-wheels).
     """
     folder = stage_lambda_code(
         template_files=template_files,
         extra_files=extra_files,
         vendored_packages=vendored_packages,
         staging_root=staging_root,
+        wheel_cache=wheel_cache,
     )
     return lambda_.Code.from_asset(str(folder))
 
@@ -87,9 +94,11 @@ def stage_lambda_code(
     extra_files: Mapping[str, bytes] | None = None,
     vendored_packages: Sequence[str] = ("yaml",),
     staging_root: Path | None = None,
+    wheel_cache: Path | None = None,
 ) -> Path:
     """Write the asset folder (see the module docstring) and return its path."""
-    files = _collect_files(template_files, extra_files or {}, ("yaml", *vendored_packages))
+    files = _collect_files(template_files, extra_files or {}, ("yaml", *vendored_packages),
+                           Path(wheel_cache) if wheel_cache is not None else DEFAULT_WHEEL_CACHE)
     digest = _content_hash(files)
     root = Path(staging_root) if staging_root is not None else DEFAULT_STAGING_ROOT
     target = root / digest
@@ -98,35 +107,17 @@ def stage_lambda_code(
     return target
 
 
-def matching_runtime() -> tuple[lambda_.Runtime, lambda_.Architecture]:
-    """The Lambda runtime and architecture that load compiled modules built for this interpreter."""
-    system, machine = platform.system(), platform.machine().lower()
-    version = f"{sys.version_info.major}_{sys.version_info.minor}"
-    runtime = getattr(lambda_.Runtime, f"PYTHON_{version}", None)
-    if (
-        sys.implementation.name != "cpython"
-        or system != "Linux"
-        or machine not in _LAMBDA_ARCHITECTURES
-        or runtime is None
-    ):
-        raise LambdaCodeError(
-            f"the launcher functions vendor compiled Python packages from the synthesizing environment "
-            f"({sys.implementation.name} {sys.version_info.major}.{sys.version_info.minor} on {system} "
-            f"{machine}), and AWS Lambda has no matching runtime: synthesize on Linux (x86_64 or "
-            "arm64) with a CPython version that Lambda offers, e.g. in the project's dev container or CI"
-        )
-    return runtime, getattr(lambda_.Architecture, _LAMBDA_ARCHITECTURES[machine])
-
-
 def _collect_files(
-    template_files: Sequence[Path | str], extra_files: Mapping[str, bytes], vendored_packages: Sequence[str]
+    template_files: Sequence[Path | str],
+    extra_files: Mapping[str, bytes],
+    vendored_packages: Sequence[str],
+    wheel_cache: Path,
 ) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
-    files.update(_package_files(Path(llmtrain.__file__).parent, "llmtrain", keep_compiled=False))
+    files.update(_package_files(Path(llmtrain.__file__).parent, "llmtrain"))
     for name in dict.fromkeys(vendored_packages):
-        keep_compiled = name not in PURE_FALLBACK_PACKAGES
-        files.update(_package_files(_package_dir(name), name, keep_compiled=keep_compiled))
-        files[f"LICENSES/{name}"] = _license(name)
+        distribution, version = _installed_distribution(name)
+        files.update(_wheel_files(distribution, version, wheel_cache, name))
     for template_file in template_files:
         path = Path(template_file)
         if path.suffix not in (".yaml", ".yml") or not path.is_file():
@@ -141,47 +132,91 @@ def _collect_files(
     return files
 
 
-def _package_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
+def _installed_distribution(name: str) -> tuple[str, str]:
+    distribution = _DISTRIBUTIONS.get(name, name)
+    try:
+        return distribution, importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
         raise LambdaCodeError(
             f"lambda_code vendored_packages: {name!r} is not an installed package in this environment; "
-            "install it (and list it in requirements.txt) or drop it from vendored_packages"
-        )
-    return Path(next(iter(spec.submodule_search_locations)))
+            "install it (and pin it in requirements.txt: the functions get the same version) or drop it "
+            "from vendored_packages"
+        ) from None
 
 
-def _package_files(package_dir: Path, name: str, *, keep_compiled: bool) -> dict[str, bytes]:
+def _package_files(package_dir: Path, name: str) -> dict[str, bytes]:
     files = {}
-    ext_suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     for path in sorted(package_dir.rglob("*")):
         relative_parts = path.relative_to(package_dir).parts
         if not path.is_file() or path.suffix in _EXCLUDED_SUFFIXES:
             continue
         if any(part in _EXCLUDED_DIRS for part in relative_parts[:-1]):
             continue
-        if path.name.endswith(_COMPILED_SUFFIXES):
-            if not keep_compiled:
-                continue
-            if not path.name.endswith(ext_suffix):
-                raise LambdaCodeError(
-                    f"{path} was not built for this interpreter ({ext_suffix}); reinstall {name} here"
-                )
         files["/".join((name, *relative_parts))] = path.read_bytes()
     return files
 
 
-def _license(name: str) -> bytes:
-    try:
-        distribution = importlib.metadata.distribution(_DISTRIBUTIONS.get(name, name))
-    except importlib.metadata.PackageNotFoundError:
-        return f"{name}: see the package's own distribution for its licence.\n".encode()
-    for entry in distribution.files or ():
-        if Path(str(entry)).name.upper().startswith(("LICENSE", "LICENCE", "COPYING")):
-            return Path(distribution.locate_file(entry)).read_bytes()
-    licence = distribution.metadata.get("License") or distribution.metadata.get("License-Expression")
-    name_version = f"{distribution.metadata['Name']} {distribution.version}"
-    return f"{name_version}: {licence or 'see its project page'}\n".encode()
+@functools.cache
+def _wheel_files(distribution: str, version: str, wheel_cache: Path, import_name: str) -> dict[str, bytes]:
+    """The content of the distribution's wheel for the Lambda runtime, and its licence."""
+    wheel = _fetch_wheel(distribution, version, wheel_cache)
+    files: dict[str, bytes] = {}
+    licence = None
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.infolist():
+            parts = Path(member.filename).parts
+            # <name>.data/ holds scripts and headers an installer would put elsewhere
+            if member.is_dir() or parts[0].endswith(".data") or any(p in _EXCLUDED_DIRS for p in parts[:-1]):
+                continue
+            content = archive.read(member)
+            if parts[0].endswith(".dist-info") and parts[-1].upper().startswith(_LICENCE_NAMES):
+                licence = licence or content
+            files[member.filename] = content
+    files[f"LICENSES/{import_name}"] = licence or f"{distribution} {version}: see its project page\n".encode()
+    return files
+
+
+def _fetch_wheel(distribution: str, version: str, wheel_cache: Path) -> Path:
+    """The cached wheel of `distribution==version` for the Lambda runtime; pip fetches it once."""
+    requirement = f"{distribution}=={version}"
+    python = LAMBDA_RUNTIME.name.removeprefix("python")
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+               "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
+               "--dest", str(wheel_cache), "--find-links", str(wheel_cache)]
+    for tag in LAMBDA_WHEEL_PLATFORMS:
+        command += ["--platform", tag]
+    wheel_cache.mkdir(parents=True, exist_ok=True)
+    cached = subprocess.run([*command, "--no-index", requirement], capture_output=True, text=True)
+    if cached.returncode != 0:
+        fetched = subprocess.run([*command, requirement], capture_output=True, text=True)
+        if fetched.returncode != 0:
+            raise LambdaCodeError(
+                f"cannot fetch the wheel of {requirement} for the Lambda runtime ({LAMBDA_RUNTIME.name}, "
+                f"{', '.join(LAMBDA_WHEEL_PLATFORMS)}): {fetched.stderr.strip().splitlines()[-1:]}; "
+                f"synthesize once with access to PyPI, or put that wheel into {wheel_cache}"
+            )
+    return _cached_wheel(distribution, version, wheel_cache)
+
+
+def _cached_wheel(distribution: str, version: str, wheel_cache: Path) -> Path:
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    python = "cp" + LAMBDA_RUNTIME.name.removeprefix("python").replace(".", "")
+    for wheel in sorted(wheel_cache.glob("*.whl")):
+        name, wheel_version, _, tags = parse_wheel_filename(wheel.name)
+        if canonicalize_name(name) != canonicalize_name(distribution) or str(wheel_version) != version:
+            continue
+        if any(_loads_on_lambda(tag, python) for tag in tags):
+            return wheel
+    raise LambdaCodeError(f"pip reported {distribution}=={version} fetched, but {wheel_cache} holds no wheel "
+                          f"of it for {LAMBDA_RUNTIME.name} on {', '.join(LAMBDA_WHEEL_PLATFORMS)}")
+
+
+def _loads_on_lambda(tag, python: str) -> bool:
+    """A wheel tag (packaging.tags.Tag) the Lambda runtime's interpreter loads."""
+    interpreter_fits = tag.interpreter == python or tag.abi == "abi3" or (
+        tag.interpreter.startswith("py3") and tag.abi == "none")
+    return interpreter_fits and (tag.platform == "any" or tag.platform in LAMBDA_WHEEL_PLATFORMS)
 
 
 def _check_relative(relative: str) -> None:

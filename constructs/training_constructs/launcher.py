@@ -66,7 +66,7 @@ from training_constructs._functions import logged_function
 from training_constructs._props import PropsError, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.job_template import JobTemplate
-from training_constructs.lambda_code import lambda_code, matching_runtime
+from training_constructs.lambda_code import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, lambda_code
 from training_constructs.nag import acknowledge, acknowledge_wildcards
 from training_constructs.teams import CREATE_JOBS_SID, TeamSpec, job_creation_conditions
 
@@ -262,15 +262,14 @@ class TrainingLauncher(Construct):
     def _function(
         self, construct_id: str, code: lambda_.Code, handler: str, description: str
     ) -> lambda_.Function:
-        runtime, architecture = matching_runtime()
         function, log_group = logged_function(
             self,
             construct_id,
             code=code,
             handler=f"llmtrain.handlers.launcher.{handler}",
             description=f"Launcher: {description}",
-            runtime=runtime,
-            architecture=architecture,
+            runtime=LAMBDA_RUNTIME,
+            architecture=LAMBDA_ARCHITECTURE,
             memory_size=512,
             timeout=Duration.minutes(1),
             environment={

@@ -44,13 +44,12 @@ from llmtrain.platform import (
 from training_constructs._functions import logged_function
 from training_constructs._props import check_job_name_prefix, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
-from training_constructs.lambda_code import lambda_code
+from training_constructs.lambda_code import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, lambda_code
 from training_constructs.nag import acknowledge_wildcards
 from training_constructs.operations_dashboard import OperationsDashboard, TemplateMetrics
 
 _NAME = "TrainingOperations"
 _INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
-RUNTIME = lambda_.Runtime.PYTHON_3_14
 DEFAULT_QUOTA_INTERVAL_MINUTES = 5
 DEFAULT_REAPER_INTERVAL_MINUTES = 10
 
@@ -206,8 +205,8 @@ class TrainingOperations(Construct):
             code=self._code,
             handler=handler,
             description=f"{description} ({self.environment_name})",
-            runtime=RUNTIME,
-            architecture=lambda_.Architecture.ARM_64,
+            runtime=LAMBDA_RUNTIME,
+            architecture=LAMBDA_ARCHITECTURE,
             memory_size=256,
             timeout=timeout,
             environment=environment,

@@ -63,6 +63,7 @@ from llmtrain.runs import (
     UnusableInstanceType,
 )
 from llmtrain.spec import RetrySpec, TemplateSpec
+from llmtrain.validate import reshape_problems
 
 ENV_PLATFORM_CONTEXT = "LLMTRAIN_PLATFORM_CONTEXT"
 ENV_TEMPLATES_DIR = "LLMTRAIN_TEMPLATES_DIR"
@@ -309,7 +310,7 @@ def start_run(
     except LlmtrainError as error:
         raise _rejected(error) from error
     first = request["ResourceConfig"]["InstanceType"]
-    usable, unusable = _check_fallbacks(template, run_input, first, platform, layouts)
+    usable, unusable = _check_fallbacks(template, run_input, request, platform, layouts)
     run = RunState(
         run_name=run_input.run_name,
         team=platform.team,
@@ -330,22 +331,27 @@ def start_run(
 def _check_fallbacks(
     template: TemplateSpec,
     run_input: ExecutionInput,
-    first: str,
+    first: Mapping[str, Any],
     platform: PlatformContext,
     layouts: Mapping[str, Sequence[str]],
 ) -> tuple[list[str], list[UnusableInstanceType]]:
-    """The template's fallback types that can hold this run, and those that cannot (with why)."""
+    """The template's fallback types that can hold this run, and those that cannot (with why). A
+    fallback with another number of GPUs holds it where the checkpoints reshard: the attempt
+    resumes with another number of data-parallel ranks."""
     usable: list[str] = []
     unusable: list[UnusableInstanceType] = []
     for fallback in dict.fromkeys(template.retry.fallback_instance_types):
-        if fallback == first:
+        if fallback == first["ResourceConfig"]["InstanceType"]:
             continue
         try:
             request = _render(template, run_input.run_name, run_input.overrides, 1, DEFAULT_OWNER, fallback,
                               platform)
             request_layout(request, layouts)
+            problems = reshape_problems(template.distribution.strategy, first, request)
         except LlmtrainError as error:
-            unusable.append(UnusableInstanceType(instance_type=fallback, reason=_one_line(str(error))))
+            problems = [str(error)]
+        if problems:
+            unusable.append(UnusableInstanceType(instance_type=fallback, reason=_one_line(problems[0])))
         else:
             usable.append(fallback)
     return usable, unusable

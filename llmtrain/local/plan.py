@@ -24,7 +24,7 @@ SUBMIT_DIRECTORY_HP = "sagemaker_submit_directory"
 CONTAINER_ROOT = "/opt/ml/"
 DEFAULT_CHECKPOINT_PATH = "/opt/ml/checkpoints"
 DEFAULT_TENSORBOARD_PATH = "/opt/ml/output/tensorboard"  # SageMaker's default LocalPath
-DEGREE_HPS = ("replicate_degree", "shard_degree", "tensor_parallel_degree")
+DEGREE_HPS = ("replicate_degree", "shard_degree", "tensor_parallel_degree", "pipeline_parallel_degree")
 
 # Model presets that train at a useful speed on a few CPU cores, and what bigger ones become.
 LOCAL_PRESETS = frozenset({"llama-tiny", "llama-20m", "gpt2-tiny"})
@@ -215,6 +215,10 @@ def _rescale_degrees(hps: dict[str, str], processes: int, world: int, adjustment
     for name in ("replicate_degree", "shard_degree"):
         if wanted.get(name, 0) > 1:
             wanted[name] = 0  # derived by the training program from the world size and hosts
+    if wanted.get("pipeline_parallel_degree", 1) > 1:
+        # The scaled-down model is too shallow for the cloud's stages: the local ranks train it
+        # without a pipeline (the stages' own runs are in tests/training/test_pipeline.py).
+        wanted["pipeline_parallel_degree"] = 1
     for name, value in wanted.items():
         if value != present[name]:
             _set_hp(hps, name, value)

@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
-import platform
-import sys
-import sysconfig
+import json
 
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_lambda as lambda_
+from infra_helpers import resources_of_type
 
 from llmtrain.catalog import Catalog
-from training_constructs import lambda_code as module
-from training_constructs.lambda_code import LambdaCodeError, lambda_code, matching_runtime, stage_lambda_code
+from training_constructs.lambda_code import (
+    LAMBDA_ARCHITECTURE,
+    LAMBDA_RUNTIME,
+    LambdaCodeError,
+    lambda_code,
+    stage_lambda_code,
+)
+
+# ELF header: 64-bit class at byte 4, the machine (little-endian) at bytes 18-19; 0xB7 is AArch64.
+ELF_AARCH64 = 0xB7
 
 
 def _files(folder) -> set[str]:
     return {str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file()}
 
 
-def test_the_folder_holds_llmtrain_and_pure_python_yaml(tmp_path):
+def test_the_folder_holds_llmtrain_and_yaml_with_its_licence(tmp_path):
     folder = stage_lambda_code(staging_root=tmp_path)
     files = _files(folder)
     assert "llmtrain/handlers/launcher.py" in files and "yaml/__init__.py" in files
@@ -27,14 +34,31 @@ def test_the_folder_holds_llmtrain_and_pure_python_yaml(tmp_path):
         "LICENSES/yaml" in files
         and b"Permission is hereby granted" in (folder / "LICENSES" / "yaml").read_bytes()
     )
-    assert not any(name.endswith((".so", ".pyc")) or "__pycache__" in name for name in files)
+    assert not any(name.endswith(".pyc") or "__pycache__" in name for name in files)
 
 
-def test_compiled_packages_come_with_their_extension_modules(tmp_path):
-    files = _files(stage_lambda_code(vendored_packages=("regex",), staging_root=tmp_path))
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    assert any(name.startswith("regex/") and name.endswith(suffix) for name in files)
-    assert not any(name.startswith("regex/tests/") for name in files)
+def test_compiled_packages_are_built_for_the_lambda_runtime_not_this_interpreter(tmp_path):
+    """The synthesizing Python (3.11 here) and CPU do not matter: regex and PyYAML come from their
+    wheels for Python 3.14 on arm64, the functions' runtime."""
+    assert (LAMBDA_RUNTIME.name, LAMBDA_ARCHITECTURE.name) == ("python3.14", "arm64")
+    folder = stage_lambda_code(vendored_packages=("regex",), staging_root=tmp_path)
+    compiled = sorted(name for name in _files(folder) if name.endswith(".so"))
+    assert compiled and all(name.endswith(".cpython-314-aarch64-linux-gnu.so") for name in compiled)
+    assert any(name.startswith("regex/") for name in compiled)
+    for name in compiled:
+        header = (folder / name).read_bytes()[:20]
+        assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == ELF_AARCH64, name
+    assert not any(name.startswith("regex/tests/") for name in _files(folder))
+
+
+def test_a_fetched_wheel_is_reused_without_the_network(tmp_path):
+    cache = tmp_path / "wheels"
+    first = stage_lambda_code(vendored_packages=("regex",), staging_root=tmp_path / "a", wheel_cache=cache)
+    wheels = sorted(path.name for path in cache.iterdir())
+    # pip is told to use no index when the cache holds the wheel: an empty proxy cannot answer
+    again = stage_lambda_code(vendored_packages=("regex",), staging_root=tmp_path / "b", wheel_cache=cache)
+    assert sorted(path.name for path in cache.iterdir()) == wheels
+    assert first.name == again.name
 
 
 def test_staging_is_content_addressed(tmp_path):
@@ -78,19 +102,26 @@ def test_the_asset_is_a_lambda_code(tmp_path):
         "F",
         code=code,
         handler="llmtrain.handlers.launcher.resolve",
-        runtime=lambda_.Runtime.PYTHON_3_12,
+        runtime=LAMBDA_RUNTIME,
     )
     assert function.node.default_child is not None
 
 
-def test_the_runtime_matches_this_interpreter():
-    runtime, architecture = matching_runtime()
-    assert runtime.name == f"python{sys.version_info.major}.{sys.version_info.minor}"
-    expected = "arm64" if platform.machine().lower() in ("aarch64", "arm64") else "x86_64"
-    assert architecture.name == expected
+# The CDK's own BucketDeployment handler (it uploads the templates' code) has its runtime chosen by
+# aws-cdk-lib, with no prop to change it; it moves with aws-cdk-lib upgrades.
+CDK_PROVIDED_HANDLERS = ("CustomCDKBucketDeployment",)
 
 
-def test_no_lambda_runtime_matches_a_mac(monkeypatch):
-    monkeypatch.setattr(module.platform, "system", lambda: "Darwin")
-    with pytest.raises(LambdaCodeError, match="synthesize on Linux"):
-        matching_runtime()
+def test_every_python_function_of_the_platform_runs_on_the_newest_runtime(platform):
+    """Read off the synthesized templates of every environment: whatever Python synthesized them."""
+    newest = max((name for name in dir(lambda_.Runtime) if name.startswith("PYTHON_3_")),
+                  key=lambda name: int(name.removeprefix("PYTHON_3_")))
+    runtimes = {}
+    for scope, part, _, template in platform.all_templates():
+        for logical_id, function in resources_of_type(template, "AWS::Lambda::Function").items():
+            props = function["Properties"]
+            if str(props.get("Runtime", "")).startswith("python") and \
+                    not logical_id.startswith(CDK_PROVIDED_HANDLERS):
+                runtimes[f"{scope}/{part}/{logical_id}"] = (props["Runtime"], tuple(props["Architectures"]))
+    assert len(runtimes) >= 8, json.dumps(runtimes)
+    assert set(runtimes.values()) == {(getattr(lambda_.Runtime, newest).name, ("arm64",))}

@@ -16,6 +16,7 @@ TEMPLATE_NAMES = (
     "llama-finetune-deepspeed",
     "llama-finetune-lora",
     "llama-finetune-qlora",
+    "llama-pretrain-3d",
     "llama-pretrain-fsdp",
     "llama-pretrain-hsdp-tp",
     "llama-pretrain-smp",

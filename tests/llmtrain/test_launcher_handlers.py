@@ -198,6 +198,31 @@ def test_fallback_types_that_cannot_hold_the_run_are_found_up_front(deployed):
     assert skipped["instance_type"] == "ml.g5.24xlarge" and "EFA" in skipped["reason"]
 
 
+def test_a_fallback_with_another_gpu_count_holds_a_run_whose_checkpoints_reshard(deployed):
+    # gpt2-ddp on one ml.p4d.24xlarge (8 GPUs) falls back to ml.g5.24xlarge (4 GPUs): the next
+    # attempt resumes on 4 data-parallel ranks (DCP reshards DDP's state).
+    run = _resolve("reshape", overrides={"instance_type": "ml.p4d.24xlarge"})["run"]
+    assert run["instance_types"] == ["ml.p4d.24xlarge", "ml.g5.24xlarge"]
+    assert run["unusable_instance_types"] == []
+
+
+def test_a_fallback_with_another_gpu_count_cannot_hold_a_deepspeed_run():
+    from llmtrain.spec import TemplateSpec
+
+    data = CATALOG.resolve("llama-finetune-deepspeed").to_dict()
+    data["retry"]["fallback_instance_types"] = ["ml.p5.48xlarge", "ml.g5.12xlarge"]
+    spec = TemplateSpec.from_dict(data)
+    first = render(spec, RunInput(run_name="zero"), PLATFORM)
+    layouts = request_layouts([first])
+    usable, unusable = launcher._check_fallbacks(spec, ExecutionInput(template=spec.name, run_name="zero"),
+                                                 first, PLATFORM, layouts)
+    assert usable == ["ml.p5.48xlarge"]  # 8 GPUs, like the run's ml.p4d.24xlarge
+    [skipped] = unusable
+    assert skipped.instance_type == "ml.g5.12xlarge"
+    assert "runs 4 processes where the run's ml.p4d.24xlarge runs 8, and deepspeed checkpoints do " \
+           "not reshard" in skipped.reason
+
+
 def test_resolve_rejects_a_run_name_sagemaker_cannot_use(deployed):
     with pytest.raises(InvalidRunInput, match="run_name"):
         _resolve("not a name")

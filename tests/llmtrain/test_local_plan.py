@@ -99,6 +99,15 @@ def test_mesh_degrees_are_rederived_for_the_smaller_world():
     assert adjusted(plan)["HyperParameters.tensor_parallel_degree"] == ("4", "2")
 
 
+def test_pipeline_stages_are_left_out_locally_when_the_mesh_does_not_fit():
+    plan = plan_local_job(rendered("llama-pretrain-3d"))
+    values = decoded(plan)
+    # 16 hosts x 8 GPUs with 4 stages x tensor 8 -> 2 hosts x 2 processes: tensor 2, no stages.
+    degrees = (values["tensor_parallel_degree"], values["pipeline_parallel_degree"])
+    assert plan.world_size == 4 and degrees == (2, 1)
+    assert adjusted(plan)["HyperParameters.pipeline_parallel_degree"] == ("4", "1")
+
+
 def test_limits_are_parameters():
     limits = LocalLimits(max_hosts=1, max_processes_per_host=1)
     plan = plan_local_job(rendered("llama-pretrain-fsdp"), limits=limits)

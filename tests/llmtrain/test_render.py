@@ -112,8 +112,9 @@ def test_platform_hyperparameters_pass_the_training_programs_own_validation(ref)
         resources = request["ResourceConfig"]
         hosts = resources["InstanceCount"]
         world = hosts * instance_type(resources["InstanceType"]).processes_per_host
-        mesh = config.resolve_mesh(parsed.parallel, world, hosts)
-        assert mesh.replicate * mesh.shard * mesh.tensor == world
+        from training_jobs.trainer.parallel_dims import ParallelDims
+
+        assert ParallelDims.resolve(parsed.parallel, world, hosts).world_size == world
 
 
 def test_platform_code_gets_the_distribution_as_hyperparameters_and_byo_does_not():
@@ -473,3 +474,77 @@ def test_run_input_from_dict_rejects_unknown_fields():
     ):
         with pytest.raises(RunInputError):
             render(CATALOG.resolve("gpt2-ddp"), bad, PLATFORM)
+
+
+def test_the_pipeline_degree_is_a_distribution_degree():
+    request = _render("llama-pretrain-3d")
+    hyperparameters = _decoded_hyperparameters(request)
+    assert (hyperparameters["pipeline_parallel_degree"], hyperparameters["tensor_parallel_degree"],
+            request["ResourceConfig"]["InstanceCount"]) == (4, 8, 16)
+    # Versions without pipeline stages never send the name (their frozen code does not know it).
+    assert "pipeline_parallel_degree" not in _decoded_hyperparameters(_render("llama-pretrain-hsdp-tp"))
+    with pytest.raises(RequestValidationError, match="multiply to 64, which does not divide the world "
+                                                     "size 48"):
+        _render("llama-pretrain-3d", overrides={"instance_count": 6, "pipeline_parallel_degree": 8})
+    # Another instance count only changes the data-parallel size (global_batch_size stays).
+    smaller = _decoded_hyperparameters(_render("llama-pretrain-3d", overrides={"instance_count": 8}))
+    assert smaller["global_batch_size"] == 256 and smaller["shard_degree"] == 0
+
+
+def test_distributions_the_program_cannot_run_are_refused_at_load():
+    from llmtrain.errors import TemplateSpecError
+    from llmtrain.spec import TemplateSpec
+
+    smp = CATALOG.resolve("llama-pretrain-smp").to_dict()
+    smp["distribution"]["pipeline_parallel_degree"] = 2
+    with pytest.raises(TemplateSpecError, match="SMP v2 has no pipeline parallelism"):
+        TemplateSpec.from_dict(smp)
+    ddp = CATALOG.resolve("gpt2-ddp").to_dict()
+    ddp["distribution"]["smddp"] = True
+    with pytest.raises(TemplateSpecError, match="'distribution.smddp' needs strategy fsdp"):
+        TemplateSpec.from_dict(ddp)
+
+
+def test_smddp_runs_only_on_the_instance_types_that_support_it():
+    import sagemaker.fw_utils
+
+    from llmtrain.spec import TemplateSpec
+    from llmtrain.validate import SMDDP_INSTANCE_TYPES
+
+    assert set(SMDDP_INSTANCE_TYPES) == set(sagemaker.fw_utils.SM_DATAPARALLEL_SUPPORTED_INSTANCE_TYPES) \
+        - {"local_gpu"}
+    data = CATALOG.resolve("llama-pretrain-fsdp").to_dict()
+    data["distribution"]["smddp"] = True
+    spec = TemplateSpec.from_dict(data)
+    assert _decoded_hyperparameters(render(spec, RunInput(run_name="ok"), PLATFORM))[
+        "collective_backend"] == "smddp"
+    with pytest.raises(RequestValidationError, match="distribution.smddp runs on .*not ml.p5.48xlarge"):
+        render(spec, RunInput(run_name="p5", overrides={"instance_type": "ml.p5.48xlarge"}), PLATFORM)
+
+
+def test_a_global_batch_the_cluster_cannot_split_is_refused_before_a_job_exists():
+    from llmtrain.validate import PROGRAM_MICRO_BATCH_SIZE
+    from training_jobs.trainer.config import DataConfig
+
+    assert PROGRAM_MICRO_BATCH_SIZE == DataConfig().micro_batch_size
+    # 12 instances: 96 GPUs / (4 stages x 8 tensor-parallel) = 3 data-parallel ranks for 256 samples.
+    with pytest.raises(RequestValidationError, match=re.escape("global_batch_size 256 is not a multiple "
+                                                               "of data-parallel ranks x micro_batch_size "
+                                                               "(3 x 1) at world size 96")):
+        _render("llama-pretrain-3d", overrides={"instance_count": 12})
+    _render("llama-pretrain-3d", overrides={"instance_count": 8})
+
+
+def test_the_strategies_whose_checkpoints_reshard_are_the_training_programs():
+    from llmtrain.validate import RESHARDING_STRATEGIES
+    from training_jobs.trainer.strategies.deepspeed_zero import DeepSpeedStrategy
+    from training_jobs.trainer.strategies.pipeline import PipelineStrategy
+    from training_jobs.trainer.strategies.smp import SmpStrategy
+    from training_jobs.trainer.strategies.torch_native import TorchStrategy
+
+    implemented = {TorchStrategy: ("single", "ddp", "fsdp"), PipelineStrategy: ("ddp", "fsdp"),
+                   DeepSpeedStrategy: ("deepspeed",), SmpStrategy: ("smp",)}
+    resharding = {name for cls, names in implemented.items() if cls.reshards_checkpoints for name in names}
+    assert resharding == set(RESHARDING_STRATEGIES)
+    refusing = {name for cls, names in implemented.items() if not cls.reshards_checkpoints for name in names}
+    assert not resharding & refusing

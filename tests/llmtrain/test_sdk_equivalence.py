@@ -21,6 +21,7 @@ from moto import mock_aws
 from templates_support import catalog, platform_context
 
 from llmtrain.render import RunInput, code_uri, render
+from llmtrain.spec import TemplateSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*SageMaker Python SDK v2")
 PLATFORM = platform_context()
@@ -39,6 +40,8 @@ def _is_framework(name: str) -> bool:
 
 def _sdk_distribution(ours: dict, strategy: str) -> dict:
     distribution = {"torch_distributed": {"enabled": True}}
+    if ours["HyperParameters"].get("sagemaker_distributed_dataparallel_enabled") == "true":
+        distribution["smdistributed"] = {"dataparallel": {"enabled": True}}
     if strategy == "smp":
         parameters = json.loads(ours["HyperParameters"]["mp_parameters"])
         distribution["smdistributed"] = {"modelparallel": {"enabled": True, "parameters": parameters}}
@@ -54,9 +57,8 @@ def _sdk_tensorboard(ours: dict, config_class):
                         container_local_output_path=ours_config["LocalPath"])
 
 
-def sdk_request(ref: str, ours: dict) -> dict:
+def sdk_request(spec: TemplateSpec, ours: dict) -> dict:
     """The CreateTrainingJob parameters the SDK's PyTorch estimator sends for the same job."""
-    spec = CATALOG.resolve(ref)
     user_hyperparameters = {
         k: json.loads(v) for k, v in ours["HyperParameters"].items() if not _is_framework(k)
     }
@@ -85,6 +87,7 @@ def sdk_request(ref: str, ours: dict) -> dict:
             max_run=spec.max_runtime_seconds,
             framework_version=spec.image.framework_version,
             py_version=spec.image.py_version,
+            image_uri=spec.image.uri,
             distribution=_sdk_distribution(ours, spec.distribution.strategy),
             hyperparameters=user_hyperparameters,
             metric_definitions=[{"Name": m.name, "Regex": m.regex} for m in spec.metrics],
@@ -126,7 +129,7 @@ def sdk_request(ref: str, ours: dict) -> dict:
 @pytest.mark.parametrize("ref", [spec.ref for spec in CATALOG.all()])
 def test_request_equals_the_sdks(ref):
     ours = render(CATALOG.resolve(ref), RunInput(run_name="equivalence"), PLATFORM)
-    sdk = sdk_request(ref, ours)
+    sdk = sdk_request(CATALOG.resolve(ref), ours)
 
     framework = {k: v for k, v in ours["HyperParameters"].items() if _is_framework(k)}
     assert framework == {k: v for k, v in sdk["HyperParameters"].items() if _is_framework(k)}
@@ -147,10 +150,27 @@ def test_smp_case_sends_mp_parameters_like_the_sdk():
         RunInput(run_name="smp", overrides={"shard_degree": 16}),
         PLATFORM,
     )
-    sdk = sdk_request("llama-pretrain-smp", ours)
+    sdk = sdk_request(CATALOG.resolve("llama-pretrain-smp"), ours)
     assert sdk["HyperParameters"]["mp_parameters"] == ours["HyperParameters"]["mp_parameters"]
     assert json.loads(ours["HyperParameters"]["mp_parameters"])["hybrid_shard_degree"] == 16
     assert sdk["HyperParameters"]["sagemaker_distributed_dataparallel_enabled"] == "false"
     assert (
         "smdistributed-modelparallel:2.5.1-gpu-py311-cu124" in sdk["AlgorithmSpecification"]["TrainingImage"]
     )
+
+
+def test_smddp_is_sent_like_the_sdks_smdistributed_dataparallel():
+    """A template with distribution.smddp renders what the SDK sends for torch_distributed plus
+    smdistributed.dataparallel. The SDK checks SMDDP's framework versions only without an image
+    URI (its list ends at PyTorch 2.2), so the variant names the image."""
+    data = CATALOG.resolve("llama-pretrain-fsdp").to_dict()
+    data["distribution"]["smddp"] = True
+    data["image"] = {"uri": "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:"
+                            "2.8.0-gpu-py312-cu129-ubuntu22.04-sagemaker"}
+    spec = TemplateSpec.from_dict(data)
+    ours = render(spec, RunInput(run_name="smddp"), PLATFORM)
+    sdk = sdk_request(spec, ours)
+    assert ours["HyperParameters"] == sdk["HyperParameters"]
+    assert ours["HyperParameters"]["sagemaker_distributed_dataparallel_enabled"] == "true"
+    assert ours["HyperParameters"]["sagemaker_torch_distributed_enabled"] == "true"  # torchrun launches
+    assert ours["HyperParameters"]["collective_backend"] == '"smddp"'

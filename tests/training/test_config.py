@@ -10,14 +10,13 @@ import pytest
 
 from training_jobs.trainer.config import (
     ConfigError,
-    MeshShape,
     ParallelConfig,
     from_hyperparameters,
     hyperparameter_fields,
     parse_command_line,
     profile_window,
-    resolve_mesh,
 )
+from training_jobs.trainer.parallel_dims import ParallelDims
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,29 +103,37 @@ def test_profile_window():
 
 
 @pytest.mark.parametrize(("settings", "world", "hosts", "expected"), [
-    ({"parallelism": "ddp"}, 8, 1, MeshShape(8, 1, 1)),
-    ({"parallelism": "fsdp"}, 8, 1, MeshShape(1, 8, 1)),
-    ({"parallelism": "fsdp", "fsdp_sharding": "hybrid"}, 16, 2, MeshShape(2, 8, 1)),
-    ({"parallelism": "fsdp", "fsdp_sharding": "hybrid", "replicate_degree": 2}, 4, 1, MeshShape(2, 2, 1)),
-    ({"parallelism": "fsdp", "tensor_parallel_degree": 2}, 8, 1, MeshShape(1, 4, 2)),
+    ({"parallelism": "ddp"}, 8, 1, ParallelDims(1, 8, 1, 1)),
+    ({"parallelism": "fsdp"}, 8, 1, ParallelDims(1, 1, 8, 1)),
+    ({"parallelism": "fsdp", "fsdp_sharding": "hybrid"}, 16, 2, ParallelDims(1, 2, 8, 1)),
+    ({"parallelism": "fsdp", "fsdp_sharding": "hybrid", "replicate_degree": 2}, 4, 1,
+     ParallelDims(1, 2, 2, 1)),
+    ({"parallelism": "fsdp", "tensor_parallel_degree": 2}, 8, 1, ParallelDims(1, 1, 4, 2)),
     ({"parallelism": "fsdp", "fsdp_sharding": "hybrid", "tensor_parallel_degree": 2}, 16, 2,
-     MeshShape(2, 4, 2)),
-    ({"parallelism": "deepspeed"}, 4, 1, MeshShape(4, 1, 1)),
+     ParallelDims(1, 2, 4, 2)),
+    ({"parallelism": "deepspeed"}, 4, 1, ParallelDims(1, 4, 1, 1)),
+    ({"parallelism": "ddp", "pipeline_parallel_degree": 2}, 8, 1, ParallelDims(2, 4, 1, 1)),
+    ({"parallelism": "fsdp", "pipeline_parallel_degree": 4, "tensor_parallel_degree": 8,
+      "fsdp_sharding": "hybrid"}, 256, 32, ParallelDims(4, 8, 1, 8)),
 ])
 def test_mesh_degrees_resolve_to_the_world_size(settings, world, hosts, expected):
-    assert resolve_mesh(ParallelConfig(**settings), world, hosts) == expected
+    dims = ParallelDims.resolve(ParallelConfig(**settings), world, hosts)
+    assert dims == expected and dims.world_size == world
 
 
 @pytest.mark.parametrize(("settings", "world", "message"), [
-    ({"parallelism": "fsdp", "tensor_parallel_degree": 3}, 8, "a divisor of the world size 8"),
+    ({"parallelism": "fsdp", "tensor_parallel_degree": 3}, 8, "(1 x 3) dividing the world size 8"),
     ({"parallelism": "fsdp", "shard_degree": 3}, 8, "must equal the world size 8"),
     ({"parallelism": "fsdp", "fsdp_sharding": "hybrid", "replicate_degree": 3}, 8, "a divisor"),
     ({"parallelism": "single"}, 2, "2 processes were launched"),
     ({"parallelism": "ddp", "shard_degree": 4}, 8, "invalid hyperparameter 'shard_degree'"),
+    ({"parallelism": "fsdp", "pipeline_parallel_degree": 3}, 8,
+     "'pipeline_parallel_degree': got 3, expected pipeline_parallel_degree x tensor_parallel_degree "
+     "(3 x 1) dividing the world size 8"),
 ])
 def test_mesh_degrees_that_do_not_fit_are_rejected(settings, world, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        resolve_mesh(ParallelConfig(**settings), world, 1)
+        ParallelDims.resolve(ParallelConfig(**settings), world, 1)
 
 
 def test_contract_table_in_architecture_doc_names_every_hyperparameter():

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from training_jobs.trainer import checkpoint, metrics, models, optim, parallel, smp
+from training_jobs.trainer import checkpoint, metrics, models, optim, parallel
 from training_jobs.trainer.config import ConfigError, ModelConfig, ParallelConfig, from_hyperparameters
-from training_jobs.trainer.deepspeed_strategy import deepspeed_config
 from training_jobs.trainer.environment import read_environment
 from training_jobs.trainer.errors import CheckpointError, ContainerError, TrainingError
+from training_jobs.trainer.strategies import smp
+from training_jobs.trainer.strategies.deepspeed_zero import deepspeed_config
 
 
 def _config(**hps):

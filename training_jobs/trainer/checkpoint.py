@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import CheckpointError, TrainingError
+from .strategies import Strategy
 
 MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.json"
@@ -147,7 +148,7 @@ class CheckpointStore:
         self.writer_group = dist.new_group(backend="gloo") if background_writes else None
         self.pending: PendingSave | None = None
 
-    def save(self, step: int, strategy, trainer_state: dict, *, wait: bool = True) -> Path:
+    def save(self, step: int, strategy: Strategy, trainer_state: dict, *, wait: bool = True) -> Path:
         """Write checkpoint `step`; with wait=False (and background writes) return before the
         strategy's files are written. A save in flight is finished first. A collective."""
         self.finish_pending()
@@ -240,14 +241,18 @@ class CheckpointStore:
         for folder in found.incomplete:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def load(self, folder: Path, strategy) -> dict:
-        """Restore the strategy's state and this rank's RNG; returns the trainer state."""
-        state = json.loads((folder / STATE_FILE).read_text())
+    def load(self, folder: Path, strategy: Strategy) -> None:
+        """Restore the strategy's state and this rank's RNG (a rank the checkpoint's job did not
+        have keeps its own: the data order does not depend on it)."""
         strategy.load_checkpoint(folder)
         rng_file = _rng_path(folder, self.rank)
         if rng_file.is_file():
             set_rng_state(torch.load(rng_file, weights_only=False))
-        return state
+
+
+def read_trainer_state(folder: Path) -> dict:
+    """Step, data position, schedule, mesh degrees and hyperparameters of a checkpoint."""
+    return json.loads((folder / STATE_FILE).read_text())
 
 
 def _all_ranks(flag: bool) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from .errors import ConfigError
 
-__all__ = ["ConfigError", "TrainConfig", "from_hyperparameters", "resolve_mesh"]
+__all__ = ["ConfigError", "TrainConfig", "from_hyperparameters"]
 
 
 def _hp(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None,
@@ -45,6 +45,10 @@ LrSchedule = Literal["cosine", "linear", "constant"]
 Quantization = Literal["none", "nf4"]
 Attention = Literal["auto", "sdpa", "eager"]
 CompileMode = Literal["auto", "default", "cuda_graphs"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
+CollectiveBackend = Literal["nccl", "smddp"]
+# Schedules that run several stages per rank (the others run exactly one).
+MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "zero_bubble")
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,13 @@ class ModelConfig:
 class DataConfig:
     seq_len: int = _hp(1024, "Tokens per sample.", minimum=1)
     micro_batch_size: int = _hp(4, "Samples per data-parallel rank per micro step.", minimum=1)
-    grad_accum_steps: int = _hp(1, "Micro steps per optimizer step.", minimum=1)
+    grad_accum_steps: int = _hp(1, "Micro steps per optimizer step (with pipeline parallelism: the "
+                                   "pipeline's micro-batches).", minimum=1)
+    global_batch_size: int = _hp(0, "Samples per optimizer step over all data-parallel ranks; 0 = "
+                                    "data-parallel size x micro_batch_size x grad_accum_steps. When "
+                                    "set, grad_accum_steps is derived from it (leave that at 1), so a "
+                                    "run resumed on another number of GPUs keeps its recipe.",
+                                 minimum=0)
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,21 @@ class ParallelConfig:
     shard_degree: int = _hp(0, "Ranks one parameter is sharded over; 0 = derive.", minimum=0)
     tensor_parallel_degree: int = _hp(1, "Tensor-parallel ranks (fsdp and smp); 0 or 1 = none.",
                                       minimum=0)
+    pipeline_parallel_degree: int = _hp(1, "Pipeline stages across ranks (ddp and fsdp; "
+                                           "torch.distributed.pipelining); 0 or 1 = none.", minimum=0)
+    pipeline_schedule: PipelineSchedule = _hp(
+        "1f1b", "Pipeline schedule: gpipe (all forwards, then all backwards), 1f1b, interleaved_1f1b "
+                "or zero_bubble (several stages per rank; zero_bubble splits backward into input and "
+                "weight gradients to fill the bubble).")
+    pipeline_stages_per_rank: int = _hp(0, "Stages each pipeline rank holds: 1 for gpipe and 1f1b; "
+                                           "2 or more for interleaved_1f1b and zero_bubble (0 = 1 "
+                                           "or 2 by schedule).", minimum=0)
+    pipeline_split: str = _hp("", 'Decoder layers per stage in stage order, e.g. "7,9,9,7" (the '
+                                  'first stage also holds the embedding, the last the norm and head); '
+                                  "empty = balanced by compute.")
+    collective_backend: CollectiveBackend = _hp(
+        "nccl", "GPU collectives: nccl, or smddp (SageMaker's distributed data parallel library, on "
+                "the instance types it supports; fsdp).")
     zero_stage: int = _hp(2, "DeepSpeed ZeRO stage.", minimum=1, maximum=3)
     offload_optimizer: bool = _hp(False, "Keep optimizer state on the CPU (DeepSpeed; FSDP2 "
                                          "offloads parameters, gradients and optimizer together).")
@@ -108,6 +133,8 @@ class ParallelConfig:
     activation_checkpointing_every: int = _hp(1, "Checkpoint every k-th decoder layer.", minimum=1)
     activation_offloading: bool = _hp(False, "Offload checkpointed activations to the CPU.")
     compile: bool = _hp(False, "torch.compile each decoder layer.")
+    fp8: bool = _hp(False, "Train the decoder layers' linear layers in FP8 (torchao float8, tensorwise "
+                           "scaling) on Hopper-class GPUs (compute capability 8.9+).")
     compile_mode: CompileMode = _hp(
         "auto", "With compile: cuda_graphs replays each compiled layer as a CUDA graph (torch.compile "
                 "mode reduce-overhead), which removes the per-kernel launch cost that bounds small "
@@ -400,6 +427,10 @@ def validate(config: TrainConfig) -> None:
     if lora.lora_r and par.tensor_parallel_degree > 1:
         raise _invalid("lora_r", lora.lora_r, "0 with tensor_parallel_degree > 1 (LoRA with tensor "
                                               "parallel is not supported; use fsdp sharding)")
+    _validate_pipeline(config)
+    if config.data.global_batch_size and config.data.grad_accum_steps != 1:
+        raise _invalid("grad_accum_steps", config.data.grad_accum_steps,
+                       "1 when global_batch_size is set (the accumulation steps are derived from it)")
 
 
 def cuda_graphs_apply(config: TrainConfig) -> bool:
@@ -431,48 +462,71 @@ def _validate_parallel(par: ParallelConfig) -> None:
     if par.activation_offloading and par.activation_checkpointing == "none":
         raise _invalid("activation_offloading", True,
                        "false unless activation_checkpointing is full or selective")
+    if par.collective_backend == "smddp" and (par.parallelism != "fsdp"
+                                              or par.pipeline_parallel_degree > 1):
+        raise _invalid("collective_backend", "smddp",
+                       "nccl unless parallelism=fsdp without pipeline stages: launched by torchrun, "
+                       "SMDDP replaces FSDP's all-gather; its all-reduce (ddp) needs SageMaker's mpirun "
+                       "launcher, and it cannot form the sub-groups pipeline stages talk over")
+    if par.fp8 and (par.parallelism not in ("single", "ddp", "fsdp") or par.tensor_parallel_degree > 1
+                    or par.mixed_precision != "bf16"):
+        raise _invalid("fp8", True, "false unless parallelism is single, ddp or fsdp without tensor "
+                                    "parallel, with mixed_precision=bf16 (float8 matmuls, the rest in "
+                                    "bf16)")
 
 
-@dataclass(frozen=True)
-class MeshShape:
-    """Degrees of the device mesh, resolved against the world size (their product)."""
-
-    replicate: int
-    shard: int
-    tensor: int
-
-    @property
-    def data_parallel(self) -> int:
-        return self.replicate * self.shard
+def pipeline_stages_per_rank(par: ParallelConfig) -> int:
+    """Stages per pipeline rank: the setting, or 1 (gpipe, 1f1b) / 2 (interleaved schedules)."""
+    if par.pipeline_stages_per_rank:
+        return par.pipeline_stages_per_rank
+    return 2 if par.pipeline_schedule in MULTI_STAGE_SCHEDULES else 1
 
 
-def resolve_mesh(par: ParallelConfig, world_size: int, num_hosts: int) -> MeshShape:
-    """Turn the degree hyperparameters (0 = derive) into a mesh whose product is the world size."""
-    tp = max(par.tensor_parallel_degree, 1)
-    if world_size % tp:
-        raise _invalid("tensor_parallel_degree", tp, f"a divisor of the world size {world_size}")
-    data_parallel = world_size // tp
-    if par.parallelism in ("single", "ddp", "deepspeed"):
-        if par.parallelism == "single" and world_size != 1:
-            raise _invalid("parallelism", "single", f"ddp, fsdp or deepspeed: {world_size} "
-                                                    "processes were launched")
-        _expect_degree("shard_degree", par.shard_degree, (0, 1, data_parallel))
-        return MeshShape(replicate=data_parallel, shard=1, tensor=1)
-    if par.parallelism == "fsdp" and par.fsdp_sharding == "hybrid":
-        replicate = par.replicate_degree or max(1, min(num_hosts, data_parallel))
-        if data_parallel % replicate:
-            raise _invalid("replicate_degree", replicate, f"a divisor of the data-parallel size "
-                                                          f"{data_parallel}")
-        shard = par.shard_degree or data_parallel // replicate
-    else:
-        replicate, shard = 1, par.shard_degree or data_parallel
-    if replicate * shard * tp != world_size:
-        raise ConfigError(f"invalid hyperparameter 'shard_degree': replicate_degree ({replicate}) x "
-                          f"shard_degree ({shard}) x tensor_parallel_degree ({tp}) must equal the "
-                          f"world size {world_size}")
-    return MeshShape(replicate=replicate, shard=shard, tensor=tp)
+def pipeline_split(text: str) -> tuple[int, ...]:
+    """The manual split "7,9,9,7" as decoder layers per stage; () for the balanced split."""
+    if not text.strip():
+        return ()
+    parts = [part.strip() for part in text.split(",")]
+    if not all(_INT.match(part) and int(part) > 0 for part in parts):
+        raise _invalid("pipeline_split", text, 'decoder layers per stage as positive integers, e.g. '
+                                               '"7,9,9,7", or empty for a balanced split')
+    return tuple(int(part) for part in parts)
 
 
-def _expect_degree(name: str, value: int, allowed: tuple[int, ...]) -> None:
-    if value not in allowed:
-        raise _invalid(name, value, "one of " + ", ".join(str(v) for v in sorted(set(allowed))))
+def _validate_pipeline(config: TrainConfig) -> None:
+    par = config.parallel
+    if par.pipeline_parallel_degree <= 1:
+        return
+    if par.parallelism == "smp":
+        raise _invalid("pipeline_parallel_degree", par.pipeline_parallel_degree,
+                       "1 with parallelism=smp: SMP v2 has no pipeline parallelism (it shards with "
+                       "FSDP and splits layers with tensor parallel); use parallelism=fsdp for "
+                       "pipeline stages, or smp without them")
+    if par.parallelism not in ("ddp", "fsdp"):
+        raise _invalid("pipeline_parallel_degree", par.pipeline_parallel_degree,
+                       f"1 with parallelism={par.parallelism} (pipeline stages are replicated with ddp "
+                       "or sharded with fsdp)")
+    if config.lora.lora_r:
+        raise _invalid("lora_r", config.lora.lora_r, "0 with pipeline_parallel_degree > 1 (LoRA with "
+                                                     "pipeline parallelism is not supported)")
+    if par.mixed_precision == "fp16":
+        raise _invalid("mixed_precision", "fp16", "bf16 or fp32 with pipeline_parallel_degree > 1 "
+                                                  "(fp16 loss scaling is not pipelined)")
+    stages = pipeline_stages_per_rank(par)
+    multi = par.pipeline_schedule in MULTI_STAGE_SCHEDULES
+    if multi and stages < 2 or not multi and stages != 1:
+        raise _invalid("pipeline_stages_per_rank", par.pipeline_stages_per_rank,
+                       ("2 or more" if multi else "0 or 1") + f" with pipeline_schedule="
+                       f"{par.pipeline_schedule}")
+    split = pipeline_split(par.pipeline_split)
+    total = par.pipeline_parallel_degree * stages
+    if split and len(split) != total:
+        raise _invalid("pipeline_split", par.pipeline_split,
+                       f"{total} numbers, one per stage (pipeline_parallel_degree "
+                       f"{par.pipeline_parallel_degree} x {stages} stages per rank)")
+    micro_batches = config.data.grad_accum_steps
+    if not config.data.global_batch_size and micro_batches < par.pipeline_parallel_degree:
+        raise _invalid("grad_accum_steps", micro_batches,
+                       f"at least pipeline_parallel_degree ({par.pipeline_parallel_degree}): the "
+                       "accumulation steps are the pipeline's micro-batches, and fewer leave stages "
+                       "idle (4 x the degree or more keeps the bubble small)")

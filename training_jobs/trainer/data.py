@@ -186,16 +186,23 @@ class TrainBatches:
 
 
 class EvalBatches:
-    """A fixed, unshuffled slice of the validation channel, split across data-parallel ranks."""
+    """A fixed, unshuffled slice of the validation channel, split across data-parallel ranks; the
+    number of batches is a multiple of `together` (a pipeline evaluates a round of micro-batches
+    at once)."""
 
     def __init__(self, samples: TokenSamples, layout: BatchLayout, steps: int,
-                 device: torch.device) -> None:
+                 device: torch.device, *, together: int = 1) -> None:
         per_batch = layout.data_parallel_size * layout.micro_batch_size
-        self.steps = min(steps, samples.num_samples // per_batch)
-        if self.steps == 0:
+        available = min(steps, samples.num_samples // per_batch)
+        self.steps = available // together * together
+        if available == 0:
             raise DataError(f"the validation channel holds {samples.num_samples} samples, fewer than "
                             f"one evaluation batch of {per_batch} (data-parallel ranks x "
                             "micro_batch_size)")
+        if self.steps == 0:
+            raise DataError(f"a pipeline evaluates {together} batches at once (grad_accum_steps) and "
+                            f"this job has {available}: raise eval_steps to at least {together}, or "
+                            "add validation data")
         self.samples, self.layout, self.device = samples, layout, device
 
     def __iter__(self):

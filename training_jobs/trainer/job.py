@@ -24,15 +24,11 @@ from .metrics import (
     measured_peak_flops,
     table_peak_flops,
 )
-from .models import (
-    attention_implementation,
-    load_tokenizer,
-    model_source,
-    non_embedding_parameters,
-    parameter_count,
-)
+from .models import attention_implementation, load_tokenizer, model_source
 from .parallel import COMPUTE_DTYPES
-from .strategy import SetupContext, build_strategy
+from .parallel_dims import ParallelDims, with_global_batch
+from .strategies import SetupContext, Strategy, build_strategy
+from .strategies.protocol import ModelSummary
 
 
 @dataclass
@@ -72,14 +68,13 @@ def _table_peak(env: JobEnvironment, device: torch.device) -> float | None:
     return table_peak_flops(env.instance_type) or device_name_peak_flops(torch.cuda.get_device_name(device))
 
 
-def _throughput(config: TrainConfig, strategy, env: JobEnvironment, device: torch.device) -> Throughput:
-    model_config = strategy.hf_model.config
-    layers = getattr(model_config, "num_hidden_layers", None) or model_config.n_layer
-    hidden = getattr(model_config, "hidden_size", None) or model_config.n_embd
+def _throughput(config: TrainConfig, strategy: Strategy, summary: ModelSummary, env: JobEnvironment,
+                device: torch.device) -> Throughput:
+    model_config = summary.config
+    layers, hidden = model_config.num_hidden_layers, model_config.hidden_size  # GPT-2's map to n_*
     tokens = config.data.seq_len * config.data.micro_batch_size * config.data.grad_accum_steps \
         * strategy.topology.data_parallel_size
-    per_token = flops_per_token(non_embedding_parameters(strategy.hf_model), layers, hidden,
-                                config.data.seq_len)
+    per_token = flops_per_token(summary.non_embedding_parameters, layers, hidden, config.data.seq_len)
     peak = _table_peak(env, device)
     if peak is None:  # the faster of fp32 and the compute dtype (CPUs have no fast fp16 matmul)
         dtype, size = COMPUTE_DTYPES[config.parallel.mixed_precision], 4096 if device.type == "cuda" else 1024
@@ -96,31 +91,34 @@ def _preflight(device: torch.device, env: JobEnvironment) -> None:
             f"(rank {slowest.rank} on {slowest.host})")
 
 
-def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device, strategy,
-                  samples: tuple[TokenSamples, TokenSamples | None], stop: StopSignal) -> LoopContext:
+def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device, strategy: Strategy,
+                  samples: tuple[TokenSamples, TokenSamples | None], stop: StopSignal,
+                  summary: ModelSummary) -> LoopContext:
     train_samples, eval_samples = samples
     topo = strategy.topology
     layout = BatchLayout(topo.data_parallel_size, topo.data_parallel_rank,
                          config.data.micro_batch_size, config.data.grad_accum_steps)
-    evaluation = EvalBatches(eval_samples, layout, config.logging.eval_steps, device) \
-        if eval_samples else None
+    evaluation = EvalBatches(eval_samples, layout, config.logging.eval_steps, device,
+                             together=strategy.eval_micro_batches) if eval_samples else None
     return LoopContext(
         config=config, strategy=strategy,
         train=TrainBatches(train_samples, layout, config.run.seed, device), evaluation=evaluation,
         store=CheckpointStore(env.checkpoint_dir, config.checkpoint.keep_checkpoints, env.rank,
                               env.is_local_main, background_writes=config.checkpoint.checkpoint_async
-                              and getattr(strategy, "saves_asynchronously", False)),
+                              and strategy.saves_asynchronously),
         triggers=Triggers(config.checkpoint.checkpoint_every_steps,
                           config.checkpoint.checkpoint_every_minutes, stop),
         metrics=MetricsLogger(env.output_data_dir, env.is_main, config.logging.tensorboard),
-        throughput=_throughput(config, strategy, env, device),
-        output_dir=env.output_data_dir, device=device, dp_group=topo.data_parallel_group())
+        throughput=_throughput(config, strategy, summary, env, device),
+        output_dir=env.output_data_dir, device=device)
 
 
 def build(config: TrainConfig, env: JobEnvironment, device: torch.device,
           stop: StopSignal | None = None) -> Job:
     """Tokenizer, model, data and strategy; data channels are checked before the model is built."""
     stop = stop or StopSignal()
+    dims = ParallelDims.resolve(config.parallel, env.world_size, env.num_hosts)
+    config = with_global_batch(config, dims)
     if config.logging.preflight_check:
         _preflight(device, env)
     tokenizer, tokenizer_path = load_tokenizer(env.channel("tokenizer"), env.channel("model"))
@@ -132,13 +130,14 @@ def build(config: TrainConfig, env: JobEnvironment, device: torch.device,
     samples = (_channel_samples(env, "train", config.data.seq_len, vocab),
                _channel_samples(env, "validation", config.data.seq_len, vocab))
     _check_same_loss(*samples)
-    strategy = build_strategy(SetupContext(config, source, device, env.num_hosts))
-    loop = _loop_context(config, env, device, strategy, samples, stop)
+    strategy = build_strategy(SetupContext(config, source, device, dims))
+    summary = strategy.model_summary()
+    loop = _loop_context(config, env, device, strategy, samples, stop, summary)
     if env.is_main:
-        log(f"model {source.description}: {sum(map(parameter_count, strategy.hf_model.parameters())):,} "
-            f"parameters, {source.attention} attention, tokenizer {tokenizer_path}, "
-            f"{strategy.topology.shape}, "
-            f"{samples[0].num_samples} training samples of {config.data.seq_len} tokens")
+        log(f"model {source.description}: {summary.parameters:,} parameters, {source.attention} "
+            f"attention, tokenizer {tokenizer_path}, {dims}, {samples[0].num_samples} training "
+            f"samples of {config.data.seq_len} tokens, {config.data.grad_accum_steps} micro-batches "
+            "per step")
     return Job(loop, tokenizer)
 
 
@@ -152,14 +151,25 @@ def resume(job: Job) -> None:
     if not found.complete:
         return
     folder = found.complete[-1][1]
-    state = loop.store.load(folder, loop.strategy)
+    state = checkpoint.read_trainer_state(folder)
     checkpoint.check_resumable(state, loop.config.flat())
+    saved = state.get("parallel", {})
+    loop.strategy.topology.dims.check_resume(saved, reshards=loop.strategy.reshards_checkpoints)
+    loop.store.load(folder, loop.strategy)
     loop.step = int(state["step"])
     loop.train.load_state_dict(state["data"])
     loop.strategy.load_scheduler(state["scheduler"])
     job.resumed_from = folder
     if dist.get_rank() == 0:
-        log(f"resumed from {folder} at step {loop.step}")
+        log(f"resumed from {folder} at step {loop.step}" + _reshaped(saved, loop))
+
+
+def _reshaped(saved: dict, loop: LoopContext) -> str:
+    before, now = saved.get("data_parallel"), loop.strategy.topology.data_parallel_size
+    if before is None or before == now:
+        return ""
+    return (f" (written by {before} data-parallel ranks, resharded for {now}; the data continues at "
+            f"sample {loop.train.consumed_samples} of the global order)")
 
 
 def prepare_folders(env: JobEnvironment) -> None:

@@ -21,7 +21,9 @@ from .config import TrainConfig, profile_window
 from .data import EvalBatches, TrainBatches
 from .errors import DivergenceError
 from .metrics import MetricsLogger, log, peak_memory_gb
-from .models import causal_lm_loss, causal_lm_loss_sum, forward_logits, trained_targets
+from .models import causal_lm_loss, causal_lm_loss_sum, trained_targets
+from .strategies import Strategy
+from .strategies.protocol import LossFn, MicroBatch
 
 
 @dataclass
@@ -47,7 +49,7 @@ class Window:
 @dataclass
 class LoopContext:
     config: TrainConfig
-    strategy: object
+    strategy: Strategy
     train: TrainBatches
     evaluation: EvalBatches | None
     store: CheckpointStore
@@ -56,31 +58,27 @@ class LoopContext:
     throughput: Throughput
     output_dir: Path
     device: torch.device
-    dp_group: object
     step: int = 0
 
     def trainer_state(self) -> dict:
         return {"step": self.step, "data": self.train.state_dict(),
-                "scheduler": self.strategy.scheduler.state_dict(),
+                "scheduler": self.strategy.scheduler_state(),
+                "parallel": self.strategy.topology.dims.state(),
                 "hyperparameters": self.config.flat()}
 
 
 def train_step(ctx: LoopContext) -> torch.Tensor:
-    """One optimizer step; returns this rank's loss (a device tensor) such that the mean over the
-    data-parallel ranks is the step's loss."""
-    strategy, accum = ctx.strategy, ctx.config.data.grad_accum_steps
-    total = torch.zeros((), device=ctx.device)
+    """One optimizer step; returns this rank's loss (a device tensor) such that its mean over the
+    data-parallel ranks (topology.mean_loss) is the step's loss."""
     micro_batches = ctx.train.next_step()
+    return ctx.strategy.forward_backward(micro_batches, _micro_batch_loss(ctx, micro_batches))
+
+
+def _micro_batch_loss(ctx: LoopContext, micro_batches: list[MicroBatch]) -> LossFn:
     token_weight = _trained_token_weight(ctx, micro_batches)
-    for index, (inputs, targets) in enumerate(micro_batches):
-        last = index == len(micro_batches) - 1
-        with strategy.micro_step(last):
-            logits = forward_logits(strategy.model, inputs)
-            loss = causal_lm_loss(logits, targets) if token_weight is None else \
-                causal_lm_loss_sum(logits, targets) * token_weight
-        strategy.backward(loss, accum, last)
-        total += loss.detach()
-    return total / accum
+    if token_weight is None:
+        return causal_lm_loss
+    return lambda logits, targets: causal_lm_loss_sum(logits, targets) * token_weight
 
 
 def _trained_token_weight(ctx: LoopContext, micro_batches) -> torch.Tensor | None:
@@ -91,16 +89,15 @@ def _trained_token_weight(ctx: LoopContext, micro_batches) -> torch.Tensor | Non
     batch holds the same number of targets and its mean is the right loss."""
     if not ctx.train.samples.manifest.loss_mask:
         return None
+    group = ctx.strategy.topology.data_parallel_group()
     count = sum(trained_targets(targets) for _, targets in micro_batches)
-    dist.all_reduce(count, group=ctx.dp_group)
-    return len(micro_batches) * dist.get_world_size(ctx.dp_group) / count.clamp(min=1)
+    dist.all_reduce(count, group=group)
+    return len(micro_batches) * dist.get_world_size(group) / count.clamp(min=1)
 
 
 def _global_losses(ctx: LoopContext, window: Window) -> list[float]:
     """Each step's loss averaged over the data-parallel ranks (one all-reduce per window)."""
-    stacked = torch.stack(window.losses).float()
-    dist.all_reduce(stacked, group=ctx.dp_group)
-    return (stacked / dist.get_world_size(ctx.dp_group)).tolist()
+    return ctx.strategy.topology.mean_loss(torch.stack(window.losses).float()).tolist()
 
 
 def _check_finite(losses: list[float], window: Window, grad_norm: float) -> None:
@@ -135,12 +132,11 @@ def evaluate(ctx: LoopContext) -> float:
     strategy = ctx.strategy
     strategy.train(False)
     total = torch.zeros(2, device=ctx.device)  # summed loss over the trained targets, their number
-    for inputs, targets in ctx.evaluation:
-        with strategy.micro_step(True):
-            logits = forward_logits(strategy.model, inputs)
-            total += torch.stack([causal_lm_loss_sum(logits, targets), trained_targets(targets)])
+    batches = list(ctx.evaluation)
+    for start in range(0, len(batches), strategy.eval_micro_batches):
+        total += strategy.evaluate(batches[start:start + strategy.eval_micro_batches])
     strategy.train(True)
-    dist.all_reduce(total, group=ctx.dp_group)
+    strategy.topology.sum_loss(total)
     value = float(total[0] / total[1].clamp(min=1))
     ctx.metrics.eval({"step": ctx.step, "eval_loss": value})
     return value

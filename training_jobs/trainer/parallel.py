@@ -1,10 +1,10 @@
-"""How the model is spread over processes: DDP, FSDP2, tensor parallel, and their helpers.
+"""How the model is spread over processes: the device mesh, DDP, FSDP2, tensor parallel, and helpers.
 
 No model math lives here. The functions apply PyTorch's own building blocks (DistributedDataParallel,
 fully_shard on a DeviceMesh, parallelize_module with the model's tensor-parallel plan, activation
 checkpoint wrappers, torch.compile) in the order torchtitan uses: tensor parallel (its plan names the
-unwrapped modules), activation checkpointing, compile, FSDP. DeepSpeed and SMP v2 live in their own
-modules.
+unwrapped modules), activation checkpointing, compile, FSDP. The strategies (trainer/strategies/)
+decide which to apply; pipeline stages get the same transformations one stage at a time.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .config import MeshShape, ParallelConfig, TrainConfig, cuda_graphs_apply
+from .config import ParallelConfig, TrainConfig, cuda_graphs_apply
 from .cpu_collectives import prefetch_forward, use_fast_cpu_collectives
-from .errors import ConfigError
+from .errors import ConfigError, ContainerError
 from .models import decoder_layers
+from .parallel_dims import MESH_DIMS, ParallelDims
 
-MESH_DIMS = ("replicate", "shard", "tp")
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -37,15 +37,36 @@ def pick_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: torch.device, rank: int, world_size: int, timeout_minutes: float) -> None:
-    """One process group per job (also for a single process, so every code path is the same)."""
+def init_distributed(device: torch.device, rank: int, world_size: int, timeout_minutes: float,
+                     collective_backend: str = "nccl") -> None:
+    """One process group per job (also for a single process, so every code path is the same):
+    gloo for CPU tensors, and NCCL or SMDDP for GPU tensors."""
     if dist.is_initialized():
         return
     if "MASTER_ADDR" not in os.environ:  # plain `python train.py`: a group of one
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    backend = f"cpu:gloo,cuda:{gpu_backend(device, collective_backend)}" if device.type == "cuda" \
+        else gpu_backend(device, collective_backend)
     dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
                             timeout=timedelta(minutes=timeout_minutes))
+
+
+def gpu_backend(device: torch.device, collective_backend: str) -> str:
+    """The process-group backend for device tensors; SMDDP registers "smddp" when imported."""
+    if collective_backend == "nccl":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if device.type != "cuda":
+        raise ConfigError("invalid hyperparameter 'collective_backend': smddp runs its collectives on "
+                          "NVIDIA GPUs and this process has none; use collective_backend=nccl")
+    try:
+        import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401
+    except ImportError as error:
+        raise ContainerError(
+            "collective_backend=smddp needs SageMaker's distributed data parallel library "
+            "(smdistributed.dataparallel), which ships in the SageMaker PyTorch GPU containers; this "
+            "container has none: use a SageMaker PyTorch training image or collective_backend=nccl"
+        ) from error
+    return "smddp"
 
 
 def _free_port() -> int:
@@ -58,34 +79,56 @@ def _free_port() -> int:
 
 @dataclass(frozen=True)
 class Topology:
-    """Where this process sits: data-parallel coordinates and the device mesh."""
+    """Where this process sits: the mesh degrees, the device mesh, and its coordinates on it."""
 
-    shape: MeshShape
-    mesh: object | None  # DeviceMesh with MESH_DIMS, None for DDP/single/DeepSpeed
+    dims: ParallelDims
+    mesh: object | None  # DeviceMesh with MESH_DIMS; None without one (DDP, single, DeepSpeed, SMP)
     data_parallel_rank: int
     device: torch.device
+    pipeline_rank: int = 0
 
     @property
     def data_parallel_size(self) -> int:
-        return self.shape.data_parallel
+        return self.dims.data_parallel
 
     def data_parallel_group(self):
-        """Process group of the data-parallel ranks that hold this rank's tensor-parallel slice."""
-        if self.mesh is None or self.shape.tensor == 1:
+        """Process group of the data-parallel ranks that hold this rank's stage and tensor slice."""
+        if self.mesh is None or self.dims.pipeline == self.dims.tensor == 1:
             return dist.group.WORLD
         return self.mesh["replicate", "shard"]._flatten("dp").get_group()
 
+    def pipeline_group(self):
+        return self.mesh["pp"].get_group()
 
-def build_topology(shape: MeshShape, device: torch.device, needs_mesh: bool) -> Topology:
+    def loss_group(self):
+        """The ranks whose summed losses, divided by the data-parallel size, are the global loss:
+        the data-parallel ranks, and with pipeline stages every stage of them (only the last stage
+        holds losses, the others add zeros). Tensor-parallel ranks hold copies and reduce apart."""
+        if self.dims.pipeline == 1:
+            return self.data_parallel_group()
+        return self.mesh["pp", "replicate", "shard"]._flatten("pp_dp").get_group()
+
+    def mean_loss(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` (losses of this rank) averaged over the data-parallel replicas; in place."""
+        group = self.loss_group()
+        dist.all_reduce(values, group=group)
+        return values.div_(dist.get_world_size(group) // self.dims.pipeline)
+
+    def sum_loss(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` summed over the data-parallel replicas (and stages); in place."""
+        dist.all_reduce(values, group=self.loss_group())
+        return values
+
+
+def build_topology(dims: ParallelDims, device: torch.device, needs_mesh: bool) -> Topology:
     rank = dist.get_rank()
     if not needs_mesh:
-        return Topology(shape, None, rank, device)
+        return Topology(dims, None, rank, device)
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(device.type, (shape.replicate, shape.shard, shape.tensor),
-                            mesh_dim_names=MESH_DIMS)
-    coordinate = mesh.get_coordinate()
-    return Topology(shape, mesh, coordinate[0] * shape.shard + coordinate[1], device)
+    mesh = init_device_mesh(device.type, dims.mesh_shape, mesh_dim_names=MESH_DIMS)
+    pipeline, replicate, shard, _ = mesh.get_coordinate()
+    return Topology(dims, mesh, replicate * dims.shard + shard, device, pipeline)
 
 
 # --- model transformations ----------------------------------------------------------------------
@@ -182,6 +225,32 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> None:
     parallelize_module(base, tp_mesh, plan)
 
 
+def transform(model: nn.Module, config: TrainConfig, topology: Topology, device: torch.device, *,
+              with_fsdp: bool) -> None:
+    """Tensor parallel, FP8, activation checkpointing, compile and FSDP, in that order (each later
+    step wraps what the earlier ones produced)."""
+    par, mesh = config.parallel, topology.mesh
+    if topology.dims.tensor > 1:
+        apply_tensor_parallel(model, mesh["tp"])
+    if par.fp8:
+        from .float8 import apply_float8
+
+        apply_float8(model, device)
+    apply_activation_checkpointing(model, par.activation_checkpointing, par.activation_checkpointing_every)
+    if par.compile:
+        apply_compile(model, compile_mode(config, device))
+    if with_fsdp:
+        dp_mesh = mesh["replicate", "shard"] if par.fsdp_sharding == "hybrid" else mesh["shard"]
+        apply_fsdp(model, dp_mesh, par, offload=par.offload_params or par.offload_optimizer)
+
+
+def activation_offload(par: ParallelConfig, device: torch.device):
+    """Where autograd keeps saved activations: on the CPU with activation_offloading."""
+    if not par.activation_offloading:
+        return contextlib.nullcontext()
+    return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+
+
 def apply_fsdp(model: nn.Module, mesh, par: ParallelConfig, offload: bool) -> None:
     """fully_shard every decoder layer, then the root (embeddings, final norm, head)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -214,8 +283,11 @@ def snapshot(model: nn.Module) -> tuple[dict, dict]:
     return model.state_dict(), buffers
 
 
-def load_from_rank0(model: nn.Module, device: torch.device, initial: tuple[dict, dict] | None) -> None:
-    """Allocate a meta-initialized, parallelized model and fill it with rank 0's weights."""
+def load_from_rank0(model: nn.Module, device: torch.device, initial: tuple[dict, dict] | None, *,
+                    part: bool = False) -> None:
+    """Allocate a meta-initialized, parallelized model and fill it with rank 0's weights. With
+    `part` (a pipeline stage), rank 0's weights may hold more than the model: each rank takes its
+    own (every rank's model holds the same buffers)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     model.to_empty(device=device)
@@ -225,7 +297,15 @@ def load_from_rank0(model: nn.Module, device: torch.device, initial: tuple[dict,
             buffer.copy_(buffers[name])
         dist.broadcast(buffer, src=0)
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True,
-                                                                broadcast_from_rank0=True))
+                                                                broadcast_from_rank0=True,
+                                                                strict=not part))
+
+
+def gathered_state_dict(model: nn.Module) -> dict:
+    """Every weight of `model`, unsharded, on rank 0 (CPU); empty elsewhere. A collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def broadcast_module(model: nn.Module) -> None:
@@ -236,36 +316,44 @@ def broadcast_module(model: nn.Module) -> None:
 
 # --- gradients ----------------------------------------------------------------------------------
 
-def _sharded_dims(grad: torch.Tensor) -> tuple[str, ...]:
-    placements = getattr(grad, "placements", None)
-    if placements is None:
-        return ()
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _sharded_dims(grad: torch.Tensor) -> tuple[tuple[str, ...], object]:
+    """The mesh dims a DTensor gradient is sharded over (its squares are summed over them)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(grad, DTensor):
+        return (), None
     names = grad.device_mesh.mesh_dim_names
-    return tuple(names[i] for i, placement in enumerate(placements) if placement.is_shard())
+    dims = tuple(names[i] for i, placement in enumerate(grad.placements) if placement.is_shard())
+    return dims, grad.device_mesh
 
 
-def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Global L2 norm of all gradients (DTensor shards summed over the dims they are sharded on),
-    then scale them to at most `max_norm` (0 = measure only). No host synchronisation."""
+def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, stage_group=None) -> torch.Tensor:
+    """Global L2 norm of all gradients (DTensor shards summed over the dims they are sharded on,
+    pipeline stages summed over `stage_group`), then scale them to at most `max_norm` (0 = measure
+    only). No host synchronisation."""
     buckets: dict[tuple[str, ...], tuple[object, list[torch.Tensor]]] = {}
     grads = [p.grad for p in parameters if p.grad is not None]
     for grad in grads:
-        key = _sharded_dims(grad)
-        local = grad.to_local() if hasattr(grad, "to_local") else grad
-        mesh = getattr(grad, "device_mesh", None)
-        buckets.setdefault(key, (mesh, []))[1].append(local)
-    total = None
+        dims, mesh = _sharded_dims(grad)
+        buckets.setdefault(dims, (mesh, []))[1].append(_local(grad))
+    total = torch.zeros((), device=parameters[0].device if parameters else None)
     for dims, (mesh, tensors) in buckets.items():
         squares = torch.stack(torch._foreach_norm(tensors, 2.0)).float().pow(2).sum()
         for dim in dims:
             dist.all_reduce(squares, group=mesh.get_group(dim))
-        total = squares if total is None else total + squares
-    if total is None:
-        return torch.zeros(())
+        total = total + squares
+    if stage_group is not None:
+        dist.all_reduce(total, group=stage_group)
     norm = total.sqrt()
-    if max_norm > 0:
+    if max_norm > 0 and grads:
         scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        locals_ = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        locals_ = [_local(g) for g in grads]
         torch._foreach_mul_(locals_, scale.to(locals_[0].device))
     return norm
 

@@ -13,8 +13,12 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from .config import MeshShape, ParallelConfig, TrainConfig
-from .errors import ConfigError, ContainerError
+from .. import parallel
+from ..config import ParallelConfig, TrainConfig
+from ..errors import ConfigError, ContainerError
+from ..parallel_dims import ParallelDims
+from .setup import SetupContext, prepare_model
+from .whole_model import WholeModelStrategy
 
 # Our hyperparameter -> SMP v2 core configuration key, with the value meaning "not set" here.
 NAMED_SETTINGS = {
@@ -87,41 +91,43 @@ def import_smp():
     return tsm
 
 
-class SmpStrategy:
-    """Inside an SMP container: init, transform, FSDP wrap; the rest is the PyTorch strategy's."""
+class SmpStrategy(WholeModelStrategy):
+    """Inside an SMP container: init, transform, FSDP wrap; the training is the whole-model one."""
 
-    def __new__(cls, ctx):
+    reshards_checkpoints = False  # SMP's FSDP1 state on another rank count is untested
+
+    def __init__(self, ctx: SetupContext) -> None:
         tsm = import_smp()
         plan = smp_plan(ctx.config.parallel, ctx.config.run.seed, ctx.world_size)
         tsm.init(plan.init_config)
-        return _build_in_smp_container(tsm, plan, ctx)
+        self._build_in_smp_container(tsm, plan, ctx)
 
+    def _build_in_smp_container(self, tsm, plan: SmpPlan, ctx: SetupContext) -> None:  # pragma: no cover
+        """Follows AWS's SMP v2 recipe: transform on the full model, then FSDP with SMP's groups."""
+        import torch
+        from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-def _build_in_smp_container(tsm, plan: SmpPlan, ctx):  # pragma: no cover - needs an SMP container
-    """Follows AWS's SMP v2 recipe: transform on the full model, then FSDP with SMP's groups."""
-    import torch
-    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
-    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+        from ..models import decoder_layers
 
-    from . import parallel
-    from .models import decoder_layers
-    from .strategy import TorchStrategy, prepare_model
-
-    config: TrainConfig = ctx.config
-    model = tsm.transform(prepare_model(ctx, materialize=True, load_weights=ctx.rank == 0))
-    layer_class = type(decoder_layers(model)[0])
-    dtype = parallel.COMPUTE_DTYPES[config.parallel.mixed_precision]
-    wrapped = FullyShardedDataParallel(
-        model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                                  transformer_layer_cls={layer_class}),
-        sharding_strategy=getattr(ShardingStrategy, plan.sharding_strategy),
-        mixed_precision=MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32,
-                                       buffer_dtype=dtype),
-        device_id=torch.cuda.current_device(), sync_module_states=True, use_orig_params=True)
-    parallel.apply_activation_checkpointing(wrapped, plan.activation_checkpointing,
-                                            config.parallel.activation_checkpointing_every)
-    tp = plan.init_config.get("tensor_parallel_degree", 1)
-    shape = MeshShape(replicate=1, shard=ctx.world_size // tp, tensor=tp)
-    dp_rank = getattr(tsm.state, "dp_rank", ctx.rank // tp)  # ranks of one TP group see the same data
-    topology = parallel.Topology(shape, None, dp_rank, ctx.device)
-    return TorchStrategy.adopt(ctx, wrapped, wrapped, kind="smp", topology=topology)
+        config: TrainConfig = ctx.config
+        model = tsm.transform(prepare_model(ctx, materialize=True, load_weights=ctx.rank == 0))
+        layer_class = type(decoder_layers(model)[0])
+        dtype = parallel.COMPUTE_DTYPES[config.parallel.mixed_precision]
+        wrapped = FullyShardedDataParallel(
+            model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                                      transformer_layer_cls={layer_class}),
+            sharding_strategy=ShardingStrategy[plan.sharding_strategy],
+            mixed_precision=MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32,
+                                           buffer_dtype=dtype),
+            device_id=torch.cuda.current_device(), sync_module_states=True, use_orig_params=True)
+        parallel.apply_activation_checkpointing(wrapped, plan.activation_checkpointing,
+                                                config.parallel.activation_checkpointing_every)
+        tp = plan.init_config.get("tensor_parallel_degree", 1)
+        dims = ParallelDims(pipeline=1, replicate=1, shard=ctx.world_size // tp, tensor=tp)
+        # Ranks of one tensor-parallel group see the same data: SMP numbers them by dp_rank.
+        topology = parallel.Topology(dims, None, tsm.state.dp_rank, ctx.device)
+        super().__init__(config, ctx.device, topology, kind="smp", model=wrapped, hf_model=wrapped,
+                         accumulation="no_sync", asynchronous=False,
+                         clip=lambda max_norm: wrapped.clip_grad_norm_(max_norm if max_norm > 0
+                                                                       else float("inf")))

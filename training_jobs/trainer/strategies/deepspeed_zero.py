@@ -7,16 +7,19 @@ fp16 losses and writes its own checkpoint files, which the atomic checkpoint sch
 
 from __future__ import annotations
 
-import contextlib
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from . import parallel
-from .config import TrainConfig, resolve_mesh
-from .errors import ConfigError
-from .optim import build_optimizer, build_scheduler, peak_lr
+from .. import parallel
+from ..config import TrainConfig
+from ..errors import ConfigError
+from ..models import causal_lm_loss_sum, forward_logits, trained_targets
+from ..optim import build_optimizer, build_scheduler, peak_lr
+from .protocol import LossFn, MicroBatch, ModelSummary
+from .setup import SetupContext, prepare_model, summarize
 
 TAG = "deepspeed"
 
@@ -46,10 +49,12 @@ def deepspeed_config(config: TrainConfig, data_parallel_size: int, on_gpu: bool)
 
 
 class DeepSpeedStrategy:
-    def __init__(self, ctx) -> None:
-        import deepspeed
+    saves_asynchronously = False  # DeepSpeed writes its own files, synchronously
+    reshards_checkpoints = False  # its ZeRO partitions are saved per rank
+    eval_micro_batches = 1
 
-        from .strategy import prepare_model
+    def __init__(self, ctx: SetupContext) -> None:
+        import deepspeed
 
         config = ctx.config
         self.config, self.device, self.kind = config, ctx.device, "deepspeed"
@@ -59,8 +64,7 @@ class DeepSpeedStrategy:
         if config.parallel.activation_offloading:
             raise ConfigError("invalid hyperparameter 'activation_offloading': not supported with "
                               "deepspeed; use fsdp or smp")
-        shape = resolve_mesh(config.parallel, ctx.world_size, ctx.num_hosts)
-        self.topology = parallel.build_topology(shape, ctx.device, needs_mesh=False)
+        self.topology = parallel.build_topology(ctx.dims, ctx.device, needs_mesh=False)
         model = prepare_model(ctx, materialize=True, load_weights=ctx.rank == 0).to(ctx.device)
         if ctx.world_size > 1:
             parallel.broadcast_module(model)
@@ -69,7 +73,8 @@ class DeepSpeedStrategy:
         if config.parallel.compile:
             parallel.apply_compile(model)
         self.hf_model = model
-        self.peak_lr = peak_lr(config, shape.data_parallel * config.data.micro_batch_size
+        data_parallel = ctx.dims.data_parallel
+        self.peak_lr = peak_lr(config, data_parallel * config.data.micro_batch_size
                                * config.data.grad_accum_steps)
         optimizer = build_optimizer(model, config.optim, self.peak_lr)
         self.scheduler = build_scheduler(optimizer, config, self.peak_lr)
@@ -82,32 +87,52 @@ class DeepSpeedStrategy:
                                    auto_mpi_discovery=False)  # adopts our process group
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=self.scheduler,
-            config=deepspeed_config(config, shape.data_parallel, ctx.device.type == "cuda"))
+            config=deepspeed_config(config, data_parallel, ctx.device.type == "cuda"))
         self.model = self.engine
+        self.applied_lr: float | None = None
 
-    @contextlib.contextmanager
-    def micro_step(self, last: bool):
-        yield  # DeepSpeed knows the accumulation boundary from its config
+    def model_summary(self) -> ModelSummary:
+        return summarize(self.hf_model)
 
-    def backward(self, loss: torch.Tensor, grad_accum_steps: int, last: bool) -> None:
-        self.engine.backward(loss)  # scales by 1 / gradient_accumulation_steps itself
-        if last:
-            self.applied_lr = self.scheduler.get_last_lr()[0]
-        self.engine.step()  # steps the optimizer and the schedule only at the boundary
+    def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn) -> torch.Tensor:
+        """DeepSpeed knows the accumulation boundary from its config: backward scales by 1 /
+        gradient_accumulation_steps itself, and step() updates only at the boundary."""
+        total = torch.zeros((), device=self.device)
+        for index, (inputs, targets) in enumerate(micro_batches):
+            loss = loss_fn(forward_logits(self.engine, inputs), targets)
+            self.engine.backward(loss)
+            if index == len(micro_batches) - 1:
+                self.applied_lr = self.scheduler.get_last_lr()[0]
+            self.engine.step()
+            total += loss.detach()
+        return total / len(micro_batches)
+
+    def evaluate(self, batches: list[MicroBatch]) -> torch.Tensor:
+        total = torch.zeros(2, device=self.device)
+        for inputs, targets in batches:
+            logits = forward_logits(self.engine, inputs)
+            total += torch.stack([causal_lm_loss_sum(logits, targets), trained_targets(targets)])
+        return total
 
     def step(self) -> torch.Tensor:
         norm = self.engine.get_global_grad_norm()
         return torch.as_tensor(0.0 if norm is None else norm, dtype=torch.float32)
 
     def current_lr(self) -> float:
-        """The learning rate of the last optimizer step."""
-        return getattr(self, "applied_lr", self.scheduler.get_last_lr()[0])
+        return self.applied_lr if self.applied_lr is not None else self.scheduler.get_last_lr()[0]
 
     def train(self, mode: bool = True) -> None:
         self.engine.train(mode)
 
-    def save_checkpoint(self, folder: Path) -> None:
+    def scheduler_state(self) -> dict:
+        return self.scheduler.state_dict()
+
+    def save_checkpoint(self, folder: Path, background_group=None) -> Future | None:
+        if background_group is not None:
+            raise ValueError("DeepSpeed writes checkpoints synchronously (saves_asynchronously is "
+                             "false)")
         self.engine.save_checkpoint(str(folder), tag=TAG, save_latest=False)
+        return None
 
     def load_checkpoint(self, folder: Path) -> None:
         path, _ = self.engine.load_checkpoint(str(folder), tag=TAG, load_optimizer_states=True,

@@ -1,0 +1,64 @@
+"""FP8 training of the decoder layers' linear layers with torchao's float8 (`fp8: true`).
+
+torchao swaps each chosen nn.Linear for a Float8Linear that casts its input, weight and output
+gradient to float8 with one scale per tensor and multiplies them on the GPU's FP8 tensor cores
+(torch._scaled_mm); master weights, optimizer state and every other operation stay as before. FP8
+matmuls need compute capability 8.9 or newer (Ada L4/L40S, Hopper H100/H200, Blackwell), so any
+other device is refused before the model is touched, naming what to use instead. The embedding and
+the output head stay in bf16: FP8 logits cost accuracy for little speed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .errors import ConfigError, ContainerError
+from .models import decoder_layers
+
+FP8_MIN_CAPABILITY = (8, 9)
+# torch._scaled_mm needs both matmul dimensions divisible by 16.
+FP8_DIVISOR = 16
+
+
+def check_fp8_device(device: torch.device) -> None:
+    """FP8 matmuls run on NVIDIA GPUs of compute capability 8.9+ only."""
+    if device.type != "cuda":
+        raise ConfigError("invalid hyperparameter 'fp8': FP8 training needs an NVIDIA GPU with FP8 "
+                          "tensor cores (compute capability 8.9+: H100, H200, L4, L40S; ml.p5, ml.p5e, "
+                          "ml.p5en, ml.g6, ml.g6e) and this process has none; set fp8=false")
+    capability = torch.cuda.get_device_capability(device)
+    if capability < FP8_MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        raise ConfigError(f"invalid hyperparameter 'fp8': the {name} (compute capability "
+                          f"{capability[0]}.{capability[1]}) has no FP8 tensor cores; FP8 training "
+                          "needs 8.9+ (H100, H200, L4, L40S); set fp8=false or use ml.p5 instances")
+
+
+def _fp8_linear(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) and module.in_features % FP8_DIVISOR == 0 \
+        and module.out_features % FP8_DIVISOR == 0
+
+
+def apply_float8(model: nn.Module, device: torch.device) -> int:
+    """Convert the decoder layers' linear layers to torchao Float8Linear on a GPU that runs FP8
+    matmuls; returns how many."""
+    check_fp8_device(device)
+    return convert_to_float8(model)
+
+
+def convert_to_float8(model: nn.Module) -> int:
+    """The conversion alone (any device; the matmuls then need FP8 tensor cores): every linear
+    layer of the decoder layers whose dimensions FP8 matmuls take; returns how many."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        from torchao.float8.float8_linear import Float8Linear
+    except ImportError as error:
+        raise ContainerError("fp8=true needs torchao (torchao.float8) in the container: add torchao to "
+                             "requirements.txt, matching the container's PyTorch") from error
+    converted = 0
+    for layer in decoder_layers(model):
+        convert_to_float8_training(layer, config=Float8LinearConfig(),
+                                   module_filter_fn=lambda module, _name: _fp8_linear(module))
+        converted += sum(isinstance(module, Float8Linear) for module in layer.modules())
+    return converted

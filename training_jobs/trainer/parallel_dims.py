@@ -1,0 +1,132 @@
+"""The degrees of the device mesh, resolved against the world size, and every check on them.
+
+One object owns them (as torchtitan's ParallelDims does): pipeline x replicate x shard x tensor =
+world size, in that order from the outermost dimension to the innermost. Consecutive ranks share
+a host, so tensor parallel (the chattiest: two all-reduces per layer) stays inside an instance on
+NVLink, the data-parallel dimensions come next, and pipeline stages (one activation per
+micro-batch crossing a stage boundary) span instances over EFA.
+
+Nothing heavy is imported here: a degree that does not fit the world size fails before the model
+is built, with a message naming the hyperparameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .config import ParallelConfig, TrainConfig
+from .errors import ConfigError
+
+MESH_DIMS = ("pp", "replicate", "shard", "tp")
+# Parallelisms that wrap each pipeline stage for data parallelism (DeepSpeed and SMP v2 own the
+# whole model; `single` is one process).
+PIPELINE_DATA_PARALLELISMS = ("ddp", "fsdp")
+
+
+def _invalid(name: str, value: object, expected: str) -> ConfigError:
+    return ConfigError(f"invalid hyperparameter {name!r}: got {value!r}, expected {expected}")
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """pipeline x replicate x shard x tensor ranks; replicate x shard is the data-parallel size."""
+
+    pipeline: int
+    replicate: int
+    shard: int
+    tensor: int
+
+    @property
+    def data_parallel(self) -> int:
+        return self.replicate * self.shard
+
+    @property
+    def world_size(self) -> int:
+        return self.pipeline * self.data_parallel * self.tensor
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int, int]:
+        return self.pipeline, self.replicate, self.shard, self.tensor
+
+    @classmethod
+    def resolve(cls, par: ParallelConfig, world_size: int, num_hosts: int) -> ParallelDims:
+        """Turn the degree hyperparameters (0 = derive) into dims whose product is the world size."""
+        pp = max(par.pipeline_parallel_degree, 1)
+        tp = max(par.tensor_parallel_degree, 1)
+        if par.parallelism == "single" and world_size != 1:
+            raise _invalid("parallelism", "single", f"ddp, fsdp or deepspeed: {world_size} processes "
+                                                    "were launched")
+        if world_size % (pp * tp):
+            name = "pipeline_parallel_degree" if pp > 1 else "tensor_parallel_degree"
+            raise _invalid(name, pp if pp > 1 else tp,
+                           f"pipeline_parallel_degree x tensor_parallel_degree ({pp} x {tp}) dividing "
+                           f"the world size {world_size}")
+        data_parallel = world_size // (pp * tp)
+        if par.parallelism in ("single", "ddp", "deepspeed"):
+            _expect_degree("shard_degree", par.shard_degree, (0, 1, data_parallel))
+            return cls(pipeline=pp, replicate=data_parallel, shard=1, tensor=tp)
+        replicate, shard = _data_parallel_split(par, data_parallel, num_hosts)
+        if replicate * shard != data_parallel:
+            raise ConfigError(f"invalid hyperparameter 'shard_degree': pipeline_parallel_degree ({pp}) x "
+                              f"replicate_degree ({replicate}) x shard_degree ({shard}) x "
+                              f"tensor_parallel_degree ({tp}) must equal the world size {world_size}")
+        return cls(pipeline=pp, replicate=replicate, shard=shard, tensor=tp)
+
+    def check_resume(self, saved: dict, *, reshards: bool) -> None:
+        """A checkpoint may be resumed on another data-parallel size where the strategy's
+        checkpoints reshard (DCP), never with another pipeline or tensor-parallel degree (its
+        stages and shards would not line up)."""
+        for name, key, now in (("pipeline_parallel_degree", "pipeline", self.pipeline),
+                               ("tensor_parallel_degree", "tensor", self.tensor)):
+            before = saved.get(key, now)
+            if before != now:
+                raise ConfigError(f"invalid hyperparameter {name!r}: the checkpoint in the checkpoint "
+                                  f"folder was written with {name}={before} and this job has {now}; "
+                                  f"keep {name} between attempts of a run (only the number of "
+                                  "data-parallel ranks may change) or use a new checkpoint location")
+        before = saved.get("data_parallel", self.data_parallel)
+        if not reshards and before != self.data_parallel:
+            raise ConfigError(f"the checkpoint in the checkpoint folder was written by {before} "
+                              f"data-parallel ranks and this job has {self.data_parallel}: this "
+                              "parallelism's checkpoints do not reshard (ddp, fsdp and pipeline "
+                              "stages do); run on the same number of GPUs or use a new checkpoint "
+                              "location")
+
+    def state(self) -> dict:
+        return {"pipeline": self.pipeline, "data_parallel": self.data_parallel, "tensor": self.tensor}
+
+
+def _data_parallel_split(par: ParallelConfig, data_parallel: int, num_hosts: int) -> tuple[int, int]:
+    """(replicate, shard) of FSDP: hybrid replicates across hosts and shards inside one."""
+    if par.fsdp_sharding == "hybrid":
+        replicate = par.replicate_degree or max(1, min(num_hosts, data_parallel))
+        if data_parallel % replicate:
+            raise _invalid("replicate_degree", replicate, f"a divisor of the data-parallel size "
+                                                          f"{data_parallel}")
+        return replicate, par.shard_degree or data_parallel // replicate
+    return 1, par.shard_degree or data_parallel
+
+
+def _expect_degree(name: str, value: int, allowed: tuple[int, ...]) -> None:
+    if value not in allowed:
+        raise _invalid(name, value, "one of " + ", ".join(str(v) for v in sorted(set(allowed))))
+
+
+def with_global_batch(config: TrainConfig, dims: ParallelDims) -> TrainConfig:
+    """The configuration with grad_accum_steps derived from global_batch_size for this data-parallel
+    size (unchanged when global_batch_size is 0)."""
+    data = config.data
+    if not data.global_batch_size:
+        return config
+    per_micro_step = dims.data_parallel * data.micro_batch_size
+    if data.global_batch_size % per_micro_step:
+        raise _invalid("global_batch_size", data.global_batch_size,
+                       f"a multiple of data-parallel size x micro_batch_size ({dims.data_parallel} x "
+                       f"{data.micro_batch_size} = {per_micro_step}) on this cluster")
+    steps = data.global_batch_size // per_micro_step
+    if steps < dims.pipeline:
+        raise _invalid("global_batch_size", data.global_batch_size,
+                       f"at least {dims.pipeline * per_micro_step}: it gives {steps} micro-batches "
+                       f"per step, fewer than the {dims.pipeline} pipeline stages")
+    return dataclasses.replace(config, data=dataclasses.replace(data, grad_accum_steps=steps))
