@@ -44,7 +44,8 @@ from training_jobs.trainer.config import from_hyperparameters  # noqa: E402
 from training_jobs.trainer.loop import train_step  # noqa: E402
 from training_jobs.trainer.models import load_tokenizer, model_source  # noqa: E402
 from training_jobs.trainer.parallel import init_distributed  # noqa: E402
-from training_jobs.trainer.strategy import SetupContext, build_strategy  # noqa: E402
+from training_jobs.trainer.parallel_dims import ParallelDims, with_global_batch  # noqa: E402
+from training_jobs.trainer.strategies import SetupContext, build_strategy  # noqa: E402
 
 PARTS = ("parameters", "gradients", "optimizer", "activations")
 MASTER_WEIGHTS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
@@ -122,11 +123,13 @@ def parameter_storages(strategy) -> dict[int, int]:
 
 def optimizer_storages(strategy, params: dict[int, int]) -> dict[int, int]:
     engine = getattr(strategy, "engine", None)
-    torch_optimizer = engine.optimizer.optimizer if engine is not None else strategy.optimizer
-    tensors = [value for state in torch_optimizer.state.values() for value in state.values()]
+    torch_optimizers = (
+        [engine.optimizer.optimizer] if engine is not None else strategy.optimization.optimizers
+    )
+    tensors = [value for opt in torch_optimizers for state in opt.state.values() for value in state.values()]
     # DeepSpeed's fp32 master weights: the parameters of the optimizer it wraps (ZeRO-3 lends them
     # to it only during the step, and keeps them in its own flat buffers).
-    tensors += [p for group in torch_optimizer.param_groups for p in group["params"]]
+    tensors += [p for opt in torch_optimizers for group in opt.param_groups for p in group["params"]]
     for name in MASTER_WEIGHTS:
         tensors += list(tensors_under(getattr(engine.optimizer, name, None) if engine else None))
     return {ptr: size for ptr, size in storages(tensors).items() if ptr not in params}
@@ -243,9 +246,10 @@ class Measurement:
 
     @contextlib.contextmanager
     def instrumented(self):
-        """Measure around the strategy's backward (DeepSpeed: the engine's, before its step)."""
+        """Measure around the strategy's backward (DeepSpeed: the engine's, before its step; the
+        PyTorch-native strategies: their optimization's)."""
         strategy = self.strategy
-        owner = getattr(strategy, "engine", strategy)
+        owner = getattr(strategy, "engine", None) or strategy.optimization
         original = owner.backward
 
         def backward(*args, **kwargs):
@@ -295,7 +299,9 @@ def measure(hyperparameters: dict, tokenizer) -> dict[str, int]:
     config = from_hyperparameters(hyperparameters)
     device = torch.device("cpu")
     source = model_source(config.model, None, tokenizer, config.data.seq_len, "sdpa")
-    strategy = build_strategy(SetupContext(config, source, device, num_hosts=1))
+    dims = ParallelDims.resolve(config.parallel, dist.get_world_size(), 1)  # as the job resolves them
+    config = with_global_batch(config, dims)
+    strategy = build_strategy(SetupContext(config, source, device, dims))
     try:
         generator = torch.Generator().manual_seed(dist.get_rank())
         batches = SimpleNamespace(samples=SimpleNamespace(manifest=SimpleNamespace(loss_mask=False)))

@@ -8,6 +8,7 @@ way Lambda loads it. Executing the definition is tests/llmtrain/test_launcher_st
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ from llmtrain.handlers.launcher import ENV_PLATFORM_CONTEXT, ENV_REQUEST_LAYOUTS
 from llmtrain.launcher_client import LauncherOutput
 from training_constructs import PropsError
 from training_constructs.job_template import JobTemplate
+from training_constructs.lambda_code import LAMBDA_RUNTIME
 from training_constructs.launcher import LAUNCHER_ERROR_SUBJECT, SYNC_EVENTS_RULE, TrainingLauncher
 from training_constructs.teams import CREATE_JOBS_SID, TeamSpec
 
@@ -313,7 +315,7 @@ def test_functions_get_the_teams_platform_context_and_least_privilege(
         budget = {"default": 20000, "pretrain": 250000, "finetune": 25000}[team]
         assert team_config.max_run_cost_usd == budget
         assert f'\\"run_budget_usd\\":{budget}' in context
-        assert properties["Runtime"] == f"python{sys.version_info.major}.{sys.version_info.minor}"
+        assert properties["Runtime"] == LAMBDA_RUNTIME.name
         role_id = properties["Role"]["Fn::GetAtt"][0]
         role_policies = [
             p
@@ -386,23 +388,29 @@ def test_a_teams_topic_is_encrypted_tls_only_and_mails_the_team(templates, envir
 
 
 def test_the_code_asset_loads_the_handlers_with_vendored_packages_and_the_registry(
-    platform, templates, environments
+    platform, templates, environments, tmp_path
 ):
+    """As Lambda loads the asset: the asset first on the path (boto3 and botocore come from the
+    runtime). The vendored `regex` is compiled for the Lambda runtime (test_lambda_code.py), which this
+    interpreter cannot load: the copy probed here leaves it out and takes this interpreter's."""
     code = _functions(templates["dev"])["resolve"]["Properties"]["Code"]
     asset = platform.outdir / f"asset.{code['S3Key'].removesuffix('.zip')}"
-    # As Lambda loads it: the asset first on the path (boto3 and botocore come from the runtime).
+    assert list((asset / "regex").glob("_regex.cpython-*-aarch64-linux-gnu.so"))
+    probed = tmp_path / "asset"
+    shutil.copytree(asset, probed, ignore=shutil.ignore_patterns("regex", "regex-*"))
     probe = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); import yaml, regex; "
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import yaml; "
         "from llmtrain.handlers import launcher; from llmtrain.catalog import Catalog; "
+        "from llmtrain.planner import prices; table = prices.load(); "
         "root = launcher.BUNDLED_TEMPLATES_DIR; "
         "refs = [t.ref for t in Catalog.load(root=root, repo_root=root.parent).all()]; "
-        "print(json.dumps([yaml.__file__, regex.__file__, launcher.__file__, refs]))"
+        "print(json.dumps([yaml.__file__, launcher.__file__, prices.__file__, refs]))"
     )
     result = subprocess.run(
-        [sys.executable, "-I", "-c", probe, str(asset)], capture_output=True, text=True, check=True
+        [sys.executable, "-I", "-c", probe, str(probed)], capture_output=True, text=True, check=True
     )
     *files, refs = json.loads(result.stdout)
-    assert all(path.startswith(str(asset)) for path in files), files
+    assert all(path.startswith(str(probed)) for path in files), files
     catalog = Catalog.load()
     assert sorted(refs) == sorted(
         f"{name}@{version}"
