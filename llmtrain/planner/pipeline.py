@@ -17,6 +17,7 @@ llmtrain never imports the program or torch: `balanced_split` repeats the progra
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -57,6 +58,7 @@ def default_stages_per_rank(schedule: str) -> int:
     return 2 if schedule in MULTI_STAGE_SCHEDULES else 1
 
 
+@functools.lru_cache(maxsize=256)
 def balanced_split(num_layers: int, num_stages: int, head_cost: float) -> tuple[int, ...]:
     """Decoder layers per stage (contiguous, at least one each) so that the most expensive stage is
     as cheap as possible, and among such splits the most even; a stage costs its layers, the last
