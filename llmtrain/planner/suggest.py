@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrain.errors import LlmtrainError
+from llmtrain.planner.pipeline import MULTI_STAGE_SCHEDULES
 from llmtrain.planner.plan import DEFAULT_OPTIONS, Plan, PlanOptions, plan_run
 from llmtrain.render import coerce_override
 from llmtrain.spec import OverrideRule, TemplateSpec
@@ -33,7 +34,6 @@ MESH_SETTINGS = (
     "pipeline_stages_per_rank",
     "tensor_parallel_degree",
 )
-MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "zero_bubble")
 MESHES_KEPT = 3
 
 
