@@ -19,6 +19,14 @@ measured on every rank:
   counted by the storage it holds at that moment (FSDP2 and ZeRO-3 free gathered weights after
   use), excluding parameter storage.
 
+With pipeline stages the schedule runs many micro-batches' forwards and backwards in its own order
+and calls autograd itself, so every part is sampled after each stage forward and around each
+backward (zero bubble's input and weight backwards too). Activations are then what is alive at that
+moment: autograd's saved tensors (each in a holder the graph owns, so it dies with its node),
+autocast's weight copies (its cache keeps them for the step), the stage inputs and outputs and the
+last stage's logits the schedule keeps, and the receive buffers torch allocates per micro-batch
+(also reported apart as "buffers").
+
 Rank r writes OUT.json.r: {name: {"parameters": ..., "gradients": ..., "optimizer": ...,
 "activations": ...}}. bench/plan.py launches this and compares with the planner.
 """
