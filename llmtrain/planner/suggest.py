@@ -7,7 +7,8 @@ and the program derives the accumulation), activation checkpointing, torch.compi
 pipeline degree, schedule and stages per rank, and tensor-parallel degree. Every candidate is
 planned like the run itself; those that do not fit are dropped. Meshes are screened first (each
 with every checkpointing mode, on the run's instances), and the run's own and the best
-`MESHES_KEPT` are searched with everything else, which keeps the search to hundreds of plans.
+`MESHES_KEPT` (the fastest that fit there, else the smallest) are searched with everything else,
+which keeps the search to hundreds of plans.
 `fit_advice` names the single change that makes a run that does not fit fit, for the launcher's
 refusal.
 """
@@ -209,7 +210,8 @@ def _search(
     template: TemplateSpec, overrides: Mapping[str, Any], base: Plan, options: PlanOptions
 ) -> list[Plan]:
     """Meshes screened (each checkpointing mode, on the run's instances), then the run's own mesh
-    and the `MESHES_KEPT` fastest that fit searched with everything else."""
+    and the `MESHES_KEPT` fastest that fit (or, when none fits there, the smallest) searched with
+    everything else."""
     global_batch = bool({**template.hyperparameters, **overrides}.get("global_batch_size"))
     meshes = mesh_changes(template, base)
     if len(meshes) == 1:
@@ -232,7 +234,8 @@ def _search(
         for mode in modes
     )
     screened = list(_plans(template, overrides, base, options, screening))
-    ranked = sorted((p for p in screened if p.fits), key=lambda p: p.training_seconds)
+    # The fastest that fit; when none fits on the run's instances, those that need the least memory.
+    ranked = sorted(screened, key=lambda p: (not p.fits, p.training_seconds if p.fits else p.memory.per_gpu))
     kept: list[dict[str, Any]] = [{}]
     for plan in ranked:
         mesh = {name: plan.settings[name] for name in MESH_SETTINGS if name in plan.settings}
