@@ -217,6 +217,10 @@ class StepComm:
             self.transfers.append(Transfer(name, sent * times, seconds * times))
         return seconds * times
 
+    def each_micro_step(self, name: str, sent_and_seconds: tuple[float, float], accum: int) -> float:
+        """Record a collective run once per micro step; its seconds in one micro step."""
+        return self.add(name, sent_and_seconds, times=accum) / accum
+
 
 @dataclass(frozen=True)
 class Share:
@@ -254,21 +258,16 @@ def _fsdp_comm(work: Workload, layout: Layout, links: Links, comm: StepComm, sha
     params, block, root = _unit_bytes(share, layout, compute)
     trainable_fraction = _trainable_elements(share, layout) / max(params / compute, 1)
     grads, grad_block, grad_root = (x / compute * FP32 * trainable_fraction for x in (params, block, root))
-    comm.forward += (
-        comm.add("fsdp all-gather (forward)", links.seconds("all_gather", params, n, span), times=accum)
-        / accum
+    comm.forward += comm.each_micro_step(
+        "fsdp all-gather (forward)", links.seconds("all_gather", params, n, span), accum
     )
     if layout.fsdp_sharding != "grad_op":
         resharded = params - block - root
-        comm.backward += (
-            comm.add(
-                "fsdp all-gather (backward)", links.seconds("all_gather", resharded, n, span), times=accum
-            )
-            / accum
+        comm.backward += comm.each_micro_step(
+            "fsdp all-gather (backward)", links.seconds("all_gather", resharded, n, span), accum
         )
-        comm.backward += (
-            comm.add("fsdp reduce-scatter", links.seconds("reduce_scatter", grads, n, span), times=accum)
-            / accum
+        comm.backward += comm.each_micro_step(
+            "fsdp reduce-scatter", links.seconds("reduce_scatter", grads, n, span), accum
         )
     else:
         comm.last_backward += comm.add("fsdp reduce-scatter", links.seconds("reduce_scatter", grads, n, span))
@@ -301,22 +300,20 @@ def _deepspeed_comm(work: Workload, layout: Layout, links: Links, comm: StepComm
     params, block, root = _unit_bytes(share, layout, compute)
     grads = compute * _trainable_elements(share, layout)
     if layout.zero_stage == 3:
-        comm.forward += (
-            comm.add("zero-3 all-gather (forward)", links.seconds("all_gather", params, n), times=accum)
-            / accum
+        comm.forward += comm.each_micro_step(
+            "zero-3 all-gather (forward)", links.seconds("all_gather", params, n), accum
         )
-        comm.backward += (
-            comm.add("zero-3 all-gather (backward)", links.seconds("all_gather", params, n), times=accum)
-            / accum
+        comm.backward += comm.each_micro_step(
+            "zero-3 all-gather (backward)", links.seconds("all_gather", params, n), accum
         )
-        comm.backward += (
-            comm.add("zero-3 reduce-scatter", links.seconds("reduce_scatter", grads, n), times=accum) / accum
+        comm.backward += comm.each_micro_step(
+            "zero-3 reduce-scatter", links.seconds("reduce_scatter", grads, n), accum
         )
         comm.exposed += links.seconds("all_gather", block + root, n)[1]
         return
     if layout.zero_stage == 2:
-        comm.backward += (
-            comm.add("zero-2 reduce-scatter", links.seconds("reduce_scatter", grads, n), times=accum) / accum
+        comm.backward += comm.each_micro_step(
+            "zero-2 reduce-scatter", links.seconds("reduce_scatter", grads, n), accum
         )
     else:
         comm.last_backward += comm.add("zero-1 reduce-scatter", links.seconds("reduce_scatter", grads, n))
@@ -498,11 +495,8 @@ def _pipeline_fsdp_comm(work: Workload, layout: Layout, links: Links, comm: Step
     grads = params / compute * FP32
     if layout.fsdp_sharding != "grad_op":
         resharded = params - root - block
-        comm.backward += (
-            comm.add(
-                "fsdp all-gather (backward)", links.seconds("all_gather", resharded, n, span), times=accum
-            )
-            / accum
+        comm.backward += comm.each_micro_step(
+            "fsdp all-gather (backward)", links.seconds("all_gather", resharded, n, span), accum
         )
     comm.exposed += comm.add("fsdp all-gather (step start)", links.seconds("all_gather", params, n, span))
     comm.last_backward += comm.add("fsdp reduce-scatter", links.seconds("reduce_scatter", grads, n, span))
