@@ -20,6 +20,8 @@ COMMAND_MODULES = (
     "llmtrain.commands.run",
     "llmtrain.commands.launch",
     "llmtrain.commands.quotas",
+    "llmtrain.commands.plans",
+    "llmtrain.commands.debug",
 )
 USAGE_ERROR = 2
 

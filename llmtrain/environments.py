@@ -34,7 +34,11 @@ from llmtrain.platform import (
     REGION_PATTERN,
     ROUTE_TABLE_ID_PATTERN,
     SUBNET_ID_PATTERN,
+    TRAINING_PLAN_ARN,
+    TRAINING_PLAN_NAME,
     VPC_ID_PATTERN,
+    mlflow_tracking_server_arn,
+    package_repository_arn,
 )
 
 __all__ = [
@@ -43,7 +47,9 @@ __all__ = [
     "EnvironmentConfigError",
     "ExistingVpcConfig",
     "NetworkConfig",
+    "MlflowConfig",
     "NotificationConfig",
+    "PackagesConfig",
     "QuotaConfig",
     "StackOutput",
     "WarmPoolConfig",
@@ -152,6 +158,35 @@ class NotificationConfig:
     email: str | None = None
 
 
+PACKAGE_SOURCES = ("codeartifact", "pypi")
+MLFLOW_SIZES = ("Small", "Medium", "Large")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackagesConfig:
+    """Where the training container's pip finds the sourcedir's requirements.txt.
+
+    ``codeartifact`` (the default): a CodeArtifact repository with a PyPI upstream that the platform
+    provisions, reached through VPC endpoints, which the SageMaker training toolkit uses when the job
+    has ``CA_REPOSITORY_ARN`` (works in isolated subnets). ``pypi``: straight from PyPI, which needs a
+    route to the internet (``network.nat_gateways`` >= 1).
+    """
+
+    source: str = "codeartifact"
+
+    @property
+    def codeartifact(self) -> bool:
+        return self.source == "codeartifact"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MlflowConfig:
+    """An optional SageMaker managed MLflow tracking server that every job of the environment logs to."""
+
+    tracking_server: bool = False
+    size: str = "Small"
+
+
 @dataclass(frozen=True, kw_only=True)
 class EnvironmentConfig:
     """One deployment of the platform, loaded from ``config/<name>.yaml``."""
@@ -167,6 +202,24 @@ class EnvironmentConfig:
     notifications: NotificationConfig = field(default_factory=NotificationConfig)
     tags: Mapping[str, str] = field(default_factory=dict)
     source: Path | None = None
+    packages: PackagesConfig = field(default_factory=PackagesConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    # Training plans (reserved capacity) runs may target: name -> ARN.
+    training_plans: Mapping[str, str] = field(default_factory=dict)
+    # SageMaker remote debugging (SSM into a job's container): endpoints and permissions deployed.
+    remote_debug: bool = False
+
+    def platform_features(self) -> dict[str, Any]:
+        """The PlatformContext fields of the optional features (names fixed by the constructs, so a
+        context built from config agrees with the deployed stacks)."""
+        return {
+            "package_repository_arn": (package_repository_arn(self.region, self.account, self.name)
+                                       if self.packages.codeartifact else None),
+            "mlflow_tracking_server_arn": (mlflow_tracking_server_arn(self.region, self.account, self.name)
+                                           if self.mlflow.tracking_server else None),
+            "training_plans": dict(self.training_plans),
+            "remote_debug": self.remote_debug,
+        }
 
     def stack_name(self, part: str) -> str:
         """The CloudFormation stack name of one part of this environment, e.g. ``llmtrain-dev-storage``."""
@@ -225,6 +278,10 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
             "warm_pools",
             "notifications",
             "tags",
+            "packages",
+            "mlflow",
+            "training_plans",
+            "remote_debug",
         }
     )
     region = reader.string("region", pattern=REGION_PATTERN, hint="an AWS region such as us-east-1")
@@ -246,7 +303,48 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
         notifications=_read_notifications(reader.section("notifications", required=False)),
         tags=_read_tags(reader),
         source=source,
+        **_read_features(reader),
     )
+
+
+def _read_features(reader: _Reader) -> dict[str, Any]:
+    """The optional SageMaker features of issue 19: package source, MLflow, plans, remote debugging."""
+    packages = reader.section("packages", required=False)
+    packages.only_keys({"source"})
+    source = packages.raw("source", default="codeartifact")
+    if source not in PACKAGE_SOURCES:
+        packages.fail("source", f"must be one of {', '.join(PACKAGE_SOURCES)}, got {source!r}")
+    nat = reader.data.get("network", {}).get("nat_gateways", 0) if isinstance(reader.data.get("network"),
+                                                                              dict) else 0
+    if source == "pypi" and not nat:
+        packages.fail("source", "pypi needs a route to the internet: set network.nat_gateways >= 1, or use "
+                                "codeartifact (a PyPI mirror reached through VPC endpoints)")
+    mlflow = reader.section("mlflow", required=False)
+    mlflow.only_keys({"tracking_server", "size"})
+    size = mlflow.raw("size", default="Small")
+    if size not in MLFLOW_SIZES:
+        mlflow.fail("size", f"must be one of {', '.join(MLFLOW_SIZES)}, got {size!r}")
+    debug = reader.section("remote_debug", required=False)
+    debug.only_keys({"enabled"})
+    return {
+        "packages": PackagesConfig(source=source),
+        "mlflow": MlflowConfig(tracking_server=mlflow.boolean("tracking_server", default=False), size=size),
+        "training_plans": _read_training_plans(reader),
+        "remote_debug": debug.boolean("enabled", default=False),
+    }
+
+
+def _read_training_plans(reader: _Reader) -> dict[str, str]:
+    plans = reader.raw("training_plans", default={})
+    if not isinstance(plans, dict):
+        reader.fail("training_plans", "must map plan names to training plan ARNs")
+    for name, arn in plans.items():
+        if not isinstance(name, str) or not TRAINING_PLAN_NAME.fullmatch(name):
+            reader.fail(f"training_plans.{name}", "is not a training plan name (letters, digits, dashes)")
+        if not isinstance(arn, str) or not TRAINING_PLAN_ARN.fullmatch(arn):
+            reader.fail(f"training_plans.{name}", f"expected a training plan ARN "
+                        f"(arn:aws:sagemaker:REGION:ACCOUNT:training-plan/NAME), got {arn!r}")
+    return dict(plans)
 
 
 def _read_account(reader: _Reader) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from llmtrain.errors import PlatformContextError
@@ -22,6 +22,15 @@ _KMS_KEY_ARN = re.compile(r"arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/[a-zA-Z0-
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
 _SUBNET = re.compile(r"subnet-[0-9a-zA-Z]+")
 _SECURITY_GROUP = re.compile(r"sg-[0-9a-zA-Z]+")
+# botocore's patterns for the request fields these ARNs go into (CA_REPOSITORY_ARN is the training
+# toolkit's: sagemaker_training.modules reads the domain and repository out of it).
+CODEARTIFACT_REPOSITORY_ARN = re.compile(
+    r"arn:aws[a-z\-]*:codeartifact:[a-z0-9\-]+:\d{12}:repository/"
+    r"[a-z][a-z0-9\-]{0,48}[a-z0-9]/[A-Za-z0-9][A-Za-z0-9._\-]{1,99}"
+)
+MLFLOW_ARN = re.compile(r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:mlflow-[a-zA-Z-]*/.+")
+TRAINING_PLAN_ARN = re.compile(r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:training-plan/.+")
+TRAINING_PLAN_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}")
 MAX_KEEP_ALIVE_SECONDS = 21600  # botocore: ResourceConfig.KeepAlivePeriodInSeconds max
 
 # The names and ids below are checked where a platform team writes them (config/<env>.yaml, through
@@ -63,10 +72,21 @@ class PlatformContext:
     job_name_prefix: str
     # True for a placeholder built from config only (`llmtrain render` without deployed outputs).
     dry_run: bool = False
+    # The CodeArtifact repository (PyPI upstream) the container's pip installs requirements.txt
+    # from (the toolkit's CA_REPOSITORY_ARN); None where jobs reach PyPI through NAT gateways.
+    package_repository_arn: str | None = None
+    # The SageMaker managed MLflow tracking server jobs log to (MlflowConfig); None: no MLflow.
+    mlflow_tracking_server_arn: str | None = None
+    # Training plans (reserved capacity) runs may target: plan name -> ARN.
+    training_plans: Mapping[str, str] = field(default_factory=dict)
+    # Whether jobs may enable SageMaker remote debugging (SSM endpoints and permissions deployed).
+    remote_debug: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "subnet_ids", tuple(self.subnet_ids))
         object.__setattr__(self, "security_group_ids", tuple(self.security_group_ids))
+        if isinstance(self.training_plans, Mapping):
+            object.__setattr__(self, "training_plans", dict(self.training_plans))
         problems = list(self._problems())
         if problems:
             raise PlatformContextError("invalid platform context: " + "; ".join(problems))
@@ -98,11 +118,34 @@ class PlatformContext:
         cap = self.warm_pool_cap_seconds
         if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= MAX_KEEP_ALIVE_SECONDS:
             yield f"warm_pool_cap_seconds {cap!r} must be an integer in 0..{MAX_KEEP_ALIVE_SECONDS}"
+        yield from self._feature_problems()
+
+    def _feature_problems(self):
+        optional = (
+            ("package_repository_arn", self.package_repository_arn, CODEARTIFACT_REPOSITORY_ARN,
+             "a CodeArtifact repository ARN (arn:aws:codeartifact:REGION:ACCOUNT:repository/DOMAIN/REPO)"),
+            ("mlflow_tracking_server_arn", self.mlflow_tracking_server_arn, MLFLOW_ARN,
+             "a SageMaker MLflow tracking server ARN"),
+        )
+        for name, value, pattern, expected in optional:
+            if value is not None and (not isinstance(value, str) or not pattern.fullmatch(value)):
+                yield f"{name} {value!r} must be {expected}"
+        if not isinstance(self.training_plans, Mapping):
+            yield "training_plans must map plan names to training plan ARNs"
+            return
+        for name, arn in self.training_plans.items():
+            if not isinstance(name, str) or not TRAINING_PLAN_NAME.fullmatch(name):
+                yield f"training_plans: {name!r} is not a training plan name (letters, digits, dashes)"
+            if not isinstance(arn, str) or not TRAINING_PLAN_ARN.fullmatch(arn):
+                yield f"training_plans.{name}: {arn!r} must be a training plan ARN"
+        if not isinstance(self.remote_debug, bool):
+            yield f"remote_debug {self.remote_debug!r} must be true or false"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["subnet_ids"] = list(self.subnet_ids)
         data["security_group_ids"] = list(self.security_group_ids)
+        data["training_plans"] = dict(self.training_plans)
         return data
 
     @classmethod
@@ -113,7 +156,7 @@ class PlatformContext:
         unknown = sorted(set(data) - names)
         if unknown:
             raise PlatformContextError(f"unknown platform context field(s): {', '.join(unknown)}")
-        missing = sorted(f.name for f in fields(cls) if f.name not in data and f.name != "dry_run")
+        missing = sorted(f.name for f in fields(cls) if f.name not in data and f.name not in _OPTIONAL)
         if missing:
             raise PlatformContextError(f"platform context lacks field(s): {', '.join(missing)}")
         return cls(**data)
@@ -127,6 +170,10 @@ class PlatformContext:
         region: str,
         resource_prefix: str,
         warm_pool_cap_seconds: int,
+        package_repository_arn: str | None = None,
+        mlflow_tracking_server_arn: str | None = None,
+        training_plans: Mapping[str, str] | None = None,
+        remote_debug: bool = False,
     ) -> PlatformContext:
         """A dry-run context from configuration alone: names follow the platform's conventions, ids
         are obviously fake. Rendering with it shows the request's shape, not a launchable job."""
@@ -146,7 +193,40 @@ class PlatformContext:
             warm_pool_cap_seconds=warm_pool_cap_seconds,
             job_name_prefix=prefix,
             dry_run=True,
+            package_repository_arn=package_repository_arn,
+            mlflow_tracking_server_arn=mlflow_tracking_server_arn,
+            training_plans=dict(training_plans or {}),
+            remote_debug=remote_debug,
         )
+
+
+# Fields a context written before they existed may lack (their defaults turn the feature off).
+_OPTIONAL = frozenset(
+    {"dry_run", "package_repository_arn", "mlflow_tracking_server_arn", "training_plans", "remote_debug"}
+)
+# The CodeArtifact repository the platform provisions in each environment (training_constructs
+# .packages names its domain and repository by these, so the ARN is known without a deployment).
+PACKAGE_REPOSITORY_NAME = "pypi-mirror"
+
+
+def package_domain_name(environment: str) -> str:
+    """CodeArtifact domain names are 2-50 lowercase letters, digits and inner dashes."""
+    return f"llmtrain-{environment}".rstrip("-")[:50]
+
+
+def package_repository_arn(region: str, account: str, environment: str, partition: str = "aws") -> str:
+    domain = package_domain_name(environment)
+    return f"arn:{partition}:codeartifact:{region}:{account}:repository/{domain}/{PACKAGE_REPOSITORY_NAME}"
+
+
+def mlflow_tracking_server_name(environment: str) -> str:
+    """The environment's SageMaker MLflow tracking server (training_constructs.mlflow creates it)."""
+    return f"llmtrain-{environment}".rstrip("-")
+
+
+def mlflow_tracking_server_arn(region: str, account: str, environment: str, partition: str = "aws") -> str:
+    name = mlflow_tracking_server_name(environment)
+    return f"arn:{partition}:sagemaker:{region}:{account}:mlflow-tracking-server/{name}"
 
 
 def _id_problems(name: str, values: tuple[str, ...], pattern: re.Pattern, most: int):

@@ -88,6 +88,7 @@ def _platform(args: argparse.Namespace, env: EnvironmentConfig) -> PlatformConte
         region=env.region,
         resource_prefix=env.job_name_prefix,
         warm_pool_cap_seconds=env.warm_pools.max_keep_alive_seconds,
+        **env.platform_features(),
     )
 
 
@@ -127,4 +128,5 @@ def platform_from_outputs(outputs: Mapping, env: EnvironmentConfig) -> PlatformC
         security_group_ids=(output(StackOutput.SECURITY_GROUP_ID),),
         warm_pool_cap_seconds=env.warm_pools.max_keep_alive_seconds,
         job_name_prefix=env.job_name_prefix,
+        **env.platform_features(),
     )

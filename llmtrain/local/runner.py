@@ -39,6 +39,7 @@ from llmtrain.local import data as local_data
 from llmtrain.local.display import JobDisplay
 from llmtrain.local.jobroot import HostRoot, upload_from_hosts, write_host_roots
 from llmtrain.local.metrics import MetricExtractor
+from llmtrain.local.packages import with_local_packages
 from llmtrain.local.plan import (
     SUBMIT_DIRECTORY_HP,
     Adjustment,
@@ -64,6 +65,7 @@ from llmtrain.local.report import (
     write_json,
 )
 from llmtrain.local.toolkit import ToolkitProcesses, free_port, host_environment
+from llmtrain.local.tracking import with_local_tracking
 
 JOBS_DIR = "jobs"
 CHECKPOINTS_DIR = "checkpoints"
@@ -167,6 +169,8 @@ def _prepare(
     sourcedir = job_dir / "sourcedir.tar.gz"
     plan = plan_local_job(request, limits=options.limits, user_settings=options.user_settings)
     plan = _with_local_code(plan, request, sourcedir)
+    plan = with_local_tracking(with_local_packages(plan), request, run_dir=options.run_dir,
+                               model_artifact=job_dir / "output" / "model.tar.gz", parent_env=os.environ)
     plan, channel_dirs = _with_channels(plan, request, options, template_channels, console)
     checkpoints_dir = options.run_dir / CHECKPOINTS_DIR if plan.checkpoint_subpath else None
     _print_plan(console, plan, options.run_dir, checkpoints_dir)
