@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 
 from llmtrain.local.plan import Adjustment, LocalPlan
 
@@ -69,7 +70,21 @@ _NOTE = ("requirements.txt installs from this machine's Python environment with 
 
 def install_failure(log_text: str) -> str | None:
     """pip's line naming the requirement the install step could not satisfy, if the log has one."""
+    found = None
     for line in log_text.splitlines():
         if any(marker in line for marker in INSTALL_FAILURE_MARKERS):
-            return line.strip().removeprefix("ERROR: ")
-    return None
+            found = line.strip().removeprefix("ERROR: ")  # the last one is pip's verdict
+    return found
+
+
+def explain_failure(failure_text: str, log: Path | None) -> str:
+    """The toolkit's failure text, led by the requirement pip could not install when that was the
+    failure (the toolkit's InstallRequirementsError carries only pip's command and exit code)."""
+    if "InstallRequirementsError" not in failure_text or log is None or not log.is_file():
+        return failure_text
+    line = install_failure(log.read_text(errors="replace"))
+    if line is None:
+        return failure_text
+    return (f"InstallRequirementsError: requirements.txt: {line}: this Python environment lacks it and local "
+            "runs install with no network; install it here (pip install) and make sure the cloud's package "
+            f"source has it. {failure_text}")

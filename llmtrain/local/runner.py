@@ -39,7 +39,7 @@ from llmtrain.local import data as local_data
 from llmtrain.local.display import JobDisplay
 from llmtrain.local.jobroot import HostRoot, upload_from_hosts, write_host_roots
 from llmtrain.local.metrics import MetricExtractor
-from llmtrain.local.packages import with_local_packages
+from llmtrain.local.packages import explain_failure, with_local_packages
 from llmtrain.local.plan import (
     SUBMIT_DIRECTORY_HP,
     Adjustment,
@@ -365,7 +365,7 @@ def decide_outcome(
         return Outcome("Stopped", stop_reason, None, message)
     for root in roots:
         if root.failure_file.is_file():
-            text = root.failure_file.read_text(errors="replace")
+            text = explain_failure(root.failure_file.read_text(errors="replace"), logs.get(root.host))
             return _failed("AlgorithmError: " + text[:FAILURE_REASON_CHARS])
     for root in roots:
         code = returncodes.get(root.host)
