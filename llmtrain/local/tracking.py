@@ -2,10 +2,11 @@
 
 The training program logs to MLflow when its environment has MLFLOW_TRACKING_URI (in the cloud the
 request's MlflowConfig and Environment name the environment's SageMaker tracking server). Locally the
-runner points it at `<run folder>/mlruns` (a file store: `mlflow ui --backend-store-uri
-file://<run folder>/mlruns` shows the run's jobs and nothing else), or at the tracking URI the user
-set in their own MLFLOW_TRACKING_URI (a local `mlflow server`, say). The experiment is the template's
-name, as in the cloud; each job (attempt) is one MLflow run named after the job.
+runner points it at `<run folder>/mlflow.db`, an SQLite store (MLflow's own local default; `mlflow ui
+--backend-store-uri sqlite:///<run folder>/mlflow.db` shows the run's jobs and nothing else), or at
+the tracking URI the user set in their own MLFLOW_TRACKING_URI (a local `mlflow server`, say). The
+experiment is the template's name, as in the cloud; each job (attempt) is one MLflow run named after
+the job.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from llmtrain.local.plan import Adjustment, LocalPlan
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
 MODEL_ARTIFACT_ENV = "LLMTRAIN_MODEL_ARTIFACT_URI"  # training_jobs/trainer/tracking.py
-MLRUNS_DIR = "mlruns"
+STORE_FILE = "mlflow.db"
 _TEMPLATE_TAG = "llmtrain:template"
 
 
 def local_tracking_uri(run_dir: Path, parent_env: Mapping[str, str]) -> str:
-    """The user's MLFLOW_TRACKING_URI, else the file store in the run's folder."""
-    return parent_env.get(TRACKING_URI_ENV) or (run_dir / MLRUNS_DIR).resolve().as_uri()
+    """The user's MLFLOW_TRACKING_URI, else the SQLite store in the run's folder."""
+    return parent_env.get(TRACKING_URI_ENV) or f"sqlite:///{(run_dir / STORE_FILE).resolve()}"
 
 
 def with_local_tracking(
@@ -45,7 +46,7 @@ def with_local_tracking(
                                 "local jobs log to a local MLflow store (or your MLFLOW_TRACKING_URI)")
         return replace(plan, environment=environment, adjustments=(*plan.adjustments, adjustment))
     note = f"MLflow: experiment {environment[EXPERIMENT_ENV]!r} at {uri}"
-    if uri.startswith("file:"):
+    if uri.startswith("sqlite:"):
         note += f" (mlflow ui --backend-store-uri {uri})"
     return replace(plan, environment=environment, notes=(*plan.notes, note))
 
