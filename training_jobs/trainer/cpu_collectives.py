@@ -223,6 +223,10 @@ def use_fast_cpu_collectives(sharded: list[nn.Module], *, overlap_reductions: bo
     reduce-scatters are deferred to the end of backward (1-D meshes without offload only).
     """
     if not custom_collectives_supported():
+        for module in sharded:
+            # FSDP2 averages with ReduceOp.AVG, which gloo's reduce-scatter of these releases sums
+            # instead (gradients twice too large on two ranks): sum, and let FSDP2 divide after.
+            module.set_force_sum_reduction_for_comms(True)
         return
     pending = PendingReductions()
     for module in sharded:
