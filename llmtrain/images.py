@@ -106,7 +106,7 @@ _SMP_RELEASES = {
 # container torch its tests pass under (`make test-container`, docs/templates.md "Publishing a
 # version"). SMP jobs run in the SMP image, built on an older torch; the program's SMP path and the
 # parts it shares are tested there. training_jobs/trainer/torch_support.py holds the same table and
-# the program checks it at start-up; tests/llmtrain/test_template_images.py keeps the two equal.
+# the program checks it at start-up; tests/llmtrain/test_platform_features.py keeps the two equal.
 PROGRAM_MIN_TORCH = {"default": "2.8.0", "smp": "2.5.1"}
 
 

@@ -186,3 +186,14 @@ def test_a_platform_context_written_before_the_features_still_loads():
     assert PlatformContext.from_dict(old) == platform_context()
     with pytest.raises(Exception, match="training plan ARN"):
         platform_context(training_plans={"x": "arn:aws:sagemaker:us-east-1:1:training-plan/x"})
+
+
+def test_the_programs_own_torch_check_uses_the_same_minimums():
+    from training_jobs.trainer.errors import ContainerError
+    from training_jobs.trainer.torch_support import MIN_TORCH, check_torch
+
+    assert MIN_TORCH == PROGRAM_MIN_TORCH
+    check_torch("fsdp", "2.8.0+cu128")
+    check_torch("smp", "2.5.1")
+    with pytest.raises(ContainerError, match=r"PyTorch 2\.7\.1.*needs 2\.8\.0 or newer for parallelism=fsdp"):
+        check_torch("fsdp", "2.7.1+cu126")

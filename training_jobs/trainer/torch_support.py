@@ -1,7 +1,7 @@
 """The oldest PyTorch this program runs on, checked when a job starts.
 
 The same table as llmtrain.images.PROGRAM_MIN_TORCH (the platform refuses to render a template whose
-container's torch is older; tests/llmtrain/test_template_images.py keeps the two equal). The check
+container's torch is older; tests/llmtrain/test_platform_features.py keeps the two equal). The check
 here also covers images the platform cannot see into (an explicit image.uri). The versions are the
 oldest container torch the program's tests pass under: `make test-container`.
 """
