@@ -203,10 +203,15 @@ def iter_documents(files: list[Path], fields: Fields) -> Iterator[tuple[str, Con
             raise DataError(f"{path}: not UTF-8 text ({error.reason}); {CONVERT_HINT}") from error
 
 
-def iter_tasks(files: list[Path], fields: Fields) -> Iterator[Task]:
+def iter_tasks(files: list[Path], fields: Fields, blank: list[str]) -> Iterator[Task]:
+    """Documents in batches for the workers; blank text documents are left out (an end-of-sequence
+    token alone teaches nothing) and their locations appended to `blank`."""
     batch: list[tuple[str, Content]] = []
     size = 0
     for where, content, num_bytes in iter_documents(files, fields):
+        if isinstance(content, str) and not content.strip():
+            blank.append(where)
+            continue
         batch.append((where, content))
         size += num_bytes
         if len(batch) == DOCUMENTS_PER_TASK:
@@ -345,7 +350,8 @@ def prepare(args: argparse.Namespace) -> dict[str, int]:
     writers = {name: ShardWriter(name, folder, dtype, args.shard_tokens, fields.loss_mask)
                for name, folder in splits.items()}
     index = 0
-    with _tokenized(args, dtype, iter_tasks(files, fields)) as results, \
+    blank: list[str] = []
+    with _tokenized(args, dtype, iter_tasks(files, fields, blank)) as results, \
             _progress(sum(f.stat().st_size for f in files)) as bar:
         for documents, num_bytes in results:
             for tokens, mask in documents:
@@ -353,8 +359,18 @@ def prepare(args: argparse.Namespace) -> dict[str, int]:
                 writers[split].add(tokens, mask)
                 index += 1
             bar.update(num_bytes)
+    _check_not_blank(files, blank, documents=index)
     return {name: writer.close(vocab_size, tokenizer.eos_token_id, str(args.tokenizer))
             for name, writer in writers.items()}
+
+
+def _check_not_blank(files: list[Path], blank: list[str], *, documents: int) -> None:
+    if documents == 0:
+        what = f"{len(blank)} empty document(s), e.g. {blank[0]}" if blank else "no documents"
+        raise DataError(f"no text to train on in {', '.join(map(str, files))}: the input holds {what}; "
+                        "check the file, or --text-key if the text is in another field")
+    if blank:
+        print(f"prepare_data: left out {len(blank)} empty document(s), e.g. {blank[0]}", file=sys.stderr)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -71,6 +71,9 @@ JOBS_DIR = "jobs"
 CHECKPOINTS_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"  # the run's TensorBoardOutputConfig.S3OutputPath, locally
 DATA_CACHE_DIR = ".data"
+# In a job folder: where its hosts keep what SageMaker would sync to S3, and whether that went to the
+# run's folders. A job whose llmtrain was killed never uploads; the next job of the run does it.
+SYNC_FILE = "sync.json"
 # SageMaker gives a stopped job 120 seconds between SIGTERM and SIGKILL.
 STOP_GRACE_SECONDS = 120.0
 # The toolkit logs this when it swallows a gloo error and reports success anyway.
@@ -138,10 +141,8 @@ def run_local(
         stop_reason = _supervise(processes, job.plan, metrics, console, options.stop_grace_seconds)
     finally:
         processes.kill_if_running()
-        if job.checkpoints_dir is not None:
-            upload_from_hosts(job.roots, job.plan.checkpoint_subpath, job.checkpoints_dir)
-        if job.tensorboard_dir is not None:
-            upload_from_hosts(job.roots, job.plan.tensorboard_subpath, job.tensorboard_dir)
+        processes.release_reaper()
+        _upload_job_outputs(job.roots, job.plan, job.job_dir, job.checkpoints_dir, job.tensorboard_dir)
     times = JobTimes(created, training_start, _now())
     outcome = decide_outcome(job.roots, processes.returncodes(), stop_reason, processes.log_paths)
     record = JobRecord(
@@ -173,9 +174,14 @@ def _prepare(
                                model_artifact=job_dir / "output" / "model.tar.gz", parent_env=os.environ)
     plan, channel_dirs = _with_channels(plan, request, options, template_channels, console)
     checkpoints_dir = options.run_dir / CHECKPOINTS_DIR if plan.checkpoint_subpath else None
+    tensorboard_dir = options.run_dir / TENSORBOARD_DIR if plan.tensorboard_subpath else None
+    for recovered in recover_unsynced_jobs(options.run_dir):
+        console.print(Text(f"llmtrain {recovered.name} ended without syncing its checkpoints (its llmtrain "
+                           "process was killed): synced them now", style="yellow"))
     _print_plan(console, plan, options.run_dir, checkpoints_dir)
     try:
         job_dir.mkdir(parents=True)
+        write_json(job_dir / SYNC_FILE, _sync_record(plan, checkpoints_dir, tensorboard_dir, synced=False))
         write_json(job_dir / "request.json", request)
         sourcedir.write_bytes(code_archive)
         if checkpoints_dir is not None:
@@ -184,8 +190,43 @@ def _prepare(
     except BaseException:
         shutil.rmtree(job_dir, ignore_errors=True)
         raise
-    tensorboard_dir = options.run_dir / TENSORBOARD_DIR if plan.tensorboard_subpath else None
     return _PreparedJob(plan, job_dir, roots, channel_dirs, checkpoints_dir, tensorboard_dir)
+
+
+def _sync_record(plan: LocalPlan, checkpoints_dir: Path | None, tensorboard_dir: Path | None, *,
+                 synced: bool) -> dict[str, Any]:
+    pairs = [(plan.checkpoint_subpath, checkpoints_dir), (plan.tensorboard_subpath, tensorboard_dir)]
+    return {"synced": synced, "hosts": list(plan.hosts),
+            "folders": [{"host_subpath": sub, "run_folder": str(folder)} for sub, folder in pairs
+                        if sub is not None and folder is not None]}
+
+
+def _upload_job_outputs(roots: list[HostRoot], plan: LocalPlan, job_dir: Path, checkpoints_dir: Path | None,
+                        tensorboard_dir: Path | None) -> None:
+    """What SageMaker syncs to S3 during the job (checkpoints, TensorBoard events), into the run's
+    folders; then the job is marked synced."""
+    record = _sync_record(plan, checkpoints_dir, tensorboard_dir, synced=True)
+    for folder in record["folders"]:
+        upload_from_hosts(roots, folder["host_subpath"], Path(folder["run_folder"]))
+    write_json(job_dir / SYNC_FILE, record)
+
+
+def recover_unsynced_jobs(run_dir: Path) -> list[Path]:
+    """Sync the folders of earlier jobs of the run that ended without it (their llmtrain was
+    killed), oldest first so that newer files win, as S3 would hold them; returns those jobs."""
+    jobs_dir = run_dir / JOBS_DIR
+    pending = []
+    for job_dir in jobs_dir.iterdir() if jobs_dir.is_dir() else ():
+        sync_file = job_dir / SYNC_FILE
+        if sync_file.is_file() and not json.loads(sync_file.read_text())["synced"]:
+            pending.append(job_dir)
+    for job_dir in sorted(pending, key=lambda path: (path / SYNC_FILE).stat().st_mtime):
+        record = json.loads((job_dir / SYNC_FILE).read_text())
+        roots = [HostRoot(host, job_dir / host) for host in record["hosts"]]
+        for folder in record["folders"]:
+            upload_from_hosts(roots, folder["host_subpath"], Path(folder["run_folder"]))
+        write_json(job_dir / SYNC_FILE, {**record, "synced": True})
+    return pending
 
 
 def _now() -> datetime:

@@ -15,7 +15,8 @@ toolkit runs unmodified; the local differences are all in its environment:
   this environment must already satisfy the requirements; a package it lacks fails the job, named.
 
 Stopping follows StopTrainingJob: the training processes (the ranks torchrun started) receive
-SIGTERM and get a grace period to checkpoint and exit; then everything left gets SIGKILL.
+SIGTERM and get a grace period to checkpoint and exit; then everything left gets SIGKILL. If
+llmtrain dies without stopping the job (SIGKILL, the OOM killer), the reaper (reaper.py) kills it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import psutil
 
 from llmtrain.local.jobroot import HostRoot
 from llmtrain.local.packages import offline_install_environment
+from llmtrain.local.reaper import Reaper
 
 PYTORCH_TRAINING_MODULE = "sagemaker_pytorch_container.training:main"
 TOOLKIT_COMMAND = (sys.executable, "-m", "sagemaker_training.cli.train")
@@ -102,6 +104,7 @@ class ToolkitProcesses:
         self._envs = envs
         self._log_dir = log_dir
         self._hosts: list[_Host] = []
+        self._reaper: Reaper | None = None
         self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
 
     @property
@@ -110,6 +113,7 @@ class ToolkitProcesses:
 
     def start(self) -> None:
         self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._reaper = Reaper()
         for root in self._roots:
             log_path = self._log_dir / f"{root.host}.log"
             process = subprocess.Popen(
@@ -126,6 +130,7 @@ class ToolkitProcesses:
                 # the job the way SageMaker does; and the whole group can be killed at the end.
                 start_new_session=True,
             )
+            self._reaper.watch(process.pid)  # its own session: the process group id is its pid
             reader = threading.Thread(target=self._read, args=(root.host, process, log_path), daemon=True)
             reader.start()
             self._hosts.append(_Host(root, process, log_path, reader))
@@ -162,6 +167,12 @@ class ToolkitProcesses:
         if self.running():
             self.kill()
             self.finish()
+
+    def release_reaper(self) -> None:
+        """Call once every process of the job has ended (after finish or kill_if_running)."""
+        if self._reaper is not None:
+            self._reaper.release()
+            self._reaper = None
 
     def finish(self, timeout: float = 30.0) -> None:
         """Wait for the toolkits, clear out leftover processes and let the readers drain the logs."""

@@ -53,8 +53,10 @@ def run_cli(template: str, run_name: str, workdir: Path, *settings: str) -> CliR
 
 
 def losses_by_step(run_dir: Path, metric: str = "train:loss") -> dict[int, float]:
-    """Every logged loss of every job of a run; a later job's value for a step wins."""
-    jobs = sorted((run_dir / "jobs").iterdir(), key=lambda p: (p / "metrics.json").stat().st_mtime)
+    """Every logged loss of every job of a run that reported (a killed llmtrain reports nothing); a
+    later job's value for a step wins."""
+    reported = [job for job in (run_dir / "jobs").iterdir() if (job / "metrics.json").is_file()]
+    jobs = sorted(reported, key=lambda p: (p / "metrics.json").stat().st_mtime)
     losses: dict[int, float] = {}
     for job in jobs:
         for point in json.loads((job / "metrics.json").read_text()):

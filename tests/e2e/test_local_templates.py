@@ -7,6 +7,7 @@ a few minutes on two cores. SageMaker itself cannot run here: everything up to i
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from local_e2e_support import JOB_TIMEOUT_SECONDS, REPO_ROOT, cli_command, cli_env, losses_by_step, run_cli
 
@@ -123,6 +125,50 @@ def test_stopped_run_resumes_by_run_name_with_the_same_losses(straight, workdir)
     second_job = json.loads(Path(resumed.summary["LocalRun"]["JobFolder"], "metrics.json").read_text())
     assert min(p["step"] for p in second_job if p["name"] == "train:loss") == stopped_at + 1
     assert losses_by_step(stopped_dir) == losses_by_step(straight.run_dir)
+
+
+def _committed_steps(run_dir: Path) -> list[int]:
+    """Checkpoints the program committed in any job's host folders (COMPLETE is written last)."""
+    return sorted(int(marker.parent.name.removeprefix("step_"))
+                  for marker in run_dir.glob("jobs/*/algo-*/checkpoints/step_*/COMPLETE"))
+
+
+def test_a_killed_llmtrain_takes_its_job_along_and_the_next_run_resumes(straight, workdir, tmp_path):
+    """SIGKILL (or the OOM killer) gives llmtrain no chance to stop its job or sync its checkpoints:
+    no training process may survive it, and the next run of the name resumes from the last
+    checkpoint the killed job committed."""
+    assert straight.returncode == 0, straight.output[-3000:]
+    settings = (*SHORT_FSDP, "checkpoint_every_steps=1")
+    run_dir = workdir / "killed"
+    with (tmp_path / "killed.log").open("w") as log:
+        llmtrain = subprocess.Popen(cli_command("llama-pretrain-fsdp", "killed", workdir, *settings),
+                                    cwd=REPO_ROOT, env=cli_env(), stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+        while not _committed_steps(run_dir):
+            running = llmtrain.poll() is None and time.monotonic() < deadline
+            assert running, (tmp_path / "killed.log").read_text()
+            time.sleep(0.05)
+        job_processes = psutil.Process(llmtrain.pid).children(recursive=True)
+        llmtrain.kill()
+        llmtrain.wait()
+    committed = _committed_steps(run_dir)
+    assert any("train.py" in " ".join(p.cmdline()) for p in job_processes if p.is_running())
+    _, alive = psutil.wait_procs(job_processes, timeout=30)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+    assert max(committed) < STEPS
+    assert not (run_dir / "summary.json").exists()  # the killed job never reported
+
+    resumed = run_cli("llama-pretrain-fsdp", "killed", workdir, *settings)
+
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    assert "ended without syncing its checkpoints (its llmtrain process was killed): synced them now" \
+        in resumed.output
+    resumed_at = re.search(r"resumed from \S+/step_\d+ at step (\d+)", log_text(resumed.summary))
+    assert resumed_at and int(resumed_at.group(1)) == max(committed)
+    after_resume = losses_by_step(run_dir)  # the resumed job's: the killed one never reported
+    assert sorted(after_resume) == list(range(max(committed) + 1, STEPS + 1))
+    assert after_resume == {step: loss for step, loss in losses_by_step(straight.run_dir).items()
+                            if step in after_resume}
 
 
 def test_two_hosts_are_emulated_in_one_process_group(workdir):

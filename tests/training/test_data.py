@@ -74,6 +74,24 @@ def test_text_files_folders_and_bad_lines(tmp_path, capsys):
     assert code == 2 and "no such file or folder" in err
 
 
+def test_input_without_text_is_refused_and_blank_documents_are_left_out(tmp_path, capsys):
+    common = ["--tokenizer", str(TOKENIZER)]
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    code, err = _prepare_here(capsys, "--input", str(empty), *common, "--output", str(tmp_path / "a"))
+    assert code == 2 and f"no text to train on in {empty}: the input holds 1 empty document(s)" in err
+    blank_records = tmp_path / "blank.jsonl"
+    blank_records.write_text('{"text": ""}\n{"text": "   "}\n')
+    code, err = _prepare_here(capsys, "--input", str(blank_records), *common, "--output", str(tmp_path / "b"))
+    assert code == 2 and "the input holds 2 empty document(s), e.g. " + f"{blank_records}:1" in err
+    assert not (tmp_path / "b" / "manifest.json").exists()
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"text": ""}\n{"text": "The red door opens."}\n')
+    code, err = _prepare_here(capsys, "--input", str(mixed), *common, "--output", str(tmp_path / "c"))
+    assert code == 0 and f"left out 1 empty document(s), e.g. {mixed}:1" in err
+    assert read_manifest(tmp_path / "c").num_documents == 1
+
+
 def test_csv_and_tsv_rows_are_documents_and_binary_files_are_refused(tmp_path, capsys):
     common = ["--tokenizer", str(TOKENIZER)]
     table = tmp_path / "reviews.csv"

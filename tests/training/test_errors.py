@@ -111,8 +111,18 @@ def _masked_copy(folder, source):
     return folder
 
 
+def _small_vocab_checkpoint(folder):
+    """A Llama checkpoint whose embedding has fewer rows than the shipped tokenizer has tokens."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2,
+                                 max_position_embeddings=128)).save_pretrained(str(folder))
+    return folder
+
+
 @pytest.fixture(scope="module")
-def failed_jobs(tmp_path_factory, tiny_data, bad_channels):
+def failed_jobs(tmp_path_factory, tiny_data, bad_channels, base_model):
     base = tmp_path_factory.mktemp("failing")
     jobs = {name: (job_root(base / name, tiny_data, train=folder), {**TINY, "parallelism": "single"})
             for name, (folder, _) in bad_channels.items()}
@@ -126,6 +136,13 @@ def failed_jobs(tmp_path_factory, tiny_data, bad_channels):
     jobs["no_preset_no_model"] = (job_root(base / "nomodel", tiny_data),
                                   {**{k: v for k, v in TINY.items() if k != "model_preset"},
                                    "parallelism": "single"})
+    # base_model: max_position_embeddings 128, and the shipped tokenizer in its folder
+    jobs["seq_len_beyond_checkpoint"] = (job_root(base / "long", tiny_data, model=base_model),
+                                         {**TINY, "parallelism": "single", "seq_len": 256})
+    jobs["tokenizer_beyond_embedding"] = (
+        job_root(base / "vocab", tiny_data, model=_small_vocab_checkpoint(base / "small_vocab"),
+                 tokenizer=base_model),
+        {**TINY, "parallelism": "single"})
     run_jobs(1, list(jobs.values()), base)
     return {name: outcome(root) for name, (root, _) in jobs.items()}
 
@@ -157,3 +174,16 @@ def test_smp_without_torch_sagemaker_is_a_clear_error(failed_jobs):
 def test_a_model_is_required(failed_jobs):
     assert "set it (e.g. llama-1b) or provide a `model` channel" in \
         failed_jobs["no_preset_no_model"]["message"]
+
+
+def test_seq_len_beyond_the_checkpoints_context_is_refused(failed_jobs):
+    failure = failed_jobs["seq_len_beyond_checkpoint"]
+    assert failure["error"] == "ConfigError"
+    assert "'seq_len': 256 exceeds the checkpoint's context length of 128 positions; set seq_len <= 128" \
+        in failure["message"]
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused(failed_jobs):
+    failure = failed_jobs["tokenizer_beyond_embedding"]
+    assert failure["error"] == "ConfigError"
+    assert "embeds only 256: train with the checkpoint's own tokenizer" in failure["message"]

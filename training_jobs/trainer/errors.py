@@ -27,3 +27,7 @@ class DivergenceError(TrainingError):
 
 class CheckpointError(TrainingError):
     """A checkpoint could not be written."""
+
+
+class ExportError(TrainingError):
+    """The final model could not be exported as trained."""

@@ -44,8 +44,7 @@ def export_model(strategy, config: TrainConfig, tokenizer, directory: Path, is_m
     dtype = EXPORT_DTYPES[config.parallel.mixed_precision]
     base_config = _base_config(hf_model)
     if config.lora.lora_r and not config.lora.merge_lora:
-        adapter = lora_module.adapter_state(hf_model, state)
-        lora_module.save_adapter(hf_model, directory, adapter)
+        lora_module.save_adapter(base_config, config.lora, state, directory)
     elif config.lora.lora_r:
         merged = lora_module.merged_model(base_config, config.lora, state)
         _save_full(base_config, merged.state_dict(), directory, dtype)

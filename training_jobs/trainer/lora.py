@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .config import LoraConfig
-from .errors import ConfigError
+from .errors import ConfigError, ExportError
 
 
 def peft_config(lora: LoraConfig):
@@ -71,23 +71,38 @@ def quantization_config(lora: LoraConfig):
                               bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_use_double_quant=True)
 
 
-def adapter_state(model: nn.Module, full_state: dict) -> dict:
-    """The adapter weights (peft's on-disk names) out of a full state dict of the peft model."""
-    from peft import get_peft_model_state_dict
+def _peft_skeleton(config, lora: LoraConfig) -> nn.Module:
+    """The peft model of `config` on the meta device, with plain module names.
 
-    return get_peft_model_state_dict(model, state_dict=full_state)
-
-
-def merged_model(config, lora: LoraConfig, full_state: dict) -> nn.Module:
-    """A plain transformers model with the adapters folded into the base weights."""
+    The trained model's module names carry whatever wraps its layers (activation checkpointing's
+    `_checkpoint_wrapped_module`, torch.compile's `_orig_mod`), while the gathered state dict's keys
+    are clean; peft matches adapter weights by module name, so it must see an unwrapped model."""
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        skeleton = get_peft_model(AutoModelForCausalLM.from_config(config), peft_config(lora))
+        return get_peft_model(AutoModelForCausalLM.from_config(config), peft_config(lora))
+
+
+def merged_model(config, lora: LoraConfig, full_state: dict) -> nn.Module:
+    """A plain transformers model with the adapters folded into the base weights."""
+    skeleton = _peft_skeleton(config, lora)
     skeleton.load_state_dict(full_state, assign=True, strict=True)
     return skeleton.merge_and_unload()
 
 
-def save_adapter(model: nn.Module, directory: Path, adapter: dict) -> None:
-    model.save_pretrained(str(directory), state_dict=adapter, safe_serialization=True)
+def save_adapter(config, lora: LoraConfig, full_state: dict, directory: Path) -> int:
+    """Write the adapter (adapter_config.json + adapter_model.safetensors) out of the full state
+    dict of the trained peft model; returns how many tensors it holds. Refuses to write an adapter
+    that lacks any of the trained LoRA weights: an empty adapter loads without error and silently
+    gives back the base model."""
+    from peft import get_peft_model_state_dict
+
+    skeleton = _peft_skeleton(config, lora)
+    adapter = get_peft_model_state_dict(skeleton, state_dict=full_state)
+    trained = [key for key in full_state if ".lora_A." in key or ".lora_B." in key]
+    if not trained or len(adapter) != len(trained):
+        raise ExportError(f"the LoRA adapter holds {len(adapter)} of the {len(trained)} trained adapter "
+                          "tensors; nothing was exported (the checkpoints still hold the trained state)")
+    skeleton.save_pretrained(str(directory), state_dict=full_state, safe_serialization=True)
+    return len(adapter)

@@ -141,6 +141,7 @@ def model_source(model: ModelConfig, model_channel: Path | None, tokenizer, seq_
         config = AutoConfig.from_pretrained(str(model_channel), local_files_only=True)
         _apply_overrides(config, model.model_overrides)
         _check_context_length(config, seq_len)
+        _check_tokenizer_fits(config, tokenizer, model_channel)
         return ModelSource(config, model_channel, f"pretrained from {model_channel}", attention)
     if model_channel is not None:
         raise ContainerError(f"the model channel {model_channel} holds no config.json: it must be an "
@@ -153,10 +154,23 @@ def model_source(model: ModelConfig, model_channel: Path | None, tokenizer, seq_
 
 
 def _check_context_length(config, seq_len: int) -> None:
-    limit = getattr(config, "n_positions", None)  # learned positions cannot extrapolate
+    """A checkpoint was trained up to its context length; longer samples would train positions it
+    never saw (learned positions cannot exist at all, rotary ones degrade silently)."""
+    limit = config.to_dict().get("n_positions") or config.to_dict().get("max_position_embeddings")
     if limit is not None and seq_len > limit:
-        raise ConfigError(f"invalid hyperparameter 'seq_len': {seq_len} exceeds the model's "
-                          f"{limit} learned positions")
+        raise ConfigError(f"invalid hyperparameter 'seq_len': {seq_len} exceeds the checkpoint's context "
+                          f"length of {limit} positions; set seq_len <= {limit}, or extend the context on "
+                          "purpose with model_overrides (e.g. max_position_embeddings and rope_scaling)")
+
+
+def _check_tokenizer_fits(config, tokenizer, model_channel: Path) -> None:
+    """Every id the tokenizer can produce needs a row in the checkpoint's embedding, else the
+    model fails with an index error later (at inference) instead of now."""
+    embedding_rows = config.to_dict().get("vocab_size")
+    if embedding_rows is not None and len(tokenizer) > embedding_rows:
+        raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the checkpoint in {model_channel} "
+                          f"embeds only {embedding_rows}: train with the checkpoint's own tokenizer (drop "
+                          "the tokenizer channel, or give one whose size fits the embedding)")
 
 
 def build_model(source: ModelSource, *, materialize: bool, seed: int, load_weights: bool = True,
