@@ -87,6 +87,7 @@ class LauncherStack(Stack):
             warm_pool_cap_seconds=cap,
             state_machine_name=state_machine_name(config),
             notification_email=config.notifications.email,
+            platform_features=config.platform_features(),
         )
         output(
             self,

@@ -12,6 +12,7 @@ from stacks.access import AccessStack
 from stacks.launcher import LauncherStack, state_machine_arn
 from stacks.network import NetworkStack
 from stacks.operations import OperationsStack
+from stacks.services import ServicesStack, add_feature_permissions
 from stacks.storage import StorageStack
 
 
@@ -35,6 +36,10 @@ class PlatformStage(Stage):
         self.storage = StorageStack(self, "Storage", config=config)
         self.access = AccessStack(self, "Access", config=config, network=self.network.network,
                                   storage=self.storage.storage)
+        # Package mirror, MLflow, remote debugging (config switches), and the permissions to use them.
+        self.services = ServicesStack(self, "Services", config=config, network=self.network.network,
+                                      storage=self.storage.storage)
+        add_feature_permissions(self.access.access, config)
 
         # Stacks built on the foundation (the launcher, operations) are added below this line,
         # each taking what it needs from the attributes above.

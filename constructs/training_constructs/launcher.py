@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import yaml
 from aws_cdk import Aws, CfnResource, Duration, RemovalPolicy, Stack
@@ -139,6 +140,7 @@ class TrainingLauncher(Construct):
         notification_email: str | None = None,
         encryption_key: kms.IKey | None = None,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_YEAR,
+        platform_features: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         _validate(
@@ -154,8 +156,11 @@ class TrainingLauncher(Construct):
         self.stack = Stack.of(self)
         self.job_templates = tuple(job_templates)
         self.job_name_prefix = job_name_prefix
+        # The environment's optional features (EnvironmentConfig.platform_features: package
+        # repository, MLflow, training plans, remote debugging): MLflow adds a request field.
+        features = dict(platform_features or {})
         self.request_layouts = handlers.request_layouts(
-            [_synth_render(t, job_name_prefix, warm_pool_cap_seconds) for t in self.job_templates]
+            [_synth_render(t, job_name_prefix, warm_pool_cap_seconds, features) for t in self.job_templates]
         )
         self.platform_context = {
             "environment": environment_name,
@@ -171,6 +176,7 @@ class TrainingLauncher(Construct):
             "security_group_ids": [group.security_group_id for group in security_groups],
             "warm_pool_cap_seconds": warm_pool_cap_seconds,
             "job_name_prefix": job_name_prefix,
+            **features,
         }
         self.encryption_key = encryption_key or self._create_key(environment_name)
         self._log_retention = log_retention
@@ -611,7 +617,8 @@ def _validate(
     )
 
 
-def _synth_render(template: JobTemplate, job_name_prefix: str, warm_pool_cap_seconds: int) -> dict:
+def _synth_render(template: JobTemplate, job_name_prefix: str, warm_pool_cap_seconds: int,
+                  features: Mapping[str, Any]) -> dict:
     """The version's request with its defaults and a placeholder platform: its layout is what counts."""
     platform = PlatformContext.placeholder(
         environment="synth",
@@ -619,6 +626,7 @@ def _synth_render(template: JobTemplate, job_name_prefix: str, warm_pool_cap_sec
         region="us-east-1",
         resource_prefix=job_name_prefix,
         warm_pool_cap_seconds=warm_pool_cap_seconds,
+        **features,
     )
     return render(template.spec, RunInput(run_name="synth-check"), platform)
 
