@@ -21,6 +21,7 @@ from constructs import Construct
 from llmtrain.environments import MLFLOW_SIZES
 from llmtrain.platform import mlflow_tracking_server_name
 from training_constructs._props import require
+from training_constructs.nag import acknowledge_wildcards
 from training_constructs.packages import interface_endpoints
 
 _NAME = "TrainingMlflow"
@@ -71,6 +72,12 @@ class TrainingMlflow(Construct):
                              description="SageMaker MLflow tracking server: its artifact store")
         artifacts_bucket.grant_read_write(self.role, f"{ARTIFACT_PREFIX}/*")
         key.grant_encrypt_decrypt(self.role)
+        acknowledge_wildcards(self.role, {
+            "s3:Abort*": "the tracking server reads and writes any artifact under mlflow/ of the artifacts "
+                         "bucket (aws-cdk-lib's grant_read_write action groups)",
+            "kms:Decrypt": "the artifacts bucket's objects are encrypted with the platform key: data keys "
+                           "and re-encryption (aws-cdk-lib's grant_encrypt_decrypt)",
+        })
         self.tracking_server = sagemaker.CfnMlflowTrackingServer(
             self, "TrackingServer",
             tracking_server_name=mlflow_tracking_server_name(environment_name),
