@@ -15,11 +15,11 @@ from constructs import Construct
 
 from llmtrain.environments import EnvironmentConfig
 from stacks._outputs import output
-from training_constructs.nag import acknowledge_wildcards
 from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage, debugging, mlflow, packages
 from training_constructs.access import ENGINEER_WILDCARD_REASONS
 from training_constructs.debugging import TrainingDebugging
 from training_constructs.mlflow import TrainingMlflow
+from training_constructs.nag import acknowledge_wildcards
 from training_constructs.packages import TrainingPackages
 
 SERVICES_STACK_PART = "services"
