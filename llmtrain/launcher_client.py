@@ -112,13 +112,7 @@ class LauncherClient:
     ) -> LauncherClient:
         """The launcher of `environment`: checks credentials and account, reads the stack output."""
         session = session or boto3.Session()
-        identity = caller_identity(session, environment)
-        if identity["Account"] != environment.account:
-            raise LauncherError(
-                f"your AWS credentials are for account {identity['Account']} but environment "
-                f"{environment.name!r} is in account {environment.account}: use credentials for that account "
-                "(e.g. AWS_PROFILE)"
-            )
+        identity = account_identity(session, environment)
         arn = state_machine_arn or _state_machine_from_stack(session, environment)
         return cls(
             session=session,
@@ -325,6 +319,25 @@ def caller_identity(session: boto3.Session, environment: EnvironmentConfig) -> d
         raise LauncherError(
             f"your AWS credentials were refused ({error}); refresh them and try again"
         ) from error
+
+
+def account_identity(session: boto3.Session, environment: EnvironmentConfig) -> dict[str, Any]:
+    """The caller's identity, checked to be in the environment's account."""
+    identity = caller_identity(session, environment)
+    if identity["Account"] != environment.account:
+        raise LauncherError(
+            f"your AWS credentials are for account {identity['Account']} but environment "
+            f"{environment.name!r} is in account {environment.account}: use credentials for that account "
+            "(e.g. AWS_PROFILE)"
+        )
+    return identity
+
+
+def account_session(environment: EnvironmentConfig) -> boto3.Session:
+    """A session with the caller's credentials, checked to be for the environment's account."""
+    session = boto3.Session()
+    account_identity(session, environment)
+    return session
 
 
 def owner_from_identity(identity: Mapping[str, Any]) -> str | None:

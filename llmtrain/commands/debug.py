@@ -18,13 +18,12 @@ import shlex
 import shutil
 from dataclasses import dataclass
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtrain.commands._common import add_environment_arguments, environment_of
 from llmtrain.errors import LlmtrainError
 from llmtrain.handlers.launcher import run_jobs
-from llmtrain.launcher_client import caller_identity
+from llmtrain.launcher_client import account_session
 
 # SageMaker's SSM target for one host of a training job (docs: "Access a training container through
 # AWS Systems Manager for remote debugging"); the IAM condition key ssm:resourceTag/aws:ssmmessages:
@@ -70,14 +69,7 @@ def register(subparsers) -> None:
 
 def debug_command(args: argparse.Namespace) -> int:
     environment = environment_of(args)
-    session = boto3.Session()
-    identity = caller_identity(session, environment)
-    if identity["Account"] != environment.account:
-        raise LlmtrainError(
-            f"your AWS credentials are for account {identity['Account']} but environment "
-            f"{environment.name!r} is in account {environment.account}: use credentials for that account"
-        )
-    sagemaker = session.client("sagemaker", region_name=environment.region)
+    sagemaker = account_session(environment).client("sagemaker", region_name=environment.region)
     debug = find_session(sagemaker, environment.job_name_prefix, args.run_name, args.host, environment.region)
     command = debug.command()
     if args.print_only:

@@ -15,13 +15,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtrain.commands._common import add_environment_arguments, environment_of
 from llmtrain.environments import EnvironmentConfig
 from llmtrain.errors import LlmtrainError
-from llmtrain.launcher_client import caller_identity
+from llmtrain.launcher_client import account_session
 
 _HEADERS = ("PLAN", "STATUS", "INSTANCES", "AVAILABLE", "IN USE", "START", "END", "")
 
@@ -63,13 +62,7 @@ def register(subparsers) -> None:
 
 def plans_command(args: argparse.Namespace) -> int:
     environment = environment_of(args)
-    session = boto3.Session()
-    identity = caller_identity(session, environment)
-    if identity["Account"] != environment.account:
-        raise LlmtrainError(
-            f"your AWS credentials are for account {identity['Account']} but environment "
-            f"{environment.name!r} is in account {environment.account}: use credentials for that account"
-        )
+    session = account_session(environment)
     views = list_plans(session.client("sagemaker", region_name=environment.region), environment)
     if args.json:
         print(json.dumps([view.to_dict() for view in views], indent=2))
