@@ -329,12 +329,12 @@ def _read_features(reader: _Reader) -> dict[str, Any]:
     return {
         "packages": PackagesConfig(source=source),
         "mlflow": MlflowConfig(tracking_server=mlflow.boolean("tracking_server", default=False), size=size),
-        "training_plans": _read_training_plans(reader),
+        "training_plans": _read_training_plans(reader, reader.data.get("region"), reader.data.get("account")),
         "remote_debug": debug.boolean("enabled", default=False),
     }
 
 
-def _read_training_plans(reader: _Reader) -> dict[str, str]:
+def _read_training_plans(reader: _Reader, region: Any, account: Any) -> dict[str, str]:
     plans = reader.raw("training_plans", default={})
     if not isinstance(plans, dict):
         reader.fail("training_plans", "must map plan names to training plan ARNs")
@@ -344,6 +344,9 @@ def _read_training_plans(reader: _Reader) -> dict[str, str]:
         if not isinstance(arn, str) or not TRAINING_PLAN_ARN.fullmatch(arn):
             reader.fail(f"training_plans.{name}", f"expected a training plan ARN "
                         f"(arn:aws:sagemaker:REGION:ACCOUNT:training-plan/NAME), got {arn!r}")
+        if arn.split(":")[3:5] != [region, account]:
+            reader.fail(f"training_plans.{name}", f"{arn} is not in this environment's account and region "
+                        f"({account}, {region}): a job can only use a plan of its own account and region")
     return dict(plans)
 
 

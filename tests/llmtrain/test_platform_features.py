@@ -177,6 +177,8 @@ def test_environment_config_reads_the_features_and_refuses_mistakes():
         parse_environment({**raw, "packages": {"source": "pypi"}})
     with pytest.raises(ValueError, match="training_plans.p4d: expected a training plan ARN"):
         parse_environment({**raw, "training_plans": {"p4d": "arn:aws:iam::1:role/x"}})
+    with pytest.raises(ValueError, match="not in this environment's account and region"):
+        parse_environment({**raw, "training_plans": {"p4d": PLAN_ARN}})  # another account
 
 
 def test_a_platform_context_written_before_the_features_still_loads():
