@@ -17,7 +17,7 @@ from cdk_nag import AwsSolutionsChecks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "config"
-PARTS = ("network", "storage", "access", "launcher", "operations")
+PARTS = ("network", "storage", "access", "services", "launcher", "operations")
 ENV = cdk.Environment(account="111111111111", region="us-east-1")
 
 
