@@ -88,7 +88,8 @@ def test_a_local_run_logs_to_an_mlflow_store_in_its_folder(straight):
     store = f"sqlite:///{(straight.run_dir / 'mlflow.db').resolve()}"
     assert f"mlflow ui --backend-store-uri {store}" in straight.output
     client = MlflowClient(tracking_uri=store)
-    experiment = client.get_experiment_by_name("llama-pretrain-fsdp")
+    # <team>-<template>, as in the cloud: a local run renders for the team `default`.
+    experiment = client.get_experiment_by_name("default-llama-pretrain-fsdp")
     [run] = client.search_runs([experiment.experiment_id])
     job = straight.summary["TrainingJobName"]
     assert run.info.run_name == job and run.info.status == "FINISHED"

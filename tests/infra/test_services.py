@@ -12,7 +12,7 @@ from pathlib import Path
 import aws_cdk as cdk
 import pytest
 from cfnlint.api import ManualArgs, lint
-from infra_helpers import CONFIG_DIR, resources_of_type, statements_by_sid, synthesize
+from infra_helpers import CONFIG_DIR, checkov_report, resources_of_type, statements_by_sid, synthesize
 
 from llmtrain.environments import load_environment, parse_environment
 from llmtrain.handlers.launcher import ENV_PLATFORM_CONTEXT
@@ -63,6 +63,17 @@ def test_every_feature_passes_cdk_nag_and_cfn_lint(featured):
                   for m in lint(json.dumps(_template(stack)), config=ManualArgs(regions=["eu-west-1"]))
                   if m.rule.id.startswith("E")]
         assert errors == []
+
+
+def test_every_feature_passes_checkov(featured):
+    """The MLflow server, its role and the SSM endpoints exist only where a switch is on: checkov reads
+    them here (config/'s environments are checked in test_platform.py)."""
+    synthesized, _ = featured
+    reports = checkov_report(sorted(synthesized.outdir.glob("assembly-*")))
+    failed = [f"{r['resource']} {r['check_id']} {r['check_name']}"
+              for report in reports for r in report["results"]["failed_checks"]]
+    assert failed == []
+    assert sum(report["summary"]["passed"] for report in reports) > 100
 
 
 def test_services_stack_holds_the_mirror_the_tracking_server_and_their_endpoints(featured):
