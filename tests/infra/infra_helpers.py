@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from cdk_nag import AwsSolutionsChecks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "config"
-PARTS = ("network", "storage", "access", "launcher", "operations")
+PARTS = ("network", "storage", "access", "services", "launcher", "operations")
 ENV = cdk.Environment(account="111111111111", region="us-east-1")
 
 
@@ -87,3 +88,27 @@ def statements_by_sid(
 
 def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
+
+
+# checkov lives in its own virtual environment (`make setup`; it pins an older boto3 than ours).
+CHECKOV = Path(
+    os.environ.get("CHECKOV", ROOT / ".venv-checkov" / "bin" / "checkov")
+)
+
+
+def checkov_report(directories: list[Path]) -> list[dict]:
+    """checkov over CloudFormation templates, offline (no Prisma Cloud download): its JSON reports."""
+    assert CHECKOV.exists(), f"{CHECKOV} is missing: `make setup` installs checkov into .venv-checkov"
+    command = [str(CHECKOV), "--framework", "cloudformation", "--output", "json", "--skip-download"]
+    command.append("--compact")
+    for directory in directories:
+        command += ["--directory", str(directory)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    assert result.returncode in (0, 1), result.stderr[-2000:]  # 1: checks failed (asserted below)
+    # One JSON document per directory scanned, one after the other.
+    reports, decoder, text, at = [], json.JSONDecoder(), result.stdout, 0
+    while text[at:].strip():
+        at += len(text[at:]) - len(text[at:].lstrip())
+        report, at = decoder.raw_decode(text, at)
+        reports += report if isinstance(report, list) else [report]
+    return reports

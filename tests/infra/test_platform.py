@@ -7,15 +7,12 @@ stage), so a new stack is held to the same rules without changing this file.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_iam as iam
 from cfnlint.api import ManualArgs, lint
-from infra_helpers import ENV, as_list, synthesize
+from infra_helpers import ENV, as_list, checkov_report, synthesize
 
 from llmtrain.environments import StackOutput
 from training_constructs.nag import acknowledge, acknowledge_wildcards, flatten_reference
@@ -30,6 +27,8 @@ RESOURCE_STAR_ALLOWED = {
     "ec2:DescribeSubnets": "EC2 Describe* actions support no resource-level permissions",
     "ec2:DescribeSecurityGroups": "EC2 Describe* actions support no resource-level permissions",
     "sagemaker:ListTrainingJobs": "List actions have no resource; descriptions are scoped to the prefix",
+    "sagemaker:ListTrainingPlans": "List actions have no resource; llmtrain plans lists the account's plans",
+    "sts:GetServiceBearerToken": "no resource-level permission; a condition limits it to CodeArtifact",
     "servicequotas:ListServiceQuotas": "Service Quotas List* actions have no resource ARN",
     "servicequotas:ListAWSDefaultServiceQuotas": "Service Quotas List* actions have no resource ARN",
     # The launcher state machine's logging and X-Ray tracing (aws-cdk-lib's own grants).
@@ -119,30 +118,6 @@ def test_cfn_lint_finds_no_errors_in_any_template(platform, environments):
 # aws:PrincipalAccount) call the endpoint's service, and their own IAM policies hold them to least
 # privilege. It may name the service's actions with a wildcard (tests/infra/test_network.py checks it).
 PERIMETER_POLICIES = ("AWS::EC2::VPCEndpoint",)
-
-
-# checkov lives in its own virtual environment (`make setup`; it pins an older boto3 than ours).
-CHECKOV = Path(
-    os.environ.get("CHECKOV", Path(__file__).resolve().parents[2] / ".venv-checkov" / "bin" / "checkov")
-)
-
-
-def checkov_report(directories: list[Path]) -> list[dict]:
-    """checkov over CloudFormation templates, offline (no Prisma Cloud download): its JSON reports."""
-    assert CHECKOV.exists(), f"{CHECKOV} is missing: `make setup` installs checkov into .venv-checkov"
-    command = [str(CHECKOV), "--framework", "cloudformation", "--output", "json", "--skip-download"]
-    command.append("--compact")
-    for directory in directories:
-        command += ["--directory", str(directory)]
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
-    assert result.returncode in (0, 1), result.stderr[-2000:]  # 1: checks failed (asserted below)
-    # One JSON document per directory scanned, one after the other.
-    reports, decoder, text, at = [], json.JSONDecoder(), result.stdout, 0
-    while text[at:].strip():
-        at += len(text[at:]) - len(text[at:].lstrip())
-        report, at = decoder.raw_decode(text, at)
-        reports += report if isinstance(report, list) else [report]
-    return reports
 
 
 def test_checkov_findings_are_all_fixed_or_acknowledged_with_a_reason(platform):

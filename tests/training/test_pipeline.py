@@ -151,7 +151,9 @@ def test_masked_fine_tuning_data_keeps_the_per_token_loss_exactly(runs):
 
 
 def test_pipeline_with_ddp_trains_like_ddp(runs):
-    assert losses(runs["pp_ddp"]) == losses(runs["ddp"])
+    # The weights differ from DDP's by about 1e-7 from the first step on (the stages' gradients
+    # are reduced in other buckets, so summed in another order): the losses follow within 1e-6.
+    assert losses(runs["pp_ddp"]) == pytest.approx(losses(runs["ddp"]), abs=1e-6, rel=0)
     _assert_same_weights(runs["pp_ddp"], runs["ddp"], atol=1e-6)
 
 

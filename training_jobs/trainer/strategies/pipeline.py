@@ -109,7 +109,7 @@ class PipelineStrategy:
         config, par = ctx.config, ctx.config.parallel
         self.config, self.device, self.kind = config, ctx.device, par.parallelism
         self.topology = parallel.build_topology(ctx.dims, ctx.device, needs_mesh=True)
-        self.eval_micro_batches = config.data.grad_accum_steps
+        self.eval_micro_batches = 1  # _forward_only passes one batch at a time
         degree, per_rank = ctx.dims.pipeline, pipeline_stages_per_rank(par)
         self.num_stages = degree * per_rank
         skeleton = prepare_model(ctx, materialize=False)
@@ -221,11 +221,37 @@ class PipelineStrategy:
         return total / len(micro_batches)
 
     def evaluate(self, batches: list[MicroBatch]) -> torch.Tensor:
-        sums = self._run(self.schedule.eval, batches, causal_lm_loss_sum)
+        sums = self._forward_only(batches)
         total = torch.zeros(2, device=self.device)
         for loss_sum, (_, targets) in zip(sums, batches, strict=False):  # none off the last stage
             total += torch.stack([loss_sum, trained_targets(targets)])
         return total
+
+    def _forward_only(self, batches: list[MicroBatch]) -> list[torch.Tensor]:
+        """The last stage's loss sum of each batch, without the schedule: each batch passes the
+        stages in order, its activations sent point to point between their ranks. The schedules'
+        own forward-only pass does not exist in every torch a container runs (2.8 has none), and
+        evaluation is rare enough that overlapping its micro-batches gains little."""
+        group = self.topology.pipeline_group()
+        me, degree = dist.get_rank(group), dist.get_world_size(group)
+        owner = {stage: rank for rank in range(degree)
+                 for stage in stage_indices(rank, degree, len(self.stage_ids))}
+        modules = dict(zip(self.stage_ids, self.modules, strict=True))
+        cast = contextlib.nullcontext() if self.sharded else \
+            parallel.autocast_context(self.device, self.config.parallel.mixed_precision)
+        sums = []
+        with torch.no_grad(), cast:
+            for inputs, targets in batches:
+                hidden = inputs
+                for stage in sorted(modules):
+                    if stage > 0 and owner[stage - 1] != me:
+                        hidden = _receive_activation(owner[stage - 1], group, self.device)
+                    hidden = modules[stage](hidden)
+                    if stage == self.num_stages - 1:
+                        sums.append(causal_lm_loss_sum(hidden, targets))
+                    elif owner[stage + 1] != me:
+                        _send_activation(hidden, owner[stage + 1], group)
+        return sums
 
     def step(self) -> torch.Tensor:
         group = self.topology.pipeline_group()
@@ -271,6 +297,26 @@ class PipelineStrategy:
 
     def close(self) -> None:
         pass
+
+
+# Activations between stages are [batch, sequence, hidden]; a header says their dtype (autocast
+# decides it) and shape.
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _send_activation(tensor: torch.Tensor, destination: int, group) -> None:
+    header = torch.tensor([_DTYPES.index(tensor.dtype), *tensor.shape], dtype=torch.int64)
+    dist.send(header.to(tensor.device), group_dst=destination, group=group)
+    dist.send(tensor.contiguous(), group_dst=destination, group=group)
+
+
+def _receive_activation(source: int, group, device: torch.device) -> torch.Tensor:
+    header = torch.empty(4, dtype=torch.int64, device=device)
+    dist.recv(header, group_src=source, group=group)
+    dtype, *shape = header.tolist()
+    received = torch.empty(shape, dtype=_DTYPES[dtype], device=device)
+    dist.recv(received, group_src=source, group=group)
+    return received
 
 
 def _full_tensors(module: nn.Module):
