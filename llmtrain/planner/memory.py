@@ -17,7 +17,11 @@ Each part is the most the program holds of it during a step, as bench/plan_memor
   checkpointed block recomputed, the logits and their gradient, a block's unsharded gradients;
 - overhead: the CUDA context, NCCL's buffers and the allocator's unusable remainder (on GPUs only).
 
-How each part follows from the strategy is in docs/planning.md ("The memory model"). The
+With pipeline stages every pipeline rank is planned apart (its stages' states, the activations of
+the micro-batches its schedule holds at once, torch's receive buffers and the last stage's kept
+logits; "pipeline stages" below) and the plan reports the rank that holds the most.
+
+How each part follows from the strategy is in docs/planning.md ("The memory model", "The pipeline"). The
 activation terms follow the Hugging Face Llama block op by op (which tensor each op saves, in which
 dtype) rather than a fitted constant, so they hold for any width, depth, sequence and batch.
 """
