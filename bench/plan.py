@@ -31,6 +31,7 @@ from llmtrain.planner.workload import (
     Workload,
     hyperparameter_values,
     resolve_layout,
+    workload_and_layout,
     workload_from_hyperparameters,
 )
 
@@ -62,6 +63,16 @@ class MemoryConfig:
 
 def _config(name: str, processes: int, **settings) -> MemoryConfig:
     return MemoryConfig(name, processes, {**SMALL, **settings})
+
+
+def _pipeline(name: str, processes: int, **settings) -> MemoryConfig:
+    """Two pipeline stages of llama-20m's six layers (two of its four with interleaved schedules)
+    and four micro-batches, with DDP unless named."""
+    return _config(
+        name,
+        processes,
+        **{"parallelism": "ddp", "pipeline_parallel_degree": 2, "grad_accum_steps": 4, **settings},
+    )
 
 
 # DeepSpeed last in each launch: its ZeRO-3 patches torch functions for the rest of the process.
@@ -100,6 +111,24 @@ MEMORY_CONFIGS = (
     _config("ddp + LoRA r=8", 2, parallelism="ddp", lora_r=8),
     _config("hsdp 2 x 2", 4, parallelism="fsdp", fsdp_sharding="hybrid", replicate_degree=2),
     _config("fsdp 2 x tensor parallel 2", 4, parallelism="fsdp", tensor_parallel_degree=2),
+    _pipeline("pp 2, 1f1b", 2, pipeline_schedule="1f1b"),
+    _pipeline("pp 2, 1f1b, 8 micro-batches", 2, pipeline_schedule="1f1b", grad_accum_steps=8),
+    _pipeline("pp 2, gpipe", 2, pipeline_schedule="gpipe"),
+    _pipeline("pp 2, 1f1b, fp32", 2, pipeline_schedule="1f1b", mixed_precision="fp32"),
+    _pipeline("pp 2, 1f1b, full AC", 2, pipeline_schedule="1f1b", activation_checkpointing="full"),
+    _pipeline("pp 2, interleaved 1f1b", 2, pipeline_schedule="interleaved_1f1b"),
+    _pipeline("pp 2, zero bubble", 2, pipeline_schedule="zero_bubble"),
+    _pipeline("pp 2 x fsdp 2, 1f1b", 4, parallelism="fsdp", pipeline_schedule="1f1b"),
+    _pipeline(
+        "pp 2 x fsdp 2 grad_op, interleaved, full AC",
+        4,
+        parallelism="fsdp",
+        fsdp_sharding="grad_op",
+        pipeline_schedule="interleaved_1f1b",
+        activation_checkpointing="full",
+    ),
+    _pipeline("pp 2 x ddp 2, 1f1b", 4, pipeline_schedule="1f1b"),
+    _pipeline("pp 2 x tensor parallel 2, 1f1b", 4, parallelism="fsdp", tensor_parallel_degree=2),
     _config("zero-1 bf16", 2, parallelism="deepspeed", zero_stage=1),
     _config("zero-2 bf16", 2, parallelism="deepspeed", zero_stage=2),
     _config(
@@ -116,18 +145,31 @@ QUICK_CONFIGS = (
     "fsdp grad_op, accumulation 2",
     "tensor parallel 2",
     "fsdp + LoRA r=8, dropout 0.1",
+    "pp 2, 1f1b",
+    "pp 2, gpipe",
+    "pp 2, interleaved 1f1b",
+    "pp 2 x fsdp 2, 1f1b",
     "zero-1 bf16",
     "zero-3 bf16",
 )
 
 
-def predicted_memory(config: MemoryConfig) -> dict[str, int]:
-    """The planner's parts for a configuration measured here (CPU: no CUDA context, CPU dropout)."""
+def predicted_memory(config: MemoryConfig) -> list[dict[str, int]]:
+    """The planner's parts for a configuration measured here (CPU: no CUDA context, CPU dropout),
+    one entry per pipeline rank (one for a configuration without pipeline stages); with pipeline
+    stages also the receive buffers the activations include."""
     values = hyperparameter_values(config.hyperparameters)
-    work = workload_from_hyperparameters(values, vocab_size=SHIPPED_TOKENIZER_VOCAB)
-    layout = resolve_layout(values, config.processes, 1)
-    estimate = memory.estimate(work, layout, capacity=0, on_gpu=False)
-    return {part: getattr(estimate, part) for part in PARTS}
+    work, layout = workload_and_layout(values, config.processes, 1, vocab_size=SHIPPED_TOKENIZER_VOCAB)
+    if not layout.pipelined:
+        estimate = memory.estimate(work, layout, capacity=0, on_gpu=False)
+        return [{part: getattr(estimate, part) for part in PARTS}]
+    return [
+        {
+            **{part: getattr(estimate, part) for part in PARTS},
+            "buffers": estimate.details["pipeline_receive_buffer_bytes"],
+        }
+        for estimate in memory.pipeline_estimates(work, layout, capacity=0, on_gpu=False)
+    ]
 
 
 def _child_env() -> dict[str, str]:
@@ -150,9 +192,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def measure_memory(configs: tuple[MemoryConfig, ...], timeout: float = 1200) -> dict[str, dict]:
-    """Run each group of configurations (by process count) in one torchrun launch; per part, the
-    largest value over the ranks."""
+def measure_memory(configs: tuple[MemoryConfig, ...], timeout: float = 1200) -> dict[str, list[dict]]:
+    """Run each group of configurations (by process count) in one torchrun launch; what every rank
+    measured (or the error), by configuration."""
     results: dict[str, dict] = {}
     for processes in sorted({c.processes for c in configs}):
         group = [c for c in configs if c.processes == processes]
@@ -187,27 +229,29 @@ def measure_memory(configs: tuple[MemoryConfig, ...], timeout: float = 1200) -> 
                     f"\n{done.stderr[-3000:]}"
                 )
         for config in group:
-            per_rank = [rank[config.name] for rank in ranks]
-            errors = [r["error"] for r in per_rank if "error" in r]
-            results[config.name] = (
-                {"error": errors[0]} if errors else {part: max(r[part] for r in per_rank) for part in PARTS}
-            )
+            results[config.name] = [rank[config.name] for rank in ranks]
     return results
 
 
-def memory_rows(configs: tuple[MemoryConfig, ...], measured: dict[str, dict]) -> list[dict]:
+def memory_rows(configs: tuple[MemoryConfig, ...], measured: dict[str, list[dict]]) -> list[dict]:
+    """One row per configuration, or per pipeline rank: per part the largest value over the ranks
+    (of that pipeline rank: the mesh's outermost dimension, so consecutive global ranks)."""
     rows = []
     for config in configs:
-        found = measured[config.name]
-        row = {
-            "name": config.name,
-            "processes": config.processes,
-            "measured": found,
-            "predicted": predicted_memory(config),
-        }
-        if "error" not in found:
-            row["error"] = {part: relative_error(row["predicted"][part], found[part]) for part in PARTS}
-        rows.append(row)
+        per_rank = measured[config.name]
+        errors = [r["error"] for r in per_rank if "error" in r]
+        predicted = predicted_memory(config)
+        group = len(per_rank) // len(predicted)
+        for index, expected in enumerate(predicted):
+            name = config.name if len(predicted) == 1 else f"{config.name}: pipeline rank {index}"
+            row = {"name": name, "processes": config.processes, "predicted": expected}
+            if errors:
+                row["measured"] = {"error": errors[0]}
+            else:
+                ranks = per_rank[index * group : (index + 1) * group]
+                row["measured"] = {part: max(r[part] for r in ranks) for part in expected}
+                row["error"] = {part: relative_error(expected[part], row["measured"][part]) for part in PARTS}
+            rows.append(row)
     return rows
 
 
@@ -384,16 +428,21 @@ def _mib(value: float) -> str:
 
 def print_memory(rows: list[dict]) -> None:
     print("Memory per rank, measured on this CPU vs predicted (MiB; error = predicted / measured - 1)")
-    print(f"{'configuration':36} {'part':12} {'measured':>9} {'predicted':>9} {'error':>8}")
+    print(f"{'configuration':58} {'part':12} {'measured':>9} {'predicted':>9} {'error':>8}")
     for row in rows:
         if "error" in row["measured"]:
-            print(f"{row['name']:36} FAILED: {row['measured']['error'].splitlines()[-1]}")
+            print(f"{row['name']:58} FAILED: {row['measured']['error'].splitlines()[-1]}")
             continue
         for index, part in enumerate(PARTS):
             label = row["name"] if index == 0 else ""
             print(
-                f"{label:36} {part:12} {_mib(row['measured'][part])} {_mib(row['predicted'][part])} "
+                f"{label:58} {part:12} {_mib(row['measured'][part])} {_mib(row['predicted'][part])} "
                 f"{row['error'][part]:+8.1%}"
+            )
+        if "buffers" in row["predicted"]:
+            print(
+                f"{'':58} {'(buffers)':12} {_mib(row['measured']['buffers'])} "
+                f"{_mib(row['predicted']['buffers'])}   of the activations: receive buffers"
             )
 
 

@@ -19,6 +19,14 @@ measured on every rank:
   counted by the storage it holds at that moment (FSDP2 and ZeRO-3 free gathered weights after
   use), excluding parameter storage.
 
+With pipeline stages the schedule runs many micro-batches' forwards and backwards in its own order
+and calls autograd itself, so every part is sampled after each stage forward and around each
+backward (zero bubble's input and weight backwards too). Activations are then what is alive at that
+moment: autograd's saved tensors (each in a holder the graph owns, so it dies with its node),
+autocast's weight copies (its cache keeps them for the step), the stage inputs and outputs and the
+last stage's logits the schedule keeps, and the receive buffers torch allocates per micro-batch
+(also reported apart as "buffers").
+
 Rank r writes OUT.json.r: {name: {"parameters": ..., "gradients": ..., "optimizer": ...,
 "activations": ...}}. bench/plan.py launches this and compares with the planner.
 """
@@ -30,6 +38,7 @@ import json
 import os
 import sys
 import traceback
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -104,17 +113,27 @@ def _fsdp_params(model):
                 yield from group.fsdp_params
 
 
+def model_parts(strategy) -> list[torch.nn.Module]:
+    """The modules a rank holds: its pipeline stages, or the whole model."""
+    return list(getattr(strategy, "parts", None) or [strategy.hf_model])
+
+
+def wrapped_parts(strategy) -> list[torch.nn.Module]:
+    """The same, as the strategy wraps them (DDP around a stage or the model)."""
+    return list(getattr(strategy, "modules", None) or [strategy.model])
+
+
 def parameter_storages(strategy) -> dict[int, int]:
-    model = strategy.hf_model
     tensors = []
-    for param in model.parameters():
-        tensors += [param, getattr(param, "ds_tensor", None)]
-    for fsdp_param in _fsdp_params(model):
-        tensors += [
-            fsdp_param.sharded_param,
-            getattr(fsdp_param, "_unsharded_param", None),
-            *fsdp_param.all_gather_outputs,
-        ]
+    for model in model_parts(strategy):
+        for param in model.parameters():
+            tensors += [param, getattr(param, "ds_tensor", None)]
+        for fsdp_param in _fsdp_params(model):
+            tensors += [
+                fsdp_param.sharded_param,
+                getattr(fsdp_param, "_unsharded_param", None),
+                *fsdp_param.all_gather_outputs,
+            ]
     engine_optimizer = getattr(getattr(strategy, "engine", None), "optimizer", None)
     for name in ("bit16_groups_flat", "fp16_partitioned_groups_flat"):
         tensors += list(tensors_under(getattr(engine_optimizer, name, None)))
@@ -136,22 +155,24 @@ def optimizer_storages(strategy, params: dict[int, int]) -> dict[int, int]:
 
 
 def gradient_storages(strategy) -> dict[int, int]:
-    model = strategy.hf_model
-    fsdp_params = list(_fsdp_params(model))
-    if fsdp_params:
-        # The sharded parameters' gradients, and the fp32 unsharded ones FSDP2 keeps between micro
-        # steps when it does not reduce them (grad_op accumulation). While a block runs backward its
-        # modules hold unsharded parameters whose gradients are on their way to the reduce-scatter:
-        # working memory, not counted here.
-        tensors = [p.sharded_param.grad for p in fsdp_params]
-        tensors += [p.unsharded_accumulated_grad for p in fsdp_params]
-    else:
-        tensors = [p.grad for p in model.parameters()]
+    tensors = []
+    for model in model_parts(strategy):
+        fsdp_params = list(_fsdp_params(model))
+        if fsdp_params:
+            # The sharded parameters' gradients, and the fp32 unsharded ones FSDP2 keeps between
+            # micro steps when it does not reduce them (grad_op accumulation, pipeline stages).
+            # While a block runs backward its modules hold unsharded parameters whose gradients are
+            # on their way to the reduce-scatter: working memory, not counted here.
+            tensors += [p.sharded_param.grad for p in fsdp_params]
+            tensors += [p.unsharded_accumulated_grad for p in fsdp_params]
+        else:
+            tensors += [p.grad for p in model.parameters()]
     found = storages(tensors)
-    reducer = getattr(strategy.model, "reducer", None)
-    if reducer is not None:  # DDP's buckets live in C++; the reducer reports them
-        for index, bucket in enumerate(reducer._get_zeros_like_grad_buckets()):
-            found[-1 - index] = bucket.buffer().untyped_storage().nbytes()
+    for position, wrapped in enumerate(wrapped_parts(strategy)):
+        reducer = getattr(wrapped, "reducer", None)
+        if reducer is not None:  # DDP's buckets live in C++; the reducer reports them
+            for index, bucket in enumerate(reducer._get_zeros_like_grad_buckets()):
+                found[-1 - 1000 * position - index] = bucket.buffer().untyped_storage().nbytes()
     engine = getattr(strategy, "engine", None)
     if engine is not None:
         optimizer = engine.optimizer
@@ -279,6 +300,136 @@ class Measurement:
                 hook.remove()
 
 
+class _Saved:
+    """A tensor autograd saved for backward, in a holder its graph node owns: the holder dies when
+    backward frees the node (or the graph is dropped), so the live holders are what autograd holds."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+class LiveSaved:
+    """Saved tensors alive now, and autocast's compute-dtype weight copies: autocast caches each
+    copy from its first use until the step's autocast region ends (one copy for every micro-batch,
+    alive while no micro-batch of its stage is), so they are kept here as long as the cache keeps
+    them."""
+
+    def __init__(self) -> None:
+        self.holders: weakref.WeakSet[_Saved] = weakref.WeakSet()
+        self.weight_copies: dict[int, torch.Tensor] = {}
+
+    def _pack(self, tensor: torch.Tensor) -> _Saved:
+        holder = _Saved(tensor)
+        self.holders.add(holder)
+        base = tensor if tensor._base is None else tensor._base
+        if _is_weight_copy(base):
+            self.weight_copies[id(base)] = base
+        return holder
+
+    @staticmethod
+    def _unpack(holder: _Saved) -> torch.Tensor:
+        return holder.tensor
+
+    def recording(self):
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [holder.tensor for holder in list(self.holders)] + list(self.weight_copies.values())
+
+
+def _is_weight_copy(tensor: torch.Tensor) -> bool:
+    """A cast of a parameter (autocast's copy, saved as a view of it): made by a copy op straight
+    from a leaf's gradient accumulator."""
+    node = tensor.grad_fn
+    if node is None or type(node).__name__ != "ToCopyBackward0":
+        return False
+    return all(type(n).__name__ == "AccumulateGrad" for n, _ in node.next_functions if n is not None)
+
+
+def _stages(schedule) -> list:
+    return list(getattr(schedule, "_stages", None) or [schedule._stage])
+
+
+def schedule_held(stages) -> list[torch.Tensor]:
+    """Tensors the pipeline stages keep for their micro-batches' backward besides autograd's saved
+    ones: each in-flight micro-batch's stage input and output (fwd_cache), what zero bubble keeps
+    for the weight gradients (backward_state: the gradients of the graph's intermediates), and the
+    last stage's outputs, kept for the step's result until the next step starts (output_chunks)."""
+    held: list = []
+    for stage in stages:
+        held += list(tensors_under(stage.fwd_cache, depth=4))
+        held += list(tensors_under(stage.backward_state, depth=8))
+        held += list(tensors_under(stage.output_chunks, depth=3))
+    return held
+
+
+def receive_buffers(stages) -> list[torch.Tensor]:
+    """The buffers a stage allocates once per micro-batch to receive activations (non-first
+    stages) and gradients (non-last stages) into, and the input gradients backward leaves on the
+    activation buffers until the next step."""
+    buffers: list = []
+    for stage in stages:
+        for infos in [*stage.args_recv_info.values(), *stage.grad_recv_info.values()]:
+            for info in infos:
+                buffer = info.buffer
+                if isinstance(buffer, torch.Tensor):
+                    buffers += [buffer, buffer.grad]
+    return buffers
+
+
+class PipelineMeasurement(Measurement):
+    """A pipeline schedule runs the forwards and backwards of many micro-batches in its own order,
+    and calls autograd itself: every part is sampled after each stage's forward and before and
+    after each of its backwards (input and weight backward for zero bubble), with activations the
+    saved tensors alive at that moment (LiveSaved) and the stage inputs and outputs the schedule
+    keeps for backward."""
+
+    def __init__(self, strategy) -> None:
+        super().__init__(strategy)
+        self.live = LiveSaved()
+        self.peak["buffers"] = 0
+
+    def sample(self, *_) -> None:
+        stages = _stages(self.strategy.schedule)
+        params = parameter_storages(self.strategy)
+        self.keep("parameters", sum(params.values()))
+        self.keep("gradients", sum(gradient_storages(self.strategy).values()))
+        buffers = storages(receive_buffers(stages))
+        self.keep("buffers", sum(buffers.values()))
+        saved = storages(self.live.tensors())
+        held = storages(schedule_held(stages))
+        everything = {**held, **saved, **buffers}
+        self.keep("activations", sum(size for ptr, size in everything.items() if ptr not in params))
+
+    def _around(self, stage, name: str) -> None:
+        original = getattr(stage, name)
+
+        def sampled(*args, **kwargs):
+            self.sample()
+            result = original(*args, **kwargs)
+            self.sample()
+            return result
+
+        setattr(stage, name, sampled)
+
+    @contextlib.contextmanager
+    def instrumented(self):
+        stages = _stages(self.strategy.schedule)
+        names = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+        for stage in stages:
+            for name in names:
+                self._around(stage, name)
+        try:
+            with self.live.recording():
+                yield
+        finally:
+            for stage in stages:
+                for name in names:
+                    delattr(stage, name)
+
+
 def _blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The decoder blocks (the model's longest ModuleList; wrappers rename their classes)."""
     return max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)
@@ -316,7 +467,8 @@ def measure(hyperparameters: dict, tokenizer) -> dict[str, int]:
         batches.next_step = lambda: _batches(config, source.config.vocab_size, generator)
         train_step(ctx)
         strategy.step()
-        measurement = Measurement(strategy)
+        pipelined = hasattr(strategy, "schedule")
+        measurement = PipelineMeasurement(strategy) if pipelined else Measurement(strategy)
         with measurement.instrumented():
             train_step(ctx)
         measurement.optimizer()

@@ -17,7 +17,11 @@ Each part is the most the program holds of it during a step, as bench/plan_memor
   checkpointed block recomputed, the logits and their gradient, a block's unsharded gradients;
 - overhead: the CUDA context, NCCL's buffers and the allocator's unusable remainder (on GPUs only).
 
-How each part follows from the strategy is in docs/planning.md ("The memory model"). The
+With pipeline stages every pipeline rank is planned apart (its stages' states, the activations of
+the micro-batches its schedule holds at once, torch's receive buffers and the last stage's kept
+logits; "pipeline stages" below) and the plan reports the rank that holds the most.
+
+How each part follows from the strategy is in docs/planning.md ("The memory model", "The pipeline"). The
 activation terms follow the Hugging Face Llama block op by op (which tensor each op saves, in which
 dtype) rather than a fitted constant, so they hold for any width, depth, sequence and batch.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmtrain.planner import pipeline
 from llmtrain.planner.shapes import ALL_LINEAR, ModelShape, ParameterTensor
 from llmtrain.planner.workload import Layout, Workload
 
@@ -158,11 +163,28 @@ def shard_numel(param: ParameterTensor, tensor: int, shard: int, *, padded: bool
 
 
 def estimate(work: Workload, layout: Layout, capacity: int, *, on_gpu: bool = True) -> MemoryEstimate:
-    """The memory one rank holds for `work` under `layout` (see the module docstring)."""
+    """The memory one rank holds for `work` under `layout` (see the module docstring); with
+    pipeline stages, the pipeline rank that holds the most."""
+    if layout.pipelined:
+        return max(pipeline_estimates(work, layout, capacity, on_gpu=on_gpu), key=lambda e: e.per_gpu)
     tensors = parameter_tensors(work)
+    activations, details = activation_bytes(work, layout, on_gpu)
     states = _model_states(work, layout, tensors)
-    activations, act_details = activation_bytes(work, layout, on_gpu)
-    working = working_bytes(work, layout, tensors)
+    return _assemble(
+        work, layout, capacity, on_gpu, states, activations, working_bytes(work, layout, tensors), details
+    )
+
+
+def _assemble(
+    work: Workload,
+    layout: Layout,
+    capacity: int,
+    on_gpu: bool,
+    states: ModelStates,
+    activations: int,
+    working: int,
+    act_details: dict[str, int],
+) -> MemoryEstimate:
     gpu_states = states.on_gpu(layout)
     if work.activation_offloading and work.activation_checkpointing != "none":
         offloaded_activations, activations = activations, 0
@@ -170,7 +192,6 @@ def estimate(work: Workload, layout: Layout, capacity: int, *, on_gpu: bool = Tr
         offloaded_activations = 0
     subtotal = sum(gpu_states) + activations + working
     overhead = int(CUDA_CONTEXT_BYTES + ALLOCATOR_RESERVE_FRACTION * subtotal) if on_gpu else 0
-    details = {**act_details, **states.details}
     return MemoryEstimate(
         parameters=gpu_states[0],
         gradients=gpu_states[1],
@@ -180,7 +201,7 @@ def estimate(work: Workload, layout: Layout, capacity: int, *, on_gpu: bool = Tr
         overhead=overhead,
         capacity=capacity,
         offloaded=sum(states.all()) - sum(gpu_states) + offloaded_activations,
-        details=details,
+        details={**act_details, **states.details},
     )
 
 
@@ -217,7 +238,7 @@ def _replicated_states(work: Workload, layout: Layout, tensors: Tensors) -> Mode
     t = layout.tensor
     trainable = sum(tp_local_numel(p, t) for p in tensors.trainable)
     frozen_bytes = _frozen_bytes(work, tensors.frozen)
-    buckets = FP32 * trainable if layout.strategy == "ddp" and layout.world_size > 1 else 0
+    buckets = FP32 * trainable if layout.strategy == "ddp" and layout.data_parallel > 1 else 0
     grads = FP32 * trainable + buckets
     return ModelStates(
         parameters=FP32 * trainable + frozen_bytes,
@@ -254,8 +275,9 @@ def _fsdp_states(work: Workload, layout: Layout, tensors: Tensors) -> ModelState
     gathered = sum(compute * shard_numel(p, t, 1, padded=True) for p in kept)
     trainable_shard = sum(shard_numel(p, t, n, padded=False) for p in tensors.trainable)
     grads = FP32 * sum(shard_numel(p, t, n, padded=True) for p in tensors.trainable)
-    if layout.fsdp_sharding == "grad_op" and work.grad_accum_steps > 1:
-        # fp32 unsharded gradients accumulate between micro steps (no reduction until the last)
+    if (layout.fsdp_sharding == "grad_op" or layout.pipelined) and work.grad_accum_steps > 1:
+        # fp32 unsharded gradients accumulate between micro steps (no reduction until the last;
+        # pipeline stages always defer it to their last micro-batch)
         grads = max(grads, FP32 * sum(tp_local_numel(p, t) for p in tensors.trainable))
     optimizer = _adam_bytes(trainable_shard, len(tensors.trainable))
     return ModelStates(
@@ -268,8 +290,11 @@ def _fsdp_states(work: Workload, layout: Layout, tensors: Tensors) -> ModelState
 
 
 def _unsharded_after_forward(work: Workload, layout: Layout, tensors: Tensors) -> list[ParameterTensor]:
+    """What stays gathered: the root and the last block; everything with grad_op, and with
+    pipeline stages (torch's pipelining does not reshard a stage after a micro-batch's backward,
+    so after the first backward every block of the rank's stages is gathered until the step ends)."""
     last = work.model.num_layers - 1
-    if layout.fsdp_sharding == "grad_op":
+    if layout.fsdp_sharding == "grad_op" or layout.pipelined:
         return list(tensors.all)
     return [p for p in tensors.all if p.layer is None or p.layer == last]
 
@@ -482,14 +507,21 @@ def _selective_bytes(work: Workload, layout: Layout, reg: Regime, tokens: int) -
 def _head_bytes(work: Workload, reg: Regime, tokens: int) -> float:
     """After the blocks: the final norm, the output head's input (or, frozen under autocast, its
     weight copy), the loss (log-softmax in fp32) and the token ids the embedding and the loss keep."""
-    m = work.model
-    h = m.hidden_size
+    ids = 8 + (8 if not work.lora else 0)
+    return (_head_per_token(work, reg) + ids) * tokens + _head_weight_copy(work, reg)
+
+
+def _head_per_token(work: Workload, reg: Regime) -> float:
+    """The final norm, the head's input and the fp32 log-softmax, per token."""
+    h = work.model.hidden_size
     trains = not work.lora
     per_token = FP32 * h + FP32 + (reg.residual * h if trains else 0)  # the final norm
     per_token += (LOW if reg.autocast else reg.compute) * h if trains else 0
-    per_token += FP32 * m.vocab_size + 8 + (8 if trains else 0)
-    weight = LOW * m.vocab_size * h if reg.autocast else 0
-    return per_token * tokens + weight
+    return per_token + FP32 * work.model.vocab_size
+
+
+def _head_weight_copy(work: Workload, reg: Regime) -> float:
+    return LOW * work.model.vocab_size * work.model.hidden_size if reg.autocast else 0
 
 
 def activation_bytes(work: Workload, layout: Layout, on_gpu: bool = True) -> tuple[int, dict[str, int]]:
@@ -566,4 +598,189 @@ def working_bytes(work: Workload, layout: Layout, tensors: Tensors) -> int:
         gathered = (reg.compute + FP32) * block_elements  # prefetched block + its unsharded gradients
     elif layout.strategy == "deepspeed" and layout.zero_stage == 3:
         gathered = 2 * reg.compute * block_elements
+    return int(logits + recompute + gathered)
+
+
+# --- pipeline stages --------------------------------------------------------------------------------
+# A pipeline rank holds its stages' weights, gradients and optimizer states, and the activations of
+# the micro-batches its schedule has in flight (pipeline.rank_actions replays torch's order).
+
+
+def stage_layer_counts(work: Workload, layout: Layout) -> tuple[int, ...]:
+    """Decoder layers per stage: pipeline_split, or the program's split balanced by compute (the
+    head costs its parameters over one block's)."""
+    if layout.split:
+        return layout.split
+    params = work.model.parameters()
+    block = sum(p.numel for p in params if p.layer == 0)
+    head = work.model.vocab_size * work.model.hidden_size
+    return pipeline.balanced_split(work.model.num_layers, layout.num_stages, head / block)
+
+
+def pipeline_stages(work: Workload, layout: Layout) -> tuple[pipeline.Stage, ...]:
+    return pipeline.stages_from_counts(stage_layer_counts(work, layout))
+
+
+def rank_stages(work: Workload, layout: Layout, rank: int) -> list[pipeline.Stage]:
+    stages = pipeline_stages(work, layout)
+    return [stages[i] for i in pipeline.rank_stage_indices(rank, layout.pipeline, layout.stages_per_rank)]
+
+
+def _holds(stage: pipeline.Stage, param: ParameterTensor) -> bool:
+    """The embedding on the first stage, the final norm and head on the last (the others run an
+    identity in place of the norm), each block on its stage."""
+    if param.layer is not None:
+        return param.layer in stage.layers
+    return stage.first if param.kind == "embedding" else stage.last
+
+
+def stage_tensors(work: Workload, stages: list[pipeline.Stage]) -> Tensors:
+    held = tuple(p for p in parameter_tensors(work).trainable if any(_holds(s, p) for s in stages))
+    return Tensors((), held)
+
+
+def pipeline_estimates(
+    work: Workload, layout: Layout, capacity: int, *, on_gpu: bool = True
+) -> list[MemoryEstimate]:
+    """What each pipeline rank holds (rank r at index r)."""
+    estimates = []
+    for rank in range(layout.pipeline):
+        held = rank_stages(work, layout, rank)
+        tensors = stage_tensors(work, held)
+        activations, details = pipeline_activation_bytes(work, layout, rank)
+        states = _model_states(work, layout, tensors)
+        working = _pipeline_working_bytes(work, layout, tensors, held)
+        estimate = _assemble(work, layout, capacity, on_gpu, states, activations, working, details)
+        estimates.append(estimate)
+    return estimates
+
+
+def _stage_memory(work: Workload, layout: Layout, reg: Regime, stage: pipeline.Stage) -> pipeline.StageMemory:
+    """What a stage saves per micro-batch: its blocks (as in a whole model), cos and sin, its
+    output kept for backward (non-last stages) or the head and the loss (last); minus its input
+    where the first block saves the very tensor it received (a receive buffer, counted apart):
+    fp32 residuals, or a checkpointed first block. Autocast's weight copies are cached for the
+    step, once per stage; the last stage keeps every micro-batch's logits until the step ends."""
+    m, tokens = work.model, work.micro_batch_tokens
+    hidden = reg.residual * m.hidden_size * tokens
+    trace = BlockTrace(work, reg, layout.tensor, input_requires_grad=True).trace()
+    kept = _checkpointed_block_bytes(work, layout, reg, tokens)
+    per_mb = copies = 0.0
+    uncheckpointed = False
+    for layer in stage.layers:
+        if kept is not None and layer % work.checkpoint_every == 0:
+            per_mb += kept
+        else:
+            per_mb += sum(trace.per_token.values()) * tokens
+            copies += trace.weight_copies
+            uncheckpointed = True
+    per_mb += 2 * work.seq_len * m.head_dim * reg.residual if uncheckpointed else 0
+    first_checkpointed = kept is not None and stage.first_layer % work.checkpoint_every == 0
+    if not stage.first and (first_checkpointed or reg.residual == FP32):
+        per_mb -= hidden
+    if stage.last:
+        per_mb += _head_per_token(work, reg) * tokens
+        copies += _head_weight_copy(work, reg)
+    else:
+        per_mb += hidden
+    between = after = 0.0
+    if layout.schedule == "zero_bubble" and not stage.first:
+        between = _weight_gradient_inputs(work, layout, reg, stage)
+        after = _input_backward_only(work, layout, reg, stage)
+    logits = reg.compute * m.vocab_size * tokens if stage.last else 0.0
+    return pipeline.StageMemory(per_mb, between, after, copies, logits)
+
+
+def _checkpointed_block_bytes(work: Workload, layout: Layout, reg: Regime, tokens: int) -> float | None:
+    if work.activation_checkpointing == "full":
+        return reg.residual * work.model.hidden_size * tokens
+    if work.activation_checkpointing == "selective":
+        return _selective_bytes(work, layout, reg, tokens)
+    return None
+
+
+def _weight_gradient_inputs(work: Workload, layout: Layout, reg: Regime, stage: pipeline.Stage) -> float:
+    """Zero bubble's input backward keeps, for the weight backward, the gradient of every output
+    a weight produced: each linear's output (compute dtype) and each norm's scaled output (its
+    input's dtype), per block; the head's logits and the final norm's output on the last stage."""
+    m, t, tokens = work.model, layout.tensor, work.micro_batch_tokens
+    h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
+    linears = (h + 2 * kv + 2 * i) / t + 2 * h
+    norm_dtype = FP32 if reg.autocast else reg.residual
+    per_token = stage.num_layers * (reg.compute * linears + 2 * norm_dtype * h)
+    if stage.last:
+        per_token += reg.compute * m.vocab_size + norm_dtype * h
+    return per_token * tokens
+
+
+def _input_backward_only(work: Workload, layout: Layout, reg: Regime, stage: pipeline.Stage) -> float:
+    """What zero bubble's weight backward leaves of a micro-batch until the step ends, as measured
+    here (bench/workers/plan_memory.py, torch 2.13): what only the input gradient needs. Per block:
+    SDPA's q, k, v, output and log-sum-exp, both norms' fp32 inputs and 1/rms, and the MLP's gate,
+    SiLU and up outputs unless the block ends a stage that is not the last; on the last stage the
+    log-softmax and the final norm's input; cos and sin. The stage's first norm input is the
+    received activation when it is fp32 (a receive buffer, counted apart)."""
+    m, t, tokens = work.model, layout.tensor, work.micro_batch_tokens
+    h, kv, i = m.hidden_size, m.kv_size, m.intermediate_size
+    per_block = reg.compute * (2 * h + 2 * kv) / t + FP32 * m.num_heads / t + 2 * (FP32 * h + FP32)
+    mlp = 3 * reg.compute * i / t
+    per_token = stage.num_layers * (per_block + mlp) - (0 if stage.last else mlp)
+    per_token -= FP32 * h if reg.residual == FP32 else 0
+    if stage.last:
+        per_token += FP32 * m.vocab_size + FP32 * h + FP32
+    return per_token * tokens + 2 * work.seq_len * m.head_dim * reg.residual
+
+
+def receive_buffer_bytes(work: Workload, layout: Layout, stage: pipeline.Stage) -> float:
+    """torch allocates, once, a buffer per micro-batch for the activation a non-first stage
+    receives and for the gradient a non-last stage receives; zero bubble's input backward also
+    leaves each received activation's gradient on its buffer until the next step."""
+    hidden = regime(work, layout).residual * work.model.hidden_size * work.micro_batch_tokens
+    count = (not stage.first) + (not stage.last)
+    count += layout.schedule == "zero_bubble" and not stage.first
+    return count * work.grad_accum_steps * hidden
+
+
+def pipeline_activation_bytes(work: Workload, layout: Layout, rank: int) -> tuple[int, dict[str, int]]:
+    """The most pipeline rank `rank` holds for backward while its schedule runs (its actions
+    replayed), plus the token ids and targets of the step (their storage is the step's whole
+    batch) and the receive buffers."""
+    reg = regime(work, layout)
+    held = rank_stages(work, layout, rank)
+    memories = {stage.index: _stage_memory(work, layout, reg, stage) for stage in held}
+    actions = pipeline.rank_actions(
+        layout.schedule, layout.pipeline, layout.stages_per_rank, work.grad_accum_steps, rank
+    )
+    peak = pipeline.peak_held(actions, memories)
+    step_tokens = work.micro_batch_tokens * work.grad_accum_steps
+    ids = 8 * step_tokens * sum(stage.first + stage.last for stage in held)
+    buffers = sum(receive_buffer_bytes(work, layout, stage) for stage in held)
+    details = {
+        "pipeline_rank": rank,
+        "pipeline_stages": len(held),
+        "pipeline_layers": sum(stage.num_layers for stage in held),
+        "pipeline_micro_batches_in_flight": peak.in_flight,
+        "pipeline_receive_buffer_bytes": int(buffers),
+        "pipeline_kept_logits_bytes": int(
+            sum(memories[s.index].per_forward for s in held) * work.grad_accum_steps
+        ),
+    }
+    return int(peak.bytes + ids + buffers), details
+
+
+def _pipeline_working_bytes(
+    work: Workload, layout: Layout, tensors: Tensors, held: list[pipeline.Stage]
+) -> int:
+    """As for a whole model, on the rank's stages: the loss's fp32 logits and their gradient on
+    the last stage (the compute-dtype logits are kept, with the activations), one checkpointed
+    block recomputed, FSDP's unsharded gradients of one block in flight."""
+    reg = regime(work, layout)
+    tokens = work.micro_batch_tokens
+    last = any(stage.last for stage in held)
+    logits = (FP32 + FP32) * work.model.vocab_size * tokens if last else 0
+    recompute = 0
+    if work.activation_checkpointing != "none":
+        recompute = int(BlockTrace(work, reg, layout.tensor, input_requires_grad=True).trace().bytes(tokens))
+    block = sum(tp_local_numel(p, layout.tensor) for p in tensors.all if p.layer == held[0].first_layer)
+    gathered = (reg.compute + FP32) * block if layout.fsdp_wrapped else 0
     return int(logits + recompute + gathered)

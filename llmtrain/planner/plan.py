@@ -21,8 +21,7 @@ from llmtrain.planner.workload import (
     PlanInputError,
     Workload,
     hyperparameter_values,
-    resolve_layout,
-    workload_from_hyperparameters,
+    workload_and_layout,
 )
 from llmtrain.spec import CHANNEL_SETTING_PREFIX, TemplateSpec
 
@@ -67,13 +66,33 @@ class Plan:
         m, s = self.memory, self.speed
         verdict = "fits" if self.fits else "DOES NOT FIT"
         price = "spot" if self.spot else "on-demand"
+        bubble = f", bubble {s.bubble_fraction:.0%}" if self.layout.pipelined else ""
         return (
             f"plan: {verdict} ({m.per_gpu / GIB:.1f} of {m.capacity / GIB:.1f} GiB per GPU), "
             f"{s.tokens_per_second:,.0f} tokens/s ({s.tokens_per_second_per_gpu:,.0f}/GPU, "
-            f"MFU {s.mfu:.0%}), {s.step_seconds:.2f} s/step, {self.workload.max_steps:,} steps in "
+            f"MFU {s.mfu:.0%}{bubble}), {s.step_seconds:.2f} s/step, {self.workload.max_steps:,} steps in "
             f"{self.hours:.1f} h, ${self.usd:,.0f} {price} ({self.instance_count} x "
             f"{self.instance.name} at ${self.usd_per_hour / self.instance_count:,.2f}/h)"
         )
+
+    def pipeline_dict(self) -> dict[str, Any] | None:
+        """The pipeline's shape (None without pipeline stages): stages and their layers, the
+        micro-batches, the bubble, and which rank holds the most memory (the one reported)."""
+        layout = self.layout
+        if not layout.pipelined:
+            return None
+        details = self.memory.details
+        return {
+            "degree": layout.pipeline,
+            "schedule": layout.schedule,
+            "stages_per_rank": layout.stages_per_rank,
+            "layers_per_stage": list(memory.stage_layer_counts(self.workload, layout)),
+            "micro_batches": self.workload.grad_accum_steps,
+            "bubble_seconds": self.speed.bubble_seconds,
+            "bubble_fraction": self.speed.bubble_fraction,
+            "fullest_rank": details.get("pipeline_rank"),
+            "micro_batches_in_flight": details.get("pipeline_micro_batches_in_flight"),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         work = self.workload
@@ -94,12 +113,16 @@ class Plan:
                 "seq_len": work.seq_len,
                 "micro_batch_size": work.micro_batch_size,
                 "grad_accum_steps": work.grad_accum_steps,
+                "global_batch_size": work.micro_batch_size
+                * work.grad_accum_steps
+                * self.layout.data_parallel,
                 "max_steps": work.max_steps,
                 "mixed_precision": work.precision,
                 "activation_checkpointing": work.activation_checkpointing,
                 "compile": work.compile,
                 "lora_r": work.lora_r,
             },
+            "pipeline": self.pipeline_dict(),
             "memory": self.memory.to_dict(),
             "throughput": self.speed.to_dict(),
             "cost": {
@@ -154,8 +177,9 @@ def plan(
     given = {**hyperparameters, **options.assume}
     given.setdefault("parallelism", template.distribution.strategy)
     values = hyperparameter_values(given)
-    work = workload_from_hyperparameters(values, model=options.model, vocab_size=options.vocab_size)
-    layout = resolve_layout(values, instance.gpus, count)
+    work, layout = workload_and_layout(
+        values, instance.gpus, count, model=options.model, vocab_size=options.vocab_size
+    )
     table = options.price_table or prices.load()
     return build(template.ref, work, layout, instance, count, spot, table, settings or {})
 

@@ -2,8 +2,13 @@
 
 The search varies only settings the template lists under `overridable`, within their bounds:
 instance type and count, micro batch size (with gradient accumulation so that the global batch,
-and so the recipe and the tokens per step, stay the same), activation checkpointing and
-torch.compile. Every candidate is planned like the run itself; those that do not fit are dropped.
+and so the recipe and the tokens per step, stay the same; a run with a global_batch_size keeps it
+and the program derives the accumulation), activation checkpointing, torch.compile, and the mesh:
+pipeline degree, schedule and stages per rank, and tensor-parallel degree. Every candidate is
+planned like the run itself; those that do not fit are dropped. Meshes are screened first (each
+with every checkpointing mode, on the run's instances), and the run's own and the best
+`MESHES_KEPT` (the fastest that fit there, else the smallest) are searched with everything else,
+which keeps the search to hundreds of plans.
 `fit_advice` names the single change that makes a run that does not fit fit, for the launcher's
 refusal.
 """
@@ -16,12 +21,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrain.errors import LlmtrainError
+from llmtrain.planner.pipeline import MULTI_STAGE_SCHEDULES
 from llmtrain.planner.plan import DEFAULT_OPTIONS, Plan, PlanOptions, plan_run
 from llmtrain.render import coerce_override
 from llmtrain.spec import OverrideRule, TemplateSpec
 
 AC_MODES = ("none", "selective", "full")
 MAX_CANDIDATES_PER_SETTING = 8
+# The settings that shape the mesh, searched together (pipeline_split is kept: it names stages).
+MESH_SETTINGS = (
+    "pipeline_parallel_degree",
+    "pipeline_schedule",
+    "pipeline_stages_per_rank",
+    "tensor_parallel_degree",
+)
+MESHES_KEPT = 3
 
 
 @dataclass(frozen=True)
@@ -63,17 +77,23 @@ def _choices(template: TemplateSpec, name: str, current: Any) -> list[Any]:
     return list(rule.choices or [current])
 
 
-def _batch_settings(template: TemplateSpec, base: Plan, gpus: int, tensor: int) -> Iterator[dict[str, int]]:
-    """(micro_batch_size, grad_accum_steps) pairs that keep the run's global batch on `gpus` GPUs."""
+def _batch_settings(
+    template: TemplateSpec, base: Plan, gpus: int, model_parallel: int, global_batch: bool
+) -> Iterator[dict[str, int]]:
+    """(micro_batch_size, grad_accum_steps) pairs that keep the run's global batch on `gpus` GPUs
+    of which `model_parallel` (tensor x pipeline degrees) hold one model replica; with a
+    global_batch_size, micro batch sizes that divide it (the program derives the accumulation)."""
     work = base.workload
     samples = work.micro_batch_size * work.grad_accum_steps * base.layout.data_parallel
-    data_parallel = gpus // tensor
+    data_parallel = gpus // model_parallel
     for micro in _choices(template, "micro_batch_size", work.micro_batch_size):
         per_step = micro * data_parallel
         if per_step == 0 or samples % per_step:
             continue
         accum = samples // per_step
-        if accum == work.grad_accum_steps or _accepts(template, "grad_accum_steps", accum):
+        if global_batch:
+            yield {"micro_batch_size": micro}
+        elif accum == work.grad_accum_steps or _accepts(template, "grad_accum_steps", accum):
             yield {"micro_batch_size": micro, "grad_accum_steps": accum}
 
 
@@ -87,8 +107,44 @@ def _accepts(template: TemplateSpec, name: str, value: Any) -> bool:
     return True
 
 
-def candidate_overrides(template: TemplateSpec, base: Plan) -> Iterator[dict[str, Any]]:
-    """Every combination of the searched settings the template allows (the run's own included)."""
+def _mesh(plan: Plan) -> dict[str, Any]:
+    layout = plan.layout
+    return {
+        "pipeline_parallel_degree": layout.pipeline,
+        "pipeline_schedule": layout.schedule,
+        "pipeline_stages_per_rank": layout.stages_per_rank,
+        "tensor_parallel_degree": layout.tensor,
+    }
+
+
+def mesh_changes(template: TemplateSpec, base: Plan) -> list[dict[str, Any]]:
+    """Every mesh the template lets a run choose, as the settings that differ from the run's
+    (the run's own first, as {}): pipeline degree, schedule with its stages per rank, tensor
+    degree."""
+    current = _mesh(base)
+    found: list[dict[str, Any]] = [{}]
+    for pp, schedule, per_rank, tp in itertools.product(
+        *(_choices(template, name, current[name]) for name in MESH_SETTINGS)
+    ):
+        if pp > 1 and (schedule in MULTI_STAGE_SCHEDULES) != (per_rank > 1):
+            continue  # the program's rule: several stages per rank exactly for the interleaved ones
+        if pp == 1 and (schedule, per_rank) != (
+            current["pipeline_schedule"],
+            current["pipeline_stages_per_rank"],
+        ):
+            continue  # without pipeline stages the schedule does not matter
+        mesh = dict(zip(MESH_SETTINGS, (pp, schedule, per_rank, tp), strict=True))
+        changes = {name: value for name, value in mesh.items() if value != current[name]}
+        if changes and all(_allowed(template, name) is not None for name in changes) and changes not in found:
+            found.append(changes)
+    return found
+
+
+def candidate_overrides(
+    template: TemplateSpec, base: Plan, meshes: list[dict[str, Any]] | None = None, global_batch: bool = False
+) -> Iterator[dict[str, Any]]:
+    """Every combination of the searched settings the template allows (the run's own included),
+    on each of `meshes` (the run's own by default)."""
     work = base.workload
     types = _choices(template, "instance_type", base.instance.name)
     counts = _choices(template, "instance_count", base.instance_count)
@@ -96,21 +152,27 @@ def candidate_overrides(template: TemplateSpec, base: Plan) -> Iterator[dict[str
     compiles = _choices(template, "compile", work.compile)
     from llmtrain.instances import instance_type
 
-    for kind, count, mode, compiled in itertools.product(types, counts, modes, compiles):
-        gpus = instance_type(kind).processes_per_host * count
-        for batch in _batch_settings(template, base, gpus, base.layout.tensor):
-            changes = {
-                "instance_type": kind,
-                "instance_count": count,
-                "activation_checkpointing": mode,
-                "compile": compiled,
-                **batch,
-            }
-            yield {
-                name: value
-                for name, value in changes.items()
-                if _allowed(template, name) is not None and _differs(base, name, value)
-            }
+    for mesh in meshes or [{}]:
+        model_parallel = {**_mesh(base), **mesh}
+        model_parallel = model_parallel["pipeline_parallel_degree"] * model_parallel["tensor_parallel_degree"]
+        for kind, count, mode, compiled in itertools.product(types, counts, modes, compiles):
+            gpus = instance_type(kind).processes_per_host * count
+            for batch in _batch_settings(template, base, gpus, model_parallel, global_batch):
+                changes = {
+                    "instance_type": kind,
+                    "instance_count": count,
+                    "activation_checkpointing": mode,
+                    "compile": compiled,
+                    **batch,
+                }
+                yield {
+                    **mesh,
+                    **{
+                        name: value
+                        for name, value in changes.items()
+                        if _allowed(template, name) is not None and _differs(base, name, value)
+                    },
+                }
 
 
 def _differs(base: Plan, name: str, value: Any) -> bool:
@@ -126,10 +188,14 @@ def _differs(base: Plan, name: str, value: Any) -> bool:
 
 
 def _plans(
-    template: TemplateSpec, overrides: Mapping[str, Any], base: Plan, options: PlanOptions
+    template: TemplateSpec,
+    overrides: Mapping[str, Any],
+    base: Plan,
+    options: PlanOptions,
+    candidates: Iterator[dict[str, Any]] | None = None,
 ) -> Iterator[Plan]:
     seen = set()
-    for changes in candidate_overrides(template, base):
+    for changes in candidates if candidates is not None else candidate_overrides(template, base):
         key = tuple(sorted(changes.items()))
         if key in seen:
             continue
@@ -140,6 +206,49 @@ def _plans(
             continue  # a combination the template or the program refuses (e.g. degrees)
 
 
+def _search(
+    template: TemplateSpec, overrides: Mapping[str, Any], base: Plan, options: PlanOptions
+) -> list[Plan]:
+    """Meshes screened (each checkpointing mode, on the run's instances), then the run's own mesh
+    and the `MESHES_KEPT` fastest that fit (or, when none fits there, the smallest) searched with
+    everything else."""
+    global_batch = bool({**template.hyperparameters, **overrides}.get("global_batch_size"))
+    meshes = mesh_changes(template, base)
+    if len(meshes) == 1:
+        return list(
+            _plans(
+                template,
+                overrides,
+                base,
+                options,
+                candidate_overrides(template, base, global_batch=global_batch),
+            )
+        )
+    modes = _choices(template, "activation_checkpointing", base.workload.activation_checkpointing)
+    screening = (
+        {
+            **mesh,
+            **({"activation_checkpointing": mode} if mode != base.workload.activation_checkpointing else {}),
+        }
+        for mesh in meshes[1:]
+        for mode in modes
+    )
+    screened = list(_plans(template, overrides, base, options, screening))
+    # The fastest that fit; when none fits on the run's instances, those that need the least memory.
+    ranked = sorted(screened, key=lambda p: (not p.fits, p.training_seconds if p.fits else p.memory.per_gpu))
+    kept: list[dict[str, Any]] = [{}]
+    for plan in ranked:
+        mesh = {name: plan.settings[name] for name in MESH_SETTINGS if name in plan.settings}
+        if mesh not in kept:
+            kept.append(mesh)
+        if len(kept) > MESHES_KEPT:
+            break
+    searched = _plans(
+        template, overrides, base, options, candidate_overrides(template, base, kept, global_batch)
+    )
+    return screened + list(searched)
+
+
 def suggest(
     template: TemplateSpec,
     overrides: Mapping[str, Any],
@@ -147,7 +256,7 @@ def suggest(
     max_hours: float | None = None,
 ) -> Suggestions:
     base = plan_run(template, overrides, options)
-    plans = list(_plans(template, overrides, base, options))
+    plans = _search(template, overrides, base, options)
     fitting = [p for p in plans if p.fits]
     fastest = min(fitting, key=lambda p: (p.training_seconds, p.usd, len(p.settings)), default=None)
     in_time = [p for p in fitting if max_hours is None or p.hours <= max_hours]
@@ -164,31 +273,48 @@ def _text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def single_changes(
+    template: TemplateSpec, overrides: Mapping[str, Any], base: Plan
+) -> Iterator[dict[str, Any]]:
+    """Each change of one setting the search varies (micro batch with its accumulation, and the
+    mesh's settings together, count as one)."""
+    global_batch = bool({**template.hyperparameters, **overrides}.get("global_batch_size"))
+    work = base.workload
+    for name, current in (
+        ("instance_type", base.instance.name),
+        ("instance_count", base.instance_count),
+        ("activation_checkpointing", work.activation_checkpointing),
+        ("compile", work.compile),
+    ):
+        for value in _choices(template, name, current):
+            if value != current:
+                yield {name: value}
+    gpus = base.layout.world_size
+    for batch in _batch_settings(
+        template, base, gpus, base.layout.pipeline * base.layout.tensor, global_batch
+    ):
+        yield {name: value for name, value in batch.items() if _differs(base, name, value)}
+    yield from mesh_changes(template, base)[1:]
+
+
 def fit_advice(
     template: TemplateSpec, overrides: Mapping[str, Any], options: PlanOptions = DEFAULT_OPTIONS
 ) -> str:
-    """The cheapest change of one setting (micro batch with its accumulation counting as one) the
-    template allows that makes the run fit, as words; or where to look when none does."""
+    """The cheapest change of one setting (micro batch with its accumulation, and the mesh's
+    settings, counting as one) the template allows that makes the run fit, as words; or where to
+    look when none does."""
     base = plan_run(template, overrides, options)
-    single = [
-        p
-        for p in _plans(template, overrides, base, options)
-        if p.fits and len(set(p.settings) - set(overrides)) <= 2 and _one_change(p, overrides)
-    ]
-    if not single:
+    candidates = (changes for changes in single_changes(template, overrides, base) if changes)
+    fitting = [plan for plan in _plans(template, overrides, base, options, candidates) if plan.fits]
+    if not fitting:
         return (
             f"no single setting {template.ref} lets a run change makes it fit; see "
             f"`llmtrain plan {template.ref} --suggest` for combinations"
         )
-    best = min(single, key=lambda p: (p.usd, p.training_seconds))
+    best = min(fitting, key=lambda p: (p.usd, p.training_seconds))
     changed = {k: v for k, v in best.settings.items() if overrides.get(k) != v}
     words = ", ".join(f"{k}={_text(v)}" for k, v in changed.items())
     return (
         f"set {words} (predicted {best.memory.per_gpu / 1024**3:.1f} of "
         f"{best.memory.capacity / 1024**3:.1f} GiB per GPU, ${best.usd:,.0f})"
     )
-
-
-def _one_change(plan: Plan, overrides: Mapping[str, Any]) -> bool:
-    changed = {k for k, v in plan.settings.items() if overrides.get(k) != v}
-    return len(changed) == 1 or changed == {"micro_batch_size", "grad_accum_steps"}

@@ -10,12 +10,14 @@ training_jobs/trainer/config.py; tests/llmtrain/test_planner.py keeps them equal
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from llmtrain.errors import LlmtrainError
+from llmtrain.planner.pipeline import MULTI_STAGE_SCHEDULES, SCHEDULES, default_stages_per_rank
 from llmtrain.planner.shapes import ALL_LINEAR, ModelShape, preset_shape
 
 PROGRAM_DEFAULTS: dict[str, Any] = {
@@ -24,12 +26,17 @@ PROGRAM_DEFAULTS: dict[str, Any] = {
     "seq_len": 1024,
     "micro_batch_size": 4,
     "grad_accum_steps": 1,
+    "global_batch_size": 0,
     "max_steps": 1000,
     "parallelism": "ddp",
     "fsdp_sharding": "full",
     "replicate_degree": 0,
     "shard_degree": 0,
     "tensor_parallel_degree": 1,
+    "pipeline_parallel_degree": 1,
+    "pipeline_schedule": "1f1b",
+    "pipeline_stages_per_rank": 0,
+    "pipeline_split": "",
     "zero_stage": 2,
     "offload_optimizer": False,
     "offload_params": False,
@@ -44,6 +51,9 @@ PROGRAM_DEFAULTS: dict[str, Any] = {
     "quantization": "none",
 }
 STRATEGIES = ("single", "ddp", "fsdp", "deepspeed", "smp")
+# Strategies that replicate (ddp) or shard (fsdp) pipeline stages (the program's
+# PIPELINE_DATA_PARALLELISMS).
+PIPELINE_STRATEGIES = ("ddp", "fsdp")
 
 
 class PlanInputError(LlmtrainError):
@@ -52,7 +62,10 @@ class PlanInputError(LlmtrainError):
 
 @dataclass(frozen=True)
 class Layout:
-    """How the ranks are arranged: the strategy and its mesh, on `nodes` instances."""
+    """How the ranks are arranged: the strategy and its mesh (pipeline x replicate x shard x
+    tensor, outermost first, as the program's ParallelDims), on `nodes` instances. With pipeline
+    stages, `schedule` runs `stages_per_rank` stages on each pipeline rank, split as `split` says
+    (decoder layers per stage; empty: balanced)."""
 
     strategy: str
     nodes: int
@@ -64,6 +77,10 @@ class Layout:
     zero_stage: int = 2
     offload_params: bool = False
     offload_optimizer: bool = False
+    pipeline: int = 1
+    schedule: str = "1f1b"
+    stages_per_rank: int = 1
+    split: tuple[int, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -74,12 +91,23 @@ class Layout:
         return self.replicate * self.shard
 
     @property
+    def pipelined(self) -> bool:
+        return self.pipeline > 1
+
+    @property
+    def num_stages(self) -> int:
+        return self.pipeline * self.stages_per_rank
+
+    @property
     def fsdp_wrapped(self) -> bool:
         """Whether FSDP wraps the model: the program applies it with more than one data-parallel
         rank, with offloading, or alone on one GPU; tensor parallel over the whole world runs
-        without it (its weights stay fp32 and autocast computes in bf16, like DDP)."""
+        without it (its weights stay fp32 and autocast computes in bf16, like DDP). Pipeline
+        stages are sharded with more than one data-parallel rank or with offloaded parameters."""
         if self.strategy == "smp":
             return True
+        if self.pipelined:
+            return self.strategy == "fsdp" and (self.data_parallel > 1 or self.offload_params)
         return self.strategy == "fsdp" and (
             self.data_parallel > 1 or self.offload_params or self.offload_optimizer or self.world_size == 1
         )
@@ -96,6 +124,9 @@ class Layout:
             text = f"deepspeed zero-{self.zero_stage} over {self.shard}"
         else:
             text = f"{self.strategy} x{self.replicate}"
+        if self.pipelined:
+            per_rank = f", {self.stages_per_rank} stages per rank" if self.stages_per_rank > 1 else ""
+            text += f", pp {self.pipeline} {self.schedule}{per_rank}"
         offload = [
             name
             for name, on in (("params", self.offload_params), ("optimizer", self.offload_optimizer))
@@ -196,8 +227,8 @@ def workload_from_hyperparameters(
 
 def resolve_layout(values: Mapping[str, Any], gpus_per_node: int, nodes: int) -> Layout:
     """The mesh the program builds for these hyperparameters on `nodes` instances of
-    `gpus_per_node` processes (its config.resolve_mesh): degrees of 0 are derived so that their
-    product is the world size."""
+    `gpus_per_node` processes (its ParallelDims.resolve): pipeline x replicate x shard x tensor,
+    with degrees of 0 derived so that their product is the world size."""
     strategy = str(values["parallelism"])
     if strategy not in STRATEGIES:
         raise PlanInputError(f"parallelism {strategy!r} is not one of {', '.join(STRATEGIES)}")
@@ -208,9 +239,13 @@ def resolve_layout(values: Mapping[str, Any], gpus_per_node: int, nodes: int) ->
             "use ddp, fsdp or deepspeed, or one single-GPU instance"
         )
     tensor = max(int(values["tensor_parallel_degree"]), 1)
-    if world % tensor:
-        raise PlanInputError(f"tensor_parallel_degree {tensor} does not divide the world size {world}")
-    data_parallel = world // tensor
+    pipeline = max(int(values["pipeline_parallel_degree"]), 1)
+    if world % (tensor * pipeline):
+        degrees = f"tensor_parallel_degree {tensor}"
+        if pipeline > 1:
+            degrees += f" x pipeline_parallel_degree {pipeline}"
+        raise PlanInputError(f"{degrees} does not divide the world size {world}")
+    data_parallel = world // (tensor * pipeline)
     sharding = str(values["fsdp_sharding"])
     if strategy in ("single", "ddp"):
         replicate, shard = data_parallel, 1
@@ -221,11 +256,12 @@ def resolve_layout(values: Mapping[str, Any], gpus_per_node: int, nodes: int) ->
         shard = int(values["shard_degree"]) or data_parallel // replicate
     else:
         replicate, shard = 1, int(values["shard_degree"]) or data_parallel
-    if replicate * shard * tensor != world:
+    if pipeline * replicate * shard * tensor != world:
         raise PlanInputError(
-            f"replicate ({replicate}) x shard ({shard}) x tensor parallel ({tensor}) "
-            f"degrees must equal the world size {world}"
+            f"pipeline ({pipeline}) x replicate ({replicate}) x shard ({shard}) x tensor parallel "
+            f"({tensor}) degrees must equal the world size {world}"
         )
+    schedule = str(values["pipeline_schedule"])
     return Layout(
         strategy=strategy,
         nodes=nodes,
@@ -237,4 +273,118 @@ def resolve_layout(values: Mapping[str, Any], gpus_per_node: int, nodes: int) ->
         zero_stage=int(values["zero_stage"]),
         offload_params=bool(values["offload_params"]),
         offload_optimizer=bool(values["offload_optimizer"]),
+        pipeline=pipeline,
+        schedule=schedule,
+        stages_per_rank=int(values["pipeline_stages_per_rank"]) or default_stages_per_rank(schedule),
+        split=_split(values["pipeline_split"]),
     )
+
+
+def _split(text: Any) -> tuple[int, ...]:
+    """pipeline_split "7,9,9,7" as decoder layers per stage; () for the balanced split."""
+    parts = [part.strip() for part in str(text or "").split(",") if part.strip()]
+    if not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise PlanInputError(
+            f'pipeline_split {text!r} must list decoder layers per stage as positive integers, e.g. "7,9,9,7"'
+        )
+    return tuple(int(part) for part in parts)
+
+
+def with_global_batch(work: Workload, values: Mapping[str, Any], layout: Layout) -> Workload:
+    """The workload with grad_accum_steps derived from global_batch_size, as the program derives
+    it for this data-parallel size (unchanged when global_batch_size is 0)."""
+    batch = int(values["global_batch_size"])
+    if not batch:
+        return work
+    per_micro_step = layout.data_parallel * work.micro_batch_size
+    if batch % per_micro_step:
+        raise PlanInputError(
+            f"global_batch_size {batch} is not a multiple of data-parallel ranks x micro_batch_size "
+            f"({layout.data_parallel} x {work.micro_batch_size} = {per_micro_step}): change "
+            "global_batch_size, micro_batch_size or the instance count"
+        )
+    return dataclasses.replace(work, grad_accum_steps=batch // per_micro_step)
+
+
+def check_pipeline(work: Workload, layout: Layout) -> None:
+    """The program's rules for pipeline stages (config._validate_pipeline, check_splittable, the
+    schedules' own), with the setting to change."""
+    if not layout.pipelined:
+        return
+    problem = _pipeline_problem(work, layout)
+    if problem:
+        raise PlanInputError(problem)
+
+
+def _pipeline_problem(work: Workload, layout: Layout) -> str | None:
+    p, per_rank, m = layout.pipeline, layout.stages_per_rank, work.grad_accum_steps
+    multi = layout.schedule in MULTI_STAGE_SCHEDULES
+    checks = (
+        (
+            layout.strategy not in PIPELINE_STRATEGIES,
+            f"pipeline_parallel_degree {p} needs parallelism ddp or fsdp (pipeline stages are replicated "
+            f"or sharded), not {layout.strategy}",
+        ),
+        (
+            layout.schedule not in SCHEDULES,
+            f"pipeline_schedule {layout.schedule!r} is not one of {', '.join(SCHEDULES)}",
+        ),
+        (work.lora, "lora_r must be 0 with pipeline_parallel_degree > 1 (LoRA is not pipelined)"),
+        (work.precision == "fp16", "mixed_precision must be bf16 or fp32 with pipeline stages"),
+        (
+            multi and per_rank < 2 or not multi and per_rank != 1,
+            f"pipeline_stages_per_rank {per_rank} does not suit pipeline_schedule {layout.schedule}: "
+            + ("2 or more" if multi else "0 or 1"),
+        ),
+        (
+            work.model.family != "llama",
+            f"{work.model.family} models cannot be split into pipeline stages (Llama-style ones can)",
+        ),
+        (
+            work.model.tie_embeddings,
+            "the model ties its input and output embeddings, which would sit on the first and the last "
+            'stage: set model_overrides {"tie_word_embeddings": false} or pipeline_parallel_degree=1',
+        ),
+        (
+            bool(layout.split) and len(layout.split) != layout.num_stages,
+            f"pipeline_split {','.join(map(str, layout.split))} needs {layout.num_stages} numbers, one "
+            f"per stage (pipeline_parallel_degree {p} x {per_rank} stages per rank)",
+        ),
+        (
+            bool(layout.split) and sum(layout.split) != work.model.num_layers,
+            f"pipeline_split places {sum(layout.split)} decoder layers and the model has "
+            f"{work.model.num_layers}",
+        ),
+        (
+            work.model.num_layers < layout.num_stages,
+            f"{layout.num_stages} pipeline stages need at least as many decoder layers, and the model "
+            f"has {work.model.num_layers}: lower pipeline_parallel_degree or pipeline_stages_per_rank",
+        ),
+        (
+            m < p,
+            f"{m} micro-batches (grad_accum_steps, or global_batch_size / data-parallel ranks / "
+            f"micro_batch_size) leave pipeline stages idle: at least pipeline_parallel_degree ({p})",
+        ),
+        (
+            multi and m % max(1, m // p) != 0,
+            f"pipeline_schedule {layout.schedule} runs the {m} micro-batches in rounds of about {p}: "
+            f"choose a number of micro-batches divisible by {max(1, m // p)}",
+        ),
+    )
+    return next((message for failed, message in checks if failed), None)
+
+
+def workload_and_layout(
+    values: Mapping[str, Any],
+    gpus_per_node: int,
+    nodes: int,
+    *,
+    model: ModelShape | None = None,
+    vocab_size: int | None = None,
+) -> tuple[Workload, Layout]:
+    """The workload and the mesh of a run's hyperparameters, checked as the program checks them."""
+    layout = resolve_layout(values, gpus_per_node, nodes)
+    work = workload_from_hyperparameters(values, model=model, vocab_size=vocab_size)
+    work = with_global_batch(work, values, layout)
+    check_pipeline(work, layout)
+    return work, layout

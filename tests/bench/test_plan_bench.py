@@ -1,8 +1,9 @@
 """The planner against what it predicts (bench.plan): memory measured here, published speed.
 
 The memory test runs the training program on this CPU for a subset of bench.plan's configurations
-(QUICK_CONFIGS: every strategy and checkpointing mode, one torchrun launch per process count) and
-checks every part within 10% of what the ranks hold. The speed tests are arithmetic on published
+(QUICK_CONFIGS: every strategy and checkpointing mode, pipeline stages with 1F1B, GPipe, interleaved
+1F1B and FSDP; one torchrun launch per process count) and checks every part within 10% of what the
+ranks hold, each pipeline rank apart. The speed tests are arithmetic on published
 figures (no timing is measured here).
 """
 
@@ -36,6 +37,10 @@ def test_memory_predictions_match_what_the_program_holds():
         for part in PARTS:
             assert row["measured"][part] > 0, (row["name"], part)
             assert abs(row["error"][part]) <= MEMORY_TOLERANCE, (row["name"], part, row)
+    pipelined = [row for row in rows if "pipeline rank" in row["name"]]
+    assert len(pipelined) == 2 * sum(1 for c in configs if c.hyperparameters.get("pipeline_parallel_degree"))
+    for row in pipelined:  # the receive buffers torch allocates per micro-batch, exactly
+        assert row["measured"]["buffers"] == row["predicted"]["buffers"] > 0, row
 
 
 def test_calibration_is_what_the_calibrating_runs_give():

@@ -13,7 +13,7 @@ from botocore.stub import Stubber
 from llmtrain.catalog import Catalog
 from llmtrain.cli import main
 from llmtrain.instances import GPU_MODELS, INSTANCE_TYPES, instance_type
-from llmtrain.planner import memory, prices, speed
+from llmtrain.planner import memory, pipeline, prices, speed
 from llmtrain.planner.plan import BILLED_STARTUP_SECONDS, plan_run
 from llmtrain.planner.shapes import (
     PRESET_VOCAB,
@@ -24,14 +24,16 @@ from llmtrain.planner.shapes import (
     preset_shape,
     shape_from_file,
 )
-from llmtrain.planner.suggest import fit_advice, suggest
+from llmtrain.planner.suggest import fit_advice, mesh_changes, suggest
 from llmtrain.planner.workload import (
+    PIPELINE_STRATEGIES,
     PROGRAM_DEFAULTS,
     Layout,
     PlanInputError,
     Workload,
     hyperparameter_values,
     resolve_layout,
+    workload_and_layout,
 )
 
 # llama-tiny with the shipped tokenizer: h 64, i 176, 2 layers, 4 heads of 16, 2 kv heads, V 640.
@@ -96,6 +98,83 @@ def test_gpu_peaks_are_the_programs_mfu_table():
             assert kind.gpu_model.peak_flops == PEAK_TFLOPS_BY_INSTANCE_FAMILY[family] * 1e12, kind.name
             compared += 1
     assert compared >= 8
+
+
+def test_pipeline_tables_are_the_programs():
+    from typing import get_args
+
+    from training_jobs.trainer.config import MULTI_STAGE_SCHEDULES, PipelineSchedule
+    from training_jobs.trainer.parallel_dims import PIPELINE_DATA_PARALLELISMS
+
+    assert pipeline.SCHEDULES == get_args(PipelineSchedule)
+    assert pipeline.MULTI_STAGE_SCHEDULES == MULTI_STAGE_SCHEDULES
+    assert PIPELINE_STRATEGIES == PIPELINE_DATA_PARALLELISMS
+
+
+def test_balanced_split_is_the_programs():
+    from training_jobs.trainer.strategies.pipeline import balanced_split
+
+    for layers in (2, 5, 16, 32, 80):
+        for stages in (2, 3, 4, 8):
+            for head_cost in (0.0, 0.1, 1.23, 2.41):
+                if stages <= layers:
+                    expected = balanced_split(layers, stages, head_cost)
+                    assert pipeline.balanced_split(layers, stages, head_cost) == expected
+
+
+def _torch_order(schedule: str, degree: int, per_rank: int, micro_batches: int) -> dict[int, list]:
+    """torch's own per-rank compute order (its schedule IR), built without process groups."""
+    from torch.distributed.pipelining import schedules
+
+    if schedule in ("gpipe", "1f1b"):
+        kind = schedules.ScheduleGPipe if schedule == "gpipe" else schedules.Schedule1F1B
+        built = object.__new__(kind)
+        built._num_stages, built._n_microbatches = degree, micro_batches
+        order = built._get_pipeline_order()
+    else:
+        kind = {
+            "interleaved_1f1b": schedules.ScheduleInterleaved1F1B,
+            "zero_bubble": schedules.ScheduleInterleavedZeroBubble,
+        }[schedule]
+        built = object.__new__(kind)
+        built.pp_group_size, built.n_local_stages, built._n_microbatches = degree, per_rank, micro_batches
+        built.number_of_rounds = max(1, micro_batches // degree)
+        built.microbatches_per_round = micro_batches // built.number_of_rounds
+        built.pipeline_order = {r: built._calculate_single_rank_operations(r) for r in range(degree)}
+        if schedule == "zero_bubble":
+            built.pipeline_order = built._add_bubbles_to_actions(per_rank * degree)
+        order = built.pipeline_order
+    return {
+        rank: [
+            (a.stage_index, a.computation_type.value, a.microbatch_index)
+            for a in actions
+            if a is not None and a.computation_type.value in "FBIW"
+        ]
+        for rank, actions in order.items()
+    }
+
+
+@pytest.mark.parametrize("schedule", pipeline.SCHEDULES)
+def test_schedule_order_is_torchs(schedule):
+    """The order each rank runs its stages' forwards and backwards in, as torch's schedules build
+    it (torch's 1F1B IR numbers its last rank's forwards from 1, which its runtime does not: only
+    the order of stages and kinds is compared there)."""
+    per_ranks = (1,) if schedule in ("gpipe", "1f1b") else (2, 3)
+    for degree in (2, 4):
+        for per_rank in per_ranks:
+            for micro_batches in (degree, 2 * degree, 2 * degree + 2, 4 * degree):
+                if per_rank > 1 and micro_batches % max(1, micro_batches // degree):
+                    continue
+                expected = _torch_order(schedule, degree, per_rank, micro_batches)
+                for rank in range(degree):
+                    ours = [
+                        (a.stage, a.kind, a.micro_batch)
+                        for a in pipeline.rank_actions(schedule, degree, per_rank, micro_batches, rank)
+                    ]
+                    if schedule == "1f1b":
+                        assert [a[:2] for a in ours] == [a[:2] for a in expected[rank]]
+                    else:
+                        assert ours == expected[rank], (schedule, degree, per_rank, micro_batches, rank)
 
 
 def test_every_gpu_instance_type_has_a_price():
@@ -327,6 +406,159 @@ def test_full_checkpointing_recomputes_the_forward():
     assert speed.recompute_flops_per_token(work) == 32 * (2 * block + 4 * 4096 * 2048)
 
 
+# --- pipeline stages, by hand ------------------------------------------------------------------------
+
+
+def _pipelined(**changes) -> Layout:
+    base = Layout("ddp", 1, 2, replicate=1, shard=1, tensor=1, pipeline=2)
+    return dataclasses.replace(base, **changes)
+
+
+def test_pipeline_states_by_hand():
+    """Two stages of TINY's two layers: the embedding and layer 0, then layer 1, the final norm
+    and the head; each rank holds fp32 weights and gradients and AdamW's moments of its stage."""
+    ranks = memory.pipeline_estimates(_work(grad_accum_steps=4), _pipelined(), capacity=0, on_gpu=False)
+    first, last = 640 * 64 + TINY_BLOCK, TINY_BLOCK + 64 + 640 * 64
+    assert [e.parameters for e in ranks] == [4 * first, 4 * last]
+    assert [e.gradients for e in ranks] == [4 * first, 4 * last]
+    assert [e.optimizer for e in ranks] == [8 * first + 4 * 10, 8 * last + 4 * 11]
+    replicated = memory.pipeline_estimates(
+        _work(grad_accum_steps=4), _pipelined(replicate=2, gpus_per_node=4), capacity=0, on_gpu=False
+    )
+    assert replicated[0].gradients == 2 * 4 * first  # .grad and DDP's buckets
+
+
+def test_pipeline_activations_by_hand():
+    """fp32, 1F1B over 2 ranks, 4 micro-batches of 64 tokens. Rank 0 holds 2 micro-batches at
+    once: each its block's saved tensors (as in a whole model), cos and sin and its output (kept
+    for backward); plus the step's token ids and a buffer per micro-batch for the gradient it
+    receives. Rank 1 holds 1: its block without the input (the fp32 activation it received, a
+    buffer), cos and sin, the final norm, head and loss; plus every micro-batch's logits, kept
+    until the step ends, the targets, and a receive buffer per micro-batch."""
+    tokens, micro_batches = 64, 4
+    block = (4 * (2 * 3 * 64 + 64 + 2 * 32 + 64 + 4 * 176) + 2 * 4 + 4 * 4) * tokens
+    rotary, hidden = 2 * 32 * 16 * 4, 4 * 64 * tokens
+    head = (4 * 3 * 64 + 4 + 4 * 640) * tokens
+    logits, ids = 4 * 640 * tokens, 8 * tokens * micro_batches
+    buffers = micro_batches * hidden
+    work = _work(precision="fp32", grad_accum_steps=micro_batches)
+    first, last = memory.pipeline_estimates(work, _pipelined(), capacity=0, on_gpu=False)
+    assert first.activations == 2 * (block + rotary + hidden) + ids + buffers == 766_976
+    assert last.activations == (block - hidden + rotary + head) + micro_batches * logits + ids + buffers
+    assert first.details["pipeline_micro_batches_in_flight"] == 2
+    assert last.details["pipeline_receive_buffer_bytes"] == buffers
+    gpipe = memory.pipeline_estimates(work, _pipelined(schedule="gpipe"), capacity=0, on_gpu=False)
+    assert gpipe[0].activations == 4 * (block + rotary + hidden) + ids + buffers  # all in flight
+
+
+def test_pipeline_in_flight_follows_the_schedule():
+    """1F1B: rank r holds degree - r micro-batches; GPipe all; interleaved 1F1B its warm-up + 1
+    stage-micro-batches: (v - 1) x rounds + 2 x (p - 1 - r) + 1."""
+    unit = {stage: pipeline.StageMemory(1.0) for stage in range(8)}
+    for rank in range(4):
+        one_f_one_b = pipeline.rank_actions("1f1b", 4, 1, 8, rank)
+        assert pipeline.peak_held(one_f_one_b, unit).bytes == 4 - rank
+        assert pipeline.peak_held(pipeline.rank_actions("gpipe", 4, 1, 8, rank), unit).bytes == 8
+        interleaved = pipeline.rank_actions("interleaved_1f1b", 4, 2, 8, rank)
+        assert pipeline.peak_held(interleaved, unit).bytes == 4 + 2 * (3 - rank) + 1
+
+
+def test_pipeline_bubble_by_hand():
+    """(p - 1) x the slowest stage's micro-batch: with equal stages a share (p - 1) / (v x m + p - 1)
+    of the step; zero bubble fills it but for forward + input backward - 2 x weight backward."""
+    assert pipeline.bubble_fraction(4, 1, 8) == 3 / 11
+    assert pipeline.bubble_fraction(4, 2, 8) == 3 / 19
+    equal = [speed.StageTimes(1.0, 1.0, 1.0)] * 8
+    one_f_one_b = _pipelined(pipeline=4)
+    assert speed.pipeline_bubble(one_f_one_b, equal[:4]) == 3 * 3.0
+    interleaved = _pipelined(pipeline=4, schedule="interleaved_1f1b", stages_per_rank=2)
+    bubble = speed.pipeline_bubble(interleaved, equal)
+    assert bubble / (8 * 2 * 3.0 + bubble) == pytest.approx(3 / 19)
+    zero_bubble = _pipelined(pipeline=4, schedule="zero_bubble", stages_per_rank=2)
+    assert speed.pipeline_bubble(zero_bubble, equal) == 0.0
+    recomputing = [speed.StageTimes(1.0, 2.0, 1.0)] * 8  # checkpointing adds a forward to backward
+    assert speed.pipeline_bubble(zero_bubble, recomputing) == 3 * 1.0
+
+
+def test_pipeline_step_by_hand():
+    """llama3-8b in 2 stages of 1F1B on one p5 (pp 2 x tp 4): each stage's FLOPs per token are 2
+    per weight forward, 4 backward (the head on the last), attention 4 and 8 x hidden x sequence
+    per layer; a step is the slowest rank's m micro-batches (with its communication) plus the
+    bubble, (p - 1) x the slowest stage."""
+    p5 = instance_type("ml.p5.48xlarge")
+    work = _work(model=preset_shape("llama3-8b", 2048), seq_len=2048, micro_batch_size=1, grad_accum_steps=8)
+    layout = Layout("fsdp", 1, 8, replicate=1, shard=1, tensor=4, pipeline=2)
+    estimate = speed.estimate(work, layout, speed.Cluster.of(p5, 1))
+    m = work.model
+    block = sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer == 0)
+    counts = memory.stage_layer_counts(work, layout)
+    assert sum(counts) == 32
+    rate = 989e12 * speed.CALIBRATION.achievable_eager
+    seconds = [
+        (6 * (layers * block + (m.vocab_size * 4096 if last else 0)) + 12 * layers * 4096 * 2048)
+        * 2048
+        / 4
+        / rate
+        for layers, last in zip(counts, (False, True), strict=True)
+    ]
+    assert estimate.bubble_seconds == pytest.approx(max(seconds))
+    assert estimate.compute_seconds in (pytest.approx(8 * seconds[0]), pytest.approx(8 * seconds[1]))
+    rest = estimate.exposed_communication_seconds + estimate.optimizer_seconds
+    assert estimate.step_seconds == pytest.approx(estimate.compute_seconds + rest + estimate.bubble_seconds)
+    assert estimate.tokens_per_step == 8 * 2048  # one model replica: pp 2 x tp 4 = 8 GPUs
+
+
+def test_pipeline_sends_by_hand():
+    """Per step each rank sends every micro-batch's activation on (all but the last stage) and its
+    gradient back (all but the first): the residual stream, fp32 under autocast. Stages one
+    instance each (tp 8) cross EFA, the instance's network shared by its 8 GPUs; two stages on one
+    instance talk over NVLink."""
+    work = _work(model=preset_shape("llama3-8b", 2048), seq_len=2048, micro_batch_size=1, grad_accum_steps=4)
+    hidden = 4 * 4096 * 2048
+    p4d = instance_type("ml.p4d.24xlarge")
+    across = Layout("fsdp", 2, 8, replicate=1, shard=1, tensor=8, pipeline=2)
+    sends = next(
+        t
+        for t in speed.estimate(work, across, speed.Cluster.of(p4d, 2)).transfers
+        if t.name.startswith("pipeline")
+    )
+    assert sends.bytes_per_gpu == 4 * hidden
+    assert sends.seconds == pytest.approx(4 * hidden / (400e9 / 8 * 0.8 / 8))
+    p5 = instance_type("ml.p5.48xlarge")
+    inside = Layout("fsdp", 1, 8, replicate=1, shard=1, tensor=4, pipeline=2)
+    sends = next(
+        t
+        for t in speed.estimate(work, inside, speed.Cluster.of(p5, 1)).transfers
+        if t.name.startswith("pipeline")
+    )
+    assert sends.seconds == pytest.approx(4 * hidden / (450e9 * 0.8))
+
+
+def test_pipeline_settings_are_checked_as_the_program_does():
+    def resolve(**values):
+        given = {"model_preset": "llama-20m", "parallelism": "fsdp", "pipeline_parallel_degree": 2, **values}
+        return workload_and_layout(hyperparameter_values(given), 8, 1)
+
+    work, layout = resolve(grad_accum_steps=4, pipeline_schedule="interleaved_1f1b")
+    assert (layout.pipeline, layout.shard, layout.stages_per_rank, layout.num_stages) == (2, 4, 2, 4)
+    work, layout = resolve(global_batch_size=64, micro_batch_size=2)
+    assert work.grad_accum_steps == 64 // (4 * 2)
+    for values, message in (
+        ({"grad_accum_steps": 1}, "at least pipeline_parallel_degree"),
+        ({"grad_accum_steps": 4, "pipeline_schedule": "1f1b", "pipeline_stages_per_rank": 2}, "0 or 1"),
+        ({"grad_accum_steps": 4, "pipeline_split": "1,2"}, "places 3 decoder layers"),
+        ({"grad_accum_steps": 4, "pipeline_split": "3,3,0"}, "positive integers"),
+        ({"grad_accum_steps": 4, "parallelism": "deepspeed"}, "needs parallelism ddp or fsdp"),
+        ({"grad_accum_steps": 4, "model_preset": "llama-1b"}, "ties its input and output embeddings"),
+        ({"grad_accum_steps": 4, "model_preset": "gpt2-tiny"}, "gpt2 models cannot be split"),
+        ({"grad_accum_steps": 4, "pipeline_parallel_degree": 3}, "does not divide the world size 8"),
+    ):
+        with pytest.raises(PlanInputError, match=message):
+            resolve(**values)
+    work, layout = resolve(grad_accum_steps=4, pipeline_split="5,1")
+    assert memory.stage_layer_counts(work, layout) == (5, 1)
+
+
 # --- mesh -------------------------------------------------------------------------------------------
 
 
@@ -390,6 +622,44 @@ def test_fit_advice_names_a_change_that_fits(catalog):
     setting = advice.removeprefix("set ").split(" (")[0]
     changes = dict(item.split("=", 1) for item in setting.split(", "))
     assert plan_run(template, {**overrides, **changes}).fits
+
+
+def test_the_3d_template_plans_its_pipeline(catalog):
+    """llama-pretrain-3d on 16 x p5: pp 4 x shard 4 x tp 8, its global batch of 256 in 64
+    micro-batches, 8 stages of the 80 layers; the last rank holds the most: torch keeps every
+    micro-batch's logits (vocabulary-wide, bf16, on each tensor-parallel rank) until the step
+    ends."""
+    plan = plan_run(catalog.resolve("llama-pretrain-3d"), {})
+    layout = plan.layout
+    assert (layout.pipeline, layout.replicate, layout.shard, layout.tensor) == (4, 1, 4, 8)
+    assert (layout.schedule, layout.stages_per_rank, plan.workload.grad_accum_steps) == (
+        "interleaved_1f1b",
+        2,
+        64,
+    )
+    shape = plan.to_dict()["pipeline"]
+    assert sum(shape["layers_per_stage"]) == 80 and len(shape["layers_per_stage"]) == 8
+    assert shape["fullest_rank"] == 3
+    assert plan.memory.details["pipeline_kept_logits_bytes"] == 64 * 4096 * 128256 * 2
+    assert shape["bubble_fraction"] == pytest.approx(plan.speed.bubble_seconds / plan.speed.step_seconds)
+
+
+def test_suggestions_search_meshes_the_template_allows(catalog):
+    template = catalog.resolve("llama-pretrain-3d")
+    base = plan_run(template, {})
+    meshes = mesh_changes(template, base)
+    assert meshes[0] == {} and len(meshes) > 20
+    for mesh in meshes[1:]:
+        settings = {**{"pipeline_schedule": "interleaved_1f1b", "pipeline_stages_per_rank": 2}, **mesh}
+        assert set(mesh) <= set(template.overridable)
+        if mesh.get("pipeline_parallel_degree", 4) > 1:
+            multi = settings["pipeline_schedule"] in pipeline.MULTI_STAGE_SCHEDULES
+            assert multi == (settings["pipeline_stages_per_rank"] > 1), mesh
+    found = suggest(template, {})
+    assert found.fastest.fits and found.cheapest.fits
+    for plan in (found.fastest, found.cheapest):
+        work = plan.workload
+        assert work.micro_batch_size * work.grad_accum_steps * plan.layout.data_parallel == 256
 
 
 # --- prices ------------------------------------------------------------------------------------------

@@ -1,0 +1,256 @@
+"""Pipeline parallelism as the training program runs it: which decoder layers each stage holds,
+which stages each pipeline rank holds, and the order in which a rank runs its stages' forwards and
+backwards.
+
+The program (training_jobs/trainer/strategies/pipeline.py) splits the decoder layers into
+`pipeline_parallel_degree x stages_per_rank` contiguous stages, balanced by compute (the output
+head counts as the layers' worth of matmul work it does) or as `pipeline_split` says; the first
+stage also holds the embedding, the last the final norm, the head and the loss. Pipeline rank r
+holds stages r, r + degree, r + 2 x degree, ... and torch.distributed.pipelining's schedule runs
+them. The order of a rank's actions fixes how many micro-batches it holds activations for at
+once (GPipe all of them; 1F1B at most the degree; the interleaved schedules by their warm-up), so
+the planner replays torch's own order (`rank_actions`) rather than a formula.
+
+llmtrain never imports the program or torch: `balanced_split` repeats the program's split and
+`rank_actions` torch's schedule order; tests/llmtrain/test_planner.py keeps both equal to theirs.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from dataclasses import dataclass
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
+# Schedules that run several stages per rank (the others run exactly one), as the program's config.
+MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "zero_bubble")
+FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT = "F", "B", "I", "W"
+
+
+@dataclass(frozen=True)
+class Action:
+    """One compute action of a pipeline rank: a stage's forward, full backward, or (zero bubble)
+    backward for the input only and, later, for the weights."""
+
+    stage: int
+    kind: str
+    micro_batch: int
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: decoder layers first_layer .. first_layer + num_layers - 1, with the
+    embedding when `first` and the final norm, head and loss when `last`."""
+
+    index: int
+    first_layer: int
+    num_layers: int
+    first: bool
+    last: bool
+
+    @property
+    def layers(self) -> range:
+        return range(self.first_layer, self.first_layer + self.num_layers)
+
+
+def default_stages_per_rank(schedule: str) -> int:
+    """The program's default: 1 for gpipe and 1f1b, 2 for the interleaved schedules."""
+    return 2 if schedule in MULTI_STAGE_SCHEDULES else 1
+
+
+@functools.lru_cache(maxsize=256)
+def balanced_split(num_layers: int, num_stages: int, head_cost: float) -> tuple[int, ...]:
+    """Decoder layers per stage (contiguous, at least one each) so that the most expensive stage is
+    as cheap as possible, and among such splits the most even; a stage costs its layers, the last
+    one also `head_cost` layers' worth (the program's balanced_split, step for step)."""
+    worst = (float("inf"), float("inf"))
+    best = [[worst] * (num_layers + 1) for _ in range(num_stages + 1)]
+    taken = [[0] * (num_layers + 1) for _ in range(num_stages + 1)]
+    best[0][0] = (0.0, 0.0)
+    for stage in range(1, num_stages + 1):
+        extra = head_cost if stage == num_stages else 0.0
+        for held in range(stage, num_layers - (num_stages - stage) + 1):
+            for count in range(1, held - stage + 2):
+                most, squares = best[stage - 1][held - count]
+                cost = (max(most, count + extra), squares + (count + extra) ** 2)
+                if cost < best[stage][held]:
+                    best[stage][held], taken[stage][held] = cost, count
+    counts, held = [], num_layers
+    for stage in range(num_stages, 0, -1):
+        counts.append(taken[stage][held])
+        held -= taken[stage][held]
+    return tuple(reversed(counts))
+
+
+def stages_from_counts(counts: tuple[int, ...]) -> tuple[Stage, ...]:
+    stages, first_layer = [], 0
+    for index, count in enumerate(counts):
+        stages.append(Stage(index, first_layer, count, index == 0, index == len(counts) - 1))
+        first_layer += count
+    return tuple(stages)
+
+
+def rank_stage_indices(rank: int, degree: int, per_rank: int) -> list[int]:
+    """The stages of one pipeline rank, looping over the ranks: r, r + degree, r + 2 x degree, ..."""
+    return [rank + round_ * degree for round_ in range(per_rank)]
+
+
+# --- the schedules' order ---------------------------------------------------------------------------
+
+
+def rank_actions(schedule: str, degree: int, per_rank: int, micro_batches: int, rank: int) -> list[Action]:
+    """The compute actions pipeline rank `rank` runs in one step, in torch's order."""
+    if schedule == "gpipe":
+        return [Action(rank, FORWARD, mb) for mb in range(micro_batches)] + [
+            Action(rank, BACKWARD, mb) for mb in range(micro_batches)
+        ]
+    if schedule == "1f1b":
+        return _one_f_one_b(degree, micro_batches, rank)
+    return _interleaved(schedule, degree, per_rank, micro_batches, rank)
+
+
+def _one_f_one_b(degree: int, micro_batches: int, rank: int) -> list[Action]:
+    """Schedule1F1B: degree - rank forwards to fill the pipeline, then one backward and one forward
+    in turn, then the remaining backwards."""
+    warmup = min(micro_batches, degree - rank)
+    actions = [Action(rank, FORWARD, mb) for mb in range(warmup)]
+    for mb in range(micro_batches):
+        actions.append(Action(rank, BACKWARD, mb))
+        if warmup + mb < micro_batches:
+            actions.append(Action(rank, FORWARD, warmup + mb))
+    return actions
+
+
+@dataclass(frozen=True)
+class _Rounds:
+    """How the interleaved schedules walk a rank's stages: `per_round` micro-batches on one stage,
+    then the next."""
+
+    degree: int
+    per_rank: int
+    micro_batches: int
+    rank: int
+    warmup: int
+
+    @property
+    def per_round(self) -> int:
+        rounds = max(1, self.micro_batches // self.degree)
+        return self.micro_batches // rounds
+
+    def forward_stage(self, step: int) -> int:
+        return ((step // self.per_round) % self.per_rank) * self.degree + self.rank
+
+    def backward_stage(self, step: int) -> int:
+        local = self.per_rank - 1 - ((step - self.warmup) // self.per_round) % self.per_rank
+        return local * self.degree + self.rank
+
+
+def interleaved_warmup(schedule: str, degree: int, per_rank: int, micro_batches: int, rank: int) -> int:
+    """Forwards before the first backward: the last rank fills its other stages with a round of
+    micro-batches each, every rank before it two (interleaved 1F1B) or one (zero bubble) more."""
+    rounds = max(1, micro_batches // degree)
+    per_round = micro_batches // rounds
+    hops = 2 if schedule == "interleaved_1f1b" else 1
+    return min((per_rank - 1) * per_round + hops * (degree - 1 - rank), micro_batches * per_rank)
+
+
+def _interleaved(schedule: str, degree: int, per_rank: int, micro_batches: int, rank: int) -> list[Action]:
+    """ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble (ZB1P): warm-up forwards, then
+    a forward and a backward in turn, then the remaining backwards; zero bubble splits each backward
+    into input (I) and weight (W) gradients and runs the W of rank r's backwards r steps late."""
+    zero_bubble = schedule == "zero_bubble"
+    warmup = interleaved_warmup(schedule, degree, per_rank, micro_batches, rank)
+    walk = _Rounds(degree, per_rank, micro_batches, rank, warmup)
+    total = per_rank * micro_batches
+    forwards: dict[int, int] = defaultdict(int)
+    backwards: dict[int, int] = defaultdict(int)
+    weights: dict[int, int] = defaultdict(int)
+    backward_steps: list[int] = []
+    actions: list[Action] = []
+
+    def next_of(counter: dict[int, int], stage: int) -> int:
+        counter[stage] += 1
+        return counter[stage] - 1
+
+    for step in range(warmup + total):
+        if step < total:
+            stage = walk.forward_stage(step)
+            actions.append(Action(stage, FORWARD, next_of(forwards, stage)))
+        if step < warmup:
+            continue
+        stage = walk.backward_stage(step)
+        actions.append(Action(stage, BACKWARD_INPUT if zero_bubble else BACKWARD, next_of(backwards, stage)))
+        backward_steps.append(step)
+        if zero_bubble and step - warmup >= rank:
+            done = walk.backward_stage(backward_steps[_weights_done(weights)])
+            actions.append(Action(done, BACKWARD_WEIGHT, next_of(weights, done)))
+    while zero_bubble and _weights_done(weights) < len(backward_steps):
+        done = walk.backward_stage(backward_steps[_weights_done(weights)])
+        actions.append(Action(done, BACKWARD_WEIGHT, next_of(weights, done)))
+    return actions
+
+
+def _weights_done(weights: dict[int, int]) -> int:
+    return sum(weights.values())
+
+
+# --- what a step costs in time ----------------------------------------------------------------------
+
+
+def bubble_fraction(degree: int, per_rank: int, micro_batches: int) -> float:
+    """The share of a step a rank idles while the pipeline fills and drains, for equal stages and
+    a full backward: (p - 1) / (v x m + p - 1), with p ranks, v stages per rank, m micro-batches
+    (1F1B and GPipe: v = 1)."""
+    return (degree - 1) / (per_rank * micro_batches + degree - 1)
+
+
+# --- what a rank holds for its micro-batches ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes one stage holds for backward: `per_micro_batch` from each forward to its backward;
+    `between_backwards` more from a zero-bubble input backward to its weight backward (the
+    gradients the weight backward starts from), and `after_weights` of it from the weight backward
+    to the end of the step (what only the input backward needed: torch does not free it then);
+    `once` from the stage's first forward to the end of the step (autocast's compute-dtype weight
+    copies, cached for the step); `per_forward` from each forward to the end of the step (the last
+    stage's logits, kept for the step's result)."""
+
+    per_micro_batch: float
+    between_backwards: float = 0.0
+    after_weights: float = 0.0
+    once: float = 0.0
+    per_forward: float = 0.0
+
+
+@dataclass(frozen=True)
+class HeldPeak:
+    bytes: float
+    in_flight: int  # the most micro-batches one stage held at once
+
+
+def peak_held(actions: list[Action], memories: dict[int, StageMemory]) -> HeldPeak:
+    """The most a rank holds at once while it runs `actions` (the peak follows a forward or an
+    input backward: every other action only frees)."""
+    live: dict[tuple[int, int], float] = {}
+    started: set[int] = set()
+    kept = peak = 0.0
+    in_flight = 0
+    for action in actions:
+        memory = memories[action.stage]
+        key = (action.stage, action.micro_batch)
+        if action.kind == FORWARD:
+            live[key] = memory.per_micro_batch
+            started.add(action.stage)
+            kept += memory.per_forward
+            in_flight = max(in_flight, sum(1 for stage, _ in live if stage == action.stage))
+        elif action.kind == BACKWARD_INPUT:
+            live[key] += memory.between_backwards
+        else:
+            live.pop(key, None)
+            kept += memory.after_weights if action.kind == BACKWARD_WEIGHT else 0.0
+            continue
+        held = sum(live.values()) + sum(memories[stage].once for stage in started) + kept
+        peak = max(peak, held)
+    return HeldPeak(peak, in_flight)
