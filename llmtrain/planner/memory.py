@@ -660,7 +660,8 @@ def _stage_memory(work: Workload, layout: Layout, reg: Regime, stage: pipeline.S
     output kept for backward (non-last stages) or the head and the loss (last); minus its input
     where the first block saves the very tensor it received (a receive buffer, counted apart):
     fp32 residuals, or a checkpointed first block. Autocast's weight copies are cached for the
-    step, once per stage; the last stage keeps every micro-batch's logits until the step ends."""
+    step, once per stage. The last stage's logits live from its forward until their gradient
+    exists (the program frees them then, where torch would keep them for the step's result)."""
     m, tokens = work.model, work.micro_batch_tokens
     hidden = reg.residual * m.hidden_size * tokens
     trace = BlockTrace(work, reg, layout.tensor, input_requires_grad=True).trace()
@@ -679,7 +680,7 @@ def _stage_memory(work: Workload, layout: Layout, reg: Regime, stage: pipeline.S
     if not stage.first and (first_checkpointed or reg.residual == FP32):
         per_mb -= hidden
     if stage.last:
-        per_mb += _head_per_token(work, reg) * tokens
+        per_mb += (_head_per_token(work, reg) + reg.compute * m.vocab_size) * tokens
         copies += _head_weight_copy(work, reg)
     else:
         per_mb += hidden
@@ -687,8 +688,7 @@ def _stage_memory(work: Workload, layout: Layout, reg: Regime, stage: pipeline.S
     if layout.schedule == "zero_bubble" and not stage.first:
         between = _weight_gradient_inputs(work, layout, reg, stage)
         after = _input_backward_only(work, layout, reg, stage)
-    logits = reg.compute * m.vocab_size * tokens if stage.last else 0.0
-    return pipeline.StageMemory(per_mb, between, after, copies, logits)
+    return pipeline.StageMemory(per_mb, between, after, copies)
 
 
 def _checkpointed_block_bytes(work: Workload, layout: Layout, reg: Regime, tokens: int) -> float | None:
@@ -761,9 +761,6 @@ def pipeline_activation_bytes(work: Workload, layout: Layout, rank: int) -> tupl
         "pipeline_layers": sum(stage.num_layers for stage in held),
         "pipeline_micro_batches_in_flight": peak.in_flight,
         "pipeline_receive_buffer_bytes": int(buffers),
-        "pipeline_kept_logits_bytes": int(
-            sum(memories[s.index].per_forward for s in held) * work.grad_accum_steps
-        ),
     }
     return int(peak.bytes + ids + buffers), details
 

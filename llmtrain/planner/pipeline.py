@@ -214,14 +214,12 @@ class StageMemory:
     gradients the weight backward starts from), and `after_weights` of it from the weight backward
     to the end of the step (what only the input backward needed: torch does not free it then);
     `once` from the stage's first forward to the end of the step (autocast's compute-dtype weight
-    copies, cached for the step); `per_forward` from each forward to the end of the step (the last
-    stage's logits, kept for the step's result)."""
+    copies, cached for the step)."""
 
     per_micro_batch: float
     between_backwards: float = 0.0
     after_weights: float = 0.0
     once: float = 0.0
-    per_forward: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -243,7 +241,6 @@ def peak_held(actions: list[Action], memories: dict[int, StageMemory]) -> HeldPe
         if action.kind == FORWARD:
             live[key] = memory.per_micro_batch
             started.add(action.stage)
-            kept += memory.per_forward
             in_flight = max(in_flight, sum(1 for stage, _ in live if stage == action.stage))
         elif action.kind == BACKWARD_INPUT:
             live[key] += memory.between_backwards

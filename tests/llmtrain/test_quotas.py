@@ -24,7 +24,11 @@ from llmtrain.handlers.quotas import QuotaCache, QuotaSettings, UsageKind, colle
 
 P4D = "ml.p4d.24xlarge"
 P5 = "ml.p5.48xlarge"
-NOW = datetime.now(UTC)
+
+
+def now() -> datetime:
+    """Read when used, not at import: a long test session must not age the fleet or the metric window."""
+    return datetime.now(UTC)
 
 
 @pytest.fixture
@@ -100,10 +104,10 @@ def build_fleet(fleet: TrainingFleet) -> None:
     )
     fleet.running("llmtrain-dev-small-1", instance_type="ml.g5.xlarge", count=3)
     fleet.with_available_warm_pool(
-        "llmtrain-dev-pool-1", instance_type=P4D, count=2, ended_at=minutes_ago(NOW, 20), now=NOW
+        "llmtrain-dev-pool-1", instance_type=P4D, count=2, ended_at=minutes_ago(now(), 20), now=now()
     )
     fleet.with_ended_warm_pool(
-        "llmtrain-dev-old-pool-1", instance_type=P4D, count=4, ended_at=minutes_ago(NOW, 90)
+        "llmtrain-dev-old-pool-1", instance_type=P4D, count=4, ended_at=minutes_ago(now(), 90)
     )
     fleet.create("llmtrain-dev-done-1", instance_type=P4D, count=8)  # Completed, no pool: holds nothing
 
@@ -121,8 +125,8 @@ def read_metric(name: str, instance_type: str, kind: str) -> list[float]:
         Namespace=quotas.DEFAULT_NAMESPACE,
         MetricName=name,
         Dimensions=[{"Name": "InstanceType", "Value": instance_type}, {"Name": "UsageKind", "Value": kind}],
-        StartTime=minutes_ago(NOW, 10),
-        EndTime=minutes_ago(NOW, -10),
+        StartTime=minutes_ago(now(), 10),
+        EndTime=minutes_ago(now(), -10),
         Period=60,
         Statistics=["Maximum"],
     )
@@ -133,8 +137,8 @@ def unreadable_quotas() -> list[float]:
     stats = boto3.client("cloudwatch", region_name=REGION).get_metric_statistics(
         Namespace=quotas.DEFAULT_NAMESPACE,
         MetricName="UnreadableQuotas",
-        StartTime=minutes_ago(NOW, 10),
-        EndTime=minutes_ago(NOW, -10),
+        StartTime=minutes_ago(now(), 10),
+        EndTime=minutes_ago(now(), -10),
         Period=60,
         Statistics=["Maximum"],
     )
@@ -193,7 +197,7 @@ def test_a_quota_that_cannot_be_listed_is_reported_and_usage_still_published(fle
     usages = collect_usage(
         sagemaker=fleet.client, service_quotas=client, instance_types=[P4D], cache=QuotaCache(3600)
     )
-    quotas.publish(boto3.client("cloudwatch", region_name=REGION), quotas.DEFAULT_NAMESPACE, usages, NOW)
+    quotas.publish(boto3.client("cloudwatch", region_name=REGION), quotas.DEFAULT_NAMESPACE, usages, now())
 
     usage = by_key(usages)[P4D, UsageKind.TRAINING]
     assert (usage.in_use, usage.quota, usage.utilization_percent) == (4, None, None)
@@ -326,7 +330,7 @@ def test_the_cli_prints_usage_against_quota_and_marks_the_threshold(
     client, stubber = service_quotas
     dev_account.running("llmtrain-dev-big-a1", instance_type=P4D, count=4)
     dev_account.with_available_warm_pool(
-        "llmtrain-dev-pool-a1", instance_type=P4D, ended_at=minutes_ago(NOW, 5), now=NOW
+        "llmtrain-dev-pool-a1", instance_type=P4D, ended_at=minutes_ago(now(), 5), now=now()
     )
     defaults = [quota(quotas.quota_name(t, kind), 2) for t in dev_instance_types() for kind in UsageKind]
     expect_listing(stubber, defaults=defaults, applied=[quota(f"{P4D} for training job usage", 4)] * 2)

@@ -17,6 +17,7 @@ micro-batch.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -196,6 +197,8 @@ class PipelineStrategy:
     # --- training ---
 
     def _pipeline_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if logits.requires_grad:
+            logits.register_hook(_release_when_differentiated(logits))
         loss = self._loss_fn(logits, targets)
         self._losses.append(loss.detach())
         return loss / self.config.data.grad_accum_steps
@@ -297,6 +300,25 @@ class PipelineStrategy:
 
     def close(self) -> None:
         pass
+
+
+def _release_when_differentiated(logits: torch.Tensor):
+    """A hook that frees a micro-batch's logits once their gradient exists.
+
+    The last stage keeps every micro-batch's output until the step ends, to merge them for the
+    caller (torch 2.8 always does; later versions unless told not to): with a large vocabulary
+    that is the biggest tensor of the step, held for every micro-batch at once. Backward needs the
+    logits only until their gradient is computed (the loss saves its own softmax, the head its
+    input), so the hook swaps their storage for an empty one; what the schedule merges is empty."""
+    reference = weakref.ref(logits)
+
+    def release(gradient: torch.Tensor) -> torch.Tensor:
+        kept = reference()
+        if kept is not None:
+            kept.data = torch.empty(0, dtype=kept.dtype, device=kept.device)
+        return gradient
+
+    return release
 
 
 # Activations between stages are [batch, sequence, hidden]; a header says their dtype (autocast
