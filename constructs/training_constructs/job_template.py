@@ -123,7 +123,8 @@ def _validate_defaults(spec: TemplateSpec, catalog: Catalog, warm_pool_cap_secon
 
 def _build_sourcedir(spec: TemplateSpec, catalog: Catalog) -> Path:
     # A folder holding only the archive: the asset zips the folder, the deployment unzips it.
-    folder = Path(tempfile.mkdtemp(prefix=f"llmtrain-{spec.name}-{spec.version}-"))
+    # No dot in the folder's name: CDK names the staged asset after it, extension included.
+    folder = Path(tempfile.mkdtemp(prefix=f"llmtrain-{spec.name}-{spec.version.replace('.', '_')}-"))
     destination = folder / SOURCEDIR_NAME
     destination.write_bytes(catalog.sourcedir(spec))  # a published version's frozen code
     return destination

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ os.environ.setdefault("CDK_DISABLE_VERSION_CHECK", "1")
 import aws_cdk as cdk  # noqa: E402  (after the environment above, which jsii reads at import)
 from aws_cdk.assertions import Template  # noqa: E402
 from cdk_nag import AwsSolutionsChecks  # noqa: E402
+from cfnlint.api import ManualArgs, lint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "config"
@@ -87,3 +89,62 @@ def statements_by_sid(
 
 def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
+
+
+# cfn-lint warnings accepted, by (rule, logical ID prefix), each with its reason.
+CFN_LINT_ACCEPTED_WARNINGS = {
+    (
+        "W3005",
+        "CustomVpcRestrictDefaultSGCustomResourceProviderHandler",
+    ): "aws-cdk-lib's own provider for restrict_default_security_group declares DependsOn on its role "
+    "next to a GetAtt of it; redundant but harmless, and generated code we do not own",
+    (
+        "W3010",
+        "NetworkVpctrainingSubnet",
+    ): "the subnets' zones come from config/<env>.yaml on purpose: the app makes no context lookups, "
+    "and the platform team picks the zones that hold their accelerator capacity",
+    (
+        "W3005",
+        "CustomCDKBucketDeployment",
+    ): "aws-cdk-lib's BucketDeployment provider (the launcher stack's JobTemplates) declares DependsOn on "
+    "its role next to a GetAtt of it; redundant but harmless, and generated code we do not own",
+}
+
+
+def cfn_lint_unexplained(template_json: dict[str, Any], region: str) -> list[str]:
+    """cfn-lint's findings on a template: every error, and every warning not accepted above."""
+    unexplained = []
+    for match in lint(json.dumps(template_json), config=ManualArgs(regions=[region])):
+        rule = match.rule.id
+        logical_id = match.path[1] if len(match.path) > 1 else ""
+        accepted = any(
+            rule == accepted_rule and str(logical_id).startswith(prefix)
+            for accepted_rule, prefix in CFN_LINT_ACCEPTED_WARNINGS
+        )
+        if rule.startswith("E") or not accepted:
+            unexplained.append(f"{rule} {match.message} at {match.path}")
+    return unexplained
+
+
+# checkov lives in its own virtual environment (`make setup`; it pins an older boto3 than ours).
+CHECKOV = Path(
+    os.environ.get("CHECKOV", Path(__file__).resolve().parents[2] / ".venv-checkov" / "bin" / "checkov")
+)
+
+
+def checkov_report(directories: list[Path]) -> list[dict]:
+    """checkov over CloudFormation templates, offline (no Prisma Cloud download): its JSON reports."""
+    assert CHECKOV.exists(), f"{CHECKOV} is missing: `make setup` installs checkov into .venv-checkov"
+    command = [str(CHECKOV), "--framework", "cloudformation", "--output", "json", "--skip-download"]
+    command.append("--compact")
+    for directory in directories:
+        command += ["--directory", str(directory)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    assert result.returncode in (0, 1), result.stderr[-2000:]  # 1: checks failed (asserted below)
+    # One JSON document per directory scanned, one after the other.
+    reports, decoder, text, at = [], json.JSONDecoder(), result.stdout, 0
+    while text[at:].strip():
+        at += len(text[at:]) - len(text[at:].lstrip())
+        report, at = decoder.raw_decode(text, at)
+        reports += report if isinstance(report, list) else [report]
+    return reports
