@@ -33,6 +33,8 @@ COMMAND_MODULES = (
     "llmtrain.commands.data",
     "llmtrain.commands.quotas",
     "llmtrain.commands.plan",
+    "llmtrain.commands.plans",
+    "llmtrain.commands.debug",
 )
 DISTRIBUTION = "llm-sagemaker-platform"
 FAILED = 1

@@ -36,7 +36,11 @@ from llmtrain.platform import (
     ROUTE_TABLE_ID_PATTERN,
     SUBNET_ID_PATTERN,
     TEAM_NAME_PATTERN,
+    TRAINING_PLAN_ARN,
+    TRAINING_PLAN_NAME,
     VPC_ID_PATTERN,
+    mlflow_tracking_server_arn,
+    package_repository_arn,
     team_job_name_prefix,
 )
 
@@ -47,7 +51,9 @@ __all__ = [
     "EnvironmentConfigError",
     "ExistingVpcConfig",
     "NetworkConfig",
+    "MlflowConfig",
     "NotificationConfig",
+    "PackagesConfig",
     "QuotaConfig",
     "StackOutput",
     "TeamConfig",
@@ -173,6 +179,35 @@ class NotificationConfig:
     email: str | None = None
 
 
+PACKAGE_SOURCES = ("codeartifact", "pypi")
+MLFLOW_SIZES = ("Small", "Medium", "Large")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackagesConfig:
+    """Where the training container's pip finds the sourcedir's requirements.txt.
+
+    ``codeartifact`` (the default): a CodeArtifact repository with a PyPI upstream that the platform
+    provisions, reached through VPC endpoints, which the SageMaker training toolkit uses when the job
+    has ``CA_REPOSITORY_ARN`` (works in isolated subnets). ``pypi``: straight from PyPI, which needs a
+    route to the internet (``network.nat_gateways`` >= 1).
+    """
+
+    source: str = "codeartifact"
+
+    @property
+    def codeartifact(self) -> bool:
+        return self.source == "codeartifact"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MlflowConfig:
+    """An optional SageMaker managed MLflow tracking server that every job of the environment logs to."""
+
+    tracking_server: bool = False
+    size: str = "Small"
+
+
 @dataclass(frozen=True, kw_only=True)
 class TeamConfig:
     """One team sharing the environment (`teams.<name>` in the file).
@@ -214,6 +249,24 @@ class EnvironmentConfig:
     # The teams sharing the environment; one team named `default` when the file has no `teams:`.
     teams: tuple[TeamConfig, ...] = ()
     source: Path | None = None
+    packages: PackagesConfig = field(default_factory=PackagesConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    # Training plans (reserved capacity) runs may target: name -> ARN.
+    training_plans: Mapping[str, str] = field(default_factory=dict)
+    # SageMaker remote debugging (SSM into a job's container): endpoints and permissions deployed.
+    remote_debug: bool = False
+
+    def platform_features(self) -> dict[str, Any]:
+        """The PlatformContext fields of the optional features (names fixed by the constructs, so a
+        context built from config agrees with the deployed stacks)."""
+        return {
+            "package_repository_arn": (package_repository_arn(self.region, self.account, self.name)
+                                       if self.packages.codeartifact else None),
+            "mlflow_tracking_server_arn": (mlflow_tracking_server_arn(self.region, self.account, self.name)
+                                           if self.mlflow.tracking_server else None),
+            "training_plans": dict(self.training_plans),
+            "remote_debug": self.remote_debug,
+        }
 
     def stack_name(self, part: str) -> str:
         """The CloudFormation stack name of one part of this environment, e.g. ``llmtrain-dev-storage``."""
@@ -284,6 +337,10 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
             "budgets",
             "tags",
             "teams",
+            "packages",
+            "mlflow",
+            "training_plans",
+            "remote_debug",
         }
     )
     region = reader.string("region", pattern=REGION_PATTERN, hint="an AWS region such as us-east-1")
@@ -294,6 +351,8 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
     warm_pools = _read_warm_pools(reader.section("warm_pools", required=False))
     notifications = _read_notifications(reader.section("notifications", required=False))
     budgets = _read_budgets(reader.section("budgets", required=False))
+    account = _read_account(reader)
+    network = _read_network(reader.section("network"), region)
     defaults = TeamConfig(
         name=DEFAULT_TEAM,
         job_name_prefix=team_job_name_prefix(job_name_prefix, DEFAULT_TEAM),
@@ -308,9 +367,9 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
             pattern=ENVIRONMENT_NAME_PATTERN,
             hint="lowercase letters, digits and hyphens, starting with a letter, at most 20",
         ),
-        account=_read_account(reader),
+        account=account,
         region=region,
-        network=_read_network(reader.section("network"), region),
+        network=network,
         enabled_templates=enabled,
         job_name_prefix=job_name_prefix,
         quotas=_read_quotas(reader.section("quotas", required=False)),
@@ -320,6 +379,7 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
         tags=_read_tags(reader, "tags"),
         teams=_read_teams(reader, defaults, job_name_prefix),
         source=source,
+        **_read_features(reader, region=region, account=account, network=network),
     )
 
 
@@ -392,6 +452,48 @@ def _read_team(reader: _Reader, name: str, defaults: TeamConfig, environment_pre
         max_run_cost_usd=_read_run_cost(reader, defaults.max_run_cost_usd),
         tags=_read_tags(reader, "tags"),
     )
+
+
+def _read_features(reader: _Reader, *, region: str, account: str, network: NetworkConfig) -> dict[str, Any]:
+    """The optional SageMaker features: package source, MLflow, training plans, remote debugging."""
+    packages = reader.section("packages", required=False)
+    packages.only_keys({"source"})
+    source = packages.raw("source", default="codeartifact")
+    if source not in PACKAGE_SOURCES:
+        packages.fail("source", f"must be one of {', '.join(PACKAGE_SOURCES)}, got {source!r}")
+    # An existing VPC's routing is its own: it may well reach PyPI.
+    if source == "pypi" and not network.nat_gateways and network.existing_vpc is None:
+        packages.fail("source", "pypi needs a route to the internet: set network.nat_gateways >= 1, or use "
+                                "codeartifact (a PyPI mirror reached through VPC endpoints)")
+    mlflow = reader.section("mlflow", required=False)
+    mlflow.only_keys({"tracking_server", "size"})
+    size = mlflow.raw("size", default="Small")
+    if size not in MLFLOW_SIZES:
+        mlflow.fail("size", f"must be one of {', '.join(MLFLOW_SIZES)}, got {size!r}")
+    debug = reader.section("remote_debug", required=False)
+    debug.only_keys({"enabled"})
+    return {
+        "packages": PackagesConfig(source=source),
+        "mlflow": MlflowConfig(tracking_server=mlflow.boolean("tracking_server", default=False), size=size),
+        "training_plans": _read_training_plans(reader, region, account),
+        "remote_debug": debug.boolean("enabled", default=False),
+    }
+
+
+def _read_training_plans(reader: _Reader, region: str, account: str) -> dict[str, str]:
+    plans = reader.raw("training_plans", default={})
+    if not isinstance(plans, dict):
+        reader.fail("training_plans", "must map plan names to training plan ARNs")
+    for name, arn in plans.items():
+        if not isinstance(name, str) or not TRAINING_PLAN_NAME.fullmatch(name):
+            reader.fail(f"training_plans.{name}", "is not a training plan name (letters, digits, dashes)")
+        if not isinstance(arn, str) or not TRAINING_PLAN_ARN.fullmatch(arn):
+            reader.fail(f"training_plans.{name}", f"expected a training plan ARN "
+                        f"(arn:aws:sagemaker:REGION:ACCOUNT:training-plan/NAME), got {arn!r}")
+        if arn.split(":")[3:5] != [region, account]:
+            reader.fail(f"training_plans.{name}", f"{arn} is not in this environment's account and region "
+                        f"({account}, {region}): a job can only use a plan of its own account and region")
+    return dict(plans)
 
 
 def _read_account(reader: _Reader) -> str:

@@ -7,9 +7,13 @@ tests/llmtrain/test_images.py checks every entry against `sagemaker.image_uris` 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from llmtrain.errors import LlmtrainError
 from llmtrain.instances import instance_type
+
+if TYPE_CHECKING:
+    from llmtrain.spec import TemplateSpec
 
 # The AWS account that hosts the PyTorch training DLC in each region (the SDK's pytorch.json).
 # The execution role's ECR permissions (training_constructs.images) are built from these tables too.
@@ -96,6 +100,43 @@ _SMP_RELEASES = {
     "2.4.1": _Release("py311", "cu121"),
     "2.5.1": _Release("py311", "cu124"),
 }
+
+
+# The oldest PyTorch the platform's training program runs on, by distribution strategy: the oldest
+# container torch its tests pass under (`make test-container`, docs/templates.md "Publishing a
+# version"). SMP jobs run in the SMP image, built on an older torch; the program's SMP path and the
+# parts it shares are tested there. training_jobs/trainer/torch_support.py holds the same table and
+# the program checks it at start-up; tests/llmtrain/test_platform_features.py keeps the two equal.
+PROGRAM_MIN_TORCH = {"default": "2.8.0", "smp": "2.5.1"}
+
+
+def torch_version_tuple(version: str) -> tuple[int, ...]:
+    """(2, 8, 0) for "2.8.0" or "2.8.0+cu129"."""
+    release = version.split("+", 1)[0]
+    return tuple(int(part) for part in release.split(".")[:3] if part.isdigit())
+
+
+def program_min_torch(strategy: str) -> str:
+    return PROGRAM_MIN_TORCH.get(strategy, PROGRAM_MIN_TORCH["default"])
+
+
+def image_torch_problems(template: TemplateSpec) -> list[str]:
+    """A platform-code template whose container's torch is older than the program needs.
+
+    The DLC and SMP images are named by their PyTorch version, so `framework_version` is the torch
+    the program runs on; an explicit image.uri is checked by the program itself when it starts."""
+    version = template.image.framework_version
+    if not template.code.is_platform or version is None:
+        return []
+    minimum = program_min_torch(template.distribution.strategy)
+    if torch_version_tuple(version) >= torch_version_tuple(minimum):
+        return []
+    return [
+        f"{template.ref} runs the training program on PyTorch {version} (image.framework_version), "
+        f"but the program needs PyTorch {minimum} or newer for strategy "
+        f"{template.distribution.strategy!r}: publish a version on a newer image "
+        f"({', '.join(supported_framework_versions(smp=template.distribution.strategy == 'smp'))})"
+    ]
 
 
 class ImageNotAvailableError(LlmtrainError):

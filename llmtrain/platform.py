@@ -8,14 +8,15 @@ it into the deployed environment's record (llmtrain.deployed), where the cloud c
 A context is one team's view: its execution role, its job-name prefix, its limits (templates,
 instance types, instance count, warm-pool cap, the planned cost of one run) and its data prefix
 `teams/<team>/` in the datasets, checkpoints and artifacts buckets. An environment without
-`teams:` has one team, `default`.
+`teams:` has one team, `default`. The environment's optional features (the package mirror, the MLflow
+tracking server, training plans, remote debugging) are the same in every team's context.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from llmtrain.errors import PlatformContextError
@@ -28,6 +29,15 @@ _KMS_KEY_ARN = re.compile(r"arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/[a-zA-Z0-
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
 _SUBNET = re.compile(r"subnet-[0-9a-zA-Z]+")
 _SECURITY_GROUP = re.compile(r"sg-[0-9a-zA-Z]+")
+# botocore's patterns for the request fields these ARNs go into (CA_REPOSITORY_ARN is the training
+# toolkit's: sagemaker_training.modules reads the domain and repository out of it).
+CODEARTIFACT_REPOSITORY_ARN = re.compile(
+    r"arn:aws[a-z\-]*:codeartifact:[a-z0-9\-]+:\d{12}:repository/"
+    r"[a-z][a-z0-9\-]{0,48}[a-z0-9]/[A-Za-z0-9][A-Za-z0-9._\-]{1,99}"
+)
+MLFLOW_ARN = re.compile(r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:mlflow-[a-zA-Z-]*/.+")
+TRAINING_PLAN_ARN = re.compile(r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:training-plan/.+")
+TRAINING_PLAN_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}")
 MAX_KEEP_ALIVE_SECONDS = 21600  # botocore: ResourceConfig.KeepAlivePeriodInSeconds max
 
 # The names and ids below are checked where a platform team writes them (config/<env>.yaml, through
@@ -100,6 +110,16 @@ class PlatformContext:
     # The most one run of the team may cost, in US dollars, as planned (llmtrain.planner): the team's
     # `max_run_cost_usd`, else the environment's `budgets.max_run_cost_usd`; None: no limit.
     run_budget_usd: float | None = None
+    # The environment's optional features (EnvironmentConfig.platform_features), the same for every
+    # team. The CodeArtifact repository (PyPI upstream) the container's pip installs requirements.txt
+    # from (the toolkit's CA_REPOSITORY_ARN); None where jobs reach PyPI through NAT gateways.
+    package_repository_arn: str | None = None
+    # The SageMaker managed MLflow tracking server jobs log to (MlflowConfig); None: no MLflow.
+    mlflow_tracking_server_arn: str | None = None
+    # Training plans (reserved capacity) runs may target: plan name -> ARN.
+    training_plans: Mapping[str, str] = field(default_factory=dict)
+    # Whether jobs may enable SageMaker remote debugging (SSM endpoints and permissions deployed).
+    remote_debug: bool = False
 
     @property
     def data_prefix(self) -> str:
@@ -114,6 +134,8 @@ class PlatformContext:
     def __post_init__(self) -> None:
         for name in ("subnet_ids", "security_group_ids", "allowed_templates", "allowed_instance_types"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        if isinstance(self.training_plans, Mapping):
+            object.__setattr__(self, "training_plans", dict(self.training_plans))
         problems = list(self._problems())
         if problems:
             raise PlatformContextError("invalid platform context: " + "; ".join(problems))
@@ -146,6 +168,7 @@ class PlatformContext:
         if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= MAX_KEEP_ALIVE_SECONDS:
             yield f"warm_pool_cap_seconds {cap!r} must be an integer in 0..{MAX_KEEP_ALIVE_SECONDS}"
         yield from self._team_problems()
+        yield from self._feature_problems()
 
     def _team_problems(self):
         if not isinstance(self.team, str) or not TEAM_NAME_PATTERN.fullmatch(self.team):
@@ -162,10 +185,32 @@ class PlatformContext:
         ):
             yield f"run_budget_usd {budget!r} must be a positive number of US dollars, or null"
 
+    def _feature_problems(self):
+        optional = (
+            ("package_repository_arn", self.package_repository_arn, CODEARTIFACT_REPOSITORY_ARN,
+             "a CodeArtifact repository ARN (arn:aws:codeartifact:REGION:ACCOUNT:repository/DOMAIN/REPO)"),
+            ("mlflow_tracking_server_arn", self.mlflow_tracking_server_arn, MLFLOW_ARN,
+             "a SageMaker MLflow tracking server ARN"),
+        )
+        for name, value, pattern, expected in optional:
+            if value is not None and (not isinstance(value, str) or not pattern.fullmatch(value)):
+                yield f"{name} {value!r} must be {expected}"
+        if not isinstance(self.training_plans, Mapping):
+            yield "training_plans must map plan names to training plan ARNs"
+            return
+        for name, arn in self.training_plans.items():
+            if not isinstance(name, str) or not TRAINING_PLAN_NAME.fullmatch(name):
+                yield f"training_plans: {name!r} is not a training plan name (letters, digits, dashes)"
+            if not isinstance(arn, str) or not TRAINING_PLAN_ARN.fullmatch(arn):
+                yield f"training_plans.{name}: {arn!r} must be a training plan ARN"
+        if not isinstance(self.remote_debug, bool):
+            yield f"remote_debug {self.remote_debug!r} must be true or false"
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         for name in ("subnet_ids", "security_group_ids", "allowed_templates", "allowed_instance_types"):
             data[name] = list(data[name])
+        data["training_plans"] = dict(self.training_plans)
         return data
 
     @classmethod
@@ -198,7 +243,8 @@ class PlatformContext:
         are obviously fake. Rendering with it shows the request's shape, not a launchable job.
         ``job_name_prefix`` defaults to the team's (`<resource_prefix>-<team>`); ``limits`` are the
         team's (``allowed_templates``, ``allowed_instance_types``, ``max_instance_count``,
-        ``inter_container_traffic_encryption``, ``run_budget_usd``)."""
+        ``inter_container_traffic_encryption``, ``run_budget_usd``) and the environment's features
+        (``EnvironmentConfig.platform_features``)."""
         prefix = resource_prefix.lower()
         return cls(
             environment=environment,
@@ -220,7 +266,38 @@ class PlatformContext:
         )
 
 
-_REQUIRED_FIELDS = {f.name for f in fields(PlatformContext) if f.default is MISSING}
+# SageMaker's SSM target for one host of a training job under remote debugging is
+# `sagemaker-training-job:<job>_<host>`: `llmtrain debug` opens sessions to it, and the engineers'
+# policies match it (condition key ssm:resourceTag/aws:ssmmessages:target-id) by the team's prefix.
+REMOTE_DEBUG_TARGET_PREFIX = "sagemaker-training-job:"
+# The fields of the environment's optional features (EnvironmentConfig.platform_features).
+FEATURE_FIELDS = ("package_repository_arn", "mlflow_tracking_server_arn", "training_plans", "remote_debug")
+_REQUIRED_FIELDS = {
+    f.name for f in fields(PlatformContext) if f.default is MISSING and f.default_factory is MISSING
+}
+# The CodeArtifact repository the platform provisions in each environment (training_constructs
+# .packages names its domain and repository by these, so the ARN is known without a deployment).
+PACKAGE_REPOSITORY_NAME = "pypi-mirror"
+
+
+def package_domain_name(environment: str) -> str:
+    """CodeArtifact domain names are 2-50 lowercase letters, digits and inner dashes."""
+    return f"llmtrain-{environment}".rstrip("-")[:50]
+
+
+def package_repository_arn(region: str, account: str, environment: str, partition: str = "aws") -> str:
+    domain = package_domain_name(environment)
+    return f"arn:{partition}:codeartifact:{region}:{account}:repository/{domain}/{PACKAGE_REPOSITORY_NAME}"
+
+
+def mlflow_tracking_server_name(environment: str) -> str:
+    """The environment's SageMaker MLflow tracking server (training_constructs.mlflow creates it)."""
+    return f"llmtrain-{environment}".rstrip("-")
+
+
+def mlflow_tracking_server_arn(region: str, account: str, environment: str, partition: str = "aws") -> str:
+    name = mlflow_tracking_server_name(environment)
+    return f"arn:{partition}:sagemaker:{region}:{account}:mlflow-tracking-server/{name}"
 
 
 def _id_problems(name: str, values: tuple[str, ...], pattern: re.Pattern, most: int):

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmtrain.errors import OverrideError, RequestValidationError, RunInputError, TeamLimitError
-from llmtrain.images import training_image_uri
+from llmtrain.images import image_torch_problems, training_image_uri
 from llmtrain.instances import instance_type as lookup_instance_type
 from llmtrain.platform import PlatformContext
 from llmtrain.sourcedir import SOURCEDIR_NAME
 from llmtrain.spec import (
     CHANNEL_SETTING_PREFIX,
     DEGREE_NAMES,
+    PLATFORM_RUN_OPTIONS,
     RESOURCE_SETTINGS,
     OverrideRule,
     TemplateSpec,
@@ -48,6 +49,16 @@ RUN_NAME_PATTERN = re.compile(r"[a-zA-Z0-9](-?[a-zA-Z0-9])*")
 _S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?")
 _TAG_VALUE = re.compile(r"[\w .:/=+\-@]{1,256}")
 TAG_PREFIX = "llmtrain:"
+# The training toolkit installs requirements.txt from this CodeArtifact repository when the variable
+# is set (sagemaker_training.modules: CA_REPOSITORY_ARN).
+CODEARTIFACT_ENV = "CA_REPOSITORY_ARN"
+# Where the training program logs to MLflow (training_jobs/trainer/tracking.py reads the same names;
+# the sagemaker-mlflow plugin resolves a tracking server ARN as the tracking URI).
+MLFLOW_TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+MLFLOW_EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
+MODEL_ARTIFACT_ENV = "LLMTRAIN_MODEL_ARTIFACT_URI"
+# How long a job may wait for its training plan's capacity when the run does not say.
+DEFAULT_MAX_PENDING_SECONDS = 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,10 @@ class JobSettings:
     degrees: Mapping[str, int]
     hyperparameters: Mapping[str, Any]
     channels: Mapping[str, str]
+    # Platform run options (spec.PLATFORM_RUN_OPTIONS).
+    training_plan_arn: str | None = None
+    max_pending_seconds: int | None = None
+    remote_debug: bool = False
 
     @property
     def world_size(self) -> int:
@@ -145,6 +160,7 @@ def render(
         degree_problems(settings.degrees, settings.world_size)
         + quantization_problems(template.distribution.strategy, settings.hyperparameters, template.ref)
         + smddp_problems(template.distribution.smddp, settings.instance_type)
+        + image_torch_problems(template)
     )
     if template.code.is_platform:
         problems += global_batch_problems(settings.hyperparameters, settings.degrees, settings.world_size)
@@ -211,9 +227,12 @@ def resolve_settings(template: TemplateSpec, run: RunInput, platform: PlatformCo
     degrees = {name: getattr(template.distribution, name) for name in DEGREE_NAMES}
     hyperparameters = dict(template.hyperparameters)
     channels = {name: prefix for name, prefix in template.inputs.channels.items()}
+    options: dict[str, Any] = {}
     for setting, raw in run.overrides.items():
         value = coerce_override(template, setting, raw)
-        if setting in RESOURCE_SETTINGS:
+        if setting in PLATFORM_RUN_OPTIONS:
+            options[setting] = value
+        elif setting in RESOURCE_SETTINGS:
             values[setting] = value
         elif setting in DEGREE_NAMES:
             degrees[setting] = value
@@ -234,14 +253,47 @@ def resolve_settings(template: TemplateSpec, run: RunInput, platform: PlatformCo
         degrees=degrees,
         hyperparameters=hyperparameters,
         channels=_channel_uris(channels, platform),
+        **_run_options(options, spot=values["spot"], platform=platform),
     )
+
+
+def _run_options(options: Mapping[str, Any], *, spot: bool, platform: PlatformContext) -> dict[str, Any]:
+    """The platform run options, checked against what the environment offers."""
+    plan = options.get("training_plan")
+    arn = None
+    if plan is not None:
+        arn = platform.training_plans.get(plan)
+        if arn is None:
+            known = ", ".join(sorted(platform.training_plans)) or "none (config training_plans is empty)"
+            raise OverrideError(
+                "training_plan", f"{plan!r} is not a training plan of environment "
+                f"{platform.environment}; its plans: {known} (llmtrain plans --env ENV lists them)"
+            )
+        if spot:
+            raise OverrideError("training_plan", "a training plan's capacity is reserved on-demand "
+                                "capacity: turn spot off (spot=false) to run in a plan")
+    pending = options.get("max_pending_seconds")
+    if pending is not None and arn is None:
+        raise OverrideError("max_pending_seconds", "only applies to a run in a training plan; also set "
+                            "training_plan=NAME")
+    remote_debug = bool(options.get("remote_debug", False))
+    if remote_debug and not platform.remote_debug:
+        raise OverrideError(
+            "remote_debug", f"environment {platform.environment} does not allow remote debugging: "
+            "its platform team sets remote_debug.enabled in config/<env>.yaml and deploys"
+        )
+    return {
+        "training_plan_arn": arn,
+        "max_pending_seconds": (pending or DEFAULT_MAX_PENDING_SECONDS) if arn else None,
+        "remote_debug": remote_debug,
+    }
 
 
 def coerce_override(template: TemplateSpec, setting: str, raw: Any) -> Any:
     """The override's value in its declared type and bounds (strings from the CLI are parsed)."""
-    rule = template.overridable.get(setting)
+    rule = template.overridable.get(setting) or PLATFORM_RUN_OPTIONS.get(setting)
     if rule is None:
-        allowed = ", ".join(sorted(template.overridable))
+        allowed = ", ".join(sorted([*template.overridable, *PLATFORM_RUN_OPTIONS]))
         raise OverrideError(setting, f"{template.ref} does not allow overriding it; it allows: {allowed}")
     value = _parse_typed(setting, raw, rule)
     _check_bounds(setting, value, rule)
@@ -358,8 +410,19 @@ def build_request(
         "RetryStrategy": {"MaximumRetryAttempts": template.retry.internal_error_attempts},
         # SageMaker Debugger's system profiler stays off: the training program profiles itself.
         "ProfilerConfig": {"DisableProfiler": True},
+        # Always present (also when off), so a run's choice never changes the request's layout.
+        "RemoteDebugConfig": {"EnableRemoteDebug": settings.remote_debug},
+        "Environment": container_environment(template, run, platform),
         "Tags": _tags(template, run, platform),
     }
+    if template.infra_check:
+        request["InfraCheckConfig"] = {"EnableInfraCheck": True}
+    if platform.mlflow_tracking_server_arn is not None:
+        request["MlflowConfig"] = {
+            "MlflowResourceArn": platform.mlflow_tracking_server_arn,
+            "MlflowExperimentName": mlflow_experiment_name(template.name, platform.team),
+            "MlflowRunName": name,
+        }
     if settings.hyperparameters.get("tensorboard") is True:
         # SageMaker uploads the events while the job runs, so TensorBoard follows it live; every
         # attempt of a run writes to the same prefix, so a resumed run continues the same curves.
@@ -380,6 +443,31 @@ def run_prefix_uri(bucket: str, template: TemplateSpec, run: RunInput, platform:
     """A run's prefix in one of the team's buckets: `s3://<bucket>/teams/<team>/<template>/<run>/`,
     shared by every attempt of the run (checkpoints resume, artifacts and events sit together)."""
     return f"s3://{bucket}/{platform.data_prefix}{template.name}/{run.run_name}/"
+
+
+def container_environment(template: TemplateSpec, run: RunInput, platform: PlatformContext) -> dict[str, str]:
+    """The container's environment: where pip finds packages, and where the program logs to MLflow
+    (with where SageMaker will put the job's model.tar.gz, which the program records there)."""
+    environment = {}
+    if platform.package_repository_arn is not None:
+        environment[CODEARTIFACT_ENV] = platform.package_repository_arn
+    if platform.mlflow_tracking_server_arn is not None:
+        environment[MLFLOW_TRACKING_URI_ENV] = platform.mlflow_tracking_server_arn
+        environment[MLFLOW_EXPERIMENT_ENV] = mlflow_experiment_name(template.name, platform.team)
+        environment[MODEL_ARTIFACT_ENV] = model_artifact_uri(template, run, platform)
+    return environment
+
+
+def mlflow_experiment_name(template_name: str, team: str) -> str:
+    """One MLflow experiment per team and template (`<team>-<template>`), on the environment's one
+    tracking server: a team's runs of a template sit together, apart from other teams' runs."""
+    return f"{team}-{template_name}"
+
+
+def model_artifact_uri(template: TemplateSpec, run: RunInput, platform: PlatformContext) -> str:
+    """Where SageMaker uploads the job's model.tar.gz: `<S3OutputPath><job name>/output/model.tar.gz`."""
+    output = run_prefix_uri(platform.artifacts_bucket, template, run, platform)
+    return f"{output}{job_name(platform, run)}/output/model.tar.gz"
 
 
 def tensorboard_uri(template: TemplateSpec, run: RunInput, platform: PlatformContext) -> str:
@@ -476,6 +564,8 @@ def _resource_config(settings: JobSettings, platform: PlatformContext) -> dict[s
         "VolumeSizeInGB": settings.volume_size_gb,
         "KeepAlivePeriodInSeconds": settings.keep_alive_seconds,
     }
+    if settings.training_plan_arn is not None:
+        resources["TrainingPlanArn"] = settings.training_plan_arn
     # Instance storage is encrypted by the instance itself; SageMaker rejects a key for it.
     if lookup_instance_type(settings.instance_type).local_storage_gb is None:
         resources["VolumeKmsKeyId"] = platform.kms_key_arn
@@ -486,6 +576,9 @@ def _stopping_condition(settings: JobSettings) -> dict[str, int]:
     stopping = {"MaxRuntimeInSeconds": settings.max_runtime_seconds}
     if settings.spot:
         stopping["MaxWaitTimeInSeconds"] = settings.max_wait_seconds
+    if settings.max_pending_seconds is not None:
+        # A job in a training plan waits (Pending) for the plan's capacity, at most this long.
+        stopping["MaxPendingTimeInSeconds"] = settings.max_pending_seconds
     return stopping
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from llmtrain.errors import TemplateSpecError
 from llmtrain.instances import KNOWN_INSTANCE_TYPES
+from llmtrain.instances import instance_type as lookup_instance_type
 from llmtrain.validate import quantization_problems
 
 SEMVER_PATTERN = re.compile(
@@ -58,6 +59,16 @@ _SETTING_TYPES = {
     "replicate_degree": "int",
     "tensor_parallel_degree": "int",
     "pipeline_parallel_degree": "int",
+}
+# botocore's bounds of StoppingCondition.MaxPendingTimeInSeconds.
+MIN_PENDING_SECONDS = 1800
+MAX_PENDING_SECONDS = 2419200
+# Run options of the platform itself, accepted by every template version (a template does not list
+# them under `overridable`): the capacity a run uses and how it can be inspected, not what it trains.
+PLATFORM_RUN_OPTIONS_DOC = {
+    "training_plan": "a training plan of the environment (config training_plans) to run in",
+    "max_pending_seconds": "how long a job may wait for its training plan's capacity",
+    "remote_debug": "SageMaker remote debugging: an SSM session into the running container",
 }
 # Hyperparameters that render derives from `distribution` for the platform's own training code.
 DERIVED_HYPERPARAMETERS = ("parallelism", "collective_backend", *DEGREE_NAMES)
@@ -394,6 +405,13 @@ class OverrideRule:
         return " ".join(parts)
 
 
+PLATFORM_RUN_OPTIONS: Mapping[str, OverrideRule] = {
+    "training_plan": OverrideRule("str"),
+    "max_pending_seconds": OverrideRule("int", min=MIN_PENDING_SECONDS, max=MAX_PENDING_SECONDS),
+    "remote_debug": OverrideRule("bool"),
+}
+
+
 @dataclass(frozen=True)
 class TemplateSpec:
     """One immutable template version."""
@@ -415,6 +433,8 @@ class TemplateSpec:
     retry: RetrySpec
     inter_container_encryption: bool
     overridable: Mapping[str, OverrideRule]
+    # SageMaker's instance health check before training (InfraCheckConfig), GPU instances only.
+    infra_check: bool = False
     # The YAML mapping this spec was parsed from: what the lock hashes and the launcher stores.
     source_data: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -450,6 +470,7 @@ class TemplateSpec:
             retry=RetrySpec.parse(f.sub("retry", {})),
             inter_container_encryption=_parse_security(f.sub("security", {})),
             overridable=_parse_overridable(f.get("overridable", Mapping), source),
+            infra_check=_parse_infra_check(f.sub("infra_check", {})),
             source_data=copy.deepcopy(dict(data)),
         )
         f.done()
@@ -532,6 +553,12 @@ def _parse_security(f: _Fields) -> bool:
     return enabled
 
 
+def _parse_infra_check(f: _Fields) -> bool:
+    enabled = f.get("enabled", bool, False)
+    f.done()
+    return enabled
+
+
 def _parse_overridable(raw: Mapping, source: str) -> dict[str, OverrideRule]:
     return {str(name): OverrideRule.parse(str(name), item, source) for name, item in raw.items()}
 
@@ -566,6 +593,29 @@ def _check_consistency(spec: TemplateSpec, source: str) -> None:
         raise _fail(source, "'spot.max_wait_seconds' must be >= 'stopping.max_runtime_seconds'")
     for setting in spec.overridable:
         _check_overridable_name(setting, spec, source)
+    _check_platform_features(spec, source)
+
+
+def _check_platform_features(spec: TemplateSpec, source: str) -> None:
+    reserved = sorted(set(PLATFORM_RUN_OPTIONS) & set(spec.hyperparameters))
+    if reserved:
+        raise _fail(source, f"hyperparameters {', '.join(reserved)} are platform run options; rename them")
+    if spec.infra_check:
+        _check_infra_check(spec, source)
+
+
+def _check_infra_check(spec: TemplateSpec, source: str) -> None:
+    """SageMaker checks GPU instances (and their interconnect) before training; CPUs it does not."""
+    types = {spec.compute.instance_type, *spec.retry.fallback_instance_types}
+    rule = spec.overridable.get("instance_type")
+    types |= set(rule.choices or ()) if rule is not None else set()
+    cpu = sorted(t for t in types if not lookup_instance_type(t).gpus)
+    if cpu:
+        raise _fail(
+            source,
+            f"'infra_check.enabled' needs GPU instance types; {', '.join(cpu)} has no GPU: "
+            "turn the check off or use GPU instances only",
+        )
 
 
 def _check_overridable_name(setting: str, spec: TemplateSpec, source: str) -> None:
@@ -579,6 +629,9 @@ def _check_overridable_name(setting: str, spec: TemplateSpec, source: str) -> No
             raise _fail(source, f"'overridable.{setting}.type' must be s3_uri")
     elif setting.startswith("sagemaker_") or setting == "mp_parameters":
         raise _fail(source, f"'overridable.{setting}' is reserved for the SageMaker container")
+    elif setting in PLATFORM_RUN_OPTIONS:
+        raise _fail(source, f"'overridable.{setting}' is a platform run option every template accepts; "
+                            "remove it from 'overridable'")
     elif setting == "parallelism" and spec.code.is_platform:
         raise _fail(source, "'overridable.parallelism': the strategy is fixed by the template version")
     elif setting in _SETTING_TYPES and spec.overridable[setting].type != _SETTING_TYPES[setting]:

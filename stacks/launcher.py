@@ -117,6 +117,7 @@ class LauncherStack(Stack):
             environment_name=config.name,
             inter_container_traffic_encryption=config.network.inter_container_traffic_encryption,
             state_machine_name=state_machine_name(team),
+            platform_features=config.platform_features(),
         )
         for key, value, description in (
             (LauncherOutput.STATE_MACHINE_ARN, launcher.state_machine.state_machine_arn,

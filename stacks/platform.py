@@ -13,6 +13,7 @@ from stacks.access import AccessStack
 from stacks.launcher import LauncherStack, state_machine_arn
 from stacks.network import NetworkStack
 from stacks.operations import OperationsStack
+from stacks.services import ServicesStack, grant_team_features
 from stacks.storage import StorageStack
 from stacks.teams import team_specs
 
@@ -42,6 +43,10 @@ class PlatformStage(Stage):
                                   network=self.network.network, storage=self.storage.storage)
         # Jobs reach only the platform's buckets through the S3 endpoint (and ECR's layers).
         self.network.network.restrict_s3_endpoint(list(self.storage.storage.buckets.values()))
+        # Package mirror, MLflow, remote debugging (config switches), and each team's permissions to use them.
+        self.services = ServicesStack(self, "Services", config=config, network=self.network.network,
+                                      storage=self.storage.storage)
+        grant_team_features(self.access.access, config)
 
         # Stacks built on the foundation (the launchers, operations) are added below this line,
         # each taking what it needs from the attributes above.

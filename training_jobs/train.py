@@ -35,10 +35,11 @@ def run(argv: list[str], *, own_process_group: bool = True) -> int:
     import torch.distributed as dist
     import transformers
 
-    from training_jobs.trainer import export, host, job, loop, metrics, parallel
+    from training_jobs.trainer import export, host, job, loop, metrics, parallel, torch_support, tracking
     from training_jobs.trainer.checkpoint import StopSignal
 
     transformers.utils.logging.disable_progress_bar()
+    torch_support.check_torch(config.parallel.parallelism)
 
     device = parallel.pick_device(env.local_rank)
     if device.type == "cpu":
@@ -51,11 +52,17 @@ def run(argv: list[str], *, own_process_group: bool = True) -> int:
         job.prepare_folders(env)
         training = job.build(config, env, device, stop)
         job.resume(training)
+        tracker = training.loop.metrics.tracker
         if loop.run(training.loop) == "finished":
             path = export.export_model(training.loop.strategy, training.loop.config,
                                        training.tokenizer, env.model_dir, env.is_main)
             if env.is_main:
                 metrics.log(f"finished at step {training.loop.step}; model written to {path}")
+            if tracker is not None:
+                tracker.log_model(str(path), os.environ.get(tracking.MODEL_ARTIFACT_ENV))
+                tracker.finish("FINISHED")
+        elif tracker is not None:
+            tracker.finish("KILLED")  # stopped (SIGTERM): the next attempt resumes in a new MLflow run
         dist.barrier()  # leave together: no rank tears down its connections while rank 0 still writes
         return 0
     finally:

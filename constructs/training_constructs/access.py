@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from aws_cdk import ArnFormat, Fn, Stack, Tags
@@ -16,7 +16,7 @@ from constructs import Construct
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS
 from training_constructs._props import is_unresolved, is_whole_number, require
 from training_constructs.images import DLC_REGISTRY_ACCOUNTS, training_image_repositories
-from training_constructs.nag import acknowledge_wildcards
+from training_constructs.nag import acknowledge_wildcards, checked_reasons
 from training_constructs.teams import TeamSpec
 
 _NAME = "TrainingAccess"
@@ -243,7 +243,10 @@ class _SharedResources:
 class TeamAccess(Construct):
     """One team's execution role and engineers' policy (made by ``TrainingAccess``).
 
-    Attributes: ``team`` (its ``TeamSpec``), ``execution_role``, ``engineer_policy``.
+    Attributes: ``team`` (its ``TeamSpec``), ``execution_role``, ``execution_policy`` (its inline
+    policy), ``engineer_policy``. The environment's optional features add their statements with
+    ``add_execution_statements`` and ``add_engineer_statements`` (``training_constructs.packages``,
+    ``.mlflow``, ``.debugging``: ``grant_*``).
     """
 
     def __init__(
@@ -270,7 +273,11 @@ class TeamAccess(Construct):
             description=f"SageMaker training jobs of team {team.name} of the LLM training platform",
             managed_policies=[guardrail_policy],
         )
-        policy = iam.Policy(
+        # Why each statement names a wildcard (cdk-nag AwsSolutions-IAM5), by Sid: read when cdk-nag
+        # runs, so statements added later (add_execution_statements, add_engineer_statements) count.
+        self._execution_reasons: dict[str, str] = {}
+        self._engineer_reasons: dict[str, str] = {}
+        self.execution_policy = iam.Policy(
             self,
             "ExecutionPolicy",
             roles=[self.execution_role],
@@ -282,7 +289,8 @@ class TeamAccess(Construct):
                 *self._network_statements(),
             ],
         )
-        self._acknowledge_execution_wildcards(policy)
+        self._acknowledge_execution_wildcards()
+        acknowledge_wildcards(self.execution_policy, self._execution_reasons)
         self.engineer_policy = iam.ManagedPolicy(
             self,
             "EngineerPolicy",
@@ -291,6 +299,7 @@ class TeamAccess(Construct):
             statements=[*self._engineer_statements(), *guardrail_statements],
         )
         self._acknowledge_engineer_wildcards()
+        acknowledge_wildcards(self.engineer_policy, self._engineer_reasons)
         for construct in (self.execution_role, self.engineer_policy):
             for key, value in team.tags.items():
                 Tags.of(construct).add(key, value)
@@ -319,13 +328,27 @@ class TeamAccess(Construct):
                 resources=[executions],
             ),
         )
-        acknowledge_wildcards(
-            self.engineer_policy,
-            {
-                follow_sid: f"Engineers of team {self.team.name} follow every run (execution) of the team's "
-                "launcher; execution names are chosen per run"
-            },
+        self._engineer_reasons[follow_sid] = (
+            f"Engineers of team {self.team.name} follow every run (execution) of the team's launcher; "
+            "execution names are chosen per run"
         )
+
+    def add_execution_statements(
+        self, statements: Sequence[iam.PolicyStatement], wildcard_reasons: Mapping[str, str]
+    ) -> None:
+        """Add what the team's jobs need for a feature of the environment (the package mirror, MLflow,
+        remote debugging) to its execution role's policy; ``wildcard_reasons`` says, by Sid, why a
+        statement names a wildcard (cdk-nag AwsSolutions-IAM5)."""
+        self._execution_reasons.update(checked_reasons(wildcard_reasons))
+        self.execution_policy.add_statements(*statements)
+
+    def add_engineer_statements(
+        self, statements: Sequence[iam.PolicyStatement], wildcard_reasons: Mapping[str, str]
+    ) -> None:
+        """Add to the team's engineers' policy (training plans, remote debugging sessions); as
+        ``add_execution_statements``."""
+        self._engineer_reasons.update(checked_reasons(wildcard_reasons))
+        self.engineer_policy.add_statements(*statements)
 
     def grant_pass_execution_role(self, grantee: iam.IGrantable) -> iam.Grant:
         """Let ``grantee`` (the team's launcher) hand the execution role to SageMaker, and to nothing else."""
@@ -442,10 +465,9 @@ class TeamAccess(Construct):
             iam.PolicyStatement(sid="DescribeJobNetwork", actions=_DESCRIBE_VPC_ACTIONS, resources=["*"]),
         ]
 
-    def _acknowledge_execution_wildcards(self, policy: iam.Policy) -> None:
+    def _acknowledge_execution_wildcards(self) -> None:
         team = self.team.name
-        acknowledge_wildcards(
-            policy,
+        self._execution_reasons.update(
             {
                 "ReadTeamData": f"Training reads objects under team {team}'s own prefix of the platform's "
                 "buckets, and the templates' code (named per template and version)",
@@ -507,8 +529,7 @@ class TeamAccess(Construct):
 
     def _acknowledge_engineer_wildcards(self) -> None:
         team = self.team.name
-        acknowledge_wildcards(
-            self.engineer_policy,
+        self._engineer_reasons.update(
             {
                 "ListTrainingJobs": ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS["sagemaker:ListTrainingJobs"],
                 "FollowTeamTrainingJobs": f"Engineers follow the training jobs of team {team}: the names "

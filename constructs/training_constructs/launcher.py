@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import yaml
 from aws_cdk import Aws, CfnResource, Duration, RemovalPolicy, Stack
@@ -60,7 +61,7 @@ from constructs import Construct
 from llmtrain.errors import LlmtrainError
 from llmtrain.handlers import launcher as handlers
 from llmtrain.handlers.quotas import template_instance_types
-from llmtrain.platform import PlatformContext
+from llmtrain.platform import FEATURE_FIELDS, PlatformContext
 from llmtrain.render import TAG_PREFIX, RunInput, render
 from training_constructs._functions import logged_function
 from training_constructs._props import PropsError, require
@@ -118,6 +119,9 @@ class TrainingLauncher(Construct):
       encryption_key: encrypts the log groups and the topic; created (with rotation) when not given.
         A given key must let CloudWatch Logs use it.
       log_retention: how long the state machine's and the functions' logs are kept.
+      platform_features: the environment's optional features, as PlatformContext fields
+        (``llmtrain.platform.FEATURE_FIELDS``: the CodeArtifact repository, the MLflow tracking
+        server, the training plans runs may use, remote debugging); rendered into every request.
 
     Attributes: ``state_machine``, ``state_machine_role``, ``topic``, ``encryption_key``,
     ``resolve_function``, ``next_attempt_function``, ``summarize_function``, ``functions`` (by
@@ -145,6 +149,7 @@ class TrainingLauncher(Construct):
         state_machine_name: str | None = None,
         encryption_key: kms.IKey | None = None,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_YEAR,
+        platform_features: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         _validate(job_templates, team, subnets, security_groups, environment_name, state_machine_name)
@@ -153,8 +158,12 @@ class TrainingLauncher(Construct):
         self.job_templates = tuple(job_templates)
         self.job_name_prefix = team.job_name_prefix
         self.inter_container_traffic_encryption = inter_container_traffic_encryption
+        # The environment's optional features (EnvironmentConfig.platform_features: package
+        # repository, MLflow, training plans, remote debugging), the same for every team.
+        features = dict(platform_features or {})
+        _validate_features(features)
         self.request_layouts = handlers.request_layouts(
-            [_synth_render(t, team, inter_container_traffic_encryption) for t in self.job_templates]
+            [_synth_render(t, team, inter_container_traffic_encryption, features) for t in self.job_templates]
         )
         self.platform_context = {
             "environment": environment_name,
@@ -176,6 +185,7 @@ class TrainingLauncher(Construct):
             "max_instance_count": team.max_instance_count,
             "inter_container_traffic_encryption": inter_container_traffic_encryption,
             "run_budget_usd": team.max_run_cost_usd,
+            **features,
         }
         self.encryption_key = encryption_key or self._create_key(environment_name)
         self._log_retention = log_retention
@@ -641,7 +651,22 @@ def _validate_team_templates(job_templates: Sequence[JobTemplate], team: TeamSpe
         )
 
 
-def _synth_render(template: JobTemplate, team: TeamSpec, inter_container_traffic_encryption: bool) -> dict:
+def _validate_features(features: Mapping[str, Any]) -> None:
+    unknown = sorted(set(features) - set(FEATURE_FIELDS))
+    require(not unknown, _NAME, "platform_features", f"{unknown} are not features: {list(FEATURE_FIELDS)}")
+    try:
+        PlatformContext.placeholder(environment="synth", account="123456789012", region="us-east-1",
+                                    resource_prefix="synth", warm_pool_cap_seconds=0, **features)
+    except LlmtrainError as error:
+        raise PropsError(f"{_NAME}(platform_features=...): {error}") from error
+
+
+def _synth_render(
+    template: JobTemplate,
+    team: TeamSpec,
+    inter_container_traffic_encryption: bool,
+    features: Mapping[str, Any],
+) -> dict:
     """The version's request with its defaults and a placeholder platform of the team: its layout is
     what counts, and a version whose defaults the team cannot run fails the synth here."""
     platform = PlatformContext.placeholder(
@@ -653,6 +678,7 @@ def _synth_render(template: JobTemplate, team: TeamSpec, inter_container_traffic
         team=team.name,
         job_name_prefix=team.job_name_prefix,
         inter_container_traffic_encryption=inter_container_traffic_encryption,
+        **features,
     )
     try:
         return render(template.spec, RunInput(run_name="synth-check"), platform)

@@ -41,11 +41,19 @@ def acknowledge_wildcards(scope: IConstruct, reasons: Mapping[str, str]) -> None
     ``Sid`` equals it or, for statements CDK writes without a Sid (``bucket.grant_read``), one of
     whose actions equals it. A finding is acknowledged only when every Allow statement that
     produces it has a reason, so a new wildcard elsewhere in the same policy still fails cdk-nag.
+    ``reasons`` is read when cdk-nag runs: a dict the caller keeps may gain the reasons of statements
+    added later (each checked with :func:`checked_reasons`; ``TeamAccess`` does this).
     """
+    checked_reasons(reasons)
+    scope.node.add_validation(_WildcardAcknowledger(scope, reasons))
+
+
+def checked_reasons(reasons: Mapping[str, str]) -> Mapping[str, str]:
+    """``reasons``, once each is specific enough to be an acknowledgment's (ValueError otherwise)."""
     for key, reason in reasons.items():
         if len(reason) < _MIN_REASON:
             raise ValueError(f"the wildcard of statement {key} needs a specific reason, got {reason!r}")
-    scope.node.add_validation(_WildcardAcknowledger(scope, dict(reasons)))
+    return reasons
 
 
 def acknowledge_checkov(
@@ -118,7 +126,7 @@ def flatten_reference(node: Any) -> str:
 class _WildcardAcknowledger:
     """Runs as a construct validation: after CDK resolved cross-stack references, before cdk-nag."""
 
-    def __init__(self, scope: IConstruct, reasons: dict[str, str]) -> None:
+    def __init__(self, scope: IConstruct, reasons: Mapping[str, str]) -> None:
         self._scope = scope
         self._reasons = reasons
 

@@ -141,7 +141,7 @@ class TrainingNetwork(Construct):
         if inter_container_traffic_encryption:
             self._allow_ipsec_within_group()
         self.endpoint_security_group, self.s3_endpoint, self.interface_endpoints = self._endpoints(
-            create_interface_endpoints=existing_vpc is None or existing_vpc.create_endpoints
+            with_interface_endpoints=existing_vpc is None or existing_vpc.create_endpoints
         )
         self.flow_log_key, self.flow_log_group, self.flow_log = self._flow_log(
             flow_log_retention, flow_log_key
@@ -277,7 +277,7 @@ class TrainingNetwork(Construct):
             description="ESP for inter-container traffic encryption",
         )
 
-    def _endpoints(self, *, create_interface_endpoints: bool):
+    def _endpoints(self, *, with_interface_endpoints: bool):
         s3_endpoint = ec2.GatewayVpcEndpoint(
             self,
             "S3Endpoint",
@@ -285,7 +285,7 @@ class TrainingNetwork(Construct):
             service=ec2.GatewayVpcEndpointAwsService.S3,
             subnets=[self.subnet_selection],
         )
-        if not create_interface_endpoints:
+        if not with_interface_endpoints:
             return None, s3_endpoint, {}
         endpoint_group = ec2.SecurityGroup(
             self,
@@ -295,30 +295,14 @@ class TrainingNetwork(Construct):
             description="VPC interface endpoints: HTTPS in from the VPC",
         )
         endpoint_group.add_ingress_rule(ec2.Peer.ipv4(self.vpc_cidr), _HTTPS, "HTTPS from the VPC")
-        interface_endpoints = {
-            name: ec2.InterfaceVpcEndpoint(
-                self,
-                f"{name}Endpoint",
-                vpc=self.vpc,
-                service=service,
-                subnets=self.subnet_selection,
-                security_groups=[endpoint_group],
-                private_dns_enabled=True,
-                open=False,
-            )
-            for name, service in INTERFACE_ENDPOINT_SERVICES.items()
-        }
-        account = Stack.of(self).account
-        for name, endpoint in interface_endpoints.items():
-            endpoint.add_to_policy(
-                iam.PolicyStatement(
-                    sid="ThisAccountOnly",
-                    principals=[iam.AnyPrincipal()],
-                    actions=[f"{INTERFACE_ENDPOINT_ACTIONS[name]}:*"],
-                    resources=["*"],
-                    conditions={"StringEquals": {"aws:PrincipalAccount": account}},
-                )
-            )
+        interface_endpoints = create_interface_endpoints(
+            self,
+            INTERFACE_ENDPOINT_SERVICES,
+            vpc=self.vpc,
+            subnets=self.subnet_selection,
+            security_group=endpoint_group,
+            policy_actions={name: [f"{prefix}:*"] for name, prefix in INTERFACE_ENDPOINT_ACTIONS.items()},
+        )
         return endpoint_group, s3_endpoint, interface_endpoints
 
     def _flow_log(self, retention: logs.RetentionDays, key: kms.IKey | None):
@@ -340,6 +324,49 @@ class TrainingNetwork(Construct):
             traffic_type=ec2.FlowLogTrafficType.ALL,
         )
         return key, group, flow_log
+
+
+def create_interface_endpoints(
+    scope: Construct,
+    services: Mapping[str, ec2.InterfaceVpcEndpointAwsService],
+    *,
+    vpc: ec2.IVpc,
+    subnets: ec2.SubnetSelection,
+    security_group: ec2.ISecurityGroup,
+    policy_actions: Mapping[str, Sequence[str]],
+) -> dict[str, ec2.InterfaceVpcEndpoint]:
+    """Private-DNS interface endpoints (``<name>Endpoint`` under ``scope``), reached with HTTPS
+    through ``security_group``.
+
+    An endpoint named in ``policy_actions`` gets a policy that allows those actions to this account's
+    principals only. An endpoint left out keeps AWS's default policy: for a service that does not
+    support endpoint policies, a policy would fail the deployment.
+    """
+    endpoints = {
+        name: ec2.InterfaceVpcEndpoint(
+            scope,
+            f"{name}Endpoint",
+            vpc=vpc,
+            service=service,
+            subnets=subnets,
+            security_groups=[security_group],
+            private_dns_enabled=True,
+            open=False,
+        )
+        for name, service in services.items()
+    }
+    account = Stack.of(scope).account
+    for name, actions in policy_actions.items():
+        endpoints[name].add_to_policy(
+            iam.PolicyStatement(
+                sid="ThisAccountOnly",
+                principals=[iam.AnyPrincipal()],
+                actions=list(actions),
+                resources=["*"],
+                conditions={"StringEquals": {"aws:PrincipalAccount": account}},
+            )
+        )
+    return endpoints
 
 
 def _acknowledge_default_group_provider(stack: Stack) -> None:
@@ -427,5 +454,6 @@ __all__ = [
     "INTERFACE_ENDPOINT_SERVICES",
     "ExistingVpcAttributes",
     "TrainingNetwork",
+    "create_interface_endpoints",
     "ecr_layer_bucket_arn",
 ]

@@ -96,6 +96,20 @@ def config_folder(args: argparse.Namespace) -> Path:
     return args.config_dir or repository_root() / "config"
 
 
+def account_session(environment: EnvironmentConfig, profile: str | None = None) -> boto3.Session:
+    """A session (`profile`, else the usual chain) whose credentials are checked to be for the
+    configured environment's account."""
+    session = aws_session(profile)
+    identity = caller_identity(session, environment.region)
+    if identity["Account"] != environment.account:
+        raise LlmtrainError(
+            f"your AWS credentials are for account {identity['Account']} but environment "
+            f"{environment.name!r} is in account {environment.account}: use credentials for that account "
+            "(--profile or AWS_PROFILE)"
+        )
+    return session
+
+
 def environment_of(args: argparse.Namespace) -> EnvironmentConfig:
     """The environment named by `--env` (and `--config-dir`), or an error listing the known ones."""
     folder = config_folder(args)

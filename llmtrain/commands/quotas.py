@@ -13,12 +13,10 @@ import argparse
 import json
 from pathlib import Path
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtrain.aws import caller_identity
 from llmtrain.catalog import Catalog
-from llmtrain.commands._common import environment_of, print_table
+from llmtrain.commands._common import account_session, environment_of, print_table
 from llmtrain.environments import EnvironmentConfig
 from llmtrain.errors import LlmtrainError
 from llmtrain.handlers.quotas import QuotaCache, QuotaUsage, collect_usage, template_instance_types
@@ -40,6 +38,7 @@ def register(subparsers) -> None:
         "--config-dir", type=Path, default=None, help="folder of environment files (default: config/)"
     )
     parser.add_argument("--catalog", type=Path, default=None, help="catalog folder (default: templates/)")
+    parser.add_argument("--profile", default=None, help="the AWS profile to use (default: AWS_PROFILE)")
     parser.set_defaults(handler=quotas_command)
 
 
@@ -47,13 +46,7 @@ def quotas_command(args: argparse.Namespace) -> int:
     environment = environment_of(args)
     catalog = Catalog.load(args.catalog)
     templates = [t for t in catalog.all() if t.name in environment.enabled_templates]
-    session = boto3.Session()
-    identity = caller_identity(session, environment.region)
-    if identity["Account"] != environment.account:
-        raise LlmtrainError(
-            f"your AWS credentials are for account {identity['Account']} but environment "
-            f"{environment.name!r} is in account {environment.account}: use credentials for that account"
-        )
+    session = account_session(environment, args.profile)
     try:
         usages = collect_usage(
             sagemaker=session.client("sagemaker", region_name=environment.region),

@@ -160,7 +160,8 @@ def _given_platform(args: argparse.Namespace) -> PlatformContext:
 
 def team_platform_fields(env: EnvironmentConfig, team: TeamConfig) -> dict:
     """What a team's PlatformContext takes from the environment file, as the stacks set it (a team
-    without `instance_types` may use every type its templates run on: no limit beyond theirs)."""
+    without `instance_types` may use every type its templates run on: no limit beyond theirs), with
+    the environment's features (package mirror, MLflow, training plans, remote debugging)."""
     return {
         "team": team.name,
         "job_name_prefix": team.job_name_prefix,
@@ -170,6 +171,7 @@ def team_platform_fields(env: EnvironmentConfig, team: TeamConfig) -> dict:
         "max_instance_count": team.max_instance_count,
         "inter_container_traffic_encryption": env.network.inter_container_traffic_encryption,
         "run_budget_usd": team.max_run_cost_usd,
+        **env.platform_features(),
     }
 
 

@@ -27,7 +27,9 @@ from llmtrain.sourcedir import PLATFORM_PACKAGE, REQUIREMENTS, repository_root
 
 # What a local run needs besides the training program's requirements.txt: the toolkit of the
 # SageMaker PyTorch container (the `local` extra) and torch, which the container brings.
-LOCAL_RUN_PACKAGES = ("torch", "sagemaker-training", "sagemaker-pytorch-training")
+# The [local] extra's, and torch: the toolkit, and the full mlflow for the run's SQLite tracking store
+# (the training program's own mlflow-skinny has no database store).
+LOCAL_RUN_PACKAGES = ("torch", "sagemaker-training", "sagemaker-pytorch-training", "mlflow")
 TORCH_CPU_INSTALL = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 
 LOCAL_ACCOUNT = "000000000000"

@@ -9,6 +9,9 @@ Failure classes:
 
 - `capacity`: SageMaker could not provision the instances (CapacityError, InsufficientInstanceCapacity);
   retrying later or on another instance type helps.
+- `plan_capacity`: a job in a training plan (`ResourceConfig.TrainingPlanArn`) found no free instance
+  of its plan: a capacity failure, or its pending time (`MaxPendingTimeInSeconds`) ran out. Retrying
+  elsewhere would leave the reserved capacity; the plan's instances are what to look at.
 - `quota`: a Service Quota was exceeded (ResourceLimitExceeded); ask for an increase or wait.
 - `algorithm`: the training code or its input failed (AlgorithmError, ClientError); fix the job.
 - `internal`: a SageMaker internal error, or a reason we do not recognise.
@@ -58,6 +61,7 @@ _SNS_SUBJECT_LIMIT = 100
 
 class FailureClass(StrEnum):
     CAPACITY = "capacity"
+    PLAN_CAPACITY = "plan_capacity"
     QUOTA = "quota"
     ALGORITHM = "algorithm"
     INTERNAL = "internal"
@@ -81,13 +85,20 @@ _FAILURE_MARKERS: tuple[tuple[FailureClass, tuple[str, ...]], ...] = (
 )
 
 
-def classify_failure(failure_reason: str | None) -> FailureClass:
-    """The class of a failed job from its FailureReason (see the module docstring)."""
+# A job in a training plan that waited longer than MaxPendingTimeInSeconds fails with a reason about its
+# pending time (llmtrain.handlers.launcher reads the same word for the launcher's runs).
+_PENDING_MARKER = "pending"
+
+
+def classify_failure(failure_reason: str | None, *, in_training_plan: bool = False) -> FailureClass:
+    """The class of a failed job from its FailureReason, and whether it ran in a training plan (see
+    the module docstring)."""
     reason = (failure_reason or "").lower()
-    for failure_class, markers in _FAILURE_MARKERS:
-        if any(marker in reason for marker in markers):
-            return failure_class
-    return FailureClass.INTERNAL
+    found = next((failure_class for failure_class, markers in _FAILURE_MARKERS
+                  if any(marker in reason for marker in markers)), FailureClass.INTERNAL)
+    if in_training_plan and (found is FailureClass.CAPACITY or _PENDING_MARKER in reason):
+        return FailureClass.PLAN_CAPACITY
+    return found
 
 
 @dataclass(frozen=True)
@@ -142,7 +153,8 @@ class JobOutcome:
             job_arn=detail.get("TrainingJobArn", ""),
             status=status,
             failure_reason=reason,
-            failure_class=classify_failure(reason) if status == "Failed" else None,
+            failure_class=(classify_failure(reason, in_training_plan=bool(resources.get("TrainingPlanArn")))
+                           if status == "Failed" else None),
             instance_type=resources.get("InstanceType"),
             instance_count=int(count) if count is not None else None,
             billable_seconds=int(billable) if billable is not None else None,
@@ -191,6 +203,8 @@ class JobOutcome:
 
 _ADVICE = {
     FailureClass.CAPACITY: "SageMaker had no capacity for the instance type; retry later or elsewhere",
+    FailureClass.PLAN_CAPACITY: "its training plan had no free instance within the job's pending time; see "
+    "the plan's instances with `llmtrain plans` and start the run again",
     FailureClass.QUOTA: "a Service Quota was exceeded; run `llmtrain quotas` and request an increase",
     FailureClass.ALGORITHM: "the training code or its input failed; read the job's logs",
     FailureClass.INTERNAL: "SageMaker reported an internal error or an unrecognised reason; retry",

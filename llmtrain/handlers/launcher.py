@@ -451,8 +451,9 @@ class Quota:
 
 @dataclass(frozen=True)
 class Failure:
-    """One failed attempt, classified. `kind`: capacity, quota, throttled (SageMaker refused the call
-    for its rate; no job exists), job_failed, stopped or api_error."""
+    """One failed attempt, classified. `kind`: capacity, plan_capacity (a job in a training plan found
+    no free capacity in its pending time), quota, throttled (SageMaker refused the call for its rate;
+    no job exists), job_failed, stopped or api_error."""
 
     kind: str
     reason: str
@@ -460,25 +461,38 @@ class Failure:
     quota: Quota | None = None
 
 
-def classify_failure(failure: Mapping[str, Any]) -> Failure:
+def classify_failure(failure: Mapping[str, Any], *, in_training_plan: bool = False) -> Failure:
     """Classify the `{"Error", "Cause"}` that Step Functions caught from CreateTrainingJob `.sync`.
 
     A job that ran and ended badly arrives as `States.TaskFailed` with the DescribeTrainingJob
     output as the cause (JSON); an API error (e.g. ResourceLimitExceeded, ThrottlingException)
     arrives as `SageMaker.<...>` with SageMaker's message and error code as the cause.
+
+    A job in a training plan waits in Pending for the plan's reserved capacity: running out of that
+    wait (MaxPendingTimeInSeconds) or of the plan's instances is `plan_capacity`, never `capacity`,
+    since retrying elsewhere or on a fallback type would leave the plan that was paid for.
     """
     error, cause = str(failure.get("Error", "")), str(failure.get("Cause", ""))
     job = _job_from_cause(cause)
     if job is not None:
-        return _classify_job(job)
+        classified = _classify_job(job)
+        return _in_plan(classified) if in_training_plan else classified
     text = f"{error}: {cause}"
     if QUOTA_MARKER in text:
         return Failure(kind="quota", reason=cause or error, quota=parse_quota(cause))
     if any(marker in text for marker in CAPACITY_MARKERS):
-        return Failure(kind="capacity", reason=cause or error)
+        return Failure(kind="plan_capacity" if in_training_plan else "capacity", reason=cause or error)
     if any(marker in text for marker in THROTTLING_MARKERS):
         return Failure(kind="throttled", reason=cause or error)
     return Failure(kind="api_error", reason=f"{error}: {cause}" if cause else error)
+
+
+def _in_plan(failure: Failure) -> Failure:
+    pending = failure.job is not None and failure.job.get("TrainingStartTime") is None and (
+        "pending" in failure.reason.lower())
+    if failure.kind == "capacity" or (failure.kind == "job_failed" and pending):
+        return Failure(kind="plan_capacity", reason=failure.reason, job=failure.job)
+    return failure
 
 
 def _job_from_cause(cause: str) -> dict[str, Any] | None:
@@ -571,7 +585,8 @@ def plan_next_attempt(
     platform: PlatformContext,
     layouts: Mapping[str, Sequence[str]],
 ) -> dict[str, Any]:
-    failure = classify_failure(caught)
+    in_plan = "TrainingPlanArn" in request.get("ResourceConfig", {})
+    failure = classify_failure(caught, in_training_plan=in_plan)
     plan = plan_retry(template.retry, run, failure)
     if plan is None or plan.new_attempt:
         run = run.with_attempt_ended(
@@ -610,6 +625,7 @@ def plan_next_attempt(
 # The error name a failed execution ends with, by the kind of the last attempt's failure.
 FAILURE_ERRORS = {
     "capacity": "CapacityUnavailable",
+    "plan_capacity": "TrainingPlanCapacityUnavailable",
     "quota": "QuotaExceeded",
     "job_failed": "TrainingJobFailed",
     "stopped": "TrainingJobStopped",
@@ -652,6 +668,12 @@ def _advice(template: TemplateSpec, run: RunState, failure: Failure) -> str:
         return (
             f"the account's {numbers}{policy}: request an increase in Service Quotas (service "
             "Amazon SageMaker), wait for running jobs to end, or use fewer or other instances"
+        )
+    if failure.kind == "plan_capacity":
+        return (
+            "the training plan had no free capacity for the job within its pending time "
+            "(max_pending_seconds); see the plan's instances with `llmtrain plans --env ENV`, then start "
+            "the run again (it resumes from its checkpoints) or raise max_pending_seconds"
         )
     if failure.kind == "job_failed":
         return f"the training job failed: read its logs with `llmtrain logs {run.run_name}`"

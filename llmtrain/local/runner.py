@@ -39,6 +39,7 @@ from llmtrain.local import data as local_data
 from llmtrain.local.display import JobDisplay
 from llmtrain.local.jobroot import HostRoot, upload_from_hosts, write_host_roots
 from llmtrain.local.metrics import MetricExtractor
+from llmtrain.local.packages import explain_failure, with_local_packages
 from llmtrain.local.plan import (
     SUBMIT_DIRECTORY_HP,
     Adjustment,
@@ -64,6 +65,7 @@ from llmtrain.local.report import (
     write_json,
 )
 from llmtrain.local.toolkit import ToolkitProcesses, free_port, host_environment
+from llmtrain.local.tracking import with_local_tracking
 
 JOBS_DIR = "jobs"
 CHECKPOINTS_DIR = "checkpoints"
@@ -176,6 +178,8 @@ def _prepare(
     sourcedir = job_dir / "sourcedir.tar.gz"
     plan = plan_local_job(request, limits=options.limits, user_settings=options.user_settings)
     plan = _with_local_code(plan, request, sourcedir)
+    plan = with_local_tracking(with_local_packages(plan), request, run_dir=options.run_dir,
+                               model_artifact=job_dir / "output" / "model.tar.gz", parent_env=os.environ)
     plan, channel_dirs = _with_channels(plan, request, options, template_channels, console)
     checkpoints_dir = options.run_dir / CHECKPOINTS_DIR if plan.checkpoint_subpath else None
     tensorboard_dir = options.run_dir / TENSORBOARD_DIR if plan.tensorboard_subpath else None
@@ -440,7 +444,7 @@ def decide_outcome(
         return Outcome("Stopped", stop_reason, None, message)
     for root in roots:
         if root.failure_file.is_file():
-            text = root.failure_file.read_text(errors="replace")
+            text = explain_failure(root.failure_file.read_text(errors="replace"), logs.get(root.host))
             return _failed("AlgorithmError: " + text[:FAILURE_REASON_CHARS])
     for root in roots:
         code = returncodes.get(root.host)

@@ -11,6 +11,8 @@ toolkit runs unmodified; the local differences are all in its environment:
   host is its own machine and algo-1 resolves); torchrun only uses those to build the rendezvous
   endpoint when none is given, and the workers get MASTER_ADDR from the rendezvous.
 - CUDA_VISIBLE_DEVICES is empty, so the training program trains on CPU with gloo.
+- The toolkit's `pip install -r requirements.txt` runs with no network (llmtrain.local.packages):
+  this environment must already satisfy the requirements; a package it lacks fails the job, named.
 
 Stopping follows StopTrainingJob: the training processes (the ranks torchrun started) receive
 SIGTERM and get a grace period to checkpoint and exit; then everything left gets SIGKILL. If
@@ -33,6 +35,7 @@ from pathlib import Path
 import psutil
 
 from llmtrain.local.jobroot import HostRoot
+from llmtrain.local.packages import offline_install_environment
 from llmtrain.local.reaper import Reaper
 
 PYTORCH_TRAINING_MODULE = "sagemaker_pytorch_container.training:main"
@@ -63,7 +66,7 @@ def host_environment(
 ) -> dict[str, str]:
     """The environment of one host's toolkit process (see the module docstring for why)."""
     env = {
-        k: v for k, v in parent_env.items()
+        k: v for k, v in offline_install_environment(parent_env).items()
         if not k.startswith(_INHERITED_PREFIXES) and k not in _INHERITED_NAMES
     }
     env.update(container_env)
@@ -78,10 +81,6 @@ def host_environment(
         "PYTHONUNBUFFERED": "1",
         "CUDA_VISIBLE_DEVICES": "",
         "DS_ACCELERATOR": "cpu",
-        # The container pip-installs the sourcedir's requirements.txt; locally this environment must
-        # already satisfy it, and a missing package fails the job instead of changing the environment.
-        "PIP_NO_INDEX": "1",
-        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     })
     if rendezvous_port is not None:
         env["PET_RDZV_ENDPOINT"] = f"127.0.0.1:{rendezvous_port}"

@@ -80,6 +80,26 @@ def test_fsdp_template_runs_on_one_host_with_two_processes(straight):
         (straight.run_dir / "tensorboard").resolve().as_uri()
 
 
+def test_a_local_run_logs_to_an_mlflow_store_in_its_folder(straight):
+    """Read back with the mlflow package: what `mlflow ui --backend-store-uri ...` shows."""
+    from mlflow.tracking import MlflowClient
+
+    assert straight.returncode == 0, straight.output[-3000:]
+    store = f"sqlite:///{(straight.run_dir / 'mlflow.db').resolve()}"
+    assert f"mlflow ui --backend-store-uri {store}" in straight.output
+    client = MlflowClient(tracking_uri=store)
+    # <team>-<template>, as in the cloud: a local run renders for the team `default`.
+    experiment = client.get_experiment_by_name("default-llama-pretrain-fsdp")
+    [run] = client.search_runs([experiment.experiment_id])
+    job = straight.summary["TrainingJobName"]
+    assert run.info.run_name == job and run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert {m.step: m.value for m in history} == pytest.approx(losses_by_step(straight.run_dir), abs=1e-6)
+    assert run.data.params["model_preset"] == "llama-tiny" and run.data.params["max_steps"] == str(STEPS)
+    assert run.data.tags["model_artifact"] == (straight.run_dir / "jobs" / job / "output" /
+                                               "model.tar.gz").resolve().as_uri()
+
+
 def test_stopped_run_resumes_by_run_name_with_the_same_losses(straight, workdir):
     assert straight.returncode == 0, straight.output[-3000:]
     # Stop like StopTrainingJob: SIGTERM to llmtrain once training is under way.
@@ -206,7 +226,7 @@ def test_lora_template_fine_tunes_on_prompt_completion_examples(workdir):
     assert summary["TrainingJobStatus"] == "Completed"
     code = {a["Setting"]: a["Cloud"] for a in summary["LocalRun"]["Adjustments"]}
     assert code["HyperParameters.sagemaker_submit_directory"].endswith(
-        "/templates/llama-finetune-lora/1.1.0/sourcedir.tar.gz")
+        "/templates/llama-finetune-lora/1.2.0/sourcedir.tar.gz")
     final = {m["MetricName"]: m["Value"] for m in summary["FinalMetricDataList"]}
     assert {"train:loss", "eval:loss"} <= set(final)
     assert sorted(losses_by_step(workdir / "sft")) == [1, 2, 3]

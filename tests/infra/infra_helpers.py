@@ -19,7 +19,7 @@ from cfnlint.api import ManualArgs, lint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "config"
-PARTS = ("network", "storage", "access", "launcher", "operations")
+PARTS = ("network", "storage", "access", "services", "launcher", "operations")
 ENV = cdk.Environment(account="111111111111", region="us-east-1")
 
 
@@ -128,7 +128,7 @@ def cfn_lint_unexplained(template_json: dict[str, Any], region: str) -> list[str
 
 # checkov lives in its own virtual environment (`make setup`; it pins an older boto3 than ours).
 CHECKOV = Path(
-    os.environ.get("CHECKOV", Path(__file__).resolve().parents[2] / ".venv-checkov" / "bin" / "checkov")
+    os.environ.get("CHECKOV", ROOT / ".venv-checkov" / "bin" / "checkov")
 )
 
 

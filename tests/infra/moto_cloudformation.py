@@ -10,11 +10,14 @@ What the test supplies, because moto cannot do it, each said where it happens:
 - Custom resources (the JobTemplates' uploads, the VPC's default-security-group cleanup) run their
   provider Lambda in Docker in moto. `deploy_stage` answers each one with SUCCESS instead, after
   moto created the rest of its stack.
-- Three spots where moto's CloudFormation models differ from CloudFormation (`_moto_compatible`): an
+- Four spots where moto's CloudFormation models differ from CloudFormation (`_moto_compatible`): an
   `AWS::KMS::Key`'s tags are read in the KMS API's shape (TagKey/TagValue) rather than
   CloudFormation's (Key/Value), an `AWS::SSM::Parameter`'s tags as a list of Key/Value pairs rather
-  than CloudFormation's map of key to value, and a security-group rule for IP protocol 50 (ESP)
-  needs ports, which EC2 ignores for that protocol. The copy deployed is changed in exactly those places.
+  than CloudFormation's map of key to value, a security-group rule for IP protocol 50 (ESP) needs
+  ports, which EC2 ignores for that protocol, and an output whose value is an attribute of a resource
+  type moto does not model (the CodeArtifact repository's ARN) fails the whole stack, where moto skips
+  the resource itself: such an output is left out (`DeployedStage.outputs_left_out`). The copy
+  deployed is changed in exactly those places.
 - moto's IAM enforcement asks each service for the resource of a request; Step Functions' and
   SageMaker's responses in moto do not say it (every request is "*", which no scoped policy matches).
   `iam_enforced` supplies it from the request's parameters, as AWS's own authorization does: the
@@ -43,6 +46,7 @@ import boto3
 from moto import settings
 from moto.awslambda.models import LambdaFunction
 from moto.cloudformation import cloudformation_backends
+from moto.cloudformation.parsing import resource_class_from_type
 from moto.core.authorization import ActionAuthenticatorMixin
 from moto.sagemaker.responses import SageMakerResponse
 from moto.ssm.responses import SimpleSystemManagerResponse
@@ -61,6 +65,8 @@ class DeployedStage:
     outputs: dict[str, str] = field(default_factory=dict)
     resources: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     answered_custom_resources: list[str] = field(default_factory=list)
+    # Outputs of attributes of resource types moto does not model (see the module's docstring).
+    outputs_left_out: list[str] = field(default_factory=list)
 
 
 def deploy_stage(assembly_dir: Path, account: str, region: str) -> DeployedStage:
@@ -83,6 +89,7 @@ def deploy_stage(assembly_dir: Path, account: str, region: str) -> DeployedStage
             properties = stacks[artifact_id]["properties"]
             name = properties.get("stackName", artifact_id)
             template = _moto_compatible(json.loads((assembly_dir / properties["templateFile"]).read_text()))
+            deployed.outputs_left_out += _leave_out_unmodelled_outputs(template)
             cloudformation.create_stack(
                 StackName=name, TemplateBody=json.dumps(template), Capabilities=["CAPABILITY_NAMED_IAM"]
             )
@@ -150,6 +157,20 @@ def _moto_compatible(template: dict[str, Any]) -> dict[str, Any]:
             properties.setdefault("FromPort", -1)
             properties.setdefault("ToPort", -1)
     return template
+
+
+def _leave_out_unmodelled_outputs(template: dict[str, Any]) -> list[str]:
+    """Remove the outputs of attributes of resources moto does not model; their names."""
+    left_out = []
+    for name, output in list(template.get("Outputs", {}).items()):
+        value = output.get("Value")
+        if not isinstance(value, dict) or "Fn::GetAtt" not in value:
+            continue
+        resource_type = template["Resources"][value["Fn::GetAtt"][0]]["Type"]
+        if resource_class_from_type(resource_type) is None:
+            del template["Outputs"][name]
+            left_out.append(name)
+    return left_out
 
 
 def _answer_custom_resources(stack_name: str, account: str, region: str, timeout: float = 30) -> list[str]:

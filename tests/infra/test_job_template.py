@@ -89,7 +89,7 @@ def test_cfn_lint_finds_nothing(template_json):
 
 def test_code_is_deployed_under_the_versions_prefix(template_json):
     template = Template.from_json(template_json)
-    for prefix in ("templates/byo-script/1.0.0/", "templates/llama-pretrain-fsdp/1.1.0/"):
+    for prefix in ("templates/byo-script/1.0.0/", "templates/llama-pretrain-fsdp/1.2.0/"):
         template.has_resource(
             "Custom::CDKBucketDeployment",
             {
@@ -140,11 +140,11 @@ def test_construct_exposes_what_the_launcher_registers(synthesized):
     _, templates = synthesized
     catalog = Catalog.load()
     fsdp = templates["llama-pretrain-fsdp@latest"]
-    assert (fsdp.name, fsdp.version) == ("llama-pretrain-fsdp", "1.1.0")
-    assert fsdp.code_key == "templates/llama-pretrain-fsdp/1.1.0/sourcedir.tar.gz"
+    assert (fsdp.name, fsdp.version) == ("llama-pretrain-fsdp", "1.2.0")
+    assert fsdp.code_key == "templates/llama-pretrain-fsdp/1.2.0/sourcedir.tar.gz"
     entry = fsdp.registry_entry
     assert entry["content_hash"] == catalog.published_entry(fsdp.spec).content
-    assert entry["spec"] == catalog.resolve("llama-pretrain-fsdp@1.1.0").to_dict()
+    assert entry["spec"] == catalog.resolve("llama-pretrain-fsdp@1.2.0").to_dict()
     resolved = cdk.Stack.of(fsdp).resolve(entry["code_s3_uri"])
     bucket_ref = cdk.Stack.of(fsdp).resolve(fsdp.code_bucket.bucket_name)
     assert resolved == {"Fn::Join": ["", ["s3://", bucket_ref, "/" + fsdp.code_key]]}
@@ -181,10 +181,10 @@ def test_invalid_version_fails_at_synth(ref, error, message):
 def test_unpublished_version_fails_at_synth(tmp_path):
     folder = tmp_path / "templates"
     shutil.copytree(ROOT / "templates", folder)
-    text = (folder / "gpt2-ddp" / "1.0.0.yaml").read_text().replace("version: 1.0.0", "version: 1.2.0")
-    (folder / "gpt2-ddp" / "1.2.0.yaml").write_text(text)
-    with pytest.raises(LockError, match=r"gpt2-ddp@1\.2\.0 is not published: run `llmtrain templates lock`"):
-        _construct("gpt2-ddp@1.2.0", catalog=Catalog.load(folder))
+    text = (folder / "gpt2-ddp" / "1.0.0.yaml").read_text().replace("version: 1.0.0", "version: 1.3.0")
+    (folder / "gpt2-ddp" / "1.3.0.yaml").write_text(text)
+    with pytest.raises(LockError, match=r"gpt2-ddp@1\.3\.0 is not published: run `llmtrain templates lock`"):
+        _construct("gpt2-ddp@1.3.0", catalog=Catalog.load(folder))
 
 
 def test_changed_published_version_fails_at_synth(tmp_path):

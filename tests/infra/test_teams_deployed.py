@@ -10,10 +10,16 @@ team's managed policy, and the team's launcher role that creates its jobs.
 moto evaluates actions and resources, not condition keys: what the conditions add (SageMaker's keys
 on CreateTrainingJob, the `s3:prefix` of ListBucket, PassRole's service) is asserted on the
 synthesized statements in test_access.py and test_launcher.py.
+
+The services stack (prod's CodeArtifact PyPI mirror and its endpoints) is deployed too. moto implements
+no CodeArtifact API, so what a team's jobs may do with the mirror is judged by moto's own policy
+evaluator on the execution role's policies as moto's IAM holds them after the deployment (actions,
+resources and StringEquals conditions).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 from unittest import mock
@@ -22,6 +28,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
+from moto.iam.access_control import IAMPolicy, PermissionResult
 from moto_cloudformation import deploy_stage, iam_enforced
 
 from llmtrain.catalog import Catalog
@@ -125,7 +132,9 @@ def allowed(call) -> bool:
 
 def test_every_stack_of_the_two_team_environment_deploys(deployed):
     assert set(deployed.stage.statuses.values()) == {"CREATE_COMPLETE"}, deployed.stage.statuses
-    assert len(deployed.stage.statuses) == 5
+    assert len(deployed.stage.statuses) == 6
+    # The mirror's ARN is an attribute of a resource moto does not model (its output only is left out).
+    assert deployed.stage.outputs_left_out == ["PackageRepositoryArn"]
     for team in TEAMS:
         for output in ("ExecutionRoleArn", "EngineerPolicyArn", "StateMachineArn", "NotificationTopicArn"):
             assert f"Team{team.capitalize()}{output}" in deployed.outputs, (team, output)
@@ -176,6 +185,43 @@ def test_a_teams_jobs_reach_only_its_own_prefixes(deployed, team):
         assert not allowed(
             lambda: job.delete_object(Bucket=deployed.bucket("checkpoints"), Key=f"teams/{other}/runs/object")
         )
+
+
+def role_allows(role_name: str, action: str, resource: str, conditions: dict | None = None) -> bool:
+    """Whether the role's inline policies, as moto's IAM holds them, allow the call (moto's evaluator)."""
+    iam = boto3.client("iam")
+    results = [
+        IAMPolicy(json.dumps(iam.get_role_policy(RoleName=role_name, PolicyName=name)["PolicyDocument"]))
+        .is_action_permitted(action, resource, incoming_condition_values=conditions)
+        for name in iam.list_role_policies(RoleName=role_name)["PolicyNames"]
+    ]
+    return PermissionResult.PERMITTED in results and PermissionResult.DENIED not in results
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_a_teams_jobs_may_install_packages_from_the_environments_mirror(deployed, environments, team):
+    """What the training toolkit does before the program starts (CA_REPOSITORY_ARN): a token for the
+    environment's CodeArtifact domain, the repository's endpoint, the packages; through the mirror's
+    endpoints, which the services stack deployed with their policies."""
+    config = environments[ENVIRONMENT]
+    role = deployed.outputs[f"Team{team.capitalize()}ExecutionRoleArn"].rsplit("/", 1)[1]
+    codeartifact = f"arn:aws:codeartifact:{config.region}:{config.account}"
+    domain, repository = f"{codeartifact}:domain/llmtrain-prod", f"{codeartifact}:repository/llmtrain-prod"
+    assert role_allows(role, "codeartifact:GetAuthorizationToken", domain)
+    assert not role_allows(role, "codeartifact:GetAuthorizationToken", f"{codeartifact}:domain/other")
+    for action in ("codeartifact:GetRepositoryEndpoint", "codeartifact:ReadFromRepository"):
+        assert role_allows(role, action, f"{repository}/pypi-mirror")
+        assert not role_allows(role, action, f"{repository}/internal")
+    bearer = "sts:AWSServiceName"
+    assert role_allows(role, "sts:GetServiceBearerToken", "*", {bearer: "codeartifact.amazonaws.com"})
+    assert not role_allows(role, "sts:GetServiceBearerToken", "*", {bearer: "other.amazonaws.com"})
+    ec2 = boto3.client("ec2", region_name=deployed.region)
+    endpoints = {e["ServiceName"]: e for e in ec2.describe_vpc_endpoints()["VpcEndpoints"]}
+    for service in ("codeartifact.api", "codeartifact.repositories"):
+        endpoint = endpoints[f"com.amazonaws.{config.region}.{service}"]
+        # moto's CloudFormation keeps the template's document as Python's repr of it, not as JSON.
+        [statement] = ast.literal_eval(endpoint["PolicyDocument"])["Statement"]
+        assert statement["Condition"] == {"StringEquals": {"aws:PrincipalAccount": config.account}}
 
 
 @pytest.mark.parametrize("team", TEAMS)

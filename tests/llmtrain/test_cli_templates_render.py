@@ -33,8 +33,9 @@ def test_templates_table_lists_every_version(capsys):
     assert [line.split()[:2] for line in lines[1:]] == [[name, version] for name, version in _versions()]
     fsdp = [line for line in lines if line.startswith("llama-pretrain-fsdp ")]
     assert [line.split()[1:5] for line in fsdp] == [["1.0.0", "fsdp", "ml.p4d.24xlarge", "2"],
-                                                    ["1.1.0", "fsdp", "ml.p4d.24xlarge", "2"]]
-    assert fsdp[0].endswith(" default") and fsdp[1].endswith(" latest, default")
+                                                    ["1.1.0", "fsdp", "ml.p4d.24xlarge", "2"],
+                                                    ["1.2.0", "fsdp", "ml.p4d.24xlarge", "2"]]
+    assert fsdp[0].endswith(" default") and fsdp[2].endswith(" latest, default")
 
 
 def test_templates_json_is_a_list_of_objects(capsys):
@@ -167,7 +168,7 @@ def test_render_with_a_platform_file(capsys, tmp_path):
         (["render", "gpt2-ddp@7.0.0", "--run-name", "r"], "has no version '7.0.0'"),
         (
             ["render", "gpt2-ddp", "--run-name", "r", "--set", "zero_stage=3"],
-            "override 'zero_stage': gpt2-ddp@1.1.0 does not allow overriding it",
+            "override 'zero_stage': gpt2-ddp@1.2.0 does not allow overriding it",
         ),
         (["render", "gpt2-ddp", "--run-name", "r", "--set", "max_steps=-5"], "is below the minimum 1"),
         (

@@ -103,6 +103,7 @@ def test_the_installed_cli_works_from_an_empty_folder(installed, tmp_path):
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert (work / "runs" / "r1" / "summary.json").is_file()
+    assert (work / "runs" / "r1" / "mlflow.db").is_file()  # the local MLflow store, with the [local] extra
     runs = _llmtrain(installed, work, "runs", "--local")
     assert runs.returncode == 0 and "r1" in runs.stdout and "Completed" in runs.stdout
     assert sorted(p.name for p in work.iterdir()) == ["notes.txt", "runs", "tokens"]

@@ -57,6 +57,29 @@ def test_failure_reasons_are_classified(reason, expected):
     assert classify_failure(reason) is expected
 
 
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        (CAPACITY, FailureClass.PLAN_CAPACITY),
+        ("Training job exceeded MaxPendingTimeInSeconds while Pending for its training plan",
+         FailureClass.PLAN_CAPACITY),
+        (QUOTA, FailureClass.QUOTA),
+        ("AlgorithmError: ExecuteUserScriptError: Command 'torchrun' returned exit code 1",
+         FailureClass.ALGORITHM),
+    ],
+)
+def test_a_job_in_a_training_plan_that_found_no_instance_is_a_plan_capacity_failure(reason, expected):
+    """Not `capacity`: retrying elsewhere would leave the reserved capacity; the advice names the plans."""
+    assert classify_failure(reason, in_training_plan=True) is expected
+    detail = {"TrainingJobName": "llmtrain-dev-r1-a1", "TrainingJobStatus": "Failed", "FailureReason": reason,
+              "ResourceConfig": {"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2,
+                                 "TrainingPlanArn": "arn:aws:sagemaker:us-east-1:1:training-plan/week"}}
+    outcome = job_events.JobOutcome.from_detail(detail)
+    assert outcome.failure_class is expected
+    if expected is FailureClass.PLAN_CAPACITY:
+        assert "llmtrain plans" in outcome.message("dev", REGION)
+
+
 def state_change(name: str, status: str, reason: str | None = None, **detail) -> dict:
     now = datetime.now(UTC)
     body = {

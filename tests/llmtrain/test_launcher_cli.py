@@ -34,7 +34,9 @@ from llmtrain.launcher_client import TRAINING_LOG_GROUP, TRAINING_METRIC_NAMESPA
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, render
 
-SUMMARY = {"status": "Completed", "message": "Run done (gpt2-ddp@1.1.0): Completed\nAttempts: 1"}
+GPT2 = Catalog.load().latest("gpt2-ddp").ref  # what `gpt2-ddp` (no version) resolves to
+GPT2_VERSIONS = ", ".join(Catalog.load().versions("gpt2-ddp"))
+SUMMARY = {"status": "Completed", "message": f"Run done ({GPT2}): Completed\nAttempts: 1"}
 REJECTION = "run input rejected before any training job was created: quota 'x' is 0"
 # Runs named held-* wait, so they can be stopped; a run with seed 13 is rejected; the others end at
 # once with SUMMARY.
@@ -202,10 +204,10 @@ def test_a_record_from_a_newer_platform_asks_for_an_upgrade(capsys, launcher):
     ("argv", "message"),
     [
         (["gpt2-dp"], "unknown template 'gpt2-dp' (did you mean 'gpt2-ddp'?)"),
-        (["gpt2-ddp@1.1.1"], "has no version '1.1.1'; available: 1.0.0, 1.1.0"),
+        (["gpt2-ddp@1.1.1"], f"has no version '1.1.1'; available: {GPT2_VERSIONS}"),
         (
             ["gpt2-ddp", "--set", "max_step=5"],
-            "override 'max_step': gpt2-ddp@1.1.0 does not allow overriding it (did you mean 'max_steps'?)",
+            f"override 'max_step': {GPT2} does not allow overriding it (did you mean 'max_steps'?)",
         ),
         (["gpt2-ddp", "--set", "max_steps=0"], "0 is below the minimum 1"),
         (["gpt2-ddp", "--set", "channels.train=tokens/"], "must be an S3 URI"),
@@ -269,7 +271,7 @@ def test_a_rejected_run_is_started_again_under_its_name(capsys, launcher):
     assert code == 0 and "execution FAILED" in out and REJECTION in out
     assert (
         f"continue this run under its name (it resumes from its latest checkpoint): llmtrain start "
-        f"gpt2-ddp@1.1.0 --run-name r3 --set channels.train={TEAM_URI}{DATASET}/train/ --set seed=13 "
+        f"{GPT2} --run-name r3 --set channels.train={TEAM_URI}{DATASET}/train/ --set seed=13 "
         "--env dev"
     ) in out
 
@@ -554,7 +556,7 @@ def test_runs_lists_each_run_once_with_its_jobs(capsys, launcher):
     assert rows["alpha"] | {"started": None} == {
         "run_name": "alpha",
         "status": "SUCCEEDED",
-        "template": "gpt2-ddp@1.1.0",
+        "template": GPT2,
         "instance_type": "ml.g5.12xlarge",
         "instance_count": 1,
         "started": None,

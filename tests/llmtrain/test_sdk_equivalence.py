@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import replace
 
 import boto3
 import pytest
@@ -107,6 +108,10 @@ def sdk_request(spec: TemplateSpec, ours: dict) -> dict:
             disable_profiler=True,
             debugger_hook_config=False,
             tensorboard_output_config=_sdk_tensorboard(ours, TensorBoardOutputConfig),
+            environment=ours.get("Environment") or None,
+            enable_remote_debug=ours.get("RemoteDebugConfig", {}).get("EnableRemoteDebug") or None,
+            enable_infra_check=ours.get("InfraCheckConfig", {}).get("EnableInfraCheck"),
+            training_plan=ours["ResourceConfig"].get("TrainingPlanArn"),
             sagemaker_session=session,
         )
         inputs = {
@@ -126,9 +131,19 @@ def sdk_request(spec: TemplateSpec, ours: dict) -> dict:
     return captured
 
 
+def _without_defaults(request: dict) -> dict:
+    """Fields the SDK leaves out when they hold SageMaker's defaults (no variables, no debugging)."""
+    request = dict(request)
+    if request.get("Environment") == {}:
+        del request["Environment"]
+    if request.get("RemoteDebugConfig") == {"EnableRemoteDebug": False}:
+        del request["RemoteDebugConfig"]
+    return request
+
+
 @pytest.mark.parametrize("ref", [spec.ref for spec in CATALOG.all()])
 def test_request_equals_the_sdks(ref):
-    ours = render(CATALOG.resolve(ref), RunInput(run_name="equivalence"), PLATFORM)
+    ours = _without_defaults(render(CATALOG.resolve(ref), RunInput(run_name="equivalence"), PLATFORM))
     sdk = sdk_request(CATALOG.resolve(ref), ours)
 
     framework = {k: v for k, v in ours["HyperParameters"].items() if _is_framework(k)}
@@ -142,6 +157,28 @@ def test_request_equals_the_sdks(ref):
             assert sdk.get(flag) in (None, False), flag
     comparable = {k: v for k, v in ours.items() if not (k in FALSE_BY_DEFAULT and v is False)}
     assert comparable == sdk
+
+
+def test_packages_training_plan_debugging_and_health_check_are_sent_like_the_sdk():
+    platform = replace(
+        PLATFORM,
+        package_repository_arn=(
+            "arn:aws:codeartifact:us-east-1:123456789012:repository/llmtrain-test/pypi-mirror"),
+        training_plans={"week": "arn:aws:sagemaker:us-east-1:123456789012:training-plan/week"},
+        remote_debug=True,
+    )
+    ours = render(CATALOG.resolve("llama-pretrain-fsdp@1.2.0"),
+                  RunInput(run_name="features",
+                           overrides={"training_plan": "week", "remote_debug": "true"}),
+                  platform)
+    sdk = sdk_request(CATALOG.resolve("llama-pretrain-fsdp@1.2.0"), ours)
+    for field in ("Environment", "RemoteDebugConfig", "InfraCheckConfig", "ResourceConfig"):
+        assert ours[field] == sdk[field], field
+    # SDK 2.x has no setting for the pending limit of a job in a training plan (the API has).
+    pending = dict(ours["StoppingCondition"])
+    assert pending.pop("MaxPendingTimeInSeconds") == 24 * 3600
+    assert pending == sdk["StoppingCondition"]
+    assert sdk["ResourceConfig"]["TrainingPlanArn"].endswith("training-plan/week")
 
 
 def test_smp_case_sends_mp_parameters_like_the_sdk():

@@ -206,12 +206,28 @@ def _own_parameters(module: nn.Module, sharded: list[nn.Module]) -> list[nn.Para
             if parameter.requires_grad and id(parameter) not in children]
 
 
+def custom_collectives_supported() -> bool:
+    """Whether this torch's FSDP2 takes custom collectives. Older releases (the PyTorch 2.8 Deep
+    Learning Container's, when its tests run on a CPU: `make test-container`) lack the hooks and keep
+    FSDP2's own gloo collectives: the same results, only slower. A feature test of torch's class, as
+    its release notes do not date the hooks."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return hasattr(FSDPModule, "set_custom_all_gather") and hasattr(FSDPModule, "set_custom_reduce_scatter")
+
+
 def use_fast_cpu_collectives(sharded: list[nn.Module], *, overlap_reductions: bool) -> None:
     """Route the collectives of fully_shard-ed modules (CPU meshes) through the classes above.
 
     `sharded` lists every fully_shard-ed module of one model. With `overlap_reductions`, the
     reduce-scatters are deferred to the end of backward (1-D meshes without offload only).
     """
+    if not custom_collectives_supported():
+        for module in sharded:
+            # FSDP2 averages with ReduceOp.AVG, which gloo's reduce-scatter of these releases sums
+            # instead (gradients twice too large on two ranks): sum, and let FSDP2 divide after.
+            module.set_force_sum_reduction_for_comms(True)
+        return
     pending = PendingReductions()
     for module in sharded:
         module.set_custom_all_gather(PointToPointAllGather())

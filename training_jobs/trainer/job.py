@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, health
+from . import checkpoint, health, tracking
 from .checkpoint import CheckpointStore, StopSignal, Triggers
 from .config import TrainConfig
 from .data import BatchLayout, EvalBatches, TokenSamples, TrainBatches
@@ -108,7 +108,10 @@ def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device
                               and strategy.saves_asynchronously),
         triggers=Triggers(config.checkpoint.checkpoint_every_steps,
                           config.checkpoint.checkpoint_every_minutes, stop),
-        metrics=MetricsLogger(env.output_data_dir, env.is_main, config.logging.tensorboard),
+        metrics=MetricsLogger(env.output_data_dir, env.is_main, config.logging.tensorboard,
+                              tracker=tracking.start_tracking(os.environ, enabled=env.is_main,
+                                                              job_name=tracking.job_name(),
+                                                              params=config.flat())),
         throughput=_throughput(config, strategy, summary, env, device),
         output_dir=env.output_data_dir, device=device)
 

@@ -99,12 +99,14 @@ def peak_memory_gb(device: torch.device) -> float:
 
 
 class MetricsLogger:
-    """Writes metrics on rank 0: stdout lines, metrics.jsonl and (optionally) TensorBoard."""
+    """Writes metrics on rank 0: stdout lines, metrics.jsonl and (optionally) TensorBoard and MLflow
+    (a `tracking.MlflowTracker`)."""
 
-    def __init__(self, output_dir: Path, enabled: bool, tensorboard: bool) -> None:
+    def __init__(self, output_dir: Path, enabled: bool, tensorboard: bool, tracker=None) -> None:
         self.enabled = enabled
         self.jsonl = None
         self.writer = None
+        self.tracker = tracker
         if not enabled:
             return
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -133,8 +135,12 @@ class MetricsLogger:
             for key, value in values.items():
                 if key != "step":
                     self.writer.add_scalar(f"{tag}/{key}", value, int(values["step"]))
+        if self.tracker is not None:
+            self.tracker.log_metrics(values)
 
     def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
         if self.writer is not None:
             self.writer.close()
         if self.jsonl is not None:

@@ -1,0 +1,117 @@
+"""An optional SageMaker managed MLflow tracking server that the environment's jobs log to.
+
+The training program logs parameters, metrics and the final model's location to MLflow when its
+environment names a tracking server (the request's MlflowConfig and MLFLOW_TRACKING_URI, which the
+`sagemaker-mlflow` plugin resolves). The server keeps its artifacts under `mlflow/` in the artifacts
+bucket; jobs in isolated subnets reach it through the `sagemaker.experiments` interface endpoint.
+Its name is fixed by `llmtrain.platform.mlflow_tracking_server_name`, so rendering knows its ARN and
+`grant_tracking` grants a team's execution role from the name alone.
+
+One server per environment, shared by its teams: each team's runs of a template go to the experiment
+`<team>-<template>` (llmtrain.render.mlflow_experiment_name). SageMaker's MLflow permissions are on the
+tracking server as a whole (no experiment-level resource), so the teams see each other's experiments;
+what keeps them apart is their data, which the program never uploads to MLflow (it logs parameters,
+metrics and where the model is).
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sagemaker as sagemaker
+from constructs import Construct
+
+from llmtrain.environments import MLFLOW_SIZES
+from llmtrain.platform import mlflow_tracking_server_name
+from training_constructs._props import require
+from training_constructs.access import TeamAccess
+from training_constructs.nag import acknowledge_wildcards
+from training_constructs.network import create_interface_endpoints
+
+_NAME = "TrainingMlflow"
+ARTIFACT_PREFIX = "mlflow"
+# SageMaker's documentation of this endpoint names no endpoint policy, so it keeps the default one
+# (a policy on a service without policy support would fail the deployment); the endpoint's security
+# group admits HTTPS from the VPC only, and the roles' own policies hold them to their server.
+ENDPOINT_SERVICES = {"SageMakerExperiments": ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_EXPERIMENTS}
+# What the MLflow client does during a job: experiments, runs, params, metrics, tags.
+TRACKING_ACTIONS = (
+    "sagemaker-mlflow:AccessUI",
+    "sagemaker-mlflow:CreateExperiment",
+    "sagemaker-mlflow:GetExperiment",
+    "sagemaker-mlflow:GetExperimentByName",
+    "sagemaker-mlflow:SearchExperiments",
+    "sagemaker-mlflow:CreateRun",
+    "sagemaker-mlflow:GetRun",
+    "sagemaker-mlflow:UpdateRun",
+    "sagemaker-mlflow:LogBatch",
+    "sagemaker-mlflow:LogMetric",
+    "sagemaker-mlflow:LogParam",
+    "sagemaker-mlflow:SetTag",
+    "sagemaker-mlflow:SearchRuns",
+    "sagemaker-mlflow:GetMetricHistory",
+)
+
+
+class TrainingMlflow(Construct):
+    """The tracking server, its role (the artifact store in the artifacts bucket) and its endpoint.
+
+    Attributes: ``tracking_server``, ``tracking_server_arn``, ``role``, ``endpoints``.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        environment_name: str,
+        artifacts_bucket: s3.IBucket,
+        key: kms.IKey,
+        size: str,
+        vpc: ec2.IVpc,
+        subnets: ec2.SubnetSelection,
+        endpoint_security_group: ec2.ISecurityGroup | None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        require(size in MLFLOW_SIZES, _NAME, "size",
+                f"must be one of {', '.join(MLFLOW_SIZES)}, got {size!r}")
+        self.role = iam.Role(self, "ServerRole", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+                             description="SageMaker MLflow tracking server: its artifact store")
+        artifacts_bucket.grant_read_write(self.role, f"{ARTIFACT_PREFIX}/*")
+        key.grant_encrypt_decrypt(self.role)
+        acknowledge_wildcards(self.role, {
+            "s3:Abort*": "the tracking server reads and writes any artifact under mlflow/ of the artifacts "
+                         "bucket (aws-cdk-lib's grant_read_write action groups)",
+            "kms:Decrypt": "the artifacts bucket's objects are encrypted with the platform key: data keys "
+                           "and re-encryption (aws-cdk-lib's grant_encrypt_decrypt)",
+        })
+        self.tracking_server = sagemaker.CfnMlflowTrackingServer(
+            self, "TrackingServer",
+            tracking_server_name=mlflow_tracking_server_name(environment_name),
+            artifact_store_uri=f"s3://{artifacts_bucket.bucket_name}/{ARTIFACT_PREFIX}",
+            role_arn=self.role.role_arn,
+            tracking_server_size=size,
+        )
+        self.tracking_server.node.add_dependency(self.role)
+        self.tracking_server_arn = self.tracking_server.attr_tracking_server_arn
+        self.endpoints = ({} if endpoint_security_group is None else create_interface_endpoints(
+            self, ENDPOINT_SERVICES, vpc=vpc, subnets=subnets, security_group=endpoint_security_group,
+            policy_actions={}))
+
+
+def tracking_statements(stack: Stack, environment_name: str) -> list[iam.PolicyStatement]:
+    """What a job's MLflow client needs on the environment's tracking server."""
+    arn = stack.format_arn(service="sagemaker", resource="mlflow-tracking-server",
+                           resource_name=mlflow_tracking_server_name(environment_name))
+    return [iam.PolicyStatement(sid="MlflowTracking", actions=list(TRACKING_ACTIONS), resources=[arn])]
+
+
+def grant_tracking(team: TeamAccess, environment_name: str) -> None:
+    """Let the team's jobs log to the environment's tracking server."""
+    team.add_execution_statements(tracking_statements(team.stack, environment_name), {})
+
+
+__all__ = ["ENDPOINT_SERVICES", "TRACKING_ACTIONS", "TrainingMlflow", "grant_tracking", "tracking_statements"]
