@@ -114,7 +114,8 @@ def test_each_catalog_deploys_its_frozen_code_and_the_functions_know_both_templa
     folders = [synthesized / asset["source"]["path"] for asset in assets.values()]
     deployed = sorted(path.read_bytes() for folder in folders for path in folder.glob("sourcedir.tar.gz"))
     acme, platform = example_catalog(), Catalog.load()
-    frozen = [acme.sourcedir(acme.get("acme-charlm", "1.0.0")), platform.sourcedir(platform.get("gpt2-ddp"))]
+    frozen = [catalog.sourcedir(catalog.resolve(ref))
+              for catalog, ref in ((acme, "acme-charlm@1.0.0"), (platform, "gpt2-ddp@1.1.0"))]
     assert deployed == sorted(frozen)
     registries = [folder / "templates" for folder in folders if (folder / "llmtrain" / "handlers").is_dir()]
     assert sorted(p.relative_to(r).as_posix() for r in registries for p in r.rglob("*.yaml")) == [
