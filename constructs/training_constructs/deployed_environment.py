@@ -135,11 +135,13 @@ class DeployedEnvironmentRecord(Construct):
     """The environment's record in SSM Parameter Store, for the CLI.
 
     Attributes: ``parameters`` (parameter name -> ``ssm.StringParameter``), ``path``
-    (``/llmtrain/<env>``). ``grant_read(policy)`` lets a managed policy (the engineers') read it.
+    (``/llmtrain/<env>``), ``props``. ``grant_read(policy)`` lets a managed policy (the engineers') read it.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, props: DeployedEnvironmentProps) -> None:
+    def __init__(self, scope: Construct, construct_id: str, props: DeployedEnvironmentProps) -> None:
         super().__init__(scope, construct_id)
+        require(isinstance(props, DeployedEnvironmentProps), _NAME, "props",
+                f"must be a DeployedEnvironmentProps, got {type(props).__name__}")
         self.props = props
         self.path = deployed.environment_path(props.environment_name)
         stack = Stack.of(self)

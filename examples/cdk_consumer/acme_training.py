@@ -9,23 +9,34 @@ import aws_cdk as cdk
 from constructs import Construct
 
 from llmtrain.catalog import Catalog
+from llmtrain.platform import package_repository_arn
 from training_constructs import (
+    DeployedEnvironmentProps,
+    DeployedEnvironmentRecord,
     JobTemplate,
+    JobTemplateProps,
     TeamSpec,
     TrainingAccess,
+    TrainingAccessProps,
     TrainingLauncher,
+    TrainingLauncherProps,
     TrainingNetwork,
+    TrainingNetworkProps,
     TrainingOperations,
+    TrainingOperationsProps,
+    TrainingPackages,
+    TrainingPackagesProps,
     TrainingStorage,
+    TrainingStorageProps,
+    packages,
 )
-from training_constructs.deployed_environment import DeployedEnvironmentProps, DeployedEnvironmentRecord
 
 HERE = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True, kw_only=True)
 class AcmeEnvironment:
-    """Acme's one training environment: where it is deployed and who trains there."""
+    """Acme's one training environment: where it is deployed, who trains there, with what."""
 
     name: str
     account: str
@@ -41,10 +52,6 @@ class AcmeEnvironment:
     warm_pool_idle_budget_seconds: int
     quota_alarm_threshold_percent: float
 
-    @property
-    def job_name_prefix(self) -> str:
-        return self.team.job_name_prefix
-
 
 def acme_catalog() -> Catalog:
     """Acme's catalog: its templates, its lock and frozen code, its code relative to this folder."""
@@ -52,17 +59,20 @@ def acme_catalog() -> Catalog:
 
 
 class AcmeDataStack(cdk.Stack):
-    """Stateful: the key and the buckets, retained and protected from deletion."""
+    """Stateful: the data key and the buckets, retained and protected from deletion."""
 
     def __init__(
         self, scope: Construct, construct_id: str, *, environment: AcmeEnvironment, **kwargs
     ) -> None:
         super().__init__(scope, construct_id, termination_protection=True, **kwargs)
-        self.storage = TrainingStorage(self, "Storage", key_alias=f"alias/acme/{environment.name}")
+        self.storage = TrainingStorage(
+            self, "Storage", TrainingStorageProps(data_key_alias=f"alias/acme/{environment.name}")
+        )
 
 
 class AcmeTrainingStack(cdk.Stack):
-    """The network, the team's access, its templates and launcher, operations and the CLI's record."""
+    """The network and package mirror, the team's access, templates and launcher, operations, and the
+    environment's record for the llmtrain CLI."""
 
     def __init__(
         self,
@@ -74,76 +84,78 @@ class AcmeTrainingStack(cdk.Stack):
         **kwargs,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        team = environment.team
+        env, team = environment, environment.team
         network = TrainingNetwork(
-            self, "Network", availability_zones=environment.availability_zones, vpc_cidr=environment.vpc_cidr
+            self,
+            "Network",
+            TrainingNetworkProps(availability_zones=env.availability_zones, vpc_cidr=env.vpc_cidr),
         )
-        network.restrict_s3_endpoint(list(storage.buckets.values()))
+        network.restrict_s3_endpoint(storage)
+        # Isolated subnets: the training containers install requirements.txt from this PyPI mirror.
+        TrainingPackages(self, "Packages", TrainingPackagesProps(environment_name=env.name, network=network))
         access = TrainingAccess(
             self,
             "Access",
-            datasets_bucket=storage.datasets_bucket,
-            checkpoints_bucket=storage.checkpoints_bucket,
-            artifacts_bucket=storage.artifacts_bucket,
-            code_bucket=storage.code_bucket,
-            key=storage.key,
-            teams=[team],
-            max_keep_alive_seconds=environment.max_keep_alive_seconds,
-            subnets=network.subnets,
-            security_groups=[network.security_group],
+            TrainingAccessProps(
+                storage=storage,
+                network=network,
+                teams=[team],
+                max_keep_alive_seconds=env.max_keep_alive_seconds,
+            ),
         )
-        catalogs = [
-            (acme_catalog(), environment.own_templates),
-            (Catalog.load(), environment.platform_templates),
-        ]
+        team_access = access.teams[team.name]
+        packages.grant_read(team_access, env.name)
         templates = [
             JobTemplate(
                 self,
                 f"Template-{ref}",
-                template=ref,
-                catalog=catalog,
-                code_bucket=storage.code_bucket,
-                encryption_key=storage.key,
-                warm_pool_cap_seconds=environment.max_keep_alive_seconds,
+                JobTemplateProps(
+                    template=ref,
+                    storage=storage,
+                    catalog=catalog,
+                    warm_pool_cap_seconds=env.max_keep_alive_seconds,
+                ),
             )
-            for catalog, refs in catalogs
+            for catalog, refs in ((acme_catalog(), env.own_templates), (None, env.platform_templates))
             for ref in refs
         ]
+        # The mirror's ARN reaches every job as CA_REPOSITORY_ARN (by its fixed name: no reference).
+        mirror = package_repository_arn(env.region, env.account, env.name)
         launcher = TrainingLauncher(
             self,
             "Launcher",
-            job_templates=templates,
-            team=team,
-            execution_role=access.teams[team.name].execution_role,
-            datasets_bucket=storage.datasets_bucket,
-            checkpoints_bucket=storage.checkpoints_bucket,
-            artifacts_bucket=storage.artifacts_bucket,
-            code_bucket=storage.code_bucket,
-            data_key=storage.key,
-            subnets=network.subnets,
-            security_groups=[network.security_group],
-            environment_name=environment.name,
+            TrainingLauncherProps(
+                job_templates=templates,
+                team=team,
+                execution_role=team_access.execution_role,
+                storage=storage,
+                network=network,
+                environment_name=env.name,
+                platform_features={"package_repository_arn": mirror},
+            ),
         )
-        access.teams[team.name].allow_launcher(launcher.state_machine.state_machine_arn)
+        team_access.allow_launcher(launcher.state_machine.state_machine_arn)
         TrainingOperations(
             self,
             "Operations",
-            environment_name=environment.name,
-            job_name_prefix=environment.job_name_prefix,
-            instance_types=team.instance_types,
-            quota_alarm_threshold_percent=environment.quota_alarm_threshold_percent,
-            warm_pool_idle_budget_seconds=environment.warm_pool_idle_budget_seconds,
-            notification_topic=launcher.topic,
-            state_machines=[launcher.state_machine],
+            TrainingOperationsProps(
+                environment_name=env.name,
+                job_name_prefix=team.job_name_prefix,
+                instance_types=team.instance_types,
+                quota_alarm_threshold_percent=env.quota_alarm_threshold_percent,
+                warm_pool_idle_budget_seconds=env.warm_pool_idle_budget_seconds,
+                existing_topic=launcher.topic,
+                state_machines=[launcher.state_machine],
+            ),
         )
         record = DeployedEnvironmentRecord(
             self,
             "Record",
-            props=DeployedEnvironmentProps.for_launchers(
+            DeployedEnvironmentProps.for_launchers(
                 [launcher],
-                environment_name=environment.name,
-                job_name_prefix=environment.job_name_prefix,
+                environment_name=env.name,
+                job_name_prefix=team.job_name_prefix,
                 enabled_templates=sorted({t.name for t in templates}),
             ),
         )
-        record.grant_read(access.teams[team.name].engineer_policy)
+        record.grant_read(team_access.engineer_policy)
