@@ -13,7 +13,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS
-from training_constructs._props import is_unresolved, is_whole_number, require
+from training_constructs._props import checked_props, is_unresolved, is_whole_number, require
 from training_constructs.images import DLC_REGISTRY_ACCOUNTS, training_image_repositories
 from training_constructs.nag import acknowledge_wildcards, checked_reasons
 from training_constructs.resources import NetworkResources, StorageResources, check_network, check_storage
@@ -163,9 +163,7 @@ class TrainingAccess(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingAccessProps) -> None:
         super().__init__(scope, construct_id)
-        require(isinstance(props, TrainingAccessProps), _NAME, "props",
-                f"must be a TrainingAccessProps, got {type(props).__name__}")
-        self.props = props
+        self.props = checked_props(_NAME, props, TrainingAccessProps)
         self.stack = Stack.of(self)
         self.max_keep_alive_seconds = props.max_keep_alive_seconds
         network = props.network
@@ -253,7 +251,7 @@ class TeamAccess(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, props: TeamAccessProps) -> None:
         super().__init__(scope, construct_id)
-        self.props = props
+        self.props = checked_props("TeamAccess", props, TeamAccessProps)
         self.stack = Stack.of(self)
         team = self.team = props.team
         self._storage = props.storage

@@ -24,7 +24,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from llmtrain.platform import REMOTE_DEBUG_TARGET_PREFIX
-from training_constructs._props import is_unresolved, require
+from training_constructs._props import checked_props, is_unresolved, require
 from training_constructs.access import TeamAccess
 from training_constructs.network import endpoints_in_network
 from training_constructs.resources import NetworkResources, check_network
@@ -78,9 +78,7 @@ class TrainingDebugging(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingDebuggingProps) -> None:
         super().__init__(scope, construct_id)
-        require(isinstance(props, TrainingDebuggingProps), _NAME, "props",
-                f"must be a TrainingDebuggingProps, got {type(props).__name__}")
-        self.props = props
+        self.props = checked_props(_NAME, props, TrainingDebuggingProps)
         self.endpoints = endpoints_in_network(self, props.network, ENDPOINT_SERVICES, policy_actions={})
 
 

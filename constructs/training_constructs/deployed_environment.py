@@ -24,7 +24,7 @@ from constructs import Construct
 
 from llmtrain import deployed
 from llmtrain.platform import ENVIRONMENT_NAME_PATTERN, TEAM_NAME_PATTERN
-from training_constructs._props import is_unresolved, require
+from training_constructs._props import checked_props, is_unresolved, require
 from training_constructs.launcher import TrainingLauncher
 from training_constructs.nag import acknowledge_wildcards
 
@@ -140,9 +140,7 @@ class DeployedEnvironmentRecord(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, props: DeployedEnvironmentProps) -> None:
         super().__init__(scope, construct_id)
-        require(isinstance(props, DeployedEnvironmentProps), _NAME, "props",
-                f"must be a DeployedEnvironmentProps, got {type(props).__name__}")
-        self.props = props
+        self.props = checked_props(_NAME, props, DeployedEnvironmentProps)
         self.path = deployed.environment_path(props.environment_name)
         stack = Stack.of(self)
         values = deployed.parameter_values(

@@ -26,7 +26,7 @@ from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, code_key, render
 from llmtrain.sourcedir import SOURCEDIR_NAME
 from llmtrain.spec import TemplateSpec
-from training_constructs._props import is_whole_number, require
+from training_constructs._props import checked_props, is_whole_number, require
 from training_constructs.nag import (
     FUNCTION_CHECKOV_REASONS,
     acknowledge,
@@ -81,9 +81,7 @@ class JobTemplate(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, props: JobTemplateProps) -> None:
         super().__init__(scope, construct_id)
-        require(isinstance(props, JobTemplateProps), _NAME, "props",
-                f"must be a JobTemplateProps, got {type(props).__name__}")
-        self.props = props
+        self.props = checked_props(_NAME, props, JobTemplateProps)
         self.catalog = props.catalog or Catalog.load()
         self.spec: TemplateSpec = self.catalog.resolve(props.template)
         self.content_hash: str = self.catalog.verify(self.spec).content

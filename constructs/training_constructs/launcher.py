@@ -61,7 +61,7 @@ from llmtrain.handlers.quotas import template_instance_types
 from llmtrain.platform import FEATURE_FIELDS, PlatformContext
 from llmtrain.render import TAG_PREFIX, RunInput, render
 from training_constructs._functions import logged_function
-from training_constructs._props import PropsError, require
+from training_constructs._props import PropsError, checked_props, require
 from training_constructs.job_template import JobTemplate
 from training_constructs.lambda_code import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, lambda_code
 from training_constructs.nag import acknowledge_wildcards
@@ -153,9 +153,7 @@ class TrainingLauncher(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingLauncherProps) -> None:
         super().__init__(scope, construct_id)
-        require(isinstance(props, TrainingLauncherProps), _NAME, "props",
-                f"must be a TrainingLauncherProps, got {type(props).__name__}")
-        self.props = props
+        self.props = checked_props(_NAME, props, TrainingLauncherProps)
         self.stack = Stack.of(self)
         team = self.team = props.team
         self.job_templates = props.job_templates

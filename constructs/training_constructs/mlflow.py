@@ -26,7 +26,7 @@ from constructs import Construct
 
 from llmtrain.environments import MLFLOW_SIZES
 from llmtrain.platform import mlflow_tracking_server_name
-from training_constructs._props import require
+from training_constructs._props import checked_props, require
 from training_constructs.access import TeamAccess
 from training_constructs.nag import acknowledge_wildcards
 from training_constructs.network import endpoints_in_network
@@ -85,9 +85,7 @@ class TrainingMlflow(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingMlflowProps) -> None:
         super().__init__(scope, construct_id)
-        require(isinstance(props, TrainingMlflowProps), _NAME, "props",
-                f"must be a TrainingMlflowProps, got {type(props).__name__}")
-        self.props = props
+        self.props = checked_props(_NAME, props, TrainingMlflowProps)
         artifacts_bucket = props.storage.artifacts_bucket
         self.role = iam.Role(self, "ServerRole", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
                              description="SageMaker MLflow tracking server: its artifact store")

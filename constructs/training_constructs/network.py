@@ -19,7 +19,7 @@ from llmtrain.platform import (
     SUBNET_ID_PATTERN,
     VPC_ID_PATTERN,
 )
-from training_constructs._props import check_cidr, is_unresolved, is_whole_number, require
+from training_constructs._props import check_cidr, checked_props, is_unresolved, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.nag import FUNCTION_CHECKOV_REASONS, acknowledge_checkov
 from training_constructs.resources import (
@@ -145,10 +145,8 @@ class TrainingNetwork(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingNetworkProps) -> None:
         super().__init__(scope, construct_id)
-        require(isinstance(props, TrainingNetworkProps), _NAME, "props",
-                f"must be a TrainingNetworkProps, got {type(props).__name__}")
+        self.props = checked_props(_NAME, props, TrainingNetworkProps)
         _check_zones_in_region(Stack.of(self).region, props.availability_zones)
-        self.props = props
         existing_vpc = props.existing_vpc
         self.availability_zones = props.availability_zones
         self.vpc_cidr = existing_vpc.vpc_cidr if existing_vpc else props.vpc_cidr

@@ -42,7 +42,7 @@ from llmtrain.platform import (
     MAX_KEEP_ALIVE_SECONDS,
 )
 from training_constructs._functions import logged_function
-from training_constructs._props import check_job_name_prefix, is_whole_number, require
+from training_constructs._props import check_job_name_prefix, checked_props, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.lambda_code import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, lambda_code
 from training_constructs.nag import acknowledge_wildcards
@@ -127,9 +127,7 @@ class TrainingOperations(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingOperationsProps) -> None:
         super().__init__(scope, construct_id)
-        require(isinstance(props, TrainingOperationsProps), _NAME, "props",
-                f"must be a TrainingOperationsProps, got {type(props).__name__}")
-        self.props = props
+        self.props = checked_props(_NAME, props, TrainingOperationsProps)
         self.stack = Stack.of(self)
         self.environment_name = props.environment_name
         self.job_name_prefix = props.job_name_prefix

@@ -26,7 +26,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from llmtrain.platform import PACKAGE_REPOSITORY_NAME, package_domain_name
-from training_constructs._props import require
+from training_constructs._props import checked_props, require
 from training_constructs.access import TeamAccess
 from training_constructs.network import endpoints_in_network
 from training_constructs.resources import NetworkResources, check_network
@@ -71,9 +71,7 @@ class TrainingPackages(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingPackagesProps) -> None:
         super().__init__(scope, construct_id)
-        require(isinstance(props, TrainingPackagesProps), _NAME, "props",
-                f"must be a TrainingPackagesProps, got {type(props).__name__}")
-        self.props = props
+        self.props = checked_props(_NAME, props, TrainingPackagesProps)
         self.domain_name = package_domain_name(props.environment_name)
         # Package assets are public PyPI files: CodeArtifact's own key encrypts them.
         self.domain = codeartifact.CfnDomain(self, "Domain", domain_name=self.domain_name)

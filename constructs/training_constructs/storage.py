@@ -10,7 +10,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from training_constructs._props import is_whole_number, require
+from training_constructs._props import checked_props, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.nag import acknowledge, acknowledge_checkov
 from training_constructs.resources import data_buckets
@@ -72,9 +72,7 @@ class TrainingStorage(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         props = TrainingStorageProps() if props is None else props
-        require(isinstance(props, TrainingStorageProps), _NAME, "props",
-                f"must be a TrainingStorageProps, got {type(props).__name__}")
-        self.props = props
+        self.props = checked_props(_NAME, props, TrainingStorageProps)
         # Grant S3's log delivery through the logs bucket's policy rather than the legacy ACL
         # (ACLs are disabled here by BucketOwnerEnforced), whatever the consuming app's flags say.
         self.node.set_context(_LOGS_USE_BUCKET_POLICY_FLAG, True)
