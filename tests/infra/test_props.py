@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
+import re
 
 import aws_cdk as cdk
 import pytest
@@ -15,22 +17,30 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Template
 from constructs import Construct
-from infra_helpers import ENV, resources_of_type
+from infra_helpers import ENV, ROOT, resources_of_type
 
 import training_constructs
 from training_constructs import (
+    DeployedEnvironmentProps,
+    DeployedEnvironmentRecord,
     ExistingNetwork,
     ExistingStorage,
     JobTemplate,
     JobTemplateProps,
     PropsError,
     TeamSpec,
+    TrainingAccess,
+    TrainingAccessProps,
     TrainingDebugging,
     TrainingDebuggingProps,
     TrainingLauncher,
     TrainingLauncherProps,
+    TrainingMlflow,
+    TrainingMlflowProps,
     TrainingNetwork,
     TrainingNetworkProps,
+    TrainingOperations,
+    TrainingOperationsProps,
     TrainingPackages,
     TrainingPackagesProps,
     TrainingStorage,
@@ -45,6 +55,7 @@ CONSTRUCTS = {
 }
 # What a construct used to take one by one, or under another name: the storage and network records
 # (`storage.data_key`, `storage.code_bucket`, `network.subnets` ...) and `existing_*` replace them.
+ZONES = ("us-east-1a", "us-east-1b")
 KEY_ID = "11111111-2222-3333-4444-555555555555"
 RETIRED_FIELDS = {
     "key", "data_key", "encryption_key", "log_encryption_key", "flow_log_key", "key_alias",
@@ -197,3 +208,92 @@ def test_the_topic_helper_lets_alarms_use_a_key_it_creates_and_leaves_a_given_ke
     assert "CloudWatchAlarmsPublish" in policies[stack.get_logical_id(created.created_key.node.default_child)]
     assert "CloudWatchAlarmsPublish" not in policies[stack.get_logical_id(given_key.node.default_child)]
     assert len(resources_of_type(json, "AWS::SNS::Subscription")) == 1
+
+
+# -- constructs/README.md tells the truth ------------------------------------------------------------------
+
+README = (ROOT / "constructs" / "README.md").read_text()
+
+
+def _readme_sections() -> dict[str, str]:
+    sections = {}
+    for chunk in README.split("\n### `")[1:]:
+        name, _, body = chunk.partition("`")
+        sections[name] = body.split("\n## ")[0]
+    return sections
+
+
+def _documented_props(section: str) -> list[str]:
+    return [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
+
+
+def _documented_attributes(section: str) -> list[str]:
+    [line] = [line for line in section.splitlines() if line.startswith("**Attributes**:")]
+    first_sentence = line.split(". ")[0]
+    return [name.split("(")[0] for name in re.findall(r"`([^`]+)`", first_sentence)]
+
+
+def test_the_readme_documents_every_construct_with_exactly_its_props():
+    sections = _readme_sections()
+    assert set(sections) == set(CONSTRUCTS) - {"TeamAccess"}  # TrainingAccess builds those, one per team
+    for name, section in sections.items():
+        fields = [field.name for field in dataclasses.fields(_props_type(CONSTRUCTS[name]))]
+        assert _documented_props(section) == fields, name
+
+
+@pytest.fixture(scope="module")
+def one_of_each() -> dict[str, Construct]:
+    """One of every construct, in one stack, as the README's examples build them."""
+    stack = cdk.Stack(cdk.App(), "Each", env=ENV)
+    storage = TrainingStorage(stack, "Storage")
+    network = TrainingNetwork(stack, "Network", TrainingNetworkProps(availability_zones=ZONES))
+    team = TeamSpec(
+        name="a", job_name_prefix="each-a", instance_types=("ml.g5.12xlarge",), max_keep_alive_seconds=0
+    )
+    access = TrainingAccess(stack, "Access", TrainingAccessProps(
+        storage=storage, network=network, teams=[team], max_keep_alive_seconds=0))
+    gpt2 = JobTemplate(stack, "Gpt2", JobTemplateProps(template="gpt2-ddp@1.1.0", storage=storage))
+    launcher = TrainingLauncher(stack, "Launcher", TrainingLauncherProps(
+        job_templates=[gpt2], team=team, execution_role=access.teams["a"].execution_role, storage=storage,
+        network=network, environment_name="each"))
+    return {
+        "TrainingStorage": storage,
+        "TrainingNetwork": network,
+        "TrainingAccess": access,
+        "JobTemplate": gpt2,
+        "TrainingLauncher": launcher,
+        "TrainingOperations": TrainingOperations(stack, "Operations", TrainingOperationsProps(
+            environment_name="each", job_name_prefix="each", instance_types=["ml.g5.12xlarge"],
+            quota_alarm_threshold_percent=80, warm_pool_idle_budget_seconds=0, existing_topic=launcher.topic,
+        )),
+        "TrainingPackages": TrainingPackages(stack, "Packages", TrainingPackagesProps(
+            environment_name="each", network=network)),
+        "TrainingMlflow": TrainingMlflow(stack, "Mlflow", TrainingMlflowProps(
+            environment_name="each", size="Small", storage=storage, network=network)),
+        "TrainingDebugging": TrainingDebugging(stack, "Debugging", TrainingDebuggingProps(network=network)),
+        "DeployedEnvironmentRecord": DeployedEnvironmentRecord(
+            stack,
+            "Record",
+            DeployedEnvironmentProps.for_launchers(
+                [launcher], environment_name="each", job_name_prefix="each-a", enabled_templates=["gpt2-ddp"]
+            ),
+        ),
+    }
+
+
+def test_every_attribute_the_readme_names_exists(one_of_each):
+    for name, section in _readme_sections().items():
+        missing = [a for a in _documented_attributes(section) if not hasattr(one_of_each[name], a)]
+        assert missing == [], name
+    team_access = one_of_each["TrainingAccess"].teams["a"]
+    line = next(line for line in README.splitlines() if "Each `TeamAccess`" in line)
+    members = re.findall(r"`([^`]+)`", line.split("Each `TeamAccess`")[1].split(". Functions")[0])
+    assert [m for m in members[1:] if not hasattr(team_access, m.split("(")[0])] == []
+
+
+def test_the_readmes_whole_environment_example_synthesizes(tmp_path):
+    [example] = re.findall(r"## A whole environment\n\n```python\n(.*?)```", README, flags=re.S)
+    code = example.replace("app = cdk.App()", f"app = cdk.App(outdir={str(tmp_path)!r})")
+    exec(compile(code, "constructs/README.md", "exec"), {})  # noqa: S102 (our own documentation)
+    template = json.loads((tmp_path / "MlTraining.template.json").read_text())
+    assert resources_of_type(template, "AWS::StepFunctions::StateMachine")
