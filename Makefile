@@ -59,7 +59,7 @@ bench: setup
 	$(PY) -m bench.plan --out bench/results/plan.json
 
 lint: setup
-	$(VENV)/bin/ruff check llmtrain training_jobs stacks constructs app.py tests scripts
+	$(VENV)/bin/ruff check llmtrain training_jobs stacks constructs app.py tests scripts examples/cdk_consumer
 
 clean:
 	rm -rf cdk.out .pytest_cache

@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parent
 BUNDLE = Path("llmtrain") / "_bundle"
 BUNDLED_FOLDERS = ("templates", "training_jobs", "examples")
 SKIPPED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".pytest_cache", ".ruff_cache", ".DS_Store")
+# Another account's CDK app using llmtrain-constructs: an example for the construct library, not a
+# file any `llmtrain` command reads.
+NOT_BUNDLED = ("examples/cdk_consumer",)
 
 
 class BuildWithPlatformFiles(build_py):
@@ -31,6 +34,8 @@ class BuildWithPlatformFiles(build_py):
         shutil.rmtree(target, ignore_errors=True)
         for folder in BUNDLED_FOLDERS:
             shutil.copytree(ROOT / folder, target / folder, ignore=SKIPPED)
+        for folder in NOT_BUNDLED:
+            shutil.rmtree(target / folder, ignore_errors=True)
 
 
 setup(cmdclass={"build_py": BuildWithPlatformFiles})

@@ -9,7 +9,7 @@ from constructs import Construct
 
 from llmtrain.environments import EnvironmentConfig, StackOutput
 from stacks._outputs import output
-from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage
+from training_constructs import TrainingAccess, TrainingAccessProps, TrainingNetwork, TrainingStorage
 from training_constructs.teams import TeamSpec
 
 
@@ -41,16 +41,13 @@ class AccessStack(Stack):
         self.access = TrainingAccess(
             self,
             "Access",
-            datasets_bucket=storage.datasets_bucket,
-            checkpoints_bucket=storage.checkpoints_bucket,
-            artifacts_bucket=storage.artifacts_bucket,
-            code_bucket=storage.code_bucket,
-            key=storage.key,
-            teams=teams,
-            max_keep_alive_seconds=config.warm_pools.max_keep_alive_seconds,
-            subnets=network.subnets,
-            security_groups=[network.security_group],
-            inter_container_traffic_encryption=config.network.inter_container_traffic_encryption,
+            TrainingAccessProps(
+                storage=storage,
+                network=network,
+                teams=teams,
+                max_keep_alive_seconds=config.warm_pools.max_keep_alive_seconds,
+                inter_container_traffic_encryption=config.network.inter_container_traffic_encryption,
+            ),
         )
         single = len(self.access.teams) == 1
         for name, team in self.access.teams.items():

@@ -13,8 +13,8 @@ from llmtrain.launcher_client import LAUNCHER_STACK_PART, LauncherOutput
 from stacks._outputs import output
 from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage
 from training_constructs.deployed_environment import DeployedEnvironmentProps, DeployedEnvironmentRecord
-from training_constructs.job_template import JobTemplate
-from training_constructs.launcher import TrainingLauncher
+from training_constructs.job_template import JobTemplate, JobTemplateProps
+from training_constructs.launcher import TrainingLauncher, TrainingLauncherProps
 from training_constructs.teams import TeamSpec
 
 
@@ -71,11 +71,12 @@ class LauncherStack(Stack):
             f"{name}@{version}": JobTemplate(
                 self,
                 f"Template-{name}-{version}",
-                template=f"{name}@{version}",
-                catalog=catalog,
-                code_bucket=storage.code_bucket,
-                encryption_key=storage.key,
-                warm_pool_cap_seconds=config.warm_pools.max_keep_alive_seconds,
+                JobTemplateProps(
+                    template=f"{name}@{version}",
+                    storage=storage,
+                    catalog=catalog,
+                    warm_pool_cap_seconds=config.warm_pools.max_keep_alive_seconds,
+                ),
             )
             for name in config.enabled_templates
             for version in catalog.versions(name)
@@ -89,7 +90,7 @@ class LauncherStack(Stack):
             job_name_prefix=config.job_name_prefix,
             enabled_templates=config.enabled_templates,
         )
-        self.environment_record = DeployedEnvironmentRecord(self, "DeployedEnvironment", props=record)
+        self.environment_record = DeployedEnvironmentRecord(self, "DeployedEnvironment", record)
         for team_access in access.teams.values():
             self.environment_record.grant_read(team_access.engineer_policy)
 
@@ -104,20 +105,17 @@ class LauncherStack(Stack):
         launcher = TrainingLauncher(
             self,
             f"Launcher{team.construct_suffix}",
-            job_templates=[t for t in self.job_templates.values() if t.spec.name in team.templates],
-            team=team,
-            execution_role=access.teams[team.name].execution_role,
-            datasets_bucket=storage.datasets_bucket,
-            checkpoints_bucket=storage.checkpoints_bucket,
-            artifacts_bucket=storage.artifacts_bucket,
-            code_bucket=storage.code_bucket,
-            data_key=storage.key,
-            subnets=network.subnets,
-            security_groups=[network.security_group],
-            environment_name=config.name,
-            inter_container_traffic_encryption=config.network.inter_container_traffic_encryption,
-            state_machine_name=state_machine_name(team),
-            platform_features=config.platform_features(),
+            TrainingLauncherProps(
+                job_templates=[t for t in self.job_templates.values() if t.spec.name in team.templates],
+                team=team,
+                execution_role=access.teams[team.name].execution_role,
+                storage=storage,
+                network=network,
+                environment_name=config.name,
+                inter_container_traffic_encryption=config.network.inter_container_traffic_encryption,
+                state_machine_name=state_machine_name(team),
+                platform_features=config.platform_features(),
+            ),
         )
         for key, value, description in (
             (LauncherOutput.STATE_MACHINE_ARN, launcher.state_machine.state_machine_arn,

@@ -7,7 +7,7 @@ from constructs import Construct
 
 from llmtrain.environments import EnvironmentConfig, StackOutput
 from stacks._outputs import output, pin_logical_id
-from training_constructs import ExistingVpcAttributes, TrainingNetwork
+from training_constructs import ExistingVpcAttributes, TrainingNetwork, TrainingNetworkProps
 
 
 class NetworkStack(Stack):
@@ -29,19 +29,21 @@ class NetworkStack(Stack):
         self.network = TrainingNetwork(
             self,
             "Network",
-            availability_zones=settings.availability_zones,
-            vpc_cidr=settings.vpc_cidr,
-            nat_gateways=settings.nat_gateways,
-            inter_container_traffic_encryption=settings.inter_container_traffic_encryption,
-            s3_prefix_list_id=settings.s3_prefix_list_id,
-            existing_vpc=None
-            if existing is None
-            else ExistingVpcAttributes(
-                vpc_id=existing.vpc_id,
-                vpc_cidr=existing.vpc_cidr,
-                subnet_ids=existing.subnet_ids,
-                route_table_ids=existing.route_table_ids,
-                create_endpoints=existing.create_endpoints,
+            TrainingNetworkProps(
+                availability_zones=settings.availability_zones,
+                vpc_cidr=settings.vpc_cidr,
+                nat_gateways=settings.nat_gateways,
+                inter_container_traffic_encryption=settings.inter_container_traffic_encryption,
+                s3_prefix_list_id=settings.s3_prefix_list_id,
+                existing_vpc=None
+                if existing is None
+                else ExistingVpcAttributes(
+                    vpc_id=existing.vpc_id,
+                    vpc_cidr=existing.vpc_cidr,
+                    subnet_ids=existing.subnet_ids,
+                    route_table_ids=existing.route_table_ids,
+                    create_endpoints=existing.create_endpoints,
+                ),
             ),
         )
         # Flow logs are kept when the stack goes; pinned IDs keep a refactor from orphaning them.

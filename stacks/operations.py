@@ -14,7 +14,7 @@ from llmtrain.environments import EnvironmentConfig
 from llmtrain.handlers.quotas import template_instance_types
 from llmtrain.spec import TemplateSpec
 from stacks._outputs import output
-from training_constructs.operations import TemplateMetrics, TrainingOperations
+from training_constructs.operations import TemplateMetrics, TrainingOperations, TrainingOperationsProps
 
 DASHBOARD_OUTPUT = "OperationsDashboardName"
 TOPIC_OUTPUT = "OperationsTopicArn"
@@ -52,15 +52,17 @@ class OperationsStack(Stack):
         self.operations = TrainingOperations(
             self,
             "Operations",
-            environment_name=config.name,
-            job_name_prefix=config.job_name_prefix,
-            instance_types=template_instance_types(templates),
-            quota_alarm_threshold_percent=config.quotas.alarm_threshold_percent,
-            warm_pool_idle_budget_seconds=config.warm_pools.idle_budget_seconds,
-            notification_topic=notification_topic,
-            notification_email=None if notification_topic else config.notifications.email,
-            state_machines=state_machines,
-            template_metrics=latest_template_metrics(catalog, config.enabled_templates),
+            TrainingOperationsProps(
+                environment_name=config.name,
+                job_name_prefix=config.job_name_prefix,
+                instance_types=template_instance_types(templates),
+                quota_alarm_threshold_percent=config.quotas.alarm_threshold_percent,
+                warm_pool_idle_budget_seconds=config.warm_pools.idle_budget_seconds,
+                existing_topic=notification_topic,
+                notification_email=None if notification_topic else config.notifications.email,
+                state_machines=state_machines,
+                template_metrics=latest_template_metrics(catalog, config.enabled_templates),
+            ),
         )
         output(self, DASHBOARD_OUTPUT, self.operations.dashboard.dashboard_name, "CloudWatch dashboard")
         if notification_topic is None:  # a given topic is its own stack's output already

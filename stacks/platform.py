@@ -42,7 +42,7 @@ class PlatformStage(Stage):
         self.access = AccessStack(self, "Access", config=config, teams=self.teams,
                                   network=self.network.network, storage=self.storage.storage)
         # Jobs reach only the platform's buckets through the S3 endpoint (and ECR's layers).
-        self.network.network.restrict_s3_endpoint(list(self.storage.storage.buckets.values()))
+        self.network.network.restrict_s3_endpoint(self.storage.storage)
         # Package mirror, MLflow, remote debugging (config switches), and each team's permissions to use them.
         self.services = ServicesStack(self, "Services", config=config, network=self.network.network,
                                       storage=self.storage.storage)

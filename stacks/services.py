@@ -15,9 +15,9 @@ from constructs import Construct
 from llmtrain.environments import EnvironmentConfig
 from stacks._outputs import output
 from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage, debugging, mlflow, packages
-from training_constructs.debugging import TrainingDebugging
-from training_constructs.mlflow import TrainingMlflow
-from training_constructs.packages import TrainingPackages
+from training_constructs.debugging import TrainingDebugging, TrainingDebuggingProps
+from training_constructs.mlflow import TrainingMlflow, TrainingMlflowProps
+from training_constructs.packages import TrainingPackages, TrainingPackagesProps
 
 SERVICES_STACK_PART = "services"
 
@@ -30,15 +30,29 @@ class ServicesStack(Stack):
         super().__init__(scope, construct_id, stack_name=config.stack_name(SERVICES_STACK_PART),
                          description=f"LLM training platform ({config.name}): package mirror, MLflow, "
                          "remote debugging endpoints")
-        where = {"vpc": network.vpc, "subnets": network.subnet_selection,
-                 "endpoint_security_group": network.endpoint_security_group}
-        self.packages = (TrainingPackages(self, "Packages", environment_name=config.name, **where)
-                         if config.packages.codeartifact else None)
-        self.mlflow = (TrainingMlflow(self, "Mlflow", environment_name=config.name,
-                                      artifacts_bucket=storage.artifacts_bucket, key=storage.key,
-                                      size=config.mlflow.size, **where)
-                       if config.mlflow.tracking_server else None)
-        self.debugging = TrainingDebugging(self, "Debugging", **where) if config.remote_debug else None
+        self.packages = (
+            TrainingPackages(
+                self, "Packages", TrainingPackagesProps(environment_name=config.name, network=network)
+            )
+            if config.packages.codeartifact
+            else None
+        )
+        self.mlflow = (
+            TrainingMlflow(
+                self,
+                "Mlflow",
+                TrainingMlflowProps(
+                    environment_name=config.name, size=config.mlflow.size, storage=storage, network=network
+                ),
+            )
+            if config.mlflow.tracking_server
+            else None
+        )
+        self.debugging = (
+            TrainingDebugging(self, "Debugging", TrainingDebuggingProps(network=network))
+            if config.remote_debug
+            else None
+        )
         if self.packages is not None:
             output(self, "PackageRepositoryArn", self.packages.repository_arn,
                    "CA_REPOSITORY_ARN of every training job")

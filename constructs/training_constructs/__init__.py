@@ -1,37 +1,66 @@
-"""Reusable AWS CDK constructs for training LLMs on Amazon SageMaker."""
+"""Reusable AWS CDK constructs for training LLMs on Amazon SageMaker (constructs/README.md).
+
+Each construct takes one frozen props record (``<Construct>Props``), validated when built:
+``PropsError`` names the construct and the field. Resources a caller brings are ``existing_*``
+props; the platform's storage and network are passed whole (``StorageResources``,
+``NetworkResources``: the constructs, or ``ExistingStorage`` / ``ExistingNetwork``).
+"""
 
 from training_constructs._props import PropsError
 from training_constructs.access import (
     TeamAccess,
     TrainingAccess,
+    TrainingAccessProps,
     guardrail_statements,
     warm_pool_cap_statement,
 )
-from training_constructs.debugging import TrainingDebugging
-from training_constructs.job_template import JobTemplate
-from training_constructs.launcher import TrainingLauncher
-from training_constructs.mlflow import TrainingMlflow
-from training_constructs.network import ExistingVpcAttributes, TrainingNetwork
-from training_constructs.operations import TemplateMetrics, TrainingOperations
-from training_constructs.packages import TrainingPackages
-from training_constructs.storage import TrainingStorage
+from training_constructs.debugging import TrainingDebugging, TrainingDebuggingProps
+from training_constructs.deployed_environment import (
+    DeployedEnvironmentProps,
+    DeployedEnvironmentRecord,
+    TeamEntry,
+)
+from training_constructs.job_template import JobTemplate, JobTemplateProps
+from training_constructs.launcher import TrainingLauncher, TrainingLauncherProps
+from training_constructs.mlflow import TrainingMlflow, TrainingMlflowProps
+from training_constructs.network import ExistingVpcAttributes, TrainingNetwork, TrainingNetworkProps
+from training_constructs.operations import TemplateMetrics, TrainingOperations, TrainingOperationsProps
+from training_constructs.packages import TrainingPackages, TrainingPackagesProps
+from training_constructs.resources import ExistingNetwork, ExistingStorage, NetworkResources, StorageResources
+from training_constructs.storage import TrainingStorage, TrainingStorageProps
 from training_constructs.teams import TeamSpec
 
 __all__ = [
+    "DeployedEnvironmentProps",
+    "DeployedEnvironmentRecord",
+    "ExistingNetwork",
+    "ExistingStorage",
     "ExistingVpcAttributes",
     "JobTemplate",
+    "JobTemplateProps",
+    "NetworkResources",
     "PropsError",
+    "StorageResources",
     "TeamAccess",
+    "TeamEntry",
     "TeamSpec",
     "TemplateMetrics",
     "TrainingAccess",
+    "TrainingAccessProps",
     "TrainingDebugging",
+    "TrainingDebuggingProps",
     "TrainingLauncher",
+    "TrainingLauncherProps",
     "TrainingMlflow",
+    "TrainingMlflowProps",
     "TrainingNetwork",
+    "TrainingNetworkProps",
     "TrainingOperations",
+    "TrainingOperationsProps",
     "TrainingPackages",
+    "TrainingPackagesProps",
     "TrainingStorage",
+    "TrainingStorageProps",
     "guardrail_statements",
     "warm_pool_cap_statement",
 ]

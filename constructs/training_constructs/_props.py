@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import TypeVar
 
 from aws_cdk import Token
 
 from llmtrain.platform import MAX_JOB_NAME_PREFIX, is_job_name_prefix
+
+T = TypeVar("T")
 
 
 class PropsError(ValueError):
@@ -17,6 +20,13 @@ def require(condition: bool, construct: str, field: str, message: str) -> None:
     """Raise PropsError as ``Construct(field=...): message`` unless ``condition`` holds."""
     if not condition:
         raise PropsError(f"{construct}({field}=...): {message}")
+
+
+def checked_props(construct: str, props: object, expected: type[T]) -> T:
+    """``props`` when it is an ``expected`` record (each validated itself when built)."""
+    got = type(props).__name__
+    require(isinstance(props, expected), construct, "props", f"must be a {expected.__name__}, got {got}")
+    return props
 
 
 def is_whole_number(value: object) -> bool:

@@ -7,16 +7,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from aws_cdk import ArnFormat, Fn, Stack, Tags
-from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS
-from training_constructs._props import is_unresolved, is_whole_number, require
+from training_constructs._props import checked_props, is_unresolved, is_whole_number, require
 from training_constructs.images import DLC_REGISTRY_ACCOUNTS, training_image_repositories
 from training_constructs.nag import acknowledge_wildcards, checked_reasons
+from training_constructs.resources import NetworkResources, StorageResources, check_network, check_storage
 from training_constructs.teams import TeamSpec
 
 _NAME = "TrainingAccess"
@@ -107,17 +107,49 @@ def guardrail_statements(
     return statements
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrainingAccessProps:
+    """What ``TrainingAccess`` builds; validated when built (``PropsError`` names the field).
+
+    ``storage``: the platform's data key and buckets (``TrainingStorage`` or ``ExistingStorage``).
+    ``network``: where jobs run (``TrainingNetwork`` or ``ExistingNetwork``): its subnets and training
+      security group.
+    ``teams``: one ``TeamSpec`` per team (unique names and job-name prefixes).
+    ``max_keep_alive_seconds``: the environment's warm-pool cap (0..21600); no team's may exceed it.
+    ``inter_container_traffic_encryption``: the guard rail denies jobs without it.
+    ``image_repository_arns``: the ECR repositories the execution roles may pull from (default: the
+      region's Deep Learning Container repositories).
+    """
+
+    storage: StorageResources
+    network: NetworkResources
+    teams: Sequence[TeamSpec]
+    max_keep_alive_seconds: int
+    inter_container_traffic_encryption: bool = False
+    image_repository_arns: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "teams", tuple(self.teams))
+        if self.image_repository_arns is not None:
+            object.__setattr__(self, "image_repository_arns", tuple(self.image_repository_arns))
+        check_storage(_NAME, self.storage)
+        check_network(_NAME, self.network)
+        _check_cap("max_keep_alive_seconds", self.max_keep_alive_seconds)
+        _check_teams(self.teams, self.max_keep_alive_seconds)
+        _check_repository_arns(self.image_repository_arns)
+
+
 class TrainingAccess(Construct):
     """Who may do what, per team: an execution role and an engineers' policy for each ``TeamSpec``,
     and the environment's guard rail for anyone who calls SageMaker directly.
 
     Each team's execution role (trusted by ``sagemaker.amazonaws.com`` for this account only) reads
     and writes only its team's prefix ``teams/<team>/`` in the datasets, checkpoints and artifacts
-    buckets, and reads the templates' code; it uses the key, pulls the Deep Learning Container
+    buckets, and reads the templates' code; it uses the data key, pulls the Deep Learning Container
     images, writes the training job logs and metrics, and manages the network interfaces VPC mode
-    needs, in ``subnets`` with ``security_groups``. Each team's engineers' policy starts and follows
-    that team's launcher runs (``TeamAccess.allow_launcher``), reads and stops its jobs, reads their
-    logs, and reads and uploads its data.
+    needs, in the network's subnets with its security group. Each team's engineers' policy starts and
+    follows that team's launcher runs (``TeamAccess.allow_launcher``), reads and stops its jobs, reads
+    their logs, and reads and uploads its data.
 
     ``guardrail_policy`` denies every training job the environment would not create (warm pool over
     ``max_keep_alive_seconds``, other instance types than the teams', outside the VPC, other keys,
@@ -126,52 +158,22 @@ class TrainingAccess(Construct):
     other role or permission set that may call SageMaker.
 
     Attributes: ``teams`` (``TeamAccess`` by team name), ``guardrail_policy``,
-    ``max_keep_alive_seconds``.
+    ``max_keep_alive_seconds``, ``props``.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        datasets_bucket: s3.IBucket,
-        checkpoints_bucket: s3.IBucket,
-        artifacts_bucket: s3.IBucket,
-        code_bucket: s3.IBucket,
-        key: kms.IKey,
-        teams: Sequence[TeamSpec],
-        max_keep_alive_seconds: int,
-        subnets: Sequence[ec2.ISubnet],
-        security_groups: Sequence[ec2.ISecurityGroup],
-        inter_container_traffic_encryption: bool = False,
-        image_repository_arns: Sequence[str] | None = None,
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str, props: TrainingAccessProps) -> None:
         super().__init__(scope, construct_id)
-        _check_cap("max_keep_alive_seconds", max_keep_alive_seconds)
-        _check_teams(teams, max_keep_alive_seconds)
-        require(
-            len(subnets) > 0, _NAME, "subnets", "must list the training subnets: jobs run in the VPC only"
-        )
-        require(len(security_groups) > 0, _NAME, "security_groups", "must list the training security group")
+        self.props = checked_props(_NAME, props, TrainingAccessProps)
         self.stack = Stack.of(self)
-        self.max_keep_alive_seconds = max_keep_alive_seconds
-        resources = _SharedResources(
-            datasets=datasets_bucket,
-            checkpoints=checkpoints_bucket,
-            artifacts=artifacts_bucket,
-            code=code_bucket,
-            key=key,
-            subnets=tuple(subnets),
-            security_groups=tuple(security_groups),
-            image_repositories=tuple(self._image_repositories(image_repository_arns)),
-        )
+        self.max_keep_alive_seconds = props.max_keep_alive_seconds
+        network = props.network
         limits = dict(
-            max_keep_alive_seconds=max_keep_alive_seconds,
-            instance_types=sorted({t for team in teams for t in team.instance_types}),
-            subnet_ids=[subnet.subnet_id for subnet in subnets],
-            security_group_ids=[group.security_group_id for group in security_groups],
-            key_arn=key.key_arn,
-            inter_container_traffic_encryption=inter_container_traffic_encryption,
+            max_keep_alive_seconds=props.max_keep_alive_seconds,
+            instance_types=sorted({t for team in props.teams for t in team.instance_types}),
+            subnet_ids=[subnet.subnet_id for subnet in network.subnets],
+            security_group_ids=[network.security_group.security_group_id],
+            key_arn=props.storage.data_key.key_arn,
+            inter_container_traffic_encryption=props.inter_container_traffic_encryption,
         )
         self.guardrail_policy = iam.ManagedPolicy(
             self,
@@ -180,29 +182,24 @@ class TrainingAccess(Construct):
             "types, VPC, keys, inter-container encryption)",
             statements=guardrail_statements(**limits),
         )
+        image_repositories = tuple(props.image_repository_arns or self._region_image_repositories())
         self.teams = {
             team.name: TeamAccess(
                 self,
                 f"Team{team.construct_suffix}",
-                team=team,
-                resources=resources,
-                guardrail_policy=self.guardrail_policy,
-                guardrail_statements=guardrail_statements(**limits),
+                TeamAccessProps(
+                    team=team,
+                    storage=props.storage,
+                    network=network,
+                    image_repository_arns=image_repositories,
+                    guardrail_policy=self.guardrail_policy,
+                    guardrail_statements=tuple(guardrail_statements(**limits)),
+                ),
             )
-            for team in teams
+            for team in props.teams
         }
 
-    def _image_repositories(self, arns: Sequence[str] | None) -> list[str]:
-        if arns is not None:
-            require(len(arns) > 0, _NAME, "image_repository_arns", "must list at least one repository ARN")
-            bad = [arn for arn in arns if not is_unresolved(arn) and not _REPOSITORY_ARN.fullmatch(arn)]
-            require(
-                not bad,
-                _NAME,
-                "image_repository_arns",
-                f"{bad} are not ECR repository ARNs (arn:aws:ecr:<region>:<account>:repository/<name>)",
-            )
-            return list(arns)
+    def _region_image_repositories(self) -> list[str]:
         region = self.stack.region
         require(
             not is_unresolved(region),
@@ -225,44 +222,39 @@ class TrainingAccess(Construct):
         ]
 
 
+@dataclass(frozen=True, kw_only=True)
+class TeamAccessProps:
+    """What one team's ``TeamAccess`` is made of (``TrainingAccess`` builds it, one per team)."""
 
-@dataclass(frozen=True)
-class _SharedResources:
-    """What every team's roles use: the environment's buckets, key, network and images."""
+    team: TeamSpec
+    storage: StorageResources
+    network: NetworkResources
+    image_repository_arns: Sequence[str]
+    guardrail_policy: iam.IManagedPolicy
+    guardrail_statements: Sequence[iam.PolicyStatement]
 
-    datasets: s3.IBucket
-    checkpoints: s3.IBucket
-    artifacts: s3.IBucket
-    code: s3.IBucket
-    key: kms.IKey
-    subnets: tuple[ec2.ISubnet, ...]
-    security_groups: tuple[ec2.ISecurityGroup, ...]
-    image_repositories: tuple[str, ...]
+    def __post_init__(self) -> None:
+        require(isinstance(self.team, TeamSpec), "TeamAccess", "team",
+                f"must be a TeamSpec, got {type(self.team).__name__}")
+        check_storage("TeamAccess", self.storage)
+        check_network("TeamAccess", self.network)
 
 
 class TeamAccess(Construct):
     """One team's execution role and engineers' policy (made by ``TrainingAccess``).
 
     Attributes: ``team`` (its ``TeamSpec``), ``execution_role``, ``execution_policy`` (its inline
-    policy), ``engineer_policy``. The environment's optional features add their statements with
-    ``add_execution_statements`` and ``add_engineer_statements`` (``training_constructs.packages``,
+    policy), ``engineer_policy``, ``props``. The environment's optional features add their statements
+    with ``add_execution_statements`` and ``add_engineer_statements`` (``training_constructs.packages``,
     ``.mlflow``, ``.debugging``: ``grant_*``).
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        team: TeamSpec,
-        resources: _SharedResources,
-        guardrail_policy: iam.IManagedPolicy,
-        guardrail_statements: Sequence[iam.PolicyStatement],
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str, props: TeamAccessProps) -> None:
         super().__init__(scope, construct_id)
+        self.props = checked_props("TeamAccess", props, TeamAccessProps)
         self.stack = Stack.of(self)
-        self.team = team
-        self._resources = resources
+        team = self.team = props.team
+        self._storage = props.storage
         self._launchers = 0
         self.execution_role = iam.Role(
             self,
@@ -271,7 +263,7 @@ class TeamAccess(Construct):
                 {"StringEquals": {"aws:SourceAccount": self.stack.account}}
             ),
             description=f"SageMaker training jobs of team {team.name} of the LLM training platform",
-            managed_policies=[guardrail_policy],
+            managed_policies=[props.guardrail_policy],
         )
         # Why each statement names a wildcard (cdk-nag AwsSolutions-IAM5), by Sid: read when cdk-nag
         # runs, so statements added later (add_execution_statements, add_engineer_statements) count.
@@ -283,8 +275,8 @@ class TeamAccess(Construct):
             roles=[self.execution_role],
             statements=[
                 *self._storage_statements(),
-                *_key_statements(resources.key),
-                *_image_statements(list(resources.image_repositories)),
+                *_key_statements(props.storage.data_key),
+                *_image_statements(list(props.image_repository_arns)),
                 *self._observability_statements(),
                 *self._network_statements(),
             ],
@@ -296,7 +288,7 @@ class TeamAccess(Construct):
             "EngineerPolicy",
             description=f"ML engineers of team {team.name}: start and follow the team's launcher runs, read "
             "and stop its training jobs, read their logs, read and upload its data",
-            statements=[*self._engineer_statements(), *guardrail_statements],
+            statements=[*self._engineer_statements(), *props.guardrail_statements],
         )
         self._acknowledge_engineer_wildcards()
         acknowledge_wildcards(self.engineer_policy, self._engineer_reasons)
@@ -381,36 +373,39 @@ class TeamAccess(Construct):
         )
 
     def _storage_statements(self) -> list[iam.PolicyStatement]:
-        r = self._resources
-        data = (r.datasets, r.checkpoints, r.artifacts)
+        r = self._storage
+        data = (r.datasets_bucket, r.checkpoints_bucket, r.artifacts_bucket)
         return [
             self._list_team_prefix("ListTeamData", *data),
             iam.PolicyStatement(
                 sid="LocatePlatformBuckets",
                 actions=["s3:GetBucketLocation"],
-                resources=[b.bucket_arn for b in (*data, r.code)],
+                resources=[b.bucket_arn for b in (*data, r.code_bucket)],
             ),
             iam.PolicyStatement(
                 sid="ListTemplateCode",
                 actions=["s3:ListBucket"],
-                resources=[r.code.bucket_arn],
+                resources=[r.code_bucket.bucket_arn],
                 conditions={"StringLike": {"s3:prefix": [f"{TEMPLATE_CODE_PREFIX}*"]}},
             ),
             # Artifacts are read too: a fine-tuning job starts from an earlier run's model.
             iam.PolicyStatement(
                 sid="ReadTeamData",
                 actions=["s3:GetObject"],
-                resources=[*self._team_objects(*data), r.code.arn_for_objects(f"{TEMPLATE_CODE_PREFIX}*")],
+                resources=[
+                    *self._team_objects(*data),
+                    r.code_bucket.arn_for_objects(f"{TEMPLATE_CODE_PREFIX}*"),
+                ],
             ),
             iam.PolicyStatement(
                 sid="WriteTeamCheckpoints",
                 actions=["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                resources=self._team_objects(r.checkpoints),
+                resources=self._team_objects(r.checkpoints_bucket),
             ),
             iam.PolicyStatement(
                 sid="WriteTeamArtifacts",
                 actions=["s3:PutObject", "s3:AbortMultipartUpload"],
-                resources=self._team_objects(r.artifacts),
+                resources=self._team_objects(r.artifacts_bucket),
             ),
         ]
 
@@ -442,15 +437,15 @@ class TeamAccess(Construct):
             ]
 
         interfaces = ec2_arns("network-interface", [])
-        groups = self._resources.security_groups
+        network = self.props.network
         return [
             iam.PolicyStatement(
                 sid="CreateJobNetworkInterfaces",
                 actions=["ec2:CreateNetworkInterface"],
                 resources=[
                     *interfaces,
-                    *ec2_arns("subnet", [s.subnet_id for s in self._resources.subnets]),
-                    *ec2_arns("security-group", [g.security_group_id for g in groups]),
+                    *ec2_arns("subnet", [s.subnet_id for s in network.subnets]),
+                    *ec2_arns("security-group", [network.security_group.security_group_id]),
                 ],
             ),
             iam.PolicyStatement(
@@ -493,8 +488,8 @@ class TeamAccess(Construct):
 
     def _engineer_statements(self) -> list[iam.PolicyStatement]:
         log_group = _log_group_arn(self.stack)
-        r = self._resources
-        data = (r.datasets, r.checkpoints, r.artifacts)
+        r = self._storage
+        data = (r.datasets_bucket, r.checkpoints_bucket, r.artifacts_bucket)
         return [
             iam.PolicyStatement(
                 sid="FollowTeamTrainingJobs",
@@ -517,12 +512,12 @@ class TeamAccess(Construct):
             iam.PolicyStatement(
                 sid="UploadTeamDatasets",
                 actions=["s3:PutObject", "s3:AbortMultipartUpload"],
-                resources=self._team_objects(r.datasets),
+                resources=self._team_objects(r.datasets_bucket),
             ),
             iam.PolicyStatement(
                 sid="UseKeyThroughS3",
                 actions=["kms:Decrypt", "kms:GenerateDataKey"],
-                resources=[r.key.key_arn],
+                resources=[r.data_key.key_arn],
                 conditions={"StringEquals": {"kms:ViaService": f"s3.{self.stack.region}.amazonaws.com"}},
             ),
         ]
@@ -587,6 +582,8 @@ def _log_group_arn(stack: Stack) -> str:
 
 def _check_teams(teams: Sequence[TeamSpec], cap: int) -> None:
     require(len(teams) > 0, _NAME, "teams", "must list at least one TeamSpec")
+    others = [type(team).__name__ for team in teams if not isinstance(team, TeamSpec)]
+    require(not others, _NAME, "teams", f"must hold TeamSpecs only, got {others}")
     names = [team.name for team in teams]
     require(len(set(names)) == len(names), _NAME, "teams", f"names a team twice: {names}")
     prefixes = [team.job_name_prefix for team in teams]
@@ -603,6 +600,19 @@ def _check_teams(teams: Sequence[TeamSpec], cap: int) -> None:
         )
 
 
+def _check_repository_arns(arns: Sequence[str] | None) -> None:
+    if arns is None:
+        return
+    require(len(arns) > 0, _NAME, "image_repository_arns", "must list at least one repository ARN")
+    bad = [arn for arn in arns if not is_unresolved(arn) and not _REPOSITORY_ARN.fullmatch(arn)]
+    require(
+        not bad,
+        _NAME,
+        "image_repository_arns",
+        f"{bad} are not ECR repository ARNs (arn:aws:ecr:<region>:<account>:repository/<name>)",
+    )
+
+
 def _check_cap(field: str, seconds: int) -> None:
     require(
         is_whole_number(seconds) and 0 <= seconds <= MAX_KEEP_ALIVE_SECONDS,
@@ -617,7 +627,9 @@ __all__ = [
     "ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS",
     "TEMPLATE_CODE_PREFIX",
     "TeamAccess",
+    "TeamAccessProps",
     "TrainingAccess",
+    "TrainingAccessProps",
     "guardrail_statements",
     "warm_pool_cap_statement",
 ]

@@ -16,6 +16,7 @@ offers to runs (`llmtrain plans`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from aws_cdk import Stack
 from aws_cdk import aws_ec2 as ec2
@@ -23,9 +24,10 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from llmtrain.platform import REMOTE_DEBUG_TARGET_PREFIX
-from training_constructs._props import is_unresolved, require
+from training_constructs._props import checked_props, is_unresolved, require
 from training_constructs.access import TeamAccess
-from training_constructs.network import create_interface_endpoints
+from training_constructs.network import endpoints_in_network
+from training_constructs.resources import NetworkResources, check_network
 
 _NAME = "TrainingDebugging"
 # Neither endpoint gets a policy: the SSM agent in a SageMaker container calls them with credentials
@@ -57,15 +59,27 @@ ENGINEER_WILDCARD_REASONS = {
 }
 
 
-class TrainingDebugging(Construct):
-    """The SSM interface endpoints remote debugging needs in isolated subnets (``endpoints``)."""
+@dataclass(frozen=True, kw_only=True)
+class TrainingDebuggingProps:
+    """``network`` (``TrainingNetwork`` or ``ExistingNetwork``) is where the SSM endpoints go."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, vpc: ec2.IVpc, subnets: ec2.SubnetSelection,
-                 endpoint_security_group: ec2.ISecurityGroup | None) -> None:
+    network: NetworkResources
+
+    def __post_init__(self) -> None:
+        check_network(_NAME, self.network)
+
+
+class TrainingDebugging(Construct):
+    """The SSM interface endpoints remote debugging needs in isolated subnets.
+
+    Attributes: ``endpoints`` (by the names in ``ENDPOINT_SERVICES``; empty when the network has no
+    endpoint security group: a VPC that brings its own endpoints), ``props``.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, props: TrainingDebuggingProps) -> None:
         super().__init__(scope, construct_id)
-        self.endpoints = ({} if endpoint_security_group is None else create_interface_endpoints(
-            self, ENDPOINT_SERVICES, vpc=vpc, subnets=subnets, security_group=endpoint_security_group,
-            policy_actions={}))
+        self.props = checked_props(_NAME, props, TrainingDebuggingProps)
+        self.endpoints = endpoints_in_network(self, props.network, ENDPOINT_SERVICES, policy_actions={})
 
 
 def container_statements() -> list[iam.PolicyStatement]:
@@ -117,6 +131,7 @@ def grant_training_plans(team: TeamAccess, plan_arns: Sequence[str]) -> None:
 __all__ = [
     "ENDPOINT_SERVICES",
     "TrainingDebugging",
+    "TrainingDebuggingProps",
     "container_statements",
     "grant_remote_debug",
     "grant_training_plans",

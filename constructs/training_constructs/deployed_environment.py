@@ -24,7 +24,7 @@ from constructs import Construct
 
 from llmtrain import deployed
 from llmtrain.platform import ENVIRONMENT_NAME_PATTERN, TEAM_NAME_PATTERN
-from training_constructs._props import is_unresolved, require
+from training_constructs._props import checked_props, is_unresolved, require
 from training_constructs.launcher import TrainingLauncher
 from training_constructs.nag import acknowledge_wildcards
 
@@ -135,12 +135,12 @@ class DeployedEnvironmentRecord(Construct):
     """The environment's record in SSM Parameter Store, for the CLI.
 
     Attributes: ``parameters`` (parameter name -> ``ssm.StringParameter``), ``path``
-    (``/llmtrain/<env>``). ``grant_read(policy)`` lets a managed policy (the engineers') read it.
+    (``/llmtrain/<env>``), ``props``. ``grant_read(policy)`` lets a managed policy (the engineers') read it.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, props: DeployedEnvironmentProps) -> None:
+    def __init__(self, scope: Construct, construct_id: str, props: DeployedEnvironmentProps) -> None:
         super().__init__(scope, construct_id)
-        self.props = props
+        self.props = checked_props(_NAME, props, DeployedEnvironmentProps)
         self.path = deployed.environment_path(props.environment_name)
         stack = Stack.of(self)
         values = deployed.parameter_values(

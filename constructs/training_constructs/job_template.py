@@ -13,12 +13,11 @@ data), `code_s3_uri`, `content_hash` and `registry_entry` (all of them as one JS
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aws_cdk import Stack
-from aws_cdk import aws_kms as kms
-from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
@@ -27,47 +26,68 @@ from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, code_key, render
 from llmtrain.sourcedir import SOURCEDIR_NAME
 from llmtrain.spec import TemplateSpec
+from training_constructs._props import checked_props, is_whole_number, require
 from training_constructs.nag import (
     FUNCTION_CHECKOV_REASONS,
     acknowledge,
     acknowledge_checkov,
     acknowledge_wildcards,
 )
+from training_constructs.resources import StorageResources, check_storage
 
 # The dry-run context used to validate a template at synth: only its shape matters.
 _SYNTH_ACCOUNT = "123456789012"
 _SYNTH_REGION = "us-east-1"
 _ACKNOWLEDGED_MARKER = "JobTemplateNagAcknowledgments"
+_NAME = "JobTemplate"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobTemplateProps:
+    """Which template version, from which catalog, into which storage; validated when built.
+
+    ``template``: ``name@version`` (or ``name``, ``name@latest``) in the catalog.
+    ``storage``: the platform's storage (``TrainingStorage`` or ``ExistingStorage``): the code lands in
+      its code bucket at ``templates/<name>/<version>/``, encrypted with its data key.
+    ``catalog``: the catalog to resolve in: your own (``Catalog.load(root=<your templates/>,
+      repo_root=<the folder its code.source paths are relative to>)``, with its own lock), or None for
+      the platform's catalog that the llmtrain package ships.
+    ``warm_pool_cap_seconds``: the environment's warm-pool cap the version's default must respect.
+    """
+
+    template: str
+    storage: StorageResources
+    catalog: Catalog | None = None
+    warm_pool_cap_seconds: int = MAX_KEEP_ALIVE_SECONDS
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.template, str) and bool(self.template), _NAME, "template",
+                f"must name a template version such as gpt2-ddp@1.1.0, got {self.template!r}")
+        check_storage(_NAME, self.storage)
+        require(self.catalog is None or isinstance(self.catalog, Catalog), _NAME, "catalog",
+                f"must be a llmtrain.catalog.Catalog or None, got {type(self.catalog).__name__}")
+        cap = self.warm_pool_cap_seconds
+        require(is_whole_number(cap) and 0 <= cap <= MAX_KEEP_ALIVE_SECONDS, _NAME, "warm_pool_cap_seconds",
+                f"must be whole seconds from 0 to {MAX_KEEP_ALIVE_SECONDS}, got {cap!r}")
 
 
 class JobTemplate(Construct):
     """One published template version, uploaded and ready for the launcher's registry.
 
-    Props (keyword-only):
-      template: "name@version" (or "name@latest") in the catalog.
-      code_bucket: the platform's code bucket; the code lands at templates/<name>/<version>/.
-      encryption_key: the bucket's KMS key, when it encrypts with one (the upload needs it).
-      catalog: the catalog to resolve in (default: the repository's templates/).
-      warm_pool_cap_seconds: the environment's warm-pool cap the template's default must respect.
+    Attributes: ``spec`` (the version as data), ``catalog``, ``content_hash``, ``code_key``,
+    ``code_bucket``, ``code_s3_uri``, ``sourcedir_path``, ``deployment`` (the upload), ``name``,
+    ``version``, ``registry_entry``, ``props``.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        template: str,
-        code_bucket: s3.IBucket,
-        encryption_key: kms.IKey | None = None,
-        catalog: Catalog | None = None,
-        warm_pool_cap_seconds: int = MAX_KEEP_ALIVE_SECONDS,
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str, props: JobTemplateProps) -> None:
         super().__init__(scope, construct_id)
-        self.catalog = catalog or Catalog.load()
-        self.spec: TemplateSpec = self.catalog.resolve(template)
+        self.props = checked_props(_NAME, props, JobTemplateProps)
+        self.catalog = props.catalog or Catalog.load()
+        self.spec: TemplateSpec = self.catalog.resolve(props.template)
         self.content_hash: str = self.catalog.verify(self.spec).content
-        _validate_defaults(self.spec, self.catalog, warm_pool_cap_seconds)
+        _validate_defaults(self.spec, self.catalog, props.warm_pool_cap_seconds)
 
+        code_bucket, data_key = props.storage.code_bucket, props.storage.data_key
         self.code_key: str = code_key(self.spec)
         self.code_bucket = code_bucket
         self.code_s3_uri: str = f"s3://{code_bucket.bucket_name}/{self.code_key}"
@@ -82,11 +102,10 @@ class JobTemplate(Construct):
             prune=False,
             retain_on_delete=True,
             extract=True,
-            server_side_encryption=s3_deployment.ServerSideEncryption.AWS_KMS if encryption_key else None,
-            server_side_encryption_aws_kms_key_id=encryption_key.key_arn if encryption_key else None,
+            server_side_encryption=s3_deployment.ServerSideEncryption.AWS_KMS,
+            server_side_encryption_aws_kms_key_id=data_key.key_arn,
         )
-        if encryption_key is not None:
-            encryption_key.grant_encrypt_decrypt(self.deployment.handler_role)
+        data_key.grant_encrypt_decrypt(self.deployment.handler_role)
         _acknowledge_deployment_findings(self)
 
     @property
@@ -123,7 +142,8 @@ def _validate_defaults(spec: TemplateSpec, catalog: Catalog, warm_pool_cap_secon
 
 def _build_sourcedir(spec: TemplateSpec, catalog: Catalog) -> Path:
     # A folder holding only the archive: the asset zips the folder, the deployment unzips it.
-    folder = Path(tempfile.mkdtemp(prefix=f"llmtrain-{spec.name}-{spec.version}-"))
+    # No dot in the folder's name: CDK names the staged asset after it, extension included.
+    folder = Path(tempfile.mkdtemp(prefix=f"llmtrain-{spec.name}-{spec.version.replace('.', '_')}-"))
     destination = folder / SOURCEDIR_NAME
     destination.write_bytes(catalog.sourcedir(spec))  # a published version's frozen code
     return destination

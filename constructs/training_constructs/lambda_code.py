@@ -3,7 +3,8 @@
 The handlers live in `llmtrain/handlers/` and need the standard library, boto3 (which the Lambda
 Python runtime provides) and a few packages it does not provide:
 
-    llmtrain/                 the llmtrain package, copied from where it is installed (pure Python)
+    llmtrain/                 the llmtrain package, copied from where it is installed (pure Python;
+                              without the platform files a wheel bundles, llmtrain/_bundle/)
     yaml/, regex/, ...        vendored packages, from wheels built for the Lambda runtime
     <package>-<v>.dist-info/  their metadata
     LICENSES/<package>        each vendored package's licence file
@@ -39,6 +40,7 @@ from pathlib import Path
 from aws_cdk import aws_lambda as lambda_
 
 import llmtrain
+from llmtrain.sourcedir import BUNDLE_FOLDER
 
 # Every function's runtime: the newest Python runtime Lambda offers, on Graviton (cheaper per GB-s).
 LAMBDA_RUNTIME = lambda_.Runtime.PYTHON_3_14
@@ -151,6 +153,10 @@ def _package_files(package_dir: Path, name: str) -> dict[str, bytes]:
         if not path.is_file() or path.suffix in _EXCLUDED_SUFFIXES:
             continue
         if any(part in _EXCLUDED_DIRS for part in relative_parts[:-1]):
+            continue
+        # An installed llmtrain carries the platform's catalog, training program and examples as
+        # package data: the functions get only the registry they are given (templates/).
+        if relative_parts[0] == BUNDLE_FOLDER:
             continue
         files["/".join((name, *relative_parts))] = path.read_bytes()
     return files

@@ -42,18 +42,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 from aws_cdk import Aws, CfnResource, Duration, RemovalPolicy, Stack
-from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
-from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_sns as sns
-from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
@@ -64,11 +61,12 @@ from llmtrain.handlers.quotas import template_instance_types
 from llmtrain.platform import FEATURE_FIELDS, PlatformContext
 from llmtrain.render import TAG_PREFIX, RunInput, render
 from training_constructs._functions import logged_function
-from training_constructs._props import PropsError, require
-from training_constructs.encryption import create_encryption_key
+from training_constructs._props import PropsError, checked_props, require
 from training_constructs.job_template import JobTemplate
 from training_constructs.lambda_code import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, lambda_code
-from training_constructs.nag import acknowledge, acknowledge_wildcards
+from training_constructs.nag import acknowledge_wildcards
+from training_constructs.notifications import encrypted_topic
+from training_constructs.resources import NetworkResources, StorageResources, check_network, check_storage
 from training_constructs.teams import CREATE_JOBS_SID, TeamSpec, job_creation_conditions
 
 _NAME = "TrainingLauncher"
@@ -100,135 +98,112 @@ WILDCARD_RESOURCE_ACTIONS = {
 }
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrainingLauncherProps:
+    """What one team's launcher is made of; validated when built (``PropsError`` names the field).
+
+    ``job_templates``: the published template versions runs may use (the registry), ``JobTemplate``s.
+    ``team``: the team this launcher serves (``TeamSpec``): its job-name prefix, instance types,
+      warm-pool cap, instance cap, templates, notification address and run budget (Resolve refuses a
+      run planned to cost more, ``run_budget_usd`` in the functions' platform context).
+    ``execution_role``: the team's SageMaker execution role (the only role the launcher may pass).
+    ``storage``: the platform's data key and buckets (``TrainingStorage`` or ``ExistingStorage``): job
+      outputs and volumes are encrypted with the data key.
+    ``network``: where the jobs' instances run (``TrainingNetwork`` or ``ExistingNetwork``).
+    ``environment_name``: the environment (e.g. dev), in the jobs' tags and resource descriptions.
+    ``inter_container_traffic_encryption``: every job encrypts traffic between its instances, and the
+      role may create no other (the environment's setting, whatever a template says).
+    ``state_machine_name``: a fixed name (so other stacks can build its ARN without a reference).
+    ``existing_encryption_key``: encrypts the log groups and the topic instead of a key created here
+      (with rotation); it must let CloudWatch Logs, and CloudWatch alarms publishing to the topic,
+      use it.
+    ``log_retention``: how long the state machine's and the functions' logs are kept.
+    ``platform_features``: the environment's optional features, as PlatformContext fields
+      (``llmtrain.platform.FEATURE_FIELDS``: the CodeArtifact repository, the MLflow tracking server,
+      the training plans runs may use, remote debugging); rendered into every request.
+    """
+
+    job_templates: Sequence[JobTemplate]
+    team: TeamSpec
+    execution_role: iam.IRole
+    storage: StorageResources
+    network: NetworkResources
+    environment_name: str
+    inter_container_traffic_encryption: bool = False
+    state_machine_name: str | None = None
+    existing_encryption_key: kms.IKey | None = None
+    log_retention: logs.RetentionDays = logs.RetentionDays.ONE_YEAR
+    platform_features: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "job_templates", tuple(self.job_templates))
+        object.__setattr__(self, "platform_features", dict(self.platform_features or {}))
+        _validate(self)
+
+
 class TrainingLauncher(Construct):
     """The launcher: job-template registry, state machine, functions and notification topic.
-
-    Props (keyword-only):
-      job_templates: the published template versions runs may use (the registry).
-      team: the team this launcher serves (`TeamSpec`): its job-name prefix, instance types,
-        warm-pool cap, instance cap, templates, notification address and run budget (Resolve
-        refuses a run planned to cost more, `run_budget_usd` in the functions' platform context).
-      execution_role: the team's SageMaker execution role (the only role the launcher may pass).
-      datasets_bucket, checkpoints_bucket, artifacts_bucket, code_bucket: the platform's buckets.
-      data_key: the platform's KMS key: job outputs and volumes are encrypted with it.
-      subnets, security_groups: where the jobs' instances run (the EFA security group).
-      environment_name: the environment (e.g. dev), in the jobs' tags and resource descriptions.
-      inter_container_traffic_encryption: every job encrypts traffic between its instances, and the
-        role may create no other (the environment's setting, whatever a template says).
-      state_machine_name: a fixed name (so other stacks can build its ARN without a reference).
-      encryption_key: encrypts the log groups and the topic; created (with rotation) when not given.
-        A given key must let CloudWatch Logs use it.
-      log_retention: how long the state machine's and the functions' logs are kept.
-      platform_features: the environment's optional features, as PlatformContext fields
-        (``llmtrain.platform.FEATURE_FIELDS``: the CodeArtifact repository, the MLflow tracking
-        server, the training plans runs may use, remote debugging); rendered into every request.
 
     Attributes: ``state_machine``, ``state_machine_role``, ``topic``, ``encryption_key``,
     ``resolve_function``, ``next_attempt_function``, ``summarize_function``, ``functions`` (by
     step), ``log_group`` (the state machine's), ``function_log_groups``, ``train_states`` (by
-    layout), ``job_templates``, ``platform_context`` (what the functions receive, with tokens).
+    layout), ``job_templates``, ``team``, ``platform_context`` (what the functions receive, with
+    tokens), ``props``.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        job_templates: Sequence[JobTemplate],
-        team: TeamSpec,
-        execution_role: iam.IRole,
-        datasets_bucket: s3.IBucket,
-        checkpoints_bucket: s3.IBucket,
-        artifacts_bucket: s3.IBucket,
-        code_bucket: s3.IBucket,
-        data_key: kms.IKey,
-        subnets: Sequence[ec2.ISubnet],
-        security_groups: Sequence[ec2.ISecurityGroup],
-        environment_name: str,
-        inter_container_traffic_encryption: bool = False,
-        state_machine_name: str | None = None,
-        encryption_key: kms.IKey | None = None,
-        log_retention: logs.RetentionDays = logs.RetentionDays.ONE_YEAR,
-        platform_features: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str, props: TrainingLauncherProps) -> None:
         super().__init__(scope, construct_id)
-        _validate(job_templates, team, subnets, security_groups, environment_name, state_machine_name)
+        self.props = checked_props(_NAME, props, TrainingLauncherProps)
         self.stack = Stack.of(self)
-        self.team = team
-        self.job_templates = tuple(job_templates)
+        team = self.team = props.team
+        self.job_templates = props.job_templates
         self.job_name_prefix = team.job_name_prefix
-        self.inter_container_traffic_encryption = inter_container_traffic_encryption
+        self.inter_container_traffic_encryption = props.inter_container_traffic_encryption
         # The environment's optional features (EnvironmentConfig.platform_features: package
         # repository, MLflow, training plans, remote debugging), the same for every team.
-        features = dict(platform_features or {})
-        _validate_features(features)
-        self.request_layouts = handlers.request_layouts(
-            [_synth_render(t, team, inter_container_traffic_encryption, features) for t in self.job_templates]
-        )
+        features = props.platform_features
+        self.request_layouts = handlers.request_layouts([_synth_render(t, props) for t in self.job_templates])
+        storage, network = props.storage, props.network
         self.platform_context = {
-            "environment": environment_name,
+            "environment": props.environment_name,
             "region": self.stack.region,
             "account": self.stack.account,
-            "execution_role_arn": execution_role.role_arn,
-            "datasets_bucket": datasets_bucket.bucket_name,
-            "checkpoints_bucket": checkpoints_bucket.bucket_name,
-            "artifacts_bucket": artifacts_bucket.bucket_name,
-            "code_bucket": code_bucket.bucket_name,
-            "kms_key_arn": data_key.key_arn,
-            "subnet_ids": [subnet.subnet_id for subnet in subnets],
-            "security_group_ids": [group.security_group_id for group in security_groups],
+            "execution_role_arn": props.execution_role.role_arn,
+            "datasets_bucket": storage.datasets_bucket.bucket_name,
+            "checkpoints_bucket": storage.checkpoints_bucket.bucket_name,
+            "artifacts_bucket": storage.artifacts_bucket.bucket_name,
+            "code_bucket": storage.code_bucket.bucket_name,
+            "kms_key_arn": storage.data_key.key_arn,
+            "subnet_ids": [subnet.subnet_id for subnet in network.subnets],
+            "security_group_ids": [network.security_group.security_group_id],
             "warm_pool_cap_seconds": team.max_keep_alive_seconds,
             "job_name_prefix": team.job_name_prefix,
             "team": team.name,
             "allowed_templates": sorted(team.templates or {t.spec.name for t in self.job_templates}),
             "allowed_instance_types": list(team.instance_types),
             "max_instance_count": team.max_instance_count,
-            "inter_container_traffic_encryption": inter_container_traffic_encryption,
+            "inter_container_traffic_encryption": props.inter_container_traffic_encryption,
             "run_budget_usd": team.max_run_cost_usd,
             **features,
         }
-        self.encryption_key = encryption_key or self._create_key(environment_name)
-        self._log_retention = log_retention
+        notifications = encrypted_topic(
+            self,
+            display_name=f"LLM training runs ({props.environment_name}, team {team.name})",
+            email=team.notification_email,
+            key_id="Key",
+            key_description=f"LLM training platform ({props.environment_name}): launcher logs and "
+            "notifications",
+            existing_key=props.existing_encryption_key,
+            allow_cloudwatch_logs=True,
+        )
+        self.encryption_key, self.topic = notifications.key, notifications.topic
+        self._log_retention = props.log_retention
         self.function_log_groups: dict[str, logs.LogGroup] = {}
-        self.topic = self._topic(environment_name, team.notification_email)
         self._create_functions()
-        self._create_state_machine(execution_role, state_machine_name, environment_name)
-        self._grant_training(execution_role, data_key, subnets, security_groups, environment_name)
+        self._create_state_machine(props.execution_role, props.state_machine_name, props.environment_name)
+        self._grant_training(props)
         self._acknowledge_state_machine_findings()
         self._order_deployment()
-
-    # -- encryption, notifications ----------------------------------------------------------------
-
-    def _create_key(self, environment_name: str) -> kms.Key:
-        key = create_encryption_key(
-            self,
-            "Key",
-            allow_cloudwatch_logs=True,
-            description=f"LLM training platform ({environment_name}): launcher logs and notifications",
-        )
-        # So the operations' CloudWatch alarms may publish to this topic too.
-        key.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="CloudWatchAlarmsPublish",
-                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
-                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
-                resources=["*"],
-                conditions={"StringEquals": {"aws:SourceAccount": self.stack.account}},
-            )
-        )
-        return key
-
-    def _topic(self, environment_name: str, email: str | None) -> sns.Topic:
-        topic = sns.Topic(
-            self,
-            "Topic",
-            master_key=self.encryption_key,
-            enforce_ssl=True,
-            display_name=f"LLM training runs ({environment_name}, team {self.team.name})",
-        )
-        if email:
-            topic.add_subscription(subscriptions.EmailSubscription(email))
-        return topic
 
     # -- the functions --------------------------------------------------------------------------
 
@@ -288,12 +263,6 @@ class TrainingLauncher(Construct):
             },
             log_retention=self._log_retention,
             log_encryption_key=self.encryption_key,
-        )
-        acknowledge(
-            function,
-            "AwsSolutions-L1",
-            "the runtime matches the synthesizing interpreter on purpose: the function vendors the "
-            "compiled `regex` wheel from it (no Docker bundling), which loads only on that version",
         )
         self.function_log_groups[handler] = log_group
         return function
@@ -477,14 +446,7 @@ class TrainingLauncher(Construct):
             service="sagemaker", resource="training-job", resource_name=f"{self.team.job_name_prefix}-*"
         )
 
-    def _grant_training(
-        self,
-        execution_role: iam.IRole,
-        data_key: kms.IKey,
-        subnets: Sequence[ec2.ISubnet],
-        security_groups: Sequence[ec2.ISecurityGroup],
-        environment_name: str,
-    ) -> None:
+    def _grant_training(self, props: TrainingLauncherProps) -> None:
         """The job-creating role: the team's jobs only, and only as the environment allows them.
 
         SageMaker evaluates the condition keys below on CreateTrainingJob, so a request the launcher
@@ -494,10 +456,10 @@ class TrainingLauncher(Construct):
         rule = self.stack.format_arn(service="events", resource="rule", resource_name=SYNC_EVENTS_RULE)
         conditions = job_creation_conditions(
             team=self.team,
-            subnet_ids=[subnet.subnet_id for subnet in subnets],
-            security_group_ids=[group.security_group_id for group in security_groups],
-            key_arn=data_key.key_arn,
-            environment_name=environment_name,
+            subnet_ids=list(self.platform_context["subnet_ids"]),
+            security_group_ids=list(self.platform_context["security_group_ids"]),
+            key_arn=props.storage.data_key.key_arn,
+            environment_name=props.environment_name,
             inter_container_traffic_encryption=self.inter_container_traffic_encryption,
         )
         for statement in (
@@ -521,7 +483,7 @@ class TrainingLauncher(Construct):
             iam.PolicyStatement(
                 sid="PassTeamExecutionRoleToSageMaker",
                 actions=["iam:PassRole"],
-                resources=[execution_role.role_arn],
+                resources=[props.execution_role.role_arn],
                 conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
             ),
             iam.PolicyStatement(
@@ -598,38 +560,34 @@ def _registry_files(job_templates: Sequence[JobTemplate]) -> dict[str, bytes]:
     }
 
 
-def _validate(job_templates, team, subnets, security_groups, environment_name, state_machine_name) -> None:
+def _validate(props: TrainingLauncherProps) -> None:
+    team = props.team
     require(isinstance(team, TeamSpec), _NAME, "team", f"must be a TeamSpec, got {type(team).__name__}")
+    check_storage(_NAME, props.storage)
+    check_network(_NAME, props.network)
+    require(bool(props.environment_name), _NAME, "environment_name", "must not be empty")
+    name = props.state_machine_name
     require(
-        1 <= len(subnets) <= 16, _NAME, "subnets", "must hold 1 to 16 subnets (SageMaker's VpcConfig limit)"
-    )
-    require(
-        1 <= len(security_groups) <= 5,
-        _NAME,
-        "security_groups",
-        "must hold 1 to 5 security groups (SageMaker's VpcConfig limit)",
-    )
-    require(bool(environment_name), _NAME, "environment_name", "must not be empty")
-    require(
-        state_machine_name is None or bool(_STATE_MACHINE_NAME.fullmatch(state_machine_name)),
+        name is None or bool(_STATE_MACHINE_NAME.fullmatch(name)),
         _NAME,
         "state_machine_name",
-        f"{state_machine_name!r} must be 1-80 letters, digits, '-' or '_'",
+        f"{name!r} must be 1-80 letters, digits, '-' or '_'",
     )
+    templates = props.job_templates
     require(
-        len(job_templates) > 0,
-        _NAME,
-        "job_templates",
-        "must list at least one JobTemplate: runs start from one",
+        len(templates) > 0, _NAME, "job_templates", "must list at least one JobTemplate: runs start from one"
     )
-    refs = [t.spec.ref for t in job_templates]
+    others = [type(t).__name__ for t in templates if not isinstance(t, JobTemplate)]
+    require(not others, _NAME, "job_templates", f"must hold JobTemplates only, got {others}")
+    refs = [t.spec.ref for t in templates]
     require(
         len(set(refs)) == len(refs),
         _NAME,
         "job_templates",
         f"lists a version twice: {sorted({r for r in refs if refs.count(r) > 1})}",
     )
-    _validate_team_templates(job_templates, team)
+    _validate_team_templates(templates, team)
+    _validate_features(props.platform_features)
 
 
 def _validate_team_templates(job_templates: Sequence[JobTemplate], team: TeamSpec) -> None:
@@ -661,14 +619,10 @@ def _validate_features(features: Mapping[str, Any]) -> None:
         raise PropsError(f"{_NAME}(platform_features=...): {error}") from error
 
 
-def _synth_render(
-    template: JobTemplate,
-    team: TeamSpec,
-    inter_container_traffic_encryption: bool,
-    features: Mapping[str, Any],
-) -> dict:
+def _synth_render(template: JobTemplate, props: TrainingLauncherProps) -> dict:
     """The version's request with its defaults and a placeholder platform of the team: its layout is
     what counts, and a version whose defaults the team cannot run fails the synth here."""
+    team = props.team
     platform = PlatformContext.placeholder(
         environment="synth",
         account="123456789012",
@@ -677,8 +631,8 @@ def _synth_render(
         warm_pool_cap_seconds=team.max_keep_alive_seconds,
         team=team.name,
         job_name_prefix=team.job_name_prefix,
-        inter_container_traffic_encryption=inter_container_traffic_encryption,
-        **features,
+        inter_container_traffic_encryption=props.inter_container_traffic_encryption,
+        **props.platform_features,
     )
     try:
         return render(template.spec, RunInput(run_name="synth-check"), platform)
@@ -695,4 +649,5 @@ __all__ = [
     "SYNC_EVENTS_RULE",
     "WILDCARD_RESOURCE_ACTIONS",
     "TrainingLauncher",
+    "TrainingLauncherProps",
 ]

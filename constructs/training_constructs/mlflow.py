@@ -16,20 +16,21 @@ metrics and where the model is).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aws_cdk import Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
-from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from llmtrain.environments import MLFLOW_SIZES
 from llmtrain.platform import mlflow_tracking_server_name
-from training_constructs._props import require
+from training_constructs._props import checked_props, require
 from training_constructs.access import TeamAccess
 from training_constructs.nag import acknowledge_wildcards
-from training_constructs.network import create_interface_endpoints
+from training_constructs.network import endpoints_in_network
+from training_constructs.resources import NetworkResources, StorageResources, check_network, check_storage
 
 _NAME = "TrainingMlflow"
 ARTIFACT_PREFIX = "mlflow"
@@ -56,32 +57,40 @@ TRACKING_ACTIONS = (
 )
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrainingMlflowProps:
+    """``environment_name`` names the server (``llmtrain.platform.mlflow_tracking_server_name``);
+    ``size`` is its size (``llmtrain.environments.MLFLOW_SIZES``); ``storage`` holds its artifacts
+    (under ``mlflow/`` in the artifacts bucket, with the data key); ``network`` is where its endpoint
+    goes."""
+
+    environment_name: str
+    size: str
+    storage: StorageResources
+    network: NetworkResources
+
+    def __post_init__(self) -> None:
+        require(bool(self.environment_name), _NAME, "environment_name", "must not be empty")
+        require(self.size in MLFLOW_SIZES, _NAME, "size",
+                f"must be one of {', '.join(MLFLOW_SIZES)}, got {self.size!r}")
+        check_storage(_NAME, self.storage)
+        check_network(_NAME, self.network)
+
+
 class TrainingMlflow(Construct):
     """The tracking server, its role (the artifact store in the artifacts bucket) and its endpoint.
 
-    Attributes: ``tracking_server``, ``tracking_server_arn``, ``role``, ``endpoints``.
+    Attributes: ``tracking_server``, ``tracking_server_arn``, ``role``, ``endpoints``, ``props``.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        environment_name: str,
-        artifacts_bucket: s3.IBucket,
-        key: kms.IKey,
-        size: str,
-        vpc: ec2.IVpc,
-        subnets: ec2.SubnetSelection,
-        endpoint_security_group: ec2.ISecurityGroup | None,
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str, props: TrainingMlflowProps) -> None:
         super().__init__(scope, construct_id)
-        require(size in MLFLOW_SIZES, _NAME, "size",
-                f"must be one of {', '.join(MLFLOW_SIZES)}, got {size!r}")
+        self.props = checked_props(_NAME, props, TrainingMlflowProps)
+        artifacts_bucket = props.storage.artifacts_bucket
         self.role = iam.Role(self, "ServerRole", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
                              description="SageMaker MLflow tracking server: its artifact store")
         artifacts_bucket.grant_read_write(self.role, f"{ARTIFACT_PREFIX}/*")
-        key.grant_encrypt_decrypt(self.role)
+        props.storage.data_key.grant_encrypt_decrypt(self.role)
         acknowledge_wildcards(self.role, {
             "s3:Abort*": "the tracking server reads and writes any artifact under mlflow/ of the artifacts "
                          "bucket (aws-cdk-lib's grant_read_write action groups)",
@@ -90,16 +99,14 @@ class TrainingMlflow(Construct):
         })
         self.tracking_server = sagemaker.CfnMlflowTrackingServer(
             self, "TrackingServer",
-            tracking_server_name=mlflow_tracking_server_name(environment_name),
+            tracking_server_name=mlflow_tracking_server_name(props.environment_name),
             artifact_store_uri=f"s3://{artifacts_bucket.bucket_name}/{ARTIFACT_PREFIX}",
             role_arn=self.role.role_arn,
-            tracking_server_size=size,
+            tracking_server_size=props.size,
         )
         self.tracking_server.node.add_dependency(self.role)
         self.tracking_server_arn = self.tracking_server.attr_tracking_server_arn
-        self.endpoints = ({} if endpoint_security_group is None else create_interface_endpoints(
-            self, ENDPOINT_SERVICES, vpc=vpc, subnets=subnets, security_group=endpoint_security_group,
-            policy_actions={}))
+        self.endpoints = endpoints_in_network(self, props.network, ENDPOINT_SERVICES, policy_actions={})
 
 
 def tracking_statements(stack: Stack, environment_name: str) -> list[iam.PolicyStatement]:
@@ -114,4 +121,11 @@ def grant_tracking(team: TeamAccess, environment_name: str) -> None:
     team.add_execution_statements(tracking_statements(team.stack, environment_name), {})
 
 
-__all__ = ["ENDPOINT_SERVICES", "TRACKING_ACTIONS", "TrainingMlflow", "grant_tracking", "tracking_statements"]
+__all__ = [
+    "ENDPOINT_SERVICES",
+    "TRACKING_ACTIONS",
+    "TrainingMlflow",
+    "TrainingMlflowProps",
+    "grant_tracking",
+    "tracking_statements",
+]

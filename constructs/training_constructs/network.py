@@ -11,7 +11,6 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
-from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from llmtrain.platform import (
@@ -20,9 +19,16 @@ from llmtrain.platform import (
     SUBNET_ID_PATTERN,
     VPC_ID_PATTERN,
 )
-from training_constructs._props import check_cidr, is_unresolved, is_whole_number, require
+from training_constructs._props import check_cidr, checked_props, is_unresolved, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.nag import FUNCTION_CHECKOV_REASONS, acknowledge_checkov
+from training_constructs.resources import (
+    NetworkResources,
+    StorageResources,
+    check_storage,
+    data_buckets,
+    subnet_selection,
+)
 
 _NAME = "TrainingNetwork"
 _HTTPS = ec2.Port.tcp(443)
@@ -84,6 +90,38 @@ class ExistingVpcAttributes:
     create_endpoints: bool = True
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrainingNetworkProps:
+    """What ``TrainingNetwork`` builds; validated when built (``PropsError`` names the field).
+
+    ``availability_zones``: at least two zones of the stack's region, one training subnet in each.
+    ``vpc_cidr``: the new VPC's IPv4 block, /16 to /24 (ignored with ``existing_vpc``).
+    ``nat_gateways``: 0 (isolated subnets: AWS only through the VPC endpoints) or up to one per zone
+      (subnets with egress to the internet through them; nothing is allowed in).
+    ``existing_vpc``: a VPC to use instead of creating one (``ExistingVpcAttributes``).
+    ``inter_container_traffic_encryption``: the training security group also allows IPsec (IKE, ESP)
+      within itself, which SageMaker's inter-container traffic encryption runs.
+    ``s3_prefix_list_id``: S3's prefix list in the region; HTTPS egress to S3 goes to it only
+      (without it, to any IPv4 address, which isolated subnets' routes confine to S3 and the VPC).
+    ``flow_log_retention``: how long flow logs are kept (finite).
+    ``existing_flow_log_key``: encrypts the flow logs instead of a key created here; it must let
+      CloudWatch Logs use it.
+    """
+
+    availability_zones: Sequence[str]
+    vpc_cidr: str = "10.0.0.0/16"
+    nat_gateways: int = 0
+    existing_vpc: ExistingVpcAttributes | None = None
+    inter_container_traffic_encryption: bool = False
+    s3_prefix_list_id: str | None = None
+    flow_log_retention: logs.RetentionDays = logs.RetentionDays.ONE_YEAR
+    existing_flow_log_key: kms.IKey | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "availability_zones", tuple(self.availability_zones))
+        _validate(self)
+
+
 class TrainingNetwork(Construct):
     """Private subnets, the EFA security group, VPC endpoints and flow logs for training jobs.
 
@@ -96,68 +134,55 @@ class TrainingNetwork(Construct):
     only. ``restrict_s3_endpoint(buckets)`` gives the S3 gateway endpoint a policy that allows only
     those buckets and the ECR layer bucket image pulls need (until then S3's default policy applies).
 
+    A ``NetworkResources`` (``training_constructs.resources``): the constructs that place jobs or
+    endpoints in the VPC take it as their ``network``.
+
     Attributes: ``vpc``, ``subnets``, ``subnet_selection``, ``security_group`` (the one to give
     training jobs), ``endpoint_security_group``, ``s3_endpoint``, ``interface_endpoints`` (by the
-    names in ``INTERFACE_ENDPOINT_SERVICES``), ``flow_log``, ``flow_log_group``, ``flow_log_key``.
+    names in ``INTERFACE_ENDPOINT_SERVICES``), ``flow_log``, ``flow_log_group``, ``flow_log_key``,
+    ``props``.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        availability_zones: Sequence[str],
-        vpc_cidr: str = "10.0.0.0/16",
-        nat_gateways: int = 0,
-        existing_vpc: ExistingVpcAttributes | None = None,
-        inter_container_traffic_encryption: bool = False,
-        s3_prefix_list_id: str | None = None,
-        flow_log_retention: logs.RetentionDays = logs.RetentionDays.ONE_YEAR,
-        flow_log_key: kms.IKey | None = None,
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str, props: TrainingNetworkProps) -> None:
         super().__init__(scope, construct_id)
-        _validate(
-            Stack.of(self).region,
-            availability_zones,
-            vpc_cidr,
-            nat_gateways,
-            existing_vpc,
-            s3_prefix_list_id,
-            flow_log_retention,
-        )
-        self.availability_zones = tuple(availability_zones)
-        self.vpc_cidr = existing_vpc.vpc_cidr if existing_vpc else vpc_cidr
-        self.inter_container_traffic_encryption = inter_container_traffic_encryption
+        self.props = checked_props(_NAME, props, TrainingNetworkProps)
+        _check_zones_in_region(Stack.of(self).region, props.availability_zones)
+        existing_vpc = props.existing_vpc
+        self.availability_zones = props.availability_zones
+        self.vpc_cidr = existing_vpc.vpc_cidr if existing_vpc else props.vpc_cidr
+        self.inter_container_traffic_encryption = props.inter_container_traffic_encryption
 
         if existing_vpc is None:
-            self.vpc = self._create_vpc(vpc_cidr, nat_gateways)
+            self.vpc = self._create_vpc(props.vpc_cidr, props.nat_gateways)
             self.subnets = self.vpc.select_subnets(subnet_group_name="training").subnets
         else:
             self.vpc = self._import_vpc(existing_vpc)
             self.subnets = self.vpc.private_subnets
         self.subnet_selection = ec2.SubnetSelection(subnets=self.subnets)
 
-        self.security_group = self._training_security_group(s3_prefix_list_id)
-        if inter_container_traffic_encryption:
+        self.security_group = self._training_security_group(props.s3_prefix_list_id)
+        if props.inter_container_traffic_encryption:
             self._allow_ipsec_within_group()
         self.endpoint_security_group, self.s3_endpoint, self.interface_endpoints = self._endpoints(
             with_interface_endpoints=existing_vpc is None or existing_vpc.create_endpoints
         )
         self.flow_log_key, self.flow_log_group, self.flow_log = self._flow_log(
-            flow_log_retention, flow_log_key
+            props.flow_log_retention, props.existing_flow_log_key
         )
 
     @property
     def subnet_ids(self) -> list[str]:
         return [subnet.subnet_id for subnet in self.subnets]
 
-    def restrict_s3_endpoint(self, buckets: Sequence[s3.IBucket]) -> None:
-        """Let the S3 gateway endpoint reach only ``buckets`` and the region's ECR layer bucket.
+    def restrict_s3_endpoint(self, storage: StorageResources) -> None:
+        """Let the S3 gateway endpoint reach only the data buckets of ``storage`` and the region's ECR
+        layer bucket.
 
         Jobs in the subnets then cannot copy data to, or read from, any other bucket through the
         endpoint (in isolated subnets it is their only way to S3).
         """
-        require(len(buckets) > 0, _NAME, "restrict_s3_endpoint(buckets)", "must list the platform's buckets")
+        check_storage(f"{_NAME}.restrict_s3_endpoint", storage)
+        buckets = list(data_buckets(storage).values())
         principals = [iam.AnyPrincipal()]
         self.s3_endpoint.add_to_policy(
             iam.PolicyStatement(
@@ -369,6 +394,27 @@ def create_interface_endpoints(
     return endpoints
 
 
+def endpoints_in_network(
+    scope: Construct,
+    network: NetworkResources,
+    services: Mapping[str, ec2.InterfaceVpcEndpointAwsService],
+    *,
+    policy_actions: Mapping[str, Sequence[str]],
+) -> dict[str, ec2.InterfaceVpcEndpoint]:
+    """``create_interface_endpoints`` in ``network``'s VPC and subnets, behind its endpoint security
+    group; none when the network has no such group (a VPC that brings its own endpoints)."""
+    if network.endpoint_security_group is None:
+        return {}
+    return create_interface_endpoints(
+        scope,
+        services,
+        vpc=network.vpc,
+        subnets=subnet_selection(network),
+        security_group=network.endpoint_security_group,
+        policy_actions=policy_actions,
+    )
+
+
 def _acknowledge_default_group_provider(stack: Stack) -> None:
     """aws-cdk-lib's provider that empties the default security group is a singleton at the stack's root."""
     for child in stack.node.children:
@@ -376,54 +422,51 @@ def _acknowledge_default_group_provider(stack: Stack) -> None:
             acknowledge_checkov(child, FUNCTION_CHECKOV_REASONS, resource_type="AWS::Lambda::Function")
 
 
-def _validate(
-    region: str,
-    zones: Sequence[str],
-    vpc_cidr: str,
-    nat_gateways: int,
-    existing: ExistingVpcAttributes | None,
-    s3_prefix_list_id: str | None,
-    retention: logs.RetentionDays,
-) -> None:
-    zones = list(zones)
+def _check_zones_in_region(region: str, zones: Sequence[str]) -> None:
+    if is_unresolved(region):
+        return
+    for zone in zones:
+        require(
+            bool(re.fullmatch(re.escape(region) + r"[a-z]", zone)),
+            _NAME,
+            "availability_zones",
+            f"{zone!r} is not an availability zone of the stack's region {region}",
+        )
+
+
+def _validate(props: TrainingNetworkProps) -> None:
+    zones = list(props.availability_zones)
     require(
         len(zones) >= 2 and len(set(zones)) == len(zones),
         _NAME,
         "availability_zones",
         f"needs at least two distinct availability zones, got {zones}",
     )
-    if not is_unresolved(region):
-        for zone in zones:
-            require(
-                bool(re.fullmatch(re.escape(region) + r"[a-z]", zone)),
-                _NAME,
-                "availability_zones",
-                f"{zone!r} is not an availability zone of the stack's region {region}",
-            )
+    nat_gateways = props.nat_gateways
     require(
-        is_whole_number(nat_gateways)
-        and 0 <= nat_gateways <= len(zones),
+        is_whole_number(nat_gateways) and 0 <= nat_gateways <= len(zones),
         _NAME,
         "nat_gateways",
         f"must be a whole number from 0 to the number of zones ({len(zones)}), got {nat_gateways!r}",
     )
+    prefix_list = props.s3_prefix_list_id
     require(
-        s3_prefix_list_id is None or bool(PREFIX_LIST_ID_PATTERN.fullmatch(s3_prefix_list_id)),
+        prefix_list is None or bool(PREFIX_LIST_ID_PATTERN.fullmatch(prefix_list)),
         _NAME,
         "s3_prefix_list_id",
-        f"{s3_prefix_list_id!r} is not a prefix list id such as pl-63a5400a",
+        f"{prefix_list!r} is not a prefix list id such as pl-63a5400a",
     )
     require(
-        retention != logs.RetentionDays.INFINITE,
+        props.flow_log_retention != logs.RetentionDays.INFINITE,
         _NAME,
         "flow_log_retention",
         "set a finite retention so flow logs do not accumulate forever",
     )
-    if existing is None:
-        check_cidr(_NAME, "vpc_cidr", vpc_cidr)
+    if props.existing_vpc is None:
+        check_cidr(_NAME, "vpc_cidr", props.vpc_cidr)
         return
     require(nat_gateways == 0, _NAME, "nat_gateways", "must be 0 with existing_vpc (its routing is its own)")
-    _validate_existing(existing, len(zones))
+    _validate_existing(props.existing_vpc, len(zones))
 
 
 def _validate_existing(existing: ExistingVpcAttributes, zone_count: int) -> None:
@@ -454,6 +497,8 @@ __all__ = [
     "INTERFACE_ENDPOINT_SERVICES",
     "ExistingVpcAttributes",
     "TrainingNetwork",
+    "TrainingNetworkProps",
     "create_interface_endpoints",
     "ecr_layer_bucket_arn",
+    "endpoints_in_network",
 ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from aws_cdk import ArnFormat, Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -31,7 +32,6 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
-from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
@@ -42,11 +42,16 @@ from llmtrain.platform import (
     MAX_KEEP_ALIVE_SECONDS,
 )
 from training_constructs._functions import logged_function
-from training_constructs._props import check_job_name_prefix, is_whole_number, require
+from training_constructs._props import check_job_name_prefix, checked_props, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.lambda_code import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, lambda_code
 from training_constructs.nag import acknowledge_wildcards
-from training_constructs.operations_dashboard import OperationsDashboard, TemplateMetrics
+from training_constructs.notifications import encrypted_topic
+from training_constructs.operations_dashboard import (
+    OperationsDashboard,
+    OperationsDashboardProps,
+    TemplateMetrics,
+)
 
 _NAME = "TrainingOperations"
 _INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
@@ -64,129 +69,112 @@ WILDCARD_RESOURCE_ACTIONS = {
 }
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrainingOperationsProps:
+    """What the environment's guard rails watch; validated when built (``PropsError`` names the field).
+
+    ``environment_name``: the environment, a metric dimension and part of resource names.
+    ``job_name_prefix``: the platform's training-job name prefix; jobs are ``<prefix>-<run>-a<n>``
+      (every team's prefix starts with it).
+    ``instance_types``: the SageMaker instance types the enabled templates use (quotas are watched
+      and alarmed for each).
+    ``quota_alarm_threshold_percent``: alarm when usage reaches this share of a quota (0 < x <= 100).
+    ``warm_pool_idle_budget_seconds``: the reaper ends the platform's pools idle longer than this.
+    ``reaper_dry_run``: the reaper only reports what it would end.
+    ``existing_topic``: where alarms and job notifications go instead of a topic created here.
+    ``notification_email``: subscribed to the topic created here (not with ``existing_topic``).
+    ``state_machines``: the launchers (one per team), whose executions the dashboard shows.
+    ``template_metrics``: per enabled template, its loss and tokens/s metric names (dashboard).
+    ``quota_interval`` / ``reaper_interval``: how often the scheduled functions run (whole minutes).
+    ``code``: the functions' code (default: ``lambda_code()``, the installed llmtrain package).
+    ``log_retention``: how long the functions' logs are kept.
+    ``existing_log_key``: encrypts the functions' log groups instead of a key created here; it must
+      let CloudWatch Logs use it.
+    """
+
+    environment_name: str
+    job_name_prefix: str
+    instance_types: Sequence[str]
+    quota_alarm_threshold_percent: float
+    warm_pool_idle_budget_seconds: int
+    reaper_dry_run: bool = False
+    existing_topic: sns.ITopic | None = None
+    notification_email: str | None = None
+    state_machines: Sequence[sfn.IStateMachine] = ()
+    template_metrics: Sequence[TemplateMetrics] = ()
+    quota_interval: Duration = field(default_factory=lambda: Duration.minutes(DEFAULT_QUOTA_INTERVAL_MINUTES))
+    reaper_interval: Duration = field(
+        default_factory=lambda: Duration.minutes(DEFAULT_REAPER_INTERVAL_MINUTES)
+    )
+    code: lambda_.Code | None = None
+    log_retention: logs.RetentionDays = logs.RetentionDays.THREE_MONTHS
+    existing_log_key: kms.IKey | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("instance_types", "state_machines", "template_metrics"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        _validate(self)
+
+
 class TrainingOperations(Construct):
     """Quota alarms, the warm-pool reaper, job events and the operations dashboard of one environment.
 
-    Props (keyword-only):
-      environment_name: the environment, a metric dimension and part of resource names.
-      job_name_prefix: the platform's training-job name prefix; jobs are ``<prefix>-<run>-a<n>``.
-      instance_types: the SageMaker instance types the enabled templates use (quotas are watched
-        and alarmed for each).
-      quota_alarm_threshold_percent: alarm when usage reaches this share of a quota (0 < x <= 100).
-      warm_pool_idle_budget_seconds: the reaper ends the platform's pools idle longer than this.
-      reaper_dry_run: the reaper only reports what it would end.
-      notification_topic: where alarms and job notifications go; created here when not given.
-      notification_email: subscribed to the topic created here (only without notification_topic).
-      state_machines: the launchers (one per team), whose executions the dashboard shows (optional).
-      template_metrics: per enabled template, its loss and tokens/s metric names (dashboard).
-      quota_interval / reaper_interval: how often the scheduled functions run (default 5 and 10
-        minutes).
-      code: the functions' code (default: ``lambda_code()``, the installed llmtrain package).
-      log_encryption_key: encrypts the functions' log groups (default: a key created here).
-
-    Attributes: ``topic``, ``topic_key`` (None when the topic was given), ``log_key``, ``quota_function``,
+    Attributes: ``topic``, ``topic_key`` (None with ``existing_topic``), ``log_key``, ``quota_function``,
     ``reaper_function``, ``job_events_function``, ``log_groups``, ``quota_schedule``,
     ``reaper_schedule``, ``job_events_rule``, ``quota_alarms`` (by instance type),
-    ``unreadable_quota_alarm``, ``function_error_alarms`` (by function name), ``dashboard``.
+    ``unreadable_quota_alarm``, ``function_error_alarms`` (by function name), ``dashboard``, ``props``.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        environment_name: str,
-        job_name_prefix: str,
-        instance_types: Sequence[str],
-        quota_alarm_threshold_percent: float,
-        warm_pool_idle_budget_seconds: int,
-        reaper_dry_run: bool = False,
-        notification_topic: sns.ITopic | None = None,
-        notification_email: str | None = None,
-        state_machines: Sequence[sfn.IStateMachine] = (),
-        template_metrics: Sequence[TemplateMetrics] = (),
-        quota_interval: Duration | None = None,
-        reaper_interval: Duration | None = None,
-        code: lambda_.Code | None = None,
-        log_retention: logs.RetentionDays = logs.RetentionDays.THREE_MONTHS,
-        log_encryption_key: kms.IKey | None = None,
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str, props: TrainingOperationsProps) -> None:
         super().__init__(scope, construct_id)
-        quota_interval = quota_interval or Duration.minutes(DEFAULT_QUOTA_INTERVAL_MINUTES)
-        reaper_interval = reaper_interval or Duration.minutes(DEFAULT_REAPER_INTERVAL_MINUTES)
-        _validate(
-            environment_name,
-            job_name_prefix,
-            instance_types,
-            quota_alarm_threshold_percent,
-            warm_pool_idle_budget_seconds,
-            notification_topic,
-            notification_email,
-            quota_interval,
-            reaper_interval,
-        )
+        self.props = checked_props(_NAME, props, TrainingOperationsProps)
         self.stack = Stack.of(self)
-        self.environment_name = environment_name
-        self.job_name_prefix = job_name_prefix
-        self.instance_types = tuple(dict.fromkeys(instance_types))
-        self.quota_alarm_threshold_percent = float(quota_alarm_threshold_percent)
-        self._code = code or lambda_code()
-        self._log_retention = log_retention
+        self.environment_name = props.environment_name
+        self.job_name_prefix = props.job_name_prefix
+        self.instance_types = tuple(dict.fromkeys(props.instance_types))
+        self.quota_alarm_threshold_percent = float(props.quota_alarm_threshold_percent)
+        self._code = props.code or lambda_code()
+        self._log_retention = props.log_retention
         self.log_groups: dict[str, logs.LogGroup] = {}
-        self.log_key = log_encryption_key or create_encryption_key(
+        self.log_key = props.existing_log_key or create_encryption_key(
             self, "LogsKey", allow_cloudwatch_logs=True,
-            description=f"LLM training platform ({environment_name}): operations function logs",
+            description=f"LLM training platform ({props.environment_name}): operations function logs",
         )
-
-        self.topic_key, self.topic = self._topic(notification_topic, notification_email)
+        if props.existing_topic is not None:
+            self.topic_key, self.topic = None, props.existing_topic
+        else:
+            created = encrypted_topic(
+                self,
+                display_name=f"LLM training platform ({props.environment_name})",
+                email=props.notification_email,
+                key_id="TopicKey",
+                key_description=f"LLM training platform ({props.environment_name}): operations topic",
+            )
+            self.topic_key, self.topic = created.created_key, created.topic
+        quota_interval = props.quota_interval
         self.quota_function = self._quota_function(quota_interval)
-        self.reaper_function = self._reaper_function(warm_pool_idle_budget_seconds, reaper_dry_run)
+        self.reaper_function = self._reaper_function(
+            props.warm_pool_idle_budget_seconds, props.reaper_dry_run
+        )
         self.job_events_function = self._job_events_function()
         self.quota_schedule = self._schedule("QuotaSchedule", self.quota_function, quota_interval)
-        self.reaper_schedule = self._schedule("ReaperSchedule", self.reaper_function, reaper_interval)
+        self.reaper_schedule = self._schedule("ReaperSchedule", self.reaper_function, props.reaper_interval)
         self.job_events_rule = self._job_events_rule()
         self._alarms(quota_interval)
         self.dashboard = OperationsDashboard(
             self,
             "Dashboard",
-            environment_name=environment_name,
-            job_name_prefix=job_name_prefix,
-            instance_types=self.instance_types,
-            threshold_percent=self.quota_alarm_threshold_percent,
-            quota_interval=quota_interval,
-            state_machines=list(state_machines),
-            template_metrics=template_metrics,
-            functions=[self.quota_function, self.reaper_function, self.job_events_function],
+            OperationsDashboardProps(
+                environment_name=props.environment_name,
+                job_name_prefix=props.job_name_prefix,
+                instance_types=self.instance_types,
+                threshold_percent=self.quota_alarm_threshold_percent,
+                quota_interval=quota_interval,
+                state_machines=props.state_machines,
+                template_metrics=props.template_metrics,
+                functions=(self.quota_function, self.reaper_function, self.job_events_function),
+            ),
         ).dashboard
-
-    # -- the notification topic -----------------------------------------------------------------
-
-    def _topic(self, given: sns.ITopic | None, email: str | None) -> tuple[kms.Key | None, sns.ITopic]:
-        if given is not None:
-            return None, given
-        key = create_encryption_key(
-            self, "TopicKey", description=f"LLM training platform ({self.environment_name}): operations topic"
-        )
-        # CloudWatch alarms publish to an encrypted topic only when the key lets CloudWatch use it.
-        key.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="CloudWatchAlarmsPublish",
-                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
-                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
-                resources=["*"],
-                conditions={"StringEquals": {"aws:SourceAccount": self.stack.account}},
-            )
-        )
-        topic = sns.Topic(
-            self,
-            "Topic",
-            master_key=key,
-            enforce_ssl=True,
-            display_name=f"LLM training platform ({self.environment_name})",
-        )
-        if email:
-            topic.add_subscription(subscriptions.EmailSubscription(email))
-        return key, topic
 
     # -- the functions --------------------------------------------------------------------------
 
@@ -489,42 +477,48 @@ def _depend_on_policy_only(function: lambda_.Function) -> None:
     function.node.default_child.add_override("DependsOn", [Stack.of(function).get_logical_id(policy)])
 
 
-def _validate(
-    environment_name,
-    job_name_prefix,
-    instance_types,
-    threshold,
-    idle_budget,
-    topic,
-    email,
-    quota_interval,
-    reaper_interval,
-) -> None:
+def _validate(props: TrainingOperationsProps) -> None:
+    name = props.environment_name
     require(
-        bool(ENVIRONMENT_NAME_PATTERN.fullmatch(environment_name)),
+        isinstance(name, str) and bool(ENVIRONMENT_NAME_PATTERN.fullmatch(name)),
         _NAME,
         "environment_name",
-        f"{environment_name!r} must be 1-20 lowercase letters, digits and hyphens, starting with a letter",
+        f"{name!r} must be 1-20 lowercase letters, digits and hyphens, starting with a letter",
     )
-    check_job_name_prefix(_NAME, job_name_prefix)
-    require(len(instance_types) > 0, _NAME, "instance_types", "list the instance types the templates use")
-    bad = [t for t in instance_types if not isinstance(t, str) or not _INSTANCE_TYPE.fullmatch(t)]
+    check_job_name_prefix(_NAME, props.job_name_prefix)
+    types = props.instance_types
+    require(len(types) > 0, _NAME, "instance_types", "list the instance types the templates use")
+    bad = [t for t in types if not isinstance(t, str) or not _INSTANCE_TYPE.fullmatch(t)]
     require(
         not bad, _NAME, "instance_types", f"{bad} are not SageMaker instance types (e.g. ml.p4d.24xlarge)"
     )
+    threshold = props.quota_alarm_threshold_percent
     require(
         isinstance(threshold, int | float) and not isinstance(threshold, bool) and 0 < threshold <= 100,
         _NAME,
         "quota_alarm_threshold_percent",
         f"must be above 0 and at most 100, got {threshold!r}",
     )
+    budget = props.warm_pool_idle_budget_seconds
     require(
-        is_whole_number(idle_budget)
-        and 0 <= idle_budget <= MAX_KEEP_ALIVE_SECONDS,
+        is_whole_number(budget) and 0 <= budget <= MAX_KEEP_ALIVE_SECONDS,
         _NAME,
         "warm_pool_idle_budget_seconds",
-        f"must be whole seconds from 0 to {MAX_KEEP_ALIVE_SECONDS}, got {idle_budget!r}",
+        f"must be whole seconds from 0 to {MAX_KEEP_ALIVE_SECONDS}, got {budget!r}",
     )
+    _validate_notifications(props)
+    for field_name in ("quota_interval", "reaper_interval"):
+        seconds = getattr(props, field_name).to_seconds()
+        require(
+            seconds >= 60 and seconds % 60 == 0,
+            _NAME,
+            field_name,
+            f"must be whole minutes, at least 1, got {seconds} s",
+        )
+
+
+def _validate_notifications(props: TrainingOperationsProps) -> None:
+    email = props.notification_email
     require(
         email is None or bool(EMAIL_PATTERN.fullmatch(email)),
         _NAME,
@@ -532,18 +526,17 @@ def _validate(
         f"{email!r} is not an e-mail address",
     )
     require(
-        topic is None or email is None,
+        props.existing_topic is None or email is None,
         _NAME,
         "notification_email",
-        "is only for the topic created here; subscribe the address to the notification_topic you pass",
+        "is only for the topic created here; subscribe the address to the existing_topic you pass",
     )
-    for field, interval in (("quota_interval", quota_interval), ("reaper_interval", reaper_interval)):
-        require(
-            interval.to_seconds() >= 60 and interval.to_seconds() % 60 == 0,
-            _NAME,
-            field,
-            f"must be whole minutes, at least 1, got {interval.to_seconds()} s",
-        )
 
 
-__all__ = ["WILDCARD_RESOURCE_ACTIONS", "TemplateMetrics", "TrainingOperations", "utilization_expression"]
+__all__ = [
+    "WILDCARD_RESOURCE_ACTIONS",
+    "TemplateMetrics",
+    "TrainingOperations",
+    "TrainingOperationsProps",
+    "utilization_expression",
+]

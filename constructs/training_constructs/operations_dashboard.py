@@ -59,45 +59,46 @@ class TemplateMetrics:
         return cls(template=template, loss=loss, tokens_per_second=tokens_per_second)
 
 
+@dataclass(frozen=True, kw_only=True)
+class OperationsDashboardProps:
+    """What the dashboard shows (``TrainingOperations`` validates and passes these)."""
+
+    environment_name: str
+    job_name_prefix: str
+    instance_types: Sequence[str]
+    threshold_percent: float
+    quota_interval: Duration
+    state_machines: Sequence[sfn.IStateMachine]
+    template_metrics: Sequence[TemplateMetrics]
+    functions: Sequence[lambda_.IFunction]
+
+
 class OperationsDashboard(Construct):
     """The CloudWatch dashboard; attribute ``dashboard``."""
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        environment_name: str,
-        job_name_prefix: str,
-        instance_types: Sequence[str],
-        threshold_percent: float,
-        quota_interval: Duration,
-        state_machines: Sequence[sfn.IStateMachine],
-        template_metrics: Sequence[TemplateMetrics],
-        functions: Sequence[lambda_.IFunction],
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str, props: OperationsDashboardProps) -> None:
         super().__init__(scope, construct_id)
-        self._environment = environment_name
-        self._prefix = job_name_prefix
+        self._environment = props.environment_name
+        self._prefix = props.job_name_prefix
         self.dashboard = cloudwatch.Dashboard(
             self,
             "Dashboard",
-            dashboard_name=f"{job_name_prefix}-operations",
+            dashboard_name=f"{props.job_name_prefix}-operations",
             default_interval=Duration.days(1),
         )
         self.dashboard.add_widgets(cloudwatch.TextWidget(markdown=self._header(), width=24, height=2))
-        self.dashboard.add_widgets(self._launcher(state_machines), *self._job_outcomes())
+        self.dashboard.add_widgets(self._launcher(props.state_machines), *self._job_outcomes())
         for row in _rows(
-            [self._quota(t, threshold_percent, quota_interval) for t in instance_types]
-            + [self._unreadable_quotas(quota_interval)],
+            [self._quota(t, props.threshold_percent, props.quota_interval) for t in props.instance_types]
+            + [self._unreadable_quotas(props.quota_interval)],
             3,
         ):
             self.dashboard.add_widgets(*row)
-        self.dashboard.add_widgets(*self._warm_pools(quota_interval))
-        self.dashboard.add_widgets(*self._live_training(template_metrics))
-        for row in _rows([self._template(m) for m in template_metrics], 3):
+        self.dashboard.add_widgets(*self._warm_pools(props.quota_interval))
+        self.dashboard.add_widgets(*self._live_training(props.template_metrics))
+        for row in _rows([self._template(m) for m in props.template_metrics], 3):
             self.dashboard.add_widgets(*row)
-        self.dashboard.add_widgets(self._functions(functions))
+        self.dashboard.add_widgets(self._functions(props.functions))
 
     def _header(self) -> str:
         return (

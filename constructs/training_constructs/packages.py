@@ -17,6 +17,8 @@ reference across stacks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_codeartifact as codeartifact
 from aws_cdk import aws_ec2 as ec2
@@ -24,9 +26,10 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from llmtrain.platform import PACKAGE_REPOSITORY_NAME, package_domain_name
-from training_constructs._props import require
+from training_constructs._props import checked_props, require
 from training_constructs.access import TeamAccess
-from training_constructs.network import create_interface_endpoints
+from training_constructs.network import endpoints_in_network
+from training_constructs.resources import NetworkResources, check_network
 
 _NAME = "TrainingPackages"
 PYPI_CONNECTION = "public:pypi"
@@ -45,26 +48,31 @@ WILDCARD_REASONS = {
 }
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrainingPackagesProps:
+    """``environment_name`` names the domain (``llmtrain.platform.package_domain_name``); ``network``
+    (``TrainingNetwork`` or ``ExistingNetwork``) is where the endpoints go."""
+
+    environment_name: str
+    network: NetworkResources
+
+    def __post_init__(self) -> None:
+        require(bool(self.environment_name), _NAME, "environment_name", "must not be empty")
+        check_network(_NAME, self.network)
+
+
 class TrainingPackages(Construct):
     """A CodeArtifact domain and PyPI-mirror repository, and the endpoints jobs reach them through.
 
-    Attributes: ``domain``, ``repository``, ``repository_arn``, ``endpoints`` (by the names in
-    ``ENDPOINT_SERVICES``; empty when ``endpoint_security_group`` is None: a VPC that has them).
+    Attributes: ``domain``, ``domain_name``, ``repository``, ``repository_arn``, ``endpoints`` (by the
+    names in ``ENDPOINT_SERVICES``; empty when the network has no endpoint security group: a VPC that
+    brings its own endpoints), ``props``.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        environment_name: str,
-        vpc: ec2.IVpc,
-        subnets: ec2.SubnetSelection,
-        endpoint_security_group: ec2.ISecurityGroup | None,
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str, props: TrainingPackagesProps) -> None:
         super().__init__(scope, construct_id)
-        require(bool(environment_name), _NAME, "environment_name", "must not be empty")
-        self.domain_name = package_domain_name(environment_name)
+        self.props = checked_props(_NAME, props, TrainingPackagesProps)
+        self.domain_name = package_domain_name(props.environment_name)
         # Package assets are public PyPI files: CodeArtifact's own key encrypts them.
         self.domain = codeartifact.CfnDomain(self, "Domain", domain_name=self.domain_name)
         self.domain.apply_removal_policy(RemovalPolicy.RETAIN)
@@ -75,9 +83,10 @@ class TrainingPackages(Construct):
         )
         self.repository.apply_removal_policy(RemovalPolicy.RETAIN)
         self.repository_arn = self.repository.attr_arn
-        self.endpoints = ({} if endpoint_security_group is None else create_interface_endpoints(
-            self, ENDPOINT_SERVICES, vpc=vpc, subnets=subnets, security_group=endpoint_security_group,
-            policy_actions={name: ENDPOINT_ACTIONS for name in ENDPOINT_SERVICES}))
+        self.endpoints = endpoints_in_network(
+            self, props.network, ENDPOINT_SERVICES,
+            policy_actions={name: ENDPOINT_ACTIONS for name in ENDPOINT_SERVICES},
+        )
 
 
 def read_statements(stack: Stack, environment_name: str) -> list[iam.PolicyStatement]:
@@ -107,4 +116,4 @@ def grant_read(team: TeamAccess, environment_name: str) -> None:
     team.add_execution_statements(read_statements(team.stack, environment_name), WILDCARD_REASONS)
 
 
-__all__ = ["ENDPOINT_SERVICES", "TrainingPackages", "grant_read", "read_statements"]
+__all__ = ["ENDPOINT_SERVICES", "TrainingPackages", "TrainingPackagesProps", "grant_read", "read_statements"]

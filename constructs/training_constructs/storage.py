@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from training_constructs._props import is_whole_number, require
+from training_constructs._props import checked_props, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.nag import acknowledge, acknowledge_checkov
+from training_constructs.resources import data_buckets
 
 _NAME = "TrainingStorage"
 
@@ -19,11 +22,34 @@ DATA_BUCKETS = ("datasets", "checkpoints", "artifacts", "code")
 _LOGS_USE_BUCKET_POLICY_FLAG = "@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy"
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrainingStorageProps:
+    """What ``TrainingStorage`` builds; validated when built (``PropsError`` names the field).
+
+    ``data_key_alias``: an alias for the data key (``alias/<name>``, not ``alias/aws/...``).
+    ``version_datasets``: keep overwritten or deleted datasets as noncurrent versions.
+    ``checkpoint_noncurrent_days``: days before an overwritten checkpoint version expires.
+    ``incomplete_upload_days``: days before an unfinished multipart upload is aborted.
+    ``access_log_retention_days``: days the server access logs are kept.
+    ``removal_policy``: what happens to the key and buckets when the stack goes (RETAIN).
+    """
+
+    data_key_alias: str | None = None
+    version_datasets: bool = True
+    checkpoint_noncurrent_days: int = 30
+    incomplete_upload_days: int = 7
+    access_log_retention_days: int = 365
+    removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
 class TrainingStorage(Construct):
     """A customer-managed KMS key and the platform's buckets.
 
     Every data bucket blocks public access, refuses plain HTTP (and TLS below 1.2), encrypts with
-    SSE-KMS under ``key`` using S3 Bucket Keys (fewer KMS calls: cheaper and no throttling on
+    SSE-KMS under ``data_key`` using S3 Bucket Keys (fewer KMS calls: cheaper and no throttling on
     large checkpoints), enforces bucket-owner object ownership, and writes server access logs to
     ``access_logs_bucket``. Checkpoints, artifacts and code are versioned (a bad overwrite or delete
     is recoverable); so are datasets (``version_datasets``, on by default: a dataset overwritten by
@@ -34,40 +60,35 @@ class TrainingStorage(Construct):
     All of it is retained when the stack is deleted (``removal_policy``), since deleting
     training data or checkpoints by accident costs days of GPU time.
 
-    Attributes: ``key``, ``datasets_bucket``, ``checkpoints_bucket``, ``artifacts_bucket``,
-    ``code_bucket``, ``access_logs_bucket``, and ``buckets`` (the data buckets by name).
+    A ``StorageResources`` (``training_constructs.resources``): the constructs that use the buckets
+    and the key take it as their ``storage``.
+
+    Attributes: ``data_key``, ``datasets_bucket``, ``checkpoints_bucket``, ``artifacts_bucket``,
+    ``code_bucket``, ``access_logs_bucket``, ``buckets`` (the data buckets by name), ``props``.
     """
 
     def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        key_alias: str | None = None,
-        version_datasets: bool = True,
-        checkpoint_noncurrent_days: int = 30,
-        incomplete_upload_days: int = 7,
-        access_log_retention_days: int = 365,
-        removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+        self, scope: Construct, construct_id: str, props: TrainingStorageProps | None = None
     ) -> None:
         super().__init__(scope, construct_id)
+        props = TrainingStorageProps() if props is None else props
+        self.props = checked_props(_NAME, props, TrainingStorageProps)
         # Grant S3's log delivery through the logs bucket's policy rather than the legacy ACL
         # (ACLs are disabled here by BucketOwnerEnforced), whatever the consuming app's flags say.
         self.node.set_context(_LOGS_USE_BUCKET_POLICY_FLAG, True)
-        _validate(key_alias, checkpoint_noncurrent_days, incomplete_upload_days, access_log_retention_days)
-        self.removal_policy = removal_policy
-        self.key: kms.Key = create_encryption_key(
+        self.removal_policy = props.removal_policy
+        self.data_key: kms.Key = create_encryption_key(
             self,
             "Key",
-            alias=key_alias,
-            removal_policy=removal_policy,
+            alias=props.data_key_alias,
+            removal_policy=props.removal_policy,
             description="Encrypts the LLM training platform's datasets, checkpoints, artifacts and code",
         )
-        self.access_logs_bucket = self._access_logs_bucket(access_log_retention_days)
-        abort_uploads = Duration.days(incomplete_upload_days)
+        self.access_logs_bucket = self._access_logs_bucket(props.access_log_retention_days)
+        abort_uploads = Duration.days(props.incomplete_upload_days)
         self.datasets_bucket = self._data_bucket(
             "datasets",
-            versioned=version_datasets,
+            versioned=props.version_datasets,
             lifecycle_rules=[
                 s3.LifecycleRule(
                     id="AbortIncompleteUploads", abort_incomplete_multipart_upload_after=abort_uploads
@@ -80,7 +101,7 @@ class TrainingStorage(Construct):
             lifecycle_rules=[
                 s3.LifecycleRule(
                     id="ExpireOldCheckpointVersions",
-                    noncurrent_version_expiration=Duration.days(checkpoint_noncurrent_days),
+                    noncurrent_version_expiration=Duration.days(props.checkpoint_noncurrent_days),
                     expired_object_delete_marker=True,
                     abort_incomplete_multipart_upload_after=abort_uploads,
                 )
@@ -96,12 +117,7 @@ class TrainingStorage(Construct):
             ],
         )
         self.code_bucket = self._data_bucket("code", versioned=True)
-        self.buckets: dict[str, s3.Bucket] = {
-            "datasets": self.datasets_bucket,
-            "checkpoints": self.checkpoints_bucket,
-            "artifacts": self.artifacts_bucket,
-            "code": self.code_bucket,
-        }
+        self.buckets: dict[str, s3.Bucket] = data_buckets(self)
 
     def grant_read_datasets(self, grantee: iam.IGrantable) -> iam.Grant:
         """Read training data (and decrypt it)."""
@@ -158,7 +174,7 @@ class TrainingStorage(Construct):
             self,
             f"{name.capitalize()}Bucket",
             encryption=s3.BucketEncryption.KMS,
-            encryption_key=self.key,
+            encryption_key=self.data_key,
             bucket_key_enabled=True,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,
@@ -189,23 +205,18 @@ def _deny_old_tls(bucket: s3.Bucket) -> None:
     )
 
 
-def _validate(key_alias: str | None, noncurrent_days: int, upload_days: int, log_days: int) -> None:
+def _validate(props: TrainingStorageProps) -> None:
+    alias = props.data_key_alias
     require(
-        key_alias is None
-        or (
-            key_alias.startswith("alias/")
-            and not key_alias.startswith("alias/aws/")
-            and len(key_alias) <= 256
-        ),
+        alias is None
+        or (isinstance(alias, str) and alias.startswith("alias/") and not alias.startswith("alias/aws/")
+            and len(alias) <= 256),
         _NAME,
-        "key_alias",
-        f"{key_alias!r} must look like alias/<name> and not use the reserved alias/aws/",
+        "data_key_alias",
+        f"{alias!r} must look like alias/<name> and not use the reserved alias/aws/",
     )
-    for field, value in (
-        ("checkpoint_noncurrent_days", noncurrent_days),
-        ("incomplete_upload_days", upload_days),
-        ("access_log_retention_days", log_days),
-    ):
+    for field in ("checkpoint_noncurrent_days", "incomplete_upload_days", "access_log_retention_days"):
+        value = getattr(props, field)
         require(
             is_whole_number(value) and value >= 1,
             _NAME,
@@ -214,4 +225,4 @@ def _validate(key_alias: str | None, noncurrent_days: int, upload_days: int, log
         )
 
 
-__all__ = ["DATA_BUCKETS", "TrainingStorage"]
+__all__ = ["DATA_BUCKETS", "TrainingStorage", "TrainingStorageProps"]

@@ -44,6 +44,13 @@ def register(subparsers) -> None:
     )
     lock.add_argument("--check", action="store_true", help="only verify the lock; change nothing")
     lock.add_argument("--catalog", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    lock.add_argument(
+        "--code-root",
+        type=Path,
+        default=None,
+        help="the folder the templates' code.source paths are relative to (default: the platform's files; "
+        "for your own catalog, your project's folder)",
+    )
     lock.set_defaults(handler=lock_templates)
 
 
@@ -103,7 +110,7 @@ def show_template(args: argparse.Namespace) -> int:
 
 
 def lock_templates(args: argparse.Namespace) -> int:
-    catalog = Catalog.load(args.catalog)
+    catalog = Catalog.load(args.catalog, repo_root=args.code_root)
     if args.check:
         catalog.check_lock()
         print(f"{catalog.lock_path}: every template version is published and unchanged")

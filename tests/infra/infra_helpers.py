@@ -15,6 +15,7 @@ os.environ.setdefault("CDK_DISABLE_VERSION_CHECK", "1")
 import aws_cdk as cdk  # noqa: E402  (after the environment above, which jsii reads at import)
 from aws_cdk.assertions import Template  # noqa: E402
 from cdk_nag import AwsSolutionsChecks  # noqa: E402
+from cfnlint.api import ManualArgs, lint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "config"
@@ -88,6 +89,41 @@ def statements_by_sid(
 
 def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
+
+
+# cfn-lint warnings accepted, by (rule, logical ID prefix), each with its reason.
+CFN_LINT_ACCEPTED_WARNINGS = {
+    (
+        "W3005",
+        "CustomVpcRestrictDefaultSGCustomResourceProviderHandler",
+    ): "aws-cdk-lib's own provider for restrict_default_security_group declares DependsOn on its role "
+    "next to a GetAtt of it; redundant but harmless, and generated code we do not own",
+    (
+        "W3010",
+        "NetworkVpctrainingSubnet",
+    ): "the subnets' zones come from config/<env>.yaml on purpose: the app makes no context lookups, "
+    "and the platform team picks the zones that hold their accelerator capacity",
+    (
+        "W3005",
+        "CustomCDKBucketDeployment",
+    ): "aws-cdk-lib's BucketDeployment provider (the launcher stack's JobTemplates) declares DependsOn on "
+    "its role next to a GetAtt of it; redundant but harmless, and generated code we do not own",
+}
+
+
+def cfn_lint_unexplained(template_json: dict[str, Any], region: str) -> list[str]:
+    """cfn-lint's findings on a template: every error, and every warning not accepted above."""
+    unexplained = []
+    for match in lint(json.dumps(template_json), config=ManualArgs(regions=[region])):
+        rule = match.rule.id
+        logical_id = match.path[1] if len(match.path) > 1 else ""
+        accepted = any(
+            rule == accepted_rule and str(logical_id).startswith(prefix)
+            for accepted_rule, prefix in CFN_LINT_ACCEPTED_WARNINGS
+        )
+        if rule.startswith("E") or not accepted:
+            unexplained.append(f"{rule} {match.message} at {match.path}")
+    return unexplained
 
 
 # checkov lives in its own virtual environment (`make setup`; it pins an older boto3 than ours).

@@ -14,7 +14,9 @@ from infra_helpers import ENV, as_list, resources_of_type, statements_by_sid, sy
 from training_constructs import (
     PropsError,
     TrainingAccess,
+    TrainingAccessProps,
     TrainingNetwork,
+    TrainingNetworkProps,
     TrainingStorage,
     warm_pool_cap_statement,
 )
@@ -298,7 +300,7 @@ def launcher_wiring(tmp_path_factory):
     access = TrainingAccess(
         stack,
         "Access",
-        **access_props(
+        access_props(
             stack,
             teams=[team_spec("a", max_keep_alive_seconds=300), team_spec("b")],
             max_keep_alive_seconds=600,
@@ -403,22 +405,14 @@ def team_spec(name: str, **changes) -> TeamSpec:
     return TeamSpec(**{**values, **changes})
 
 
-def access_props(stack, **overrides):
+def access_props(stack, **overrides) -> TrainingAccessProps:
     storage = TrainingStorage(stack, "Storage")
     region = stack.region if not cdk.Token.is_unresolved(stack.region) else "us-east-1"
-    network = TrainingNetwork(stack, "Network", availability_zones=[f"{region}a", f"{region}b"])
-    props = dict(
-        datasets_bucket=storage.datasets_bucket,
-        checkpoints_bucket=storage.checkpoints_bucket,
-        artifacts_bucket=storage.artifacts_bucket,
-        code_bucket=storage.code_bucket,
-        key=storage.key,
-        teams=[team_spec("a")],
-        max_keep_alive_seconds=3600,
-        subnets=network.subnets,
-        security_groups=[network.security_group],
+    network = TrainingNetwork(
+        stack, "Network", TrainingNetworkProps(availability_zones=[f"{region}a", f"{region}b"])
     )
-    return {**props, **overrides}
+    props = dict(storage=storage, network=network, teams=[team_spec("a")], max_keep_alive_seconds=3600)
+    return TrainingAccessProps(**{**props, **overrides})
 
 
 INVALID_PROPS = [
@@ -433,7 +427,9 @@ INVALID_PROPS = [
         "share a job-name prefix",
     ),
     ({"teams": [team_spec("a", max_keep_alive_seconds=3601)]}, "teams", "above the environment's"),
-    ({"subnets": []}, "subnets", "jobs run in the VPC only"),
+    ({"network": "vpc-0123456789abcdef0"}, "network", "must be a TrainingNetwork or an ExistingNetwork"),
+    ({"storage": "my-bucket"}, "storage", "must be a TrainingStorage or an ExistingStorage"),
+    ({"teams": ["a"]}, "teams", "must hold TeamSpecs only"),
     ({"image_repository_arns": []}, "image_repository_arns", "at least one"),
     (
         {"image_repository_arns": ["763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training"]},
@@ -451,7 +447,7 @@ INVALID_PROPS = [
 def test_invalid_props_fail_at_synth_naming_the_field(overrides, field, explanation):
     stack = cdk.Stack(cdk.App(), "Invalid", env=ENV)
     with pytest.raises(PropsError) as raised:
-        TrainingAccess(stack, "Access", **access_props(stack, **overrides))
+        TrainingAccess(stack, "Access", access_props(stack, **overrides))
     assert str(raised.value).startswith(f"TrainingAccess({field}=...):"), str(raised.value)
     assert explanation in str(raised.value)
 
@@ -492,4 +488,4 @@ def test_invalid_teams_are_refused_naming_the_field(changes, field, explanation)
 def test_image_registry_must_be_known_for_the_region(env, message):
     stack = cdk.Stack(cdk.App(), "Region", env=env)
     with pytest.raises(PropsError, match=message):
-        TrainingAccess(stack, "Access", **access_props(stack))
+        TrainingAccess(stack, "Access", access_props(stack))

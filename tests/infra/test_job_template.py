@@ -1,5 +1,5 @@
 """JobTemplate: uploads a published version's sourcedir.tar.gz, validates the version at synth, and
-exposes what the launcher registers. One stack of our own (a KMS key and a code bucket), synthesized
+exposes what the launcher registers. One stack of our own (a TrainingStorage), synthesized
 once with cdk-nag; cfn-lint over its template."""
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import tarfile
 
 import aws_cdk as cdk
 import pytest
-from aws_cdk import aws_kms as kms
-from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Match, Template
 from cfnlint.api import ManualArgs, lint
 from infra_helpers import ENV, ROOT, SynthesizedApp, resources_of_type, synthesize
@@ -20,45 +18,26 @@ from infra_helpers import ENV, ROOT, SynthesizedApp, resources_of_type, synthesi
 from llmtrain.catalog import Catalog
 from llmtrain.errors import LockError, RequestValidationError, TemplateNotFoundError
 from llmtrain.sourcedir import archive_code_hash, collect_files, tarball_bytes
-from training_constructs import JobTemplate
+from training_constructs import JobTemplate, JobTemplateProps, TrainingStorage
 
 TEMPLATES = ("byo-script@1.0.0", "llama-pretrain-fsdp@latest")
 
 
-def _bucket_stack(app: cdk.App, name: str) -> tuple[cdk.Stack, s3.Bucket, kms.Key]:
+def _storage_stack(app: cdk.App, name: str) -> tuple[cdk.Stack, TrainingStorage]:
     stack = cdk.Stack(app, name, env=ENV)
-    key = kms.Key(stack, "Key", enable_key_rotation=True)
-    bucket = s3.Bucket(
-        stack,
-        "Code",
-        encryption=s3.BucketEncryption.KMS,
-        encryption_key=key,
-        enforce_ssl=True,
-        block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-        versioned=True,
-    )
-    cdk.Validations.of(bucket).acknowledge(
-        cdk.Acknowledgment(
-            id="AwsSolutions-S1",
-            reason="this test stack's bucket needs no access logs (TrainingStorage has them)",
-        )
-    )
-    return stack, bucket, key
+    return stack, TrainingStorage(stack, "Storage")
 
 
 @pytest.fixture(scope="module")
 def synthesized(tmp_path_factory) -> tuple[SynthesizedApp, dict[str, JobTemplate]]:
     outdir = tmp_path_factory.mktemp("cdk.out")
     app = cdk.App(outdir=str(outdir))
-    stack, bucket, key = _bucket_stack(app, "JobTemplates")
+    stack, storage = _storage_stack(app, "JobTemplates")
     templates = {
         ref: JobTemplate(
             stack,
             ref.split("@")[0],
-            template=ref,
-            code_bucket=bucket,
-            encryption_key=key,
-            warm_pool_cap_seconds=3600,
+            JobTemplateProps(template=ref, storage=storage, warm_pool_cap_seconds=3600),
         )
         for ref in TEMPLATES
     }
@@ -95,7 +74,7 @@ def test_code_is_deployed_under_the_versions_prefix(template_json):
             {
                 "Properties": Match.object_like(
                     {
-                        "DestinationBucketName": {"Ref": Match.string_like_regexp("^Code")},
+                        "DestinationBucketName": {"Ref": Match.string_like_regexp("^StorageCodeBucket")},
                         "DestinationBucketKeyPrefix": prefix,
                         "Prune": False,
                         "RetainOnDelete": True,
@@ -155,8 +134,8 @@ def test_construct_exposes_what_the_launcher_registers(synthesized):
 
 def _construct(ref: str, **props) -> JobTemplate:
     app = cdk.App()
-    stack, bucket, key = _bucket_stack(app, "Invalid")
-    return JobTemplate(stack, "Template", template=ref, code_bucket=bucket, encryption_key=key, **props)
+    stack, storage = _storage_stack(app, "Invalid")
+    return JobTemplate(stack, "Template", JobTemplateProps(template=ref, storage=storage, **props))
 
 
 @pytest.mark.parametrize(

@@ -27,9 +27,15 @@ from llmtrain.environments import StackOutput, load_environment
 from llmtrain.handlers.launcher import ENV_PLATFORM_CONTEXT, ENV_REQUEST_LAYOUTS
 from llmtrain.launcher_client import LauncherOutput
 from training_constructs import PropsError
-from training_constructs.job_template import JobTemplate
+from training_constructs.job_template import JobTemplate, JobTemplateProps
 from training_constructs.lambda_code import LAMBDA_RUNTIME
-from training_constructs.launcher import LAUNCHER_ERROR_SUBJECT, SYNC_EVENTS_RULE, TrainingLauncher
+from training_constructs.launcher import (
+    LAUNCHER_ERROR_SUBJECT,
+    SYNC_EVENTS_RULE,
+    TrainingLauncher,
+    TrainingLauncherProps,
+)
+from training_constructs.resources import ExistingNetwork, ExistingStorage
 from training_constructs.teams import CREATE_JOBS_SID, TeamSpec
 
 ENVIRONMENTS = ("dev", "prod")
@@ -422,24 +428,41 @@ def test_the_code_asset_loads_the_handlers_with_vendored_packages_and_the_regist
 # -- props validation ---------------------------------------------------------------------------------------
 
 
-def _props(stack: cdk.Stack, **overrides) -> dict:
-    key = kms.Key(stack, "Key")
-    buckets = {name: s3.Bucket(stack, name) for name in ("datasets", "checkpoints", "artifacts", "code")}
+def _existing(stack: cdk.Stack) -> tuple[ExistingStorage, ExistingNetwork]:
+    """The platform's resources as another app brings them: imported, once per stack."""
+    if stack.node.try_find_child("Vpc") is None:
+        kms.Key(stack, "Key")
+        ec2.Vpc.from_vpc_attributes(
+            stack, "Vpc", vpc_id="vpc-0123456789abcdef0", availability_zones=["us-east-1a"],
+            private_subnet_ids=["subnet-0123456789abcdef0"],
+        )
+        ec2.SecurityGroup.from_security_group_id(stack, "Sg", "sg-0123456789abcdef0")
+    vpc = stack.node.find_child("Vpc")
+    buckets = {
+        f"{name}_bucket": s3.Bucket.from_bucket_name(stack, name, f"existing-{name}")
+        if stack.node.try_find_child(name) is None
+        else stack.node.find_child(name)
+        for name in ("datasets", "checkpoints", "artifacts", "code")
+    }
+    storage = ExistingStorage(data_key=stack.node.find_child("Key"), **buckets)
+    network = ExistingNetwork(
+        vpc=vpc, subnets=vpc.private_subnets, security_group=stack.node.find_child("Sg")
+    )
+    return storage, network
+
+
+def _props(stack: cdk.Stack, **overrides) -> TrainingLauncherProps:
+    storage, network = _existing(stack)
     props = dict(
         job_templates=[],
         team=_team(),
         execution_role=iam.Role(stack, "Exec", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com")),
-        datasets_bucket=buckets["datasets"],
-        checkpoints_bucket=buckets["checkpoints"],
-        artifacts_bucket=buckets["artifacts"],
-        code_bucket=buckets["code"],
-        data_key=key,
-        subnets=[ec2.Subnet.from_subnet_id(stack, "Subnet", "subnet-0123456789abcdef0")],
-        security_groups=[ec2.SecurityGroup.from_security_group_id(stack, "Sg", "sg-0123456789abcdef0")],
+        storage=storage,
+        network=network,
         environment_name="test",
     )
     props.update(overrides)
-    return props
+    return TrainingLauncherProps(**props)
 
 
 def _team(**changes) -> TeamSpec:
@@ -453,21 +476,28 @@ def _team(**changes) -> TeamSpec:
 
 
 def _gpt2(stack: cdk.Stack) -> list[JobTemplate]:
-    return [JobTemplate(stack, "Gpt2", template="gpt2-ddp@1.1.0", code_bucket=s3.Bucket(stack, "Code"))]
+    storage, _ = _existing(stack)
+    return [JobTemplate(stack, "Gpt2", JobTemplateProps(template="gpt2-ddp@1.1.0", storage=storage))]
 
 
 def _lora(stack: cdk.Stack) -> list[JobTemplate]:
     """A version with a warm pool (1800 s) by default."""
-    return [
-        JobTemplate(stack, "Lora", template="llama-finetune-lora@1.1.0", code_bucket=s3.Bucket(stack, "Code"))
-    ]
+    storage, _ = _existing(stack)
+    props = JobTemplateProps(template="llama-finetune-lora@1.1.0", storage=storage)
+    return [JobTemplate(stack, "Lora", props)]
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         ({"team": "a"}, r"TrainingLauncher\(team=...\): must be a TeamSpec"),
-        ({"subnets": []}, r"TrainingLauncher\(subnets=...\): must hold 1 to 16 subnets"),
+        ({"network": "vpc-1"}, r"TrainingLauncher\(network=...\): must be a TrainingNetwork or an Existing"),
+        ({"storage": "bucket"}, r"TrainingLauncher\(storage=...\): must be a TrainingStorage or an Existing"),
+        ({"job_templates": ["gpt2-ddp@1.1.0"]}, r"TrainingLauncher\(job_templates=...\): must hold JobTem"),
+        (
+            {"job_templates": _gpt2, "platform_features": {"gpus": 8}},
+            r"TrainingLauncher\(platform_features=...\): \['gpus'\] are not features",
+        ),
         ({"state_machine_name": "has spaces"}, r"TrainingLauncher\(state_machine_name=...\)"),
         ({}, r"TrainingLauncher\(job_templates=...\): must list at least one JobTemplate"),
         (
@@ -498,7 +528,7 @@ def test_invalid_props_fail_at_synth_naming_the_field(overrides, message):
     if callable(overrides.get("job_templates")):
         overrides = {**overrides, "job_templates": overrides["job_templates"](stack)}
     with pytest.raises(PropsError, match=message):
-        TrainingLauncher(stack, "Launcher", **_props(stack, **overrides))
+        TrainingLauncher(stack, "Launcher", _props(stack, **overrides))
 
 
 def test_environment_files_enable_only_catalog_templates():

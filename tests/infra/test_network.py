@@ -10,7 +10,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk.assertions import Match
 from infra_helpers import ENV, as_list, resources_of_type, synthesize
 
-from training_constructs import ExistingVpcAttributes, PropsError, TrainingNetwork
+from training_constructs import ExistingVpcAttributes, PropsError, TrainingNetwork, TrainingNetworkProps
 
 ZONES = ["us-east-1a", "us-east-1b"]
 EXISTING = ExistingVpcAttributes(
@@ -38,7 +38,7 @@ def variants(tmp_path_factory):
     stacks = {}
     for name, props in options.items():
         stack = cdk.Stack(app, name, env=ENV)
-        TrainingNetwork(stack, "Network", availability_zones=ZONES, **props)
+        TrainingNetwork(stack, "Network", TrainingNetworkProps(availability_zones=ZONES, **props))
         stacks[(name, "network")] = stack
     return synthesize(app, outdir, stacks)
 
@@ -358,7 +358,7 @@ INVALID_PROPS = [
 def test_invalid_props_fail_at_synth_naming_the_field(props, field, explanation):
     stack = cdk.Stack(cdk.App(), "Invalid", env=ENV)
     with pytest.raises(PropsError) as raised:
-        TrainingNetwork(stack, "Network", **{"availability_zones": ZONES, **props})
+        TrainingNetwork(stack, "Network", TrainingNetworkProps(**{"availability_zones": ZONES, **props}))
     assert str(raised.value).startswith(f"TrainingNetwork({field}=...):"), str(raised.value)
     assert explanation in str(raised.value)
 

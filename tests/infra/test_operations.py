@@ -30,7 +30,11 @@ from llmtrain.handlers.quotas import template_instance_types
 from stacks.operations import enabled_template_versions
 from training_constructs import PropsError
 from training_constructs.lambda_code import stage_lambda_code
-from training_constructs.operations import WILDCARD_RESOURCE_ACTIONS, TrainingOperations
+from training_constructs.operations import (
+    WILDCARD_RESOURCE_ACTIONS,
+    TrainingOperations,
+    TrainingOperationsProps,
+)
 from training_constructs.operations_dashboard import TemplateMetrics
 
 ENVIRONMENTS = ("dev", "prod")
@@ -302,7 +306,7 @@ def test_alarms_and_job_notifications_reach_the_configured_address(
 def test_a_given_topic_is_used_and_no_other_is_created():
     stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account="111111111111", region="us-east-1"))
     given = sns.Topic(stack, "Given")
-    operations = TrainingOperations(stack, "Ops", **GOOD, notification_topic=given)
+    operations = TrainingOperations(stack, "Ops", TrainingOperationsProps(**GOOD, existing_topic=given))
     template = Template.from_stack(stack).to_json()
     assert operations.topic is given and operations.topic_key is None
     assert list(resources_of_type(template, "AWS::SNS::Topic")) == [
@@ -326,7 +330,9 @@ def standalone():
     app = cdk.App()
     stack = cdk.Stack(app, "Ops", env=cdk.Environment(account="111111111111", region="us-east-1"))
     operations = TrainingOperations(
-        stack, "Operations", **GOOD, notification_email="oncall@example.com", reaper_dry_run=True
+        stack,
+        "Operations",
+        TrainingOperationsProps(**GOOD, notification_email="oncall@example.com", reaper_dry_run=True),
     )
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     app.synth()
@@ -458,14 +464,14 @@ def test_template_metrics_are_found_by_what_their_regexes_capture():
 def test_invalid_props_fail_naming_the_field(change, field):
     stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account="111111111111", region="us-east-1"))
     with pytest.raises(PropsError, match=rf"^TrainingOperations\({field}=\.\.\.\): "):
-        TrainingOperations(stack, "Ops", **(GOOD | change))
+        TrainingOperations(stack, "Ops", TrainingOperationsProps(**(GOOD | change)))
 
 
 def test_an_email_is_refused_when_a_topic_is_given():
     stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account="111111111111", region="us-east-1"))
     topic = sns.Topic(stack, "Given")
-    with pytest.raises(PropsError, match="subscribe the address to the notification_topic you pass"):
-        TrainingOperations(stack, "Ops", **GOOD, notification_topic=topic, notification_email="a@example.com")
+    with pytest.raises(PropsError, match="subscribe the address to the existing_topic you pass"):
+        TrainingOperationsProps(**GOOD, existing_topic=topic, notification_email="a@example.com")
 
 
 # -- the code asset --------------------------------------------------------------------------------

@@ -11,8 +11,7 @@ import json
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_iam as iam
-from cfnlint.api import ManualArgs, lint
-from infra_helpers import ENV, as_list, checkov_report, synthesize
+from infra_helpers import ENV, as_list, cfn_lint_unexplained, checkov_report, synthesize
 
 from llmtrain.environments import StackOutput
 from training_constructs.nag import acknowledge, acknowledge_wildcards, flatten_reference
@@ -39,26 +38,6 @@ RESOURCE_STAR_ALLOWED = {
     **{f"xray:{action}": "X-Ray trace segments, telemetry and sampling rules have no resource ARN"
        for action in ("PutTraceSegments", "PutTelemetryRecords", "GetSamplingRules", "GetSamplingTargets")},
 }
-# cfn-lint warnings accepted, by (rule, logical ID prefix), each with its reason.
-CFN_LINT_ACCEPTED_WARNINGS = {
-    (
-        "W3005",
-        "CustomVpcRestrictDefaultSGCustomResourceProviderHandler",
-    ): "aws-cdk-lib's own provider for restrict_default_security_group declares DependsOn on its role "
-    "next to a GetAtt of it; redundant but harmless, and generated code we do not own",
-    (
-        "W3010",
-        "NetworkVpctrainingSubnet",
-    ): "the subnets' zones come from config/<env>.yaml on purpose: the app makes no context lookups, "
-    "and the platform team picks the zones that hold their accelerator capacity",
-    (
-        "W3005",
-        "CustomCDKBucketDeployment",
-    ): "aws-cdk-lib's BucketDeployment provider (the launcher stack's JobTemplates) declares DependsOn on "
-    "its role next to a GetAtt of it; redundant but harmless, and generated code we do not own",
-}
-
-
 def assembly_templates(platform):
     """Every synthesized template of every environment: (environment, path, template)."""
     for path in sorted(platform.outdir.glob("assembly-*/*.template.json")):
@@ -100,17 +79,11 @@ def test_cdk_nag_reports_nothing_left_unacknowledged(platform):
 
 
 def test_cfn_lint_finds_no_errors_in_any_template(platform, environments):
-    unexplained = []
-    for env, path, template in assembly_templates(platform):
-        for match in lint(json.dumps(template), config=ManualArgs(regions=[environments[env].region])):
-            rule = match.rule.id
-            logical_id = match.path[1] if len(match.path) > 1 else ""
-            accepted = any(
-                rule == accepted_rule and str(logical_id).startswith(prefix)
-                for accepted_rule, prefix in CFN_LINT_ACCEPTED_WARNINGS
-            )
-            if rule.startswith("E") or not accepted:
-                unexplained.append(f"{path.name}: {rule} {match.message} at {match.path}")
+    unexplained = [
+        f"{path.name}: {finding}"
+        for env, path, template in assembly_templates(platform)
+        for finding in cfn_lint_unexplained(template, environments[env].region)
+    ]
     assert unexplained == []
 
 

@@ -7,7 +7,7 @@ import pytest
 from infra_helpers import ENV, as_list, resources_of_type
 
 from stacks import PINNED_LOGICAL_IDS
-from training_constructs import PropsError, TrainingStorage
+from training_constructs import PropsError, StorageResources, TrainingStorage, TrainingStorageProps
 from training_constructs.encryption import KEY_ADMINISTRATION_ACTIONS
 
 DATA_BUCKETS = ["DatasetsBucket", "CheckpointsBucket", "ArtifactsBucket", "CodeBucket"]
@@ -147,11 +147,12 @@ def test_construct_options_and_attributes():
     storage = TrainingStorage(
         stack,
         "Storage",
-        version_datasets=False,
-        checkpoint_noncurrent_days=3,
-        removal_policy=cdk.RemovalPolicy.DESTROY,
+        TrainingStorageProps(
+            version_datasets=False, checkpoint_noncurrent_days=3, removal_policy=cdk.RemovalPolicy.DESTROY
+        ),
     )
     assert set(storage.buckets) == {"datasets", "checkpoints", "artifacts", "code"}
+    assert isinstance(storage, StorageResources) and storage.props.checkpoint_noncurrent_days == 3
     assert storage.buckets["checkpoints"] is storage.checkpoints_bucket
     template = cdk.assertions.Template.from_stack(stack).to_json()
     datasets = next(
@@ -190,8 +191,8 @@ def test_grant_helpers_scope_access_to_one_bucket():
 
 
 INVALID_PROPS = [
-    ({"key_alias": "llmtrain"}, "key_alias", "alias/<name>"),
-    ({"key_alias": "alias/aws/s3"}, "key_alias", "reserved"),
+    ({"data_key_alias": "llmtrain"}, "data_key_alias", "alias/<name>"),
+    ({"data_key_alias": "alias/aws/s3"}, "data_key_alias", "reserved"),
     ({"checkpoint_noncurrent_days": 0}, "checkpoint_noncurrent_days", "at least 1"),
     ({"incomplete_upload_days": 1.5}, "incomplete_upload_days", "whole number"),
     ({"access_log_retention_days": -3}, "access_log_retention_days", "at least 1"),
@@ -206,6 +207,6 @@ INVALID_PROPS = [
 def test_invalid_props_fail_at_synth_naming_the_field(props, field, explanation):
     stack = cdk.Stack(cdk.App(), "Invalid", env=ENV)
     with pytest.raises(PropsError) as raised:
-        TrainingStorage(stack, "Storage", **props)
+        TrainingStorage(stack, "Storage", TrainingStorageProps(**props))
     assert str(raised.value).startswith(f"TrainingStorage({field}=...):"), str(raised.value)
     assert explanation in str(raised.value)

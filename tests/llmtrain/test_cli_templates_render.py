@@ -247,6 +247,25 @@ def test_lock_check_and_lock_a_new_version(capsys, tmp_path):
     assert code == 0
 
 
+def test_lock_a_catalog_of_ones_own_with_its_code_beside_it(capsys, tmp_path):
+    """Another team's catalog (examples/cdk_consumer): its code.source paths are relative to its own
+    project folder, which --code-root names."""
+    project = tmp_path / "acme"
+    example = REPO_ROOT / "examples" / "cdk_consumer"
+    shutil.copytree(example / "templates" / "acme-charlm", project / "templates" / "acme-charlm")
+    shutil.copytree(example / "training", project / "training", ignore=shutil.ignore_patterns("__pycache__"))
+    folder, project = str(project / "templates"), str(project)
+    code, _, err = run(capsys, "templates", "lock", "--catalog", folder)
+    assert code == 2 and f"code folder {REPO_ROOT / 'training'} does not exist" in err
+    code, out, _ = run(capsys, "templates", "lock", "--catalog", folder, "--code-root", project)
+    assert code == 0 and out.strip() == "locked acme-charlm@1.0.0"
+    # The same content as the example's own lock: the hashes depend on the files, not on where they are.
+    lock = "templates/catalog.lock"
+    assert (Path(project) / lock).read_text() == (example / lock).read_text()
+    code, out, _ = run(capsys, "templates", "lock", "--check", "--catalog", folder, "--code-root", project)
+    assert code == 0 and "published and unchanged" in out
+
+
 def test_console_script_runs():
     script = Path(sys.executable).parent / "llmtrain"
     result = subprocess.run([str(script), "templates", "--json"], capture_output=True, text=True, timeout=120)

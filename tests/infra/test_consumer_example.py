@@ -1,0 +1,125 @@
+"""Another account's CDK app (examples/cdk_consumer) on the installed construct library.
+
+Both wheels (llmtrain and llmtrain-constructs) are built and installed into a new virtual environment
+outside the checkout (tests/support/wheel_install.py: it sees only what the wheels declare), the
+example is copied out of the checkout, and its app synthesizes there with cdk-nag: its own catalog
+(one template, its own lock, its own training code) and a template of the platform's catalog that the
+llmtrain wheel ships. Then cfn-lint and checkov read what it synthesized.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from infra_helpers import cfn_lint_unexplained, checkov_report
+from wheel_install import CONSTRUCTS_SOURCES, LLMTRAIN_SOURCES, build_wheel, install
+
+from llmtrain.catalog import Catalog
+from training_constructs.lambda_code import LAMBDA_RUNTIME
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "cdk_consumer"
+REGION = "eu-west-1"
+slow = pytest.mark.slow
+
+
+def example_catalog() -> Catalog:
+    return Catalog.load(root=EXAMPLE / "templates", repo_root=EXAMPLE)
+
+
+def test_the_examples_catalog_is_published_and_its_program_trains_and_resumes(tmp_path):
+    catalog = example_catalog()
+    catalog.check_lock()
+    (spec,) = catalog.all()
+    assert spec.ref == "acme-charlm@1.0.0" and not spec.code.is_platform
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "notes.txt").write_text((ROOT / "README.md").read_text()[:5000])
+    program = [sys.executable, str(EXAMPLE / spec.code.source / spec.code.entry_point)]
+    tiny = ["--hidden_size", "16", "--num_layers", "1", "--sequence_length", "16"]
+    places = ["--train_dir", str(data), "--model_dir", str(tmp_path / "model"),
+              "--checkpoint_dir", str(tmp_path / "checkpoints")]
+
+    def train(steps: int) -> list[str]:
+        run = subprocess.run([*program, *places, *tiny, "--max_steps", str(steps)], capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.splitlines()
+
+    assert [line.split(" loss=")[0] for line in train(2)] == ["[metrics] step=1", "[metrics] step=2"]
+    assert [line.split(" loss=")[0] for line in train(3)] == [
+        "resumed from step-2.pt (step 2)", "[metrics] step=3"
+    ]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-2.pt", "step-3.pt"]
+    assert (tmp_path / "model" / "model.pt").is_file()
+
+
+@pytest.fixture(scope="module")
+def synthesized(tmp_path_factory) -> Path:
+    """The example synthesized in a new virtual environment, outside the checkout: its cdk.out."""
+    place = tmp_path_factory.mktemp("consumer")
+    llmtrain = build_wheel(ROOT, LLMTRAIN_SOURCES, place)
+    constructs = build_wheel(ROOT / "constructs", CONSTRUCTS_SOURCES, place, extras=("nag",))
+    # llmtrain is installed only because llmtrain-constructs requires it, at a version it accepts.
+    env = install(place, [constructs], available=[llmtrain])
+    app = place / "acme"
+    shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__", "cdk.out"))
+    where = ("import importlib.util as u\n"
+             "for name in ('training_constructs', 'llmtrain'): print(u.find_spec(name).origin)")
+    located = subprocess.run(["python", "-c", where], cwd=app, env=env, capture_output=True, text=True,
+                             check=True)
+    assert all(origin.startswith(str(place / "venv")) for origin in located.stdout.split()), located.stdout
+    outdir = app / "cdk.out"
+    synth = subprocess.run(["python", "app.py"], cwd=app, env={**env, "CDK_OUTDIR": str(outdir)},
+                           capture_output=True, text=True, timeout=600)
+    # cdk-nag runs in the app: an unacknowledged finding fails the synth.
+    assert synth.returncode == 0, synth.stdout[-3000:] + synth.stderr[-3000:]
+    return outdir
+
+
+@slow
+def test_the_example_synthesizes_nag_and_cfn_lint_clean_on_the_installed_wheels(synthesized):
+    report = json.loads((synthesized / "validation-report.json").read_text())
+    assert [v for plugin in report["pluginReports"] for v in plugin["violations"]] == []
+    templates = {path.name: json.loads(path.read_text()) for path in synthesized.glob("*.template.json")}
+    assert sorted(templates) == ["AcmeTraining.template.json", "AcmeTrainingData.template.json"]
+    for name, template in templates.items():
+        assert cfn_lint_unexplained(template, REGION) == [], name
+    handlers = {
+        resource["Properties"]["Handler"]: resource["Properties"]["Runtime"]
+        for template in templates.values()
+        for resource in template["Resources"].values()
+        if resource["Type"] == "AWS::Lambda::Function"
+        and resource["Properties"].get("Handler", "").startswith("llmtrain.")
+    }
+    assert len(handlers) == 6 and set(handlers.values()) == {LAMBDA_RUNTIME.name}, handlers
+
+
+@slow
+def test_checkov_finds_nothing_left_unacknowledged(synthesized):
+    reports = checkov_report([synthesized])
+    failed = [f"{r['resource']} {r['check_id']}" for rep in reports for r in rep["results"]["failed_checks"]]
+    assert failed == []
+    assert sum(report["summary"]["skipped"] for report in reports) > 0  # the constructs' acknowledgments
+
+
+@slow
+def test_each_catalog_deploys_its_frozen_code_and_the_functions_know_both_templates(synthesized):
+    assets = json.loads((synthesized / "AcmeTraining.assets.json").read_text())["files"]
+    folders = [synthesized / asset["source"]["path"] for asset in assets.values()]
+    deployed = sorted(path.read_bytes() for folder in folders for path in folder.glob("sourcedir.tar.gz"))
+    acme, platform = example_catalog(), Catalog.load()
+    frozen = [catalog.sourcedir(catalog.resolve(ref))
+              for catalog, ref in ((acme, "acme-charlm@1.0.0"), (platform, "gpt2-ddp@1.1.0"))]
+    assert deployed == sorted(frozen)
+    registries = [folder / "templates" for folder in folders if (folder / "llmtrain" / "handlers").is_dir()]
+    assert sorted(p.relative_to(r).as_posix() for r in registries for p in r.rglob("*.yaml")) == [
+        "acme-charlm/1.0.0.yaml", "gpt2-ddp/1.1.0.yaml"
+    ]
+    # The functions carry the llmtrain package, not the catalog and programs its wheel bundles.
+    assert not any((folder / "llmtrain" / "_bundle").exists() for folder in folders)
