@@ -444,7 +444,7 @@ def test_pipeline_activations_by_hand():
     work = _work(precision="fp32", grad_accum_steps=micro_batches)
     first, last = memory.pipeline_estimates(work, _pipelined(), capacity=0, on_gpu=False)
     assert first.activations == 2 * (block + rotary + hidden) + ids + buffers == 766_976
-    assert last.activations == (block - hidden + rotary + head + logits) + ids + buffers  # one micro-batch's logits
+    assert last.activations == (block - hidden + rotary + head + logits) + ids + buffers
     assert first.details["pipeline_micro_batches_in_flight"] == 2
     assert last.details["pipeline_receive_buffer_bytes"] == buffers
     gpipe = memory.pipeline_estimates(work, _pipelined(schedule="gpipe"), capacity=0, on_gpu=False)
