@@ -329,6 +329,12 @@ def _pipeline_problem(work: Workload, layout: Layout) -> str | None:
             layout.schedule not in SCHEDULES,
             f"pipeline_schedule {layout.schedule!r} is not one of {', '.join(SCHEDULES)}",
         ),
+        (
+            layout.schedule == "gpipe" and layout.strategy == "ddp" and layout.data_parallel > 1,
+            "pipeline_schedule gpipe cannot run stages replicated by DDP (torch's DDP fails when "
+            "every forward runs before any backward): use 1f1b, which has the same bubble and holds "
+            "fewer micro-batches, or parallelism fsdp",
+        ),
         (work.lora, "lora_r must be 0 with pipeline_parallel_degree > 1 (LoRA is not pipelined)"),
         (work.precision == "fp16", "mixed_precision must be bf16 or fp32 with pipeline stages"),
         (

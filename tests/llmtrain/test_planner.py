@@ -552,9 +552,16 @@ def test_pipeline_settings_are_checked_as_the_program_does():
         ({"grad_accum_steps": 4, "model_preset": "llama-1b"}, "ties its input and output embeddings"),
         ({"grad_accum_steps": 4, "model_preset": "gpt2-tiny"}, "gpt2 models cannot be split"),
         ({"grad_accum_steps": 4, "pipeline_parallel_degree": 3}, "does not divide the world size 8"),
+        ({"grad_accum_steps": 4, "parallelism": "ddp", "pipeline_schedule": "gpipe"}, "use 1f1b"),
     ):
         with pytest.raises(PlanInputError, match=message):
             resolve(**values)
+    alone = hyperparameter_values(
+        {"model_preset": "llama-20m", "parallelism": "ddp", "pipeline_parallel_degree": 2,
+         "pipeline_schedule": "gpipe", "grad_accum_steps": 4}
+    )
+    work, layout = workload_and_layout(alone, 2, 1)
+    assert layout.data_parallel == 1  # GPipe without data-parallel replicas runs
     work, layout = resolve(grad_accum_steps=4, pipeline_split="5,1")
     assert memory.stage_layer_counts(work, layout) == (5, 1)
 

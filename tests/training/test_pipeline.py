@@ -78,7 +78,7 @@ TWO = {
 }
 FOUR = {
     "pp_ddp": {**PP, "micro_batch_size": 2},
-    "pp_ddp_gpipe": {**PP, "micro_batch_size": 2, "pipeline_schedule": "gpipe"},
+    "pp_ddp_gpipe": {**PP, "micro_batch_size": 2, "pipeline_schedule": "gpipe"},  # refused
     "pp_fsdp": {**PP, "parallelism": "fsdp", "micro_batch_size": 2},
     "pp_tp": {**PP, "parallelism": "fsdp", "tensor_parallel_degree": 2, "micro_batch_size": 4},
     "pp_fsdp_first_half": {**PP, "parallelism": "fsdp", "micro_batch_size": 2, **FIRST_HALF},
@@ -132,7 +132,20 @@ def runs(tmp_path_factory, tiny_data, masked_data):
 
 def test_every_run_finished(runs):
     for name in [*REFERENCES, *TWO, *FOUR, *EIGHT]:
-        assert outcome(runs[name]) == {"ok": True}, name
+        if name != "pp_ddp_gpipe":
+            assert outcome(runs[name]) == {"ok": True}, name
+
+
+def test_gpipe_with_ddp_replicated_stages_is_refused_before_training(runs):
+    """torch's DDP fails GPipe's second step (every forward before any backward: "rebuilt parameter
+    indices size is not same as original model parameters size"); the run stops at setup instead,
+    naming the schedule that works, and the launch goes on to the next job."""
+    refused = outcome(runs["pp_ddp_gpipe"])
+    assert refused["error"] == "ConfigError"
+    assert "pipeline_schedule" in refused["message"] and "use 1f1b" in refused["message"]
+    metrics = runs["pp_ddp_gpipe"] / "output" / "data" / "metrics.jsonl"
+    assert not metrics.exists() or not train_records(runs["pp_ddp_gpipe"])
+    assert not list(runs["pp_ddp_gpipe"].rglob("*.distcp"))
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"])
@@ -151,13 +164,11 @@ def test_masked_fine_tuning_data_keeps_the_per_token_loss_exactly(runs):
     assert _eval_losses(runs["masked"]) == _eval_losses(runs["single_masked"])
 
 
-@pytest.mark.parametrize("name", ["pp_ddp", "pp_ddp_gpipe"])
-def test_pipeline_with_ddp_trains_like_ddp(runs, name):
+def test_pipeline_with_ddp_trains_like_ddp(runs):
     # The weights differ from DDP's by about 1e-7 from the first step on (the stages' gradients
     # are reduced in other buckets, so summed in another order): the losses follow within 1e-6.
-    # GPipe runs every forward before any backward, so DDP sees several forwards in a row.
-    assert losses(runs[name]) == pytest.approx(losses(runs["ddp"]), abs=1e-6, rel=0)
-    _assert_same_weights(runs[name], runs["ddp"], atol=1e-6)
+    assert losses(runs["pp_ddp"]) == pytest.approx(losses(runs["ddp"]), abs=1e-6, rel=0)
+    _assert_same_weights(runs["pp_ddp"], runs["ddp"], atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["ddp", "pp_fsdp", "pp_tp", "3d", "checkpointed_compiled"])

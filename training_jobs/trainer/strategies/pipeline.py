@@ -156,6 +156,11 @@ class PipelineStrategy:
     def _wrap(self, part: nn.Module) -> nn.Module:
         if self.kind != "ddp" or self.topology.data_parallel_size == 1:
             return part
+        if self.config.parallel.pipeline_schedule == "gpipe":
+            # DDP's bucket rebuild fails in the second step when every forward precedes any backward.
+            raise ConfigError("invalid hyperparameter 'pipeline_schedule': gpipe cannot run stages "
+                              "replicated by DDP over data-parallel ranks; use 1f1b (the same bubble, "
+                              "fewer micro-batches held) or parallelism=fsdp")
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(part, device_ids=device_ids(self.device),
