@@ -10,10 +10,10 @@ WORKDIR=${WORKDIR:-runs}
 RUN=demo
 TEMPLATE=llama-pretrain-fsdp
 # One emulated host with two CPU processes (FSDP shards the model over both), a log line per step,
-# a checkpoint and an eval loss every 10 steps (the validation channel, like the train channel, is
-# the shipped tiny corpus locally), and the same warm-up in both runs (so the schedule continues).
+# a checkpoint and an eval loss every 10 steps (a local run evaluates on the shipped corpus's
+# validation split), and the same warm-up in both runs (so the schedule continues).
 SETTINGS=(--set instance_count=1 --set log_every_steps=1 --set checkpoint_every_steps=10 --set warmup_steps=3
-          --set eval_every_steps=10 --set channels.validation=s3://example-datasets/tokens/llama/validation/)
+          --set eval_every_steps=10)
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
