@@ -110,6 +110,11 @@ class PipelineStrategy:
         config, par = ctx.config, ctx.config.parallel
         self.config, self.device, self.kind = config, ctx.device, par.parallelism
         self.topology = parallel.build_topology(ctx.dims, ctx.device, needs_mesh=True)
+        if par.pipeline_schedule == "gpipe" and self.kind == "ddp" and self.topology.data_parallel_size > 1:
+            # DDP's bucket rebuild fails in the second step when every forward precedes any backward.
+            raise ConfigError("invalid hyperparameter 'pipeline_schedule': gpipe cannot run stages "
+                              "replicated by DDP over data-parallel ranks; use 1f1b (the same bubble, "
+                              "fewer micro-batches held) or parallelism=fsdp")
         self.eval_micro_batches = 1  # _forward_only passes one batch at a time
         degree, per_rank = ctx.dims.pipeline, pipeline_stages_per_rank(par)
         self.num_stages = degree * per_rank
@@ -156,11 +161,6 @@ class PipelineStrategy:
     def _wrap(self, part: nn.Module) -> nn.Module:
         if self.kind != "ddp" or self.topology.data_parallel_size == 1:
             return part
-        if self.config.parallel.pipeline_schedule == "gpipe":
-            # DDP's bucket rebuild fails in the second step when every forward precedes any backward.
-            raise ConfigError("invalid hyperparameter 'pipeline_schedule': gpipe cannot run stages "
-                              "replicated by DDP over data-parallel ranks; use 1f1b (the same bubble, "
-                              "fewer micro-batches held) or parallelism=fsdp")
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(part, device_ids=device_ids(self.device),
@@ -208,14 +208,18 @@ class PipelineStrategy:
         self._losses.append(loss.detach())
         return loss / self.config.data.grad_accum_steps
 
+    def _autocast(self):
+        """Sharded stages compute in FSDP's parameter dtype; replicated ones under autocast."""
+        if self.sharded:
+            return contextlib.nullcontext()
+        return parallel.autocast_context(self.device, self.config.parallel.mixed_precision)
+
     def _run(self, run_schedule, micro_batches: list[MicroBatch], loss_fn: LossFn) -> list[torch.Tensor]:
         """One pass of the schedule over the micro-batches; the last stage's micro-batch losses."""
         self._loss_fn, self._losses = loss_fn, []
         inputs = torch.cat([batch[0] for batch in micro_batches])
         targets = torch.cat([batch[1] for batch in micro_batches])
-        cast = contextlib.nullcontext() if self.sharded else \
-            parallel.autocast_context(self.device, self.config.parallel.mixed_precision)
-        with cast, parallel.activation_offload(self.config.parallel, self.device):
+        with self._autocast(), parallel.activation_offload(self.config.parallel, self.device):
             run_schedule(*([inputs] if self.has_first else []), target=targets if self.has_last else None)
         # The first pass also runs the loss once on placeholder data (the schedule's shape
         # inference): the micro-batches' losses are the last ones.
@@ -245,10 +249,8 @@ class PipelineStrategy:
         owner = {stage: rank for rank in range(degree)
                  for stage in stage_indices(rank, degree, len(self.stage_ids))}
         modules = dict(zip(self.stage_ids, self.modules, strict=True))
-        cast = contextlib.nullcontext() if self.sharded else \
-            parallel.autocast_context(self.device, self.config.parallel.mixed_precision)
         sums = []
-        with torch.no_grad(), cast:
+        with torch.no_grad(), self._autocast():
             for inputs, targets in batches:
                 hidden = inputs
                 for stage in sorted(modules):
