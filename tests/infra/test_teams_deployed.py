@@ -142,6 +142,25 @@ def test_every_stack_of_the_two_team_environment_deploys(deployed):
     assert any("CodeCustomResource" in name for name in deployed.stage.answered_custom_resources)
 
 
+def test_the_queues_deploy_with_the_types_moto_cannot_model_supplied(deployed):
+    """moto's CloudFormation models none of the queues' types (moto_cloudformation.py says what the test
+    supplies): the scheduling policy is created through moto's Batch API, which then answers with the
+    teams' shares; the service environment and the SAGEMAKER_TRAINING queues are stand-ins."""
+    supplied = sorted(entry.split(" ")[1] for entry in deployed.stage.supplied_resources)
+    assert supplied == ["(AWS::Batch::JobQueue)", "(AWS::Batch::JobQueue)", "(AWS::Batch::SchedulingPolicy)",
+                        "(AWS::Batch::ServiceEnvironment)"]
+    assert all(entry.startswith("llmtrain-prod-launcher/") for entry in deployed.stage.supplied_resources)
+    physical = {r["PhysicalResourceId"] for r in deployed.stage.resources["llmtrain-prod-launcher"]}
+    arn = f"arn:aws:batch:{deployed.region}:222222222222"
+    assert {f"{arn}:job-queue/llmtrain-prod-standard", f"{arn}:job-queue/llmtrain-prod-urgent",
+            f"{arn}:service-environment/llmtrain-prod"} <= physical
+    batch = boto3.client("batch", region_name=deployed.region)
+    [policy] = batch.describe_scheduling_policies(arns=[f"{arn}:scheduling-policy/llmtrain-prod-fair-share"])[
+        "schedulingPolicies"]
+    shares = {s["shareIdentifier"]: s["weightFactor"] for s in policy["fairsharePolicy"]["shareDistribution"]}
+    assert shares == {"pretrain": 1.0, "finetune": 3.0}
+
+
 @pytest.mark.parametrize("team", TEAMS)
 def test_a_teams_jobs_reach_only_its_own_prefixes(deployed, team):
     other = OTHER[team]
