@@ -120,6 +120,7 @@ class LauncherStack(Stack):
                 inter_container_traffic_encryption=config.network.inter_container_traffic_encryption,
                 state_machine_name=state_machine_name(team),
                 platform_features=config.platform_features(),
+                queues=self.queues,
             ),
         )
         for key, value, description in (

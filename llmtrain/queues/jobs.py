@@ -60,7 +60,7 @@ def submit_request(
         "serviceRequestPayload": json.dumps(payload, separators=(",", ":"), sort_keys=True),
         "shareIdentifier": queues.share_identifier,
         "schedulingPriority": priority or 0,
-        **({"tags": tags} if tags else {}),
+        "tags": tags,
     }
     problems += input_problems("batch", "SubmitServiceJob", params)
     if problems:
@@ -105,21 +105,27 @@ class QueuedRun:
 def queued_run(
     batch, job_id: str, *, share: str, now: float | None = None
 ) -> tuple[QueuedRun, dict[str, Any]]:
-    """The run's service job now, and its DescribeServiceJob output."""
+    """The run's service job now (DescribeServiceJob, the launcher's view), and that description."""
     job = batch.describe_service_job(jobId=job_id)
     job.pop("ResponseMetadata", None)
+    return queued_run_of(batch, job, job["jobQueue"], share=share, now=now), job
+
+
+def queued_run_of(
+    batch, job: Mapping[str, Any], queue_arn: str, *, share: str, now: float | None = None
+) -> QueuedRun:
+    """A service job as the run's state shows it, from its description or its ListServiceJobs summary
+    (what engineers may read): a waiting job's place and the share's usage from the queue's snapshot."""
     status = job["status"]
     position = share_instances = queue_instances = None
     if status in WAITING:
-        snapshot = batch.get_job_queue_snapshot(jobQueue=job["jobQueue"])
+        snapshot = batch.get_job_queue_snapshot(jobQueue=queue_arn)
         position = queue_position(snapshot, job.get("jobArn", ""))
         share_instances, queue_instances = share_usage(snapshot, share)
-    attempt = job.get("latestAttempt") or {}
-    resource = attempt.get("serviceResourceId") or {}
-    run = QueuedRun(
+    return QueuedRun(
         job_id=job["jobId"],
         job_name=job["jobName"],
-        queue_arn=job["jobQueue"],
+        queue_arn=queue_arn,
         status=status,
         phase=PHASES[status],
         status_reason=job.get("statusReason"),
@@ -127,10 +133,15 @@ def queued_run(
         share_instances=share_instances,
         queue_instances=queue_instances,
         waited_seconds=_seconds_since(job.get("createdAt"), now),
-        training_job_arn=resource.get("value") if resource.get("name") == "TrainingJobArn" else None,
+        training_job_arn=training_job_arn(job),
         terminated=bool(job.get("isTerminated")),
     )
-    return run, job
+
+
+def training_job_arn(job: Mapping[str, Any]) -> str | None:
+    """The ARN of the training job Batch created for a service job (its latest attempt's), if any."""
+    resource = (job.get("latestAttempt") or {}).get("serviceResourceId") or {}
+    return resource.get("value") if resource.get("name") == "TrainingJobArn" else None
 
 
 def queue_position(snapshot: Mapping[str, Any], job_arn: str) -> int | None:
@@ -158,8 +169,8 @@ def share_usage(snapshot: Mapping[str, Any], share: str) -> tuple[float, float]:
 
 def run_service_jobs(batch, queue_arns: Sequence[str], attempt_stem: str) -> list[dict[str, Any]]:
     """A run's service jobs in the queues, oldest attempt first: those named `<stem><attempt>`
-    (`{"attempt", "job_name", "job_id", "job_arn", "queue_arn", "status", "batch_status"}`, status in
-    SageMaker's words)."""
+    (`{"attempt", "job_name", "job_id", "job_arn", "queue_arn", "status", "batch_status",
+    "training_job_arn", "summary"}`, status in SageMaker's words, summary ListServiceJobs')."""
     own = re.compile(re.escape(attempt_stem) + r"(\d+)", re.IGNORECASE)
     found = []
     by_name = [{"name": "JOB_NAME", "values": [f"{attempt_stem}*"]}]
@@ -175,6 +186,8 @@ def run_service_jobs(batch, queue_arns: Sequence[str], attempt_stem: str) -> lis
                     "queue_arn": queue_arn,
                     "status": TRAINING_JOB_STATUS.get(summary.get("status", ""), "InProgress"),
                     "batch_status": summary.get("status"),
+                    "training_job_arn": training_job_arn(summary),
+                    "summary": summary,
                 })
     return sorted(found, key=lambda job: job["attempt"])
 
@@ -298,9 +311,11 @@ __all__ = [
     "queue_listing",
     "queue_position",
     "queued_run",
+    "queued_run_of",
     "run_name_of",
     "run_service_jobs",
     "share_usage",
     "shares_usage",
     "submit_request",
+    "training_job_arn",
 ]

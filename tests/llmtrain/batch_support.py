@@ -88,9 +88,10 @@ class SimulatedBatch:
     """The service jobs of one account's queues, scripted per submission (see the module)."""
 
     outcomes: list[QueueOutcome] = field(default_factory=list)
-    # SageMaker's side, given by the harness: create the training job for a payload (its ARN), and
-    # tell how a training job ended (None while running; "Completed", "Failed" or "Stopped").
-    on_schedule: Callable[[dict[str, Any]], str] | None = None
+    # SageMaker's side, given by the harness: create the training job for a payload and the service
+    # job's tags (its ARN; a ClientError when SageMaker refuses it), and tell how a training job
+    # ended (None while running; "Completed", "Failed" or "Stopped").
+    on_schedule: Callable[[dict[str, Any], dict[str, str]], str] | None = None
     training: Callable[[str], str | None] | None = None
     jobs: dict[str, ServiceJob] = field(default_factory=dict)
     # Share usage the snapshot reports, by queue ARN: {share: instances}.
@@ -202,7 +203,13 @@ class SimulatedBatch:
             job.stopped_ms = int(time.time() * 1000)
             return
         assert self.on_schedule is not None, "a job left the queue but nothing creates its training job"
-        job.training_job_arn = self.on_schedule(job.payload)
+        try:
+            job.training_job_arn = self.on_schedule(job.payload, job.params.get("tags", {}))
+        except ClientError as refused:  # SageMaker refused CreateTrainingJob: the service job fails
+            error = refused.response["Error"]
+            job.status, job.stopped_ms = "FAILED", int(time.time() * 1000)
+            job.reason = f"Received status from SageMaker: {error['Code']}: {error['Message']}"
+            return
         job.status, job.started_ms = "RUNNING", int(time.time() * 1000)
         job.reason = None
 
