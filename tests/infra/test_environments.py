@@ -364,3 +364,13 @@ def test_queue_settings_take_documented_defaults(tmp_path):
     [nlp] = config.teams
     assert (nlp.share_weight, nlp.max_priority, nlp.queues) == (1, 0, None)
     assert config.team_queues(nlp) == ("only",)
+
+
+def test_the_readmes_configuration_example_is_a_valid_environment_with_queues():
+    readme = (CONFIG_DIR.parent / "README.md").read_text()
+    example = readme.split("### Environment configuration")[1].split("```yaml\n")[1].split("```")[0]
+    config = parse_environment(yaml.safe_load(example))
+    nlp, vision = config.teams
+    assert config.queues.queue_names == ("standard", "urgent") and config.queues.max_instances == 16
+    assert (nlp.share_weight, nlp.max_priority, vision.share_weight) == (3, 50, 1)
+    assert config.team_queues(vision) == ("standard",)
