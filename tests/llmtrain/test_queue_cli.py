@@ -174,3 +174,44 @@ def test_llmtrain_queue_in_an_environment_without_queues_says_so(monkeypatch, ca
         assert main(["queue", "--env", "dev"]) == 2
     assert "environment 'dev' has no queues: its runs create their training jobs directly" in \
         capsys.readouterr().err
+
+
+def test_start_refuses_a_queue_or_priority_the_team_may_not_use_before_starting(environment, capsys):
+    base = ["start", "gpt2-ddp", "--run-name", "r1", "--env", "dev", "--team", "vision"]
+    assert main([*base, "--priority", "51"]) == 2
+    assert "priority 51 is above team 'vision''s max_priority (50)" in capsys.readouterr().err
+    assert main([*base, "--queue", "urgent"]) == 2
+    assert "queue 'urgent' is not one of team 'vision''s queues (standard)" in capsys.readouterr().err
+    assert main([*base, "--queue", "Urgent!"]) == 2
+    assert "'queue' must name one of the environment's queues" in capsys.readouterr().err
+    assert environment.submitted == []
+
+
+def test_start_refuses_queue_settings_where_there_are_no_queues(monkeypatch, capsys):
+    moto_credentials(monkeypatch)
+    with mock_aws():
+        arn = f"arn:aws:states:{REGION}:123456789012:stateMachine:launcher"
+        team = team_access(arn, allowed_templates=["gpt2-ddp"])
+        deploy_environment(arn, enabled=["gpt2-ddp"], teams=[team])
+        assert main(["start", "gpt2-ddp", "--run-name", "r1", "--env", "dev", "--priority", "1"]) == 2
+    assert "priority given, but environment 'dev' has no queues" in capsys.readouterr().err
+
+
+def test_batch_ending_a_queued_run_is_told_apart_from_other_failures():
+    from llmtrain.handlers.launcher import FAILURE_ERRORS, classify_failure
+    from llmtrain.queues.launch import SERVICE_JOB_FAILED
+
+    ended = policy.TIME_LIMIT_TERMINATION
+    capacity = classify_failure({"Error": SERVICE_JOB_FAILED, "Cause": ended + policy.CAPACITY_REASON})
+    misconfiguration = ended + policy.MISCONFIGURATION_REASON
+    misconfigured = classify_failure({"Error": SERVICE_JOB_FAILED, "Cause": misconfiguration})
+    refused = classify_failure({"Error": SERVICE_JOB_FAILED, "Cause": "Received status from SageMaker: "
+                                "ResourceLimitExceeded: The account-level service limit 'ml.p4d.24xlarge for "
+                                "training job usage' is 2 Instances, with current utilization of 2 Instances "
+                                "and a request delta of 2 Instances."})
+    assert (FAILURE_ERRORS[capacity.kind], FAILURE_ERRORS[misconfigured.kind]) == (
+        "QueueCapacityTimeLimit", "QueueMisconfigured")
+    assert refused.kind == "quota" and refused.quota.limit == 2
+    # The same words outside a queued run's failure are not the queue's.
+    elsewhere = classify_failure({"Error": "States.TaskFailed", "Cause": policy.CAPACITY_REASON})
+    assert elsewhere.kind == "api_error"
