@@ -165,13 +165,19 @@ def test_llmtrain_queue_team_and_json(environment, capsys):
     assert "has no team 'nobody'" in capsys.readouterr().err
 
 
-def test_llmtrain_queue_in_an_environment_without_queues_says_so(monkeypatch, capsys):
+@pytest.fixture
+def without_queues(monkeypatch):
+    """Environment dev as it is (no queues), deployed in moto."""
     moto_credentials(monkeypatch)
     with mock_aws():
         arn = f"arn:aws:states:{REGION}:123456789012:stateMachine:launcher"
-        team = team_access(arn, allowed_templates=["gpt2-ddp"])
-        deploy_environment(arn, enabled=["gpt2-ddp"], teams=[team])
-        assert main(["queue", "--env", "dev"]) == 2
+        only = team_access(arn, allowed_templates=["gpt2-ddp"])
+        deploy_environment(arn, enabled=["gpt2-ddp"], teams=[only])
+        yield
+
+
+def test_llmtrain_queue_in_an_environment_without_queues_says_so(without_queues, capsys):
+    assert main(["queue", "--env", "dev"]) == 2
     assert "environment 'dev' has no queues: its runs create their training jobs directly" in \
         capsys.readouterr().err
 
@@ -187,13 +193,8 @@ def test_start_refuses_a_queue_or_priority_the_team_may_not_use_before_starting(
     assert environment.submitted == []
 
 
-def test_start_refuses_queue_settings_where_there_are_no_queues(monkeypatch, capsys):
-    moto_credentials(monkeypatch)
-    with mock_aws():
-        arn = f"arn:aws:states:{REGION}:123456789012:stateMachine:launcher"
-        team = team_access(arn, allowed_templates=["gpt2-ddp"])
-        deploy_environment(arn, enabled=["gpt2-ddp"], teams=[team])
-        assert main(["start", "gpt2-ddp", "--run-name", "r1", "--env", "dev", "--priority", "1"]) == 2
+def test_start_refuses_queue_settings_where_there_are_no_queues(without_queues, capsys):
+    assert main(["start", "gpt2-ddp", "--run-name", "r1", "--env", "dev", "--priority", "1"]) == 2
     assert "priority given, but environment 'dev' has no queues" in capsys.readouterr().err
 
 
