@@ -300,7 +300,6 @@ def test_a_teams_engineers_reach_only_its_jobs_and_data(deployed, team):
     with iam_enforced():
         own, theirs = requests[team]["TrainingJobName"], requests[other]["TrainingJobName"]
         assert allowed(lambda: engineer_jobs.describe_training_job(TrainingJobName=own))
-        assert not allowed(lambda: engineer_jobs.describe_training_job(TrainingJobName=theirs))
         assert not allowed(lambda: engineer_jobs.stop_training_job(TrainingJobName=theirs))
         assert allowed(lambda: engineer_jobs.stop_training_job(TrainingJobName=own))
         # `llmtrain data upload`: into the team's datasets prefix only.
@@ -311,6 +310,17 @@ def test_a_teams_engineers_reach_only_its_jobs_and_data(deployed, team):
             lambda: engineer_s3.put_object(Bucket=datasets, Key=f"teams/{other}/up/part", Body=b"1")
         )
         assert not allowed(lambda: engineer_s3.delete_object(Bucket=datasets, Key=f"teams/{team}/up/part"))
+    # Reading another team's job: prod's queued jobs are named by Batch, so engineers read training
+    # jobs by the team's tag (aws:ResourceTag), which moto's enforcement does not evaluate (it
+    # supplies no resource tags): moto's evaluator judges the deployed policy with the job's tag.
+    policy = deployed.outputs[f"Team{team.capitalize()}EngineerPolicyArn"]
+    their_job = f"arn:aws:sagemaker:{deployed.region}:222222222222:training-job/{theirs}"
+    tagged = {f"aws:ResourceTag/{TEAM_TAG}": other}
+    assert not managed_policy_allows(policy, "sagemaker:DescribeTrainingJob", their_job, tagged)
+    batch_named = f"arn:aws:sagemaker:{deployed.region}:222222222222:training-job/awsbatch{team}0f2a"
+    assert managed_policy_allows(policy, "sagemaker:DescribeTrainingJob", batch_named,
+                                 {f"aws:ResourceTag/{TEAM_TAG}": team})
+    assert not managed_policy_allows(policy, "sagemaker:DescribeTrainingJob", batch_named, tagged)
 
 
 @pytest.mark.parametrize("team", TEAMS)
