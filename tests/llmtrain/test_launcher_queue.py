@@ -32,6 +32,8 @@ from llmtrain.validate import input_problems
 from stacks.platform import PlatformStage
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # a full synth of the stage, then moto
+
 PREFIX = "llmtrain-dev-default"
 URGENT = f"arn:aws:batch:{REGION}:{ACCOUNT}:job-queue/llmtrain-dev-urgent"
 STANDARD = f"arn:aws:batch:{REGION}:{ACCOUNT}:job-queue/llmtrain-dev-standard"
