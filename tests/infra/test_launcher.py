@@ -495,11 +495,11 @@ def test_the_code_asset_loads_the_handlers_with_vendored_packages_and_the_regist
     shutil.copytree(asset, probed, ignore=shutil.ignore_patterns("regex", "regex-*"))
     probe = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); import yaml; "
-        "from llmtrain.handlers import launcher; from llmtrain.catalog import Catalog; "
+        "from llmtrain.handlers import launcher, queue; from llmtrain.catalog import Catalog; "
         "from llmtrain.planner import prices; table = prices.load(); "
         "root = launcher.BUNDLED_TEMPLATES_DIR; "
         "refs = [t.ref for t in Catalog.load(root=root, repo_root=root.parent).all()]; "
-        "print(json.dumps([yaml.__file__, launcher.__file__, prices.__file__, refs]))"
+        "print(json.dumps([yaml.__file__, launcher.__file__, queue.__file__, prices.__file__, refs]))"
     )
     result = subprocess.run(
         [sys.executable, "-I", "-c", probe, str(probed)], capture_output=True, text=True, check=True
