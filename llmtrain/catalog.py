@@ -143,6 +143,18 @@ class Catalog:
         """Every version, by name then version."""
         return [self._templates[(name, v)] for name in self.names() for v in self.versions(name)]
 
+    def enabled_versions(self, names: Iterable[str]) -> list[TemplateSpec]:
+        """Every version of each template in `names` (runs may name an older version), by name then
+        version; TemplateNotFoundError names a template the catalog lacks."""
+        wanted = list(dict.fromkeys(names))
+        for name in wanted:
+            self.versions(name)  # raises, naming the template and what the catalog has
+        return [template for template in self.all() if template.name in set(wanted)]
+
+    def instance_types(self, names: Iterable[str]) -> tuple[str, ...]:
+        """Every instance type any version of the templates in `names` may run on, sorted."""
+        return tuple(sorted({t for spec in self.enabled_versions(names) for t in spec.instance_types}))
+
     # --- hashing and the lock ---------------------------------------------------------------
     def lock_entry(self, spec: TemplateSpec) -> LockEntry:
         spec_digest = spec_hash(spec)

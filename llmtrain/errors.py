@@ -13,6 +13,11 @@ class LlmtrainError(Exception):
     """Base class: bad input or state that the user can fix (the CLI exits 2 on these)."""
 
 
+class LauncherStateError(Exception):
+    """What a launcher function was given is not what it expects (a deployment bug, not bad input):
+    a state from another deployment's state machine, or settings its construct did not write."""
+
+
 class TemplateSpecError(LlmtrainError):
     """A template YAML file is malformed (unknown key, wrong type, inconsistent settings)."""
 

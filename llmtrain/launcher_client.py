@@ -28,7 +28,8 @@ from llmtrain.aws import explain, explained
 from llmtrain.catalog import LATEST, parse_ref
 from llmtrain.deployed import DeployedEnvironment, TeamAccess
 from llmtrain.errors import LlmtrainError, did_you_mean
-from llmtrain.handlers.launcher import final_metrics, run_jobs
+from llmtrain.lifecycle.jobs import run_jobs
+from llmtrain.lifecycle.summaries import final_metrics
 from llmtrain.runs import ExecutionInput
 
 LAUNCHER_STACK_PART = "launcher"

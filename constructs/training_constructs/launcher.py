@@ -23,7 +23,7 @@ An execution's input is `{"template": NAME, "version": SEMVER|"latest", "run_nam
   the rendered request; it waits for the job to end, and stopping the execution stops the job.
   Step Functions cannot splat an object into a task's parameters (JSONPath), so there is one such
   state per request layout: the sets of top-level fields the registered templates render, computed
-  at synth (`llmtrain.handlers.launcher.request_layouts`) and picked by a Choice.
+  at synth (`llmtrain.lifecycle.submission.request_layouts`) and picked by a Choice.
 - NextAttempt classifies a failure; capacity errors are retried with exponential backoff (a new
   job name per attempt, the run's checkpoint prefix shared so the job resumes), then on the
   template's fallback instance types; quota errors fail fast naming the quota and its numbers, or
@@ -39,7 +39,6 @@ to exactly the versions this deployment uploaded; the code itself is at the JobT
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,8 +55,8 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from llmtrain.errors import LlmtrainError
-from llmtrain.handlers import launcher as handlers
-from llmtrain.handlers.quotas import template_instance_types
+from llmtrain.functions import LauncherSettings
+from llmtrain.lifecycle.submission import request_layouts
 from llmtrain.platform import FEATURE_FIELDS, PlatformContext
 from llmtrain.render import TAG_PREFIX, RunInput, render
 from training_constructs._functions import logged_function
@@ -148,7 +147,7 @@ class TrainingLauncher(Construct):
     ``resolve_function``, ``next_attempt_function``, ``summarize_function``, ``functions`` (by
     step), ``log_group`` (the state machine's), ``function_log_groups``, ``train_states`` (by
     layout), ``job_templates``, ``team``, ``platform_context`` (what the functions receive, with
-    tokens), ``props``.
+    tokens), ``settings`` (the functions' ``llmtrain.functions.LauncherSettings``), ``props``.
     """
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingLauncherProps) -> None:
@@ -162,7 +161,7 @@ class TrainingLauncher(Construct):
         # The environment's optional features (EnvironmentConfig.platform_features: package
         # repository, MLflow, training plans, remote debugging), the same for every team.
         features = props.platform_features
-        self.request_layouts = handlers.request_layouts([_synth_render(t, props) for t in self.job_templates])
+        self.request_layouts = request_layouts([_synth_render(t, props) for t in self.job_templates])
         storage, network = props.storage, props.network
         self.platform_context = {
             "environment": props.environment_name,
@@ -186,6 +185,10 @@ class TrainingLauncher(Construct):
             "run_budget_usd": team.max_run_cost_usd,
             **features,
         }
+        # What the functions read from their environment (the record writes the variables).
+        self.settings = LauncherSettings(
+            platform_context=self.platform_context, request_layouts=self.request_layouts
+        )
         notifications = encrypted_topic(
             self,
             display_name=f"LLM training runs ({props.environment_name}, team {team.name})",
@@ -251,16 +254,13 @@ class TrainingLauncher(Construct):
             self,
             construct_id,
             code=code,
-            handler=f"llmtrain.handlers.launcher.{handler}",
+            handler=LauncherSettings.HANDLERS[handler],
             description=f"Launcher: {description}",
             runtime=LAMBDA_RUNTIME,
             architecture=LAMBDA_ARCHITECTURE,
             memory_size=512,
             timeout=Duration.minutes(1),
-            environment={
-                handlers.ENV_PLATFORM_CONTEXT: self.stack.to_json_string(self.platform_context),
-                handlers.ENV_REQUEST_LAYOUTS: json.dumps(self.request_layouts, separators=(",", ":")),
-            },
+            environment=self.settings.to_environment(json_text=self.stack.to_json_string),
             log_retention=self._log_retention,
             log_encryption_key=self.encryption_key,
         )
@@ -599,7 +599,7 @@ def _validate_team_templates(job_templates: Sequence[JobTemplate], team: TeamSpe
         f"{outside} are not among team {team.name!r}'s templates {list(team.templates)}",
     )
     for template in job_templates:
-        types = template_instance_types([template.spec])
+        types = template.spec.instance_types
         require(
             bool(set(types) & set(team.instance_types)),
             _NAME,
