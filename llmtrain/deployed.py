@@ -27,8 +27,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from llmtrain.aws import ENGINEER_POLICY_HINT
-from llmtrain.errors import LlmtrainError, PlatformContextError, did_you_mean
+from llmtrain.errors import ENGINEER_POLICY_HINT, LlmtrainError, PlatformContextError, did_you_mean
 from llmtrain.platform import ENVIRONMENT_NAME_PATTERN, TEAM_NAME_PATTERN, PlatformContext
 
 SCHEMA_VERSION = 1

@@ -8,6 +8,12 @@ from __future__ import annotations
 
 import difflib
 
+# What an AWS refusal of an ML engineer's call means (the CLI's messages and the record's reader).
+ENGINEER_POLICY_HINT = (
+    "ML engineers need their team's engineers' policy (output Team<Name>EngineerPolicyArn of the access "
+    "stack)"
+)
+
 
 class LlmtrainError(Exception):
     """Base class: bad input or state that the user can fix (the CLI exits 2 on these)."""
