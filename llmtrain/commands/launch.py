@@ -10,7 +10,9 @@
 several teams asks for it). `start` checks the run in two rounds before it starts anything. First
 on this machine, without AWS credentials: the template and version exist, every override is one
 the template allows and within its bounds, and the request renders and validates (exit 2 and what
-to fix, with "did you mean" for a misspelled name). Then against the deployed environment, read
+to fix, with "did you mean" for a misspelled name). A template of a team's own catalog, which this
+llmtrain does not ship, is found in the deployed environment's record (read first, then checked the
+same way). Then against the deployed environment, read
 from AWS (llmtrain.deployed): the template is enabled, the request renders with the team's platform
 context (its templates, instance types and count, channels inside its datasets prefix), every
 channel holds data, and the run's plan (llmtrain.planner) fits its GPUs (unless --skip-plan-check)
@@ -28,7 +30,7 @@ import sys
 import time
 from collections.abc import Mapping
 
-from llmtrain.catalog import Catalog
+from llmtrain.catalog import Catalog, parse_ref
 from llmtrain.commands._common import (
     Cloud,
     add_cloud_arguments,
@@ -119,8 +121,14 @@ def _parser(subparsers, name: str, summary: str, description: str) -> argparse.A
 
 def start_command(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
-    template = check_locally(Catalog.load(), args.ref, args.run_name, overrides)
-    cloud = connect(args)
+    packaged = Catalog.load()
+    if parse_ref(args.ref)[0] in packaged.names():
+        template = check_locally(packaged, args.ref, args.run_name, overrides)
+        cloud = connect(args)
+    else:
+        # A team's own template: no catalog here has it; the environment's record carries it.
+        cloud = connect(args)
+        template = check_locally(environment_catalog(cloud, packaged), args.ref, args.run_name, overrides)
     request, plan = check_in_environment(
         cloud, template, args.run_name, overrides, skip_plan_check=args.skip_plan_check
     )
@@ -159,6 +167,13 @@ def start_command(args: argparse.Namespace) -> int:
     status = client.status(args.run_name)
     print(format_status(status, where))
     return 0 if status.execution_status == "SUCCEEDED" else 1
+
+
+def environment_catalog(cloud: Cloud, packaged: Catalog) -> Catalog:
+    """What `start` resolves in: the platform's templates this llmtrain ships and the versions the
+    deployed environment runs from its teams' own catalogs (llmtrain.deployed)."""
+    own = cloud.deployed.own_catalog()
+    return Catalog.of([*packaged.all(), *own.all()], source=f"llmtrain's catalog and {own.source}")
 
 
 def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[str, str]) -> TemplateSpec:
