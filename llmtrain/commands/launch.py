@@ -40,7 +40,7 @@ from llmtrain.commands._common import (
     parse_overrides,
 )
 from llmtrain.datasets import channel_problems
-from llmtrain.errors import LlmtrainError, OverrideError, did_you_mean
+from llmtrain.errors import LlmtrainError, OverrideError, TemplateNotFoundError, did_you_mean
 from llmtrain.launcher_client import FINISHED, LauncherClient, RunStatus, owner_from_identity
 from llmtrain.planner.checks import check_run
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
@@ -127,7 +127,7 @@ def start_command(args: argparse.Namespace) -> int:
         cloud = connect(args)
     else:
         # A team's own template: no catalog here has it; the environment's record carries it.
-        cloud = connect(args)
+        cloud = _connect_for(args, packaged)
         template = check_locally(environment_catalog(cloud, packaged), args.ref, args.run_name, overrides)
     request, plan = check_in_environment(
         cloud, template, args.run_name, overrides, skip_plan_check=args.skip_plan_check
@@ -167,6 +167,22 @@ def start_command(args: argparse.Namespace) -> int:
     status = client.status(args.run_name)
     print(format_status(status, where))
     return 0 if status.execution_status == "SUCCEEDED" else 1
+
+
+def _connect_for(args: argparse.Namespace, packaged: Catalog) -> Cloud:
+    """The deployed environment, to look up a template this llmtrain does not ship; where it cannot be
+    read, the template is unknown here first (a misspelled name gets its "did you mean")."""
+    try:
+        return connect(args)
+    except LlmtrainError as error:
+        try:
+            packaged.versions(parse_ref(args.ref)[0])
+        except TemplateNotFoundError as unknown:
+            raise TemplateNotFoundError(
+                f"{unknown}; nor could the deployed environment, which lists your team's own templates, "
+                f"be read: {error}"
+            ) from error
+        raise
 
 
 def environment_catalog(cloud: Cloud, packaged: Catalog) -> Catalog:
