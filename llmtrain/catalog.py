@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property, total_ordering
@@ -88,11 +89,21 @@ class LockEntry:
 
 
 class Catalog:
-    def __init__(self, templates: Iterable[TemplateSpec], root: Path, repo_root: Path):
+    """Template versions to resolve `name@version|latest` in: a folder (`load`: its YAML files, lock
+    and frozen code) or specs held in memory (`of`: resolution only, no lock and no code)."""
+
+    def __init__(self, templates: Iterable[TemplateSpec], root: Path | None, repo_root: Path | None,
+                 *, source: str | None = None):
         self.root = root
         self.repo_root = repo_root
+        self.source = source or str(root)
         self._templates = {(t.name, t.version): t for t in templates}
         self._code_hashes: dict[object, str] = {}
+
+    @classmethod
+    def of(cls, templates: Iterable[TemplateSpec], *, source: str) -> Catalog:
+        """Specs held in memory (e.g. a deployed environment's record), named by `source`."""
+        return cls(templates, None, None, source=source)
 
     @classmethod
     def load(cls, root: Path | None = None, repo_root: Path | None = None) -> Catalog:
@@ -101,6 +112,24 @@ class Catalog:
         if not folder.is_dir():
             raise TemplateNotFoundError(f"template catalog folder {folder} does not exist")
         return cls((_load_file(path) for path in sorted(folder.glob("*/*.yaml"))), folder, repo)
+
+    @property
+    def is_platform(self) -> bool:
+        """Whether this is the platform's own catalog (the one llmtrain ships), not a team's."""
+        if self.root is None or self.repo_root is None:
+            return False
+        platform = repository_root()
+        return (self.root.resolve(), self.repo_root.resolve()) == (
+            (platform / "templates").resolve(), platform.resolve()
+        )
+
+    def lock_command(self, *options: str) -> str:
+        """The `llmtrain templates lock` command that publishes this catalog's versions (a team's
+        catalog needs its folder and the folder its code paths are relative to)."""
+        words = ["llmtrain", "templates", "lock", *options]
+        if not self.is_platform:
+            words += ["--catalog", str(self.root), "--code-root", str(self.repo_root)]
+        return shlex.join(words)
 
     # --- resolution -------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -143,6 +172,18 @@ class Catalog:
         """Every version, by name then version."""
         return [self._templates[(name, v)] for name in self.names() for v in self.versions(name)]
 
+    def enabled_versions(self, names: Iterable[str]) -> list[TemplateSpec]:
+        """Every version of each template in `names` (runs may name an older version), by name then
+        version; TemplateNotFoundError names a template the catalog lacks."""
+        wanted = list(dict.fromkeys(names))
+        for name in wanted:
+            self.versions(name)  # raises, naming the template and what the catalog has
+        return [template for template in self.all() if template.name in set(wanted)]
+
+    def instance_types(self, names: Iterable[str]) -> tuple[str, ...]:
+        """Every instance type any version of the templates in `names` may run on, sorted."""
+        return tuple(sorted({t for spec in self.enabled_versions(names) for t in spec.instance_types}))
+
     # --- hashing and the lock ---------------------------------------------------------------
     def lock_entry(self, spec: TemplateSpec) -> LockEntry:
         spec_digest = spec_hash(spec)
@@ -154,6 +195,9 @@ class Catalog:
 
     @property
     def lock_path(self) -> Path:
+        if self.root is None:
+            raise LockError(f"the templates of {self.source} have no lock: they were published where they "
+                            "came from")
         return self.root / LOCK_FILE
 
     @cached_property
@@ -171,24 +215,40 @@ class Catalog:
         published = self.published_entry(spec)
         if published is None:
             raise LockError(
-                f"{spec.ref} is not published: run `llmtrain templates lock` to record it in {self.lock_path}"
+                f"{spec.ref} is not published: run `{self.lock_command()}` to record it in {self.lock_path}"
             )
         current = self.lock_entry(spec)
         snapshot = self.snapshot_path(published.code)
         if current.spec != published.spec:
-            raise LockError(_changed_message(spec, published, current, code_frozen=snapshot.is_file()))
+            raise LockError(self._changed_message(spec, published, current, code_frozen=snapshot.is_file()))
         if current.code == published.code:
             if not snapshot.is_file():
                 raise LockError(f"{spec.ref} has no snapshot of its code ({snapshot}): run "
-                                "`llmtrain templates lock` to write it")
+                                f"`{self.lock_command()}` to write it")
             return published
         if not snapshot.is_file():
-            raise LockError(_changed_message(spec, published, current, code_frozen=False) +
+            raise LockError(self._changed_message(spec, published, current, code_frozen=False) +
                             f"; or restore its code snapshot {snapshot}, which is missing")
         if archive_code_hash(snapshot.read_bytes()) != published.code:
             raise LockError(f"{spec.ref}: its code snapshot {snapshot} does not hold the published code; "
                             "restore it from version control")
         return published
+
+    def _changed_message(self, spec: TemplateSpec, published: LockEntry, current: LockEntry, *,
+                         code_frozen: bool) -> str:
+        """What changed; new code in the working tree is no change to a version whose code is frozen."""
+        what = []
+        if published.spec != current.spec:
+            what.append("its YAML")
+        if published.code != current.code and not code_frozen:
+            where = "training_jobs/" if spec.code.is_platform else spec.code.source
+            what.append(f"the code it wraps in {where}")
+        folder = f"templates/{spec.name}" if self.is_platform else str(self.root / spec.name)
+        return (
+            f"{spec.ref} was published and has changed since: {' and '.join(what) or 'its content'} "
+            f"changed. Published versions are immutable: restore it and publish the change as a new "
+            f"version ({folder}/<new semver>.yaml), then run `{self.lock_command()}`"
+        )
 
     # --- the code of a version ------------------------------------------------------------------
     def snapshot_path(self, code_digest: str) -> Path:
@@ -274,22 +334,6 @@ def spec_hash(spec: TemplateSpec) -> str:
     """Hash of the template's data, insensitive to YAML formatting and comments."""
     canonical = json.dumps(spec.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _changed_message(spec: TemplateSpec, published: LockEntry, current: LockEntry, *,
-                     code_frozen: bool) -> str:
-    """What changed; new code in the working tree is no change to a version whose code is frozen."""
-    what = []
-    if published.spec != current.spec:
-        what.append("its YAML")
-    if published.code != current.code and not code_frozen:
-        where = "training_jobs/" if spec.code.is_platform else spec.code.source
-        what.append(f"the code it wraps in {where}")
-    return (
-        f"{spec.ref} was published and has changed since: {' and '.join(what) or 'its content'} changed. "
-        f"Published versions are immutable: restore it and publish the change as a new version "
-        f"(templates/{spec.name}/<new semver>.yaml), then run `llmtrain templates lock`"
-    )
 
 
 def read_lock(path: Path) -> dict[str, dict[str, LockEntry]]:

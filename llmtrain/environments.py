@@ -32,6 +32,7 @@ from llmtrain.platform import (
     JOB_NAME_PREFIX_PATTERN,
     MAX_JOB_NAME_PREFIX,
     MAX_KEEP_ALIVE_SECONDS,
+    MLFLOW_SIZES,
     PREFIX_LIST_ID_PATTERN,
     REGION_PATTERN,
     ROUTE_TABLE_ID_PATTERN,
@@ -184,7 +185,6 @@ class NotificationConfig:
 
 
 PACKAGE_SOURCES = ("codeartifact", "pypi")
-MLFLOW_SIZES = ("Small", "Medium", "Large")
 
 
 @dataclass(frozen=True, kw_only=True)

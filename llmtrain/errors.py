@@ -8,9 +8,20 @@ from __future__ import annotations
 
 import difflib
 
+# What an AWS refusal of an ML engineer's call means (the CLI's messages and the record's reader).
+ENGINEER_POLICY_HINT = (
+    "ML engineers need their team's engineers' policy (output Team<Name>EngineerPolicyArn of the access "
+    "stack)"
+)
+
 
 class LlmtrainError(Exception):
     """Base class: bad input or state that the user can fix (the CLI exits 2 on these)."""
+
+
+class LauncherStateError(Exception):
+    """What a launcher function was given is not what it expects (a deployment bug, not bad input):
+    a state from another deployment's state machine, or settings its construct did not write."""
 
 
 class TemplateSpecError(LlmtrainError):

@@ -442,6 +442,16 @@ class TemplateSpec:
     def ref(self) -> str:
         return f"{self.name}@{self.version}"
 
+    @property
+    def instance_types(self) -> tuple[str, ...]:
+        """Every instance type this version may run on, sorted: its own, its capacity fallbacks, and
+        the choices a run may pick when it lets runs override `instance_type`."""
+        found = {self.compute.instance_type, *self.retry.fallback_instance_types}
+        rule = self.overridable.get("instance_type")
+        if rule is not None and rule.choices:
+            found.update(str(choice) for choice in rule.choices)
+        return tuple(sorted(found))
+
     def to_dict(self) -> dict[str, Any]:
         """The template as data (round-trips through `from_dict`)."""
         return copy.deepcopy(dict(self.source_data))

@@ -30,7 +30,13 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from llmtrain.commands._common import add_cloud_arguments, connect, follow_up_options, print_table
+from llmtrain.commands._common import (
+    add_cloud_arguments,
+    connect,
+    follow_up_options,
+    print_table,
+    require_extra,
+)
 from llmtrain.datasets import (
     channel_suggestions,
     check_dataset_name,
@@ -102,6 +108,10 @@ def register(subparsers) -> None:
 class _PrepareHelp(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         print(parser.format_usage())
+        try:
+            require_extra("data", "llmtrain data prepare")
+        except LlmtrainError as error:
+            parser.exit(2, f"llmtrain data prepare: error: {error}\n")
         print(
             f"Runs the training program's prepare_data; --tokenizer defaults to the platform's tiny demo "
             f"tokenizer ({TINY_TOKENIZER}). Its options:\n",
@@ -114,6 +124,7 @@ class _PrepareHelp(argparse.Action):
 
 
 def prepare_command(args: argparse.Namespace) -> int:
+    require_extra("data", "llmtrain data prepare")
     tokenizer = args.tokenizer
     if tokenizer is None:
         tokenizer = str(repository_root() / TINY_TOKENIZER)

@@ -33,7 +33,7 @@ from moto_cloudformation import deploy_stage, iam_enforced
 
 from llmtrain.catalog import Catalog
 from llmtrain.cli import main
-from llmtrain.handlers.launcher import ENV_PLATFORM_CONTEXT
+from llmtrain.functions import ENV_PLATFORM_CONTEXT
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, render
 from training_constructs.teams import TEAM_TAG

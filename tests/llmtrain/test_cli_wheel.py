@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from importlib import metadata
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from wheel_install import LLMTRAIN_SOURCES, build_wheel, install
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # What the user installs besides the wheel for `run --local` (README, "Install the CLI").
 LOCAL_RUN_EXTRAS = ("torch", *(ROOT / "training_jobs" / "requirements.txt").read_text().splitlines())
 
@@ -61,7 +62,7 @@ def test_the_installed_cli_works_from_an_empty_folder(installed, tmp_path):
     version = _llmtrain(installed, work, "--version")
     assert (
         version.returncode == 0
-        and version.stdout.strip() == f"llmtrain {metadata.version('llm-sagemaker-platform')}"
+        and version.stdout.strip() == f"llmtrain {PROJECT['version']}"  # the wheel's, from pyproject.toml
     )
 
     listing = _llmtrain(installed, work, "templates")

@@ -203,7 +203,6 @@ def test_a_record_from_a_newer_platform_asks_for_an_upgrade(capsys, launcher):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["gpt2-dp"], "unknown template 'gpt2-dp' (did you mean 'gpt2-ddp'?)"),
         (["gpt2-ddp@1.1.1"], f"has no version '1.1.1'; available: {GPT2_VERSIONS}"),
         (
             ["gpt2-ddp", "--set", "max_step=5"],
@@ -220,6 +219,17 @@ def test_start_refuses_bad_input_before_any_aws_call(capsys, monkeypatch, tmp_pa
     assert code == 2 and out == ""
     assert message in err
     assert "credentials" not in err
+
+
+def test_a_template_llmtrain_does_not_ship_is_looked_up_in_the_environment(capsys, monkeypatch, tmp_path):
+    """It may be a team's own (the environment's record carries those); where the record cannot be
+    read, the name is unknown here first, with its "did you mean", then why AWS could not tell."""
+    _no_credentials(monkeypatch, tmp_path)
+    code, out, err = llmtrain(capsys, "start", "gpt2-dp", "--run-name", "r1")
+    assert code == 2 and out == ""
+    assert err.startswith("llmtrain start: error: unknown template 'gpt2-dp' (did you mean 'gpt2-ddp'?)")
+    assert "nor could the deployed environment, which lists your team's own templates, be read" in err
+    assert "credentials" in err
 
 
 def test_start_sends_the_run_as_execution_run_1(capsys, launcher):

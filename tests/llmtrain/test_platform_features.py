@@ -12,8 +12,10 @@ from templates_support import REPO_ROOT, catalog, platform_context
 
 from llmtrain.environments import load_environment, parse_environment
 from llmtrain.errors import OverrideError, RequestValidationError, TemplateSpecError
-from llmtrain.handlers.launcher import classify_failure, plan_next_attempt
 from llmtrain.images import PROGRAM_MIN_TORCH
+from llmtrain.lifecycle.failures import classify_failure
+from llmtrain.lifecycle.retries import plan_next_attempt
+from llmtrain.lifecycle.submission import TrainingJobSubmission
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, render
 from llmtrain.runs import RunState
@@ -158,14 +160,15 @@ def test_the_launcher_does_not_retry_a_plan_job_elsewhere():
     job = {"TrainingJobStatus": "Failed", "TrainingJobName": request["TrainingJobName"],
            "FailureReason": "CapacityError: Unable to provision requested ML compute capacity"}
     caught = {"Error": "States.TaskFailed", "Cause": json.dumps(job)}
-    decision = plan_next_attempt(template, run, request, caught, FEATURES, {"all": list(request)})
+    decision = plan_next_attempt(template, run, request, caught, FEATURES,
+                                 TrainingJobSubmission({"all": list(request)}))
     assert decision["decision"] == "fail"
     assert decision["summary"]["error"] == "TrainingPlanCapacityUnavailable"
     assert "llmtrain plans" in decision["summary"]["advice"]
     # Without a plan the same failure is retried with backoff.
     plain = _render("llama-pretrain-fsdp@1.2.0")
     retry = plan_next_attempt(template, run.replace(overrides={}), plain, caught, FEATURES,
-                              {"all": list(plain)})
+                              TrainingJobSubmission({"all": list(plain)}))
     assert retry["decision"] == "retry"
 
 
