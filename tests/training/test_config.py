@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from training_jobs.trainer.config import (
+from training_jobs.contract.hyperparameters import (
     ConfigError,
     ParallelConfig,
     from_hyperparameters,
@@ -16,7 +16,7 @@ from training_jobs.trainer.config import (
     parse_command_line,
     profile_window,
 )
-from training_jobs.trainer.parallel_dims import ParallelDims
+from training_jobs.contract.parallel_dims import ParallelDims
 
 REPO = Path(__file__).resolve().parents[2]
 

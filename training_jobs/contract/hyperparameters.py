@@ -1,13 +1,14 @@
 """Typed configuration of the training program: the hyperparameter contract.
 
 Every hyperparameter a job template may set is a field of one of the frozen dataclasses below,
-under its contract name; docs/architecture.md keeps a summary table in step with this file and
-docs/training.md documents every field. Values arrive as JSON values (SM_HPS, decoded by the
-SageMaker training toolkit) or as strings (command-line flags); both are validated up front so that
-a bad hyperparameter stops the job before any expensive work, with a message naming it.
+under its contract name, with its type, default, bounds and help; docs/training.md's tables are
+generated from them (`python -m training_jobs.contract.docs`). Values arrive as JSON values (SM_HPS,
+decoded by the SageMaker training toolkit) or as strings (command-line flags); both are validated up
+front so that a bad hyperparameter stops the job before any expensive work, with a message naming it.
 
-This module imports nothing heavy (no torch) so that a bad configuration fails in well under a
-second, on every rank identically.
+This module imports only the standard library (no torch): the program checks a configuration in
+well under a second, on every rank identically, and the platform (llmtrain) checks a run with the
+same rules before it creates a job.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from .errors import ConfigError
+from .presets import MODEL_PRESETS
 
 __all__ = ["ConfigError", "TrainConfig", "from_hyperparameters"]
 
@@ -33,10 +35,6 @@ def _hp(default: Any, help: str, *, minimum: float | None = None, maximum: float
     return field(default=default, metadata=metadata)
 
 
-MODEL_PRESETS = ("llama-tiny", "llama-20m", "llama-1b", "llama-7b", "llama-13b", "llama-70b",
-                 "llama3-8b", "llama3-70b", "llama3-405b",
-                 "gpt2-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
-
 Parallelism = Literal["single", "ddp", "fsdp", "deepspeed", "smp"]
 FsdpSharding = Literal["full", "hybrid", "grad_op"]
 MixedPrecision = Literal["bf16", "fp16", "fp32"]
@@ -47,8 +45,13 @@ Attention = Literal["auto", "sdpa", "eager"]
 CompileMode = Literal["auto", "default", "cuda_graphs"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
 CollectiveBackend = Literal["nccl", "smddp"]
+PARALLELISMS: tuple[str, ...] = get_args(Parallelism)
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 # Schedules that run several stages per rank (the others run exactly one).
 MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "zero_bubble")
+# The parallelisms QLoRA trains with: bitsandbytes' packed 4-bit weights do not shard (FSDP,
+# DeepSpeed ZeRO-3, SMP).
+QUANTIZED_PARALLELISMS = ("single", "ddp")
 
 
 @dataclass(frozen=True)
@@ -475,11 +478,14 @@ def _validate_parallel(par: ParallelConfig) -> None:
                                     "bf16)")
 
 
+def default_stages_per_rank(schedule: str) -> int:
+    """1 for gpipe and 1f1b, 2 for the interleaved schedules."""
+    return 2 if schedule in MULTI_STAGE_SCHEDULES else 1
+
+
 def pipeline_stages_per_rank(par: ParallelConfig) -> int:
     """Stages per pipeline rank: the setting, or 1 (gpipe, 1f1b) / 2 (interleaved schedules)."""
-    if par.pipeline_stages_per_rank:
-        return par.pipeline_stages_per_rank
-    return 2 if par.pipeline_schedule in MULTI_STAGE_SCHEDULES else 1
+    return par.pipeline_stages_per_rank or default_stages_per_rank(par.pipeline_schedule)
 
 
 def pipeline_split(text: str) -> tuple[int, ...]:
