@@ -18,7 +18,9 @@ from pathlib import Path
 import yaml
 
 from llmtrain.errors import LockError, TemplateNotFoundError, TemplateSpecError, did_you_mean
+from llmtrain.program_contract import ProgramContract, archive_contract, folder_contract
 from llmtrain.sourcedir import (
+    PLATFORM_PACKAGE,
     SNAPSHOT_FOLDER,
     archive_code_hash,
     code_hash,
@@ -201,6 +203,17 @@ class Catalog:
         if self.published_entry(spec) is not None:
             return self.snapshot_path(self.verify(spec).code).read_bytes()
         return package_code(spec.code, self.repo_root)
+
+    def program_contract(self, spec: TemplateSpec) -> ProgramContract | None:
+        """The training program's contract of the code `spec` runs (what `render` checks a run's
+        hyperparameters with): its frozen snapshot's once published, else the working tree's; None
+        for a template that runs its own code."""
+        if not spec.code.is_platform:
+            return None
+        published = self.published_entry(spec)
+        if published is not None and self.snapshot_path(published.code).is_file():
+            return archive_contract(self.snapshot_path(published.code).read_bytes(), published.code)
+        return folder_contract(self.repo_root / PLATFORM_PACKAGE)
 
     def check_lock(self) -> None:
         """Every version published and unchanged, and no published version deleted."""

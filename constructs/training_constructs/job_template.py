@@ -2,8 +2,9 @@
 
 At synth it resolves `name@version` in the catalog, checks that the version is published and
 unchanged (templates/catalog.lock), renders it once with a dry-run platform context so an invalid
-template (multi-node on a non-EFA type, degrees that do not divide the world size, a warm pool over
-the cap, bad names) fails the synth with the reason, builds the deterministic `sourcedir.tar.gz`
+template (multi-node on a non-EFA type, a hyperparameter the training program of its frozen code
+refuses, degrees that do not divide the world size, a warm pool over the cap, bad names) fails the
+synth with the reason, builds the deterministic `sourcedir.tar.gz`
 with llmtrain.sourcedir and uploads it to `templates/<name>/<version>/sourcedir.tar.gz`.
 
 It exposes what the launcher needs to register and resolve the version: `spec` (the template as
@@ -137,7 +138,8 @@ def _validate_defaults(spec: TemplateSpec, catalog: Catalog, warm_pool_cap_secon
         resource_prefix="synth",
         warm_pool_cap_seconds=warm_pool_cap_seconds,
     )
-    render(spec, RunInput(run_name="synth-check"), platform)
+    # The training program's own rules, of the code the version runs (its frozen code's).
+    render(spec, RunInput(run_name="synth-check"), platform, catalog.program_contract(spec))
 
 
 def _build_sourcedir(spec: TemplateSpec, catalog: Catalog) -> Path:

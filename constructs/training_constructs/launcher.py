@@ -635,7 +635,8 @@ def _synth_render(template: JobTemplate, props: TrainingLauncherProps) -> dict:
         **props.platform_features,
     )
     try:
-        return render(template.spec, RunInput(run_name="synth-check"), platform)
+        program = template.catalog.program_contract(template.spec)
+        return render(template.spec, RunInput(run_name="synth-check"), platform, program)
     except LlmtrainError as error:
         raise PropsError(
             f"{_NAME}(job_templates=...): {template.spec.ref} cannot run with its defaults for team "

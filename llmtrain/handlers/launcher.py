@@ -389,7 +389,8 @@ def _render(
     run_input = RunInput(
         run_name=run_name, overrides=overrides, attempt=attempt, instance_type=instance_type, owner=owner
     )
-    return render(template, run_input, platform)
+    # The training program's rules of the code this version runs (its frozen code's, bundled).
+    return render(template, run_input, platform, _catalog().program_contract(template))
 
 
 def _render_attempt(template: TemplateSpec, run: RunState, platform: PlatformContext) -> dict:

@@ -72,6 +72,8 @@ class ParallelDims:
                            f"pipeline_parallel_degree x tensor_parallel_degree ({pp} x {tp}) dividing "
                            f"the world size {world_size}")
         data_parallel = world_size // (pp * tp)
+        if par.parallelism == "smp":
+            return cls._smp(par, data_parallel, tp)
         if par.parallelism in ("single", "ddp", "deepspeed"):
             _expect_degree("shard_degree", par.shard_degree, (0, 1, data_parallel))
             return cls(pipeline=pp, replicate=data_parallel, shard=1, tensor=tp)
@@ -81,6 +83,17 @@ class ParallelDims:
                               f"replicate_degree ({replicate}) x shard_degree ({shard}) x "
                               f"tensor_parallel_degree ({tp}) must equal the world size {world_size}")
         return cls(pipeline=pp, replicate=replicate, shard=shard, tensor=tp)
+
+    @classmethod
+    def _smp(cls, par: ParallelConfig, data_parallel: int, tp: int) -> ParallelDims:
+        """SMP v2 shards over groups of shard_degree ranks (its hybrid_shard_degree) and replicates
+        across the groups inside its own FSDP; every rank but the tensor-parallel ones sees its own
+        data (strategies/smp.py)."""
+        if par.shard_degree and data_parallel % par.shard_degree:
+            raise _invalid("shard_degree", par.shard_degree,
+                           f"a divisor of world size / tensor_parallel_degree = {data_parallel} (SMP's "
+                           "hybrid_shard_degree)")
+        return cls(pipeline=1, replicate=1, shard=data_parallel, tensor=tp)
 
     def check_resume(self, saved: dict, *, reshards: bool) -> None:
         """A checkpoint may be resumed on another data-parallel size where the strategy's
