@@ -195,7 +195,7 @@ class Catalog:
     # --- the code of a version ------------------------------------------------------------------
     def snapshot_path(self, code_digest: str) -> Path:
         """Where the code with this hash is frozen when a version wrapping it is published."""
-        return self.root / SNAPSHOT_FOLDER / f"{code_digest.removeprefix('sha256:')}.tar.gz"
+        return self.root / snapshot_name(code_digest)
 
     def sourcedir(self, spec: TemplateSpec) -> bytes:
         """The code archive a version runs: its snapshot once published (identical to the working
@@ -318,7 +318,17 @@ def read_lock(path: Path) -> dict[str, dict[str, LockEntry]]:
         raise LockError(f"{path} is malformed ({exc}); restore it from version control") from exc
 
 
+def snapshot_name(code_digest: str) -> str:
+    """The frozen code's path in a catalog folder: `_code/<code hash>.tar.gz`."""
+    return f"{SNAPSHOT_FOLDER}/{code_digest.removeprefix('sha256:')}.tar.gz"
+
+
 def write_lock(path: Path, lock: dict[str, dict[str, LockEntry]]) -> None:
+    path.write_text(lock_text(lock))
+
+
+def lock_text(lock: dict[str, dict[str, LockEntry]]) -> str:
+    """The lock file's content (JSON, versions in semver order)."""
     data = {
         "about": "Content hashes of published template versions. Written by `llmtrain templates lock`; "
         "never edit a published entry: publish a new version instead.",
@@ -327,4 +337,4 @@ def write_lock(path: Path, lock: dict[str, dict[str, LockEntry]]) -> None:
             for name in sorted(lock)
         },
     }
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    return json.dumps(data, indent=2) + "\n"

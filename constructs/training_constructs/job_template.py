@@ -22,7 +22,7 @@ from aws_cdk import Stack
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
-from llmtrain.catalog import Catalog
+from llmtrain.catalog import Catalog, LockEntry
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, code_key, render
 from llmtrain.sourcedir import SOURCEDIR_NAME
@@ -75,9 +75,10 @@ class JobTemplateProps:
 class JobTemplate(Construct):
     """One published template version, uploaded and ready for the launcher's registry.
 
-    Attributes: ``spec`` (the version as data), ``catalog``, ``content_hash``, ``code_key``,
-    ``code_bucket``, ``code_s3_uri``, ``sourcedir_path``, ``deployment`` (the upload), ``name``,
-    ``version``, ``registry_entry``, ``props``.
+    Attributes: ``spec`` (the version as data), ``catalog``, ``lock_entry`` (its entry in the
+    catalog's lock: content, spec and code hashes), ``content_hash``, ``code_key``, ``code_bucket``,
+    ``code_s3_uri``, ``sourcedir_path`` (the frozen code uploaded), ``deployment`` (the upload),
+    ``name``, ``version``, ``registry_entry``, ``props``.
     """
 
     def __init__(self, scope: Construct, construct_id: str, props: JobTemplateProps) -> None:
@@ -85,7 +86,8 @@ class JobTemplate(Construct):
         self.props = checked_props(_NAME, props, JobTemplateProps)
         self.catalog = props.catalog or Catalog.load()
         self.spec: TemplateSpec = self.catalog.resolve(props.template)
-        self.content_hash: str = self.catalog.verify(self.spec).content
+        self.lock_entry: LockEntry = self.catalog.verify(self.spec)
+        self.content_hash: str = self.lock_entry.content
         _validate_defaults(self.spec, self.catalog, props.warm_pool_cap_seconds)
 
         code_bucket, data_key = props.storage.code_bucket, props.storage.data_key
