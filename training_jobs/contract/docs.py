@@ -59,7 +59,8 @@ def hyperparameter_tables() -> str:
     fields = hyperparameter_fields()
     parts = []
     for title, groups in SECTIONS:
-        rows = [f"### {title}", "", "| name | type | default | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
+        rows = [f"### {title}", "", "| name | type | default | allowed | meaning |",
+                "| --- | --- | --- | --- | --- |"]
         for name, (group, field, hint) in fields.items():
             if group in groups:
                 meaning = field.metadata["help"].replace("|", "\\|")
