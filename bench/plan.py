@@ -34,6 +34,7 @@ from llmtrain.planner.workload import (
     workload_and_layout,
     workload_from_hyperparameters,
 )
+from training_jobs.contract.parallel_dims import ParallelDims
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "bench" / "workers" / "plan_memory.py"
@@ -308,7 +309,7 @@ def torchtitan_workload(run: PublishedRun) -> tuple[Workload, Layout, speed.Clus
     )
     work = replace(work, selective_recompute=torchtitan_selective_recompute(work))
     nodes = run.gpus // TORCHTITAN_HARDWARE.gpus
-    layout = Layout("fsdp", nodes, TORCHTITAN_HARDWARE.gpus, replicate=1, shard=run.gpus, tensor=1)
+    layout = Layout("fsdp", nodes, TORCHTITAN_HARDWARE.gpus, ParallelDims(1, 1, run.gpus, 1))
     return work, layout, speed.Cluster.of(TORCHTITAN_HARDWARE, nodes)
 
 

@@ -19,7 +19,9 @@ from pathlib import Path
 import yaml
 
 from llmtrain.errors import LockError, TemplateNotFoundError, TemplateSpecError, did_you_mean
+from llmtrain.program_contract import ProgramContract, archive_contract, folder_contract
 from llmtrain.sourcedir import (
+    PLATFORM_PACKAGE,
     SNAPSHOT_FOLDER,
     archive_code_hash,
     code_hash,
@@ -253,7 +255,7 @@ class Catalog:
     # --- the code of a version ------------------------------------------------------------------
     def snapshot_path(self, code_digest: str) -> Path:
         """Where the code with this hash is frozen when a version wrapping it is published."""
-        return self.root / SNAPSHOT_FOLDER / f"{code_digest.removeprefix('sha256:')}.tar.gz"
+        return self.root / snapshot_name(code_digest)
 
     def sourcedir(self, spec: TemplateSpec) -> bytes:
         """The code archive a version runs: its snapshot once published (identical to the working
@@ -261,6 +263,17 @@ class Catalog:
         if self.published_entry(spec) is not None:
             return self.snapshot_path(self.verify(spec).code).read_bytes()
         return package_code(spec.code, self.repo_root)
+
+    def program_contract(self, spec: TemplateSpec) -> ProgramContract | None:
+        """The training program's contract of the code `spec` runs (what `render` checks a run's
+        hyperparameters with): its frozen snapshot's once published, else the working tree's; None
+        for a template that runs its own code."""
+        if not spec.code.is_platform:
+            return None
+        published = self.published_entry(spec)
+        if published is not None and self.snapshot_path(published.code).is_file():
+            return archive_contract(self.snapshot_path(published.code).read_bytes(), published.code)
+        return folder_contract(self.repo_root / PLATFORM_PACKAGE)
 
     def check_lock(self) -> None:
         """Every version published and unchanged, and no published version deleted."""
@@ -349,7 +362,17 @@ def read_lock(path: Path) -> dict[str, dict[str, LockEntry]]:
         raise LockError(f"{path} is malformed ({exc}); restore it from version control") from exc
 
 
+def snapshot_name(code_digest: str) -> str:
+    """The frozen code's path in a catalog folder: `_code/<code hash>.tar.gz`."""
+    return f"{SNAPSHOT_FOLDER}/{code_digest.removeprefix('sha256:')}.tar.gz"
+
+
 def write_lock(path: Path, lock: dict[str, dict[str, LockEntry]]) -> None:
+    path.write_text(lock_text(lock))
+
+
+def lock_text(lock: dict[str, dict[str, LockEntry]]) -> str:
+    """The lock file's content (JSON, versions in semver order)."""
     data = {
         "about": "Content hashes of published template versions. Written by `llmtrain templates lock`; "
         "never edit a published entry: publish a new version instead.",
@@ -358,4 +381,4 @@ def write_lock(path: Path, lock: dict[str, dict[str, LockEntry]]) -> None:
             for name in sorted(lock)
         },
     }
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    return json.dumps(data, indent=2) + "\n"

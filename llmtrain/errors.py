@@ -77,6 +77,16 @@ class RequestValidationError(LlmtrainError):
         super().__init__(f"the training job request is invalid:\n{listing}")
 
 
+class ProgramSettingError(LlmtrainError):
+    """A run's hyperparameters break the training program's own rules (an unknown name, a wrong type,
+    a value out of bounds, a combination it refuses, degrees that do not fit the cluster); the
+    message is the program's."""
+
+    def __init__(self, problem: str):
+        super().__init__(f"the training program refuses this run: {problem}")
+        self.problem = problem
+
+
 class LockError(LlmtrainError):
     """A published template version no longer matches the content hash in the catalog lock."""
 

@@ -49,11 +49,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.utils.checkpoint as torch_checkpoint  # noqa: E402
 
-from training_jobs.trainer.config import from_hyperparameters  # noqa: E402
+from training_jobs.contract.hyperparameters import from_hyperparameters  # noqa: E402
+from training_jobs.contract.parallel_dims import resolve_cluster  # noqa: E402
 from training_jobs.trainer.loop import train_step  # noqa: E402
 from training_jobs.trainer.models import load_tokenizer, model_source  # noqa: E402
 from training_jobs.trainer.parallel import init_distributed  # noqa: E402
-from training_jobs.trainer.parallel_dims import ParallelDims, with_global_batch  # noqa: E402
 from training_jobs.trainer.strategies import SetupContext, build_strategy  # noqa: E402
 
 PARTS = ("parameters", "gradients", "optimizer", "activations")
@@ -450,8 +450,7 @@ def measure(hyperparameters: dict, tokenizer) -> dict[str, int]:
     config = from_hyperparameters(hyperparameters)
     device = torch.device("cpu")
     source = model_source(config.model, None, tokenizer, config.data.seq_len, "sdpa")
-    dims = ParallelDims.resolve(config.parallel, dist.get_world_size(), 1)  # as the job resolves them
-    config = with_global_batch(config, dims)
+    config, dims = resolve_cluster(config, dist.get_world_size(), 1)  # as the job resolves them
     strategy = build_strategy(SetupContext(config, source, device, dims))
     try:
         generator = torch.Generator().manual_seed(dist.get_rank())

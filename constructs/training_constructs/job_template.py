@@ -2,8 +2,9 @@
 
 At synth it resolves `name@version` in the catalog, checks that the version is published and
 unchanged (templates/catalog.lock), renders it once with a dry-run platform context so an invalid
-template (multi-node on a non-EFA type, degrees that do not divide the world size, a warm pool over
-the cap, bad names) fails the synth with the reason, builds the deterministic `sourcedir.tar.gz`
+template (multi-node on a non-EFA type, a hyperparameter the training program of its frozen code
+refuses, degrees that do not divide the world size, a warm pool over the cap, bad names) fails the
+synth with the reason, builds the deterministic `sourcedir.tar.gz`
 with llmtrain.sourcedir and uploads it to `templates/<name>/<version>/sourcedir.tar.gz`.
 
 It exposes what the launcher needs to register and resolve the version: `spec` (the template as
@@ -21,7 +22,7 @@ from aws_cdk import Stack
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
-from llmtrain.catalog import Catalog
+from llmtrain.catalog import Catalog, LockEntry
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, code_key, render
 from llmtrain.sourcedir import SOURCEDIR_NAME
@@ -74,9 +75,10 @@ class JobTemplateProps:
 class JobTemplate(Construct):
     """One published template version, uploaded and ready for the launcher's registry.
 
-    Attributes: ``spec`` (the version as data), ``catalog``, ``content_hash``, ``code_key``,
-    ``code_bucket``, ``code_s3_uri``, ``sourcedir_path``, ``deployment`` (the upload), ``name``,
-    ``version``, ``registry_entry``, ``props``.
+    Attributes: ``spec`` (the version as data), ``catalog``, ``lock_entry`` (its entry in the
+    catalog's lock: content, spec and code hashes), ``content_hash``, ``code_key``, ``code_bucket``,
+    ``code_s3_uri``, ``sourcedir_path`` (the frozen code uploaded), ``deployment`` (the upload),
+    ``name``, ``version``, ``registry_entry``, ``props``.
     """
 
     def __init__(self, scope: Construct, construct_id: str, props: JobTemplateProps) -> None:
@@ -84,7 +86,8 @@ class JobTemplate(Construct):
         self.props = checked_props(_NAME, props, JobTemplateProps)
         self.catalog = props.catalog or Catalog.load()
         self.spec: TemplateSpec = self.catalog.resolve(props.template)
-        self.content_hash: str = self.catalog.verify(self.spec).content
+        self.lock_entry: LockEntry = self.catalog.verify(self.spec)
+        self.content_hash: str = self.lock_entry.content
         _validate_defaults(self.spec, self.catalog, props.warm_pool_cap_seconds)
 
         code_bucket, data_key = props.storage.code_bucket, props.storage.data_key
@@ -137,7 +140,8 @@ def _validate_defaults(spec: TemplateSpec, catalog: Catalog, warm_pool_cap_secon
         resource_prefix="synth",
         warm_pool_cap_seconds=warm_pool_cap_seconds,
     )
-    render(spec, RunInput(run_name="synth-check"), platform)
+    # The training program's own rules, of the code the version runs (its frozen code's).
+    render(spec, RunInput(run_name="synth-check"), platform, catalog.program_contract(spec))
 
 
 def _build_sourcedir(spec: TemplateSpec, catalog: Catalog) -> Path:

@@ -74,6 +74,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 import llmtrain.queues.policy as queue_policy
+from llmtrain.catalog import LOCK_FILE, LockEntry, lock_text, snapshot_name
 from llmtrain.errors import LlmtrainError
 from llmtrain.functions import LauncherSettings, WatchSettings
 from llmtrain.lifecycle.submission import request_layouts
@@ -666,13 +667,21 @@ def _depend_on(construct: Construct, resources: Sequence[CfnResource]) -> None:
 
 
 def _registry_files(job_templates: Sequence[JobTemplate]) -> dict[str, bytes]:
-    """The registry as the functions see it: one YAML file per template version."""
-    return {
-        f"templates/{t.spec.name}/{t.spec.version}.yaml": yaml.safe_dump(
+    """The registry as the functions see it: one YAML file per template version, with the lock of
+    those versions and their frozen code (templates/catalog.lock, templates/_code/: the archives the
+    JobTemplates upload), so that Resolve checks a run with the training program's contract of the
+    very code the version runs (Catalog.program_contract), not the functions' own."""
+    files = {}
+    lock: dict[str, dict[str, LockEntry]] = {}
+    for t in job_templates:
+        files[f"templates/{t.spec.name}/{t.spec.version}.yaml"] = yaml.safe_dump(
             t.spec.to_dict(), sort_keys=True
         ).encode()
-        for t in job_templates
-    }
+        lock.setdefault(t.spec.name, {})[t.spec.version] = t.lock_entry
+        if t.spec.code.is_platform:
+            files[f"templates/{snapshot_name(t.lock_entry.code)}"] = t.sourcedir_path.read_bytes()
+    files[f"templates/{LOCK_FILE}"] = lock_text(lock).encode()
+    return files
 
 
 def _validate(props: TrainingLauncherProps) -> None:
@@ -761,7 +770,8 @@ def _synth_render(template: JobTemplate, props: TrainingLauncherProps) -> dict:
         **props.platform_features,
     )
     try:
-        return render(template.spec, RunInput(run_name="synth-check"), platform)
+        program = template.catalog.program_contract(template.spec)
+        return render(template.spec, RunInput(run_name="synth-check"), platform, program)
     except LlmtrainError as error:
         raise PropsError(
             f"{_NAME}(job_templates=...): {template.spec.ref} cannot run with its defaults for team "

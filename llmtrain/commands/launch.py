@@ -47,6 +47,7 @@ from llmtrain.launcher_client import FINISHED, LauncherClient, RunStatus, owner_
 from llmtrain.lifecycle.resolve import check_queue_choice
 from llmtrain.planner.checks import check_run
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
+from llmtrain.program_contract import ProgramContract
 from llmtrain.render import RunInput, coerce_override, render
 from llmtrain.runs import ExecutionInput
 from llmtrain.spec import CHANNEL_SETTING_PREFIX, TemplateSpec
@@ -134,19 +135,25 @@ def _parser(subparsers, name: str, summary: str, description: str) -> argparse.A
 
 def start_command(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
-    packaged = Catalog.load()
-    if parse_ref(args.ref)[0] in packaged.names():
-        template = check_locally(packaged, args.ref, args.run_name, overrides)
+    catalog = Catalog.load()
+    if parse_ref(args.ref)[0] in catalog.names():
+        template = check_locally(catalog, args.ref, args.run_name, overrides)
         queue_choice = _queue_choice(template, args)  # before any AWS call
         cloud = connect(args)
     else:
         # A team's own template: no catalog here has it; the environment's record carries it.
-        cloud = _connect_for(args, packaged)
-        template = check_locally(environment_catalog(cloud, packaged), args.ref, args.run_name, overrides)
+        cloud = _connect_for(args, catalog)
+        catalog = environment_catalog(cloud, catalog)
+        template = check_locally(catalog, args.ref, args.run_name, overrides)
         queue_choice = _queue_choice(template, args)
     check_queue_choice(queue_choice, cloud.team.platform)
     request, plan = check_in_environment(
-        cloud, template, args.run_name, overrides, skip_plan_check=args.skip_plan_check
+        cloud,
+        template,
+        args.run_name,
+        overrides,
+        skip_plan_check=args.skip_plan_check,
+        program=catalog.program_contract(template),
     )
     print(plan.get("summary") or f"plan: not available: {plan.get('unavailable')}", file=sys.stderr)
     ref = template.ref  # the version checked here is the version that runs
@@ -239,7 +246,8 @@ def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[
         warm_pool_cap_seconds=MAX_KEEP_ALIVE_SECONDS,
     )
     settings = {k: v for k, v in overrides.items() if not k.startswith(CHANNEL_SETTING_PREFIX)}
-    render(template, RunInput(run_name=run_name, overrides=settings), stand_in)
+    run = RunInput(run_name=run_name, overrides=settings)
+    render(template, run, stand_in, catalog.program_contract(template))
     return template
 
 
@@ -250,11 +258,13 @@ def check_in_environment(
     overrides: Mapping[str, str],
     *,
     skip_plan_check: bool = False,
+    program: ProgramContract | None = None,
 ) -> tuple[dict, dict]:
     """What depends on the deployment: the template enabled, the request rendered with the team's
     platform context (its templates, instance types and count, warm-pool cap, run-name length, channels
     inside its datasets prefix), every channel holding data, and the run's plan: the launcher's own
-    check (fits, within the team's budget). Returns the request and the plan's figures."""
+    check (fits, within the team's budget). `program`: the training program's contract of the code
+    the version runs (Catalog.program_contract). Returns the request and the plan's figures."""
     deployed, team = cloud.deployed, cloud.team
     if template.name not in deployed.enabled_templates:
         raise RunRejected(
@@ -262,7 +272,7 @@ def check_in_environment(
             f"{did_you_mean(template.name, deployed.enabled_templates)}; it offers: "
             f"{', '.join(deployed.enabled_templates)}"
         )
-    request = render(template, RunInput(run_name=run_name, overrides=dict(overrides)), team.platform)
+    request = render(template, RunInput(run_name=run_name, overrides=dict(overrides)), team.platform, program)
     plan = check_run(
         template,
         request,

@@ -59,13 +59,16 @@ def resolve(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
 def next_attempt(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
     settings = LauncherSettings.from_environment(os.environ)
     run, request = _state(event)
+    catalog = registry(settings)
+    template = catalog.get(run.template, run.version)
     return plan_next_attempt(
-        registry(settings).get(run.template, run.version),
+        template,
         run,
         request,
         event.get("failure") or {},
         settings.platform,
         submission(settings),
+        catalog.program_contract(template),
     )
 
 

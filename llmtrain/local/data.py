@@ -2,9 +2,9 @@
 
 The tiny corpus (examples/data/tiny_corpus) is tokenized with the shipped tiny tokenizer
 (training_jobs/assets/tokenizer) by the platform's own `python -m training_jobs.prepare_data`, run as
-a subprocess (llmtrain never imports training_jobs). The shards are cached under the work directory,
-keyed by the content of the corpus, the tokenizer and the preparation code, so a second run reuses
-them and a changed corpus is prepared again.
+a subprocess (llmtrain imports only the program's torch-free contract). The shards are cached under
+the work directory, keyed by the content of the corpus, the tokenizer and the preparation code, so a
+second run reuses them and a changed corpus is prepared again.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from llmtrain.planner import pipeline
 from llmtrain.planner.shapes import ALL_LINEAR, ModelShape, ParameterTensor
 from llmtrain.planner.workload import Layout, Workload
+from training_jobs.contract.stage_split import balanced_split, stage_indices
 
 FP32, LOW = 4, 2
 ADAM_MOMENTS = 2
@@ -614,7 +615,7 @@ def stage_layer_counts(work: Workload, layout: Layout) -> tuple[int, ...]:
     params = work.model.parameters()
     block = sum(p.numel for p in params if p.layer == 0)
     head = work.model.vocab_size * work.model.hidden_size
-    return pipeline.balanced_split(work.model.num_layers, layout.num_stages, head / block)
+    return balanced_split(work.model.num_layers, layout.num_stages, head / block)
 
 
 def pipeline_stages(work: Workload, layout: Layout) -> tuple[pipeline.Stage, ...]:
@@ -623,7 +624,7 @@ def pipeline_stages(work: Workload, layout: Layout) -> tuple[pipeline.Stage, ...
 
 def rank_stages(work: Workload, layout: Layout, rank: int) -> list[pipeline.Stage]:
     stages = pipeline_stages(work, layout)
-    return [stages[i] for i in pipeline.rank_stage_indices(rank, layout.pipeline, layout.stages_per_rank)]
+    return [stages[i] for i in stage_indices(rank, layout.pipeline, layout.stages_per_rank)]
 
 
 def _holds(stage: pipeline.Stage, param: ParameterTensor) -> bool:

@@ -48,7 +48,9 @@ def test_the_installed_cli_works_from_an_empty_folder(installed, tmp_path):
         [
             "python",
             "-c",
-            "import llmtrain, llmtrain.sourcedir as s; print(llmtrain.__file__); print(s.repository_root())",
+            "import importlib.util, llmtrain, llmtrain.sourcedir as s, training_jobs.contract as c; "
+            "print(llmtrain.__file__); print(s.repository_root()); print(c.__file__); "
+            "print(importlib.util.find_spec('training_jobs.trainer'))",
         ],
         cwd=work,
         env=installed,
@@ -58,6 +60,8 @@ def test_the_installed_cli_works_from_an_empty_folder(installed, tmp_path):
     ).stdout.split()
     assert not where[0].startswith(str(ROOT)) and "site-packages" in where[0]
     assert where[1].endswith("site-packages/llmtrain/_bundle")
+    # The training contract is a package of the wheel; the program itself is only in the bundle.
+    assert where[2].endswith("site-packages/training_jobs/contract/__init__.py") and where[3] == "None"
 
     version = _llmtrain(installed, work, "--version")
     assert (

@@ -12,8 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from training_jobs.contract.hyperparameters import (
+    ConfigError,
+    ModelConfig,
+    ParallelConfig,
+    from_hyperparameters,
+)
 from training_jobs.trainer import checkpoint, metrics, models, optim, parallel
-from training_jobs.trainer.config import ConfigError, ModelConfig, ParallelConfig, from_hyperparameters
 from training_jobs.trainer.environment import read_environment
 from training_jobs.trainer.errors import CheckpointError, ContainerError, TrainingError
 from training_jobs.trainer.strategies import smp
@@ -344,8 +349,8 @@ def test_model_channel_without_a_config_is_refused(tokenizer, tmp_path):
 
 
 def test_decoder_layers_are_found_under_peft_and_checkpoint_wrappers(tokenizer):
+    from training_jobs.contract.hyperparameters import LoraConfig
     from training_jobs.trainer import parallel
-    from training_jobs.trainer.config import LoraConfig
     from training_jobs.trainer.lora import apply_lora
 
     source = models.model_source(ModelConfig(model_preset="llama-tiny"), None, tokenizer, 32)

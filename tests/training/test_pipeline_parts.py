@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from training_jobs.contract.hyperparameters import ConfigError, ParallelConfig, from_hyperparameters
+from training_jobs.contract.parallel_dims import ParallelDims, with_global_batch
+from training_jobs.contract.stage_split import balanced_split, stage_indices
 from training_jobs.trainer import parallel
-from training_jobs.trainer.config import ConfigError, ParallelConfig, from_hyperparameters
 from training_jobs.trainer.errors import ContainerError
 from training_jobs.trainer.float8 import apply_float8
-from training_jobs.trainer.parallel_dims import ParallelDims, with_global_batch
 from training_jobs.trainer.stage_model import CausalLMStage, stage_of_parameter
-from training_jobs.trainer.strategies.pipeline import balanced_split, layer_stages, stage_indices
+from training_jobs.trainer.strategies.pipeline import layer_stages
 
 PIPELINE = {"parallelism": "fsdp", "pipeline_parallel_degree": 2, "grad_accum_steps": 4}
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..contract.hyperparameters import TrainConfig
+from ..contract.parallel_dims import reshards_checkpoints, resolve_cluster
 from . import checkpoint, health, tracking
 from .checkpoint import CheckpointStore, StopSignal, Triggers
-from .config import TrainConfig
 from .data import BatchLayout, EvalBatches, TokenSamples, TrainBatches
 from .environment import JobEnvironment
 from .errors import DataError
@@ -26,7 +27,6 @@ from .metrics import (
 )
 from .models import attention_implementation, load_tokenizer, model_source
 from .parallel import COMPUTE_DTYPES
-from .parallel_dims import ParallelDims, with_global_batch
 from .strategies import SetupContext, Strategy, build_strategy
 from .strategies.protocol import ModelSummary
 
@@ -120,8 +120,7 @@ def build(config: TrainConfig, env: JobEnvironment, device: torch.device,
           stop: StopSignal | None = None) -> Job:
     """Tokenizer, model, data and strategy; data channels are checked before the model is built."""
     stop = stop or StopSignal()
-    dims = ParallelDims.resolve(config.parallel, env.world_size, env.num_hosts)
-    config = with_global_batch(config, dims)
+    config, dims = resolve_cluster(config, env.world_size, env.num_hosts)
     if config.logging.preflight_check:
         _preflight(device, env)
     tokenizer, tokenizer_path = load_tokenizer(env.channel("tokenizer"), env.channel("model"))
@@ -157,7 +156,8 @@ def resume(job: Job) -> None:
     state = checkpoint.read_trainer_state(folder)
     checkpoint.check_resumable(state, loop.config.flat())
     saved = state.get("parallel", {})
-    loop.strategy.topology.dims.check_resume(saved, reshards=loop.strategy.reshards_checkpoints)
+    reshards = reshards_checkpoints(loop.config.parallel.parallelism)
+    loop.strategy.topology.dims.check_resume(saved, reshards=reshards)
     loop.store.load(folder, loop.strategy)
     loop.step = int(state["step"])
     loop.train.load_state_dict(state["data"])

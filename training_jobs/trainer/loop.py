@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..contract.hyperparameters import TrainConfig, profile_window
 from .checkpoint import CheckpointStore, Triggers
-from .config import TrainConfig, profile_window
 from .data import EvalBatches, TrainBatches
 from .errors import DivergenceError
 from .metrics import MetricsLogger, log, peak_memory_gb

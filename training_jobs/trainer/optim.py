@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from .config import OptimConfig, TrainConfig
+from ..contract.hyperparameters import OptimConfig, TrainConfig
 
 FUSED_DEVICES = ("cpu", "cuda")
 

@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .config import ParallelConfig, TrainConfig, cuda_graphs_apply
+from ..contract.hyperparameters import ParallelConfig, TrainConfig, cuda_graphs_apply
+from ..contract.parallel_dims import MESH_DIMS, ParallelDims
 from .cpu_collectives import prefetch_forward, use_fast_cpu_collectives
 from .errors import ConfigError, ContainerError
 from .models import decoder_layers
-from .parallel_dims import MESH_DIMS, ParallelDims
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ...contract.hyperparameters import TrainConfig
 from .. import parallel
-from ..config import TrainConfig
 from ..errors import ConfigError
 from ..models import causal_lm_loss_sum, forward_logits, trained_targets
 from ..optim import build_optimizer, build_scheduler, peak_lr
@@ -50,7 +50,6 @@ def deepspeed_config(config: TrainConfig, data_parallel_size: int, on_gpu: bool)
 
 class DeepSpeedStrategy:
     saves_asynchronously = False  # DeepSpeed writes its own files, synchronously
-    reshards_checkpoints = False  # its ZeRO partitions are saved per rank
     eval_micro_batches = 1
 
     def __init__(self, ctx: SetupContext) -> None:

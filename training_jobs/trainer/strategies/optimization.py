@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config import TrainConfig
+from ...contract.hyperparameters import TrainConfig
 from ..optim import build_optimizer, build_scheduler, peak_lr
 
 

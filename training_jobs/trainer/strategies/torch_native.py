@@ -11,7 +11,8 @@ from .whole_model import WholeModelStrategy
 
 
 class TorchStrategy(WholeModelStrategy):
-    reshards_checkpoints = True  # DCP reshards model and optimizer state
+    """single, ddp and fsdp (with tensor parallel) on the whole model; DCP checkpoints."""
+
     def __init__(self, ctx: SetupContext) -> None:
         kind = ctx.config.parallel.parallelism
         topology = parallel.build_topology(ctx.dims, ctx.device, needs_mesh=kind == "fsdp")

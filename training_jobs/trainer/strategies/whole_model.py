@@ -14,8 +14,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from ...contract.hyperparameters import TrainConfig
 from .. import parallel
-from ..config import TrainConfig
 from ..models import causal_lm_loss_sum, forward_logits, trained_targets
 from .optimization import Optimization, read_state, write_state
 from .protocol import LossFn, MicroBatch, ModelSummary
@@ -28,7 +28,6 @@ Accumulation = Literal["fsdp2", "no_sync", "local"]
 
 class WholeModelStrategy:
     eval_micro_batches = 1
-    reshards_checkpoints: bool  # each subclass says
 
     def __init__(self, config: TrainConfig, device: torch.device, topology: parallel.Topology, *,
                  kind: str, model: nn.Module, hf_model: nn.Module, accumulation: Accumulation,

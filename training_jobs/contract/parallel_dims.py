@@ -6,8 +6,9 @@ a host, so tensor parallel (the chattiest: two all-reduces per layer) stays insi
 NVLink, the data-parallel dimensions come next, and pipeline stages (one activation per
 micro-batch crossing a stage boundary) span instances over EFA.
 
-Nothing heavy is imported here: a degree that does not fit the world size fails before the model
-is built, with a message naming the hyperparameter.
+Only the standard library is imported here: a degree that does not fit the world size fails before
+the model is built, with a message naming the hyperparameter, and the platform (llmtrain) checks a
+run's degrees against its cluster with the same code before it creates a job (`resolve_cluster`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,21 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .config import ParallelConfig, TrainConfig
 from .errors import ConfigError
+from .hyperparameters import ParallelConfig, TrainConfig
 
 MESH_DIMS = ("pp", "replicate", "shard", "tp")
 # Parallelisms that wrap each pipeline stage for data parallelism (DeepSpeed and SMP v2 own the
 # whole model; `single` is one process).
 PIPELINE_DATA_PARALLELISMS = ("ddp", "fsdp")
+# Parallelisms whose checkpoints load on another number of data-parallel ranks (DCP reshards model
+# and optimizer state; DeepSpeed saves its ZeRO partitions per rank, SMP's FSDP1 state on another
+# rank count is untested).
+RESHARDING_PARALLELISMS = ("single", "ddp", "fsdp")
+
+
+def reshards_checkpoints(parallelism: str) -> bool:
+    return parallelism in RESHARDING_PARALLELISMS
 
 
 def _invalid(name: str, value: object, expected: str) -> ConfigError:
@@ -63,6 +72,8 @@ class ParallelDims:
                            f"pipeline_parallel_degree x tensor_parallel_degree ({pp} x {tp}) dividing "
                            f"the world size {world_size}")
         data_parallel = world_size // (pp * tp)
+        if par.parallelism == "smp":
+            return cls._smp(par, data_parallel, tp)
         if par.parallelism in ("single", "ddp", "deepspeed"):
             _expect_degree("shard_degree", par.shard_degree, (0, 1, data_parallel))
             return cls(pipeline=pp, replicate=data_parallel, shard=1, tensor=tp)
@@ -72,6 +83,17 @@ class ParallelDims:
                               f"replicate_degree ({replicate}) x shard_degree ({shard}) x "
                               f"tensor_parallel_degree ({tp}) must equal the world size {world_size}")
         return cls(pipeline=pp, replicate=replicate, shard=shard, tensor=tp)
+
+    @classmethod
+    def _smp(cls, par: ParallelConfig, data_parallel: int, tp: int) -> ParallelDims:
+        """SMP v2 shards over groups of shard_degree ranks (its hybrid_shard_degree) and replicates
+        across the groups inside its own FSDP; every rank but the tensor-parallel ones sees its own
+        data (strategies/smp.py)."""
+        if par.shard_degree and data_parallel % par.shard_degree:
+            raise _invalid("shard_degree", par.shard_degree,
+                           f"a divisor of world size / tensor_parallel_degree = {data_parallel} (SMP's "
+                           "hybrid_shard_degree)")
+        return cls(pipeline=1, replicate=1, shard=data_parallel, tensor=tp)
 
     def check_resume(self, saved: dict, *, reshards: bool) -> None:
         """A checkpoint may be resumed on another data-parallel size where the strategy's
@@ -113,20 +135,45 @@ def _expect_degree(name: str, value: int, allowed: tuple[int, ...]) -> None:
         raise _invalid(name, value, "one of " + ", ".join(str(v) for v in sorted(set(allowed))))
 
 
+def accumulation_steps(global_batch_size: int, micro_batch_size: int, dims: ParallelDims) -> int:
+    """The micro steps per optimizer step that make `global_batch_size` samples on these dims."""
+    per_micro_step = dims.data_parallel * micro_batch_size
+    if global_batch_size % per_micro_step:
+        raise _invalid("global_batch_size", global_batch_size,
+                       f"a multiple of data-parallel size x micro_batch_size ({dims.data_parallel} x "
+                       f"{micro_batch_size} = {per_micro_step}) on this cluster")
+    steps = global_batch_size // per_micro_step
+    if steps < dims.pipeline:
+        raise _invalid("global_batch_size", global_batch_size,
+                       f"at least {dims.pipeline * per_micro_step}: it gives {steps} micro-batches "
+                       f"per step, fewer than the {dims.pipeline} pipeline stages")
+    return steps
+
+
 def with_global_batch(config: TrainConfig, dims: ParallelDims) -> TrainConfig:
     """The configuration with grad_accum_steps derived from global_batch_size for this data-parallel
     size (unchanged when global_batch_size is 0)."""
     data = config.data
     if not data.global_batch_size:
         return config
-    per_micro_step = dims.data_parallel * data.micro_batch_size
-    if data.global_batch_size % per_micro_step:
-        raise _invalid("global_batch_size", data.global_batch_size,
-                       f"a multiple of data-parallel size x micro_batch_size ({dims.data_parallel} x "
-                       f"{data.micro_batch_size} = {per_micro_step}) on this cluster")
-    steps = data.global_batch_size // per_micro_step
-    if steps < dims.pipeline:
-        raise _invalid("global_batch_size", data.global_batch_size,
-                       f"at least {dims.pipeline * per_micro_step}: it gives {steps} micro-batches "
-                       f"per step, fewer than the {dims.pipeline} pipeline stages")
+    steps = accumulation_steps(data.global_batch_size, data.micro_batch_size, dims)
     return dataclasses.replace(config, data=dataclasses.replace(data, grad_accum_steps=steps))
+
+
+def check_pipeline_dims(par: ParallelConfig, dims: ParallelDims) -> None:
+    """Pipeline rules that need the mesh: GPipe cannot run stages that DDP replicates (DDP's bucket
+    rebuild fails in the second step when every forward precedes any backward)."""
+    if dims.pipeline > 1 and par.pipeline_schedule == "gpipe" and par.parallelism == "ddp" \
+            and dims.data_parallel > 1:
+        raise _invalid("pipeline_schedule", "gpipe", "another schedule: gpipe cannot run stages "
+                                                     "replicated by DDP over data-parallel ranks; use "
+                                                     "1f1b (the same bubble, fewer micro-batches held) "
+                                                     "or parallelism=fsdp")
+
+
+def resolve_cluster(config: TrainConfig, world_size: int, num_hosts: int) -> tuple[TrainConfig, ParallelDims]:
+    """The mesh of `world_size` processes on `num_hosts` hosts and the configuration on it (the
+    accumulation derived from global_batch_size), with every rule that needs the cluster's shape."""
+    dims = ParallelDims.resolve(config.parallel, world_size, num_hosts)
+    check_pipeline_dims(config.parallel, dims)
+    return with_global_batch(config, dims), dims
