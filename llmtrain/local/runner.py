@@ -406,9 +406,14 @@ def _supervise(
                     processes.kill()
         processes.finish()
         _show_lines(processes, metrics, display)
+        logs = ", ".join(map(str, processes.log_paths.values()))
         if display.hidden_lines:
             display.note(f"{display.hidden_lines} lines of library warnings and toolkit messages are "
-                         f"only in the log file(s): {', '.join(map(str, processes.log_paths.values()))}")
+                         f"only in the log file(s): {logs}")
+        if display.launcher_lines:
+            display.note(f"torchrun's traceback and report of the failed processes, and the toolkit's "
+                         f"restatement of the failure ({display.launcher_lines} lines), are only in "
+                         f"the log file(s): {logs}")
     return stop_reason
 
 

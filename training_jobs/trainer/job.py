@@ -84,11 +84,15 @@ def _throughput(config: TrainConfig, strategy: Strategy, summary: ModelSummary, 
 
 
 def _preflight(device: torch.device, env: JobEnvironment) -> None:
-    results = health.preflight(device, env.current_host)
+    checked = health.preflight(device, env.current_host)
     if env.is_main:
-        slowest = max(results, key=lambda r: r.allreduce_seconds)
-        log(f"preflight ok: {len(results)} ranks, slowest all-reduce {slowest.bus_gbps:.2f} GB/s "
+        slowest = max(checked.ranks, key=lambda r: r.allreduce_seconds)
+        log(f"preflight ok: {len(checked.ranks)} ranks, slowest all-reduce {slowest.bus_gbps:.2f} GB/s "
             f"(rank {slowest.rank} on {slowest.host})")
+        if checked.slow:
+            log(f"preflight: {', '.join(r.describe() for r in checked.slow)} slower than "
+                f"{checked.factor:g}x the median; on CPU cores shared with other processes that is "
+                "timing noise: reported, not a fault")
 
 
 def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device, strategy: Strategy,
