@@ -306,7 +306,7 @@ _TOKENIZER = None
 _DTYPE = None
 
 
-def _load_tokenizer(path: str):
+def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -315,7 +315,7 @@ def _load_tokenizer(path: str):
 def _init_worker(tokenizer_path: str, dtype: str) -> None:
     global _TOKENIZER, _DTYPE
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
-    _TOKENIZER = _load_tokenizer(tokenizer_path)
+    _TOKENIZER = load_tokenizer(tokenizer_path)
     _DTYPE = DTYPES[dtype]
 
 
@@ -417,7 +417,7 @@ def prepare(args: argparse.Namespace) -> dict[str, int]:
     inputs = Inputs(find_inputs(args.input))
     output = Path(args.output)
     _check_output(output)
-    tokenizer = _load_tokenizer(args.tokenizer)
+    tokenizer = load_tokenizer(args.tokenizer)
     if tokenizer.eos_token_id is None:
         raise DataError(f"tokenizer {args.tokenizer} has no end-of-sequence token")
     if args.messages_key is not None:
