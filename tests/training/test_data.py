@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -126,6 +127,19 @@ def test_samples_are_packed_windows_that_overlap_by_one_token(tiny_data):
 def test_vocabulary_mismatch_is_refused(tiny_data):
     with pytest.raises(DataError, match="larger than the model's 512"):
         TokenSamples(tiny_data / "train", seq_len=32, channel="train", model_vocab_size=512)
+
+
+def test_data_made_with_another_tokenizer_is_refused_by_its_end_of_sequence_id(tiny_data):
+    from types import SimpleNamespace
+
+    from training_jobs.trainer.job import check_tokenizer
+
+    samples = (TokenSamples(tiny_data / "train", seq_len=32, channel="train", model_vocab_size=640),
+               TokenSamples(tiny_data / "validation", seq_len=32, channel="validation", model_vocab_size=640))
+    check_tokenizer(samples, SimpleNamespace(eos_token_id=0), TOKENIZER)
+    with pytest.raises(DataError, match="the train channel was made with a tokenizer whose end-of-sequence "
+                                        "id is 0, and the job's tokenizer .* has 2: give the run"):
+        check_tokenizer(samples, SimpleNamespace(eos_token_id=2), Path("/opt/ml/input/data/tokenizer"))
 
 
 def test_order_is_a_fresh_seeded_permutation_per_epoch():
