@@ -126,7 +126,8 @@ def prepare_command(args: argparse.Namespace) -> int:
     status = subprocess.run(command, env=_prepare_environment(), check=False).returncode
     output = _output_of(args.passed_on)
     if status == 0 and output:
-        print(f"next: llmtrain data upload {output} --name NAME --env ENV")
+        print(f"next: try it here, `llmtrain run --local TEMPLATE --run-name RUN --data {output}`; then "
+              f"`llmtrain data upload {output} --name NAME --env ENV` for a cloud run")
     return status
 
 
