@@ -25,7 +25,6 @@ from the listing: no shard is read).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -37,7 +36,7 @@ from typing import Any
 from llmtrain.errors import LlmtrainError
 from llmtrain.planner.plan import request_hyperparameters
 from llmtrain.planner.workload import hyperparameter_values, resolve_layout
-from llmtrain.sourcedir import repository_root
+from llmtrain.sourcedir import program_environment, repository_root
 
 MANIFEST = "manifest.json"
 FORMAT = "llmtrain-token-shards"
@@ -228,12 +227,10 @@ def job_tokenizer(channels: Mapping[str, Path]) -> Path:
 def tokenizer_facts(folder: Path, described_as: str | None = None) -> TokenizerFacts:
     """Load the tokenizer as the training program does, in a subprocess of the shipped program
     (`python -m training_jobs.tokenizer_info`): llmtrain itself never imports it (nor torch)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repository_root()), env.get("PYTHONPATH")) if p)
-    result = subprocess.run([sys.executable, "-m", TOKENIZER_INFO_MODULE, str(folder)], env=env,
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run([sys.executable, "-m", TOKENIZER_INFO_MODULE, str(folder)],
+                            env=program_environment(), capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        reason = (result.stderr.strip().splitlines() or ["(no message)"])[-1]
+        reason = " ".join(result.stderr.split()) or "(no message)"
         raise TokenDataError(f"cannot load the tokenizer in {folder}: {reason}")
     facts = json.loads(result.stdout)
     return TokenizerFacts(described_as or f"the tokenizer in {folder}", facts["vocab_size"],

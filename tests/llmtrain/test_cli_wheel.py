@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import socket
 import subprocess
 import urllib.request
 from importlib import metadata
@@ -30,6 +29,8 @@ import pytest
 from deployed_support import ACCOUNT, BUCKET, REGION, deploy_environment, moto_credentials, team_access
 from moto.server import ThreadedMotoServer
 from wheel_install import LLMTRAIN_SOURCES, Wheel, build_wheel, install
+
+from llmtrain.local.toolkit import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +104,7 @@ def test_the_installed_cli_works_from_an_empty_folder(installed, tmp_path):
 
 # -- the README's "Train" section ----------------------------------------------------------------------
 
-PLACEHOLDER = "<datasets bucket>"
+PLACEHOLDER = "DATASETS_BUCKET"  # the README's stand-in for the bucket `data upload` prints
 # What the launcher's summary looks like when a run ends (the stand-in ends every run at once).
 SUMMARY = {"status": "Completed", "message": "Run done: Completed\nAttempts: 1"}
 STAND_IN = {"StartAt": "Summary", "States": {"Summary": {"Type": "Pass", "Result": SUMMARY, "End": True}}}
@@ -118,12 +119,6 @@ def readme_train_commands() -> list[list[str]]:
     return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _moto_config(url: str, execute: bool) -> None:
     body = json.dumps({"stepfunctions": {"execute_state_machine": execute}}).encode()
     urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/config", data=body, method="POST"))
@@ -133,7 +128,7 @@ def _moto_config(url: str, execute: bool) -> None:
 def cloud(monkeypatch):
     """Environment dev, with team nlp, deployed in a moto server; yields the variables that point the
     installed CLI's AWS clients at it."""
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(url.rsplit(":", 1)[1]), verbose=False)
     server.start()
     try:
