@@ -248,10 +248,10 @@ def held_out_start(text: str, fraction: float) -> int | None:
     target = len(text) * (1 - fraction)
     for _, boundary in HOLD_OUT_BOUNDARIES:
         for match in boundary.finditer(text):
-            if match.end() >= target:
-                if match.end() < len(text) and text[:match.start()].strip():
-                    return match.end()
+            if match.end() >= len(text):  # trailing whitespace: nothing would be held out
                 break
+            if match.end() >= target and text[:match.start()].strip():
+                return match.end()
     return None
 
 
