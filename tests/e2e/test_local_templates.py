@@ -246,7 +246,7 @@ def test_a_bad_hyperparameter_fails_the_job_with_the_reason(workdir):
     assert explanation in run.output.split("training job local-bad-hp-a1")[-1]
     # The console shows the program's error line; torchrun's traceback and report of the failed
     # processes, and the toolkit's restatement, stay in the log file, which the run points at.
-    before_summary = run.output.split("training job local-bad-hp-a1")[0]
+    before_summary = run.output.rsplit("training job local-bad-hp-a1", 1)[0]
     assert f"[error] ConfigError: {explanation}" in before_summary
     for launcher_line in ("ChildFailedError", "Root Cause (first observed failure)",
                           "ExecuteUserScriptError"):
