@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +46,7 @@ from llmtrain.datasets import (
 from llmtrain.errors import LlmtrainError
 from llmtrain.launcher_client import owner_from_identity
 from llmtrain.local.data import PREPARE_MODULE, TINY_TOKENIZER
-from llmtrain.sourcedir import repository_root
+from llmtrain.sourcedir import program_environment, repository_root
 
 MIB = 1 << 20
 DEFAULT_PART_MIB = 64
@@ -118,7 +117,7 @@ class _PrepareHelp(argparse.Action):
             flush=True,
         )
         subprocess.run(
-            [sys.executable, "-m", PREPARE_MODULE, "--help"], env=_prepare_environment(), check=False
+            [sys.executable, "-m", PREPARE_MODULE, "--help"], env=program_environment(), check=False
         )
         parser.exit()
 
@@ -134,18 +133,12 @@ def prepare_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     command = [sys.executable, "-m", PREPARE_MODULE, *args.passed_on, "--tokenizer", tokenizer]
-    status = subprocess.run(command, env=_prepare_environment(), check=False).returncode
+    status = subprocess.run(command, env=program_environment(), check=False).returncode
     output = _output_of(args.passed_on)
     if status == 0 and output:
-        print(f"next: llmtrain data upload {output} --name NAME --env ENV")
+        print(f"next: try it here, `llmtrain run --local TEMPLATE --run-name RUN --data {output}`; then "
+              f"`llmtrain data upload {output} --name NAME --env ENV` for a cloud run")
     return status
-
-
-def _prepare_environment() -> dict[str, str]:
-    """This environment, with the shipped training program importable (llmtrain never imports it)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repository_root()), env.get("PYTHONPATH")) if p)
-    return env
 
 
 def _output_of(passed_on: list[str]) -> str | None:

@@ -281,7 +281,12 @@ def check_in_environment(
         team=team.name,
         skip_fit_check=skip_plan_check,
     )
-    problems = channel_problems(cloud.session.client("s3", region_name=deployed.region), team, request)
+    problems = channel_problems(
+        cloud.session.client("s3", region_name=deployed.region),
+        team,
+        request,
+        token_channels=template.code.is_platform,
+    )
     if problems:
         raise RunRejected(
             "the run's data is not where it must be:\n" + "\n".join(f"  - {p}" for p in problems)

@@ -90,10 +90,12 @@ def run_command(args: argparse.Namespace) -> int:
         )
         return 2
     settings = parse_overrides(args.settings)
+    data = parse_data_option(args.data)
     options = LocalRunOptions(
         run_name=args.run_name,
         workdir=args.workdir,
-        data=parse_data_option(args.data),
+        data=data.channels,
+        optional_data=data.optional,
         user_settings=frozenset(settings),
     )
     catalog = Catalog.load()
@@ -108,7 +110,8 @@ def run_command(args: argparse.Namespace) -> int:
     require_local_run_packages()
     try:
         summary = run_local(request, catalog.sourcedir(template), options,
-                            template_channels=template.inputs.channels, console=console)
+                            template_channels=template.inputs.channels, console=console,
+                            token_channels=template.code.is_platform)
     except RunAlreadyTrained as done:
         console.print(Text(f"llmtrain {done}"))
         return 0

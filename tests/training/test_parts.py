@@ -49,6 +49,38 @@ def test_linear_constant_and_pinned_decay_horizon():
     assert staged(2) == linear(2)  # the first stage of a longer run follows the long schedule
 
 
+def _trained_optimization(config, steps: int):
+    from training_jobs.trainer.strategies.optimization import Optimization
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    optimization = Optimization(config, [model], torch.device("cpu"), data_parallel_size=1)
+    for _ in range(steps):
+        model(torch.ones(1, 4)).sum().backward()
+        optimization.step(lambda max_norm: torch.tensor(0.0))
+    return optimization
+
+
+def test_a_resumed_schedule_of_another_length_sets_the_optimizers_rate_from_the_new_schedule():
+    """A run trained 3 steps on a 3-step schedule resumes with max_steps=10 (no lr_decay_steps): its
+    first resumed step trains at the 10-step schedule's rate for step 3, as an uninterrupted 10-step
+    run does, not at the rate the 3-step schedule left in the optimizer's saved state."""
+    short = _config(lr=1.0, lr_schedule="linear", warmup_steps=1, max_steps=3)
+    longer = _config(lr=1.0, lr_schedule="linear", warmup_steps=1, max_steps=10)
+    saved = _trained_optimization(short, 3)
+    resumed = _trained_optimization(longer, 0)
+    resumed.optimizers[0].load_state_dict(saved.optimizers[0].state_dict())
+    resumed.load_scheduler(saved.scheduler_state())
+    uninterrupted = _trained_optimization(longer, 3)
+    expected = optim.lr_multiplier(longer, peak=1.0)(3)
+    assert saved.optimizers[0].param_groups[0]["lr"] == 0.0  # the short schedule ended its decay
+    assert resumed.optimizers[0].param_groups[0]["lr"] == pytest.approx(expected) == pytest.approx(7 / 9)
+    assert resumed.current_lr() == pytest.approx(expected)
+    assert uninterrupted.optimizers[0].param_groups[0]["lr"] == pytest.approx(expected)
+    resumed.step(lambda max_norm: torch.tensor(0.0))  # the next step continues on the new schedule
+    assert resumed.optimizers[0].param_groups[0]["lr"] == pytest.approx(optim.lr_multiplier(longer, 1.0)(4))
+
+
 def test_lr_scales_with_global_batch_when_asked():
     assert optim.peak_lr(_config(lr=6e-4, scale_lr_by_global_batch=True), 512) == pytest.approx(1.2e-3)
     assert optim.peak_lr(_config(lr=6e-4), 512) == 6e-4

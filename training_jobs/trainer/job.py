@@ -53,6 +53,18 @@ def _channel_samples(env: JobEnvironment, name: str, seq_len: int, vocab: int) -
     return TokenSamples(path, seq_len, name, vocab)
 
 
+def check_tokenizer(samples: tuple[TokenSamples, TokenSamples | None], tokenizer, where: Path) -> None:
+    """The data must have been made with the tokenizer the job reads it with: a vocabulary larger
+    than the model's is refused by TokenSamples; another end-of-sequence id means another tokenizer."""
+    for channel in filter(None, samples):
+        if channel.manifest.eos_token_id != tokenizer.eos_token_id:
+            raise DataError(f"the {channel.channel} channel was made with a tokenizer whose "
+                            f"end-of-sequence id is {channel.manifest.eos_token_id}, and the job's "
+                            f"tokenizer ({where}) has {tokenizer.eos_token_id}: give the run the "
+                            "tokenizer the data was made with as its tokenizer channel (prepare_data "
+                            "writes it as tokenizer/ beside the splits)")
+
+
 def _check_same_loss(train: TokenSamples, validation: TokenSamples | None) -> None:
     """Evaluation must measure what training optimizes: both loss-masked, or neither."""
     if validation is not None and validation.manifest.loss_mask != train.manifest.loss_mask:
@@ -84,11 +96,15 @@ def _throughput(config: TrainConfig, strategy: Strategy, summary: ModelSummary, 
 
 
 def _preflight(device: torch.device, env: JobEnvironment) -> None:
-    results = health.preflight(device, env.current_host)
+    checked = health.preflight(device, env.current_host)
     if env.is_main:
-        slowest = max(results, key=lambda r: r.allreduce_seconds)
-        log(f"preflight ok: {len(results)} ranks, slowest all-reduce {slowest.bus_gbps:.2f} GB/s "
+        slowest = max(checked.ranks, key=lambda r: r.allreduce_seconds)
+        log(f"preflight ok: {len(checked.ranks)} ranks, slowest all-reduce {slowest.bus_gbps:.2f} GB/s "
             f"(rank {slowest.rank} on {slowest.host})")
+        if checked.slow:
+            log(f"preflight: {', '.join(r.describe() for r in checked.slow)} slower than "
+                f"{checked.factor:g}x the median; on CPU cores shared with other processes that is "
+                "timing noise: reported, not a fault")
 
 
 def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device, strategy: Strategy,
@@ -132,6 +148,7 @@ def build(config: TrainConfig, env: JobEnvironment, device: torch.device,
     samples = (_channel_samples(env, "train", config.data.seq_len, vocab),
                _channel_samples(env, "validation", config.data.seq_len, vocab))
     _check_same_loss(*samples)
+    check_tokenizer(samples, tokenizer, tokenizer_path)
     strategy = build_strategy(SetupContext(config, source, device, dims))
     summary = strategy.model_summary()
     loop = _loop_context(config, env, device, strategy, samples, stop, summary)

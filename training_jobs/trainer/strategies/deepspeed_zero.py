@@ -17,7 +17,7 @@ from ...contract.hyperparameters import TrainConfig
 from .. import parallel
 from ..errors import ConfigError
 from ..models import causal_lm_loss_sum, forward_logits, trained_targets
-from ..optim import build_optimizer, build_scheduler, peak_lr
+from ..optim import build_optimizer, build_scheduler, peak_lr, resume_schedule
 from .protocol import LossFn, MicroBatch, ModelSummary
 from .setup import SetupContext, prepare_model, summarize
 
@@ -140,7 +140,7 @@ class DeepSpeedStrategy:
             raise ConfigError(f"DeepSpeed found no checkpoint in {folder}")
 
     def load_scheduler(self, state: dict) -> None:
-        self.scheduler.load_state_dict(state)
+        resume_schedule(self.scheduler, state)
 
     def full_state_dict(self) -> dict:
         """Every weight, gathered to rank 0 one parameter at a time (ZeRO-3 partitions them)."""

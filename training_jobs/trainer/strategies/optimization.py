@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ...contract.hyperparameters import TrainConfig
-from ..optim import build_optimizer, build_scheduler, peak_lr
+from ..optim import build_optimizer, build_scheduler, peak_lr, resume_schedule
 
 
 class Optimization:
@@ -67,7 +67,7 @@ class Optimization:
 
     def load_scheduler(self, state: dict) -> None:
         for scheduler in self.schedulers:
-            scheduler.load_state_dict(state)
+            resume_schedule(scheduler, state)
 
     # --- state for torch.distributed.checkpoint ---
 
