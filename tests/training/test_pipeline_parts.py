@@ -140,13 +140,20 @@ def test_a_checkpoint_resumes_on_another_data_parallel_size_only_where_it_reshar
 
 
 def test_fp8_and_smddp_are_refused_where_they_cannot_run():
+    fp8 = from_hyperparameters({"parallelism": "fsdp", "fp8": True}).parallel
     with pytest.raises(ConfigError, match="fp8': FP8 training needs an NVIDIA GPU"):
-        apply_float8(_tiny("llama"), torch.device("cpu"))
-    with pytest.raises(ConfigError, match="false unless parallelism is single, ddp or fsdp without tensor"):
-        from_hyperparameters({"parallelism": "fsdp", "fp8": True, "tensor_parallel_degree": 2})
+        apply_float8(_tiny("llama"), torch.device("cpu"), fp8, with_fsdp=True)
+    with pytest.raises(ConfigError, match="'fp8_recipe': got 'rowwise', expected tensorwise with "
+                                          "tensor_parallel_degree > 1"):
+        from_hyperparameters({"parallelism": "fsdp", "fp8": True, "fp8_recipe": "rowwise",
+                              "tensor_parallel_degree": 2})
+    assert from_hyperparameters({"parallelism": "fsdp", "fp8": True, "tensor_parallel_degree": 2}).parallel.fp8
+    with pytest.raises(ConfigError, match="false unless parallelism is single, ddp or fsdp"):
+        from_hyperparameters({"parallelism": "deepspeed", "fp8": True})
     with pytest.raises(ConfigError, match="mixed_precision=bf16"):
         from_hyperparameters({"fp8": True, "mixed_precision": "fp32"})
-    assert from_hyperparameters({"parallelism": "fsdp", "fp8": True}).parallel.fp8
+    with pytest.raises(ConfigError, match="'fp8_recipe': got 'columnwise', expected one of tensorwise, rowwise"):
+        from_hyperparameters({"fp8": True, "fp8_recipe": "columnwise"})
     with pytest.raises(ConfigError, match="its all-reduce \\(ddp\\) needs SageMaker's mpirun launcher"):
         from_hyperparameters({"parallelism": "ddp", "collective_backend": "smddp"})
     with pytest.raises(ConfigError, match="smddp runs its collectives on NVIDIA GPUs"):
