@@ -166,7 +166,10 @@ def test_fp8_and_smddp_are_refused_where_they_cannot_run():
 def test_pipeline_degree_is_resolved_with_the_other_degrees():
     dims = ParallelDims.resolve(ParallelConfig(parallelism="fsdp", pipeline_parallel_degree=2,
                                                tensor_parallel_degree=2), 8, 1)
-    assert dims.mesh_shape == (2, 1, 2, 2) and dims.data_parallel == 2
+    assert dims.mesh_shape == (2, 1, 2, 1, 2) and dims.data_parallel == 2
+    dims = ParallelDims.resolve(ParallelConfig(parallelism="fsdp", pipeline_parallel_degree=2,
+                                               context_parallel_degree=2, tensor_parallel_degree=2), 16, 2)
+    assert dims.mesh_shape == (2, 1, 2, 2, 2) and dims.data_parallel == 2  # context ranks share samples
 
 
 TORCHAO = "torchao==0.18.0"  # declares no torch dependency: the CPU build of torch stays

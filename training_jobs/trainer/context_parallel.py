@@ -75,17 +75,19 @@ class _GatherSequence(torch.autograd.Function):
     def forward(ctx, local: torch.Tensor, group) -> torch.Tensor:
         ctx.group = group
         world = dist.get_world_size(group)
-        gathered = torch.empty((world, *local.shape), dtype=local.dtype, device=local.device)
+        gathered = torch.empty((world * local.shape[0], *local.shape[1:]), dtype=local.dtype,
+                               device=local.device)
         dist.all_gather_into_tensor(gathered, local.contiguous(), group=group)
-        return gathered.permute(1, 2, 0, 3, 4).flatten(2, 3)  # [batch, heads, world x local_seq, dim]
+        # [world x batch, heads, local_seq, dim] -> [batch, heads, world x local_seq, dim]
+        return gathered.unflatten(0, (world, -1)).permute(1, 2, 0, 3, 4).flatten(2, 3)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         world = dist.get_world_size(ctx.group)
         batch, heads, length, dim = grad.shape
-        parts = grad.reshape(batch, heads, world, length // world, dim).permute(2, 0, 1, 3, 4).contiguous()
-        local = torch.empty(parts.shape[1:], dtype=grad.dtype, device=grad.device)
-        dist.reduce_scatter_tensor(local, parts, group=ctx.group)
+        parts = grad.reshape(batch, heads, world, length // world, dim).permute(2, 0, 1, 3, 4)
+        local = torch.empty((batch, heads, length // world, dim), dtype=grad.dtype, device=grad.device)
+        dist.reduce_scatter_tensor(local, parts.flatten(0, 1).contiguous(), group=ctx.group)
         return local, None
 
 
