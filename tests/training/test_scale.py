@@ -5,7 +5,7 @@ vocabulary-sharded log-sum-exps and context-parallel attention add in other orde
 
 One launch per process count: the references (1), tensor parallel with and without sequence
 parallel, with selective checkpointing, and context parallel (2), their compositions with FSDP and
-with pipeline stages, and the resumed runs (4), and pipeline x context x tensor (8, two steps).
+with pipeline stages, and the resumed runs (4), and pipeline x context x tensor (8, three steps).
 
 Resharded resume: a tensor-parallel run with sequence parallel (2 ranks) and a context-parallel run
 (2 ranks) stop at step 3 with a checkpoint; they resume on 4 ranks, the first as 2 data-parallel x
@@ -55,7 +55,7 @@ RESUMED_FOUR = {
     "cp2_resharded": {**FSDP, "context_parallel_degree": 4},
 }
 EIGHT = {"pp2_cp2_tp2": {**FSDP, "pipeline_parallel_degree": 2, "context_parallel_degree": 2,
-                         "tensor_parallel_degree": 2, "max_steps": 2}}
+                         "tensor_parallel_degree": 2, "max_steps": 3}}
 REFERENCE_OF = {"tp4": "single_kv4"}
 
 
