@@ -66,7 +66,12 @@ GRADIENT_MARKERS = ("grad", "ipg")
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    """The plain tensor holding the bytes: a DTensor's local shard; the result a functional
+    collective wraps (tensor parallel's outputs are such wrappers, without a storage of their own)."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return tensor.elem if isinstance(tensor, AsyncCollectiveTensor) else tensor
 
 
 def storages(tensors) -> dict[int, int]:
