@@ -383,8 +383,24 @@ def _sharded_dims(grad: torch.Tensor) -> tuple[tuple[str, ...], object]:
     if not isinstance(grad, DTensor):
         return (), None
     names = grad.device_mesh.mesh_dim_names
-    dims = tuple(names[i] for i, placement in enumerate(grad.placements) if placement.is_shard())
+    # not is_shard(): FSDP2's _StridedShard (its dimension under tensor parallel) is no Shard in
+    # newer torch, and its squares must be summed all the same
+    dims = tuple(names[i] for i, placement in enumerate(grad.placements)
+                 if not placement.is_replicate() and not placement.is_partial())
     return dims, grad.device_mesh
+
+
+def _reduce_partial_gradients(parameters: list[nn.Parameter]) -> None:
+    """Sum the gradients DTensor left as pending partial sums (sequence parallel's norm weights:
+    each tensor-parallel rank holds its sequence shard's part), as the optimizer would before using
+    them; the norm needs the sums."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    for param in parameters:
+        grad = param.grad
+        if isinstance(grad, DTensor) and any(placement.is_partial() for placement in grad.placements):
+            summed = [Replicate() if placement.is_partial() else placement for placement in grad.placements]
+            param.grad = grad.redistribute(grad.device_mesh, summed)
 
 
 def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, stage_group=None) -> torch.Tensor:
@@ -392,6 +408,7 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, stage_group=
     pipeline stages summed over `stage_group`), then scale them to at most `max_norm` (0 = measure
     only). No host synchronisation."""
     buckets: dict[tuple[str, ...], tuple[object, list[torch.Tensor]]] = {}
+    _reduce_partial_gradients(parameters)
     grads = [p.grad for p in parameters if p.grad is not None]
     for grad in grads:
         dims, mesh = _sharded_dims(grad)
