@@ -1,7 +1,8 @@
 """Sequence parallel, loss parallel and context parallel end to end: every run trains the samples the
 single-process reference trains on, in the same order (global_batch_size 8 on every shape), and
-follows its losses, evaluations and gradient norms within 1e-4 (measured: within 1e-6; tensor-parallel matmuls,
-vocabulary-sharded log-sum-exps and context-parallel attention add in other orders).
+follows its losses, evaluations and gradient norms within 1e-4 (measured: within 1e-6;
+tensor-parallel matmuls, vocabulary-sharded log-sum-exps and context-parallel attention add in
+other orders).
 
 One launch per process count: the references (1), tensor parallel with and without sequence
 parallel, with selective checkpointing, and context parallel (2), their compositions with FSDP and
