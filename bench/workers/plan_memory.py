@@ -66,7 +66,12 @@ GRADIENT_MARKERS = ("grad", "ipg")
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    """The plain tensor holding the bytes: a DTensor's local shard; the result a functional
+    collective wraps (tensor parallel's outputs are such wrappers, without a storage of their own)."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return tensor.elem if isinstance(tensor, AsyncCollectiveTensor) else tensor
 
 
 def storages(tensors) -> dict[int, int]:
@@ -435,15 +440,20 @@ def _blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     return max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)
 
 
-def _batches(config, vocab: int, generator: torch.Generator):
+def _batches(config, vocab: int, generator: torch.Generator, split=None):
+    """Random micro-batches; under context parallel, this rank's chunks of each sequence (as the
+    program's data loader hands them out)."""
     data = config.data
-    return [
+    batches = [
         (
             torch.randint(0, vocab, (data.micro_batch_size, data.seq_len), generator=generator),
             torch.randint(0, vocab, (data.micro_batch_size, data.seq_len), generator=generator),
         )
         for _ in range(data.grad_accum_steps)
     ]
+    if split is None:
+        return batches
+    return [(split.shard(inputs), split.shard(targets)) for inputs, targets in batches]
 
 
 def measure(hyperparameters: dict, tokenizer) -> dict[str, int]:
@@ -463,7 +473,8 @@ def measure(hyperparameters: dict, tokenizer) -> dict[str, int]:
             dp_group=strategy.topology.data_parallel_group(),
         )
         strategy.train(True)
-        batches.next_step = lambda: _batches(config, source.config.vocab_size, generator)
+        batches.next_step = lambda: _batches(config, source.config.vocab_size, generator,
+                                             strategy.topology.sequence_split)
         train_step(ctx)
         strategy.step()
         pipelined = hasattr(strategy, "schedule")

@@ -134,7 +134,8 @@ def _parameters(shape: ModelShape) -> tuple[ParameterTensor, ...]:
 
 def _llama_parameters(shape: ModelShape) -> tuple[ParameterTensor, ...]:
     h, i, kv = shape.hidden_size, shape.intermediate_size, shape.kv_size
-    params = [ParameterTensor("model.embed_tokens.weight", (shape.vocab_size, h), "embedding")]
+    # The program splits the embedding and the head on the vocabulary (rows) under tensor parallel.
+    params = [ParameterTensor("model.embed_tokens.weight", (shape.vocab_size, h), "embedding", tp="colwise")]
     for layer in range(shape.num_layers):
         prefix = f"model.layers.{layer}"
         attention = (("q_proj", h, "colwise"), ("k_proj", kv, "colwise"), ("v_proj", kv, "colwise"))
@@ -156,7 +157,7 @@ def _llama_parameters(shape: ModelShape) -> tuple[ParameterTensor, ...]:
         ]
     params.append(ParameterTensor("model.norm.weight", (h,), "norm"))
     if not shape.tie_embeddings:
-        params.append(ParameterTensor("lm_head.weight", (shape.vocab_size, h), "linear"))
+        params.append(ParameterTensor("lm_head.weight", (shape.vocab_size, h), "linear", tp="colwise"))
     return tuple(params)
 
 

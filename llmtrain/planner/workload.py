@@ -139,10 +139,6 @@ class Workload:
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = (ALL_LINEAR,)
     quantization: str = "none"
-    # Under selective checkpointing, the share of the blocks' matmuls recomputed in backward: 0 for
-    # the program's policy (it keeps every matmul output); torchtitan's op-level policy keeps every
-    # other one (0.5).
-    selective_recompute: float = 0.0
 
     @property
     def micro_batch_tokens(self) -> int:

@@ -49,7 +49,7 @@ def test_fsdp_template_runs_on_one_host_with_two_processes(straight):
     assert summary["LocalRun"]["ProcessesPerHost"] == 2
     log = log_text(summary)
     assert "torchrun --nnodes 1 --nproc_per_node 2 training_jobs/train.py" in log
-    assert "ParallelDims(pipeline=1, replicate=1, shard=2, tensor=1)" in log
+    assert "ParallelDims(pipeline=1, replicate=1, shard=2, tensor=1, context=1)" in log
     assert sorted(losses_by_step(straight.run_dir)) == list(range(1, STEPS + 1))
     # Scaled down, and said so, never silently.
     settings = {a["Setting"] for a in summary["LocalRun"]["Adjustments"]}
@@ -187,7 +187,7 @@ def test_two_hosts_are_emulated_in_one_process_group(workdir):
     assert summary["LocalRun"]["Hosts"] == ["algo-1", "algo-2"]
     assert "--nnodes 2 --nproc_per_node 2 --master_addr algo-1 --master_port 7777 --node_rank 1" \
         in log_text(summary, "algo-2")
-    assert "ParallelDims(pipeline=1, replicate=1, shard=4, tensor=1)" in log_text(summary)
+    assert "ParallelDims(pipeline=1, replicate=1, shard=4, tensor=1, context=1)" in log_text(summary)
     # One checkpoint from both hosts' shards, as the S3 prefix would hold it.
     shards = sorted(p.name for p in (run.run_dir / "checkpoints" / "step_00000002").glob("*.distcp"))
     assert shards == [f"__{rank}_0.distcp" for rank in range(4)]

@@ -222,15 +222,16 @@ def test_single_fp32_activations_by_hand():
     """What each op of a Llama block saves (fp32, SDPA): per token, the block input, 1/rms and
     the normalized value of both norms, their outputs (the linears' inputs), the rotated q and k,
     v, SDPA's output and log-sum-exp, four MLP intermediates; then the final norm, the head's
-    input, the log-softmax, the ids and targets; cos and sin once. bench/workers/plan_memory.py
-    measured 876,804 bytes: these and the loss's 4-byte total weight."""
+    input, the logits (the chunked loss keeps them as they are, here fp32), the loss's log-sum-exp
+    and trained-target flag, the ids and targets; cos and sin once. bench/workers/plan_memory.py
+    measured 877,124 bytes: these and one 4-byte scalar."""
     h, kv, i, heads, tokens = 64, 32, 176, 4, 64
     block = 4 * (2 * 3 * h + h + 2 * kv + h + 4 * i) + 2 * 4 + 4 * heads
-    head = 4 * 3 * h + 4 + 4 * 640 + 8 + 8
+    head = 4 * 3 * h + 4 + 4 * 640 + 4 + 1 + 8 + 8
     rotary = 2 * 32 * 16 * 4
     expected = 2 * block * tokens + head * tokens + rotary
     work = _work(precision="fp32")
-    assert memory.activation_bytes(work, _layout("single"))[0] == expected == 876_800
+    assert memory.activation_bytes(work, _layout("single"))[0] == expected == 877_120
 
 
 def test_fsdp_memory_by_hand():
@@ -288,7 +289,7 @@ def test_checkpointing_keeps_only_block_inputs():
         _work(activation_checkpointing="full", precision="fp32"), _layout("single")
     )[0]
     none = memory.activation_bytes(_work(precision="fp32"), _layout("single"))[0]
-    head = (4 * (3 * 64 + 1) + 4 * 640 + 16) * 64
+    head = (4 * (3 * 64 + 1) + 4 * 640 + 4 + 1 + 16) * 64
     assert full == 2 * 4 * 64 * 64 + head  # two blocks keep their fp32 input; no cos/sin
     assert full < none
 
@@ -395,18 +396,19 @@ def test_pipeline_activations_by_hand():
     once: each its block's saved tensors (as in a whole model), cos and sin and its output (kept
     for backward); plus the step's token ids and a buffer per micro-batch for the gradient it
     receives. Rank 1 holds 1: its block without the input (the fp32 activation it received, a
-    buffer), cos and sin, the final norm, head and loss, and its logits (freed once their gradient
-    exists); plus the targets and a receive buffer per micro-batch."""
+    buffer), cos and sin, the final norm, head and loss (the logits the loss keeps are the ones the
+    schedule keeps, freed once their gradient exists; the loss's log-sum-exp and flag per token);
+    plus the targets and a receive buffer per micro-batch."""
     tokens, micro_batches = 64, 4
     block = (4 * (2 * 3 * 64 + 64 + 2 * 32 + 64 + 4 * 176) + 2 * 4 + 4 * 4) * tokens
     rotary, hidden = 2 * 32 * 16 * 4, 4 * 64 * tokens
-    head = (4 * 3 * 64 + 4 + 4 * 640) * tokens
-    logits, ids = 4 * 640 * tokens, 8 * tokens * micro_batches
+    head = (4 * 3 * 64 + 4 + 4 * 640 + 4 + 1) * tokens
+    ids = 8 * tokens * micro_batches
     buffers = micro_batches * hidden
     work = _work(precision="fp32", grad_accum_steps=micro_batches)
     first, last = memory.pipeline_estimates(work, _pipelined(), capacity=0, on_gpu=False)
     assert first.activations == 2 * (block + rotary + hidden) + ids + buffers == 766_976
-    assert last.activations == (block - hidden + rotary + head + logits) + ids + buffers
+    assert last.activations == (block - hidden + rotary + head) + ids + buffers
     assert first.details["pipeline_micro_batches_in_flight"] == 2
     assert last.details["pipeline_receive_buffer_bytes"] == buffers
     gpipe = memory.pipeline_estimates(work, _pipelined(schedule="gpipe"), capacity=0, on_gpu=False)
@@ -597,8 +599,8 @@ def test_the_3d_template_plans_its_pipeline(catalog):
     """llama-pretrain-3d on 16 x p5: pp 4 x shard 4 x tp 8, its global batch of 256 in 64
     micro-batches, 8 stages of the 80 layers; it fits, because the program frees each
     micro-batch's logits once their gradient exists (torch would keep all 64 micro-batches'
-    vocabulary-wide logits until the step ends, 62.6 GiB on each tensor-parallel rank of the last
-    stage). The last rank holds the most: its receive buffers and one micro-batch's logits."""
+    logits until the step ends). With loss parallel each tensor-parallel rank holds an eighth of the
+    vocabulary's logits, so the first rank, with the most micro-batches in flight, holds the most."""
     plan = plan_run(catalog.resolve("llama-pretrain-3d"), {})
     layout = plan.layout
     assert (layout.pipeline, layout.replicate, layout.shard, layout.tensor) == (4, 1, 4, 8)
@@ -609,7 +611,7 @@ def test_the_3d_template_plans_its_pipeline(catalog):
     )
     shape = plan.to_dict()["pipeline"]
     assert sum(shape["layers_per_stage"]) == 80 and len(shape["layers_per_stage"]) == 8
-    assert shape["fullest_rank"] == 3
+    assert shape["fullest_rank"] == 0
     assert plan.fits
     one_micro_batch_logits = 4096 * 128256 * 2
     assert plan.memory.activations < 64 * one_micro_batch_logits  # what torch alone would keep

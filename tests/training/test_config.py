@@ -126,14 +126,17 @@ def test_mesh_degrees_resolve_to_the_world_size(settings, world, hosts, expected
 
 
 @pytest.mark.parametrize(("settings", "world", "message"), [
-    ({"parallelism": "fsdp", "tensor_parallel_degree": 3}, 8, "(1 x 3) dividing the world size 8"),
+    ({"parallelism": "fsdp", "tensor_parallel_degree": 3}, 8, "(1 x 1 x 3) dividing the world size 8"),
+    ({"parallelism": "fsdp", "context_parallel_degree": 3}, 8,
+     "'context_parallel_degree': got 3, expected pipeline_parallel_degree x context_parallel_degree x "
+     "tensor_parallel_degree (1 x 3 x 1) dividing the world size 8"),
     ({"parallelism": "fsdp", "shard_degree": 3}, 8, "must equal the world size 8"),
     ({"parallelism": "fsdp", "fsdp_sharding": "hybrid", "replicate_degree": 3}, 8, "a divisor"),
     ({"parallelism": "single"}, 2, "2 processes were launched"),
     ({"parallelism": "ddp", "shard_degree": 4}, 8, "invalid hyperparameter 'shard_degree'"),
     ({"parallelism": "fsdp", "pipeline_parallel_degree": 3}, 8,
-     "'pipeline_parallel_degree': got 3, expected pipeline_parallel_degree x tensor_parallel_degree "
-     "(3 x 1) dividing the world size 8"),
+     "'pipeline_parallel_degree': got 3, expected pipeline_parallel_degree x context_parallel_degree x "
+     "tensor_parallel_degree (3 x 1 x 1) dividing the world size 8"),
     ({"parallelism": "smp", "shard_degree": 3}, 16,
      "'shard_degree': got 3, expected a divisor of world size / tensor_parallel_degree = 16"),
 ])

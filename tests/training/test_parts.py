@@ -21,6 +21,7 @@ from training_jobs.contract.hyperparameters import (
 from training_jobs.trainer import checkpoint, metrics, models, optim, parallel
 from training_jobs.trainer.environment import read_environment
 from training_jobs.trainer.errors import CheckpointError, ContainerError, TrainingError
+from training_jobs.trainer.loss import causal_lm_loss
 from training_jobs.trainer.strategies import smp
 from training_jobs.trainer.strategies.deepspeed_zero import deepspeed_config
 
@@ -394,12 +395,20 @@ def test_decoder_layers_are_found_under_peft_and_checkpoint_wrappers(tokenizer):
     assert trainable and all("lora_" in n for n in trainable)
 
 
-def test_tensor_parallel_needs_a_plan(tokenizer):
-    from training_jobs.trainer import parallel
+def test_tensor_and_context_parallel_need_the_llama_layout(tokenizer):
+    from training_jobs.trainer import parallel, tensor_parallel
 
     source = models.model_source(ModelConfig(model_preset="gpt2-tiny"), None, tokenizer, 32)
+    gpt2 = models.build_model(source, materialize=False, seed=0)
     with pytest.raises(ConfigError, match="gpt2 models have no supported tensor-parallel plan"):
-        parallel.tensor_parallel_plan(models.build_model(source, materialize=False, seed=0))
+        tensor_parallel.check_supported(gpt2, 2)
+    with pytest.raises(ConfigError, match="'context_parallel_degree': gpt2 models cannot split"):
+        parallel.check_context_parallel(gpt2)
+    llama = models.build_model(models.model_source(ModelConfig(model_preset="llama-tiny"), None, tokenizer,
+                                                   32), materialize=False, seed=0)
+    with pytest.raises(ConfigError, match="3 does not divide the model's num_attention_heads"):
+        tensor_parallel.check_supported(llama, 3)
+    tensor_parallel.check_supported(llama, 2)
 
 
 def test_attention_auto_is_eager_only_when_compiling_on_a_cpu():
@@ -421,7 +430,7 @@ def test_eager_and_sdpa_attention_compute_the_same_model(tokenizer):
         source = models.ModelSource(config, None, "llama-tiny", attention)
         model = models.build_model(source, materialize=True, seed=0)
         assert model.config._attn_implementation == attention
-        losses[attention] = models.causal_lm_loss(models.forward_logits(model, inputs), inputs)
+        losses[attention] = causal_lm_loss(models.forward_logits(model, inputs), inputs)
     assert losses["eager"].item() == pytest.approx(losses["sdpa"].item(), abs=1e-5)
 
 

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 from training_jobs import prepare_data
 from training_jobs.trainer.data import IGNORE_INDEX, BatchLayout, EvalBatches, TokenSamples
 from training_jobs.trainer.errors import DataError
-from training_jobs.trainer.models import causal_lm_loss
+from training_jobs.trainer.loss import causal_lm_loss
 from training_jobs.trainer.shards import read_manifest
 
 from .conftest import REPO, TINY, TOKENIZER, child_env, job_root, losses, run_jobs

@@ -47,6 +47,7 @@ PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
 CollectiveBackend = Literal["nccl", "smddp"]
 PARALLELISMS: tuple[str, ...] = get_args(Parallelism)
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
+Fp8Recipe = Literal["tensorwise", "rowwise"]
 # Schedules that run several stages per rank (the others run exactly one).
 MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "zero_bubble")
 # The parallelisms QLoRA trains with: bitsandbytes' packed 4-bit weights do not shard (FSDP,
@@ -117,8 +118,18 @@ class ParallelConfig:
                                 minimum=0)
     shard_degree: int = _hp(0, "Ranks one parameter is sharded over; 0 = derive.", minimum=0)
     tensor_parallel_degree: int = _hp(1, "Tensor-parallel ranks (fsdp and smp); 0 or 1 = none. "
-                                         "pipeline x replicate x shard x tensor = world size.",
+                                         "pipeline x replicate x shard x context x tensor = world size.",
                                       minimum=0)
+    sequence_parallel: bool = _hp(True, "With tensor_parallel_degree > 1 (fsdp): shard the norms and "
+                                        "residual stream on the sequence (all-gather / reduce-scatter "
+                                        "around each tensor-parallel region instead of an all-reduce). "
+                                        "The output head is always sharded on the vocabulary and the "
+                                        "loss computed on the shards (loss parallel).")
+    context_parallel_degree: int = _hp(1, "Ranks one sequence is split across (fsdp, Llama-style "
+                                          "models): each holds 2 of 2 x degree chunks (i and "
+                                          "2 x degree - 1 - i, a causal load balance) and attends over "
+                                          "the all-gathered keys and values; 0 or 1 = none.",
+                                       minimum=0)
     pipeline_parallel_degree: int = _hp(1, "Pipeline stages across ranks (ddp and fsdp; "
                                            "torch.distributed.pipelining; docs/training.md, Pipeline "
                                            "parallelism and 3-D training); 0 or 1 = none.", minimum=0)
@@ -144,8 +155,9 @@ class ParallelConfig:
     mixed_precision: MixedPrecision = _hp("bf16", "Compute precision; fp16 (single, ddp, deepspeed) "
                                                   "with loss scaling; master weights stay fp32.")
     activation_checkpointing: ActivationCheckpointing = _hp(
-        "none", "Recompute activations in backward: full layers, or selective (keep matmul "
-                "outputs, recompute the rest).")
+        "none", "Recompute activations in backward: full layers, or selective (torchtitan's op-level "
+                "policy: keep attention outputs, reduce-scatter outputs and every other matmul output "
+                "of a decoder layer, recompute the rest).")
     activation_checkpointing_every: int = _hp(1, "Checkpoint every k-th decoder layer (layers 0, k, "
                                                  "2k, ...).", minimum=1)
     activation_offloading: bool = _hp(False, "Move the activations autograd saves (with checkpointing: "
@@ -154,8 +166,13 @@ class ParallelConfig:
     compile: bool = _hp(False, "`torch.compile` each decoder layer (the first step compiles; identical "
                                "layers share one compiled graph). On this project's CPU it is the "
                                "largest single speed-up (docs/benchmarks.md).")
-    fp8: bool = _hp(False, "Train the decoder layers' linear layers in FP8 (torchao float8, tensorwise "
-                           "scaling) on Hopper-class GPUs (compute capability 8.9+).")
+    fp8: bool = _hp(False, "Train the decoder layers' linear layers in FP8 (torchao float8) on GPUs of "
+                           "compute capability 8.9+ (H100, H200, L4, L40S).")
+    fp8_recipe: Fp8Recipe = _hp("tensorwise", "FP8 scaling: tensorwise (one scale per tensor; under "
+                                              "fsdp the parameters are all-gathered in FP8, and with "
+                                              "tensor parallel its all-gathers travel in FP8 too) or "
+                                              "rowwise (one scale per row: more accurate, bf16 "
+                                              "all-gathers, no tensor parallel).")
     compile_mode: CompileMode = _hp(
         "auto", "With compile: cuda_graphs replays each compiled layer as a CUDA graph (torch.compile "
                 "mode reduce-overhead), which removes the per-kernel launch cost that bounds small "
@@ -454,6 +471,7 @@ def validate(config: TrainConfig) -> None:
         raise _invalid("lora_r", lora.lora_r, "0 with tensor_parallel_degree > 1 (LoRA with tensor "
                                               "parallel is not supported; use fsdp sharding)")
     _validate_pipeline(config)
+    _validate_context_parallel(config)
     if config.data.global_batch_size and config.data.grad_accum_steps != 1:
         raise _invalid("grad_accum_steps", config.data.grad_accum_steps,
                        "1 when global_batch_size is set (the accumulation steps are derived from it)")
@@ -494,11 +512,31 @@ def _validate_parallel(par: ParallelConfig) -> None:
                        "nccl unless parallelism=fsdp without pipeline stages: launched by torchrun, "
                        "SMDDP replaces FSDP's all-gather; its all-reduce (ddp) needs SageMaker's mpirun "
                        "launcher, and it cannot form the sub-groups pipeline stages talk over")
-    if par.fp8 and (par.parallelism not in ("single", "ddp", "fsdp") or par.tensor_parallel_degree > 1
-                    or par.mixed_precision != "bf16"):
-        raise _invalid("fp8", True, "false unless parallelism is single, ddp or fsdp without tensor "
-                                    "parallel, with mixed_precision=bf16 (float8 matmuls, the rest in "
-                                    "bf16)")
+    if par.fp8 and (par.parallelism not in ("single", "ddp", "fsdp") or par.mixed_precision != "bf16"):
+        raise _invalid("fp8", True, "false unless parallelism is single, ddp or fsdp, with "
+                                    "mixed_precision=bf16 (float8 matmuls, the rest in bf16)")
+    if par.fp8 and par.fp8_recipe == "rowwise" and par.tensor_parallel_degree > 1:
+        raise _invalid("fp8_recipe", "rowwise", "tensorwise with tensor_parallel_degree > 1 (torchao's "
+                                                "float8 tensor-parallel layers take tensorwise scales)")
+
+
+def _validate_context_parallel(config: TrainConfig) -> None:
+    cp = config.parallel.context_parallel_degree
+    if cp <= 1:
+        return
+    if config.parallel.parallelism != "fsdp":
+        raise _invalid("context_parallel_degree", cp, f"1 with parallelism={config.parallel.parallelism} "
+                                                      "(context parallel runs with fsdp, which shards "
+                                                      "the parameters over the data and context ranks)")
+    if config.data.seq_len % (2 * cp):
+        raise _invalid("context_parallel_degree", cp, f"a degree whose 2 x degree chunks divide seq_len "
+                                                      f"({config.data.seq_len}) evenly")
+    if config.model.attention == "eager":
+        raise _invalid("attention", "eager", "auto or sdpa with context_parallel_degree > 1 (context "
+                                             "parallel attention runs PyTorch's SDPA kernels)")
+    if config.lora.lora_r:
+        raise _invalid("lora_r", config.lora.lora_r, "0 with context_parallel_degree > 1 (LoRA with "
+                                                     "context parallel is not supported)")
 
 
 def default_stages_per_rank(schedule: str) -> int:

@@ -1,10 +1,14 @@
 """The degrees of the device mesh, resolved against the world size, and every check on them.
 
-One object owns them (as torchtitan's ParallelDims does): pipeline x replicate x shard x tensor =
-world size, in that order from the outermost dimension to the innermost. Consecutive ranks share
-a host, so tensor parallel (the chattiest: two all-reduces per layer) stays inside an instance on
-NVLink, the data-parallel dimensions come next, and pipeline stages (one activation per
-micro-batch crossing a stage boundary) span instances over EFA.
+One object owns them (as torchtitan's ParallelDims does): pipeline x replicate x shard x context x
+tensor = world size, in that order from the outermost dimension to the innermost (torchtitan's
+order). Consecutive ranks share a host, so tensor parallel (the chattiest: four all-gathers or
+reduce-scatters of the activations per layer) stays inside an instance on NVLink, context parallel
+(an all-gather of keys and values per layer) next to it, the data-parallel dimensions come next, and
+pipeline stages (one activation per micro-batch crossing a stage boundary) span instances over EFA.
+Context-parallel ranks train the same samples (each a part of every sequence), so the data-parallel
+size, which global_batch_size divides, counts neither them nor the tensor-parallel ranks; FSDP
+shards the parameters over shard x context.
 
 Only the standard library is imported here: a degree that does not fit the world size fails before
 the model is built, with a message naming the hyperparameter, and the platform (llmtrain) checks a
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 from .hyperparameters import ParallelConfig, TrainConfig
 
-MESH_DIMS = ("pp", "replicate", "shard", "tp")
+MESH_DIMS = ("pp", "replicate", "shard", "cp", "tp")
 # Parallelisms that wrap each pipeline stage for data parallelism (DeepSpeed and SMP v2 own the
 # whole model; `single` is one process).
 PIPELINE_DATA_PARALLELISMS = ("ddp", "fsdp")
@@ -39,12 +43,14 @@ def _invalid(name: str, value: object, expected: str) -> ConfigError:
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """pipeline x replicate x shard x tensor ranks; replicate x shard is the data-parallel size."""
+    """pipeline x replicate x shard x context x tensor ranks; replicate x shard is the data-parallel
+    size."""
 
     pipeline: int
     replicate: int
     shard: int
     tensor: int
+    context: int = 1
 
     @property
     def data_parallel(self) -> int:
@@ -52,37 +58,41 @@ class ParallelDims:
 
     @property
     def world_size(self) -> int:
-        return self.pipeline * self.data_parallel * self.tensor
+        return self.pipeline * self.data_parallel * self.context * self.tensor
 
     @property
-    def mesh_shape(self) -> tuple[int, int, int, int]:
-        return self.pipeline, self.replicate, self.shard, self.tensor
+    def mesh_shape(self) -> tuple[int, int, int, int, int]:
+        return self.pipeline, self.replicate, self.shard, self.context, self.tensor
 
     @classmethod
     def resolve(cls, par: ParallelConfig, world_size: int, num_hosts: int) -> ParallelDims:
         """Turn the degree hyperparameters (0 = derive) into dims whose product is the world size."""
         pp = max(par.pipeline_parallel_degree, 1)
         tp = max(par.tensor_parallel_degree, 1)
+        cp = max(par.context_parallel_degree, 1)
         if par.parallelism == "single" and world_size != 1:
             raise _invalid("parallelism", "single", f"ddp, fsdp or deepspeed: {world_size} processes "
                                                     "were launched")
-        if world_size % (pp * tp):
-            name = "pipeline_parallel_degree" if pp > 1 else "tensor_parallel_degree"
-            raise _invalid(name, pp if pp > 1 else tp,
-                           f"pipeline_parallel_degree x tensor_parallel_degree ({pp} x {tp}) dividing "
-                           f"the world size {world_size}")
-        data_parallel = world_size // (pp * tp)
+        if world_size % (pp * cp * tp):
+            name, value = next((n, v) for n, v in (("pipeline_parallel_degree", pp),
+                                                   ("context_parallel_degree", cp),
+                                                   ("tensor_parallel_degree", tp)) if v > 1)
+            raise _invalid(name, value,
+                           f"pipeline_parallel_degree x context_parallel_degree x tensor_parallel_degree "
+                           f"({pp} x {cp} x {tp}) dividing the world size {world_size}")
+        data_parallel = world_size // (pp * cp * tp)
         if par.parallelism == "smp":
             return cls._smp(par, data_parallel, tp)
         if par.parallelism in ("single", "ddp", "deepspeed"):
             _expect_degree("shard_degree", par.shard_degree, (0, 1, data_parallel))
-            return cls(pipeline=pp, replicate=data_parallel, shard=1, tensor=tp)
+            return cls(pipeline=pp, replicate=data_parallel, shard=1, tensor=tp, context=cp)
         replicate, shard = _data_parallel_split(par, data_parallel, num_hosts)
         if replicate * shard != data_parallel:
             raise ConfigError(f"invalid hyperparameter 'shard_degree': pipeline_parallel_degree ({pp}) x "
                               f"replicate_degree ({replicate}) x shard_degree ({shard}) x "
-                              f"tensor_parallel_degree ({tp}) must equal the world size {world_size}")
-        return cls(pipeline=pp, replicate=replicate, shard=shard, tensor=tp)
+                              f"context_parallel_degree ({cp}) x tensor_parallel_degree ({tp}) must equal "
+                              f"the world size {world_size}")
+        return cls(pipeline=pp, replicate=replicate, shard=shard, tensor=tp, context=cp)
 
     @classmethod
     def _smp(cls, par: ParallelConfig, data_parallel: int, tp: int) -> ParallelDims:
@@ -96,9 +106,10 @@ class ParallelDims:
         return cls(pipeline=1, replicate=1, shard=data_parallel, tensor=tp)
 
     def check_resume(self, saved: dict, *, reshards: bool) -> None:
-        """A checkpoint may be resumed on another data-parallel size where the strategy's
-        checkpoints reshard (DCP), never with another pipeline or tensor-parallel degree (its
-        stages and shards would not line up)."""
+        """A checkpoint may be resumed on another data-parallel or context-parallel size where the
+        strategy's checkpoints reshard (DCP: context parallel shards no parameter differently from
+        FSDP), never with another pipeline or tensor-parallel degree (its stages and shards would
+        not line up)."""
         for name, key, now in (("pipeline_parallel_degree", "pipeline", self.pipeline),
                                ("tensor_parallel_degree", "tensor", self.tensor)):
             before = saved.get(key, now)
@@ -116,7 +127,8 @@ class ParallelDims:
                               "location")
 
     def state(self) -> dict:
-        return {"pipeline": self.pipeline, "data_parallel": self.data_parallel, "tensor": self.tensor}
+        return {"pipeline": self.pipeline, "data_parallel": self.data_parallel, "tensor": self.tensor,
+                "context": self.context}
 
 
 def _data_parallel_split(par: ParallelConfig, data_parallel: int, num_hosts: int) -> tuple[int, int]:

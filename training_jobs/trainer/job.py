@@ -115,10 +115,12 @@ def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device
     layout = BatchLayout(topo.data_parallel_size, topo.data_parallel_rank,
                          config.data.micro_batch_size, config.data.grad_accum_steps)
     evaluation = EvalBatches(eval_samples, layout, config.logging.eval_steps, device,
-                             together=strategy.eval_micro_batches) if eval_samples else None
+                             together=strategy.eval_micro_batches,
+                             sequence=topo.sequence_split) if eval_samples else None
     return LoopContext(
         config=config, strategy=strategy,
-        train=TrainBatches(train_samples, layout, config.run.seed, device), evaluation=evaluation,
+        train=TrainBatches(train_samples, layout, config.run.seed, device, topo.sequence_split),
+        evaluation=evaluation,
         store=CheckpointStore(env.checkpoint_dir, config.checkpoint.keep_checkpoints, env.rank,
                               env.is_local_main, background_writes=config.checkpoint.checkpoint_async
                               and strategy.saves_asynchronously),

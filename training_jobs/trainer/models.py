@@ -17,7 +17,6 @@ from torch import nn
 
 from ..contract.hyperparameters import ConfigError, ModelConfig
 from ..contract.presets import PRESETS, padded_vocab_size
-from .data import IGNORE_INDEX
 from .errors import ContainerError
 
 SHIPPED_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tokenizer"
@@ -201,23 +200,8 @@ def parameter_count(param: torch.Tensor) -> int:
     return getattr(param, "ds_numel", None) or param.numel()
 
 
-def forward_logits(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-    return model(input_ids=inputs, use_cache=False).logits
-
-
-def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over the trained targets: every position of packed text;
-    with a loss-masked dataset, only those not set to IGNORE_INDEX (-100, cross-entropy's
-    default). A micro batch without any trained target gives 0, not 0/0."""
-    return causal_lm_loss_sum(logits, targets) / trained_targets(targets).clamp(min=1)
-
-
-def causal_lm_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Summed next-token cross-entropy over the trained targets (for means over several batches)."""
-    return nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
-                                       targets.reshape(-1), reduction="sum")
-
-
-def trained_targets(targets: torch.Tensor) -> torch.Tensor:
-    """How many targets the loss counts (a float device scalar)."""
-    return (targets != IGNORE_INDEX).sum().float()
+def forward_logits(model: nn.Module, inputs: torch.Tensor,
+                   positions: torch.Tensor | None = None) -> torch.Tensor:
+    """The logits of `inputs`; `positions` when the tokens are not the sequence's first ones in order
+    (a context-parallel rank's chunks)."""
+    return model(input_ids=inputs, position_ids=positions, use_cache=False).logits

@@ -16,7 +16,8 @@ import torch.distributed as dist
 from ...contract.hyperparameters import TrainConfig
 from .. import parallel
 from ..errors import ConfigError
-from ..models import causal_lm_loss_sum, forward_logits, trained_targets
+from ..loss import causal_lm_loss_sum, trained_targets
+from ..models import forward_logits
 from ..optim import build_optimizer, build_scheduler, peak_lr, resume_schedule
 from .protocol import LossFn, MicroBatch, ModelSummary
 from .setup import SetupContext, prepare_model, summarize

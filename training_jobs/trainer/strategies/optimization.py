@@ -35,6 +35,7 @@ class Optimization:
             if config.parallel.mixed_precision == "fp16" else None
         self.max_grad_norm = config.optim.max_grad_norm
         self.applied_lr: float | None = None
+        self.after_update: list[Callable[[], None]] = []  # run after each optimizer update
         self.keyed_by_name = keyed_by_name or len(parts) > 1
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -52,6 +53,8 @@ class Optimization:
             else:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        for callback in self.after_update:
+            callback()
         if self.scaler:
             self.scaler.update()
         self.applied_lr = self.schedulers[0].get_last_lr()[0]

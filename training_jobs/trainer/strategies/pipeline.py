@@ -29,13 +29,9 @@ from ...contract.hyperparameters import ParallelConfig, pipeline_split, pipeline
 from ...contract.stage_split import balanced_split, stage_indices
 from .. import parallel
 from ..errors import ConfigError
-from ..models import (
-    causal_lm_loss_sum,
-    decoder_layers,
-    non_embedding_parameters,
-    parameter_count,
-    trained_targets,
-)
+from ..float8 import precompute_scales, precomputes_scales
+from ..loss import causal_lm_loss_sum, trained_targets
+from ..models import decoder_layers, non_embedding_parameters, parameter_count
 from ..stage_model import CausalLMStage, check_splittable, stage_of_parameter
 from .optimization import Optimization, read_state, write_state
 from .protocol import LossFn, MicroBatch, ModelSummary
@@ -83,13 +79,16 @@ class PipelineStrategy:
         check_splittable(skeleton)
         self.layer_stages = layer_stages(layer_counts(par, skeleton, self.num_stages))
         self.stage_ids = stage_indices(self.topology.pipeline_rank, degree, per_rank)
-        self.sharded = self.kind == "fsdp" and (ctx.dims.data_parallel > 1 or par.offload_params)
+        self.sharded = self.kind == "fsdp" and (ctx.dims.data_parallel * ctx.dims.context > 1
+                                                or par.offload_params)
         self.parts = self._build_parts(ctx)
         self.hf_model = self.parts[0]
         self.modules = [self._wrap(part) for part in self.parts]
         self.optimization = Optimization(config, self.modules, ctx.device,
                                          self.topology.data_parallel_size, keyed_by_name=True)
         self.schedule = self._build_schedule(par)
+        if precomputes_scales(par, self.sharded):
+            self.optimization.after_update.append(lambda: precompute_scales(self.parts))
         self._loss_fn: LossFn = causal_lm_loss_sum
         self._losses: list[torch.Tensor] = []
 
@@ -98,11 +97,14 @@ class PipelineStrategy:
     def _build_parts(self, ctx: SetupContext) -> list[CausalLMStage]:
         """This rank's stages, transformed and holding rank 0's initial weights."""
         initial = parallel.snapshot(prepare_model(ctx, materialize=True)) if ctx.rank == 0 else None
+        split = self.topology.sequence_split
+        positions = None if split is None else \
+            split.positions(self.config.data.seq_len // split.degree, self.device)
         parts = []
         for position, stage in enumerate(self.stage_ids):
             layers = [index for index, owner in enumerate(self.layer_stages) if owner == stage]
             part = CausalLMStage(prepare_model(ctx, materialize=False), layers, first=stage == 0,
-                                 last=stage == self.num_stages - 1)
+                                 last=stage == self.num_stages - 1, positions=positions)
             parallel.transform(part, self.config, self.topology, self.device, with_fsdp=self.sharded)
             parallel.load_from_rank0(part, self.device, self._weights_at(position, initial), part=True)
             parts.append(part)
@@ -165,7 +167,7 @@ class PipelineStrategy:
     def _pipeline_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if logits.requires_grad:
             logits.register_hook(_release_when_differentiated(logits))
-        loss = self._loss_fn(logits, targets)
+        loss = self._loss_fn(self.topology.vocabulary_logits(logits), targets)
         self._losses.append(loss.detach())
         return loss / self.config.data.grad_accum_steps
 
@@ -219,7 +221,7 @@ class PipelineStrategy:
                         hidden = _receive_activation(owner[stage - 1], group, self.device)
                     hidden = modules[stage](hidden)
                     if stage == self.num_stages - 1:
-                        sums.append(causal_lm_loss_sum(hidden, targets))
+                        sums.append(causal_lm_loss_sum(self.topology.vocabulary_logits(hidden), targets))
                     elif owner[stage + 1] != me:
                         _send_activation(hidden, owner[stage + 1], group)
         return sums
