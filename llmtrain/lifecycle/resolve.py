@@ -22,6 +22,7 @@ from llmtrain.lifecycle.jobs import ACTIVE_JOB_STATUSES, pinned_template, run_jo
 from llmtrain.lifecycle.submission import Submission
 from llmtrain.planner.checks import check_run
 from llmtrain.platform import PlatformContext
+from llmtrain.program_contract import ProgramContract
 from llmtrain.render import MAX_ATTEMPTS, RunInput, check_team_template, max_run_name_length, render
 from llmtrain.runs import DEFAULT_OWNER, ExecutionInput, InvalidRunInput, RunState, UnusableInstanceType
 from llmtrain.spec import TemplateSpec
@@ -66,7 +67,8 @@ def resolve_run(
         template = run_template(run_input, pinned, catalog)
     except LlmtrainError as error:
         raise rejected(error) from error
-    return start_run(template, run_input, platform, previous, submission, execution_arn=execution_arn)
+    return start_run(template, run_input, platform, previous, submission,
+                     program=catalog.program_contract(template), execution_arn=execution_arn)
 
 
 def rejected(error: LlmtrainError) -> InvalidRunInput:
@@ -134,6 +136,7 @@ def start_run(
     previous: Sequence[Mapping[str, Any]],
     submission: Submission,
     *,
+    program: ProgramContract | None = None,
     execution_arn: str | None = None,
 ) -> dict[str, Any]:
     """Render the run's first attempt here, after checking what earlier attempts left behind, and
@@ -146,7 +149,8 @@ def start_run(
         )
     owner = run_input.owner or DEFAULT_OWNER
     try:
-        request = _render(template, run_input.run_name, run_input.overrides, attempt, owner, None, platform)
+        request = _render(template, run_input.run_name, run_input.overrides, attempt, owner, None, platform,
+                          program)
         submission.check(request)
         # The planner: refuse a run that will not fit its GPUs or costs more than the team's budget.
         plan = check_run(
@@ -160,7 +164,7 @@ def start_run(
     except LlmtrainError as error:
         raise rejected(error) from error
     first = request["ResourceConfig"]["InstanceType"]
-    usable, unusable = check_fallbacks(template, run_input, request, platform, submission)
+    usable, unusable = check_fallbacks(template, run_input, request, platform, submission, program)
     run = RunState(
         run_name=run_input.run_name,
         team=platform.team,
@@ -190,6 +194,7 @@ def check_fallbacks(
     first: Mapping[str, Any],
     platform: PlatformContext,
     submission: Submission,
+    program: ProgramContract | None = None,
 ) -> tuple[list[str], list[UnusableInstanceType]]:
     """The template's fallback types that can hold this run, and those that cannot (with why). A
     fallback with another number of GPUs holds it where the checkpoints reshard: the attempt
@@ -201,7 +206,7 @@ def check_fallbacks(
             continue
         try:
             request = _render(template, run_input.run_name, run_input.overrides, 1, DEFAULT_OWNER, fallback,
-                              platform)
+                              platform, program)
             submission.check(request)
             problems = reshape_problems(template.distribution.strategy, first, request)
         except LlmtrainError as error:
@@ -241,14 +246,17 @@ def _render(
     owner: str,
     instance_type: str | None,
     platform: PlatformContext,
+    program: ProgramContract | None,
 ) -> dict:
     run_input = RunInput(
         run_name=run_name, overrides=overrides, attempt=attempt, instance_type=instance_type, owner=owner
     )
-    return render(template, run_input, platform)
+    # The training program's rules of the code this version runs (its frozen code's, bundled).
+    return render(template, run_input, platform, program)
 
 
-def render_attempt(template: TemplateSpec, run: RunState, platform: PlatformContext) -> dict:
+def render_attempt(template: TemplateSpec, run: RunState, platform: PlatformContext,
+                   program: ProgramContract | None = None) -> dict:
     """The request of the run's current attempt (on its current instance type)."""
     fallback = run.instance_type if run.type_index else None
-    return _render(template, run.run_name, run.overrides, run.attempt, run.owner, fallback, platform)
+    return _render(template, run.run_name, run.overrides, run.attempt, run.owner, fallback, platform, program)

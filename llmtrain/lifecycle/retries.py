@@ -14,6 +14,7 @@ from llmtrain.lifecycle.resolve import render_attempt
 from llmtrain.lifecycle.submission import Submission
 from llmtrain.lifecycle.summaries import failure_summary
 from llmtrain.platform import PlatformContext
+from llmtrain.program_contract import ProgramContract
 from llmtrain.render import MAX_ATTEMPTS
 from llmtrain.runs import RunState
 from llmtrain.spec import RetrySpec, TemplateSpec
@@ -84,6 +85,7 @@ def plan_next_attempt(
     caught: Mapping[str, Any],
     platform: PlatformContext,
     submission: Submission,
+    program: ProgramContract | None = None,
 ) -> dict[str, Any]:
     """`{"decision": "retry", "wait_seconds", "run", **attempt state}`, or `{"decision": "fail",
     "summary"}` when the run gives up."""
@@ -106,7 +108,7 @@ def plan_next_attempt(
         throttle_retries=plan.throttle_retries,  # counts the current attempt's throttled calls
     )
     try:
-        state = submission.attempt_state(render_attempt(template, run, platform), run)
+        state = submission.attempt_state(render_attempt(template, run, platform, program), run)
     except LlmtrainError as error:
         kind = "capacity" if failure.kind == "capacity" else "invalid_retry"
         bad = Failure(kind=kind, reason=f"the retry could not be rendered: {error}")

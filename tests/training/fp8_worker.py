@@ -22,11 +22,11 @@ import torch.distributed as dist
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from training_jobs.trainer import float8, parallel, tensor_parallel  # noqa: E402
 from training_jobs.contract.hyperparameters import from_hyperparameters  # noqa: E402
+from training_jobs.contract.parallel_dims import ParallelDims  # noqa: E402
+from training_jobs.trainer import float8, parallel, tensor_parallel  # noqa: E402
 from training_jobs.trainer.loss import causal_lm_loss  # noqa: E402
 from training_jobs.trainer.models import forward_logits  # noqa: E402
-from training_jobs.contract.parallel_dims import ParallelDims  # noqa: E402
 
 
 def _model():

@@ -19,11 +19,11 @@ import torch.distributed as dist
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from training_jobs.trainer import parallel  # noqa: E402
 from training_jobs.contract.hyperparameters import from_hyperparameters  # noqa: E402
+from training_jobs.contract.parallel_dims import ParallelDims  # noqa: E402
+from training_jobs.trainer import parallel  # noqa: E402
 from training_jobs.trainer.loss import causal_lm_loss_sum  # noqa: E402
 from training_jobs.trainer.models import decoder_layers, forward_logits  # noqa: E402
-from training_jobs.contract.parallel_dims import ParallelDims  # noqa: E402
 
 BATCH, SEQ, VOCAB = 2, 32, 256
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training_jobs.trainer import loss, parallel
 from training_jobs.contract.hyperparameters import ConfigError, from_hyperparameters
+from training_jobs.trainer import loss, parallel
 from training_jobs.trainer.context_parallel import SequenceSplit
 from training_jobs.trainer.data import IGNORE_INDEX
 
