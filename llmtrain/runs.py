@@ -163,7 +163,9 @@ class AttemptRecord:
     attempt: int
     job_name: str
     instance_type: str
-    outcome: str  # Completed, capacity, quota, job_failed, stopped, api_error, invalid_retry
+    # Completed, capacity, plan_capacity, quota, throttled, job_failed, rule_stopped, hung, stopped,
+    # api_error, invalid_retry
+    outcome: str
     reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from llmtrain.errors import LlmtrainError, OverrideError, did_you_mean
 from llmtrain.launcher_client import FINISHED, LauncherClient, RunStatus, owner_from_identity
 from llmtrain.planner.checks import check_run
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
+from llmtrain.program_failures import meaning
 from llmtrain.render import RunInput, coerce_override, render
 from llmtrain.spec import CHANNEL_SETTING_PREFIX, TemplateSpec
 
@@ -276,6 +277,8 @@ def format_status(status: RunStatus, where: str = "") -> str:
         )
         if job.get("failure_reason"):
             lines.append(f"  failure reason: {job['failure_reason']}")
+            if meaning(job["failure_reason"]):
+                lines.append(f"  what it means: {meaning(job['failure_reason'])}")
         if job.get("tensorboard"):
             lines.append(f"  TensorBoard (live): tensorboard --logdir {job['tensorboard']}")
     else:

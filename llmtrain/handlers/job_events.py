@@ -13,6 +13,9 @@ Failure classes:
   of its plan: a capacity failure, or its pending time (`MaxPendingTimeInSeconds`) ran out. Retrying
   elsewhere would leave the reserved capacity; the plan's instances are what to look at.
 - `quota`: a Service Quota was exceeded (ResourceLimitExceeded); ask for an increase or wait.
+- `rule`: a rule of the training program stopped it (`RuleTriggered: ...`, llmtrain.program_failures).
+- `hang`: the training program's hang watchdog ended it (`HungCollective: ...`); a launcher run is
+  retried once.
 - `algorithm`: the training code or its input failed (AlgorithmError, ClientError); fix the job.
 - `internal`: a SageMaker internal error, or a reason we do not recognise.
 
@@ -44,6 +47,7 @@ import boto3
 from botocore.exceptions import ClientError
 
 from llmtrain.handlers.metrics import Metric, put_metrics
+from llmtrain.program_failures import HUNG_COLLECTIVE, MEANING, RULE_TRIGGERED
 
 LOGGER = logging.getLogger(__name__)
 LOGGER.setLevel(logging.INFO)
@@ -63,12 +67,15 @@ class FailureClass(StrEnum):
     CAPACITY = "capacity"
     PLAN_CAPACITY = "plan_capacity"
     QUOTA = "quota"
+    RULE = "rule"
+    HANG = "hang"
     ALGORITHM = "algorithm"
     INTERNAL = "internal"
 
 
 # Checked in order; the first class with a marker found in the FailureReason wins. Capacity and
-# quota come first because their reasons can be wrapped in a ClientError prefix.
+# quota come first because their reasons can be wrapped in a ClientError prefix; the training
+# program's own reasons before the AlgorithmError that wraps them.
 _FAILURE_MARKERS: tuple[tuple[FailureClass, tuple[str, ...]], ...] = (
     (
         FailureClass.CAPACITY,
@@ -80,6 +87,8 @@ _FAILURE_MARKERS: tuple[tuple[FailureClass, tuple[str, ...]], ...] = (
         ),
     ),
     (FailureClass.QUOTA, ("resourcelimitexceeded", "resource limit exceeded")),
+    (FailureClass.RULE, (f"{RULE_TRIGGERED.lower()}: ",)),
+    (FailureClass.HANG, (f"{HUNG_COLLECTIVE.lower()}: ",)),
     (FailureClass.INTERNAL, ("internalservererror", "internal server error", "internalfailure")),
     (FailureClass.ALGORITHM, ("algorithmerror", "clienterror")),
 )
@@ -206,6 +215,8 @@ _ADVICE = {
     FailureClass.PLAN_CAPACITY: "its training plan had no free instance within the job's pending time; see "
     "the plan's instances with `llmtrain plans` and start the run again",
     FailureClass.QUOTA: "a Service Quota was exceeded; run `llmtrain quotas` and request an increase",
+    FailureClass.RULE: MEANING[RULE_TRIGGERED],
+    FailureClass.HANG: MEANING[HUNG_COLLECTIVE],
     FailureClass.ALGORITHM: "the training code or its input failed; read the job's logs",
     FailureClass.INTERNAL: "SageMaker reported an internal error or an unrecognised reason; retry",
 }

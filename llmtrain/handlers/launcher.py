@@ -11,7 +11,8 @@ The state machine (constructs/training_constructs/launcher.py) calls three Lambd
   team's budget (`run_budget_usd`). Bad input is refused BEFORE any training job exists, with a
   message that says what to fix.
 - `next_attempt`: after CreateTrainingJob (`.sync`) failed, classifies the failure (capacity,
-  quota, throttling, the job's own failure, a stop, an API error) and either plans a retry (the wait, a new
+  quota, throttling, the job's own failure, a stop, an API error, and the training program's rule
+  stops and hung collectives: llmtrain.program_failures) and either plans a retry (the wait, a new
   job name, the same checkpoint prefix, maybe the next fallback instance type) or gives up with a
   summary of the run.
 - `summarize`: the summary of a run whose job completed. Every summary holds the cost the last job
@@ -46,6 +47,7 @@ from llmtrain.catalog import LATEST, Catalog
 from llmtrain.errors import LlmtrainError, OverrideError
 from llmtrain.planner.checks import actual_cost, check_run
 from llmtrain.platform import PlatformContext
+from llmtrain.program_failures import HUNG_COLLECTIVE, RETRIES, RULE_TRIGGERED, program_failure
 from llmtrain.render import (
     MAX_ATTEMPTS,
     TAG_PREFIX,
@@ -453,7 +455,8 @@ class Quota:
 class Failure:
     """One failed attempt, classified. `kind`: capacity, plan_capacity (a job in a training plan found
     no free capacity in its pending time), quota, throttled (SageMaker refused the call for its rate;
-    no job exists), job_failed, stopped or api_error."""
+    no job exists), rule_stopped and hung (the training program's, `PROGRAM_FAILURE_KINDS`),
+    job_failed, stopped or api_error."""
 
     kind: str
     reason: str
@@ -503,6 +506,10 @@ def _job_from_cause(cause: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and "TrainingJobStatus" in data else None
 
 
+# The failure kind of a job that the training program ended with one of its own failure reasons.
+PROGRAM_FAILURE_KINDS = {RULE_TRIGGERED: "rule_stopped", HUNG_COLLECTIVE: "hung"}
+
+
 def _classify_job(job: Mapping[str, Any]) -> Failure:
     reason = str(job.get("FailureReason") or job.get("TrainingJobStatus"))
     if job.get("TrainingJobStatus") == "Stopped":
@@ -511,6 +518,9 @@ def _classify_job(job: Mapping[str, Any]) -> Failure:
         return Failure(kind="capacity", reason=reason, job=job)
     if QUOTA_MARKER in reason:
         return Failure(kind="quota", reason=reason, job=job, quota=parse_quota(reason))
+    program = program_failure(reason)
+    if program is not None:
+        return Failure(kind=PROGRAM_FAILURE_KINDS[program], reason=reason, job=job)
     return Failure(kind="job_failed", reason=reason, job=job)
 
 
@@ -558,7 +568,9 @@ def plan_retry(retry: RetrySpec, run: RunState, failure: Failure) -> RetryPlan |
     gets the same number of retries. Quota with policy `wait`: up to `capacity_retry_attempts` waits
     on the same backoff schedule for running jobs to free the quota. A throttled CreateTrainingJob
     (no job was created) is called again, same job name, up to `MAX_THROTTLE_RETRIES` times with a
-    short backoff. Anything else is not retried.
+    short backoff. A job the training program's hang watchdog ended (`hung`) gets
+    `RETRIES[HUNG_COLLECTIVE]` new attempt(s) at once; it resumes from its last checkpoint. Anything
+    else is not retried.
     """
     index, retries, waits = run.type_index, run.capacity_retries, run.quota_waits
     if failure.kind == "throttled" and run.throttle_retries < MAX_THROTTLE_RETRIES:
@@ -574,6 +586,9 @@ def plan_retry(retry: RetrySpec, run: RunState, failure: Failure) -> RetryPlan |
             return RetryPlan(0, index + 1, 0, waits)
     if failure.kind == "quota" and retry.quota_policy == "wait" and waits < retry.capacity_retry_attempts:
         return RetryPlan(backoff_seconds(retry, waits + 1), index, retries, waits + 1)
+    hangs = sum(entry.outcome == "hung" for entry in run.history)
+    if failure.kind == "hung" and hangs < RETRIES[HUNG_COLLECTIVE]:
+        return RetryPlan(0, index, retries, waits)
     return None
 
 
@@ -632,6 +647,8 @@ FAILURE_ERRORS = {
     "api_error": "CreateTrainingJobFailed",
     "throttled": "CreateTrainingJobFailed",
     "invalid_retry": "RetryNotPossible",
+    "rule_stopped": "StoppedByRule",
+    "hung": "TrainingJobHung",
 }
 
 
@@ -677,6 +694,17 @@ def _advice(template: TemplateSpec, run: RunState, failure: Failure) -> str:
         )
     if failure.kind == "job_failed":
         return f"the training job failed: read its logs with `llmtrain logs {run.run_name}`"
+    if failure.kind == "rule_stopped":
+        return (f"a rule of the training program stopped it: `llmtrain logs {run.run_name}` shows its [rule] "
+                "lines. Starting the run again resumes from its last checkpoint: lower lr or raise "
+                "warmup_steps with --set, or change the rule's rule_* setting (docs/training.md, Rules)")
+    if failure.kind == "hung":
+        hangs = sum(entry.outcome == "hung" for entry in run.history)
+        return (f"its collectives stopped completing and the training program's hang watchdog ended it "
+                f"({hangs} job(s) of this run hung; a run is retried {RETRIES[HUNG_COLLECTIVE]} time(s) "
+                f"after a hang, from its last checkpoint): `llmtrain logs {run.run_name}` holds every "
+                "rank's Python stacks (also in hang/ of the job's output); the rank that waits elsewhere "
+                "than the others is the one to look at")
     if failure.kind == "stopped":
         return "the training job was stopped before it completed"
     if failure.kind == "throttled":
