@@ -187,3 +187,23 @@ def test_a_once_fault_fires_once_and_a_loss_fault_keeps_the_gradient():
     exploded = faults.loss(4, 0, loss_fn)(None, None)
     exploded.backward()
     assert exploded.item() == 6.0 and weight.grad.item() == 30.0
+
+
+def test_no_templates_metric_definition_matches_a_rule_line(tmp_path, capsys):
+    """A [rule] line is not a metric: SageMaker (and the local runner) must not read one as a loss."""
+    from llmtrain.catalog import Catalog
+    from training_jobs.trainer.metrics import MetricsLogger
+
+    rules = _rules(rule_loss_spike_action="rollback")
+    _feed(rules, [3.0] * MIN_HISTORY)
+    [verdict] = rules.judge_step(6, 30.0, 1.0)
+    logger = MetricsLogger(tmp_path, enabled=True, tensorboard=False)
+    logger.rule(verdict.record())
+    logger.rule({"step": 6, "rule": verdict.rule, "rolled_back_to": 4, "checkpoint": "/x/step_00000004"})
+    logger.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("[rule] step=6 rule=loss_spike action=rollback value=30 threshold=9 baseline=3")
+    regexes = {metric.regex for template in Catalog.load().all() for metric in template.metrics}
+    assert regexes and not [(regex, line) for regex in regexes for line in lines if re.search(regex, line)]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [record["kind"] for record in records] == ["rule", "rule"]
