@@ -70,7 +70,8 @@ def test_failure_reasons_are_classified(reason, expected):
     # The launcher reads the same table: the job's class decides its retry.
     caught = {"Error": "States.TaskFailed",
               "Cause": json.dumps({"TrainingJobStatus": "Failed", "FailureReason": reason})}
-    kind = {FailureClass.CAPACITY: "capacity", FailureClass.QUOTA: "quota"}.get(expected, "job_failed")
+    kind = {FailureClass.CAPACITY: "capacity", FailureClass.QUOTA: "quota", FailureClass.RULE: "rule_stopped",
+            FailureClass.HANG: "hung"}.get(expected, "job_failed")
     assert failures.classify_failure(caught).kind == kind
 
 
@@ -207,8 +208,8 @@ def test_a_capacity_failure_is_counted_by_class_and_notified(aws):
 
 def test_a_rule_stop_and_a_hang_are_notified_with_what_they_mean(aws):
     sqs, queue_url = aws
-    job_events.handler(state_change(f"{PREFIX}spiky-1", "Failed", RULE_STOP), None)
-    job_events.handler(state_change(f"{PREFIX}stuck-1", "Failed", HANG), None)
+    job_event_handler.handler(state_change(f"{PREFIX}spiky-1", "Failed", RULE_STOP), None)
+    job_event_handler.handler(state_change(f"{PREFIX}stuck-1", "Failed", HANG), None)
 
     assert metric_sum("JobFailures", Environment="dev", FailureClass="rule") == 1
     assert metric_sum("JobFailures", Environment="dev", FailureClass="hang") == 1
