@@ -399,17 +399,13 @@ class LauncherClient:
 
     def stop(self, run_name: str, *, by: str | None = None) -> dict[str, Any]:
         """Stop the run's execution. Where the environment has queues, its service jobs still queued
-        or running are terminated first (stopping an execution does not end them; Batch stops the
-        training job of one that runs): `execution["cancelled"]` names them."""
+        or running are terminated next (stopping an execution does not end them; Batch stops the
+        training job of one that runs): `execution["cancelled"]` names them. The execution stops
+        first, so that its Watch step never reads the cancelled job as the run's failure."""
         execution = self.find_execution(run_name)
         if execution["status"] != "RUNNING":
             raise LauncherError(f"run {run_name!r} is not running (its execution is {execution['status']})")
         reason = f"llmtrain stop {run_name}" + (f" by {by}" if by else "")
-        if self.queues is not None:
-            with explained(f"cancelling run {run_name!r}'s queued job"):
-                execution["cancelled"] = queue_jobs.cancel_run(
-                    self.client("batch"), list(self.queues.queue_arns.values()),
-                    attempt_name_stem(self.job_name_prefix, run_name), reason)
         try:
             self.client("stepfunctions").stop_execution(
                 executionArn=execution["executionArn"],
@@ -418,6 +414,11 @@ class LauncherClient:
             )
         except ClientError as error:
             raise _launcher_error(error, f"stopping run {run_name!r}") from error
+        if self.queues is not None:
+            with explained(f"cancelling run {run_name!r}'s queued job (its execution is stopped)"):
+                execution["cancelled"] = queue_jobs.cancel_run(
+                    self.client("batch"), list(self.queues.queue_arns.values()),
+                    attempt_name_stem(self.job_name_prefix, run_name), reason)
         return execution
 
     def logs(self, run_name: str, *, attempt: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
