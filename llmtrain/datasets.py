@@ -30,12 +30,9 @@ from llmtrain.aws import explained
 from llmtrain.deployed import TeamAccess
 from llmtrain.errors import LlmtrainError, did_you_mean
 from llmtrain.instances import instance_type
-from llmtrain.token_data import MANIFEST as SHARDS_MANIFEST
 from llmtrain.token_data import (
     PREPARE_HINT,
-    SPLITS,
     TOKENIZER_FILES,
-    TOKENIZER_FOLDER,
     RunShape,
     ShardsManifest,
     TokenDataError,
@@ -47,6 +44,8 @@ from llmtrain.token_data import (
     shipped_tokenizer_facts,
     split_folders_hint,
 )
+from training_jobs.contract.token_data import MANIFEST as SHARDS_MANIFEST
+from training_jobs.contract.token_data import SPLITS, TOKENIZER_FOLDER
 
 DATASET_MANIFEST = "llmtrain-dataset.json"
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

@@ -88,7 +88,8 @@ def test_a_failed_job_shows_the_programs_error_and_keeps_torchruns_traceback_in_
     assert summary["TrainingJobStatus"] == "Failed"
     assert "ValueError: hyperparameter 'fail' is true: set it to false to train" in output
     log = Path(summary["LocalRun"]["Logs"]["algo-1"]).read_text()
-    for launcher_line in ("ChildFailedError", "Root Cause (first observed failure)", "ExecuteUserScriptError"):
+    launcher_lines = ("ChildFailedError", "Root Cause (first observed failure)", "ExecuteUserScriptError")
+    for launcher_line in launcher_lines:
         assert launcher_line not in output
         assert launcher_line in log
     assert "torchrun's traceback and report of the failed processes" in output
