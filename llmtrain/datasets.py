@@ -30,6 +30,7 @@ from llmtrain.aws import explained
 from llmtrain.deployed import TeamAccess
 from llmtrain.errors import LlmtrainError, did_you_mean
 from llmtrain.local.data import MANIFEST as SHARDS_MANIFEST
+from llmtrain.s3_uris import parse_s3_uri
 
 DATASET_MANIFEST = "llmtrain-dataset.json"
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -257,7 +258,7 @@ def channel_problems(s3, team: TeamAccess, request: Mapping[str, Any]) -> list[s
     for channel in request.get("InputDataConfig", []):
         name = channel["ChannelName"]
         uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
-        key = uri[len(f"s3://{bucket}/") :]
+        key = parse_s3_uri(uri).key
         with explained(f"checking channel {name} ({uri})"):
             present = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("KeyCount", 0) > 0
             if not present:

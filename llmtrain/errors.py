@@ -9,6 +9,12 @@ from __future__ import annotations
 import difflib
 
 
+def shown_value(value: object, longest: int = 60) -> str:
+    """A value as an error message quotes it: enormous inputs are cut, not echoed whole."""
+    text = repr(value)
+    return text if len(text) <= longest else f"{text[:longest]}... ({len(text)} characters)"
+
+
 class LlmtrainError(Exception):
     """Base class: bad input or state that the user can fix (the CLI exits 2 on these)."""
 

@@ -296,6 +296,25 @@ def test_start_refuses_channels_outside_the_teams_datasets_or_empty(capsys, laun
     ]
 
 
+@pytest.mark.parametrize(
+    ("escape", "problem"),
+    [("../other/tokens/", "the path segment '..'"), ("./../other/", "the path segment '.'"),
+     ("%2e%2e/other/", "a percent sign"), (f"{DATASET}/train/ ", "holds SPACE")],
+)
+def test_start_and_render_refuse_a_channel_that_leaves_the_teams_prefix(capsys, launcher, escape, problem):
+    """Issue 25: these start with the team's datasets prefix, so they passed `start` and the launcher."""
+    put_dataset(DATASET, team="other")
+    code, out, err = start(capsys, "r5", f"channels.validation={TEAM_URI}{escape}")
+    assert code == 2 and out == ""
+    assert "override 'channels.validation'" in err and problem in err
+    assert not boto3.client("stepfunctions", region_name=REGION).list_executions(stateMachineArn=launcher)[
+        "executions"
+    ]
+    code, out, err = llmtrain(capsys, "render", "gpt2-ddp", "--run-name", "r5", "--env", "dev",
+                              "--set", f"channels.validation={TEAM_URI}{escape}")
+    assert code == 2 and out == "" and problem in err
+
+
 def test_the_templates_default_channels_lie_in_the_teams_datasets(capsys, launcher):
     """Without channels.train a run reads the template's default prefix, under the team's datasets:
     refused while it is empty, started once the team has uploaded data there."""

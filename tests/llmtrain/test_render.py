@@ -3,6 +3,7 @@ within bounds; every rejection path fails with a message naming the setting."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -172,6 +173,42 @@ def test_a_channel_outside_the_teams_datasets_prefix_is_refused_naming_the_prefi
         _render("llama-finetune-deepspeed", team, overrides={"channels.validation": uri})
     assert "override 'channels.validation'" in str(error.value)
     assert "its channels may read only under s3://llmtrain-test-datasets/teams/nlp/" in str(error.value)
+
+
+# Each of these starts with team nlp's datasets prefix, which the check before issue 25 compared as a
+# string, and reads elsewhere: S3 keeps `..` and `%2e` as written, other clients resolve them.
+ESCAPES = {
+    "s3://llmtrain-test-datasets/teams/nlp/../vision/val/": "the path segment '..'",
+    "s3://llmtrain-test-datasets/teams/nlp/./../vision/val/": "the path segment '.'",
+    "s3://llmtrain-test-datasets/teams/nlp/%2e%2e/vision/val/": "a percent sign",
+    "s3://llmtrain-test-datasets/teams/nlp/%2E%2E%2Fvision/": "a percent sign",
+    "s3://llmtrain-test-datasets/teams/nlp/val/ ": "SPACE at position 42",
+    "s3://llmtrain-test-datasets/teams/nlp/val/\n": "U+000A at position 42",
+    "s3://llmtrain-test-datasets/teams/nlp/va\u200bl/": "ZERO WIDTH SPACE",
+    "s3://llmtrain-test-datasets/teams/nlp//val/": "an empty path segment",
+    "s3://llmtrain-test-datasets/teams/nlp/..\\vision\\": "a backslash",
+    "s3://llmtrain-test-datasets/teams/nlp/val?x=1": "a '?'",
+}
+
+
+@pytest.mark.parametrize(("uri", "problem"), ESCAPES.items())
+def test_a_channel_that_could_read_outside_the_teams_prefix_is_refused_saying_what_to_fix(uri, problem):
+    """Issue 25: each of these passed render (and so the launcher's Resolve) and created a job."""
+    team = platform_context(team="nlp", job_name_prefix="llmtrain-test-nlp")
+    with pytest.raises(OverrideError) as error:
+        _render("llama-finetune-deepspeed", team, overrides={"channels.validation": uri})
+    message = str(error.value)
+    assert message.startswith("override 'channels.validation': ") and problem in message
+    assert repr(uri)[:40] in message
+
+
+def test_a_templates_default_channel_is_parsed_like_a_runs():
+    template = CATALOG.resolve("llama-finetune-deepspeed")
+    escaping = dataclasses.replace(
+        template, inputs=dataclasses.replace(template.inputs, channels={"train": "tokens/../../vision/"})
+    )
+    with pytest.raises(OverrideError, match="'channels.train': .* the path segment '..'"):
+        render(escaping, RunInput(run_name="r1"), platform_context(team="nlp"))
 
 
 def test_a_teams_runs_write_under_its_prefix_and_carry_its_tag():
