@@ -23,6 +23,7 @@ from llmtrain.errors import (
     RunInputError,
     TeamLimitError,
     shown_value,
+    where_set,
 )
 from llmtrain.images import image_torch_problems, training_image_uri
 from llmtrain.instances import instance_type as lookup_instance_type
@@ -63,6 +64,8 @@ CODEARTIFACT_ENV = "CA_REPOSITORY_ARN"
 MLFLOW_TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 MLFLOW_EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
 MODEL_ARTIFACT_ENV = "LLMTRAIN_MODEL_ARTIFACT_URI"
+# Where a construct-library deployment sets the environment's features (training plans, debugging).
+_FEATURES_PROP = "TrainingLauncherProps.platform_features"
 # How long a job may wait for its training plan's capacity when the run does not say.
 DEFAULT_MAX_PENDING_SECONDS = 24 * 3600
 
@@ -270,7 +273,8 @@ def _run_options(options: Mapping[str, Any], *, spot: bool, platform: PlatformCo
     if plan is not None:
         arn = platform.training_plans.get(plan)
         if arn is None:
-            known = ", ".join(sorted(platform.training_plans)) or "none (config training_plans is empty)"
+            lists = where_set(props=f"{_FEATURES_PROP}['training_plans']", config="training_plans")
+            known = ", ".join(sorted(platform.training_plans)) or f"none (listed as {lists})"
             raise OverrideError(
                 "training_plan", f"{plan!r} is not a training plan of environment "
                 f"{platform.environment}; its plans: {known} (llmtrain plans --env ENV lists them)"
@@ -284,9 +288,10 @@ def _run_options(options: Mapping[str, Any], *, spot: bool, platform: PlatformCo
                             "training_plan=NAME")
     remote_debug = bool(options.get("remote_debug", False))
     if remote_debug and not platform.remote_debug:
+        allows = where_set(props=f"{_FEATURES_PROP}['remote_debug']", config="remote_debug.enabled")
         raise OverrideError(
             "remote_debug", f"environment {platform.environment} does not allow remote debugging: "
-            "its platform team sets remote_debug.enabled in config/<env>.yaml and deploys"
+            f"its platform team turns it on ({allows}) and deploys"
         )
     return {
         "training_plan_arn": arn,
@@ -330,16 +335,13 @@ def _parse_typed(setting: str, raw: Any, rule: OverrideRule) -> Any:
 
 
 def _check_bounds(setting: str, value: Any, rule: OverrideRule) -> None:
+    shown, allowed = shown_value(value), f"allowed: {rule.describe()}"
     if rule.min is not None and value < rule.min:
-        raise OverrideError(
-            setting, f"{shown_value(value)} is below the minimum {rule.min}; allowed: {rule.describe()}"
-        )
+        raise OverrideError(setting, f"{shown} is below the minimum {rule.shown(rule.min)}; {allowed}")
     if rule.max is not None and value > rule.max:
-        raise OverrideError(
-            setting, f"{shown_value(value)} is above the maximum {rule.max}; allowed: {rule.describe()}"
-        )
+        raise OverrideError(setting, f"{shown} is above the maximum {rule.shown(rule.max)}; {allowed}")
     if rule.choices is not None and value not in rule.choices:
-        raise OverrideError(setting, f"{shown_value(value)} is not allowed; allowed: {rule.describe()}")
+        raise OverrideError(setting, f"{shown} is not allowed; {allowed}")
 
 
 def _fallback_instance_type(template: TemplateSpec, chosen: str) -> str:

@@ -399,6 +399,8 @@ def test_start_plans_the_run_as_the_launcher_would_before_starting_it(capsys, aw
     deploy_environment(arn, teams=[team_access(arn, run_budget_usd=10.0)])
     code, _, err = start(capsys, "r10", "max_steps=200000")
     assert code == 2 and "above team 'default''s budget of $10 per run" in err
+    assert ("(TeamSpec.max_run_cost_usd in a CDK app of llmtrain-constructs; teams.default.max_run_cost_usd, "
+            "else budgets.max_run_cost_usd in the platform's config/<env>.yaml)") in " ".join(err.split())
     too_big = ("model_preset=gpt2-medium", "seq_len=1024", "micro_batch_size=16")
     code, _, err = start(capsys, "r10", *too_big)
     assert code == 2 and "planned not to fit" in err and "skip_plan_check" in err

@@ -211,6 +211,21 @@ def test_a_templates_default_channel_is_parsed_like_a_runs():
         render(escaping, RunInput(run_name="r1"), platform_context(team="nlp"))
 
 
+def test_bounds_are_written_in_their_settings_type():
+    """Issue 25: an int setting's bounds printed as floats ("below the minimum 1.0 ... <= 1000000.0")."""
+    with pytest.raises(OverrideError) as low:
+        _render("gpt2-ddp@1.2.0", overrides={"max_steps": 0})
+    assert str(low.value) == (
+        "override 'max_steps': 0 is below the minimum 1; allowed: int >= 1 <= 1000000"
+    )
+    with pytest.raises(OverrideError) as wrong:
+        _render("gpt2-ddp@1.2.0", overrides={"max_steps": "1.5"})
+    assert str(wrong.value).endswith("is not a valid int; expected int >= 1 <= 1000000")
+    with pytest.raises(OverrideError) as small:
+        _render("gpt2-ddp@1.2.0", overrides={"lr": 1e-9})
+    assert "below the minimum 1e-06; allowed: float >= 1e-06 <= 0.01" in str(small.value)
+
+
 def test_a_teams_runs_write_under_its_prefix_and_carry_its_tag():
     team = platform_context(team="nlp", job_name_prefix="llmtrain-test-nlp")
     request = _render("llama-pretrain-fsdp", team)
@@ -223,21 +238,28 @@ def test_a_teams_runs_write_under_its_prefix_and_carry_its_tag():
     assert {"Key": "llmtrain:team", "Value": "nlp"} in request["Tags"]
 
 
+def _set_as(limit: str) -> str:
+    return (f"TeamSpec.{limit} in a CDK app of llmtrain-constructs; teams.nlp.{limit} in the platform's "
+            "config/<env>.yaml")
+
+
 @pytest.mark.parametrize(
     ("limits", "ref", "overrides", "message"),
     [
         ({"allowed_templates": ("gpt2-ddp",)}, "llama-pretrain-fsdp", {},
          "team 'nlp': template 'llama-pretrain-fsdp' is not one of its templates (gpt2-ddp); "
-         "the platform team sets it as teams.nlp.templates"),
+         f"the platform team sets the team's templates ({_set_as('templates')})"),
         ({"allowed_instance_types": ("ml.g5.12xlarge",)}, "gpt2-ddp", {"instance_type": "ml.p4d.24xlarge"},
          "instance type ml.p4d.24xlarge is not one of its instance types (ml.g5.12xlarge); "
-         "the platform team sets it as teams.nlp.instance_types"),
+         f"the platform team sets the team's instance_types ({_set_as('instance_types')})"),
         ({"max_instance_count": 2}, "llama-pretrain-fsdp", {"instance_count": 4},
-         "instance_count 4 is above its cap of 2 instances per job; the platform team sets it as "
-         "teams.nlp.max_instance_count"),
+         "instance_count 4 is above its cap of 2 instances per job; the platform team sets the team's "
+         f"max_instance_count ({_set_as('max_instance_count')})"),
     ],
 )
 def test_a_run_beyond_its_teams_limits_is_refused_naming_the_limit(limits, ref, overrides, message):
+    """The limit is named as both kinds of deployment set it (issue 25: the construct library's
+    users were sent to this repository's config/<env>.yaml only)."""
     team = platform_context(team="nlp", job_name_prefix="llmtrain-test-nlp", **limits)
     with pytest.raises(TeamLimitError) as error:
         _render(ref, team, overrides=overrides)
