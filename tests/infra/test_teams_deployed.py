@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import time
 from unittest import mock
 
 import boto3
@@ -320,6 +321,49 @@ def test_a_teams_engineer_uploads_and_lists_its_datasets_with_the_cli(deployed, 
     s3 = boto3.client("s3", region_name=deployed.region)
     keys = s3.list_objects_v2(Bucket=datasets, Prefix=f"teams/{other}/").get("Contents", [])
     assert not [o["Key"] for o in keys if f"{team}-x" in o["Key"]]
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_a_teams_engineers_read_only_its_jobs_logs(deployed, team, capsys):
+    """Issue 25: FilterLogEvents, which AWS authorizes on the whole shared log group, let one team's
+    engineer read another team's job log. Now the engineers read events stream by stream (GetLogEvents
+    on their team's streams); `llmtrain logs` does the same and reads the team's own run."""
+    other = OTHER[team]
+    sagemaker = boto3.client("sagemaker", region_name=deployed.region)
+    logs = boto3.client("logs", region_name=deployed.region)
+    group = "/aws/sagemaker/TrainingJobs"  # SageMaker creates it with the account's first job
+    if group not in [g["logGroupName"] for g in logs.describe_log_groups()["logGroups"]]:
+        logs.create_log_group(logGroupName=group)
+    streams = {}
+    for owner in TEAMS:
+        request = _rendered(deployed, owner, f"{owner}-logs-for-{team}")
+        sagemaker.create_training_job(**request)
+        streams[owner] = f"{request['TrainingJobName']}/algo-1-1700000000"
+        logs.create_log_stream(logGroupName=group, logStreamName=streams[owner])
+        event = {"timestamp": int(time.time() * 1000), "message": f"secret of {owner}"}
+        logs.put_log_events(logGroupName=group, logStreamName=streams[owner], logEvents=[event])
+    engineer = deployed.client("engineer", team, "logs")
+    with iam_enforced():
+        assert allowed(lambda: engineer.get_log_events(logGroupName=group, logStreamName=streams[team]))
+        assert not allowed(lambda: engineer.get_log_events(logGroupName=group, logStreamName=streams[other]))
+        assert not allowed(lambda: engineer.filter_log_events(logGroupName=group))
+        assert not allowed(
+            lambda: engineer.filter_log_events(logGroupName=group, logStreamNames=[streams[team]])
+        )
+        assert allowed(lambda: engineer.describe_log_streams(logGroupName=group))
+
+    granted = deployed.sessions[("engineer", team)].get_credentials()
+    keys = {"AWS_ACCESS_KEY_ID": granted.access_key, "AWS_SECRET_ACCESS_KEY": granted.secret_key}
+    where = ("--env", ENVIRONMENT, "--region", deployed.region)
+    with mock.patch.dict(os.environ, keys), iam_enforced():
+        own = main(["logs", f"{team}-logs-for-{team}", *where, "--team", team])
+        own_out, _ = capsys.readouterr()
+        theirs = main(["logs", f"{other}-logs-for-{team}", *where, "--team", other])
+        theirs_out, theirs_err = capsys.readouterr()
+    assert own == 0 and own_out == f"[algo-1-1700000000] secret of {team}\n"
+    # (moto answers a JSON-protocol denial with an XML body, which botocore reads as the code "403".)
+    assert theirs == 1 and "not authorized to perform: logs:GetLogEvents" in theirs_err
+    assert "secret" not in theirs_out + theirs_err
 
 
 @pytest.mark.parametrize("team", TEAMS)

@@ -540,6 +540,29 @@ def test_logs_print_the_latest_attempt_or_the_one_asked_for(capsys, launcher):
     assert code == 2 and "attempt 9 of run 'r7' has no training job yet" in err
 
 
+def test_logs_read_a_long_stream_page_by_page_from_its_end(capsys, launcher):
+    """`llmtrain logs` reads each of the job's streams with GetLogEvents (the engineers' policy grants
+    it on their team's streams only, issue 25), backwards from the end, 10,000 events a page."""
+    start(capsys, "r9")
+    _job(f"{PREFIX}-r9-a1", "InProgress", final_metrics=False)
+    logs = boto3.client("logs", region_name=REGION)
+    logs.create_log_group(logGroupName=TRAINING_LOG_GROUP)
+    stream = f"{PREFIX}-r9-a1/algo-1-1700000000"
+    logs.create_log_stream(logGroupName=TRAINING_LOG_GROUP, logStreamName=stream)
+    begin = int(time.time() * 1000) - 20_000
+    for first in range(0, 12_000, 6_000):
+        logs.put_log_events(
+            logGroupName=TRAINING_LOG_GROUP,
+            logStreamName=stream,
+            logEvents=[{"timestamp": begin + i, "message": f"line {i}"} for i in range(first, first + 6_000)],
+        )
+    code, out, _ = llmtrain(capsys, "logs", "r9", "--limit", "0")
+    assert code == 0
+    assert out.splitlines() == [f"[algo-1-1700000000] line {i}" for i in range(12_000)]
+    code, out, _ = llmtrain(capsys, "logs", "r9", "--limit", "3")
+    assert out.splitlines() == [f"[algo-1-1700000000] line {i}" for i in range(11_997, 12_000)]
+
+
 def test_status_without_cloudwatch_access_still_shows_the_run(capsys, launcher, monkeypatch):
     """An engineer whose policy lacks CloudWatch reads gets the rest of the status and a note why."""
     start(capsys, "r8")
