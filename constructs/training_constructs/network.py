@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import Annotations, ContextProvider, RemovalPolicy, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -144,9 +144,20 @@ class TrainingNetwork(Construct):
     """
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingNetworkProps) -> None:
+        props = checked_props(_NAME, props, TrainingNetworkProps)
+        _check_zones_in_region(Stack.of(scope).region, props.availability_zones)
+        # Before this construct joins the stack: a stack takes context only while it has no children.
+        zones_given = props.existing_vpc is None and _give_stack_its_zones(scope, props.availability_zones)
         super().__init__(scope, construct_id)
-        self.props = checked_props(_NAME, props, TrainingNetworkProps)
-        _check_zones_in_region(Stack.of(self).region, props.availability_zones)
+        self.props = props
+        if zones_given is None:
+            Annotations.of(self).add_warning_v2(
+                "llmtrain:availabilityZonesLookup",
+                f"{_NAME}: the stack already holds constructs, so its availability zones could not be set "
+                "from availability_zones; ec2.Vpc looks them up, which needs AWS credentials at `cdk synth`. "
+                "Create the TrainingNetwork first in its stack, or put the zones in the app's context "
+                f"({_zones_context_key(Stack.of(self))}: [...] in cdk.json)",
+            )
         existing_vpc = props.existing_vpc
         self.availability_zones = props.availability_zones
         self.vpc_cidr = existing_vpc.vpc_cidr if existing_vpc else props.vpc_cidr
@@ -420,6 +431,33 @@ def _acknowledge_default_group_provider(stack: Stack) -> None:
     for child in stack.node.children:
         if child.node.id.startswith("Custom::VpcRestrictDefaultSG"):
             acknowledge_checkov(child, FUNCTION_CHECKOV_REASONS, resource_type="AWS::Lambda::Function")
+
+
+# The context provider of a stack's availability zones (cloud_assembly_schema.ContextProvider.
+# AVAILABILITY_ZONE_PROVIDER, whose Python enum value is its name, not the provider's).
+_ZONES_PROVIDER = "availability-zones"
+
+
+def _zones_context_key(stack: Stack) -> str:
+    return ContextProvider.get_key(stack, provider=_ZONES_PROVIDER).key
+
+
+def _give_stack_its_zones(scope: Construct, zones: Sequence[str]) -> bool | None:
+    """Answer the stack's availability-zone lookup with the zones of the props, so synthesis needs no
+    AWS access. ec2.Vpc reads the stack's zones to compare them with the ones it is given; a stack with
+    an account and region looks them up through the CDK CLI, with AWS credentials. True when the
+    stack now has them, False when it needs none (no account or region, or its context has them),
+    None when it cannot take them any more (it already holds constructs)."""
+    stack = Stack.of(scope)
+    if Token.is_unresolved(stack.account) or Token.is_unresolved(stack.region):
+        return False
+    key = _zones_context_key(stack)
+    if stack.node.try_get_context(key) is not None:
+        return False
+    if stack.node.children:
+        return None
+    stack.node.set_context(key, list(zones))
+    return True
 
 
 def _check_zones_in_region(region: str, zones: Sequence[str]) -> None:

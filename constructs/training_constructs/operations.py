@@ -18,7 +18,6 @@ here (KMS-encrypted, TLS only, with an optional e-mail subscription).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -42,7 +41,13 @@ from llmtrain.platform import (
     MAX_KEEP_ALIVE_SECONDS,
 )
 from training_constructs._functions import logged_function
-from training_constructs._props import check_job_name_prefix, checked_props, is_whole_number, require
+from training_constructs._props import (
+    check_instance_types,
+    check_job_name_prefix,
+    checked_props,
+    is_whole_number,
+    require,
+)
 from training_constructs.encryption import create_encryption_key
 from training_constructs.lambda_code import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, lambda_code
 from training_constructs.nag import acknowledge_wildcards
@@ -54,7 +59,6 @@ from training_constructs.operations_dashboard import (
 )
 
 _NAME = "TrainingOperations"
-_INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
 DEFAULT_QUOTA_INTERVAL_MINUTES = 5
 DEFAULT_REAPER_INTERVAL_MINUTES = 10
 
@@ -486,12 +490,7 @@ def _validate(props: TrainingOperationsProps) -> None:
         f"{name!r} must be 1-20 lowercase letters, digits and hyphens, starting with a letter",
     )
     check_job_name_prefix(_NAME, props.job_name_prefix)
-    types = props.instance_types
-    require(len(types) > 0, _NAME, "instance_types", "list the instance types the templates use")
-    bad = [t for t in types if not isinstance(t, str) or not _INSTANCE_TYPE.fullmatch(t)]
-    require(
-        not bad, _NAME, "instance_types", f"{bad} are not SageMaker instance types (e.g. ml.p4d.24xlarge)"
-    )
+    check_instance_types(_NAME, "instance_types", props.instance_types)
     threshold = props.quota_alarm_threshold_percent
     require(
         isinstance(threshold, int | float) and not isinstance(threshold, bool) and 0 < threshold <= 100,

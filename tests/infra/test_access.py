@@ -500,7 +500,10 @@ INVALID_TEAMS = [
     ({"name": "Nlp"}, "name", "lowercase"),
     ({"name": "a" * 13}, "name", "1-12"),
     ({"job_name_prefix": "LLM_a"}, "job_name_prefix", "lowercase"),
-    ({"instance_types": ()}, "instance_types", "ml.*"),
+    ({"instance_types": ()}, "instance_types", "must list SageMaker instance types"),
+    # Issue 25: a mistyped type passed (only ml.* was checked) into the IAM conditions and the launcher.
+    ({"instance_types": ("ml.g5.12xlarge", "ml.g5.12xlareg")}, "instance_types",
+     "'ml.g5.12xlareg' is not an instance type the platform knows (did you mean 'ml.g5.12xlarge'?)"),
     ({"max_keep_alive_seconds": 21601}, "max_keep_alive_seconds", "0 to 21600"),
     ({"max_instance_count": 0}, "max_instance_count", "at least 1"),
     ({"max_run_cost_usd": 0}, "max_run_cost_usd", "positive number of US dollars"),

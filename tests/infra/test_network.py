@@ -7,7 +7,7 @@ import json
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_logs as logs
-from aws_cdk.assertions import Match
+from aws_cdk.assertions import Annotations, Match
 from infra_helpers import ENV, as_list, resources_of_type, synthesize
 
 from training_constructs import ExistingVpcAttributes, PropsError, TrainingNetwork, TrainingNetworkProps
@@ -286,6 +286,39 @@ def test_s3_prefix_list_narrows_https_egress(variants):
     to_s3 = [rule for rule in egress if rule.get("DestinationPrefixListId") == "pl-63a5400a"]
     assert [(rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) for rule in to_s3] == [("tcp", 443, 443)]
     assert not [rule for rule in egress if rule.get("CidrIp") == "0.0.0.0/0"]
+
+
+def test_synthesis_looks_nothing_up_in_aws(platform, environments):
+    """Issue 25: ec2.Vpc compares its zones with the stack's, which a stack with an account and region
+    looks up at `cdk synth` (AWS credentials). The network gives the stack the zones of its props, so
+    no stage's assembly asks the CDK CLI for a lookup."""
+    for env in environments:
+        manifest = json.loads((platform.outdir / f"assembly-{env}" / "manifest.json").read_text())
+        assert manifest.get("missing") is None, (env, manifest.get("missing"))
+        assert platform.stacks[(env, "network")].availability_zones == list(
+            environments[env].network.availability_zones
+        )
+
+
+def test_a_network_after_other_constructs_warns_how_to_avoid_the_lookup(tmp_path):
+    """A stack that already holds constructs takes no context: ec2.Vpc looks its zones up, and the
+    synth warns, naming the two ways out. With the zones in the app's context it looks nothing up."""
+    key = "availability-zones:account=111111111111:region=us-east-1"
+    for context, lookups in (({}, 1), ({key: ZONES}, 0)):
+        app = cdk.App(outdir=str(tmp_path / str(lookups)), context=context)
+        stack = cdk.Stack(app, "Late", env=ENV)
+        cdk.CfnOutput(stack, "Earlier", value="x")
+        network = TrainingNetwork(stack, "Network", TrainingNetworkProps(availability_zones=ZONES))
+        warnings = Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("availabilityZones"))
+        app.synth()
+        manifest = json.loads((tmp_path / str(lookups) / "manifest.json").read_text())
+        assert len(manifest.get("missing", [])) == lookups
+        assert len(warnings) == lookups
+        if lookups:
+            text = warnings[0].entry.data
+            assert "llmtrain:availabilityZonesLookup" in text and key in text
+            assert "Create the TrainingNetwork first in its stack" in text
+        assert network.availability_zones == tuple(ZONES)
 
 
 def test_construct_exposes_what_later_stacks_need(platform):
