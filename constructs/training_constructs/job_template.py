@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aws_cdk import Annotations, Stack
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
@@ -30,6 +31,7 @@ from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, code_key, render
 from llmtrain.sourcedir import SOURCEDIR_NAME
 from llmtrain.spec import TemplateSpec
+from training_constructs._functions import stack_log_group
 from training_constructs._props import PropsError, checked_props, is_whole_number, require
 from training_constructs.nag import (
     FUNCTION_CHECKOV_REASONS,
@@ -44,6 +46,13 @@ _SYNTH_ACCOUNT = "123456789012"
 _SYNTH_REGION = "us-east-1"
 _ACKNOWLEDGED_MARKER = "JobTemplateNagAcknowledgments"
 _NAME = "JobTemplate"
+# How long the logs of CDK's upload function (BucketDeployment's provider) are kept.
+PROVIDER_LOG_RETENTION = logs.RetentionDays.ONE_YEAR
+_PROVIDER_LOGS = "JobTemplateUploadLogs"
+_PROVIDER_LOGS_UNENCRYPTED = (
+    "the group holds the messages of CDK's upload function (the template code's object keys), nothing "
+    "confidential; CloudWatch Logs encrypts it at rest with its own key"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +88,8 @@ class JobTemplate(Construct):
     """One published template version, uploaded and ready for the launcher's registry.
 
     Attributes: ``spec`` (the version as data), ``catalog``, ``content_hash``, ``code_key``,
-    ``code_bucket``, ``code_s3_uri``, ``sourcedir_path``, ``deployment`` (the upload), ``name``,
+    ``code_bucket``, ``code_s3_uri``, ``sourcedir_path``, ``deployment`` (the upload),
+    ``provider_log_group`` (the logs of CDK's upload function, one per stack, kept a year), ``name``,
     ``version``, ``registry_entry``, ``props``.
     """
 
@@ -98,6 +108,12 @@ class JobTemplate(Construct):
         self.code_bucket = code_bucket
         self.code_s3_uri: str = f"s3://{code_bucket.bucket_name}/{self.code_key}"
         self.sourcedir_path: Path = _build_sourcedir(self.spec, self.catalog)
+        # CDK's upload function is one per stack, shared by every JobTemplate: so is its log group.
+        self.provider_log_group, created = stack_log_group(
+            self, _PROVIDER_LOGS, retention=PROVIDER_LOG_RETENTION
+        )
+        if created:
+            acknowledge_checkov(self.provider_log_group, {"CKV_AWS_158": _PROVIDER_LOGS_UNENCRYPTED})
         self.deployment = s3_deployment.BucketDeployment(
             self,
             "Code",
@@ -110,6 +126,7 @@ class JobTemplate(Construct):
             extract=True,
             server_side_encryption=s3_deployment.ServerSideEncryption.AWS_KMS,
             server_side_encryption_aws_kms_key_id=data_key.key_arn,
+            log_group=self.provider_log_group,
         )
         data_key.grant_encrypt_decrypt(self.deployment.handler_role)
         _acknowledge_deployment_findings(self)

@@ -19,6 +19,7 @@ from llmtrain.platform import (
     SUBNET_ID_PATTERN,
     VPC_ID_PATTERN,
 )
+from training_constructs._functions import stack_log_group
 from training_constructs._props import check_cidr, checked_props, is_unresolved, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.nag import FUNCTION_CHECKOV_REASONS, acknowledge_checkov
@@ -103,7 +104,8 @@ class TrainingNetworkProps:
       within itself, which SageMaker's inter-container traffic encryption runs.
     ``s3_prefix_list_id``: S3's prefix list in the region; HTTPS egress to S3 goes to it only
       (without it, to any IPv4 address, which isolated subnets' routes confine to S3 and the VPC).
-    ``flow_log_retention``: how long flow logs are kept (finite).
+    ``flow_log_retention``: how long flow logs are kept (finite), and the logs of aws-cdk-lib's function
+      that empties the VPC's default security group.
     ``existing_flow_log_key``: encrypts the flow logs instead of a key created here; it must let
       CloudWatch Logs use it.
     """
@@ -140,7 +142,8 @@ class TrainingNetwork(Construct):
     Attributes: ``vpc``, ``subnets``, ``subnet_selection``, ``security_group`` (the one to give
     training jobs), ``endpoint_security_group``, ``s3_endpoint``, ``interface_endpoints`` (by the
     names in ``INTERFACE_ENDPOINT_SERVICES``), ``flow_log``, ``flow_log_group``, ``flow_log_key``,
-    ``props``.
+    ``default_group_provider_log_group`` (the logs of aws-cdk-lib's function that empties the VPC's
+    default security group, kept as long as the flow logs; None with ``existing_vpc``), ``props``.
     """
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingNetworkProps) -> None:
@@ -179,6 +182,11 @@ class TrainingNetwork(Construct):
         )
         self.flow_log_key, self.flow_log_group, self.flow_log = self._flow_log(
             props.flow_log_retention, props.existing_flow_log_key
+        )
+        self.default_group_provider_log_group = (
+            _keep_default_group_provider_logs(self, props.flow_log_retention, self.flow_log_key)
+            if existing_vpc is None
+            else None
         )
 
     @property
@@ -426,11 +434,30 @@ def endpoints_in_network(
     )
 
 
+def _default_group_providers(stack: Stack) -> list[Construct]:
+    """aws-cdk-lib's provider that empties the default security group: a singleton at the stack's root."""
+    prefix = "Custom::VpcRestrictDefaultSG"
+    return [child for child in stack.node.children if child.node.id.startswith(prefix)]
+
+
 def _acknowledge_default_group_provider(stack: Stack) -> None:
-    """aws-cdk-lib's provider that empties the default security group is a singleton at the stack's root."""
-    for child in stack.node.children:
-        if child.node.id.startswith("Custom::VpcRestrictDefaultSG"):
-            acknowledge_checkov(child, FUNCTION_CHECKOV_REASONS, resource_type="AWS::Lambda::Function")
+    for provider in _default_group_providers(stack):
+        acknowledge_checkov(provider, FUNCTION_CHECKOV_REASONS, resource_type="AWS::Lambda::Function")
+
+
+def _keep_default_group_provider_logs(
+    scope: Construct, retention: logs.RetentionDays, key: kms.IKey
+) -> logs.LogGroup:
+    """The provider's function logs to a group of the stack with the network's log retention and key,
+    not to the /aws/lambda/ group Lambda would create and keep forever."""
+    group, created = stack_log_group(
+        scope, "DefaultSecurityGroupProviderLogs", retention=retention, encryption_key=key
+    )
+    if created:
+        for provider in _default_group_providers(Stack.of(scope)):
+            handler = provider.node.find_child("Handler")
+            handler.add_property_override("LoggingConfig", {"LogGroup": group.log_group_name})
+    return group
 
 
 # The context provider of a stack's availability zones (cloud_assembly_schema.ContextProvider.

@@ -115,6 +115,22 @@ def test_uploaded_asset_is_the_deterministic_sourcedir(synthesized, template_jso
         assert "requirements.txt" in names  # the container installs it (both folders have one)
 
 
+def test_cdks_upload_function_logs_to_a_group_kept_a_year(synthesized, template_json):
+    """Issue 25: BucketDeployment's function (one per stack, shared by the JobTemplates) logged to the
+    group Lambda creates, kept forever."""
+    _, templates = synthesized
+    groups = {template.provider_log_group for template in templates.values()}
+    assert len(groups) == 1  # one group for the stack's one upload function
+    group = groups.pop()
+    group_id = cdk.Stack.of(group).get_logical_id(group.node.default_child)
+    [handler] = [r for lid, r in template_json["Resources"].items()
+                 if r["Type"] == "AWS::Lambda::Function" and lid.startswith("CustomCDKBucketDeployment")]
+    assert handler["Properties"]["LoggingConfig"] == {"LogGroup": {"Ref": group_id}}
+    resource = template_json["Resources"][group_id]
+    assert resource["Properties"]["RetentionInDays"] == 365
+    assert [skip["id"] for skip in resource["Metadata"]["checkov"]["skip"]] == ["CKV_AWS_158"]
+
+
 def test_construct_exposes_what_the_launcher_registers(synthesized):
     _, templates = synthesized
     catalog = Catalog.load()

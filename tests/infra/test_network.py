@@ -235,6 +235,24 @@ def test_flow_logs_go_to_an_encrypted_log_group_with_retention(platform, env):
     )
 
 
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_the_default_group_cleanups_logs_are_kept_like_the_flow_logs(platform, env):
+    """Issue 25: aws-cdk-lib's function that empties the VPC's default security group logged to the
+    group Lambda creates (/aws/lambda/<name>), kept forever. It logs to a group of the stack, with the
+    flow logs' retention and key (a new name: a deployed account's old group is no obstacle)."""
+    template = platform.template_json(env, "network")
+    network = platform.stacks[(env, "network")].network
+    group_id = platform.stacks[(env, "network")].get_logical_id(
+        network.default_group_provider_log_group.node.default_child
+    )
+    [handler] = [r for lid, r in template["Resources"].items()
+                 if r["Type"] == "AWS::Lambda::Function" and lid.startswith("CustomVpcRestrictDefaultSG")]
+    assert handler["Properties"]["LoggingConfig"] == {"LogGroup": {"Ref": group_id}}
+    group = template["Resources"][group_id]["Properties"]
+    assert group["RetentionInDays"] == 365 and group["KmsKeyId"] == {"Fn::GetAtt": ["FlowLogKey", "Arn"]}
+    assert "LogGroupName" not in group
+
+
 def test_existing_vpc_is_imported_by_attributes(variants):
     assert variants.synth_error is None, variants.synth_error
     template = variants.template_json("existing", "network")
@@ -309,7 +327,8 @@ def test_a_network_after_other_constructs_warns_how_to_avoid_the_lookup(tmp_path
         stack = cdk.Stack(app, "Late", env=ENV)
         cdk.CfnOutput(stack, "Earlier", value="x")
         network = TrainingNetwork(stack, "Network", TrainingNetworkProps(availability_zones=ZONES))
-        warnings = Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("availabilityZones"))
+        lookup = Match.string_like_regexp("availabilityZones")
+        warnings = Annotations.from_stack(stack).find_warning("*", lookup)
         app.synth()
         manifest = json.loads((tmp_path / str(lookups) / "manifest.json").read_text())
         assert len(manifest.get("missing", [])) == lookups

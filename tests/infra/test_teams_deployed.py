@@ -11,8 +11,9 @@ moto evaluates actions and resources, not condition keys: what the conditions ad
 on CreateTrainingJob, the `s3:prefix` of ListBucket, PassRole's service) is asserted on the
 synthesized statements in test_access.py and test_launcher.py.
 
-The services stack (prod's CodeArtifact PyPI mirror and its endpoints) is deployed too. moto implements
-no CodeArtifact API, so what a team's jobs may do with the mirror is judged by moto's own policy
+The services stack (prod's CodeArtifact PyPI mirror, its MLflow tracking server, and their endpoints)
+is deployed too. moto implements no CodeArtifact API and does not model the tracking server, so what
+a team's jobs may do with the mirror and the server is judged by moto's own policy
 evaluator on the execution role's policies as moto's IAM holds them after the deployment (actions,
 resources and StringEquals conditions).
 """
@@ -134,8 +135,9 @@ def allowed(call) -> bool:
 def test_every_stack_of_the_two_team_environment_deploys(deployed):
     assert set(deployed.stage.statuses.values()) == {"CREATE_COMPLETE"}, deployed.stage.statuses
     assert len(deployed.stage.statuses) == 6
-    # The mirror's ARN is an attribute of a resource moto does not model (its output only is left out).
-    assert deployed.stage.outputs_left_out == ["PackageRepositoryArn"]
+    # The mirror's and the MLflow tracking server's ARNs are attributes of resources moto does not model
+    # (their outputs only are left out).
+    assert deployed.stage.outputs_left_out == ["PackageRepositoryArn", "MlflowTrackingServerArn"]
     for team in TEAMS:
         for output in ("ExecutionRoleArn", "EngineerPolicyArn", "StateMachineArn", "NotificationTopicArn"):
             assert f"Team{team.capitalize()}{output}" in deployed.outputs, (team, output)
@@ -401,6 +403,24 @@ def test_every_request_the_prod_teams_render_encrypts_inter_container_traffic(de
                 )
                 rendered += 1
     assert rendered == sum(len(catalog.versions(n)) for n in environments[ENVIRONMENT].enabled_templates)
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_prods_jobs_log_to_its_mlflow_tracking_server(deployed, environments, team):
+    """Issue 25: prod had no tracking server. Every request a prod team renders, with the context its
+    deployed functions received, names the server (MlflowConfig, and MLFLOW_TRACKING_URI for the
+    program), and the team's execution role may log to it (moto's evaluator, on the role as deployed)."""
+    config = environments[ENVIRONMENT]
+    server = f"arn:aws:sagemaker:{config.region}:{config.account}:mlflow-tracking-server/llmtrain-prod"
+    assert config.mlflow.tracking_server
+    context = deployed.platform_context(team)
+    assert context.mlflow_tracking_server_arn == server
+    request = _rendered(deployed, team, f"{team}-tracked")
+    assert request["MlflowConfig"]["MlflowResourceArn"] == server
+    assert request["Environment"]["MLFLOW_TRACKING_URI"] == server
+    role = deployed.outputs[f"Team{team.capitalize()}ExecutionRoleArn"].rsplit("/", 1)[1]
+    assert role_allows(role, "sagemaker-mlflow:LogBatch", server)
+    assert not role_allows(role, "sagemaker-mlflow:LogBatch", server.replace("llmtrain-prod", "other"))
 
 
 def _rendered(deployed, team: str, run_name: str) -> dict:
