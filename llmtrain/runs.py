@@ -23,11 +23,12 @@ from typing import Any
 
 from llmtrain.catalog import LATEST
 from llmtrain.errors import LlmtrainError
+from llmtrain.queues.policy import QUEUE_NAME_PATTERN, priority_problem
 from llmtrain.render import RUN_NAME_PATTERN
 
 INPUT_SHAPE = (
     '{"template": NAME, "version": SEMVER or "latest", "run_name": NAME, "overrides": {SETTING: VALUE}, '
-    '"owner": TEXT, "skip_plan_check": BOOLEAN}'
+    '"owner": TEXT, "skip_plan_check": BOOLEAN, "queue": NAME, "priority": 0..9999}'
 )
 DEFAULT_OWNER = "launcher"
 
@@ -52,7 +53,9 @@ class ExecutionInput:
     """One execution of the launcher: which template version to run, under which run name.
 
     ``skip_plan_check`` starts a run the planner predicts will not fit its GPUs (never one above the
-    team's budget)."""
+    team's budget). Where the environment has queues, ``queue`` names the team's queue the run
+    waits in (None: the team's default) and ``priority`` its scheduling priority there (None: 0, at
+    most the team's `max_priority`; Resolve checks both against the team)."""
 
     template: str
     run_name: str
@@ -60,6 +63,8 @@ class ExecutionInput:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     owner: str | None = None
     skip_plan_check: bool = False
+    queue: str | None = None
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         problem = _input_problem(self)
@@ -86,7 +91,7 @@ class ExecutionInput:
         values = dict(data)
         if values.get("overrides", {}) is None:
             raise InvalidRunInput("'overrides' must be an object of setting name to value, got null")
-        for name in ("owner", "skip_plan_check"):
+        for name in ("owner", "skip_plan_check", "queue", "priority"):
             if name in values and values[name] is None:
                 del values[name]
         return cls(**values)
@@ -102,6 +107,9 @@ class ExecutionInput:
             data["owner"] = self.owner
         if self.skip_plan_check:
             data["skip_plan_check"] = True
+        for name in ("queue", "priority"):
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
         return data
 
 
@@ -124,7 +132,20 @@ def _input_problem(execution: ExecutionInput) -> str | None:
         return f"'skip_plan_check' must be true or false, got {execution.skip_plan_check!r:.80}"
     if not isinstance(execution.overrides, Mapping):
         return f"'overrides' must be an object of setting name to value, got {execution.overrides!r:.80}"
-    return run_name_problem(execution.run_name)
+    return _queue_problem(execution) or run_name_problem(execution.run_name)
+
+
+def _queue_problem(execution: ExecutionInput) -> str | None:
+    if execution.queue is not None and not (
+        isinstance(execution.queue, str) and QUEUE_NAME_PATTERN.fullmatch(execution.queue)
+    ):
+        return f"'queue' must name one of the environment's queues (lowercase letters and digits), got " \
+               f"{execution.queue!r:.80}"
+    if execution.priority is not None:
+        problem = priority_problem(execution.priority)
+        if problem:
+            return f"'priority' {problem:.200}"
+    return None
 
 
 def run_name_problem(run_name: str) -> str | None:
@@ -208,6 +229,9 @@ class RunState:
     history: tuple[AttemptRecord, ...] = ()
     # The planner's figures for the run (llmtrain.planner.checks.plan_state), for its summary.
     plan: Mapping[str, Any] | None = None
+    # Where the environment has queues: the run's queue (its name) and priority, for every attempt.
+    queue: str | None = None
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "overrides", dict(self.overrides))
