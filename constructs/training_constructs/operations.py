@@ -52,7 +52,7 @@ from training_constructs._props import (
     require,
 )
 from training_constructs.access import TRAINING_LOG_GROUP
-from training_constructs.encryption import create_encryption_key
+from training_constructs.encryption import allow_service, create_encryption_key
 from training_constructs.lambda_code import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, lambda_code
 from training_constructs.nag import (
     FUNCTION_CHECKOV_REASONS,
@@ -431,14 +431,12 @@ class TrainingOperations(Construct):
             description=f"LLM training platform ({self.environment_name}): job events dead-letter queue",
         )
         rules = self.stack.format_arn(service="events", resource="rule", resource_name="*")
-        key.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="EventBridgeDeadLetters",
-                principals=[iam.ServicePrincipal("events.amazonaws.com")],
-                actions=["kms:GenerateDataKey", "kms:Decrypt"],
-                resources=["*"],
-                conditions={"ArnLike": {"aws:SourceArn": rules}},
-            )
+        allow_service(
+            key,
+            sid="EventBridgeDeadLetters",
+            service="events.amazonaws.com",
+            actions=["kms:GenerateDataKey", "kms:Decrypt"],
+            conditions={"ArnLike": {"aws:SourceArn": rules}},
         )
         queue = sqs.Queue(
             self,
