@@ -21,7 +21,8 @@ from infra_helpers import cfn_lint_unexplained, checkov_report
 from wheel_install import CONSTRUCTS_SOURCES, LLMTRAIN_SOURCES, build_wheel, install
 
 from llmtrain.catalog import Catalog
-from training_constructs.lambda_code import LAMBDA_RUNTIME
+from training_constructs.lambda_code import LAMBDA_RUNTIME, stage_lambda_code
+from training_constructs.launcher import VENDORED_PACKAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cdk_consumer"
@@ -77,6 +78,10 @@ def synthesized(tmp_path_factory) -> Path:
                              check=True)
     assert all(origin.startswith(str(place / "venv")) for origin in located.stdout.split()), located.stdout
     outdir = app / "cdk.out"
+    # The functions' packages come from their wheels for the Lambda runtime, which a first synth fetches
+    # into the wheel cache (constructs/README.md, "Install"): fetched here, with this checkout's network,
+    # so that the synth below needs none (the installed wheels link the same package versions).
+    stage_lambda_code(vendored_packages=VENDORED_PACKAGES, staging_root=place / "staging")
     # `npx cdk synth` as its platform engineer runs it (the pinned CLI, which runs cdk.json's app), with
     # no AWS credentials and no network: the CLI would look up what the app left missing (issue 25:
     # the stack's availability zones) and fail without credentials.
