@@ -13,7 +13,7 @@ export DS_BUILD_OPS := 0
 export DS_ACCELERATOR := cpu
 PYTEST_ARGS ?=
 
-.PHONY: setup synth test test-container demo bench lint clean
+.PHONY: setup synth test test-container demo bench lint clean dist
 
 setup: $(SETUP_STAMP) $(NPM_STAMP) $(CHECKOV_STAMP)
 
@@ -31,6 +31,11 @@ $(CHECKOV_STAMP): requirements-checkov.txt
 $(NPM_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
+
+# The two wheels a release attaches (constructs/README.md, "Install"): llm-sagemaker-platform and
+# llmtrain-constructs, into dist/.
+dist: setup
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist . ./constructs
 
 synth: setup
 	rm -rf cdk.out

@@ -6,6 +6,10 @@ prepare` runs) and the examples (`examples/`: the tiny corpus of the default loc
 bring-your-own-script template's code) into the package as `llmtrain/_bundle/`, laid out as in the
 repository; `llmtrain.sourcedir.repository_root` finds them there. An editable install (`pip install
 -e .`, what `make setup` does) copies nothing: it reads the live tree.
+
+The training program's torch-free contract (`training_jobs/contract/`), which llmtrain imports, is
+also a top-level package of the wheel: `training_jobs` there holds only its `__init__.py` and
+`contract/`, never the program itself (which imports torch; it runs from the bundle's copy).
 """
 
 from __future__ import annotations
@@ -25,7 +29,18 @@ SKIPPED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".pytest_cache
 NOT_BUNDLED = ("examples/cdk_consumer",)
 
 
+# The top-level package whose own modules the wheel leaves out but its __init__ (the contract is its
+# subpackage; the program's modules run from the bundle).
+CONTRACT_ONLY_PACKAGE = "training_jobs"
+
+
 class BuildWithPlatformFiles(build_py):
+    def find_package_modules(self, package, package_dir):
+        modules = super().find_package_modules(package, package_dir)
+        if package == CONTRACT_ONLY_PACKAGE:
+            return [module for module in modules if module[1] == "__init__"]
+        return modules
+
     def run(self) -> None:
         super().run()
         if getattr(self, "editable_mode", False):

@@ -144,7 +144,7 @@ def _step_times(args) -> dict[str, list[float]]:
     from torch.distributed.device_mesh import init_device_mesh
 
     from bench.model import build_causal_lm
-    from training_jobs.trainer.config import ParallelConfig
+    from training_jobs.contract.hyperparameters import ParallelConfig
     from training_jobs.trainer.parallel import apply_fsdp
 
     torch.manual_seed(0)

@@ -19,7 +19,7 @@ from bench.timing import stall_per_event, step_times
 
 def default_checkpoint_interval() -> int:
     """Our program's default `checkpoint_every_steps` (the interval the target is stated at)."""
-    from training_jobs.trainer.config import CheckpointConfig
+    from training_jobs.contract.hyperparameters import CheckpointConfig
 
     return CheckpointConfig().checkpoint_every_steps
 

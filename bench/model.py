@@ -23,7 +23,7 @@ def tokenizer_vocab_size() -> int:
 
 
 def model_config(preset: str, seq_len: int):
-    from training_jobs.trainer.config import ModelConfig
+    from training_jobs.contract.hyperparameters import ModelConfig
     from training_jobs.trainer.models import preset_config
 
     return preset_config(ModelConfig(model_preset=preset), _tokenizer(), seq_len)

@@ -34,6 +34,7 @@ from llmtrain.planner.workload import (
     workload_and_layout,
     workload_from_hyperparameters,
 )
+from training_jobs.contract.parallel_dims import ParallelDims
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "bench" / "workers" / "plan_memory.py"
@@ -98,7 +99,9 @@ MEMORY_CONFIGS = (
     _config(
         "fsdp grad_op, accumulation 2", 2, parallelism="fsdp", fsdp_sharding="grad_op", grad_accum_steps=2
     ),
-    _config("tensor parallel 2", 2, parallelism="fsdp", tensor_parallel_degree=2),
+    # The planner models tensor parallel's replicated residual stream (sequence_parallel false);
+    # sequence parallel's layout is the planner's next step (docs/training.md lists what it keeps).
+    _config("tensor parallel 2", 2, parallelism="fsdp", tensor_parallel_degree=2, sequence_parallel=False),
     _config("fsdp + LoRA r=8, dropout 0.1", 2, parallelism="fsdp", lora_r=8, lora_dropout=0.1),
     _config(
         "fsdp + LoRA r=8 q/v, full AC",
@@ -110,7 +113,8 @@ MEMORY_CONFIGS = (
     ),
     _config("ddp + LoRA r=8", 2, parallelism="ddp", lora_r=8),
     _config("hsdp 2 x 2", 4, parallelism="fsdp", fsdp_sharding="hybrid", replicate_degree=2),
-    _config("fsdp 2 x tensor parallel 2", 4, parallelism="fsdp", tensor_parallel_degree=2),
+    _config("fsdp 2 x tensor parallel 2", 4, parallelism="fsdp", tensor_parallel_degree=2,
+            sequence_parallel=False),
     _pipeline("pp 2, 1f1b", 2, pipeline_schedule="1f1b"),
     _pipeline("pp 2, 1f1b, 8 micro-batches", 2, pipeline_schedule="1f1b", grad_accum_steps=8),
     _pipeline("pp 2, gpipe", 2, pipeline_schedule="gpipe"),
@@ -128,7 +132,8 @@ MEMORY_CONFIGS = (
         activation_checkpointing="full",
     ),
     _pipeline("pp 2 x ddp 2, 1f1b", 4, pipeline_schedule="1f1b"),
-    _pipeline("pp 2 x tensor parallel 2, 1f1b", 4, parallelism="fsdp", tensor_parallel_degree=2),
+    _pipeline("pp 2 x tensor parallel 2, 1f1b", 4, parallelism="fsdp", tensor_parallel_degree=2,
+              sequence_parallel=False),
     _config("zero-1 bf16", 2, parallelism="deepspeed", zero_stage=1),
     _config("zero-2 bf16", 2, parallelism="deepspeed", zero_stage=2),
     _config(
@@ -286,14 +291,6 @@ PUBLISHED_RUNS = (
 )
 
 
-def torchtitan_selective_recompute(work: Workload) -> float:
-    """torchtitan's op-level policy recomputes every second matmul of a block (k, o and up of q, k,
-    v, o, gate, up, down): that share of the block's matmul FLOPs."""
-    m = work.model
-    h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
-    return (kv * h + h * h + i * h) / (2 * h * h + 2 * kv * h + 3 * i * h)
-
-
 def torchtitan_workload(run: PublishedRun) -> tuple[Workload, Layout, speed.Cluster]:
     model = preset_shape("llama3-8b", 8192)
     work = Workload(
@@ -306,9 +303,8 @@ def torchtitan_workload(run: PublishedRun) -> tuple[Workload, Layout, speed.Clus
         activation_checkpointing="selective",
         compile=run.compile,
     )
-    work = replace(work, selective_recompute=torchtitan_selective_recompute(work))
     nodes = run.gpus // TORCHTITAN_HARDWARE.gpus
-    layout = Layout("fsdp", nodes, TORCHTITAN_HARDWARE.gpus, replicate=1, shard=run.gpus, tensor=1)
+    layout = Layout("fsdp", nodes, TORCHTITAN_HARDWARE.gpus, ParallelDims(1, 1, run.gpus, 1))
     return work, layout, speed.Cluster.of(TORCHTITAN_HARDWARE, nodes)
 
 

@@ -39,8 +39,8 @@ def _profile(step_fn, warmup: int, steps: int) -> dict[str, float]:
 
 def ours_step(mode: BenchMode, precision: str, root: Path, compile_layers: bool = False):
     """Our program's train step, built by its own job builder from the container contract."""
+    from training_jobs.contract.hyperparameters import from_hyperparameters
     from training_jobs.trainer import job, loop, parallel
-    from training_jobs.trainer.config import from_hyperparameters
     from training_jobs.trainer.environment import read_environment
 
     config = BenchConfig(f"ours_{precision}", "ours", precision, compile=compile_layers)

@@ -29,7 +29,7 @@ from botocore.exceptions import (
     TokenRetrievalError,
 )
 
-from llmtrain.errors import LlmtrainError
+from llmtrain.errors import ENGINEER_POLICY_HINT, LlmtrainError
 
 # Error codes AWS answers when it does not accept the credentials themselves.
 REFUSED_CREDENTIALS = frozenset(
@@ -46,10 +46,6 @@ REFUSED_CREDENTIALS = frozenset(
     }
 )
 ACCESS_DENIED = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "Forbidden"})
-ENGINEER_POLICY_HINT = (
-    "ML engineers need their team's engineers' policy (output Team<Name>EngineerPolicyArn of the access "
-    "stack)"
-)
 _CONFIGURE = "`aws configure`, `aws sso login` or AWS_PROFILE"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property, total_ordering
@@ -18,7 +19,9 @@ from pathlib import Path
 import yaml
 
 from llmtrain.errors import LockError, TemplateNotFoundError, TemplateSpecError, did_you_mean
+from llmtrain.program_contract import ProgramContract, archive_contract, folder_contract
 from llmtrain.sourcedir import (
+    PLATFORM_PACKAGE,
     SNAPSHOT_FOLDER,
     archive_code_hash,
     code_hash,
@@ -88,11 +91,21 @@ class LockEntry:
 
 
 class Catalog:
-    def __init__(self, templates: Iterable[TemplateSpec], root: Path, repo_root: Path):
+    """Template versions to resolve `name@version|latest` in: a folder (`load`: its YAML files, lock
+    and frozen code) or specs held in memory (`of`: resolution only, no lock and no code)."""
+
+    def __init__(self, templates: Iterable[TemplateSpec], root: Path | None, repo_root: Path | None,
+                 *, source: str | None = None):
         self.root = root
         self.repo_root = repo_root
+        self.source = source or str(root)
         self._templates = {(t.name, t.version): t for t in templates}
         self._code_hashes: dict[object, str] = {}
+
+    @classmethod
+    def of(cls, templates: Iterable[TemplateSpec], *, source: str) -> Catalog:
+        """Specs held in memory (e.g. a deployed environment's record), named by `source`."""
+        return cls(templates, None, None, source=source)
 
     @classmethod
     def load(cls, root: Path | None = None, repo_root: Path | None = None) -> Catalog:
@@ -101,6 +114,24 @@ class Catalog:
         if not folder.is_dir():
             raise TemplateNotFoundError(f"template catalog folder {folder} does not exist")
         return cls((_load_file(path) for path in sorted(folder.glob("*/*.yaml"))), folder, repo)
+
+    @property
+    def is_platform(self) -> bool:
+        """Whether this is the platform's own catalog (the one llmtrain ships), not a team's."""
+        if self.root is None or self.repo_root is None:
+            return False
+        platform = repository_root()
+        return (self.root.resolve(), self.repo_root.resolve()) == (
+            (platform / "templates").resolve(), platform.resolve()
+        )
+
+    def lock_command(self, *options: str) -> str:
+        """The `llmtrain templates lock` command that publishes this catalog's versions (a team's
+        catalog needs its folder and the folder its code paths are relative to)."""
+        words = ["llmtrain", "templates", "lock", *options]
+        if not self.is_platform:
+            words += ["--catalog", str(self.root), "--code-root", str(self.repo_root)]
+        return shlex.join(words)
 
     # --- resolution -------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -143,6 +174,18 @@ class Catalog:
         """Every version, by name then version."""
         return [self._templates[(name, v)] for name in self.names() for v in self.versions(name)]
 
+    def enabled_versions(self, names: Iterable[str]) -> list[TemplateSpec]:
+        """Every version of each template in `names` (runs may name an older version), by name then
+        version; TemplateNotFoundError names a template the catalog lacks."""
+        wanted = list(dict.fromkeys(names))
+        for name in wanted:
+            self.versions(name)  # raises, naming the template and what the catalog has
+        return [template for template in self.all() if template.name in set(wanted)]
+
+    def instance_types(self, names: Iterable[str]) -> tuple[str, ...]:
+        """Every instance type any version of the templates in `names` may run on, sorted."""
+        return tuple(sorted({t for spec in self.enabled_versions(names) for t in spec.instance_types}))
+
     # --- hashing and the lock ---------------------------------------------------------------
     def lock_entry(self, spec: TemplateSpec) -> LockEntry:
         spec_digest = spec_hash(spec)
@@ -154,6 +197,9 @@ class Catalog:
 
     @property
     def lock_path(self) -> Path:
+        if self.root is None:
+            raise LockError(f"the templates of {self.source} have no lock: they were published where they "
+                            "came from")
         return self.root / LOCK_FILE
 
     @cached_property
@@ -171,24 +217,40 @@ class Catalog:
         published = self.published_entry(spec)
         if published is None:
             raise LockError(
-                f"{spec.ref} is not published: run `llmtrain templates lock` to record it in {self.lock_path}"
+                f"{spec.ref} is not published: run `{self.lock_command()}` to record it in {self.lock_path}"
             )
         current = self.lock_entry(spec)
         snapshot = self.snapshot_path(published.code)
         if current.spec != published.spec:
-            raise LockError(_changed_message(spec, published, current, code_frozen=snapshot.is_file()))
+            raise LockError(self._changed_message(spec, published, current, code_frozen=snapshot.is_file()))
         if current.code == published.code:
             if not snapshot.is_file():
                 raise LockError(f"{spec.ref} has no snapshot of its code ({snapshot}): run "
-                                "`llmtrain templates lock` to write it")
+                                f"`{self.lock_command()}` to write it")
             return published
         if not snapshot.is_file():
-            raise LockError(_changed_message(spec, published, current, code_frozen=False) +
+            raise LockError(self._changed_message(spec, published, current, code_frozen=False) +
                             f"; or restore its code snapshot {snapshot}, which is missing")
         if archive_code_hash(snapshot.read_bytes()) != published.code:
             raise LockError(f"{spec.ref}: its code snapshot {snapshot} does not hold the published code; "
                             "restore it from version control")
         return published
+
+    def _changed_message(self, spec: TemplateSpec, published: LockEntry, current: LockEntry, *,
+                         code_frozen: bool) -> str:
+        """What changed; new code in the working tree is no change to a version whose code is frozen."""
+        what = []
+        if published.spec != current.spec:
+            what.append("its YAML")
+        if published.code != current.code and not code_frozen:
+            where = "training_jobs/" if spec.code.is_platform else spec.code.source
+            what.append(f"the code it wraps in {where}")
+        folder = f"templates/{spec.name}" if self.is_platform else str(self.root / spec.name)
+        return (
+            f"{spec.ref} was published and has changed since: {' and '.join(what) or 'its content'} "
+            f"changed. Published versions are immutable: restore it and publish the change as a new "
+            f"version ({folder}/<new semver>.yaml), then run `{self.lock_command()}`"
+        )
 
     # --- the code of a version ------------------------------------------------------------------
     def code_moved_on(self, spec: TemplateSpec) -> bool:
@@ -199,7 +261,7 @@ class Catalog:
 
     def snapshot_path(self, code_digest: str) -> Path:
         """Where the code with this hash is frozen when a version wrapping it is published."""
-        return self.root / SNAPSHOT_FOLDER / f"{code_digest.removeprefix('sha256:')}.tar.gz"
+        return self.root / snapshot_name(code_digest)
 
     def sourcedir(self, spec: TemplateSpec) -> bytes:
         """The code archive a version runs: its snapshot once published (identical to the working
@@ -207,6 +269,17 @@ class Catalog:
         if self.published_entry(spec) is not None:
             return self.snapshot_path(self.verify(spec).code).read_bytes()
         return package_code(spec.code, self.repo_root)
+
+    def program_contract(self, spec: TemplateSpec) -> ProgramContract | None:
+        """The training program's contract of the code `spec` runs (what `render` checks a run's
+        hyperparameters with): its frozen snapshot's once published, else the working tree's; None
+        for a template that runs its own code."""
+        if not spec.code.is_platform:
+            return None
+        published = self.published_entry(spec)
+        if published is not None and self.snapshot_path(published.code).is_file():
+            return archive_contract(self.snapshot_path(published.code).read_bytes(), published.code)
+        return folder_contract(self.repo_root / PLATFORM_PACKAGE)
 
     def check_lock(self) -> None:
         """Every version published and unchanged, and no published version deleted."""
@@ -282,22 +355,6 @@ def spec_hash(spec: TemplateSpec) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _changed_message(spec: TemplateSpec, published: LockEntry, current: LockEntry, *,
-                     code_frozen: bool) -> str:
-    """What changed; new code in the working tree is no change to a version whose code is frozen."""
-    what = []
-    if published.spec != current.spec:
-        what.append("its YAML")
-    if published.code != current.code and not code_frozen:
-        where = "training_jobs/" if spec.code.is_platform else spec.code.source
-        what.append(f"the code it wraps in {where}")
-    return (
-        f"{spec.ref} was published and has changed since: {' and '.join(what) or 'its content'} changed. "
-        f"Published versions are immutable: restore it and publish the change as a new version "
-        f"(templates/{spec.name}/<new semver>.yaml), then run `llmtrain templates lock`"
-    )
-
-
 def read_lock(path: Path) -> dict[str, dict[str, LockEntry]]:
     if not path.is_file():
         return {}
@@ -311,7 +368,17 @@ def read_lock(path: Path) -> dict[str, dict[str, LockEntry]]:
         raise LockError(f"{path} is malformed ({exc}); restore it from version control") from exc
 
 
+def snapshot_name(code_digest: str) -> str:
+    """The frozen code's path in a catalog folder: `_code/<code hash>.tar.gz`."""
+    return f"{SNAPSHOT_FOLDER}/{code_digest.removeprefix('sha256:')}.tar.gz"
+
+
 def write_lock(path: Path, lock: dict[str, dict[str, LockEntry]]) -> None:
+    path.write_text(lock_text(lock))
+
+
+def lock_text(lock: dict[str, dict[str, LockEntry]]) -> str:
+    """The lock file's content (JSON, versions in semver order)."""
     data = {
         "about": "Content hashes of published template versions. Written by `llmtrain templates lock`; "
         "never edit a published entry: publish a new version instead.",
@@ -320,4 +387,4 @@ def write_lock(path: Path, lock: dict[str, dict[str, LockEntry]]) -> None:
             for name in sorted(lock)
         },
     }
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    return json.dumps(data, indent=2) + "\n"

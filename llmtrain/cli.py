@@ -22,6 +22,7 @@ from importlib import metadata
 from botocore.exceptions import BotoCoreError, ClientError
 
 from llmtrain.aws import AwsAccessError, explain
+from llmtrain.commands._common import DISTRIBUTION
 from llmtrain.errors import LlmtrainError
 
 COMMAND_MODULES = (
@@ -37,7 +38,6 @@ COMMAND_MODULES = (
     "llmtrain.commands.debug",
     "llmtrain.commands.queue",
 )
-DISTRIBUTION = "llm-sagemaker-platform"
 FAILED = 1
 USAGE_ERROR = 2
 INTERRUPTED = 130

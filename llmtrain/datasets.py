@@ -29,8 +29,25 @@ from s3transfer.utils import ChunksizeAdjuster
 from llmtrain.aws import explained
 from llmtrain.deployed import TeamAccess
 from llmtrain.errors import LlmtrainError, did_you_mean
-from llmtrain.local.data import MANIFEST as SHARDS_MANIFEST
+from llmtrain.instances import instance_type
 from llmtrain.s3_uris import parse_s3_uri
+from llmtrain.token_data import MANIFEST as SHARDS_MANIFEST
+from llmtrain.token_data import (
+    PREPARE_HINT,
+    SPLITS,
+    TOKENIZER_FILES,
+    TOKENIZER_FOLDER,
+    RunShape,
+    ShardsManifest,
+    TokenDataError,
+    TokenizerFacts,
+    data_problems,
+    file_problems,
+    has_tokenizer,
+    parse_manifest,
+    shipped_tokenizer_facts,
+    split_folders_hint,
+)
 
 DATASET_MANIFEST = "llmtrain-dataset.json"
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -124,14 +141,18 @@ def _local_file(folder: Path, path: Path, config: TransferConfig) -> LocalFile:
 
 def channel_suggestions(folder: Path, uri: str) -> dict[str, str]:
     """Which channel each part of an uploaded folder is: prepare_data's train/ and validation/
-    folders (or any subfolder of shards) by their names, a folder of shards as `train`."""
+    folders (or any subfolder of shards) by their names, a folder of shards as `train`, and the
+    tokenizer/ it writes beside them as `tokenizer`."""
     if (folder / SHARDS_MANIFEST).is_file():
-        return {"train": uri}
-    found = {
-        sub.name: f"{uri}{sub.name}/"
-        for sub in sorted(folder.iterdir())
-        if sub.is_dir() and (sub / SHARDS_MANIFEST).is_file()
-    }
+        found = {"train": uri}
+    else:
+        found = {
+            sub.name: f"{uri}{sub.name}/"
+            for sub in sorted(folder.iterdir())
+            if sub.is_dir() and (sub / SHARDS_MANIFEST).is_file()
+        }
+    if found and has_tokenizer(folder / TOKENIZER_FOLDER):
+        found[TOKENIZER_FOLDER] = f"{uri}{TOKENIZER_FOLDER}/"
     return found
 
 
@@ -250,27 +271,93 @@ def _listing(s3, bucket: str, folder: str, team: TeamAccess) -> DatasetListing:
     )
 
 
-def channel_problems(s3, team: TeamAccess, request: Mapping[str, Any]) -> list[str]:
+def channel_problems(
+    s3, team: TeamAccess, request: Mapping[str, Any], *, token_channels: bool = False
+) -> list[str]:
     """The request's channels that hold no data. Rendering with the team's platform context has
-    already refused a channel outside the team's datasets prefix."""
+    already refused a channel outside the team's datasets prefix.
+
+    With `token_channels` (a template of the platform's training program) the train and validation
+    channels are also checked as the job will load them (llmtrain.token_data): their manifests are
+    read, the shards' sizes taken from the listing (no shard is read), and a tokenizer channel must
+    hold a tokenizer."""
     bucket = team.datasets_bucket
-    problems = []
-    for channel in request.get("InputDataConfig", []):
-        name = channel["ChannelName"]
-        uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
+    problems: list[str] = []
+    manifests: dict[str, ShardsManifest] = {}
+    channels = {
+        c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request.get("InputDataConfig", [])
+    }
+    for name, uri in channels.items():
         key = parse_s3_uri(uri).key
+        checked = token_channels and (name in SPLITS or name == TOKENIZER_FOLDER)
         with explained(f"checking channel {name} ({uri})"):
-            present = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("KeyCount", 0) > 0
+            sizes = _relative_sizes(s3, bucket, key) if checked else None
+            present = bool(sizes) if checked else (
+                s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("KeyCount", 0) > 0
+            )
             if not present:
-                names = [d.name for d in list_datasets(s3, bucket, team)]
-                wanted = key[len(team.datasets_prefix) :].split("/", 1)[0]
-                problems.append(
-                    f"channel {name}: nothing at {uri}{did_you_mean(wanted, names)}; `llmtrain data ls "
-                    f"--env {team.platform.environment} --team {team.name}` lists your team's datasets, "
-                    f"`llmtrain data upload DIR --name NAME` uploads one and prints the --set "
-                    f"channels.{name}=... to use"
-                )
+                problems.append(_nothing_at(s3, team, name, uri, key))
+            elif checked and name == TOKENIZER_FOLDER:
+                problems += _tokenizer_channel_problems(uri, sizes)
+            elif checked:
+                try:
+                    manifests[name] = _s3_manifest(s3, bucket, key, uri, name, sizes)
+                except TokenDataError as problem:
+                    problems.append(str(problem))
+    if manifests and not problems:
+        problems = data_problems(manifests, _cloud_shape(request), _cloud_tokenizer(channels))
     return problems
+
+
+def _nothing_at(s3, team: TeamAccess, name: str, uri: str, key: str) -> str:
+    names = [d.name for d in list_datasets(s3, team.datasets_bucket, team)]
+    wanted = key[len(team.datasets_prefix) :].split("/", 1)[0]
+    return (
+        f"channel {name}: nothing at {uri}{did_you_mean(wanted, names)}; `llmtrain data ls "
+        f"--env {team.platform.environment} --team {team.name}` lists your team's datasets, "
+        f"`llmtrain data upload DIR --name NAME` uploads one and prints the --set "
+        f"channels.{name}=... to use"
+    )
+
+
+def _relative_sizes(s3, bucket: str, key: str) -> dict[str, int]:
+    """Every object under the channel's prefix, by its name relative to it, with its size."""
+    return {o["Key"][len(key) :].lstrip("/"): o["Size"] for o in _objects(s3, bucket, key)}
+
+
+def _s3_manifest(s3, bucket: str, key: str, uri: str, name: str, sizes: Mapping[str, int]) -> ShardsManifest:
+    where = uri if uri.endswith("/") else f"{uri}/"
+    if SHARDS_MANIFEST not in sizes:
+        splits = [split for split in SPLITS if f"{split}/{SHARDS_MANIFEST}" in sizes]
+        if splits:
+            raise TokenDataError(split_folders_hint(name, where, splits) + " (--set channels.NAME=...)")
+        raise TokenDataError(f"channel {name}: no {SHARDS_MANIFEST} at {where}: {PREPARE_HINT}, then "
+                             "`llmtrain data upload DIR --name NAME` (it prints the channels to use)")
+    body = s3.get_object(Bucket=bucket, Key=f"{key.rstrip('/')}/{SHARDS_MANIFEST}")["Body"].read()
+    manifest = parse_manifest(body, where)
+    problems = file_problems(manifest, sizes)
+    if problems:
+        raise TokenDataError(f"channel {name}: " + "; ".join(problems) + "; upload the dataset again")
+    return manifest
+
+
+def _tokenizer_channel_problems(uri: str, sizes: Mapping[str, int]) -> list[str]:
+    if any(name in sizes for name in TOKENIZER_FILES):
+        return []
+    return [f"channel {TOKENIZER_FOLDER}: {uri} holds no tokenizer ({', '.join(TOKENIZER_FILES)} at its "
+            f"top): give the folder `llmtrain data prepare` wrote as {TOKENIZER_FOLDER}/ beside the splits"]
+
+
+def _cloud_shape(request: Mapping[str, Any]) -> RunShape:
+    resources = request["ResourceConfig"]
+    return RunShape.of(request["HyperParameters"], hosts=int(resources["InstanceCount"]),
+                       processes_per_host=instance_type(resources["InstanceType"]).processes_per_host)
+
+
+def _cloud_tokenizer(channels: Mapping[str, str]) -> TokenizerFacts | None:
+    """The shipped tokenizer, when the job reads its data with it (no tokenizer or model channel);
+    another tokenizer is in S3, where only the job reads it (and checks it against the data)."""
+    return None if TOKENIZER_FOLDER in channels or "model" in channels else shipped_tokenizer_facts()
 
 
 def _object_keys(s3, bucket: str, prefix: str) -> dict[str, int]:

@@ -14,6 +14,11 @@ however many teams an environment has:
                                     topic, and the team's PlatformContext (llmtrain.platform) that
                                     its launcher renders with: its execution role, job-name prefix,
                                     datasets prefix `teams/<team>/`, templates and instance types
+    /llmtrain/<env>/templates/<name>/<version>
+                                    a version the launchers run from a catalog other than the
+                                    platform's (a team's own, which no CLI ships): its spec
+                                    (compressed) and content hash, so the CLI lists, checks and
+                                    starts it as it does the platform's (`own_catalog`)
 
 A reader refuses a record whose `schema_version` is newer than it knows (upgrade the CLI). Version
 2 adds a team's queues (`PlatformContext.queues`) and is written only where the environment has
@@ -23,16 +28,25 @@ asked to upgrade; every other environment's record stays version 1, readable by 
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from llmtrain.aws import ENGINEER_POLICY_HINT
-from llmtrain.errors import LlmtrainError, PlatformContextError, did_you_mean
+from llmtrain.catalog import Catalog
+from llmtrain.errors import (
+    ENGINEER_POLICY_HINT,
+    LlmtrainError,
+    PlatformContextError,
+    TemplateSpecError,
+    did_you_mean,
+)
 from llmtrain.platform import ENVIRONMENT_NAME_PATTERN, TEAM_NAME_PATTERN, PlatformContext
+from llmtrain.spec import TemplateSpec
 
 SCHEMA_VERSION = 2
 # The version of a record without queues (what every CLI since version 1 reads correctly).
@@ -40,6 +54,7 @@ SCHEMA_VERSION_WITHOUT_QUEUES = 1
 PARAMETER_ROOT = "/llmtrain"
 ENVIRONMENT_PARAMETER = "environment"
 TEAMS_FOLDER = "teams"
+TEMPLATES_FOLDER = "templates"
 # SSM standard parameters hold at most 4 KB; the stacks check every value against it at synth.
 STANDARD_PARAMETER_LIMIT = 4096
 _TEAM_FIELDS = ("name", "state_machine_arn", "notification_topic_arn", "platform")
@@ -133,10 +148,13 @@ class DeployedEnvironment:
     enabled_templates: tuple[str, ...]
     teams: Mapping[str, TeamAccess] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    # Versions from a catalog other than the platform's, by `name@version`.
+    own_templates: Mapping[str, TemplateSpec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "enabled_templates", tuple(self.enabled_templates))
         object.__setattr__(self, "teams", dict(self.teams))
+        object.__setattr__(self, "own_templates", dict(self.own_templates))
         where = environment_path(self.environment)
         if not self.teams:
             raise DeployedEnvironmentError(f"{where} lists no team; redeploy the environment's stacks")
@@ -168,6 +186,24 @@ class DeployedEnvironment:
             )
         return self.teams[name]
 
+    def own_catalog(self) -> Catalog:
+        """The versions the environment runs from its teams' own catalogs, as a catalog to resolve
+        `name@version|latest` in (specs only: their code is in the code bucket already)."""
+        return Catalog.of(self.own_templates.values(), source=f"{environment_path(self.environment)}/"
+                          f"{TEMPLATES_FOLDER}")
+
+
+def template_parameter_value(spec: Mapping[str, Any], content: str) -> dict[str, Any]:
+    """The record's value for a version of a team's own catalog: its spec (`TemplateSpec.to_dict()`,
+    compressed: specs run to 4 KB of JSON, SSM's standard limit) and its content hash."""
+    packed = zlib.compress(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode(), 9)
+    return {
+        "name": spec["name"],
+        "version": spec["version"],
+        "content": content,
+        "spec_zlib_base64": base64.b64encode(packed).decode(),
+    }
+
 
 def parameter_values(
     *,
@@ -177,12 +213,14 @@ def parameter_values(
     job_name_prefix: str,
     enabled_templates: Sequence[str],
     teams: Sequence[Mapping[str, Any]],
+    own_templates: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, dict[str, Any]]:
     """The record as {parameter name: JSON object}, the layout the stacks write and the CLI reads.
 
     ``teams`` are `TeamAccess.to_dict()`-shaped (``name``, ``state_machine_arn``,
-    ``notification_topic_arn``, ``platform``). Values may be CDK tokens (the stacks resolve them at
-    deploy time), so nothing is validated here; `from_parameters` validates what a deployment wrote.
+    ``notification_topic_arn``, ``platform``); ``own_templates`` are `template_parameter_value`s.
+    Values may be CDK tokens (the stacks resolve them at deploy time), so nothing is validated here;
+    `from_parameters` validates what a deployment wrote.
     """
     root = environment_path(environment)
     values = {
@@ -198,6 +236,8 @@ def parameter_values(
     }
     for team in teams:
         values[f"{root}/{TEAMS_FOLDER}/{team['name']}"] = dict(team)
+    for template in own_templates:
+        values[f"{root}/{TEMPLATES_FOLDER}/{template['name']}/{template['version']}"] = dict(template)
     return values
 
 
@@ -229,7 +269,26 @@ def from_parameters(environment: str, parameters: Mapping[str, str]) -> Deployed
         f"{root}/{ENVIRONMENT_PARAMETER}",
         ("environment", "region", "account", "job_name_prefix", "enabled_templates"),
     )
-    return DeployedEnvironment(**values, teams=teams, schema_version=version)
+    template_prefix = f"{root}/{TEMPLATES_FOLDER}/"
+    own = [_own_template(name, value) for name, value in decoded.items() if name.startswith(template_prefix)]
+    return DeployedEnvironment(
+        **values, teams=teams, schema_version=version, own_templates={spec.ref: spec for spec in own}
+    )
+
+
+def _own_template(name: str, value: Mapping[str, Any]) -> TemplateSpec:
+    packed = _fields(value, name, ("name", "version", "content", "spec_zlib_base64"))["spec_zlib_base64"]
+    try:
+        data = json.loads(zlib.decompress(base64.b64decode(packed)))
+        spec = TemplateSpec.from_dict(data, name)
+    except (ValueError, zlib.error, TemplateSpecError) as error:
+        raise DeployedEnvironmentError(
+            f"{name} does not hold a template version this llmtrain reads ({error}); redeploy the "
+            "environment, or upgrade llmtrain (pip install -U llm-sagemaker-platform)"
+        ) from error
+    if (spec.name, spec.version) != (value["name"], value["version"]):
+        raise DeployedEnvironmentError(f"{name} holds {spec.ref}; redeploy the environment")
+    return spec
 
 
 def read_deployed_environment(session, environment: str, region: str) -> DeployedEnvironment:

@@ -33,6 +33,7 @@ from llmtrain.platform import (
     LOG_RETENTION_DAYS,
     MAX_JOB_NAME_PREFIX,
     MAX_KEEP_ALIVE_SECONDS,
+    MLFLOW_SIZES,
     PREFIX_LIST_ID_PATTERN,
     REGION_PATTERN,
     ROUTE_TABLE_ID_PATTERN,
@@ -195,7 +196,6 @@ class NotificationConfig:
 
 
 PACKAGE_SOURCES = ("codeartifact", "pypi")
-MLFLOW_SIZES = ("Small", "Medium", "Large")
 
 
 @dataclass(frozen=True, kw_only=True)

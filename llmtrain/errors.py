@@ -8,6 +8,12 @@ from __future__ import annotations
 
 import difflib
 
+# What an AWS refusal of an ML engineer's call means (the CLI's messages and the record's reader).
+ENGINEER_POLICY_HINT = (
+    "ML engineers need their team's engineers' policy (output Team<Name>EngineerPolicyArn of the access "
+    "stack)"
+)
+
 
 def shown_value(value: object, longest: int = 60) -> str:
     """A value as an error message quotes it: enormous inputs are cut, not echoed whole."""
@@ -17,6 +23,11 @@ def shown_value(value: object, longest: int = 60) -> str:
 
 class LlmtrainError(Exception):
     """Base class: bad input or state that the user can fix (the CLI exits 2 on these)."""
+
+
+class LauncherStateError(Exception):
+    """What a launcher function was given is not what it expects (a deployment bug, not bad input):
+    a state from another deployment's state machine, or settings its construct did not write."""
 
 
 class TemplateSpecError(LlmtrainError):
@@ -76,6 +87,16 @@ class RequestValidationError(LlmtrainError):
         self.problems = list(problems)
         listing = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"the training job request is invalid:\n{listing}")
+
+
+class ProgramSettingError(LlmtrainError):
+    """A run's hyperparameters break the training program's own rules (an unknown name, a wrong type,
+    a value out of bounds, a combination it refuses, degrees that do not fit the cluster); the
+    message is the program's."""
+
+    def __init__(self, problem: str):
+        super().__init__(f"the training program refuses this run: {problem}")
+        self.problem = problem
 
 
 class LockError(LlmtrainError):

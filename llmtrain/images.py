@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from llmtrain.errors import LlmtrainError
 from llmtrain.instances import instance_type
+from training_jobs.contract.torch_versions import min_torch, torch_release
 
 if TYPE_CHECKING:
     from llmtrain.spec import TemplateSpec
@@ -102,34 +103,17 @@ _SMP_RELEASES = {
 }
 
 
-# The oldest PyTorch the platform's training program runs on, by distribution strategy: the oldest
-# container torch its tests pass under (`make test-container`, docs/templates.md "Publishing a
-# version"). SMP jobs run in the SMP image, built on an older torch; the program's SMP path and the
-# parts it shares are tested there. training_jobs/trainer/torch_support.py holds the same table and
-# the program checks it at start-up; tests/llmtrain/test_platform_features.py keeps the two equal.
-PROGRAM_MIN_TORCH = {"default": "2.8.0", "smp": "2.5.1"}
-
-
-def torch_version_tuple(version: str) -> tuple[int, ...]:
-    """(2, 8, 0) for "2.8.0" or "2.8.0+cu129"."""
-    release = version.split("+", 1)[0]
-    return tuple(int(part) for part in release.split(".")[:3] if part.isdigit())
-
-
-def program_min_torch(strategy: str) -> str:
-    return PROGRAM_MIN_TORCH.get(strategy, PROGRAM_MIN_TORCH["default"])
-
-
 def image_torch_problems(template: TemplateSpec) -> list[str]:
-    """A platform-code template whose container's torch is older than the program needs.
+    """A platform-code template whose container's torch is older than the program needs (the
+    contract's table of the oldest torch per parallelism, which the program checks at start-up).
 
     The DLC and SMP images are named by their PyTorch version, so `framework_version` is the torch
     the program runs on; an explicit image.uri is checked by the program itself when it starts."""
     version = template.image.framework_version
     if not template.code.is_platform or version is None:
         return []
-    minimum = program_min_torch(template.distribution.strategy)
-    if torch_version_tuple(version) >= torch_version_tuple(minimum):
+    minimum = min_torch(template.distribution.strategy)
+    if torch_release(version) >= torch_release(minimum):
         return []
     return [
         f"{template.ref} runs the training program on PyTorch {version} (image.framework_version), "

@@ -3,13 +3,15 @@
 A small table of our own so that rendering stays a pure function (no AWS calls, no SDK import).
 Each entry also names its accelerator (`GPU_MODELS`: memory, dense peak, the bandwidth collectives
 reach between the GPUs of one instance) and the instance's network bandwidth, which the run planner
-(llmtrain.planner) needs. tests/llmtrain/test_planner.py keeps the peaks equal to the training
-program's MFU table (training_jobs/trainer/metrics.py).
+(llmtrain.planner) needs. The GPUs' peaks are the training program's (its contract's
+hardware table, which its MFU divides by).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from training_jobs.contract.hardware import device_peak_tflops
 
 GIB = 1024**3
 
@@ -19,9 +21,10 @@ class GpuModel:
     """One accelerator as the planner sees it.
 
     memory_bytes: what CUDA reports as the device's total memory. peak_flops: the dense bf16 (fp16
-    where the GPU has no bf16) tensor-core peak from the vendor's data sheet. link_bytes_per_second:
-    the bandwidth one GPU sends to the others of its instance (NVLink, else PCIe), nominal and one
-    direction; the planner applies its measured efficiency (llmtrain.planner.speed).
+    where the GPU has no bf16) tensor-core peak from the vendor's data sheet (`gpu_peak`).
+    link_bytes_per_second: the bandwidth one GPU sends to the others of its instance (NVLink, else
+    PCIe), nominal and one direction; the planner applies its measured efficiency
+    (llmtrain.planner.speed).
     """
 
     name: str
@@ -32,17 +35,25 @@ class GpuModel:
     memory_bytes_per_second: float
 
 
+def gpu_peak(device_name: str) -> float:
+    """The dense peak FLOP/s of a GPU (the training program's hardware table)."""
+    tflops = device_peak_tflops(device_name)
+    if tflops is None:
+        raise KeyError(f"the training program's hardware table has no peak for GPU {device_name!r}")
+    return tflops * 1e12
+
+
 GPU_MODELS: dict[str, GpuModel] = {
     gpu.name: gpu
     for gpu in (
-        GpuModel("T4", 15360 * 1024**2, 65e12, 16e9, 320e9),  # fp16: no bf16 tensor cores; PCIe 3
-        GpuModel("A10G", 23028 * 1024**2, 70e12, 32e9, 600e9),  # PCIe 4, no NVLink
-        GpuModel("V100-16GB", 16384 * 1024**2, 125e12, 150e9, 900e9),  # fp16; NVLink 2
-        GpuModel("V100-32GB", 32768 * 1024**2, 125e12, 150e9, 900e9),
-        GpuModel("A100-40GB", 40960 * 1024**2, 312e12, 300e9, 1555e9),  # NVLink 3
-        GpuModel("A100-80GB", 81920 * 1024**2, 312e12, 300e9, 2039e9),
-        GpuModel("H100-80GB", 81559 * 1024**2, 989e12, 450e9, 3350e9),  # SXM, NVLink 4
-        GpuModel("H200-141GB", 143771 * 1024**2, 989e12, 450e9, 4800e9),
+        GpuModel("T4", 15360 * 1024**2, gpu_peak("T4"), 16e9, 320e9),  # fp16: no bf16 tensor cores; PCIe 3
+        GpuModel("A10G", 23028 * 1024**2, gpu_peak("A10G"), 32e9, 600e9),  # PCIe 4, no NVLink
+        GpuModel("V100-16GB", 16384 * 1024**2, gpu_peak("V100"), 150e9, 900e9),  # fp16; NVLink 2
+        GpuModel("V100-32GB", 32768 * 1024**2, gpu_peak("V100"), 150e9, 900e9),
+        GpuModel("A100-40GB", 40960 * 1024**2, gpu_peak("A100"), 300e9, 1555e9),  # NVLink 3
+        GpuModel("A100-80GB", 81920 * 1024**2, gpu_peak("A100"), 300e9, 2039e9),
+        GpuModel("H100-80GB", 81559 * 1024**2, gpu_peak("H100"), 450e9, 3350e9),  # SXM, NVLink 4
+        GpuModel("H200-141GB", 143771 * 1024**2, gpu_peak("H200"), 450e9, 4800e9),
     )
 }
 

@@ -28,7 +28,8 @@ from llmtrain.aws import explain, explained
 from llmtrain.catalog import LATEST, parse_ref
 from llmtrain.deployed import DeployedEnvironment, TeamAccess
 from llmtrain.errors import LlmtrainError, did_you_mean
-from llmtrain.handlers.launcher import final_metrics, run_jobs
+from llmtrain.lifecycle.jobs import attempt_name_stem, run_jobs
+from llmtrain.lifecycle.summaries import final_metrics
 from llmtrain.queues import jobs as queue_jobs
 from llmtrain.queues.context import TeamQueues
 from llmtrain.runs import ExecutionInput
@@ -319,7 +320,7 @@ class LauncherClient:
     def _service_jobs(self, run_name: str) -> list[dict[str, Any]]:
         with explained("listing the run's jobs in the environment's queues"):
             return queue_jobs.run_service_jobs(self.client("batch"), list(self.queues.queue_arns.values()),
-                                               f"{self.job_name_prefix}-{run_name}-a")
+                                               attempt_name_stem(self.job_name_prefix, run_name))
 
     def queued(self, run_name: str) -> queue_jobs.QueuedRun | None:
         """The run's latest service job as the run's state shows it (None without queues or jobs)."""
@@ -428,7 +429,7 @@ class LauncherClient:
             with explained(f"cancelling run {run_name!r}'s queued job"):
                 execution["cancelled"] = queue_jobs.cancel_run(
                     self.client("batch"), list(self.queues.queue_arns.values()),
-                    f"{self.job_name_prefix}-{run_name}-a", reason)
+                    attempt_name_stem(self.job_name_prefix, run_name), reason)
         try:
             self.client("stepfunctions").stop_execution(
                 executionArn=execution["executionArn"],

@@ -306,6 +306,10 @@ def package_repository_arn(region: str, account: str, environment: str, partitio
     return f"arn:{partition}:codeartifact:{region}:{account}:repository/{domain}/{PACKAGE_REPOSITORY_NAME}"
 
 
+# The sizes of a SageMaker managed MLflow tracking server (its TrackingServerSize).
+MLFLOW_SIZES = ("Small", "Medium", "Large")
+
+
 def mlflow_tracking_server_name(environment: str) -> str:
     """The environment's SageMaker MLflow tracking server (training_constructs.mlflow creates it)."""
     return f"llmtrain-{environment}".rstrip("-")

@@ -4,7 +4,10 @@
 the launcher's Lambda, `llmtrain render` and the local runner get the same dict for the same input.
 It applies the run's overrides within the template's bounds, sets the framework hyperparameters
 the SageMaker PyTorch container reads exactly as the SageMaker Python SDK 2.x does for the same job
-(tests/llmtrain/test_sdk_equivalence.py compares them), and validates the result.
+(tests/llmtrain/test_sdk_equivalence.py compares them), and validates the result: SageMaker's rules,
+the platform's, and, for the platform's training program, the program's own (its contract: every
+hyperparameter's name, type and bounds, their combinations, the degrees and the global batch on the
+cluster), so a run the program would refuse fails here, before any job exists.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from llmtrain.errors import (
 from llmtrain.images import image_torch_problems, training_image_uri
 from llmtrain.instances import instance_type as lookup_instance_type
 from llmtrain.platform import PlatformContext
+from llmtrain.program_contract import ProgramContract, installed_contract
 from llmtrain.s3_uris import S3_SCHEME, S3Location, S3UriError, parse_s3_uri
 from llmtrain.sourcedir import SOURCEDIR_NAME
 from llmtrain.spec import (
@@ -41,7 +45,6 @@ from llmtrain.spec import (
 from llmtrain.validate import (
     JOB_NAME_MAX,
     degree_problems,
-    global_batch_problems,
     quantization_problems,
     smddp_problems,
     validate_request,
@@ -157,27 +160,54 @@ def max_run_name_length(platform: PlatformContext) -> int:
 
 
 def render(
-    template: TemplateSpec, run_input: RunInput | Mapping[str, Any], platform: PlatformContext
+    template: TemplateSpec,
+    run_input: RunInput | Mapping[str, Any],
+    platform: PlatformContext,
+    program: ProgramContract | None = None,
 ) -> dict:
-    """The complete CreateTrainingJob request; raises OverrideError or RequestValidationError."""
+    """The complete CreateTrainingJob request; raises OverrideError, ProgramSettingError or
+    RequestValidationError.
+
+    `program` is the training program's contract of the code the version runs
+    (`Catalog.program_contract`: a published version's frozen code has its own); None means the
+    program installed beside llmtrain, right for a version whose code is not frozen."""
     run = run_input if isinstance(run_input, RunInput) else RunInput.from_dict(run_input)
     _check_run_name(run, platform)
     check_team_template(template.name, platform)
     settings = resolve_settings(template, run, platform)
     check_team_limits(settings, platform)
     problems = (
-        degree_problems(settings.degrees, settings.world_size)
-        + quantization_problems(template.distribution.strategy, settings.hyperparameters, template.ref)
+        quantization_problems(template.distribution.strategy, settings.hyperparameters, template.ref)
         + smddp_problems(template.distribution.smddp, settings.instance_type)
         + image_torch_problems(template)
     )
-    if template.code.is_platform:
-        problems += global_batch_problems(settings.hyperparameters, settings.degrees, settings.world_size)
+    if not template.code.is_platform:
+        # The platform's program checks its own degrees (check_program); a template's own script
+        # gets the distribution only through SMP's mp_parameters.
+        problems += degree_problems(settings.degrees, settings.world_size)
     if problems:
         raise RequestValidationError(problems)
+    check_program(template, settings, program)
     request = build_request(template, settings, run, platform)
     validate_request(request, platform)
     return request
+
+
+def check_program(
+    template: TemplateSpec, settings: JobSettings, program: ProgramContract | None = None
+) -> None:
+    """The training program's own rules on what the run sends it (ProgramSettingError with the
+    program's message); nothing for a template that runs its own code."""
+    if not template.code.is_platform:
+        return
+    values = program_hyperparameters(template, settings)
+    if template.distribution.strategy == "smp":
+        values["mp_parameters"] = smp_parameters(template, settings)
+    # As SM_HPS holds them: the training toolkit decodes the JSON render encodes.
+    decoded = {name: json.loads(json.dumps(value)) for name, value in values.items()}
+    (program or installed_contract()).check(
+        decoded, world_size=settings.world_size, num_hosts=settings.instance_count
+    )
 
 
 def _check_run_name(run: RunInput, platform: PlatformContext) -> None:
@@ -503,6 +533,14 @@ def hyperparameters(
     template: TemplateSpec, settings: JobSettings, name: str, platform: PlatformContext
 ) -> dict:
     """Run hyperparameters plus framework ones, each JSON-encoded as the SageMaker SDK does."""
+    values = program_hyperparameters(template, settings)
+    values.update(framework_hyperparameters(template, settings, name, platform))
+    return {key: json.dumps(value) for key, value in values.items()}
+
+
+def program_hyperparameters(template: TemplateSpec, settings: JobSettings) -> dict[str, Any]:
+    """The run's hyperparameters, and for the platform's program the distribution's: parallelism,
+    the degrees and the collective backend (SMP's mp_parameters come with the framework's)."""
     values = dict(settings.hyperparameters)
     if template.code.is_platform:
         values["parallelism"] = template.distribution.strategy
@@ -511,8 +549,7 @@ def hyperparameters(
                        if name != "pipeline_parallel_degree" or degree != 1})
         if template.distribution.smddp:
             values["collective_backend"] = "smddp"
-    values.update(framework_hyperparameters(template, settings, name, platform))
-    return {key: json.dumps(value) for key, value in values.items()}
+    return values
 
 
 def framework_hyperparameters(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmtrain.catalog import LATEST
-from llmtrain.errors import LlmtrainError
+from llmtrain.errors import LauncherStateError, LlmtrainError
 from llmtrain.queues.policy import QUEUE_NAME_PATTERN, priority_problem
 from llmtrain.render import RUN_NAME_PATTERN
 
@@ -42,10 +42,6 @@ class InvalidRunInput(LlmtrainError):
     def __init__(self, problem: str):
         super().__init__(f"run input rejected before any training job was created: {problem}")
         self.problem = problem
-
-
-class LauncherStateError(Exception):
-    """The state the state machine passed is not what this function expects (a deployment bug)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -66,6 +66,14 @@ def repository_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+def program_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """A process environment (this one by default) in which the shipped training program imports
+    (`python -m training_jobs.X`, as `llmtrain data prepare` runs it): llmtrain never imports it."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repository_root()), env.get("PYTHONPATH")) if p)
+    return env
+
+
 def collect_files(code: CodeSpec, repo_root: Path | None = None) -> list[SourceFile]:
     """The files of the sourcedir in archive order, checked for the entry point."""
     root = repo_root or repository_root()

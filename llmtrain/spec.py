@@ -17,6 +17,8 @@ from llmtrain.errors import TemplateSpecError
 from llmtrain.instances import KNOWN_INSTANCE_TYPES
 from llmtrain.instances import instance_type as lookup_instance_type
 from llmtrain.validate import quantization_problems
+from training_jobs.contract.hyperparameters import PARALLELISMS
+from training_jobs.contract.parallel_dims import PIPELINE_DATA_PARALLELISMS
 
 SEMVER_PATTERN = re.compile(
     r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -28,13 +30,15 @@ TEMPLATE_NAME_MAX = 40
 
 PLATFORM_CODE = "platform"
 PLATFORM_ENTRY_POINT = "training_jobs/train.py"
-STRATEGIES = ("single", "ddp", "fsdp", "deepspeed", "smp")
+# A template's distribution strategy is the training program's parallelism (platform code) or how
+# SageMaker launches a template's own script (the same names).
+STRATEGIES = PARALLELISMS
 INPUT_MODES = ("File", "FastFile")
 QUOTA_POLICIES = ("fail", "wait")
 OVERRIDE_TYPES = ("int", "float", "bool", "str", "s3_uri")
 DEGREE_NAMES = ("shard_degree", "replicate_degree", "tensor_parallel_degree", "pipeline_parallel_degree")
 # Strategies whose pipeline stages the training program builds (trainer/strategies/pipeline.py).
-PIPELINE_STRATEGIES = ("ddp", "fsdp")
+PIPELINE_STRATEGIES = PIPELINE_DATA_PARALLELISMS
 # Settings that are not hyperparameters: a run overrides them by these names.
 RESOURCE_SETTINGS = (
     "instance_type",
@@ -445,6 +449,16 @@ class TemplateSpec:
     @property
     def ref(self) -> str:
         return f"{self.name}@{self.version}"
+
+    @property
+    def instance_types(self) -> tuple[str, ...]:
+        """Every instance type this version may run on, sorted: its own, its capacity fallbacks, and
+        the choices a run may pick when it lets runs override `instance_type`."""
+        found = {self.compute.instance_type, *self.retry.fallback_instance_types}
+        rule = self.overridable.get("instance_type")
+        if rule is not None and rule.choices:
+            found.update(str(choice) for choice in rule.choices)
+        return tuple(sorted(found))
 
     def to_dict(self) -> dict[str, Any]:
         """The template as data (round-trips through `from_dict`)."""

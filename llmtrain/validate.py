@@ -3,10 +3,12 @@
 1. botocore's own input shape for CreateTrainingJob, through `ParamValidator` (types, required
    members, minimums), plus the `max`/`pattern`/`enum` metadata and map sizes that `ParamValidator`
    skips but the SageMaker API enforces (the same patterns, matched against the whole value).
-2. The platform's rules: more than one node needs an EFA-capable instance type, parallel degrees
-   (pipeline x replicate x shard x tensor) divide the world size, SMDDP runs only where it is
-   supported, the warm pool stays within the environment's cap (and off with spot), job names fit
-   SageMaker's pattern and carry the environment's prefix, storage fits instance storage.
+2. The platform's rules: more than one node needs an EFA-capable instance type, a template's own
+   script gets parallel degrees that divide the world size (the platform's training program checks
+   its own: llmtrain.render.check_program), SMDDP runs only where it is supported, QLoRA only with
+   the parallelisms the program quantizes with, the warm pool stays within the environment's cap
+   (and off with spot), job names fit SageMaker's pattern and carry the environment's prefix,
+   storage fits instance storage.
 
 Pure functions (no AWS calls): the launcher's Lambda, the CLI and the construct all call them.
 """
@@ -26,6 +28,8 @@ from botocore.validate import ParamValidator
 from llmtrain.errors import RequestValidationError
 from llmtrain.instances import EFA_INSTANCE_TYPES, INSTANCE_TYPES
 from llmtrain.platform import PlatformContext
+from training_jobs.contract.hyperparameters import QUANTIZED_PARALLELISMS
+from training_jobs.contract.parallel_dims import reshards_checkpoints
 
 JOB_NAME_PATTERN = regex.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
 JOB_NAME_MAX = 63
@@ -175,11 +179,6 @@ def degree_problems(degrees: Mapping[str, int], world_size: int) -> list[str]:
     return []
 
 
-# Strategies whose checkpoints the training program reshards to another number of data-parallel
-# ranks (its strategies' reshards_checkpoints; tests/llmtrain/test_render.py keeps the two equal).
-RESHARDING_STRATEGIES = ("single", "ddp", "fsdp")
-
-
 def _world_size(request: Mapping[str, Any]) -> int:
     resources = request["ResourceConfig"]
     return resources["InstanceCount"] * INSTANCE_TYPES[resources["InstanceType"]].processes_per_host
@@ -189,40 +188,12 @@ def reshape_problems(strategy: str, first: Mapping[str, Any], other: Mapping[str
     """Another attempt of a run (`other`, e.g. on a fallback type with another number of GPUs)
     with another world size than its `first`: fine where the checkpoints reshard, not otherwise."""
     before, after = _world_size(first), _world_size(other)
-    if before == after or strategy in RESHARDING_STRATEGIES:
+    if before == after or reshards_checkpoints(strategy):
         return []
     return [
         f"{other['ResourceConfig']['InstanceType']} runs {after} processes where the run's "
         f"{first['ResourceConfig']['InstanceType']} runs {before}, and {strategy} checkpoints do not "
         "reshard to another number of GPUs: choose fallback types with the same GPUs per instance"
-    ]
-
-
-# The training program's default micro_batch_size (training_jobs/trainer/config.py; a test in
-# tests/llmtrain/test_render.py keeps the two equal).
-PROGRAM_MICRO_BATCH_SIZE = 4
-
-
-def global_batch_problems(hyperparameters: Mapping[str, Any], degrees: Mapping[str, int],
-                          world_size: int) -> list[str]:
-    """A fixed global batch (the platform program's global_batch_size) that the data-parallel ranks
-    of this world size cannot split: each takes micro_batch_size samples per micro-batch. Checked at
-    every render, so another instance count or a fallback with another GPU count that cannot keep
-    the run's batch fails before a job exists."""
-    batch = hyperparameters.get("global_batch_size", 0)
-    if not batch:
-        return []
-    model_parallel = max(degrees.get("pipeline_parallel_degree", 1), 1) * max(
-        degrees.get("tensor_parallel_degree", 1), 1
-    )
-    micro = hyperparameters.get("micro_batch_size", PROGRAM_MICRO_BATCH_SIZE)
-    data_parallel = world_size // model_parallel
-    if data_parallel and batch % (data_parallel * micro) == 0:
-        return []
-    return [
-        f"global_batch_size {batch} is not a multiple of data-parallel ranks x micro_batch_size "
-        f"({data_parallel} x {micro}) at world size {world_size}: change global_batch_size, "
-        "micro_batch_size or the instance count"
     ]
 
 
@@ -242,19 +213,14 @@ def smddp_problems(smddp: bool, instance_type: str) -> list[str]:
     ]
 
 
-# The strategies the training program runs 4-bit QLoRA with (training_jobs/trainer/lora.py's
-# QUANTIZED_PARALLELISMS; tests/llmtrain/test_render.py keeps the two equal): bitsandbytes' packed
-# 4-bit weights do not shard with FSDP, DeepSpeed ZeRO-3 or SMP.
-QLORA_STRATEGIES = ("single", "ddp")
-
-
 def quantization_problems(strategy: str, hyperparameters: Mapping[str, Any], template: str) -> list[str]:
-    """A quantized base (QLoRA) under a strategy the training program refuses it with."""
-    if hyperparameters.get("quantization", "none") == "none" or strategy in QLORA_STRATEGIES:
+    """A quantized base (QLoRA) under a strategy the training program refuses it with (the program
+    checks it when it loads the model; code frozen before its contract does not say so up front)."""
+    if hyperparameters.get("quantization", "none") == "none" or strategy in QUANTIZED_PARALLELISMS:
         return []
     return [
         f"quantization={hyperparameters['quantization']} (QLoRA) trains with strategy "
-        f"{' or '.join(QLORA_STRATEGIES)}, and {template} uses {strategy}: set quantization=none "
+        f"{' or '.join(QUANTIZED_PARALLELISMS)}, and {template} uses {strategy}: set quantization=none "
         "(LoRA on the sharded base) or use a QLoRA template (llama-finetune-qlora)"
     ]
 

@@ -11,8 +11,6 @@ from constructs import Construct
 
 from llmtrain.catalog import Catalog
 from llmtrain.environments import EnvironmentConfig
-from llmtrain.handlers.quotas import template_instance_types
-from llmtrain.spec import TemplateSpec
 from stacks._outputs import output
 from training_constructs.operations import TemplateMetrics, TrainingOperations, TrainingOperationsProps
 
@@ -48,14 +46,13 @@ class OperationsStack(Stack):
             "operations dashboard",
         )
         catalog = catalog or Catalog.load()
-        templates = enabled_template_versions(catalog, config.enabled_templates)
         self.operations = TrainingOperations(
             self,
             "Operations",
             TrainingOperationsProps(
                 environment_name=config.name,
                 job_name_prefix=config.job_name_prefix,
-                instance_types=template_instance_types(templates),
+                instance_types=catalog.instance_types(config.enabled_templates),
                 quota_alarm_threshold_percent=config.quotas.alarm_threshold_percent,
                 warm_pool_idle_budget_seconds=config.warm_pools.idle_budget_seconds,
                 existing_topic=notification_topic,
@@ -70,13 +67,6 @@ class OperationsStack(Stack):
             output(
                 self, TOPIC_OUTPUT, self.operations.topic.topic_arn, "Where alarms and job notifications go"
             )
-
-
-def enabled_template_versions(catalog: Catalog, enabled: tuple[str, ...]) -> list[TemplateSpec]:
-    """Every version of every enabled template: runs may name an older version."""
-    for name in enabled:
-        catalog.versions(name)  # raises TemplateNotFoundError naming the template and the catalog
-    return [template for template in catalog.all() if template.name in enabled]
 
 
 def latest_template_metrics(catalog: Catalog, enabled: tuple[str, ...]) -> list[TemplateMetrics]:

@@ -26,15 +26,18 @@ class PlatformStage(Stage):
     ``npx cdk deploy '<env>/*'`` picks one environment. Each stack keeps its construct as an
     attribute (``self.network.network``, ``self.storage.storage``, ``self.access.access``) for
     the stacks built on top of them; ``self.teams`` are the environment's teams (``TeamSpec``).
+    ``catalog``: the job templates (default: the platform's, ``Catalog.load()``).
     """
 
-    def __init__(self, scope: Construct, *, config: EnvironmentConfig) -> None:
+    def __init__(
+        self, scope: Construct, *, config: EnvironmentConfig, catalog: Catalog | None = None
+    ) -> None:
         super().__init__(scope, config.name, env=Environment(account=config.account, region=config.region))
         self.config = config
         for key, value in {**config.tags, "llmtrain:environment": config.name}.items():
             Tags.of(self).add(key, value)
 
-        catalog = Catalog.load()
+        catalog = catalog or Catalog.load()
         self.teams = team_specs(config, catalog)
 
         # The foundation: network and storage, then who may use them (per team).

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from llmtrain.catalog import Catalog
 from llmtrain.environments import EnvironmentConfig, TeamConfig
-from llmtrain.handlers.quotas import template_instance_types
-from stacks.operations import enabled_template_versions
 from training_constructs.teams import TeamSpec
 
 
@@ -17,7 +15,7 @@ def team_specs(config: EnvironmentConfig, catalog: Catalog) -> list[TeamSpec]:
 def _team_spec(team: TeamConfig, catalog: Catalog) -> TeamSpec:
     # Without instance_types, a team may use every type its templates may run on (every version's
     # own type, its fallbacks and the choices a run may pick).
-    types = team.instance_types or template_instance_types(enabled_template_versions(catalog, team.templates))
+    types = team.instance_types or catalog.instance_types(team.templates)
     return TeamSpec(
         name=team.name,
         job_name_prefix=team.job_name_prefix,

@@ -12,7 +12,14 @@ Arrow, gzip, ...) are refused with what to convert them to. Folders are searched
 Documents are tokenized in parallel worker processes; the output is identical whatever the number
 of workers (results are written in input order). With `--validation-fraction`, a deterministic
 share of the documents goes to OUTPUT/validation and the rest to OUTPUT/train; upload each folder as
-its own channel.
+its own channel. A plain-text file is one document, so it gives its own end instead: the text after
+the first paragraph boundary (else line, else word boundary) at which at most that fraction of its
+characters is left is a validation document, the text before it a training document.
+
+The output is written to a temporary folder beside OUTPUT and renamed to OUTPUT at the end: a run
+that fails leaves nothing behind, and OUTPUT must not exist yet (or be empty). OUTPUT/tokenizer holds
+the tokenizer the shards were made with (a run's `tokenizer` channel, so that the job reads the data
+with the same vocabulary).
 
 Supervised fine-tuning: with `--completion-key`, each JSONL record or CSV/TSV row is one example, a
 prompt (`--prompt-key`, default `prompt`) and its completion. The two are tokenized as one text and
@@ -30,10 +37,13 @@ import contextlib
 import csv
 import json
 import os
+import re
+import shutil
 import sys
+import tempfile
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -65,6 +75,11 @@ BINARY_SUFFIXES = (".parquet", ".arrow", ".feather", ".gz", ".bz2", ".xz", ".zst
                    ".npy", ".pkl", ".pt", ".bin", ".safetensors")
 CONVERT_HINT = "convert it to JSONL (one {\"text\": ...} object per line), CSV or UTF-8 text first"
 DOCUMENTS_PER_TASK = 256
+TOKENIZER_FOLDER = "tokenizer"
+SPLITS = ("train", "validation")
+# Where a text file's validation part may begin, coarsest first: after a blank line, a line, a word.
+HOLD_OUT_BOUNDARIES = (("paragraph", re.compile(r"\n[ \t]*\n\s*")), ("line", re.compile(r"\n\s*")),
+                       ("word", re.compile(r"\s+")))
 
 
 # A document's text, or an example (prompt and completion, or a conversation) of a loss-masked
@@ -104,11 +119,36 @@ class Fields:
 
 
 @dataclass(frozen=True)
+class Document:
+    """A document or example: where it comes from, its content, its size in bytes, and the split
+    it must go to (the parts of a text file cut for validation), else None (drawn per document)."""
+
+    where: str
+    content: Content
+    num_bytes: int
+    split: str | None = None
+
+
+@dataclass(frozen=True)
 class Task:
-    """A batch of documents for one worker: (source, content) pairs plus the bytes they span."""
+    """A batch of documents for one worker: (source, content) pairs, the split each must go to (or
+    None), plus the bytes they span."""
 
     documents: list[tuple[str, Content]]
+    splits: list[str | None]
     num_bytes: int
+
+
+@dataclass
+class Inputs:
+    """What was read, for the errors that say what to change: the documents, the blank ones left
+    out, and the text files too short to hold out their validation part (with the fraction each
+    would need)."""
+
+    files: list[Path]
+    documents: int = 0
+    blank: list[str] = field(default_factory=list)
+    too_short: list[tuple[Path, float]] = field(default_factory=list)
 
 
 def find_inputs(inputs: list[str]) -> list[Path]:
@@ -126,7 +166,7 @@ def find_inputs(inputs: list[str]) -> list[Path]:
     return files
 
 
-def _jsonl_documents(path: Path, fields: Fields) -> Iterator[tuple[str, Content, int]]:
+def _jsonl_documents(path: Path, fields: Fields) -> Iterator[Document]:
     with path.open("rb") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -142,16 +182,17 @@ def _jsonl_documents(path: Path, fields: Fields) -> Iterator[tuple[str, Content,
                 if fields.messages not in record:
                     raise DataError(f"{where}: no field {fields.messages!r} (choose it with "
                                     "--messages-key)")
-                yield where, check_messages(where, record[fields.messages], fields.messages), len(line)
+                yield Document(where, check_messages(where, record[fields.messages], fields.messages),
+                               len(line))
                 continue
             for name in fields.names:
                 if not isinstance(record.get(name), str):
                     raise DataError(f"{where}: no string field {name!r} (choose it with "
                                     f"{fields.option(name)})")
-            yield where, fields.content([record[name] for name in fields.names]), len(line)
+            yield Document(where, fields.content([record[name] for name in fields.names]), len(line))
 
 
-def _table_documents(path: Path, fields: Fields) -> Iterator[tuple[str, Content, int]]:
+def _table_documents(path: Path, fields: Fields) -> Iterator[Document]:
     if fields.messages is not None:
         raise DataError(f"{path}: a {path.suffix} file holds no conversations; with --messages-key "
                         "the input must be JSONL")
@@ -168,26 +209,62 @@ def _table_documents(path: Path, fields: Fields) -> Iterator[tuple[str, Content,
             for row in rows:
                 values = [row[name] or "" for name in fields.names]
                 if values[-1]:  # a row without text (or without a completion) trains nothing
-                    yield (f"{path}:{rows.line_num}", fields.content(values),
-                           sum(len(value.encode()) for value in values))
+                    yield Document(f"{path}:{rows.line_num}", fields.content(values),
+                                   sum(len(value.encode()) for value in values))
         except csv.Error as error:
             where = f"{path}:{rows.line_num}"
             raise DataError(f"{where}: not a well-formed {path.suffix} row ({error})") from error
 
 
-def _text_document(path: Path, fields: Fields) -> tuple[str, str, int]:
+def _text_documents(path: Path, fields: Fields, inputs: Inputs,
+                    validation_fraction: float) -> Iterator[Document]:
+    """A text file as one document; with a validation fraction, its train part and its held-out end."""
     if fields.loss_mask:
         raise DataError(f"{path}: a plain text file holds no examples; with --completion-key the "
                         "input must be JSONL, CSV or TSV, with --messages-key JSONL")
     data = path.read_bytes()
     try:
-        return str(path), data.decode("utf-8"), len(data)
+        text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise DataError(f"{path}: not UTF-8 text (byte {error.start}); {CONVERT_HINT}") from error
+    if validation_fraction <= 0 or not text.strip():
+        yield Document(str(path), text, len(data))
+        return
+    start = held_out_start(text, validation_fraction)
+    if start is None:
+        inputs.too_short.append((path, _fraction_to_hold_out_a_word(text)))
+        yield Document(str(path), text, len(data), "train")
+        return
+    head = len(text[:start].encode())
+    yield Document(str(path), text[:start], head, "train")
+    yield Document(f"{path} (its end, held out for validation)", text[start:], len(data) - head,
+                   "validation")
 
 
-def iter_documents(files: list[Path], fields: Fields) -> Iterator[tuple[str, Content, int]]:
-    """(where, content, bytes) for every document or example, in a fixed order."""
+def held_out_start(text: str, fraction: float) -> int | None:
+    """Where a text's validation part begins: the first paragraph boundary (else line, else word
+    boundary) after which at most `fraction` of its characters are left, with text on both sides;
+    None when no boundary leaves so little."""
+    target = len(text) * (1 - fraction)
+    for _, boundary in HOLD_OUT_BOUNDARIES:
+        for match in boundary.finditer(text):
+            if match.end() >= len(text):  # trailing whitespace: nothing would be held out
+                break
+            if match.end() >= target and text[:match.start()].strip():
+                return match.end()
+    return None
+
+
+def _fraction_to_hold_out_a_word(text: str) -> float:
+    """The smallest validation fraction that would hold out the text's last word."""
+    words = list(HOLD_OUT_BOUNDARIES[-1][1].finditer(text.rstrip()))
+    return 1.0 if not words else (len(text) - words[-1].end()) / len(text)
+
+
+def iter_documents(files: list[Path], fields: Fields, inputs: Inputs | None = None,
+                   validation_fraction: float = 0.0) -> Iterator[Document]:
+    """Every document or example, in a fixed order."""
+    inputs = inputs or Inputs(files)
     for path in files:
         suffix = path.suffix.lower()
         if suffix in BINARY_SUFFIXES:
@@ -198,27 +275,29 @@ def iter_documents(files: list[Path], fields: Fields) -> Iterator[tuple[str, Con
             elif suffix in TABLE_DELIMITERS:
                 yield from _table_documents(path, fields)
             else:
-                yield _text_document(path, fields)
+                yield from _text_documents(path, fields, inputs, validation_fraction)
         except UnicodeDecodeError as error:
             raise DataError(f"{path}: not UTF-8 text ({error.reason}); {CONVERT_HINT}") from error
 
 
-def iter_tasks(files: list[Path], fields: Fields, blank: list[str]) -> Iterator[Task]:
+def iter_tasks(inputs: Inputs, fields: Fields, validation_fraction: float = 0.0) -> Iterator[Task]:
     """Documents in batches for the workers; blank text documents are left out (an end-of-sequence
-    token alone teaches nothing) and their locations appended to `blank`."""
+    token alone teaches nothing) and their locations recorded in `inputs.blank`."""
     batch: list[tuple[str, Content]] = []
+    splits: list[str | None] = []
     size = 0
-    for where, content, num_bytes in iter_documents(files, fields):
-        if isinstance(content, str) and not content.strip():
-            blank.append(where)
+    for document in iter_documents(inputs.files, fields, inputs, validation_fraction):
+        if isinstance(document.content, str) and not document.content.strip():
+            inputs.blank.append(document.where)
             continue
-        batch.append((where, content))
-        size += num_bytes
+        batch.append((document.where, document.content))
+        splits.append(document.split)
+        size += document.num_bytes
         if len(batch) == DOCUMENTS_PER_TASK:
-            yield Task(batch, size)
-            batch, size = [], 0
+            yield Task(batch, splits, size)
+            batch, splits, size = [], [], 0
     if batch:
-        yield Task(batch, size)
+        yield Task(batch, splits, size)
 
 
 # --- worker side ---------------------------------------------------------------------------------
@@ -227,7 +306,7 @@ _TOKENIZER = None
 _DTYPE = None
 
 
-def _load_tokenizer(path: str):
+def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -236,23 +315,24 @@ def _load_tokenizer(path: str):
 def _init_worker(tokenizer_path: str, dtype: str) -> None:
     global _TOKENIZER, _DTYPE
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
-    _TOKENIZER = _load_tokenizer(tokenizer_path)
+    _TOKENIZER = load_tokenizer(tokenizer_path)
     _DTYPE = DTYPES[dtype]
 
 
 Tokenized = tuple[np.ndarray, np.ndarray | None]  # token ids, and the loss mask of an example
 
 
-def tokenize_task(task: Task) -> tuple[list[Tokenized], int]:
+def tokenize_task(task: Task) -> tuple[list[Tokenized], list[str | None], int]:
     """Token ids of each document, with the document separators added; for examples, also the
-    loss mask (sft_examples.py)."""
+    loss mask (sft_examples.py); with the task's splits and bytes."""
     tokenizer = _TOKENIZER
     contents = [content for _, content in task.documents]
     if contents and not isinstance(contents[0], str):
-        return tokenize_examples(task.documents, tokenizer, _DTYPE), task.num_bytes
+        return tokenize_examples(task.documents, tokenizer, _DTYPE), task.splits, task.num_bytes
     prefix, eos = document_separators(tokenizer)
     encoded = tokenizer(contents, add_special_tokens=False)["input_ids"]
-    return [(np.asarray(prefix + ids + [eos], dtype=_DTYPE), None) for ids in encoded], task.num_bytes
+    return ([(np.asarray(prefix + ids + [eos], dtype=_DTYPE), None) for ids in encoded], task.splits,
+            task.num_bytes)
 
 
 # --- output side ---------------------------------------------------------------------------------
@@ -264,8 +344,6 @@ class ShardWriter:
     def __init__(self, split: str, folder: Path, dtype: str, shard_tokens: int,
                  loss_mask: bool = False) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        if (folder / MANIFEST).exists():
-            raise DataError(f"{folder} already holds a dataset ({MANIFEST}); choose another --output")
         self.split, self.folder, self.shard_tokens = split, folder, shard_tokens
         self.dtype_name, self.loss_mask = dtype, loss_mask
         self.shards: list[tuple[str, int]] = []
@@ -273,6 +351,7 @@ class ShardWriter:
         self.mask_buffer: list[np.ndarray] = []
         self.buffered = 0
         self.documents = 0
+        self.answer_tokens = 0  # trained tokens besides each example's closing end-of-sequence id
 
     def add(self, tokens: np.ndarray, mask: np.ndarray | None = None) -> None:
         if (mask is not None) != self.loss_mask:
@@ -280,6 +359,7 @@ class ShardWriter:
         self.buffer.append(tokens)
         if mask is not None:
             self.mask_buffer.append(mask)
+            self.answer_tokens += int(np.count_nonzero(mask[:-1]))
         self.buffered += len(tokens)
         self.documents += 1
         while self.buffered >= self.shard_tokens:
@@ -303,9 +383,6 @@ class ShardWriter:
     def close(self, vocab_size: int, eos_token_id: int, tokenizer: str) -> int:
         if self.buffered:
             self._flush(self.buffered)
-        if not self.shards:
-            raise DataError(f"no documents went to the {self.split} split in {self.folder}: the input "
-                            "holds too few documents (lower --validation-fraction or add data)")
         write_manifest(self.folder, dtype=self.dtype_name, vocab_size=vocab_size,
                        eos_token_id=eos_token_id, num_documents=self.documents,
                        shards=self.shards, tokenizer=tokenizer, loss_mask=self.loss_mask)
@@ -335,42 +412,113 @@ def _tokenized(args: argparse.Namespace, dtype: str, tasks: Iterator[Task]):
 
 
 def prepare(args: argparse.Namespace) -> dict[str, int]:
-    files = find_inputs(args.input)
-    tokenizer = _load_tokenizer(args.tokenizer)
+    """Write the dataset to a temporary folder beside --output and rename it at the end; a failure
+    removes it, so nothing half-written is ever left (and the same command can simply be retried)."""
+    inputs = Inputs(find_inputs(args.input))
+    output = Path(args.output)
+    _check_output(output)
+    tokenizer = load_tokenizer(args.tokenizer)
     if tokenizer.eos_token_id is None:
         raise DataError(f"tokenizer {args.tokenizer} has no end-of-sequence token")
     if args.messages_key is not None:
         require_chat_template(tokenizer)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
+    try:
+        counts = _write_dataset(args, inputs, tokenizer, scratch)
+        tokenizer.save_pretrained(str(scratch / TOKENIZER_FOLDER))
+        if output.exists():
+            output.rmdir()  # empty (_check_output): a folder the user made for it
+        scratch.rename(output)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return counts
+
+
+def _check_output(output: Path) -> None:
+    if not output.exists():
+        return
+    if not output.is_dir():
+        raise DataError(f"--output {output} is a file: name a new folder")
+    if any((folder / MANIFEST).is_file() for folder in (output, *(output / s for s in SPLITS))):
+        raise DataError(f"{output} already holds a dataset ({MANIFEST}); choose another --output")
+    if any(output.iterdir()):
+        raise DataError(f"--output {output} is not empty: name a new folder (prepare_data writes "
+                        "the whole folder)")
+
+
+def _write_dataset(args: argparse.Namespace, inputs: Inputs, tokenizer, folder: Path) -> dict[str, int]:
     vocab_size = len(tokenizer)
     dtype = dtype_for_vocab(vocab_size)
-    output = Path(args.output)
-    splits = {"train": output / "train", "validation": output / "validation"} \
-        if args.validation_fraction > 0 else {"train": output}
+    fraction = args.validation_fraction
+    splits = {name: folder / name for name in SPLITS} if fraction > 0 else {"train": folder}
     fields = Fields(args.text_key, args.prompt_key, args.completion_key, args.messages_key)
-    writers = {name: ShardWriter(name, folder, dtype, args.shard_tokens, fields.loss_mask)
-               for name, folder in splits.items()}
+    writers = {name: ShardWriter(name, path, dtype, args.shard_tokens, fields.loss_mask)
+               for name, path in splits.items()}
     index = 0
-    blank: list[str] = []
-    with _tokenized(args, dtype, iter_tasks(files, fields, blank)) as results, \
-            _progress(sum(f.stat().st_size for f in files)) as bar:
-        for documents, num_bytes in results:
-            for tokens, mask in documents:
-                split = "validation" if is_validation(index, args.validation_fraction) else "train"
-                writers[split].add(tokens, mask)
+    with _tokenized(args, dtype, iter_tasks(inputs, fields, fraction)) as results, \
+            _progress(sum(f.stat().st_size for f in inputs.files)) as bar:
+        for documents, forced, num_bytes in results:
+            for (tokens, mask), split in zip(documents, forced, strict=True):
+                drawn = "validation" if is_validation(index, fraction) else "train"
+                writers[split or drawn].add(tokens, mask)
                 index += 1
             bar.update(num_bytes)
-    _check_not_blank(files, blank, documents=index)
+    inputs.documents = index
+    _check_not_blank(inputs)
+    for writer in writers.values():
+        _check_filled(writer, inputs, fraction)
     return {name: writer.close(vocab_size, tokenizer.eos_token_id, str(args.tokenizer))
             for name, writer in writers.items()}
 
 
-def _check_not_blank(files: list[Path], blank: list[str], *, documents: int) -> None:
-    if documents == 0:
+def _check_not_blank(inputs: Inputs) -> None:
+    blank, files = inputs.blank, inputs.files
+    if inputs.documents == 0:
         what = f"{len(blank)} empty document(s), e.g. {blank[0]}" if blank else "no documents"
         raise DataError(f"no text to train on in {', '.join(map(str, files))}: the input holds {what}; "
                         "check the file, or --text-key if the text is in another field")
     if blank:
         print(f"prepare_data: left out {len(blank)} empty document(s), e.g. {blank[0]}", file=sys.stderr)
+
+
+def _check_filled(writer: ShardWriter, inputs: Inputs, fraction: float) -> None:
+    """Each split holds documents, and a loss-masked one an answer to train on; else say what helps."""
+    if writer.documents == 0 and writer.split == "validation":
+        raise DataError(_empty_validation(inputs, fraction))
+    if writer.documents == 0:
+        raise DataError(f"no document went to the train split: the input's {inputs.documents} "
+                        f"document(s) were all drawn for validation; lower --validation-fraction "
+                        f"({fraction:g}) or add data")
+    if writer.loss_mask and writer.answer_tokens == 0:
+        where = ", ".join(map(str, inputs.files))
+        split = f" of the {writer.split} split" if fraction > 0 else ""
+        raise DataError(f"no example{split} in {where} has an answer to train on: every completion is "
+                        "empty, so the loss mask trains only end-of-sequence tokens; check "
+                        "--completion-key (the field that holds the answers) or, with --messages-key, "
+                        "the assistant messages")
+
+
+def _empty_validation(inputs: Inputs, fraction: float) -> str:
+    leave_out = "or leave --validation-fraction out (the run then has no evaluation loss)"
+    if inputs.too_short:
+        path, needed = min(inputs.too_short, key=lambda item: item[1])
+        return (f"{path} is too short to hold out {fraction:.0%} of its text for validation at a "
+                f"paragraph, line or word boundary (its last word alone is {needed:.0%} of it): add "
+                f"text, pass --validation-fraction {_rounded_up(needed)} or more, {leave_out}")
+    expected = 2 / inputs.documents if inputs.documents else 1.0
+    return (f"none of the input's {inputs.documents} documents was drawn for the validation split "
+            f"(each is drawn with probability {fraction:g}): add documents, pass --validation-fraction "
+            f"{_rounded_up(expected)} or more, {leave_out}")
+
+
+def _rounded_up(fraction: float) -> str:
+    """A fraction rounded up to one significant digit, below 1."""
+    for step in (0.001, 0.01, 0.1):
+        if fraction <= step * 9:
+            return f"{min(0.9, -(-fraction // step) * step):.3g}"
+    return "0.9"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -18,7 +18,7 @@ from pathlib import Path
 # The toolkit runs this file as a script with cwd = the code folder: make `training_jobs` importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training_jobs.trainer.config import from_hyperparameters  # noqa: E402
+from training_jobs.contract.hyperparameters import from_hyperparameters  # noqa: E402
 from training_jobs.trainer.environment import read_environment  # noqa: E402
 from training_jobs.trainer.errors import ConfigError, DataError, DivergenceError, TrainingError  # noqa: E402
 

@@ -49,11 +49,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.utils.checkpoint as torch_checkpoint  # noqa: E402
 
-from training_jobs.trainer.config import from_hyperparameters  # noqa: E402
+from training_jobs.contract.hyperparameters import from_hyperparameters  # noqa: E402
+from training_jobs.contract.parallel_dims import resolve_cluster  # noqa: E402
 from training_jobs.trainer.loop import train_step  # noqa: E402
 from training_jobs.trainer.models import load_tokenizer, model_source  # noqa: E402
 from training_jobs.trainer.parallel import init_distributed  # noqa: E402
-from training_jobs.trainer.parallel_dims import ParallelDims, with_global_batch  # noqa: E402
 from training_jobs.trainer.strategies import SetupContext, build_strategy  # noqa: E402
 
 PARTS = ("parameters", "gradients", "optimizer", "activations")
@@ -66,7 +66,12 @@ GRADIENT_MARKERS = ("grad", "ipg")
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    """The plain tensor holding the bytes: a DTensor's local shard; the result a functional
+    collective wraps (tensor parallel's outputs are such wrappers, without a storage of their own)."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return tensor.elem if isinstance(tensor, AsyncCollectiveTensor) else tensor
 
 
 def storages(tensors) -> dict[int, int]:
@@ -435,23 +440,27 @@ def _blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     return max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)
 
 
-def _batches(config, vocab: int, generator: torch.Generator):
+def _batches(config, vocab: int, generator: torch.Generator, split=None):
+    """Random micro-batches; under context parallel, this rank's chunks of each sequence (as the
+    program's data loader hands them out)."""
     data = config.data
-    return [
+    batches = [
         (
             torch.randint(0, vocab, (data.micro_batch_size, data.seq_len), generator=generator),
             torch.randint(0, vocab, (data.micro_batch_size, data.seq_len), generator=generator),
         )
         for _ in range(data.grad_accum_steps)
     ]
+    if split is None:
+        return batches
+    return [(split.shard(inputs), split.shard(targets)) for inputs, targets in batches]
 
 
 def measure(hyperparameters: dict, tokenizer) -> dict[str, int]:
     config = from_hyperparameters(hyperparameters)
     device = torch.device("cpu")
     source = model_source(config.model, None, tokenizer, config.data.seq_len, "sdpa")
-    dims = ParallelDims.resolve(config.parallel, dist.get_world_size(), 1)  # as the job resolves them
-    config = with_global_batch(config, dims)
+    config, dims = resolve_cluster(config, dist.get_world_size(), 1)  # as the job resolves them
     strategy = build_strategy(SetupContext(config, source, device, dims))
     try:
         generator = torch.Generator().manual_seed(dist.get_rank())
@@ -464,7 +473,8 @@ def measure(hyperparameters: dict, tokenizer) -> dict[str, int]:
             dp_group=strategy.topology.data_parallel_group(),
         )
         strategy.train(True)
-        batches.next_step = lambda: _batches(config, source.config.vocab_size, generator)
+        batches.next_step = lambda: _batches(config, source.config.vocab_size, generator,
+                                             strategy.topology.sequence_split)
         train_step(ctx)
         strategy.step()
         pipelined = hasattr(strategy, "schedule")

@@ -1,9 +1,10 @@
 """`DeployedEnvironmentRecord`: how the `llmtrain` CLI finds a deployed environment.
 
 Writes the environment's record (`llmtrain.deployed`: the environment, and per team its launcher,
-notification topic and PlatformContext, whence its datasets prefix, templates and instance types)
-as SSM String parameters under `/llmtrain/<env>/`, one JSON object each, so that the CLI needs
-only credentials and an environment name. Each value must fit SSM's 4 KB standard tier; values
+notification topic and PlatformContext, whence its datasets prefix, templates and instance types;
+and every template version the launchers run from a catalog other than the platform's, which no
+CLI ships) as SSM String parameters under `/llmtrain/<env>/`, one JSON object each, so that the CLI
+needs only credentials and an environment name. Each value must fit SSM's 4 KB standard tier; values
 CloudFormation fills in at deploy time (ARNs, bucket names, ids) are counted at
 `TOKEN_SIZE_ESTIMATE` characters, and a record that could exceed the limit fails the synth naming
 the parameter.
@@ -23,6 +24,7 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from llmtrain import deployed
+from llmtrain.catalog import Catalog
 from llmtrain.platform import ENVIRONMENT_NAME_PATTERN, TEAM_NAME_PATTERN
 from training_constructs._props import checked_props, is_unresolved, require
 from training_constructs.launcher import TrainingLauncher
@@ -84,16 +86,21 @@ class TeamEntry:
 
 @dataclass(frozen=True)
 class DeployedEnvironmentProps:
-    """What the record holds: the environment, and one entry per team (its launcher)."""
+    """What the record holds: the environment, one entry per team (its launcher), and the template
+    versions its launchers run from a team's own catalog (``own_templates``:
+    `llmtrain.deployed.template_parameter_value`s; `for_launchers` finds them)."""
 
     environment_name: str
     job_name_prefix: str
     enabled_templates: tuple[str, ...]
     teams: tuple[TeamEntry, ...]
+    own_templates: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "enabled_templates", tuple(self.enabled_templates))
         object.__setattr__(self, "teams", tuple(self.teams))
+        object.__setattr__(self, "own_templates", tuple(dict(t) for t in self.own_templates))
+        _check_own_templates(self.own_templates)
         require(
             bool(ENVIRONMENT_NAME_PATTERN.fullmatch(self.environment_name)),
             _NAME,
@@ -122,13 +129,40 @@ class DeployedEnvironmentProps:
         job_name_prefix: str,
         enabled_templates: Sequence[str],
     ) -> DeployedEnvironmentProps:
-        """The record of an environment whose teams are served by `launchers` (one per team)."""
+        """The record of an environment whose teams are served by `launchers` (one per team), with the
+        versions their registries hold from a catalog other than the platform's."""
+        own = {
+            t.spec.ref: deployed.template_parameter_value(t.spec.to_dict(), t.content_hash)
+            for launcher in launchers
+            for t in launcher.job_templates
+            if not t.catalog.is_platform
+        }
         return cls(
             environment_name=environment_name,
             job_name_prefix=job_name_prefix,
             enabled_templates=tuple(enabled_templates),
             teams=tuple(TeamEntry.for_launcher(launcher) for launcher in launchers),
+            own_templates=tuple(own.values()),
         )
+
+
+def _check_own_templates(templates: Sequence[Mapping[str, Any]]) -> None:
+    """One content per version, and no name of the platform's catalog: the CLI finds a template by
+    its name, in the catalog it ships first."""
+    contents: dict[str, set[str]] = {}
+    for template in templates:
+        contents.setdefault(f"{template['name']}@{template['version']}", set()).add(template["content"])
+    twice = sorted(ref for ref, found in contents.items() if len(found) > 1)
+    require(not twice, _NAME, "own_templates", f"{twice} come from catalogs that disagree on their content")
+    platform = set(Catalog.load().names())
+    clash = sorted({t["name"] for t in templates} & platform)
+    require(
+        not clash,
+        _NAME,
+        "own_templates",
+        f"{clash} of your own catalog are named like templates of the platform's catalog: rename them "
+        "(a template is found by its name)",
+    )
 
 
 class DeployedEnvironmentRecord(Construct):
@@ -150,6 +184,7 @@ class DeployedEnvironmentRecord(Construct):
             job_name_prefix=props.job_name_prefix,
             enabled_templates=props.enabled_templates,
             teams=[team.to_dict() for team in props.teams],
+            own_templates=props.own_templates,
         )
         self.parameters: dict[str, ssm.StringParameter] = {}
         for name, value in values.items():
@@ -157,10 +192,10 @@ class DeployedEnvironmentRecord(Construct):
             require(
                 size <= deployed.STANDARD_PARAMETER_LIMIT,
                 _NAME,
-                "teams" if "/teams/" in name else "enabled_templates",
+                _field_of(name),
                 f"parameter {name} could reach {size} characters, over SSM's standard limit of "
                 f"{deployed.STANDARD_PARAMETER_LIMIT}: shorten it (fewer subnets, templates or instance "
-                "types per team)",
+                "types per team; a shorter template)",
             )
             self.parameters[name] = ssm.StringParameter(
                 self,
@@ -204,6 +239,13 @@ class DeployedEnvironmentRecord(Construct):
         )
 
 
+def _field_of(parameter: str) -> str:
+    for folder, field in (("teams", "teams"), ("templates", "own_templates")):
+        if f"/{folder}/" in parameter:
+            return field
+    return "enabled_templates"
+
+
 def estimated_size(value: Any) -> int:
     """The JSON size of `value` once deployed, counting each unresolved token at its estimate."""
     return len(json.dumps(_with_estimates(value)))
@@ -220,5 +262,6 @@ def _with_estimates(value: Any) -> Any:
 
 
 def _construct_id(relative_name: str) -> str:
-    """`teams/default` -> `Teams-default`: a construct id per parameter, stable across deploys."""
+    """`teams/default` -> `Teams-default` (`templates/t/1.0.0` -> `Templates-t-1.0.0`): a construct id
+    per parameter, stable across deploys."""
     return "-".join(part[:1].upper() + part[1:] for part in re.split(r"/", relative_name))

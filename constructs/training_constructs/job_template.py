@@ -3,11 +3,12 @@
 At synth it resolves `name@version` in the catalog, checks that the version is published and
 unchanged (templates/catalog.lock), renders it with a dry-run platform context, on its own instance
 type and on each capacity fallback and instance-type choice, so an invalid template (multi-node on a
-non-EFA type, degrees that do not divide the world size, a warm pool over the cap, bad names) fails
-the synth with the reason, builds the deterministic `sourcedir.tar.gz` with llmtrain.sourcedir and
-uploads it to `templates/<name>/<version>/sourcedir.tar.gz`. The latest version of a template with
-its own code (not the platform's training program) warns when that code was edited after the
-version was published: the published snapshot is what deploys.
+non-EFA type, a hyperparameter the training program of its frozen code refuses, degrees that do not
+divide the world size, a warm pool over the cap, bad names) fails the synth with the reason, builds
+the deterministic `sourcedir.tar.gz` with llmtrain.sourcedir and uploads it to
+`templates/<name>/<version>/sourcedir.tar.gz`. The latest version of a template with its own code
+(not the platform's training program) warns when that code was edited after the version was
+published: the published snapshot is what deploys.
 
 It exposes what the launcher needs to register and resolve the version: `spec` (the template as
 data), `code_s3_uri`, `content_hash` and `registry_entry` (all of them as one JSON-ready mapping).
@@ -25,7 +26,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
-from llmtrain.catalog import Catalog
+from llmtrain.catalog import Catalog, LockEntry
 from llmtrain.errors import LlmtrainError
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, code_key, render
@@ -87,8 +88,9 @@ class JobTemplateProps:
 class JobTemplate(Construct):
     """One published template version, uploaded and ready for the launcher's registry.
 
-    Attributes: ``spec`` (the version as data), ``catalog``, ``content_hash``, ``code_key``,
-    ``code_bucket``, ``code_s3_uri``, ``sourcedir_path``, ``deployment`` (the upload),
+    Attributes: ``spec`` (the version as data), ``catalog``, ``lock_entry`` (its entry in the
+    catalog's lock: content, spec and code hashes), ``content_hash``, ``code_key``, ``code_bucket``,
+    ``code_s3_uri``, ``sourcedir_path`` (the frozen code uploaded), ``deployment`` (the upload),
     ``provider_log_group`` (the logs of CDK's upload function, one per stack, kept a year), ``name``,
     ``version``, ``registry_entry``, ``props``.
     """
@@ -98,8 +100,9 @@ class JobTemplate(Construct):
         self.props = checked_props(_NAME, props, JobTemplateProps)
         self.catalog = props.catalog or Catalog.load()
         self.spec: TemplateSpec = self.catalog.resolve(props.template)
-        self.content_hash: str = self.catalog.verify(self.spec).content
-        _validate_instance_types(self.spec, _synth_platform(props.warm_pool_cap_seconds))
+        self.lock_entry: LockEntry = self.catalog.verify(self.spec)
+        self.content_hash: str = self.lock_entry.content
+        _validate_instance_types(self.spec, self.catalog, _synth_platform(props.warm_pool_cap_seconds))
         if _edited_after_publishing(self.spec, self.catalog):
             Annotations.of(self).add_warning_v2("llmtrain:codeEditedAfterPublishing", _edited_message(self))
 
@@ -162,12 +165,14 @@ def _synth_platform(warm_pool_cap_seconds: int) -> PlatformContext:
     )
 
 
-def _validate_instance_types(spec: TemplateSpec, platform: PlatformContext) -> None:
+def _validate_instance_types(spec: TemplateSpec, catalog: Catalog, platform: PlatformContext) -> None:
     """Render the version's defaults, then on each capacity-fallback type and each instance type a run
     may choose: a type that cannot run the version (a mistyped neighbour such as ml.g5.4xlarge for
     ml.g5.48xlarge: too few GPUs for its degrees, no EFA for its nodes) fails the synth here, where it
-    was found only by a launcher, at run time."""
-    render(spec, RunInput(run_name="synth-check"), platform)
+    was found only by a launcher, at run time. With the training program's own rules, of the code the
+    version runs (its frozen code's)."""
+    contract = catalog.program_contract(spec)
+    render(spec, RunInput(run_name="synth-check"), platform, contract)
     rule = spec.overridable.get("instance_type")
     choices = (rule.choices or ()) if rule is not None else ()
     check = "synth-check"
@@ -177,7 +182,7 @@ def _validate_instance_types(spec: TemplateSpec, platform: PlatformContext) -> N
               RunInput(run_name=check, overrides={"instance_type": t})) for t in choices]
     for where, run in runs:
         try:
-            render(spec, run, platform)
+            render(spec, run, platform, contract)
         except LlmtrainError as error:
             raise PropsError(
                 f"{_NAME}(template=...): {spec.ref} {where} cannot run the version: {error}"

@@ -5,6 +5,8 @@ Python runtime provides) and a few packages it does not provide:
 
     llmtrain/                 the llmtrain package, copied from where it is installed (pure Python;
                               without the platform files a wheel bundles, llmtrain/_bundle/)
+    training_jobs/contract/   the training program's torch-free contract, which llmtrain imports
+                              (with training_jobs/__init__.py; nothing else of the program)
     yaml/, regex/, ...        vendored packages, from wheels built for the Lambda runtime
     <package>-<v>.dist-info/  their metadata
     LICENSES/<package>        each vendored package's licence file
@@ -40,6 +42,8 @@ from pathlib import Path
 from aws_cdk import aws_lambda as lambda_
 
 import llmtrain
+import training_jobs
+import training_jobs.contract
 from llmtrain.sourcedir import BUNDLE_FOLDER
 
 # Every function's runtime: the newest Python runtime Lambda offers, on Graviton (cheaper per GB-s).
@@ -117,6 +121,8 @@ def _collect_files(
 ) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     files.update(_package_files(Path(llmtrain.__file__).parent, "llmtrain"))
+    files["training_jobs/__init__.py"] = Path(training_jobs.__file__).read_bytes()
+    files.update(_package_files(Path(training_jobs.contract.__file__).parent, "training_jobs/contract"))
     for name in dict.fromkeys(vendored_packages):
         distribution, version = _installed_distribution(name)
         files.update(_wheel_files(distribution, version, wheel_cache, name))

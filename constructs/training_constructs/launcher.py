@@ -23,7 +23,7 @@ An execution's input is `{"template": NAME, "version": SEMVER|"latest", "run_nam
   the rendered request; it waits for the job to end, and stopping the execution stops the job.
   Step Functions cannot splat an object into a task's parameters (JSONPath), so there is one such
   state per request layout: the sets of top-level fields the registered templates render, computed
-  at synth (`llmtrain.handlers.launcher.request_layouts`) and picked by a Choice.
+  at synth (`llmtrain.lifecycle.submission.request_layouts`) and picked by a Choice.
 - NextAttempt classifies a failure; capacity errors are retried with exponential backoff (a new
   job name per attempt, the run's checkpoint prefix shared so the job resumes), then on the
   template's fallback instance types; quota errors fail fast naming the quota and its numbers, or
@@ -58,7 +58,6 @@ to exactly the versions this deployment uploaded; the code itself is at the JobT
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,11 +73,12 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
+import llmtrain.queues.policy as queue_policy
+from llmtrain.catalog import LOCK_FILE, LockEntry, lock_text, snapshot_name
 from llmtrain.errors import LlmtrainError
-from llmtrain.handlers import launcher as handlers
-from llmtrain.handlers.quotas import template_instance_types
+from llmtrain.functions import LauncherSettings, WatchSettings
+from llmtrain.lifecycle.submission import request_layouts
 from llmtrain.platform import FEATURE_FIELDS, PlatformContext
-from llmtrain.queues import policy as queue_policy
 from llmtrain.render import TAG_PREFIX, RunInput, render
 from training_constructs._functions import logged_function
 from training_constructs._props import PropsError, checked_props, require
@@ -172,7 +172,9 @@ class TrainingLauncher(Construct):
     ``resolve_function``, ``next_attempt_function``, ``summarize_function``, ``functions`` (by
     step), ``log_group`` (the state machine's), ``function_log_groups``, ``train_states`` (by
     layout), ``job_templates``, ``team``, ``platform_context`` (what the functions receive, with
-    tokens), ``props``; with queues also ``watch_function`` and ``submit_state``.
+    tokens), ``settings`` (the functions' ``llmtrain.functions.LauncherSettings``), ``props``; with
+    queues also ``watch_function``, ``watch_settings`` (its ``llmtrain.functions.WatchSettings``) and
+    ``submit_state``.
     """
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingLauncherProps) -> None:
@@ -186,7 +188,7 @@ class TrainingLauncher(Construct):
         # The environment's optional features (EnvironmentConfig.platform_features: package
         # repository, MLflow, training plans, remote debugging), the same for every team.
         features = props.platform_features
-        self.request_layouts = handlers.request_layouts([_synth_render(t, props) for t in self.job_templates])
+        self.request_layouts = request_layouts([_synth_render(t, props) for t in self.job_templates])
         storage, network = props.storage, props.network
         self.platform_context = {
             "environment": props.environment_name,
@@ -213,6 +215,10 @@ class TrainingLauncher(Construct):
         self.queues = props.queues
         if self.queues is not None:
             self.platform_context["queues"] = self.queues.team_context(team.name)
+        # What the functions read from their environment (the records write the variables).
+        self.settings = LauncherSettings(
+            platform_context=self.platform_context, request_layouts=self.request_layouts
+        )
         notifications = encrypted_topic(
             self,
             display_name=f"LLM training runs ({props.environment_name}, team {team.name})",
@@ -239,9 +245,7 @@ class TrainingLauncher(Construct):
             extra_files=_registry_files(self.job_templates), vendored_packages=VENDORED_PACKAGES
         )
         self.resolve_function = self._function(
-            "ResolveFunction",
-            code,
-            "resolve",
+            "ResolveFunction", code, "resolve",
             "Checks a run's input, resolves its template and renders its job",
         )
         self.resolve_function.add_to_role_policy(
@@ -269,9 +273,9 @@ class TrainingLauncher(Construct):
             "summarize": self.summarize_function,
         }
         if self.queues is not None:
+            self.watch_settings = WatchSettings(platform_context=self.platform_context)
             self.watch_function = self._function(
-                "WatchFunction", code, "watch", "Reads a queued run's service job",
-                module="llmtrain.handlers.queue",
+                "WatchFunction", code, "watch", "Reads a queued run's service job", watch=self.watch_settings
             )
             self.functions["watch"] = self.watch_function
             # Resolve finds a run's earlier attempts among its service jobs; Watch follows them.
@@ -280,27 +284,28 @@ class TrainingLauncher(Construct):
                                   self.queues.grant_follow(self.watch_function, self.team.name))
 
     def _function(
-        self, construct_id: str, code: lambda_.Code, handler: str, description: str,
-        module: str = "llmtrain.handlers.launcher",
+        self, construct_id: str, code: lambda_.Code, step: str, description: str,
+        watch: WatchSettings | None = None,
     ) -> lambda_.Function:
+        """One of the launcher's functions: a step of ``LauncherSettings.HANDLERS`` with the launcher's
+        settings, or the Watch function with its own (``watch``)."""
+        handler, settings = (LauncherSettings.HANDLERS[step], self.settings) if watch is None else (
+            watch.HANDLER, watch)
         function, log_group = logged_function(
             self,
             construct_id,
             code=code,
-            handler=f"{module}.{handler}",
+            handler=handler,
             description=f"Launcher: {description}",
             runtime=LAMBDA_RUNTIME,
             architecture=LAMBDA_ARCHITECTURE,
             memory_size=512,
             timeout=Duration.minutes(1),
-            environment={
-                handlers.ENV_PLATFORM_CONTEXT: self.stack.to_json_string(self.platform_context),
-                handlers.ENV_REQUEST_LAYOUTS: json.dumps(self.request_layouts, separators=(",", ":")),
-            },
+            environment=settings.to_environment(json_text=self.stack.to_json_string),
             log_retention=self._log_retention,
             log_encryption_key=self.encryption_key,
         )
-        self.function_log_groups[handler] = log_group
+        self.function_log_groups[step] = log_group
         return function
 
     # -- the state machine ----------------------------------------------------------------------
@@ -662,13 +667,21 @@ def _depend_on(construct: Construct, resources: Sequence[CfnResource]) -> None:
 
 
 def _registry_files(job_templates: Sequence[JobTemplate]) -> dict[str, bytes]:
-    """The registry as the functions see it: one YAML file per template version."""
-    return {
-        f"templates/{t.spec.name}/{t.spec.version}.yaml": yaml.safe_dump(
+    """The registry as the functions see it: one YAML file per template version, with the lock of
+    those versions and their frozen code (templates/catalog.lock, templates/_code/: the archives the
+    JobTemplates upload), so that Resolve checks a run with the training program's contract of the
+    very code the version runs (Catalog.program_contract), not the functions' own."""
+    files = {}
+    lock: dict[str, dict[str, LockEntry]] = {}
+    for t in job_templates:
+        files[f"templates/{t.spec.name}/{t.spec.version}.yaml"] = yaml.safe_dump(
             t.spec.to_dict(), sort_keys=True
         ).encode()
-        for t in job_templates
-    }
+        lock.setdefault(t.spec.name, {})[t.spec.version] = t.lock_entry
+        if t.spec.code.is_platform:
+            files[f"templates/{snapshot_name(t.lock_entry.code)}"] = t.sourcedir_path.read_bytes()
+    files[f"templates/{LOCK_FILE}"] = lock_text(lock).encode()
+    return files
 
 
 def _validate(props: TrainingLauncherProps) -> None:
@@ -721,7 +734,7 @@ def _validate_team_templates(job_templates: Sequence[JobTemplate], team: TeamSpe
         f"{outside} are not among team {team.name!r}'s templates {list(team.templates)}",
     )
     for template in job_templates:
-        types = template_instance_types([template.spec])
+        types = template.spec.instance_types
         require(
             bool(set(types) & set(team.instance_types)),
             _NAME,
@@ -757,7 +770,8 @@ def _synth_render(template: JobTemplate, props: TrainingLauncherProps) -> dict:
         **props.platform_features,
     )
     try:
-        return render(template.spec, RunInput(run_name="synth-check"), platform)
+        program = template.catalog.program_contract(template.spec)
+        return render(template.spec, RunInput(run_name="synth-check"), platform, program)
     except LlmtrainError as error:
         raise PropsError(
             f"{_NAME}(job_templates=...): {template.spec.ref} cannot run with its defaults for team "

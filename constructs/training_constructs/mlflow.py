@@ -24,8 +24,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
-from llmtrain.environments import MLFLOW_SIZES
-from llmtrain.platform import mlflow_tracking_server_name
+from llmtrain.platform import MLFLOW_SIZES, mlflow_tracking_server_name
 from training_constructs._props import checked_props, require
 from training_constructs.access import TeamAccess
 from training_constructs.nag import acknowledge_wildcards
@@ -60,7 +59,7 @@ TRACKING_ACTIONS = (
 @dataclass(frozen=True, kw_only=True)
 class TrainingMlflowProps:
     """``environment_name`` names the server (``llmtrain.platform.mlflow_tracking_server_name``);
-    ``size`` is its size (``llmtrain.environments.MLFLOW_SIZES``); ``storage`` holds its artifacts
+    ``size`` is its size (``llmtrain.platform.MLFLOW_SIZES``); ``storage`` holds its artifacts
     (under ``mlflow/`` in the artifacts bucket, with the data key); ``network`` is where its endpoint
     goes."""
 

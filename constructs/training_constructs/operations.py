@@ -1,7 +1,8 @@
 """Guard rails and observability: quota usage and alarms, the warm-pool reaper, job events, a dashboard.
 
-``TrainingOperations`` deploys three functions (their code is ``llmtrain.handlers``, staged by
-``lambda_code`` without Docker):
+``TrainingOperations`` deploys three functions (their code is ``llmtrain.handlers`` and
+``llmtrain.operations``, staged by ``lambda_code`` without Docker; their settings are the records of
+``llmtrain.functions``, which write the functions' environments):
 
 - the quota-usage function, on a schedule: instances in use per instance type and usage kind
   (training jobs, spot training jobs, warm pools) against their Service Quotas, as metrics in
@@ -36,7 +37,8 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
-from llmtrain.handlers import job_events, quotas, warm_pools
+from llmtrain import functions
+from llmtrain.functions import JobEventSettings, QuotaSettings, ReaperSettings, UsageKind
 from llmtrain.platform import (
     EMAIL_PATTERN,
     ENVIRONMENT_NAME_PATTERN,
@@ -259,14 +261,12 @@ class TrainingOperations(Construct):
     def _quota_function(self, interval: Duration) -> lambda_.Function:
         function = self._function(
             "QuotaFunction",
-            handler="llmtrain.handlers.quotas.handler",
+            handler=QuotaSettings.HANDLER,
             timeout=Duration.minutes(2),
             description="Training instances in use against their Service Quotas",
-            environment={
-                "INSTANCE_TYPES": ",".join(self.instance_types),
-                "METRIC_NAMESPACE": quotas.DEFAULT_NAMESPACE,
-                "QUOTA_CACHE_TTL_SECONDS": str(max(3600, interval.to_seconds())),
-            },
+            environment=QuotaSettings(
+                instance_types=self.instance_types, cache_ttl_seconds=max(3600, int(interval.to_seconds()))
+            ).to_environment(),
         )
         all_jobs = self._training_jobs_arn("*")
         function.add_to_role_policy(
@@ -288,7 +288,7 @@ class TrainingOperations(Construct):
                 resources=["*"],
             )
         )
-        function.add_to_role_policy(self._put_metrics_statement(quotas.DEFAULT_NAMESPACE))
+        function.add_to_role_policy(self._put_metrics_statement(functions.QUOTA_NAMESPACE))
         acknowledge_wildcards(
             function.role,
             {
@@ -305,17 +305,16 @@ class TrainingOperations(Construct):
         prefix = f"{self.job_name_prefix}-"
         function = self._function(
             "ReaperFunction",
-            handler="llmtrain.handlers.warm_pools.handler",
+            handler=ReaperSettings.HANDLER,
             timeout=Duration.minutes(2),
             description="Ends warm pools idle beyond the idle budget",
-            environment={
-                "JOB_NAME_PREFIX": prefix,
-                "IDLE_BUDGET_SECONDS": str(idle_budget_seconds),
-                "ENVIRONMENT_NAME": self.environment_name,
-                "INSTANCE_TYPES": ",".join(self.instance_types),
-                "DRY_RUN": "true" if dry_run else "false",
-                "METRIC_NAMESPACE": warm_pools.DEFAULT_NAMESPACE,
-            },
+            environment=ReaperSettings(
+                job_name_prefix=prefix,
+                idle_budget_seconds=idle_budget_seconds,
+                environment=self.environment_name,
+                instance_types=self.instance_types,
+                dry_run=dry_run,
+            ).to_environment(),
         )
         platform_jobs = self._training_jobs_arn(f"{prefix}*")
         function.add_to_role_policy(
@@ -330,7 +329,7 @@ class TrainingOperations(Construct):
                 resources=[platform_jobs],
             )
         )
-        function.add_to_role_policy(self._put_metrics_statement(warm_pools.DEFAULT_NAMESPACE))
+        function.add_to_role_policy(self._put_metrics_statement(functions.WARM_POOL_NAMESPACE))
         acknowledge_wildcards(
             function.role,
             {
@@ -346,16 +345,12 @@ class TrainingOperations(Construct):
         prefix = f"{self.job_name_prefix}-"
         function = self._function(
             "JobEventsFunction",
-            handler="llmtrain.handlers.job_events.handler",
+            handler=JobEventSettings.HANDLER,
             timeout=Duration.seconds(30),
             description="Training job outcomes: failure classes, final metrics, notifications",
-            environment={
-                "JOB_NAME_PREFIX": prefix,
-                "ENVIRONMENT_NAME": self.environment_name,
-                "NOTIFICATION_TOPIC_ARN": self.topic.topic_arn,
-                "METRIC_NAMESPACE": job_events.DEFAULT_NAMESPACE,
-                "TRAINING_METRIC_NAMESPACE": job_events.DEFAULT_TRAINING_NAMESPACE,
-            },
+            environment=JobEventSettings(
+                job_name_prefix=prefix, environment=self.environment_name, topic_arn=self.topic.topic_arn
+            ).to_environment(),
             # EventBridge invokes it asynchronously: an event it still fails on after Lambda's retries
             # is kept here, not lost.
             dead_letter_queue=self.job_events_dead_letters,
@@ -368,7 +363,7 @@ class TrainingOperations(Construct):
             )
         )
         function.add_to_role_policy(
-            self._put_metrics_statement(job_events.DEFAULT_NAMESPACE, job_events.DEFAULT_TRAINING_NAMESPACE)
+            self._put_metrics_statement(functions.JOB_NAMESPACE, functions.TRAINING_NAMESPACE)
         )
         self.topic.grant_publish(function)
         # Lambda sends the failed events with the function's role (CDK grants sqs:SendMessage only).
@@ -403,11 +398,11 @@ class TrainingOperations(Construct):
             "JobEventsRule",
             description=f"The platform's training jobs ({self.job_name_prefix}-*) reaching an end state",
             event_pattern=events.EventPattern(
-                source=[job_events.EVENT_SOURCE],
-                detail_type=[job_events.EVENT_DETAIL_TYPE],
+                source=[functions.EVENT_SOURCE],
+                detail_type=[functions.EVENT_DETAIL_TYPE],
                 detail={
                     "TrainingJobName": [{"prefix": f"{self.job_name_prefix}-"}],
-                    "TrainingJobStatus": list(job_events.END_STATES),
+                    "TrainingJobStatus": list(functions.END_STATES),
                 },
             ),
             targets=[
@@ -514,7 +509,7 @@ class TrainingOperations(Construct):
             alarm_description="Service Quotas could not be read for some instance types, so their usage is "
             "not checked; the quota function's log says why (permissions, throttling)",
             metric=cloudwatch.Metric(
-                namespace=quotas.DEFAULT_NAMESPACE,
+                namespace=functions.QUOTA_NAMESPACE,
                 metric_name="UnreadableQuotas",
                 statistic="Maximum",
                 period=interval,
@@ -584,11 +579,11 @@ class TrainingOperations(Construct):
 
 
 def usage_metric(
-    metric_name: str, instance_type: str, kind: quotas.UsageKind, period: Duration
+    metric_name: str, instance_type: str, kind: UsageKind, period: Duration
 ) -> cloudwatch.Metric:
     """One quota-usage series the quota function publishes."""
     return cloudwatch.Metric(
-        namespace=quotas.DEFAULT_NAMESPACE,
+        namespace=functions.QUOTA_NAMESPACE,
         metric_name=metric_name,
         dimensions_map={"InstanceType": instance_type, "UsageKind": kind.value},
         statistic="Maximum",
@@ -601,7 +596,7 @@ def utilization_expression(instance_type: str, period: Duration) -> cloudwatch.M
     """The highest of the instance type's three utilisations (training, spot, warm pool), in percent."""
     using = {
         kind.value.replace("-", "_"): usage_metric("Utilization", instance_type, kind, period)
-        for kind in quotas.UsageKind
+        for kind in UsageKind
     }
     return cloudwatch.MathExpression(
         expression=f"MAX([{', '.join(using)}])",

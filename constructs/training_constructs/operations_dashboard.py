@@ -23,7 +23,9 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from llmtrain.handlers import job_events, quotas, warm_pools
+from llmtrain import functions
+from llmtrain.functions import UsageKind
+from llmtrain.lifecycle.failures import FailureClass
 
 SAGEMAKER_TRAINING_NAMESPACE = "/aws/sagemaker/TrainingJobs"
 # A metric line exactly as the training program prints it (docs/architecture.md, "Metric lines"):
@@ -153,13 +155,13 @@ class OperationsDashboard(Construct):
         )
 
     def _job_outcomes(self) -> list[cloudwatch.IWidget]:
-        namespace = job_events.DEFAULT_NAMESPACE
+        namespace = functions.JOB_NAMESPACE
         outcomes = [
-            self._env_metric(namespace, f"Jobs{state}", state.lower()) for state in job_events.END_STATES
+            self._env_metric(namespace, f"Jobs{state}", state.lower()) for state in functions.END_STATES
         ]
         failures = [
             self._env_metric(namespace, "JobFailures", failure.value, FailureClass=failure.value)
-            for failure in job_events.FailureClass
+            for failure in FailureClass
         ]
         return [
             cloudwatch.GraphWidget(title="Training jobs ended", width=8, height=6, left=outcomes),
@@ -176,14 +178,14 @@ class OperationsDashboard(Construct):
             height=6,
             left=[
                 cloudwatch.Metric(
-                    namespace=quotas.DEFAULT_NAMESPACE,
+                    namespace=functions.QUOTA_NAMESPACE,
                     metric_name="Utilization",
                     dimensions_map={"InstanceType": instance_type, "UsageKind": kind.value},
                     statistic="Maximum",
                     period=period,
                     label=kind.value,
                 )
-                for kind in quotas.UsageKind
+                for kind in UsageKind
             ],
             left_y_axis=cloudwatch.YAxisProps(min=0),
             left_annotations=[
@@ -199,7 +201,7 @@ class OperationsDashboard(Construct):
             height=6,
             left=[
                 cloudwatch.Metric(
-                    namespace=quotas.DEFAULT_NAMESPACE,
+                    namespace=functions.QUOTA_NAMESPACE,
                     metric_name="UnreadableQuotas",
                     statistic="Maximum",
                     period=period,
@@ -211,12 +213,12 @@ class OperationsDashboard(Construct):
     def _warm_pools(self, period: Duration) -> list[cloudwatch.IWidget]:
         seconds = int(period.to_seconds())
         in_use = cloudwatch.SearchExpression(
-            expression=f"SEARCH('{{{quotas.DEFAULT_NAMESPACE},InstanceType,UsageKind}} "
+            expression=f"SEARCH('{{{functions.QUOTA_NAMESPACE},InstanceType,UsageKind}} "
             f'MetricName="InstancesInUse" UsageKind="warm-pool"\', \'Maximum\', {seconds})',
             label="",
             period=period,
         )
-        namespace = warm_pools.DEFAULT_NAMESPACE
+        namespace = functions.WARM_POOL_NAMESPACE
         retained = self._env_metric(
             namespace, "RetainedBillableSeconds", "retained billable instance-seconds"
         )
@@ -270,7 +272,7 @@ class OperationsDashboard(Construct):
                 return []
             return [
                 self._env_metric(
-                    job_events.DEFAULT_TRAINING_NAMESPACE, name, label, Template=metrics.template
+                    functions.TRAINING_NAMESPACE, name, label, Template=metrics.template
                 ).with_(statistic="Average")
             ]
 

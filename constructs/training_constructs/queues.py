@@ -29,8 +29,8 @@ from aws_cdk import aws_batch as batch
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+import llmtrain.queues.policy as policy
 from llmtrain.platform import ENVIRONMENT_NAME_PATTERN
-from llmtrain.queues import policy
 from training_constructs._props import checked_props, is_unresolved, is_whole_number, require
 from training_constructs.teams import TEAM_TAG, TeamSpec
 

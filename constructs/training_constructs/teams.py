@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import llmtrain.queues.policy as queue_policy
 from llmtrain.platform import (
     EMAIL_PATTERN,
     MAX_KEEP_ALIVE_SECONDS,
@@ -20,7 +21,6 @@ from llmtrain.platform import (
     is_job_name_prefix,
     team_data_prefix,
 )
-from llmtrain.queues import policy as queue_policy
 from llmtrain.render import TAG_PREFIX
 from training_constructs._props import check_instance_types, is_whole_number, require
 

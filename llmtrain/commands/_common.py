@@ -6,10 +6,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import boto3
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from llmtrain.aws import aws_session, caller_identity, explained, session_region
 from llmtrain.deployed import DeployedEnvironment, TeamAccess, read_deployed_environment, team_name_problem
@@ -183,3 +186,53 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(row[i]) for row in (headers, *rows)) for i in range(len(headers))]
     for row in (headers, *rows):
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+# -- installed packages -----------------------------------------------------------------------------
+
+
+def unmet_requirement(line: str) -> str | None:
+    """Why this environment does not satisfy the requirement line (not installed, another version),
+    or None (also for a line that is no requirement, such as a pip option)."""
+    try:
+        requirement = Requirement(line)
+    except InvalidRequirement:
+        return None  # pip options and the like: the toolkit's pip reads them, not us
+    if requirement.marker is not None and not requirement.marker.evaluate():
+        return None
+    try:
+        installed = metadata.version(requirement.name)
+    except metadata.PackageNotFoundError:
+        return f"{requirement} (not installed)"
+    if requirement.specifier and not requirement.specifier.contains(installed, prereleases=True):
+        return f"{requirement} (have {installed})"
+    return None
+
+
+DISTRIBUTION = "llm-sagemaker-platform"
+
+
+def extra_requirements(extra: str) -> list[str]:
+    """What the installed distribution's `extra` adds (its own metadata: pyproject.toml's
+    optional-dependencies), as requirement lines; none when llmtrain runs from a checkout that was
+    never installed."""
+    try:
+        declared = metadata.requires(DISTRIBUTION) or []
+    except metadata.PackageNotFoundError:
+        return []
+    found = []
+    for requirement in map(Requirement, declared):
+        in_extra = requirement.marker is not None and requirement.marker.evaluate({"extra": extra})
+        if in_extra and canonicalize_name(requirement.name) != DISTRIBUTION:
+            found.append(f"{requirement.name}{requirement.specifier}")
+    return found
+
+
+def require_extra(extra: str, command: str) -> None:
+    """Refuse, naming the install command, when this environment lacks what `extra` adds."""
+    missing = [problem for problem in map(unmet_requirement, extra_requirements(extra)) if problem]
+    if missing:
+        raise LlmtrainError(
+            f"{command} needs packages this Python environment lacks: {', '.join(missing)}. Install "
+            f"them with: pip install '{DISTRIBUTION}[{extra}]'"
+        )

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +29,13 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from llmtrain.commands._common import add_cloud_arguments, connect, follow_up_options, print_table
+from llmtrain.commands._common import (
+    add_cloud_arguments,
+    connect,
+    follow_up_options,
+    print_table,
+    require_extra,
+)
 from llmtrain.datasets import (
     channel_suggestions,
     check_dataset_name,
@@ -41,7 +46,7 @@ from llmtrain.datasets import (
 from llmtrain.errors import LlmtrainError
 from llmtrain.launcher_client import owner_from_identity
 from llmtrain.local.data import PREPARE_MODULE, TINY_TOKENIZER
-from llmtrain.sourcedir import repository_root
+from llmtrain.sourcedir import program_environment, repository_root
 
 MIB = 1 << 20
 DEFAULT_PART_MIB = 64
@@ -102,18 +107,23 @@ def register(subparsers) -> None:
 class _PrepareHelp(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         print(parser.format_usage())
+        try:
+            require_extra("data", "llmtrain data prepare")
+        except LlmtrainError as error:
+            parser.exit(2, f"llmtrain data prepare: error: {error}\n")
         print(
             f"Runs the training program's prepare_data; --tokenizer defaults to the platform's tiny demo "
             f"tokenizer ({TINY_TOKENIZER}). Its options:\n",
             flush=True,
         )
         subprocess.run(
-            [sys.executable, "-m", PREPARE_MODULE, "--help"], env=_prepare_environment(), check=False
+            [sys.executable, "-m", PREPARE_MODULE, "--help"], env=program_environment(), check=False
         )
         parser.exit()
 
 
 def prepare_command(args: argparse.Namespace) -> int:
+    require_extra("data", "llmtrain data prepare")
     tokenizer = args.tokenizer
     if tokenizer is None:
         tokenizer = str(repository_root() / TINY_TOKENIZER)
@@ -123,18 +133,12 @@ def prepare_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     command = [sys.executable, "-m", PREPARE_MODULE, *args.passed_on, "--tokenizer", tokenizer]
-    status = subprocess.run(command, env=_prepare_environment(), check=False).returncode
+    status = subprocess.run(command, env=program_environment(), check=False).returncode
     output = _output_of(args.passed_on)
     if status == 0 and output:
-        print(f"next: llmtrain data upload {output} --name NAME --env ENV")
+        print(f"next: try it here, `llmtrain run --local TEMPLATE --run-name RUN --data {output}`; then "
+              f"`llmtrain data upload {output} --name NAME --env ENV` for a cloud run")
     return status
-
-
-def _prepare_environment() -> dict[str, str]:
-    """This environment, with the shipped training program importable (llmtrain never imports it)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repository_root()), env.get("PYTHONPATH")) if p)
-    return env
 
 
 def _output_of(passed_on: list[str]) -> str | None:

@@ -25,7 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from llmtrain.aws import ENGINEER_POLICY_HINT, AwsAccessError
 from llmtrain.commands._common import add_cloud_arguments, connect, follow_up_options
 from llmtrain.errors import LlmtrainError
-from llmtrain.handlers.launcher import run_jobs
+from llmtrain.lifecycle.jobs import run_jobs
 from llmtrain.platform import REMOTE_DEBUG_TARGET_PREFIX
 
 _HOST = re.compile(r"algo-([1-9]\d*)")

@@ -10,7 +10,9 @@
 several teams asks for it). `start` checks the run in two rounds before it starts anything. First
 on this machine, without AWS credentials: the template and version exist, every override is one
 the template allows and within its bounds, and the request renders and validates (exit 2 and what
-to fix, with "did you mean" for a misspelled name). Then against the deployed environment, read
+to fix, with "did you mean" for a misspelled name). A template of a team's own catalog, which this
+llmtrain does not ship, is found in the deployed environment's record (read first, then checked the
+same way). Then against the deployed environment, read
 from AWS (llmtrain.deployed): the template is enabled, the request renders with the team's platform
 context (its templates, instance types and count, channels inside its datasets prefix), every
 channel holds data, and the run's plan (llmtrain.planner) fits its GPUs (unless --skip-plan-check)
@@ -30,7 +32,7 @@ import sys
 import time
 from collections.abc import Mapping
 
-from llmtrain.catalog import Catalog
+from llmtrain.catalog import Catalog, parse_ref
 from llmtrain.commands._common import (
     Cloud,
     add_cloud_arguments,
@@ -40,11 +42,12 @@ from llmtrain.commands._common import (
     parse_overrides,
 )
 from llmtrain.datasets import channel_problems
-from llmtrain.errors import LlmtrainError, OverrideError, did_you_mean
+from llmtrain.errors import LlmtrainError, OverrideError, TemplateNotFoundError, did_you_mean
 from llmtrain.launcher_client import FINISHED, LauncherClient, RunStatus, owner_from_identity
+from llmtrain.lifecycle.resolve import check_queue_choice
 from llmtrain.planner.checks import check_run
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
-from llmtrain.queues.launch import check_queue_choice
+from llmtrain.program_contract import ProgramContract
 from llmtrain.render import RunInput, coerce_override, render
 from llmtrain.runs import ExecutionInput
 from llmtrain.spec import CHANNEL_SETTING_PREFIX, TemplateSpec
@@ -132,14 +135,25 @@ def _parser(subparsers, name: str, summary: str, description: str) -> argparse.A
 
 def start_command(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
-    template = check_locally(Catalog.load(), args.ref, args.run_name, overrides)
-    # The queue and priority as the launcher reads them (their form), before any AWS call.
-    queue_choice = ExecutionInput(template=template.name, run_name=args.run_name, queue=args.queue,
-                                  priority=args.priority)
-    cloud = connect(args)
+    catalog = Catalog.load()
+    if parse_ref(args.ref)[0] in catalog.names():
+        template = check_locally(catalog, args.ref, args.run_name, overrides)
+        queue_choice = _queue_choice(template, args)  # before any AWS call
+        cloud = connect(args)
+    else:
+        # A team's own template: no catalog here has it; the environment's record carries it.
+        cloud = _connect_for(args, catalog)
+        catalog = environment_catalog(cloud, catalog)
+        template = check_locally(catalog, args.ref, args.run_name, overrides)
+        queue_choice = _queue_choice(template, args)
     check_queue_choice(queue_choice, cloud.team.platform)
     request, plan = check_in_environment(
-        cloud, template, args.run_name, overrides, skip_plan_check=args.skip_plan_check
+        cloud,
+        template,
+        args.run_name,
+        overrides,
+        skip_plan_check=args.skip_plan_check,
+        program=catalog.program_contract(template),
     )
     print(plan.get("summary") or f"plan: not available: {plan.get('unavailable')}", file=sys.stderr)
     ref = template.ref  # the version checked here is the version that runs
@@ -180,6 +194,35 @@ def start_command(args: argparse.Namespace) -> int:
     return 0 if status.execution_status == "SUCCEEDED" else 1
 
 
+def _queue_choice(template: TemplateSpec, args: argparse.Namespace) -> ExecutionInput:
+    """The run's queue and priority as the launcher reads them (their form; InvalidRunInput)."""
+    return ExecutionInput(template=template.name, run_name=args.run_name, queue=args.queue,
+                          priority=args.priority)
+
+
+def _connect_for(args: argparse.Namespace, packaged: Catalog) -> Cloud:
+    """The deployed environment, to look up a template this llmtrain does not ship; where it cannot be
+    read, the template is unknown here first (a misspelled name gets its "did you mean")."""
+    try:
+        return connect(args)
+    except LlmtrainError as error:
+        try:
+            packaged.versions(parse_ref(args.ref)[0])
+        except TemplateNotFoundError as unknown:
+            raise TemplateNotFoundError(
+                f"{unknown}; nor could the deployed environment, which lists your team's own templates, "
+                f"be read: {error}"
+            ) from error
+        raise
+
+
+def environment_catalog(cloud: Cloud, packaged: Catalog) -> Catalog:
+    """What `start` resolves in: the platform's templates this llmtrain ships and the versions the
+    deployed environment runs from its teams' own catalogs (llmtrain.deployed)."""
+    own = cloud.deployed.own_catalog()
+    return Catalog.of([*packaged.all(), *own.all()], source=f"llmtrain's catalog and {own.source}")
+
+
 def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[str, str]) -> TemplateSpec:
     """Everything about the run that needs no AWS: the template, the overrides, the request's rules.
 
@@ -203,7 +246,8 @@ def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[
         warm_pool_cap_seconds=MAX_KEEP_ALIVE_SECONDS,
     )
     settings = {k: v for k, v in overrides.items() if not k.startswith(CHANNEL_SETTING_PREFIX)}
-    render(template, RunInput(run_name=run_name, overrides=settings), stand_in)
+    run = RunInput(run_name=run_name, overrides=settings)
+    render(template, run, stand_in, catalog.program_contract(template))
     return template
 
 
@@ -214,11 +258,13 @@ def check_in_environment(
     overrides: Mapping[str, str],
     *,
     skip_plan_check: bool = False,
+    program: ProgramContract | None = None,
 ) -> tuple[dict, dict]:
     """What depends on the deployment: the template enabled, the request rendered with the team's
     platform context (its templates, instance types and count, warm-pool cap, run-name length, channels
     inside its datasets prefix), every channel holding data, and the run's plan: the launcher's own
-    check (fits, within the team's budget). Returns the request and the plan's figures."""
+    check (fits, within the team's budget). `program`: the training program's contract of the code
+    the version runs (Catalog.program_contract). Returns the request and the plan's figures."""
     deployed, team = cloud.deployed, cloud.team
     if template.name not in deployed.enabled_templates:
         raise RunRejected(
@@ -226,7 +272,7 @@ def check_in_environment(
             f"{did_you_mean(template.name, deployed.enabled_templates)}; it offers: "
             f"{', '.join(deployed.enabled_templates)}"
         )
-    request = render(template, RunInput(run_name=run_name, overrides=dict(overrides)), team.platform)
+    request = render(template, RunInput(run_name=run_name, overrides=dict(overrides)), team.platform, program)
     plan = check_run(
         template,
         request,
@@ -235,7 +281,12 @@ def check_in_environment(
         team=team.name,
         skip_fit_check=skip_plan_check,
     )
-    problems = channel_problems(cloud.session.client("s3", region_name=deployed.region), team, request)
+    problems = channel_problems(
+        cloud.session.client("s3", region_name=deployed.region),
+        team,
+        request,
+        token_channels=template.code.is_platform,
+    )
     if problems:
         raise RunRejected(
             "the run's data is not where it must be:\n" + "\n".join(f"  - {p}" for p in problems)

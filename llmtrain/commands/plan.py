@@ -23,6 +23,7 @@ from llmtrain.planner import prices
 from llmtrain.planner.plan import GIB, Plan, PlanOptions, plan_run
 from llmtrain.planner.shapes import shape_from_file
 from llmtrain.planner.suggest import Suggestions, set_flags, suggest
+from llmtrain.program_contract import ProgramContract
 
 
 def register(subparsers) -> None:
@@ -93,15 +94,18 @@ def register(subparsers) -> None:
     refresh.set_defaults(handler=prices_refresh_command)
 
 
-def _options(args: argparse.Namespace) -> PlanOptions:
+def _options(args: argparse.Namespace, program: ProgramContract | None) -> PlanOptions:
     model = shape_from_file(args.model_config) if args.model_config else None
-    return PlanOptions(model=model, vocab_size=args.vocab_size, assume=parse_overrides(args.assume))
+    return PlanOptions(
+        model=model, vocab_size=args.vocab_size, assume=parse_overrides(args.assume), program=program
+    )
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    template = Catalog.load(args.catalog).resolve(args.ref)
+    catalog = Catalog.load(args.catalog)
+    template = catalog.resolve(args.ref)
     overrides = parse_overrides(args.overrides)
-    options = _options(args)
+    options = _options(args, catalog.program_contract(template))
     if args.suggest:
         found = suggest(template, overrides, options, max_hours=args.max_hours)
         print(json.dumps(_suggestions_dict(found), indent=2) if args.json else format_suggestions(found))

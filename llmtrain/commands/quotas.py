@@ -19,7 +19,7 @@ from llmtrain.catalog import Catalog
 from llmtrain.commands._common import account_session, environment_of, print_table
 from llmtrain.environments import EnvironmentConfig
 from llmtrain.errors import LlmtrainError
-from llmtrain.handlers.quotas import QuotaCache, QuotaUsage, collect_usage, template_instance_types
+from llmtrain.operations.quotas import QuotaCache, QuotaUsage, collect_usage
 
 _HEADERS = ("INSTANCE TYPE", "USAGE", "IN USE", "QUOTA", "UTILISATION", "")
 
@@ -44,14 +44,13 @@ def register(subparsers) -> None:
 
 def quotas_command(args: argparse.Namespace) -> int:
     environment = environment_of(args)
-    catalog = Catalog.load(args.catalog)
-    templates = [t for t in catalog.all() if t.name in environment.enabled_templates]
+    instance_types = Catalog.load(args.catalog).instance_types(environment.enabled_templates)
     session = account_session(environment, args.profile)
     try:
         usages = collect_usage(
             sagemaker=session.client("sagemaker", region_name=environment.region),
             service_quotas=session.client("service-quotas", region_name=environment.region),
-            instance_types=template_instance_types(templates),
+            instance_types=instance_types,
             cache=QuotaCache(ttl_seconds=0),
         )
     except (ClientError, BotoCoreError) as error:

@@ -66,7 +66,8 @@ def register(subparsers) -> None:
 def render_command(args: argparse.Namespace) -> int:
     if args.team is not None and team_name_problem(args.team):
         raise LlmtrainError(team_name_problem(args.team))
-    template = Catalog.load(args.catalog).resolve(args.ref)
+    catalog = Catalog.load(args.catalog)
+    template = catalog.resolve(args.ref)
     environment = _configured_environment(args)
     if environment is None:
         platform = _platform_without_configuration(args)
@@ -84,7 +85,7 @@ def render_command(args: argparse.Namespace) -> int:
         instance_type=args.instance_type,
         owner=args.owner,
     )
-    request = render(template, run, platform)
+    request = render(template, run, platform, catalog.program_contract(template))
     if platform.dry_run:
         source = environment.source if environment else "a stand-in environment (no config/ folder here)"
         print(

@@ -8,15 +8,13 @@ local platform context), then runs it on this machine the way the SageMaker cont
 from __future__ import annotations
 
 import argparse
-from importlib import metadata
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
 from rich.console import Console
 from rich.text import Text
 
 from llmtrain.catalog import DEFAULT_TEMPLATE, Catalog
-from llmtrain.commands._common import add_overrides_argument, parse_overrides
+from llmtrain.commands._common import add_overrides_argument, parse_overrides, unmet_requirement
 from llmtrain.errors import LlmtrainError
 from llmtrain.local import EXIT_CODES, LocalRunOptions, RunAlreadyTrained, next_attempt, run_local
 from llmtrain.local.data import parse_data_option
@@ -29,7 +27,8 @@ from llmtrain.sourcedir import PLATFORM_PACKAGE, REQUIREMENTS, repository_root
 # SageMaker PyTorch container (the `local` extra) and torch, which the container brings.
 # The [local] extra's, and torch: the toolkit, and the full mlflow for the run's SQLite tracking store
 # (the training program's own mlflow-skinny has no database store).
-LOCAL_RUN_PACKAGES = ("torch", "sagemaker-training", "sagemaker-pytorch-training", "mlflow")
+# What the [local] extra and the CPU torch add (the training program's pins are checked too).
+LOCAL_RUN_PACKAGES = ("torch", "sagemaker-training", "sagemaker-pytorch-training", "mlflow", "matplotlib")
 TORCH_CPU_INSTALL = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 
 LOCAL_ACCOUNT = "000000000000"
@@ -91,17 +90,19 @@ def run_command(args: argparse.Namespace) -> int:
         )
         return 2
     settings = parse_overrides(args.settings)
+    data = parse_data_option(args.data)
     options = LocalRunOptions(
         run_name=args.run_name,
         workdir=args.workdir,
-        data=parse_data_option(args.data),
+        data=data.channels,
+        optional_data=data.optional,
         user_settings=frozenset(settings),
     )
     catalog = Catalog.load()
     template = catalog.resolve(args.template)
     run_input = RunInput(run_name=args.run_name, overrides=settings, attempt=next_attempt(options),
                          owner="local")
-    request = render(template, run_input, local_platform_context())
+    request = render(template, run_input, local_platform_context(), catalog.program_contract(template))
     console.print(f"[bold cyan]llmtrain[/] rendered {template.ref} for run {args.run_name!r} "
                   f"(the request the launcher would send)")
     console.print(f"[bold cyan]llmtrain[/] {plan_summary(template, request)} [dim](for the cloud "
@@ -109,7 +110,8 @@ def run_command(args: argparse.Namespace) -> int:
     require_local_run_packages()
     try:
         summary = run_local(request, catalog.sourcedir(template), options,
-                            template_channels=template.inputs.channels, console=console)
+                            template_channels=template.inputs.channels, console=console,
+                            token_channels=template.code.is_platform)
     except RunAlreadyTrained as done:
         console.print(Text(f"llmtrain {done}"))
         return 0
@@ -126,7 +128,7 @@ def require_local_run_packages() -> None:
     training program must already be installed, and torch with it."""
     requirements_file = repository_root() / PLATFORM_PACKAGE / REQUIREMENTS
     wanted = [*LOCAL_RUN_PACKAGES, *_requirement_lines(requirements_file)]
-    missing = [problem for problem in map(_unmet, wanted) if problem]
+    missing = [problem for problem in map(unmet_requirement, wanted) if problem]
     if missing:
         raise LlmtrainError(
             "llmtrain run --local needs packages this Python environment lacks: " + ", ".join(missing) +
@@ -139,19 +141,3 @@ def require_local_run_packages() -> None:
 def _requirement_lines(path: Path) -> list[str]:
     lines = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
     return [line for line in lines if line]
-
-
-def _unmet(line: str) -> str | None:
-    try:
-        requirement = Requirement(line)
-    except InvalidRequirement:
-        return None  # pip options and the like: the toolkit's pip reads them, not us
-    if requirement.marker is not None and not requirement.marker.evaluate():
-        return None
-    try:
-        installed = metadata.version(requirement.name)
-    except metadata.PackageNotFoundError:
-        return f"{requirement} (not installed)"
-    if requirement.specifier and not requirement.specifier.contains(installed, prereleases=True):
-        return f"{requirement} (have {installed})"
-    return None

@@ -1,7 +1,9 @@
 """`llmtrain templates`: list the catalog, show one version, and lock newly published versions.
 
 With `--env ENV` the list is what that deployed environment offers your team (read from AWS,
-llmtrain.deployed): the enabled templates the team may run, with the versions this llmtrain knows.
+llmtrain.deployed): the enabled templates the team may run, with the versions this llmtrain knows,
+and the versions its launchers run from a team's own catalog (which the environment's record carries,
+marked `own catalog`).
 """
 
 from __future__ import annotations
@@ -54,15 +56,16 @@ def register(subparsers) -> None:
     lock.set_defaults(handler=lock_templates)
 
 
-def _rows(catalog: Catalog) -> list[dict]:
+def _rows(catalog: Catalog, origin: str = "platform") -> list[dict]:
     rows = []
     for spec in catalog.all():
         rows.append(
             {
                 "name": spec.name,
                 "version": spec.version,
+                "catalog": origin,
                 "latest": catalog.latest(spec.name).version == spec.version,
-                "default": spec.name == DEFAULT_TEMPLATE,
+                "default": spec.name == DEFAULT_TEMPLATE and origin == "platform",
                 "strategy": spec.distribution.strategy,
                 "instance_type": spec.compute.instance_type,
                 "instance_count": spec.compute.instance_count,
@@ -79,6 +82,7 @@ def list_templates(args: argparse.Namespace) -> int:
         offered = set(cloud.deployed.enabled_templates) & set(
             cloud.team.allowed_templates or cloud.deployed.enabled_templates
         )
+        rows += _rows(cloud.deployed.own_catalog(), origin="own")
         rows = [row for row in rows if row["name"] in offered]
         if not args.json:
             deployed = cloud.deployed
@@ -95,7 +99,8 @@ def list_templates(args: argparse.Namespace) -> int:
             r["strategy"],
             r["instance_type"],
             str(r["instance_count"]),
-            ", ".join(tag for tag, on in (("latest", r["latest"]), ("default", r["default"])) if on),
+            ", ".join(tag for tag, on in (("latest", r["latest"]), ("default", r["default"]),
+                                          ("own catalog", r["catalog"] == "own")) if on),
         )
         for r in rows
     ]

@@ -1,23 +1,24 @@
-"""The launcher's Watch function, for a team whose environment has queues: between its waits, the
-state machine asks it what the run's service job is doing (llmtrain.queues.launch.watch).
+"""Entry point of the launcher's Watch function, for a team whose environment has queues: between its
+waits, the state machine asks it what the run's service job is doing (llmtrain.queues.submission.watch;
+settings: llmtrain.functions.WatchSettings).
 
 `{"queue": {"job_id": ...}, ...}` -> `{"job_id", "phase", "position", "share_instances", ...,
 "message"}` with `"wait_seconds"` while the job waits or trains, `"job"` (the training job's
-description) when it succeeded, `"failure"` (`{"Error", "Cause"}`) when it failed. The function reads
-its platform context as the other launcher functions do (`LLMTRAIN_PLATFORM_CONTEXT`).
+description) when it succeeded, `"failure"` (`{"Error", "Cause"}`) when it failed.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
+from llmtrain.functions import WatchSettings
 from llmtrain.handlers import launcher
-from llmtrain.queues import launch
+from llmtrain.queues.submission import watch as watch_run
 
 
 def watch(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
-    platform = launcher.platform_from_environment()
-    queue_state = event.get("queue") or {}
+    platform = WatchSettings.from_environment(os.environ).platform
     batch, sagemaker = (launcher.service_client(service, platform) for service in ("batch", "sagemaker"))
-    return launch.watch(batch, sagemaker, queue_state, platform)
+    return watch_run(batch, sagemaker, event.get("queue") or {}, platform)

@@ -1,10 +1,15 @@
 """Local folders for a job's channels: the user's (`--data CHANNEL=DIR`) or the shipped tiny corpus.
 
+A bare `--data DIR` is the train channel, or, when DIR is a folder `llmtrain data prepare` wrote, its
+parts: `train/` (or the shards at its top), `validation/` and `tokenizer/` become those channels
+(each left out where the template has no such channel); `--data CHANNEL=DIR` names one channel and
+wins over a part of the same name.
+
 The tiny corpus (examples/data/tiny_corpus) is tokenized with the shipped tiny tokenizer
 (training_jobs/assets/tokenizer) by the platform's own `python -m training_jobs.prepare_data`, run as
-a subprocess (llmtrain never imports training_jobs). The shards are cached under the work directory,
-keyed by the content of the corpus, the tokenizer and the preparation code, so a second run reuses
-them and a changed corpus is prepared again.
+a subprocess (llmtrain imports only the program's torch-free contract). The shards are cached under
+the work directory, keyed by the content of the corpus, the tokenizer and the preparation code, so a
+second run reuses them and a changed corpus is prepared again.
 """
 
 from __future__ import annotations
@@ -13,11 +18,25 @@ import hashlib
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmtrain.local.plan import LocalRunError
+from llmtrain.local.plan import LocalPlan, LocalRunError
 from llmtrain.sourcedir import repository_root
+from llmtrain.token_data import (
+    PREPARE_HINT,
+    SPLITS,
+    RunShape,
+    ShardsManifest,
+    TokenDataError,
+    data_problems,
+    file_problems,
+    job_tokenizer,
+    parse_manifest,
+    split_folders_hint,
+    tokenizer_facts,
+)
 
 TINY_CORPUS = Path("examples") / "data" / "tiny_corpus"
 TINY_TOKENIZER = Path("training_jobs") / "assets" / "tokenizer"
@@ -25,24 +44,87 @@ PREPARE_MODULE = "training_jobs.prepare_data"
 # The shipped corpus holds one JSONL file per channel.
 DEFAULT_CHANNEL_FILES = {"train": "train.jsonl", "validation": "validation.jsonl"}
 MANIFEST = "manifest.json"
+# The parts of a folder `llmtrain data prepare` wrote (prepare_data's split and tokenizer folders).
+DATASET_PARTS = ("train", "validation", "tokenizer")
 
 
-def parse_data_option(values: Iterable[str]) -> dict[str, Path]:
-    """`--data DIR` (the train channel) or `--data CHANNEL=DIR`, repeatable."""
-    channels: dict[str, Path] = {}
+@dataclass(frozen=True)
+class LocalData:
+    """The --data folders: `channels` by name; `optional` those taken from a prepared dataset's
+    parts, which a template without such a channel leaves out."""
+
+    channels: dict[str, Path] = field(default_factory=dict)
+    optional: frozenset[str] = frozenset()
+
+
+def parse_data_option(values: Iterable[str]) -> LocalData:
+    """`--data DIR` (the train channel, or a prepared dataset's parts) or `--data CHANNEL=DIR`,
+    repeatable."""
+    named: dict[str, Path] = {}
+    parts: dict[str, Path] = {}
     for value in values:
         name, sep, folder = value.partition("=")
         if not sep:
             name, folder = "train", value
         if not name or not folder:
             raise LocalRunError(f"--data {value!r}: write DIR (the train channel) or CHANNEL=DIR")
-        if name in channels:
-            raise LocalRunError(f"--data: channel '{name}' is given twice")
         path = Path(folder).expanduser()
         if not path.is_dir():
             raise LocalRunError(f"--data {value!r}: {path} is not a folder")
-        channels[name] = path.resolve()
-    return channels
+        if name in named or (name == "train" and (parts or "train" in named)):
+            raise LocalRunError(f"--data: channel '{name}' is given twice")
+        if sep:
+            named[name] = path.resolve()
+        else:
+            parts = dataset_parts(path.resolve())
+    optional = frozenset(name for name in parts if name != "train" and name not in named)
+    return LocalData({**parts, **named}, optional)
+
+
+def dataset_parts(folder: Path) -> dict[str, Path]:
+    """The channels a folder `llmtrain data prepare` wrote provides (only `train` for any other)."""
+    train = folder if (folder / MANIFEST).is_file() else folder / "train"
+    if not (train / MANIFEST).is_file():
+        return {"train": folder}
+    return {"train": train, **{name: folder / name for name in DATASET_PARTS[1:] if (folder / name).is_dir()}}
+
+
+def check_token_channels(plan: LocalPlan, channels: Mapping[str, Path]) -> None:
+    """Refuse, before anything starts, train and validation folders the training program would fail
+    on: no manifest, missing or short shards, too few samples for the run's seq_len or one evaluation
+    batch, or another tokenizer than the one the job reads them with (llmtrain.token_data)."""
+    problems: list[str] = []
+    manifests: dict[str, ShardsManifest] = {}
+    for name in SPLITS:
+        if name in channels:
+            try:
+                manifests[name] = _local_manifest(name, channels[name])
+            except TokenDataError as problem:
+                problems.append(str(problem))
+    if manifests and not problems:
+        shape = RunShape.of(plan.hyperparameters, hosts=len(plan.hosts),
+                            processes_per_host=plan.processes_per_host)
+        problems = data_problems(manifests, shape, tokenizer_facts(job_tokenizer(channels)))
+    if problems:
+        raise LocalRunError("the job would fail on its data, so nothing was started:\n" +
+                            "\n".join(f"  - {problem}" for problem in problems))
+
+
+def _local_manifest(channel: str, folder: Path) -> ShardsManifest:
+    where = f"{folder}/"
+    if not (folder / MANIFEST).is_file():
+        splits = [split for split in SPLITS if (folder / split / MANIFEST).is_file()]
+        if splits:
+            raise TokenDataError(split_folders_hint(channel, where, splits) +
+                                 "; a bare --data DIR takes them all")
+        raise TokenDataError(f"channel {channel}: no {MANIFEST} in {folder}: {PREPARE_HINT}")
+    manifest = parse_manifest((folder / MANIFEST).read_bytes(), where)
+    sizes = {name: (folder / name).stat().st_size for name in manifest.file_sizes()
+             if (folder / name).is_file()}
+    problems = file_problems(manifest, sizes)
+    if problems:
+        raise TokenDataError(f"channel {channel}: " + "; ".join(problems) + f"; {PREPARE_HINT}")
+    return manifest
 
 
 def default_channels() -> tuple[str, ...]:

@@ -3,8 +3,12 @@
 Every line goes to the host's log file; the terminal gets the training program's output, the
 toolkit's errors, and one progress line per metric line (step, loss, tokens/s, ...). The toolkit's
 long preamble (the training environment it prints before it launches torchrun) stays in the log
-file, and so does noise that would bury the useful lines (`NOISE`). On a terminal, a progress bar
-sits below the log.
+file, and so does noise that would bury the useful lines (`NOISE`). When the job fails, what the
+launchers print after the training program's own error stays in the log file too (`LauncherReport`):
+torchrun's agent log lines, its traceback and its report of the failed processes, and the toolkit's
+restatement of the failure (ExecuteUserScriptError, with the whole torchrun command). The program's
+`[error]` line, its own tracebacks and the summary's failure reason (output/failure) say what failed.
+On a terminal, a progress bar sits below the log.
 """
 
 from __future__ import annotations
@@ -35,6 +39,48 @@ NOISE = re.compile("|".join((
 )))
 # Python prints a warning's source line, indented, under it.
 _SOURCE_LINE = re.compile(r"^\s+\S")
+# torchrun's agent logs ("E1127 11:28:07.179000 9266 torch/distributed/elastic/...] failed ...").
+_AGENT_LOG = re.compile(r"^[EWI]\d{4} [\d:.]+ \d+ torch/distributed/elastic/")
+_TRACEBACK = "Traceback (most recent call last):"
+# The first frame of torchrun's own traceback: its console script, or torch.distributed.run.
+_LAUNCHER_FRAME = re.compile(r'^\s+File ".*(/torchrun|torch/distributed/run\.py)", line')
+_REPORT_RULE = re.compile(r"^={20,}$")
+_TOOLKIT_FAILURE = re.compile(r"sagemaker-training-toolkit ERROR\s+(Reporting training FAILURE|"
+                              r"Encountered exit_code)")
+_TOOLKIT_RESTATEMENT = re.compile(r"sagemaker-training-toolkit ERROR\s+ExecuteUserScriptError:")
+
+
+class LauncherReport:
+    """Recognises, line by line, what torchrun and the toolkit print when the training processes
+    fail: `hidden(line)` says whether a line belongs to it. A traceback is held back one line, until
+    its first frame says whose it is (torchrun's is hidden, the program's shown): `held` returns it."""
+
+    def __init__(self) -> None:
+        self._state: str | None = None  # "traceback", "report", "restatement"
+        self.held: str | None = None
+
+    def hidden(self, line: str) -> bool:
+        if self.held is not None:
+            launcher = bool(_LAUNCHER_FRAME.match(line))
+            self.held, self._state = None, "traceback" if launcher else None
+            return launcher  # else the program's traceback: the caller shows the held line, then this
+        if self._state is not None:
+            self._continue(line)
+            return True
+        if line.strip() == _TRACEBACK:
+            self.held = line
+            return True
+        if _TOOLKIT_RESTATEMENT.search(line):
+            self._state = "restatement"
+            return True
+        return bool(_AGENT_LOG.match(line) or _TOOLKIT_FAILURE.search(line))
+
+    def _continue(self, line: str) -> None:
+        if self._state == "restatement":
+            if line.startswith('Command "'):
+                self._state = None
+        elif _REPORT_RULE.match(line.strip()):  # the report opens and closes with a rule of '='
+            self._state = "report" if self._state == "traceback" else None
 
 
 class JobDisplay:
@@ -51,7 +97,9 @@ class JobDisplay:
         self._task = None
         self.last_step: int | None = None
         self._after_noise = dict.fromkeys(hosts, False)
+        self._reports = {host: LauncherReport() for host in hosts}
         self.hidden_lines = 0
+        self.launcher_lines = 0
 
     def __enter__(self) -> JobDisplay:
         if self.console.is_terminal:
@@ -68,6 +116,9 @@ class JobDisplay:
         return self
 
     def __exit__(self, *exc) -> None:
+        for host, report in self._reports.items():
+            if report.held is not None:  # a traceback's first line, with nothing after it
+                self._print(Text(f"{host} | {report.held}"))
         if self._progress is not None:
             self._progress.stop()
 
@@ -85,6 +136,14 @@ class JobDisplay:
         if not self._launched[host]:
             self._preamble_line(host, line)
             return
+        report = self._reports[host]
+        held = report.held
+        if report.hidden(line):
+            # A held line is counted with the next one, once it is known to be torchrun's.
+            self.launcher_lines += 1 + (held is not None) if report.held is None else 0
+            return
+        if held is not None:
+            self._print(Text(f"{host} | {held}"))
         if self._is_noise(host, line):
             self.hidden_lines += 1
         elif line.strip():

@@ -82,7 +82,7 @@ _KNOWN_EXCEPTION = "Known exception:"
 # Channels the training program can do without: what it uses instead.
 DROPPABLE_CHANNELS = {
     "model": "the program builds the model from model_preset instead of the cloud checkpoint",
-    "tokenizer": "the program uses its shipped tokenizer, which the local data was prepared with",
+    "tokenizer": "the program uses its shipped tokenizer (the local data is checked against it)",
 }
 EXIT_CODES = {"Completed": 0, "Failed": 1, "Stopped": 130}
 # The training program's committed checkpoints: step_<8 digits>/ with COMPLETE written last
@@ -100,6 +100,8 @@ class LocalRunOptions:
     workdir: Path = Path("runs")
     # channel -> local folder (--data); the tiny corpus fills train/validation when not given.
     data: Mapping[str, Path] = field(default_factory=dict)
+    # Channels of `data` taken from a prepared dataset's folders: left out where the template lacks them.
+    optional_data: frozenset[str] = frozenset()
     # Hyperparameters the user set (--set): kept as given, never scaled down.
     user_settings: frozenset[str] = frozenset()
     limits: LocalLimits = LocalLimits()
@@ -133,15 +135,18 @@ def run_local(
     *,
     template_channels: Iterable[str] = (),
     console: Console | None = None,
+    token_channels: bool = False,
 ) -> dict[str, Any]:
     """Run `request` locally; returns summary.json's content (TrainingJobStatus says how it ended).
 
     `code_archive` is the sourcedir the job runs, as the JobTemplate construct uploads it (for a
     catalog version, `Catalog.sourcedir`: a published version's frozen code); `template_channels`
-    are the channels the template declares."""
+    are the channels the template declares. With `token_channels` (the platform's training program)
+    the train and validation channels are checked as the program will load them before anything
+    starts (llmtrain.token_data)."""
     console = console or Console(soft_wrap=True)
     created = _now()
-    job = _prepare(request, code_archive, options, template_channels, console)
+    job = _prepare(request, code_archive, options, template_channels, console, token_channels)
     processes = _start(job.plan, job.roots, job.job_dir)
     metrics = MetricExtractor(job.plan.metric_definitions)
     training_start = _now()
@@ -168,6 +173,7 @@ def _prepare(
     options: LocalRunOptions,
     template_channels: Iterable[str],
     console: Console,
+    token_channels: bool = False,
 ) -> _PreparedJob:
     """Everything before the toolkit starts. A request that fails here leaves no job folder behind,
     as a rejected CreateTrainingJob leaves no job."""
@@ -181,6 +187,8 @@ def _prepare(
     plan = with_local_tracking(with_local_packages(plan), request, run_dir=options.run_dir,
                                model_artifact=job_dir / "output" / "model.tar.gz", parent_env=os.environ)
     plan, channel_dirs = _with_channels(plan, request, options, template_channels, console)
+    if token_channels:
+        local_data.check_token_channels(plan, channel_dirs)
     checkpoints_dir = options.run_dir / CHECKPOINTS_DIR if plan.checkpoint_subpath else None
     tensorboard_dir = options.run_dir / TENSORBOARD_DIR if plan.tensorboard_subpath else None
     for recovered in recover_unsynced_jobs(options.run_dir):
@@ -282,13 +290,13 @@ def _with_channels(
     supplied with --data (a cloud run would supply them with --set channels.NAME=s3://...)."""
     requested = [c.name for c in plan.channels]
     declared = set(template_channels) | set(requested)
-    unknown = sorted(set(options.data) - declared)
+    unknown = sorted(set(options.data) - declared - options.optional_data)
     if unknown:
         raise LocalRunError(
             f"--data names channel(s) {', '.join(unknown)}, which the template does not have; "
             f"its channels: {', '.join(sorted(declared))}"
         )
-    dirs = dict(options.data)
+    dirs = {name: path for name, path in options.data.items() if name in declared}
     missing = [name for name in requested if name not in dirs]
     # With the shipped corpus as training data, its validation split lets the run evaluate, as a
     # cloud run does when it is given a validation channel.
@@ -406,9 +414,14 @@ def _supervise(
                     processes.kill()
         processes.finish()
         _show_lines(processes, metrics, display)
+        logs = ", ".join(map(str, processes.log_paths.values()))
         if display.hidden_lines:
             display.note(f"{display.hidden_lines} lines of library warnings and toolkit messages are "
-                         f"only in the log file(s): {', '.join(map(str, processes.log_paths.values()))}")
+                         f"only in the log file(s): {logs}")
+        if display.launcher_lines:
+            display.note(f"torchrun's traceback and report of the failed processes, and the toolkit's "
+                         f"restatement of the failure ({display.launcher_lines} lines), are only in "
+                         f"the log file(s): {logs}")
     return stop_reason
 
 

@@ -33,8 +33,11 @@ from dataclasses import dataclass, field
 from llmtrain.planner import pipeline
 from llmtrain.planner.shapes import ALL_LINEAR, ModelShape, ParameterTensor
 from llmtrain.planner.workload import Layout, Workload
+from training_jobs.contract.stage_split import balanced_split, stage_indices
 
 FP32, LOW = 4, 2
+# Elements of one fp32 chunk of the program's cross-entropy (training_jobs/trainer/loss.py).
+LOSS_CHUNK_ELEMENTS = 1 << 24
 ADAM_MOMENTS = 2
 # DeepSpeed's defaults as the program configures it (training_jobs/trainer/deepspeed_strategy.py).
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
@@ -481,9 +484,10 @@ def _block_traces(
 
 
 def _selective_bytes(work: Workload, layout: Layout, reg: Regime, tokens: int) -> float:
-    """The program's selective policy keeps every matmul's and attention's output and recomputes
-    the rest (casts included): q/k/v/o/gate/up/down outputs, SDPA's output and log-sum-exp, the
-    adapters' outputs; plus the block's input, which the checkpoint keeps."""
+    """The program's selective policy (torchtitan's op-level one) keeps SDPA's output and
+    log-sum-exp and every other matmul's output in the block's order (the 1st, 3rd, ...: q, v, gate
+    and down without adapters; LoRA's two matmuls per adapted projection take their turns), and
+    recomputes the rest; plus the block's input, which the checkpoint keeps."""
     m, t, e = work.model, layout.tensor, reg.compute
     h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
     adapted = _adapted_modules(work)
@@ -496,28 +500,36 @@ def _selective_bytes(work: Workload, layout: Layout, reg: Regime, tokens: int) -
         "up_proj": i // t,
         "down_proj": h,
     }
-    per_token = reg.residual * h + e * h / t + FP32 * m.num_heads / t
+    matmuls = []  # output widths in the order the block runs them
     for module, width in outputs.items():
-        per_token += e * width
+        matmuls.append(width)
         if module in adapted:
-            per_token += e * (work.lora_r + width)
+            matmuls += [work.lora_r, width]
+    per_token = reg.residual * h + e * h / t + FP32 * m.num_heads / t
+    per_token += e * sum(matmuls[0::2])
     return per_token * tokens
 
 
-def _head_bytes(work: Workload, reg: Regime, tokens: int) -> float:
+def _head_bytes(work: Workload, reg: Regime, tokens: int, tensor: int = 1) -> float:
     """After the blocks: the final norm, the output head's input (or, frozen under autocast, its
-    weight copy), the loss (log-softmax in fp32) and the token ids the embedding and the loss keep."""
+    weight copy), the loss and the token ids the embedding and the loss keep."""
     ids = 8 + (8 if not work.lora else 0)
-    return (_head_per_token(work, reg) + ids) * tokens + _head_weight_copy(work, reg)
+    return (_head_per_token(work, reg, tensor) + ids) * tokens + _head_weight_copy(work, reg)
 
 
-def _head_per_token(work: Workload, reg: Regime) -> float:
-    """The final norm, the head's input and the fp32 log-softmax, per token."""
+def _head_per_token(work: Workload, reg: Regime, tensor: int = 1) -> float:
+    """The final norm, the head's input and the loss's: the logits of the rank's vocabulary shard as
+    the head computed them, an fp32 log-sum-exp and a flag per token (the program's chunked loss
+    keeps no fp32 copy of the logits)."""
     h = work.model.hidden_size
     trains = not work.lora
     per_token = FP32 * h + FP32 + (reg.residual * h if trains else 0)  # the final norm
     per_token += (LOW if reg.autocast else reg.compute) * h if trains else 0
-    return per_token + FP32 * work.model.vocab_size
+    return per_token + _logit_bytes(reg) * work.model.vocab_size / tensor + FP32 + 1
+
+
+def _logit_bytes(reg: Regime) -> int:
+    return LOW if reg.autocast else reg.compute
 
 
 def _head_weight_copy(work: Workload, reg: Regime) -> float:
@@ -542,7 +554,7 @@ def activation_bytes(work: Workload, layout: Layout, on_gpu: bool = True) -> tup
     for layer in range(m.num_layers):
         checkpointed = kept is not None and layer % work.checkpoint_every == 0
         blocks += kept if checkpointed else (first if layer == 0 else rest).bytes(tokens)
-    head = _head_bytes(work, reg, tokens)
+    head = _head_bytes(work, reg, tokens, layout.tensor)
     # cos and sin, shared by the blocks that save them (a checkpointed block keeps them only as
     # its inputs, outside autograd's saved tensors)
     uncheckpointed = m.num_layers - work.checkpointed_layers
@@ -566,13 +578,14 @@ def _gpt2_activation_bytes(work: Workload, layout: Layout) -> tuple[int, dict[st
     full_block = per_token * tokens + (LOW * block_weights if reg.autocast else 0)
     if work.activation_checkpointing == "full":
         kept = reg.residual * h * tokens
-    elif work.activation_checkpointing == "selective":  # the matmuls' and attention's outputs
-        kept = (reg.residual * h + e * (3 * h + h + i + h + h) + FP32 * m.num_heads) * tokens
+    elif work.activation_checkpointing == "selective":  # attention and every other matmul: c_attn, c_fc
+        kept = (reg.residual * h + e * (3 * h + h + i) + FP32 * m.num_heads) * tokens
     else:
         kept = full_block
     checkpointed = work.checkpointed_layers
     blocks = checkpointed * kept + (m.num_layers - checkpointed) * full_block
-    head = (norm + norm_output + FP32 * m.vocab_size + 8 + 8) * tokens + 8 * work.seq_len
+    head = (norm + norm_output + _logit_bytes(reg) * m.vocab_size + FP32 + 1 + 8 + 8) * tokens \
+        + 8 * work.seq_len
     head += LOW * m.vocab_size * h if reg.autocast else 0
     return int(blocks + head), {"activation_block_bytes": int(full_block), "activation_head_bytes": int(head)}
 
@@ -587,7 +600,9 @@ def working_bytes(work: Workload, layout: Layout, tensors: Tensors) -> int:
     m = work.model
     reg = regime(work, layout)
     tokens = work.micro_batch_tokens
-    logits = (reg.compute + FP32 + FP32) * m.vocab_size * tokens  # logits, their fp32 copy's gradient
+    # the logits' gradient in their dtype and one fp32 chunk of the loss's backward (64 MiB at most)
+    shard = m.vocab_size * tokens // layout.tensor
+    logits = _logit_bytes(reg) * shard + FP32 * min(shard, LOSS_CHUNK_ELEMENTS)
     recompute = 0
     if work.activation_checkpointing != "none" and m.family == "llama":
         recompute = int(_block_traces(work, layout, reg)[1].bytes(tokens))
@@ -614,7 +629,7 @@ def stage_layer_counts(work: Workload, layout: Layout) -> tuple[int, ...]:
     params = work.model.parameters()
     block = sum(p.numel for p in params if p.layer == 0)
     head = work.model.vocab_size * work.model.hidden_size
-    return pipeline.balanced_split(work.model.num_layers, layout.num_stages, head / block)
+    return balanced_split(work.model.num_layers, layout.num_stages, head / block)
 
 
 def pipeline_stages(work: Workload, layout: Layout) -> tuple[pipeline.Stage, ...]:
@@ -623,7 +638,7 @@ def pipeline_stages(work: Workload, layout: Layout) -> tuple[pipeline.Stage, ...
 
 def rank_stages(work: Workload, layout: Layout, rank: int) -> list[pipeline.Stage]:
     stages = pipeline_stages(work, layout)
-    return [stages[i] for i in pipeline.rank_stage_indices(rank, layout.pipeline, layout.stages_per_rank)]
+    return [stages[i] for i in stage_indices(rank, layout.pipeline, layout.stages_per_rank)]
 
 
 def _holds(stage: pipeline.Stage, param: ParameterTensor) -> bool:
@@ -680,7 +695,8 @@ def _stage_memory(work: Workload, layout: Layout, reg: Regime, stage: pipeline.S
     if not stage.first and (first_checkpointed or reg.residual == FP32):
         per_mb -= hidden
     if stage.last:
-        per_mb += (_head_per_token(work, reg) + reg.compute * m.vocab_size) * tokens
+        # the logits the schedule keeps are the ones the loss saves: one storage
+        per_mb += _head_per_token(work, reg, layout.tensor) * tokens
         copies += _head_weight_copy(work, reg)
     else:
         per_mb += hidden

@@ -1,29 +1,20 @@
-"""Pipeline parallelism as the training program runs it: which decoder layers each stage holds,
-which stages each pipeline rank holds, and the order in which a rank runs its stages' forwards and
-backwards.
+"""Pipeline parallelism as the training program runs it: the order in which a rank runs its stages'
+forwards and backwards, and what it holds meanwhile.
 
-The program (training_jobs/trainer/strategies/pipeline.py) splits the decoder layers into
-`pipeline_parallel_degree x stages_per_rank` contiguous stages, balanced by compute (the output
-head counts as the layers' worth of matmul work it does) or as `pipeline_split` says; the first
-stage also holds the embedding, the last the final norm, the head and the loss. Pipeline rank r
-holds stages r, r + degree, r + 2 x degree, ... and torch.distributed.pipelining's schedule runs
-them. The order of a rank's actions fixes how many micro-batches it holds activations for at
-once (GPipe all of them; 1F1B at most the degree; the interleaved schedules by their warm-up), so
-the planner replays torch's own order (`rank_actions`) rather than a formula.
-
-llmtrain never imports the program or torch: `balanced_split` repeats the program's split and
-`rank_actions` torch's schedule order; tests/llmtrain/test_planner.py keeps both equal to theirs.
+Which decoder layers each stage holds and which stages each pipeline rank holds are the program's
+contract (training_jobs/contract/stage_split.py: the balanced split, rank r holding stages r,
+r + degree, ...); torch.distributed.pipelining's schedule runs them. The order of a rank's actions
+fixes how many micro-batches it holds activations for at once (GPipe all of them; 1F1B at most the
+degree; the interleaved schedules by their warm-up), so the planner replays torch's own order
+(`rank_actions`) rather than a formula. llmtrain never imports torch: tests/llmtrain/test_planner.py
+keeps `rank_actions` equal to torch's schedules.
 """
 
 from __future__ import annotations
 
-import functools
 from collections import defaultdict
 from dataclasses import dataclass
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
-# Schedules that run several stages per rank (the others run exactly one), as the program's config.
-MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "zero_bubble")
 FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT = "F", "B", "I", "W"
 
 
@@ -53,46 +44,12 @@ class Stage:
         return range(self.first_layer, self.first_layer + self.num_layers)
 
 
-def default_stages_per_rank(schedule: str) -> int:
-    """The program's default: 1 for gpipe and 1f1b, 2 for the interleaved schedules."""
-    return 2 if schedule in MULTI_STAGE_SCHEDULES else 1
-
-
-@functools.lru_cache(maxsize=256)
-def balanced_split(num_layers: int, num_stages: int, head_cost: float) -> tuple[int, ...]:
-    """Decoder layers per stage (contiguous, at least one each) so that the most expensive stage is
-    as cheap as possible, and among such splits the most even; a stage costs its layers, the last
-    one also `head_cost` layers' worth (the program's balanced_split, step for step)."""
-    worst = (float("inf"), float("inf"))
-    best = [[worst] * (num_layers + 1) for _ in range(num_stages + 1)]
-    taken = [[0] * (num_layers + 1) for _ in range(num_stages + 1)]
-    best[0][0] = (0.0, 0.0)
-    for stage in range(1, num_stages + 1):
-        extra = head_cost if stage == num_stages else 0.0
-        for held in range(stage, num_layers - (num_stages - stage) + 1):
-            for count in range(1, held - stage + 2):
-                most, squares = best[stage - 1][held - count]
-                cost = (max(most, count + extra), squares + (count + extra) ** 2)
-                if cost < best[stage][held]:
-                    best[stage][held], taken[stage][held] = cost, count
-    counts, held = [], num_layers
-    for stage in range(num_stages, 0, -1):
-        counts.append(taken[stage][held])
-        held -= taken[stage][held]
-    return tuple(reversed(counts))
-
-
 def stages_from_counts(counts: tuple[int, ...]) -> tuple[Stage, ...]:
     stages, first_layer = [], 0
     for index, count in enumerate(counts):
         stages.append(Stage(index, first_layer, count, index == 0, index == len(counts) - 1))
         first_layer += count
     return tuple(stages)
-
-
-def rank_stage_indices(rank: int, degree: int, per_rank: int) -> list[int]:
-    """The stages of one pipeline rank, looping over the ranks: r, r + degree, r + 2 x degree, ..."""
-    return [rank + round_ * degree for round_ in range(per_rank)]
 
 
 # --- the schedules' order ---------------------------------------------------------------------------

@@ -20,9 +20,9 @@ from llmtrain.planner.workload import (
     Layout,
     PlanInputError,
     Workload,
-    hyperparameter_values,
     workload_and_layout,
 )
+from llmtrain.program_contract import ProgramContract
 from llmtrain.spec import CHANNEL_SETTING_PREFIX, TemplateSpec
 
 GIB = 1024**3
@@ -143,12 +143,15 @@ class Plan:
 class PlanOptions:
     """What the planner cannot read from a run: the model when it comes from a checkpoint (a
     config.json), the tokenizer's vocabulary, hyperparameters for code other than the platform's
-    program (`assume`), and the price table."""
+    program (`assume`), the price table, and the training program's contract of the code the
+    template version runs (`Catalog.program_contract`; None: the installed program's), which
+    `plan_run` checks the run's hyperparameters with, as render does."""
 
     model: ModelShape | None = None
     vocab_size: int | None = None
     assume: Mapping[str, Any] = field(default_factory=dict)
     price_table: prices.PriceTable | None = None
+    program: ProgramContract | None = None
 
 
 DEFAULT_OPTIONS = PlanOptions()
@@ -176,9 +179,8 @@ def plan(
         )
     given = {**hyperparameters, **options.assume}
     given.setdefault("parallelism", template.distribution.strategy)
-    values = hyperparameter_values(given)
     work, layout = workload_and_layout(
-        values, instance.gpus, count, model=options.model, vocab_size=options.vocab_size
+        given, instance.gpus, count, model=options.model, vocab_size=options.vocab_size
     )
     table = options.price_table or prices.load()
     return build(template.ref, work, layout, instance, count, spot, table, settings or {})
@@ -249,7 +251,7 @@ def plan_run(
     Channels do not change a plan, and where they may read is the team's to say (its datasets
     prefix, which this stand-in context does not know): they are left out here."""
     from llmtrain.platform import PlatformContext
-    from llmtrain.render import RunInput, resolve_settings
+    from llmtrain.render import RunInput, check_program, resolve_settings
 
     platform = PlatformContext.placeholder(
         environment="plan",
@@ -260,6 +262,7 @@ def plan_run(
     )
     planned = {k: v for k, v in overrides.items() if not k.startswith(CHANNEL_SETTING_PREFIX)}
     settings = resolve_settings(template, RunInput(run_name="plan", overrides=planned), platform)
+    check_program(template, settings, options.program)
     hyperparameters = dict(settings.hyperparameters)
     if template.code.is_platform:
         hyperparameters.update(parallelism=template.distribution.strategy, **settings.degrees)

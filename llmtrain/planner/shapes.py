@@ -1,11 +1,10 @@
 """The shape of a decoder-only model, as the planner needs it: every parameter tensor and FLOPs.
 
-The training program builds Hugging Face Llama and GPT-2 models from named presets
-(training_jobs/trainer/models.py: PRESETS). llmtrain never imports the training program, so
-`PRESETS` below repeats their architecture; tests/llmtrain/test_planner.py keeps the two equal.
-The program sizes the embedding to its tokenizer (rounded up to a multiple of 64); the planner
+The training program builds Hugging Face Llama and GPT-2 models from named presets, whose
+architectures are part of its contract (training_jobs/contract/presets.py: PRESETS), which the planner
+reads. The program sizes the embedding to its tokenizer (rounded up to a multiple of 64); the planner
 cannot read a tokenizer channel, so each preset carries the vocabulary of the published model it
-is shaped after (`vocab_size`), which `model_overrides` or `--vocab-size` replace.
+is shaped after (`PRESET_VOCAB`), which `model_overrides` or `--vocab-size` replace.
 """
 
 from __future__ import annotations
@@ -19,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from llmtrain.errors import LlmtrainError
+from training_jobs.contract.presets import PRESETS, padded_vocab_size
 
 FAMILIES = ("llama", "gpt2")
 # Hugging Face model types whose decoder the planner models as Llama's (same blocks and names).
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
-# The training program rounds its embedding rows up to this multiple (models.padded_vocab_size).
-VOCAB_MULTIPLE = 64
 # peft's "all-linear": every linear layer of the decoder blocks (never the output head).
 ALL_LINEAR = "all-linear"
 
@@ -134,13 +132,10 @@ def _parameters(shape: ModelShape) -> tuple[ParameterTensor, ...]:
     return _llama_parameters(shape) if shape.family == "llama" else _gpt2_parameters(shape)
 
 
-def padded_vocab_size(size: int) -> int:
-    return -(-size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
-
-
 def _llama_parameters(shape: ModelShape) -> tuple[ParameterTensor, ...]:
     h, i, kv = shape.hidden_size, shape.intermediate_size, shape.kv_size
-    params = [ParameterTensor("model.embed_tokens.weight", (shape.vocab_size, h), "embedding")]
+    # The program splits the embedding and the head on the vocabulary (rows) under tensor parallel.
+    params = [ParameterTensor("model.embed_tokens.weight", (shape.vocab_size, h), "embedding", tp="colwise")]
     for layer in range(shape.num_layers):
         prefix = f"model.layers.{layer}"
         attention = (("q_proj", h, "colwise"), ("k_proj", kv, "colwise"), ("v_proj", kv, "colwise"))
@@ -162,7 +157,7 @@ def _llama_parameters(shape: ModelShape) -> tuple[ParameterTensor, ...]:
         ]
     params.append(ParameterTensor("model.norm.weight", (h,), "norm"))
     if not shape.tie_embeddings:
-        params.append(ParameterTensor("lm_head.weight", (shape.vocab_size, h), "linear"))
+        params.append(ParameterTensor("lm_head.weight", (shape.vocab_size, h), "linear", tp="colwise"))
     return tuple(params)
 
 
@@ -197,47 +192,10 @@ def _gpt2_parameters(shape: ModelShape) -> tuple[ParameterTensor, ...]:
 
 # --- presets -------------------------------------------------------------------------------------
 
-# The architecture of each of the training program's presets, in its HF config's names (as in
-# training_jobs/trainer/models.py PRESETS; a test keeps them equal), and the vocabulary of the
-# published model each is shaped after (the planner's default, see the module docstring).
-_LLAMA = {"hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
-_ROPE_500K = {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
-# fmt: off
-_LLAMA_70B = {**_LLAMA, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-              "num_attention_heads": 64, "num_key_value_heads": 8, **_ROPE_500K}
-PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama-tiny": ("llama", {**_LLAMA, "hidden_size": 64, "intermediate_size": 176,
-                             "num_hidden_layers": 2, "num_attention_heads": 4,
-                             "num_key_value_heads": 2}),
-    "llama-20m": ("llama", {**_LLAMA, "hidden_size": 512, "intermediate_size": 1408,
-                            "num_hidden_layers": 6, "num_attention_heads": 8,
-                            "num_key_value_heads": 8}),
-    "llama-1b": ("llama", {**_LLAMA, "hidden_size": 2048, "intermediate_size": 8192,
-                           "num_hidden_layers": 16, "num_attention_heads": 32,
-                           "num_key_value_heads": 8, "tie_word_embeddings": True, **_ROPE_500K}),
-    "llama-7b": ("llama", {**_LLAMA, "hidden_size": 4096, "intermediate_size": 11008,
-                           "num_hidden_layers": 32, "num_attention_heads": 32,
-                           "num_key_value_heads": 32}),
-    "llama-13b": ("llama", {**_LLAMA, "hidden_size": 5120, "intermediate_size": 13824,
-                            "num_hidden_layers": 40, "num_attention_heads": 40,
-                            "num_key_value_heads": 40}),
-    "llama-70b": ("llama", _LLAMA_70B),
-    "llama3-8b": ("llama", {**_LLAMA, "hidden_size": 4096, "intermediate_size": 14336,
-                            "num_hidden_layers": 32, "num_attention_heads": 32,
-                            "num_key_value_heads": 8, **_ROPE_500K}),
-    "llama3-70b": ("llama", _LLAMA_70B),
-    "llama3-405b": ("llama", {**_LLAMA, "hidden_size": 16384, "intermediate_size": 53248,
-                              "num_hidden_layers": 126, "num_attention_heads": 128,
-                              "num_key_value_heads": 8, **_ROPE_500K}),
-    "gpt2-tiny": ("gpt2", {"n_embd": 64, "n_layer": 2, "n_head": 4}),
-    "gpt2-small": ("gpt2", {"n_embd": 768, "n_layer": 12, "n_head": 12}),
-    "gpt2-medium": ("gpt2", {"n_embd": 1024, "n_layer": 24, "n_head": 16}),
-    "gpt2-large": ("gpt2", {"n_embd": 1280, "n_layer": 36, "n_head": 20}),
-    "gpt2-xl": ("gpt2", {"n_embd": 1600, "n_layer": 48, "n_head": 25}),
-}
-# fmt: on
-# The shipped tokenizer (training_jobs/assets/tokenizer) for the tiny presets; the published
-# tokenizers for the others: Llama 3 (and the Llama-3.2-shaped 1B), Llama 2, GPT-2.
+# The vocabulary of the published model each of the program's presets is shaped after (the
+# planner's default, see the module docstring): the shipped tokenizer (training_jobs/assets/tokenizer)
+# for the tiny presets; the published tokenizers for the others: Llama 3 (and the Llama-3.2-shaped
+# 1B), Llama 2, GPT-2.
 SHIPPED_TOKENIZER_VOCAB = 629
 PRESET_VOCAB = {
     "llama-tiny": SHIPPED_TOKENIZER_VOCAB,

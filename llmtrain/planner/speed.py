@@ -144,16 +144,25 @@ class SpeedEstimate:
 
 def recompute_flops_per_token(work: Workload) -> float:
     """Forward FLOPs activation checkpointing repeats in backward, per token: the whole forward
-    of a fully checkpointed block; under selective checkpointing the share of its matmuls the
-    policy recomputes (none for the program's policy, which keeps every matmul's output)."""
+    of a fully checkpointed block; under selective checkpointing the matmuls the policy recomputes."""
     m = work.model
     blocks = work.checkpointed_layers
     block_matmuls = sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer == 0)
     if work.activation_checkpointing == "full":
         return blocks * (2 * block_matmuls + 4 * m.hidden_size * work.seq_len)
     if work.activation_checkpointing == "selective":
-        return blocks * 2 * block_matmuls * work.selective_recompute
+        return blocks * 2 * block_matmuls * selective_recompute(m)
     return 0.0
+
+
+def selective_recompute(m) -> float:
+    """The share of a block's matmul FLOPs the program's selective policy (torchtitan's op-level
+    one) recomputes: every second matmul, of q, k, v, o, gate, up, down the k, o and up
+    projections (GPT-2: c_proj and the MLP's c_proj of c_attn, c_proj, c_fc, c_proj)."""
+    h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
+    if m.family != "llama":
+        return (h * h + i * h) / (3 * h * h + h * h + 2 * i * h)
+    return (kv * h + h * h + i * h) / (2 * h * h + 2 * kv * h + 3 * i * h)
 
 
 def compute_rate(work: Workload, cluster: Cluster, calibration: Calibration) -> float:
@@ -449,7 +458,7 @@ def stage_times(work: Workload, layout: Layout, stage: Stage, rate: float) -> St
         recompute = checkpointed * (2 * block + 4 * m.hidden_size * work.seq_len)
     elif work.activation_checkpointing == "selective":
         checkpointed = sum(1 for layer in stage.layers if layer % work.checkpoint_every == 0)
-        recompute = checkpointed * 2 * block * work.selective_recompute
+        recompute = checkpointed * 2 * block * selective_recompute(m)
     scale = tokens / layout.tensor / rate
     return StageTimes(
         forward=(2 * weights + attention) * scale,

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrain.errors import LlmtrainError
-from llmtrain.planner.pipeline import MULTI_STAGE_SCHEDULES
 from llmtrain.planner.plan import DEFAULT_OPTIONS, Plan, PlanOptions, plan_run
 from llmtrain.render import coerce_override
 from llmtrain.spec import OverrideRule, TemplateSpec
+from training_jobs.contract.hyperparameters import MULTI_STAGE_SCHEDULES
 
 AC_MODES = ("none", "selective", "full")
 MAX_CANDIDATES_PER_SETTING = 8

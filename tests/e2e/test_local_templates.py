@@ -49,7 +49,7 @@ def test_fsdp_template_runs_on_one_host_with_two_processes(straight):
     assert summary["LocalRun"]["ProcessesPerHost"] == 2
     log = log_text(summary)
     assert "torchrun --nnodes 1 --nproc_per_node 2 training_jobs/train.py" in log
-    assert "ParallelDims(pipeline=1, replicate=1, shard=2, tensor=1)" in log
+    assert "ParallelDims(pipeline=1, replicate=1, shard=2, tensor=1, context=1)" in log
     assert sorted(losses_by_step(straight.run_dir)) == list(range(1, STEPS + 1))
     # Scaled down, and said so, never silently.
     settings = {a["Setting"] for a in summary["LocalRun"]["Adjustments"]}
@@ -187,7 +187,7 @@ def test_two_hosts_are_emulated_in_one_process_group(workdir):
     assert summary["LocalRun"]["Hosts"] == ["algo-1", "algo-2"]
     assert "--nnodes 2 --nproc_per_node 2 --master_addr algo-1 --master_port 7777 --node_rank 1" \
         in log_text(summary, "algo-2")
-    assert "ParallelDims(pipeline=1, replicate=1, shard=4, tensor=1)" in log_text(summary)
+    assert "ParallelDims(pipeline=1, replicate=1, shard=4, tensor=1, context=1)" in log_text(summary)
     # One checkpoint from both hosts' shards, as the S3 prefix would hold it.
     shards = sorted(p.name for p in (run.run_dir / "checkpoints" / "step_00000002").glob("*.distcp"))
     assert shards == [f"__{rank}_0.distcp" for rank in range(4)]
@@ -232,15 +232,13 @@ def test_lora_template_fine_tunes_on_prompt_completion_examples(workdir):
     assert sorted(losses_by_step(workdir / "sft")) == [1, 2, 3]
 
 
-def test_a_bad_hyperparameter_fails_the_job_with_the_reason(workdir):
+def test_a_bad_hyperparameter_is_refused_before_any_job_with_the_programs_reason(workdir):
+    """The training program's own rules run at render (its contract): a value it would stop on at
+    start never reaches a job, here or in the cloud."""
     run = run_cli("llama-pretrain-fsdp", "bad-hp", workdir, "instance_count=1", "profile_steps=soon")
 
-    assert run.returncode == 1, run.output[-3000:]
-    summary = run.summary
-    assert summary["TrainingJobStatus"] == "Failed"
-    assert summary["FailureReason"].startswith("AlgorithmError: ")
-    # The program's explanation, from output/failure or (where the toolkit lost it) the log; the
-    # failure text's copy of the command line, which also holds "profile_steps", does not count.
-    explanation = "invalid hyperparameter 'profile_steps'"
-    assert explanation in summary["FailureReason"] + "\n".join(summary["LocalRun"]["ErrorLines"])
-    assert explanation in run.output.split("training job local-bad-hp-a1")[-1]
+    assert run.returncode == 2, run.output[-3000:]
+    assert ("the training program refuses this run: invalid hyperparameter 'profile_steps': got 'soon', "
+            'expected "START-END"') in run.output
+    assert "Traceback" not in run.output
+    assert not (run.run_dir / "jobs").exists() and not (run.run_dir / "summary.json").exists()

@@ -11,13 +11,17 @@ llmtrain wheel ships. Then cfn-lint and checkov read what it synthesized.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from infra_helpers import cfn_lint_unexplained, checkov_report
+from packaging.requirements import Requirement
 from wheel_install import CONSTRUCTS_SOURCES, LLMTRAIN_SOURCES, build_wheel, install
 
 from llmtrain.catalog import Catalog
@@ -62,32 +66,49 @@ def test_the_examples_catalog_is_published_and_its_program_trains_and_resumes(tm
     assert (tmp_path / "model" / "model.pt").is_file()
 
 
+@dataclass(frozen=True)
+class Installed:
+    place: Path
+    env: dict[str, str]
+
+    def run(self, *argv: str, cwd: Path | None = None, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(list(argv), cwd=cwd or self.place, env=self.env, capture_output=True, text=True,
+                              **kwargs)
+
+
 @pytest.fixture(scope="module")
-def synthesized(tmp_path_factory) -> Path:
-    """The example synthesized in a new virtual environment, outside the checkout: its cdk.out."""
+def consumer(tmp_path_factory) -> Installed:
+    """The construct library installed as constructs/README.md says (its wheel with the [nag] extra,
+    llmtrain only because it requires it) into a new virtual environment outside the checkout."""
     place = tmp_path_factory.mktemp("consumer")
     llmtrain = build_wheel(ROOT, LLMTRAIN_SOURCES, place)
     constructs = build_wheel(ROOT / "constructs", CONSTRUCTS_SOURCES, place, extras=("nag",))
     # llmtrain is installed only because llmtrain-constructs requires it, at a version it accepts.
-    env = install(place, [constructs], available=[llmtrain])
-    app = place / "acme"
+    return Installed(place, install(place, [constructs], available=[llmtrain]))
+
+
+@pytest.fixture(scope="module")
+def synthesized(consumer) -> Path:
+    """The example synthesized in the new virtual environment, outside the checkout: its cdk.out."""
+    app = consumer.place / "acme"
     shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__", "cdk.out"))
     where = ("import importlib.util as u\n"
              "for name in ('training_constructs', 'llmtrain'): print(u.find_spec(name).origin)")
-    located = subprocess.run(["python", "-c", where], cwd=app, env=env, capture_output=True, text=True,
-                             check=True)
-    assert all(origin.startswith(str(place / "venv")) for origin in located.stdout.split()), located.stdout
+    located = consumer.run("python", "-c", where, cwd=app, check=True)
+    assert all(origin.startswith(str(consumer.place / "venv")) for origin in located.stdout.split()), (
+        located.stdout
+    )
     outdir = app / "cdk.out"
     # The functions' packages come from their wheels for the Lambda runtime, which a first synth fetches
     # into the wheel cache (constructs/README.md, "Install"): fetched here, with this checkout's network,
     # so that the synth below needs none (the installed wheels link the same package versions).
-    stage_lambda_code(vendored_packages=VENDORED_PACKAGES, staging_root=place / "staging")
+    stage_lambda_code(vendored_packages=VENDORED_PACKAGES, staging_root=consumer.place / "staging")
     # `npx cdk synth` as its platform engineer runs it (the pinned CLI, which runs cdk.json's app), with
     # no AWS credentials and no network: the CLI would look up what the app left missing (issue 25:
     # the stack's availability zones) and fail without credentials.
+    offline = offline_without_credentials(consumer.env, consumer.place)
     synth = subprocess.run([str(CDK_CLI), "synth", "--quiet", "--no-notices", "-o", str(outdir)], cwd=app,
-                           env=offline_without_credentials(env, place), capture_output=True, text=True,
-                           timeout=600)
+                           env=offline, capture_output=True, text=True, timeout=600)
     # cdk-nag runs in the app: an unacknowledged finding fails the synth.
     assert synth.returncode == 0, synth.stdout[-3000:] + synth.stderr[-3000:]
     assert "missing" not in json.loads((outdir / "manifest.json").read_text())
@@ -108,6 +129,50 @@ def offline_without_credentials(env: dict[str, str], place: Path) -> dict[str, s
         "CDK_DISABLE_CLI_TELEMETRY": "true",
         "CDK_DISABLE_VERSION_CHECK": "1",
     }
+
+
+@slow
+def test_the_construct_library_installs_without_the_training_and_plotting_packages(consumer, tmp_path):
+    """Synthesis never tokenizes or plots: installing llmtrain-constructs brings neither transformers nor
+    matplotlib (nor numpy); the CLI it brings along says which extra `data prepare` needs."""
+    heavy = "('transformers', 'matplotlib', 'numpy', 'torch')"
+    probe = f"import importlib.util as u; print([n for n in {heavy} if u.find_spec(n)])"
+    found = consumer.run("python", "-c", probe)
+    assert found.returncode == 0 and found.stdout.strip() == "[]", found.stdout + found.stderr
+    (tmp_path / "notes.txt").write_text("a few words\n" * 100)
+    prepare = consumer.run("llmtrain", "data", "prepare", "--input", "notes.txt", "--output", "tokens",
+                           cwd=tmp_path)
+    assert prepare.returncode == 2, prepare.stdout + prepare.stderr
+    assert "pip install 'llm-sagemaker-platform[data]'" in prepare.stderr
+    assert "transformers" in prepare.stderr and "Traceback" not in prepare.stderr
+    assert not (tmp_path / "tokens").exists()
+
+
+def test_the_install_instructions_name_only_what_pip_can_install():
+    """constructs/README.md's install lines are a checkout's folders or a release's wheels by URL (at
+    today's versions): llmtrain-constructs is on no package index, so `llmtrain-constructs[nag]>=1`
+    cannot work."""
+    readme = (ROOT / "constructs" / "README.md").read_text()
+    block = readme.split("## Install", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].strip() for line in block.replace("\\\n", " ").splitlines()]
+    arguments = [argument for command in commands if command.startswith("pip install")
+                 for argument in shlex.split(command)[2:] if not argument.startswith("-")]
+    versions = {name: tomllib.loads((folder / "pyproject.toml").read_text())["project"]["version"]
+                for name, folder in (("llmtrain-constructs", ROOT / "constructs"),
+                                     ("llm-sagemaker-platform", ROOT))}
+    kinds = set()
+    for argument in arguments:
+        if argument.startswith("."):
+            folder = ROOT / argument.split("[", 1)[0]
+            assert (folder / "pyproject.toml").is_file(), f"{argument}: not a project folder of a checkout"
+            kinds.add("checkout")
+            continue
+        requirement = Requirement(argument)
+        assert requirement.url, f"{argument}: on no package index; name a release's wheel by its URL"
+        wheel = requirement.url.rsplit("/", 1)[1]
+        assert wheel.startswith(f"{requirement.name.replace('-', '_')}-{versions[requirement.name]}-"), wheel
+        kinds.add("release")
+    assert kinds == {"checkout", "release"}, arguments
 
 
 @slow

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
+from aws_cdk.assertions import Template
 from infra_helpers import ENV, resources_of_type, statements_by_sid
 
-from llmtrain.deployed import STANDARD_PARAMETER_LIMIT
+from llmtrain.catalog import Catalog
+from llmtrain.deployed import STANDARD_PARAMETER_LIMIT, template_parameter_value
 from training_constructs import PropsError
 from training_constructs.deployed_environment import (
     DeployedEnvironmentProps,
@@ -85,6 +87,41 @@ def _props(**changes) -> DeployedEnvironmentProps:
         "teams": (_entry(),),
     }
     return DeployedEnvironmentProps(**(values | changes))
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cdk_consumer"
+
+
+def _own(name: str = "acme-charlm", content: str = "sha256:1") -> dict:
+    spec = Catalog.load(root=EXAMPLE / "templates", repo_root=EXAMPLE).get("acme-charlm").to_dict()
+    return template_parameter_value({**spec, "name": name}, content)
+
+
+def test_a_team_s_own_templates_are_written_for_the_cli():
+    """One parameter per version, compressed (specs run to SSM's limit), read back by the CLI's
+    `llmtrain.deployed` (end to end: tests/llmtrain/test_cli_own_catalog.py)."""
+    stack = cdk.Stack(cdk.App(), "Record", env=ENV)
+    DeployedEnvironmentRecord(stack, "Record", props=_props(own_templates=(_own(),)))
+    parameters = {
+        p["Properties"]["Name"]: p["Properties"]["Value"]
+        for p in resources_of_type(Template.from_stack(stack).to_json(), "AWS::SSM::Parameter").values()
+    }
+    own = "/llmtrain/dev/templates/acme-charlm/1.0.0"
+    assert sorted(parameters) == ["/llmtrain/dev/environment", "/llmtrain/dev/teams/default", own]
+    assert json.loads(parameters[own]) == _own()
+
+
+@pytest.mark.parametrize(
+    ("own", "message"),
+    [
+        ((_own(), _own(content="sha256:2")), "['acme-charlm@1.0.0'] come from catalogs that disagree"),
+        ((_own("gpt2-ddp"),), "['gpt2-ddp'] of your own catalog are named like templates of the platform's"),
+    ],
+)
+def test_own_templates_are_one_version_one_content_and_never_a_platform_name(own, message):
+    with pytest.raises(PropsError, match=r"DeployedEnvironmentRecord\(own_templates=") as error:
+        _props(own_templates=own)
+    assert message in str(error.value)
 
 
 @pytest.mark.parametrize(

@@ -178,7 +178,7 @@ def test_unpublished_version_fails_at_synth(tmp_path):
     shutil.copytree(ROOT / "templates", folder)
     text = (folder / "gpt2-ddp" / "1.0.0.yaml").read_text().replace("version: 1.0.0", "version: 1.3.0")
     (folder / "gpt2-ddp" / "1.3.0.yaml").write_text(text)
-    with pytest.raises(LockError, match=r"gpt2-ddp@1\.3\.0 is not published: run `llmtrain templates lock`"):
+    with pytest.raises(LockError, match=r"gpt2-ddp@1\.3\.0 is not published: run `llmtrain templates lock "):
         _construct("gpt2-ddp@1.3.0", catalog=Catalog.load(folder))
 
 

@@ -26,7 +26,7 @@ from infra_helpers import ENV, as_list, resources_of_type
 
 from llmtrain.catalog import Catalog
 from llmtrain.environments import StackOutput, load_environment
-from llmtrain.handlers.launcher import ENV_PLATFORM_CONTEXT, ENV_REQUEST_LAYOUTS
+from llmtrain.functions import ENV_PLATFORM_CONTEXT, ENV_REQUEST_LAYOUTS
 from llmtrain.launcher_client import LauncherOutput
 from training_constructs import PropsError
 from training_constructs.job_template import JobTemplate, JobTemplateProps

@@ -23,10 +23,10 @@ from aws_cdk.assertions import Template
 from cdk_nag import AwsSolutionsChecks
 from infra_helpers import as_list, cfn_lint_unexplained, resources_of_type
 
+from llmtrain import functions as function_settings
 from llmtrain.catalog import Catalog
-from llmtrain.handlers import job_events, quotas, warm_pools
-from llmtrain.handlers.quotas import template_instance_types
-from stacks.operations import enabled_template_versions
+from llmtrain.functions import JobEventSettings, QuotaSettings, ReaperSettings, UsageKind
+from llmtrain.lifecycle.failures import FailureClass
 from training_constructs import PropsError
 from training_constructs.lambda_code import stage_lambda_code
 from training_constructs.operations import (
@@ -57,7 +57,7 @@ def _template_json(stack: cdk.Stack) -> dict:
 
 
 def expected_instance_types(config) -> list[str]:
-    return list(template_instance_types(enabled_template_versions(CATALOG, config.enabled_templates)))
+    return list(CATALOG.instance_types(config.enabled_templates))
 
 
 def functions(template: dict) -> dict[str, dict]:
@@ -119,7 +119,8 @@ def test_one_quota_alarm_per_instance_type_at_the_environment_threshold(template
         assert set(inputs) == {"training", "spot", "warm_pool"}
         for metric_id, stat in inputs.items():
             metric = stat["Metric"]
-            assert metric["Namespace"] == quotas.DEFAULT_NAMESPACE and metric["MetricName"] == "Utilization"
+            assert metric["Namespace"] == function_settings.QUOTA_NAMESPACE
+            assert metric["MetricName"] == "Utilization"
             assert {d["Name"]: d["Value"] for d in metric["Dimensions"]} == {
                 "InstanceType": instance_type,
                 "UsageKind": metric_id.replace("_", "-"),
@@ -148,7 +149,7 @@ def test_unreadable_quotas_and_function_errors_raise_alarms(templates):
     unreadable = alarms["llmtrain-dev-quota-unreadable"]
     assert (unreadable["MetricName"], unreadable["Namespace"], unreadable["Threshold"]) == (
         "UnreadableQuotas",
-        quotas.DEFAULT_NAMESPACE,
+        function_settings.QUOTA_NAMESPACE,
         1,
     )
     errors = [a for name, a in alarms.items() if name.endswith("-errors")]
@@ -281,17 +282,17 @@ def test_the_functions_get_the_environment_s_settings(templates, environments, e
     variables = {name: f["Properties"]["Environment"]["Variables"] for name, f in lambdas.items()}
     instance_types = ",".join(expected_instance_types(config))
     assert variables["quotas"]["INSTANCE_TYPES"] == instance_types
-    assert quotas.QuotaSettings.from_environ(variables["quotas"]).instance_types == tuple(
+    assert QuotaSettings.from_environment(variables["quotas"]).instance_types == tuple(
         instance_types.split(",")
     )
-    reaper = warm_pools.ReaperSettings.from_environ(variables["warm_pools"])
+    reaper = ReaperSettings.from_environment(variables["warm_pools"])
     assert (reaper.job_name_prefix, reaper.idle_budget_seconds, reaper.dry_run, reaper.environment) == (
         f"{config.job_name_prefix}-",
         config.warm_pools.idle_budget_seconds,
         False,
         config.name,
     )
-    events = job_events.JobEventSettings.from_environ(
+    events = JobEventSettings.from_environment(
         {**variables["job_events"], "NOTIFICATION_TOPIC_ARN": "resolved at deploy time"}
     )
     assert (events.job_name_prefix, events.environment) == (f"{config.job_name_prefix}-", config.name)
@@ -323,10 +324,10 @@ def test_iam_is_least_privilege(templates):
                 assert set(actions) <= set(WILDCARD_RESOURCE_ACTIONS), actions
             if "cloudwatch:PutMetricData" in actions:
                 assert set(as_list(statement["Condition"]["StringEquals"]["cloudwatch:namespace"])) <= {
-                    quotas.DEFAULT_NAMESPACE,
-                    warm_pools.DEFAULT_NAMESPACE,
-                    job_events.DEFAULT_NAMESPACE,
-                    job_events.DEFAULT_TRAINING_NAMESPACE,
+                    function_settings.QUOTA_NAMESPACE,
+                    function_settings.WARM_POOL_NAMESPACE,
+                    function_settings.JOB_NAMESPACE,
+                    function_settings.TRAINING_NAMESPACE,
                 }
     [update] = [
         s for s in statements(template, "warm_pools") if "sagemaker:UpdateTrainingJob" in as_list(s["Action"])
@@ -479,13 +480,13 @@ def test_the_dashboard_shows_every_part(templates, environments, environment):
         assert sums[0]["expression"] == " + ".join(f"FILL(started{i}, 0)" for i in range(teams))
 
     failures = by_title["Job failures by class"]["metrics"]
-    assert sorted(m[5] for m in failures) == sorted(c.value for c in job_events.FailureClass)
+    assert sorted(m[5] for m in failures) == sorted(c.value for c in FailureClass)
 
     for instance_type in expected_instance_types(config):
         widget = by_title[f"{instance_type}: quota utilisation (%)"]
         assert widget["annotations"]["horizontal"][0]["value"] == config.quotas.alarm_threshold_percent
         assert {(m[2], m[3]) for m in widget["metrics"]} == {("InstanceType", instance_type)}
-        assert sorted(m[5] for m in widget["metrics"]) == sorted(kind.value for kind in quotas.UsageKind)
+        assert sorted(m[5] for m in widget["metrics"]) == sorted(kind.value for kind in UsageKind)
 
     warm = by_title["Warm-pool instances in use (account)"]["metrics"][0][0]["expression"]
     assert (
@@ -493,7 +494,7 @@ def test_the_dashboard_shows_every_part(templates, environments, environment):
         and 'UsageKind="warm-pool"' in warm
     )
     assert by_title["Warm pools: retained billable time"]["metrics"][0][:2] == [
-        warm_pools.DEFAULT_NAMESPACE,
+        function_settings.WARM_POOL_NAMESPACE,
         "RetainedBillableSeconds",
     ]
 
@@ -507,7 +508,7 @@ def test_the_dashboard_shows_every_part(templates, environments, environment):
     for name in config.enabled_templates:
         widget = by_title[f"{name}: final loss and tokens/s per job"]
         loss = widget["metrics"][0]
-        assert loss[:2] == [job_events.DEFAULT_TRAINING_NAMESPACE, "train:loss"]
+        assert loss[:2] == [function_settings.TRAINING_NAMESPACE, "train:loss"]
         assert loss[2:6] == ["Environment", config.name, "Template", name]
     assert by_title["Guard-rail functions: errors"]["metrics"]
 

@@ -36,7 +36,7 @@ from moto_cloudformation import deploy_stage, iam_enforced
 from llmtrain.catalog import Catalog
 from llmtrain.cli import main
 from llmtrain.errors import LlmtrainError
-from llmtrain.handlers.launcher import ENV_PLATFORM_CONTEXT
+from llmtrain.functions import ENV_PLATFORM_CONTEXT
 from llmtrain.launcher_client import LauncherClient
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, render

@@ -93,8 +93,20 @@ def deploy_environment(
         put_dataset(DATASET)
 
 
-def put_dataset(name: str, team: str = DEFAULT_TEAM) -> None:
-    """A dataset of `train` and `validation` shards (their manifests) under the team's prefix."""
-    s3 = boto3.client("s3", region_name=REGION)
+def put_dataset(name: str, team: str = DEFAULT_TEAM, tokens: int = 1 << 16) -> None:
+    """A dataset of `train` and `validation` splits under the team's prefix, as `llmtrain data
+    upload` leaves what `data prepare` wrote with the shipped tokenizer: each a manifest and a shard
+    of `tokens` tokens."""
     for split in ("train", "validation"):
-        s3.put_object(Bucket=BUCKET, Key=f"{team_data_prefix(team)}{name}/{split}/manifest.json", Body=b"{}")
+        put_shards(f"{team_data_prefix(team)}{name}/{split}/", tokens)
+
+
+def put_shards(prefix: str, tokens: int = 1 << 16, **manifest) -> None:
+    """One split's manifest (the shipped tokenizer's vocabulary and end-of-sequence id, unless
+    `manifest` says otherwise) and its shard, under `prefix` of the datasets bucket."""
+    s3 = boto3.client("s3", region_name=REGION)
+    body = {"format": "llmtrain-token-shards", "version": 1, "dtype": "uint16", "vocab_size": 629,
+            "eos_token_id": 0, "num_documents": 1, "num_tokens": tokens, "loss_mask": False,
+            "shards": [{"path": "shard_00000.bin", "num_tokens": tokens}], **manifest}
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}shard_00000.bin", Body=bytes(2 * tokens))
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}manifest.json", Body=json.dumps(body).encode())

@@ -62,11 +62,3 @@ def copy_catalog(destination: Path, names: tuple[str, ...] = TEMPLATE_NAMES) -> 
     shutil.copy(REPO_ROOT / "templates" / "catalog.lock", folder / "catalog.lock")
     shutil.copytree(REPO_ROOT / "templates" / SNAPSHOT_FOLDER, folder / SNAPSHOT_FOLDER)
     return folder
-
-
-def import_training_config():
-    """training_jobs.trainer.config, the hyperparameter source of truth (importable from the repository
-    root, which pyproject's pytest `pythonpath` puts on sys.path)."""
-    from training_jobs.trainer import config
-
-    return config

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import shutil
 import tarfile
 
@@ -12,6 +13,7 @@ import yaml
 from templates_support import REPO_ROOT, TEMPLATE_NAMES, catalog, copy_catalog
 
 from llmtrain.catalog import DEFAULT_TEMPLATE, Catalog, SemVer, parse_ref
+from llmtrain.cli import main
 from llmtrain.errors import LockError, TemplateNotFoundError, TemplateSpecError
 
 
@@ -207,7 +209,7 @@ def test_a_missing_snapshot_of_unchanged_code_is_restored_by_the_lock_command(tm
     snapshot = catalog_copy.snapshot_path(catalog_copy.verify(catalog_copy.get("byo-script")).code)
     snapshot.unlink()
     with pytest.raises(LockError, match=r"byo-script@1\.0\.0 has no snapshot of its code .* run "
-                                        r"`llmtrain templates lock`"):
+                                        r"`llmtrain templates lock --catalog "):
         Catalog.load(folder, repo_root=repo).check_lock()
     assert Catalog.load(folder, repo_root=repo).lock_new_versions() == []
     assert snapshot.is_file()
@@ -225,7 +227,7 @@ def test_a_new_version_is_locked_and_published_ones_are_kept(tmp_path):
     folder = copy_catalog(tmp_path)
     _add_version(folder, "gpt2-ddp", "1.3.0", max_runtime_seconds=7200)
     extended = Catalog.load(folder)
-    with pytest.raises(LockError, match=r"gpt2-ddp@1\.3\.0 is not published: run `llmtrain templates lock`"):
+    with pytest.raises(LockError, match=r"gpt2-ddp@1\.3\.0 is not published: run `llmtrain templates lock "):
         extended.check_lock()
 
     assert extended.lock_new_versions() == ["gpt2-ddp@1.3.0"]
@@ -236,6 +238,26 @@ def test_a_new_version_is_locked_and_published_ones_are_kept(tmp_path):
     assert set(after["gpt2-ddp"]) == {"1.0.0", "1.1.0", "1.2.0", "1.3.0"}
     Catalog.load(folder).check_lock()
     assert Catalog.load(folder).lock_new_versions() == []
+
+
+def test_a_team_s_catalog_names_the_command_that_publishes_in_that_catalog(tmp_path, monkeypatch, capsys):
+    """The platform's catalog is published with `llmtrain templates lock`; a team's own catalog (here
+    the example consumer's, copied) needs its folder and code root named, or the command would check
+    the platform's catalog instead. The command the error names, run as written, publishes it."""
+    team = tmp_path / "acme"
+    for part in ("templates", "training"):
+        shutil.copytree(REPO_ROOT / "examples" / "cdk_consumer" / part, team / part)
+    _add_version(team / "templates", "acme-charlm", "1.1.0", max_runtime_seconds=7200)
+    monkeypatch.chdir(tmp_path)  # anywhere: the command names both folders
+    with pytest.raises(LockError) as error:
+        Catalog.load(team / "templates", repo_root=team).check_lock()
+    command = str(error.value).split("run `", 1)[1].split("`", 1)[0]
+    assert command == shlex.join(["llmtrain", "templates", "lock", "--catalog", str(team / "templates"),
+                                  "--code-root", str(team)])
+    assert main(shlex.split(command)[1:]) == 0
+    assert "locked acme-charlm@1.1.0" in capsys.readouterr().out
+    Catalog.load(team / "templates", repo_root=team).check_lock()
+    assert Catalog.load().lock_command() == "llmtrain templates lock" and Catalog.load().is_platform
 
 
 def test_deleting_a_published_version_fails(tmp_path):

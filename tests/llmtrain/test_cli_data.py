@@ -69,8 +69,9 @@ def prepared(tmp_path_factory) -> Path:
 def test_prepare_writes_shards_with_the_shipped_tokenizer(prepared, capsys):
     for split in ("train", "validation"):
         manifest = json.loads((prepared / split / "manifest.json").read_text())
-        assert manifest["num_documents"] == 1 and manifest["shards"]
+        assert manifest["num_documents"] == 2 and manifest["shards"]  # each text file's two halves
         assert manifest["tokenizer"].endswith("training_jobs/assets/tokenizer")
+    assert (prepared / "tokenizer" / "tokenizer.json").is_file()
 
 
 def test_prepare_passes_on_errors_and_help(tmp_path, capfd):
@@ -91,7 +92,8 @@ def test_upload_sends_every_file_verified_and_prints_the_channels(environment, p
     assert code == 0
     uri = f"{TEAM_URI}notes/"
     assert f"to {uri}, each verified against its SHA-256" in out
-    assert f"--set channels.train={uri}train/ --set channels.validation={uri}validation/" in out
+    assert (f"--set channels.train={uri}train/ --set channels.validation={uri}validation/ "
+            f"--set channels.tokenizer={uri}tokenizer/") in out
 
     keys = {
         o["Key"]: o

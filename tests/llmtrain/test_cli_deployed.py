@@ -80,8 +80,9 @@ def test_from_a_text_file_to_a_run_rejected_then_continued_under_its_name(synthe
     -> start again under the same name -> the job runs -> runs lists it."""
     _, launcher_stack, templates = synthesized
     readme = (ROOT / "README.md").read_text()
-    (tmp_path / "notes.txt").write_text(readme * 2)
-    (tmp_path / "more.txt").write_text(readme[::-1])
+    # Enough text that the held-out halves fill one evaluation step of gpt2-ddp (128 samples).
+    (tmp_path / "notes.txt").write_text(readme * 6)
+    (tmp_path / "more.txt").write_text(readme[::-1] * 2)
     assert (
         main(
             [
@@ -114,6 +115,8 @@ def test_from_a_text_file_to_a_run_rejected_then_continued_under_its_name(synthe
             f"channels.train=s3://{bucket}/teams/default/notes/train/",
             "--set",
             f"channels.validation=s3://{bucket}/teams/default/notes/validation/",
+            "--set",
+            f"channels.tokenizer=s3://{bucket}/teams/default/notes/tokenizer/",
         ]
 
         code, out, _ = llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "notes-1", *sets)
@@ -140,6 +143,7 @@ def test_from_a_text_file_to_a_run_rejected_then_continued_under_its_name(synthe
         } == {
             "train": f"s3://{bucket}/teams/default/notes/train/",
             "validation": f"s3://{bucket}/teams/default/notes/validation/",
+            "tokenizer": f"s3://{bucket}/teams/default/notes/tokenizer/",
         }
 
         code, out, _ = llmtrain(capsys, "runs", "--json")

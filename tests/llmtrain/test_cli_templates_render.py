@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
@@ -286,7 +287,7 @@ def test_run_local_names_the_install_commands_for_missing_packages(monkeypatch):
             raise metadata.PackageNotFoundError(name)
         return "0.0.1" if name == "transformers" else installed(name)
 
-    monkeypatch.setattr(run_command.metadata, "version", without_peft)
+    monkeypatch.setattr(metadata, "version", without_peft)
     with pytest.raises(LlmtrainError) as error:
         run_command.require_local_run_packages()
     message = str(error.value)
@@ -294,6 +295,32 @@ def test_run_local_names_the_install_commands_for_missing_packages(monkeypatch):
     assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in message
     assert "pip install 'llm-sagemaker-platform[local]'" in message
     assert f"pip install -r {REPO_ROOT / 'training_jobs' / 'requirements.txt'}" in message
+
+
+def test_data_prepare_names_its_extra_when_the_tokenizer_packages_are_missing(monkeypatch, tmp_path, capsys):
+    """The base install (what llmtrain-constructs brings) has no transformers: `data prepare` says which
+    extra adds it, before running anything. The distribution's metadata is this checkout's pyproject.toml
+    (an editable install may predate it); the installed wheel's is read in test_consumer_example.py."""
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    declared = [*project["dependencies"]] + [
+        f"{line}; extra == {extra!r}" for extra, lines in extras.items() for line in lines
+    ]
+    installed = metadata.version
+
+    def without_transformers(name):
+        if name == "transformers":
+            raise metadata.PackageNotFoundError(name)
+        return installed(name)
+
+    platform = "llm-sagemaker-platform"
+    monkeypatch.setattr(metadata, "requires", lambda name: declared if name == platform else None)
+    monkeypatch.setattr(metadata, "version", without_transformers)
+    (tmp_path / "notes.txt").write_text("some words\n")
+    code = main(["data", "prepare", "--input", str(tmp_path / "notes.txt"), "--output", str(tmp_path / "t")])
+    error = capsys.readouterr().err
+    assert code == 2 and "lacks: transformers" in error and "(not installed)" in error
+    assert "pip install 'llm-sagemaker-platform[data]'" in error and not (tmp_path / "t").exists()
 
 
 def test_an_invalid_environment_file_fails_cdk_synth_with_its_message_only(tmp_path):

@@ -14,8 +14,12 @@ import pytest
 from moto import mock_aws
 from sagemaker_fleet_support import TrainingFleet
 
-from llmtrain.handlers import job_events
-from llmtrain.handlers.job_events import FailureClass, classify_failure
+from llmtrain.functions import JOB_NAMESPACE, TRAINING_NAMESPACE, JobEventSettings
+from llmtrain.handlers import job_events as job_event_handler
+from llmtrain.lifecycle import failures
+from llmtrain.lifecycle.failures import FailureClass
+from llmtrain.lifecycle.failures import classify_job_failure as classify_failure
+from llmtrain.operations import job_events
 
 REGION = "us-east-1"
 PREFIX = "llmtrain-dev-"
@@ -55,6 +59,11 @@ QUOTA = (
 )
 def test_failure_reasons_are_classified(reason, expected):
     assert classify_failure(reason) is expected
+    # The launcher reads the same table: the job's class decides its retry.
+    caught = {"Error": "States.TaskFailed",
+              "Cause": json.dumps({"TrainingJobStatus": "Failed", "FailureReason": reason})}
+    kind = {FailureClass.CAPACITY: "capacity", FailureClass.QUOTA: "quota"}.get(expected, "job_failed")
+    assert failures.classify_failure(caught).kind == kind
 
 
 @pytest.mark.parametrize(
@@ -144,7 +153,7 @@ def received(sqs, queue_url) -> list[dict]:
     return [json.loads(message["Body"]) for message in messages]
 
 
-def metric_sum(name: str, namespace: str = job_events.DEFAULT_NAMESPACE, **dimensions: str) -> float:
+def metric_sum(name: str, namespace: str = JOB_NAMESPACE, **dimensions: str) -> float:
     now = datetime.now(UTC)
     stats = boto3.client("cloudwatch", region_name=REGION).get_metric_statistics(
         Namespace=namespace,
@@ -161,7 +170,7 @@ def metric_sum(name: str, namespace: str = job_events.DEFAULT_NAMESPACE, **dimen
 def test_a_capacity_failure_is_counted_by_class_and_notified(aws):
     sqs, queue_url = aws
 
-    result = job_events.handler(state_change(f"{PREFIX}nightly-1", "Failed", CAPACITY), None)
+    result = job_event_handler.handler(state_change(f"{PREFIX}nightly-1", "Failed", CAPACITY), None)
 
     assert result == {
         "training_job_name": f"{PREFIX}nightly-1",
@@ -190,7 +199,7 @@ def test_a_capacity_failure_is_counted_by_class_and_notified(aws):
 
 def test_each_class_has_its_own_metric(aws):
     for number, reason in enumerate([QUOTA, QUOTA, "AlgorithmError: boom", "InternalServerError: oops"]):
-        job_events.handler(state_change(f"{PREFIX}run-{number}", "Failed", reason), None)
+        job_event_handler.handler(state_change(f"{PREFIX}run-{number}", "Failed", reason), None)
 
     assert metric_sum("JobFailures", Environment="dev", FailureClass="quota") == 2
     assert metric_sum("JobFailures", Environment="dev", FailureClass="algorithm") == 1
@@ -201,8 +210,8 @@ def test_each_class_has_its_own_metric(aws):
 def test_completed_and_stopped_jobs_are_counted_and_notified_without_a_class(aws):
     sqs, queue_url = aws
 
-    job_events.handler(state_change(f"{PREFIX}good-1", "Completed"), None)
-    job_events.handler(state_change(f"{PREFIX}halted-1", "Stopped"), None)
+    job_event_handler.handler(state_change(f"{PREFIX}good-1", "Completed"), None)
+    job_event_handler.handler(state_change(f"{PREFIX}halted-1", "Stopped"), None)
 
     assert metric_sum("JobsCompleted", Environment="dev") == 1
     assert metric_sum("JobsStopped", Environment="dev") == 1
@@ -228,12 +237,12 @@ def test_completed_and_stopped_jobs_are_counted_and_notified_without_a_class(aws
 def test_other_events_are_ignored(aws, event, why):
     sqs, queue_url = aws
 
-    result = job_events.handler(event, None)
+    result = job_event_handler.handler(event, None)
 
     assert why in result["ignored"]
     assert received(sqs, queue_url) == []
     assert (
-        boto3.client("cloudwatch", region_name=REGION).list_metrics(Namespace=job_events.DEFAULT_NAMESPACE)[
+        boto3.client("cloudwatch", region_name=REGION).list_metrics(Namespace=JOB_NAMESPACE)[
             "Metrics"
         ]
         == []
@@ -244,18 +253,18 @@ def test_without_a_topic_only_metrics_are_published(aws, monkeypatch):
     sqs, queue_url = aws
     monkeypatch.setenv("NOTIFICATION_TOPIC_ARN", "")
 
-    job_events.handler(state_change(f"{PREFIX}nightly-2", "Failed", QUOTA), None)
+    job_event_handler.handler(state_change(f"{PREFIX}nightly-2", "Failed", QUOTA), None)
 
     assert metric_sum("JobFailures", Environment="dev", FailureClass="quota") == 1
     assert received(sqs, queue_url) == []
 
 
 def training_metric(name: str, template: str) -> float:
-    return metric_sum(name, job_events.DEFAULT_TRAINING_NAMESPACE, Environment="dev", Template=template)
+    return metric_sum(name, TRAINING_NAMESPACE, Environment="dev", Template=template)
 
 
 def test_final_training_metrics_are_published_per_template(aws):
-    job_events.handler(state_change(f"{PREFIX}nightly-1", "Completed"), None)
+    job_event_handler.handler(state_change(f"{PREFIX}nightly-1", "Completed"), None)
 
     assert training_metric("train:loss", "llama-pretrain-fsdp") == 2.75
     assert training_metric("train:tokens_per_sec", "llama-pretrain-fsdp") == 51234.5
@@ -270,7 +279,7 @@ def test_tags_and_final_metrics_missing_from_the_event_are_read_from_sagemaker(a
     event = state_change(name, "Completed")
     del event["detail"]["Tags"], event["detail"]["FinalMetricDataList"]
 
-    result = job_events.handler(event, None)
+    result = job_event_handler.handler(event, None)
 
     assert result["training_metrics"] == {"train:loss": 3.5, "train:tokens_per_sec": 900.0}
     assert training_metric("train:loss", "gpt2-ddp") == 3.5
@@ -281,7 +290,7 @@ def test_a_job_that_cannot_be_read_still_gets_its_outcome_metric_and_notificatio
     event = state_change(f"{PREFIX}vanished-1", "Failed", QUOTA)
     del event["detail"]["FinalMetricDataList"]  # and moto holds no such job to describe
 
-    result = job_events.handler(event, None)
+    result = job_event_handler.handler(event, None)
 
     assert result["failure_class"] == "quota" and result["training_metrics"] == {}
     assert metric_sum("JobFailures", Environment="dev", FailureClass="quota") == 1
@@ -291,10 +300,10 @@ def test_a_job_that_cannot_be_read_still_gets_its_outcome_metric_and_notificatio
 def test_jobs_without_a_template_tag_publish_no_training_metrics(aws):
     event = state_change(f"{PREFIX}manual-1", "Completed", Tags={"team": "research"})
 
-    assert job_events.handler(event, None)["training_metrics"] == {}
+    assert job_event_handler.handler(event, None)["training_metrics"] == {}
     assert (
         boto3.client("cloudwatch", region_name=REGION).list_metrics(
-            Namespace=job_events.DEFAULT_TRAINING_NAMESPACE
+            Namespace=TRAINING_NAMESPACE
         )["Metrics"]
         == []
     )
@@ -322,4 +331,4 @@ def test_a_long_subject_is_cut_to_the_sns_limit():
 )
 def test_bad_settings_name_the_variable(environ, message):
     with pytest.raises(ValueError, match=message):
-        job_events.JobEventSettings.from_environ(environ)
+        JobEventSettings.from_environment(environ)

@@ -23,6 +23,7 @@ from deployed_support import (
     deploy_environment,
     moto_credentials,
     put_dataset,
+    put_shards,
     team_access,
 )
 from moto import mock_aws
@@ -203,7 +204,6 @@ def test_a_record_from_a_newer_platform_asks_for_an_upgrade(capsys, launcher):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["gpt2-dp"], "unknown template 'gpt2-dp' (did you mean 'gpt2-ddp'?)"),
         (["gpt2-ddp@1.1.1"], f"has no version '1.1.1'; available: {GPT2_VERSIONS}"),
         (
             ["gpt2-ddp", "--set", "max_step=5"],
@@ -220,6 +220,17 @@ def test_start_refuses_bad_input_before_any_aws_call(capsys, monkeypatch, tmp_pa
     assert code == 2 and out == ""
     assert message in err
     assert "credentials" not in err
+
+
+def test_a_template_llmtrain_does_not_ship_is_looked_up_in_the_environment(capsys, monkeypatch, tmp_path):
+    """It may be a team's own (the environment's record carries those); where the record cannot be
+    read, the name is unknown here first, with its "did you mean", then why AWS could not tell."""
+    _no_credentials(monkeypatch, tmp_path)
+    code, out, err = llmtrain(capsys, "start", "gpt2-dp", "--run-name", "r1")
+    assert code == 2 and out == ""
+    assert err.startswith("llmtrain start: error: unknown template 'gpt2-dp' (did you mean 'gpt2-ddp'?)")
+    assert "nor could the deployed environment, which lists your team's own templates, be read" in err
+    assert "credentials" in err
 
 
 def test_start_sends_the_run_as_execution_run_1(capsys, launcher):
@@ -315,6 +326,51 @@ def test_start_and_render_refuse_a_channel_that_leaves_the_teams_prefix(capsys, 
     assert code == 2 and out == "" and problem in err
 
 
+def test_start_checks_the_channels_manifests_as_the_job_will_load_them(capsys, launcher):
+    """What the job would fail on once its instances are up is refused before anything starts: the
+    dataset's top folder as the train channel, a manifest that is not one, a missing shard, a
+    validation split too small for one evaluation step, data of another tokenizer than the job's."""
+    executions = boto3.client("stepfunctions", region_name=REGION).list_executions
+    code, _, err = start(capsys, "r5", f"channels.train={TEAM_URI}{DATASET}/")
+    assert code == 2
+    assert (f"channel train: {TEAM_URI}{DATASET}/ holds no manifest.json but the split folder(s) train/, "
+            f"validation/ of a prepared dataset: give each split as its own channel (train -> "
+            f"{TEAM_URI}{DATASET}/train/ and validation -> {TEAM_URI}{DATASET}/validation/)") in err
+
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.put_object(Bucket=BUCKET, Key="teams/default/broken/manifest.json", Body=b"{}")
+    code, _, err = start(capsys, "r5", f"channels.train={TEAM_URI}broken/")
+    assert code == 2 and f"{TEAM_URI}broken/manifest.json is not a manifest of token shards" in err
+
+    put_shards("teams/default/short/")
+    s3.delete_object(Bucket=BUCKET, Key="teams/default/short/shard_00000.bin")
+    code, _, err = start(capsys, "r5", f"channels.train={TEAM_URI}short/")
+    assert code == 2 and f"{TEAM_URI}short/shard_00000.bin, listed in its manifest, is missing" in err
+
+    # gpt2-ddp: 4 GPUs x micro_batch_size 32 = 128 samples of 129 tokens per evaluation step
+    put_shards("teams/default/small/", tokens=129 * 100)
+    code, _, err = start(capsys, "r5", f"channels.validation={TEAM_URI}small/")
+    assert code == 2
+    assert (f"channel validation ({TEAM_URI}small/) holds 100 sample(s) of seq_len + 1 = 129 tokens, and one "
+            "evaluation step takes 128 (data-parallel ranks x micro_batch_size)") in err
+
+    put_shards("teams/default/llama-tokens/", vocab_size=32000, eos_token_id=2)
+    code, _, err = start(capsys, "r5", f"channels.train={TEAM_URI}llama-tokens/")
+    assert code == 2
+    assert ("was made with a tokenizer of 32000 tokens (end-of-sequence id 2), but the job reads it with "
+            "the training program's shipped tokenizer (the run has no tokenizer channel), 629 tokens") in err
+    code, _, err = start(capsys, "r5", f"channels.train={TEAM_URI}llama-tokens/",
+                         f"channels.tokenizer={TEAM_URI}llama-tokens/")
+    assert code == 2 and f"channel tokenizer: {TEAM_URI}llama-tokens/ holds no tokenizer" in err
+    assert not executions(stateMachineArn=launcher)["executions"]
+
+    s3.put_object(Bucket=BUCKET, Key="teams/default/llama-tokenizer/tokenizer.json", Body=b"{}")
+    code, _, err = start(capsys, "r5", f"channels.train={TEAM_URI}llama-tokens/",
+                         f"channels.tokenizer={TEAM_URI}llama-tokenizer/")
+    assert code == 0, err  # the job checks the data against the tokenizer it loads
+    assert [e["name"] for e in executions(stateMachineArn=launcher)["executions"]] == ["r5-1"]
+
+
 def test_the_templates_default_channels_lie_in_the_teams_datasets(capsys, launcher):
     """Without channels.train a run reads the template's default prefix, under the team's datasets:
     refused while it is empty, started once the team has uploaded data there."""
@@ -323,9 +379,7 @@ def test_the_templates_default_channels_lie_in_the_teams_datasets(capsys, launch
     code, _, err = llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r4")
     assert code == 2 and f"channel train: nothing at {TEAM_URI}{default}" in err
 
-    boto3.client("s3", region_name=REGION).put_object(
-        Bucket=BUCKET, Key=f"teams/default/{default}manifest.json", Body=b"{}"
-    )
+    put_shards(f"teams/default/{default}")
     code, out, err = llmtrain(capsys, "start", "gpt2-ddp", "--run-name", "r4")
     assert code == 0, err
     assert json.loads(_execution(launcher, "r4-1")["input"])["overrides"] == {}

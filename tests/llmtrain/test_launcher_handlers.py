@@ -1,13 +1,15 @@
-"""The launcher's Lambda handlers, called directly; their AWS calls (ListTrainingJobs) go to moto.
+"""The launcher's functions: their entry points (llmtrain.handlers.launcher) and the run lifecycle they
+call (llmtrain.lifecycle), called directly; their AWS calls (ListTrainingJobs) go to moto.
 
-The handlers run with the environment the construct gives them (platform context, request layouts)
-and the repository's template catalog as their registry.
+The handlers run with the environment the construct gives them (`LauncherSettings.to_environment`:
+platform context, request layouts) and the repository's template catalog as their registry.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import boto3
 import pytest
@@ -15,25 +17,17 @@ from moto import mock_aws
 from moto.sagemaker.models import sagemaker_backends
 
 from llmtrain.catalog import Catalog
-from llmtrain.errors import LlmtrainError
+from llmtrain.errors import LauncherStateError, LlmtrainError
+from llmtrain.functions import ENV_PLATFORM_CONTEXT, LauncherSettings
 from llmtrain.handlers import launcher
-from llmtrain.handlers.launcher import (
-    Failure,
-    InvalidRunInput,
-    LauncherStateError,
-    RunAlreadyCompleted,
-    RunAlreadyInProgress,
-    attempt_name_stem,
-    backoff_seconds,
-    classify_failure,
-    parse_execution_input,
-    plan_retry,
-    request_layout,
-    request_layouts,
-)
+from llmtrain.lifecycle.failures import Failure, classify_failure
+from llmtrain.lifecycle.jobs import attempt_name_stem
+from llmtrain.lifecycle.resolve import RunAlreadyCompleted, RunAlreadyInProgress, check_fallbacks, resolve_run
+from llmtrain.lifecycle.retries import backoff_seconds, plan_retry
+from llmtrain.lifecycle.submission import TrainingJobSubmission, request_layout, request_layouts
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, job_name, render
-from llmtrain.runs import ExecutionInput, RunState
+from llmtrain.runs import ExecutionInput, InvalidRunInput, RunState
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 CATALOG = Catalog.load()
@@ -78,9 +72,11 @@ QUOTA = {
 @pytest.fixture
 def deployed(monkeypatch, tmp_path):
     """moto, and the handlers' environment as the construct sets it."""
-    monkeypatch.setenv(launcher.ENV_PLATFORM_CONTEXT, json.dumps(PLATFORM.to_dict()))
-    monkeypatch.setenv(launcher.ENV_REQUEST_LAYOUTS, json.dumps(LAYOUTS))
-    monkeypatch.setenv(launcher.ENV_TEMPLATES_DIR, str(CATALOG.root))
+    settings = LauncherSettings(
+        platform_context=PLATFORM.to_dict(), request_layouts=LAYOUTS, templates_dir=str(CATALOG.root)
+    )
+    for name, value in settings.to_environment().items():
+        monkeypatch.setenv(name, value)
     with mock_aws():
         yield boto3.client("sagemaker", region_name=REGION)
 
@@ -101,8 +97,16 @@ def _event(run_name: str, **fields) -> dict:
 
 
 def _resolve(run_name: str, **fields) -> dict:
-    """Resolve as the functions' code runs it, raising its refusals."""
-    return launcher.resolve_run(_event(run_name, **fields))
+    """Resolve as the function runs it (its settings from the environment), raising its refusals."""
+    settings, event = LauncherSettings.from_environment(os.environ), _event(run_name, **fields)
+    return resolve_run(
+        event["input"],
+        platform=settings.platform,
+        submission=launcher.submission(settings),
+        catalog=launcher.registry(settings),
+        sagemaker=boto3.client("sagemaker", region_name=REGION),
+        execution_arn=event["execution_arn"],
+    )
 
 
 # -- resolve ------------------------------------------------------------------------------------------
@@ -183,7 +187,7 @@ def test_a_run_keeps_its_template_and_version_for_life(deployed):
 )
 def test_resolve_rejects_bad_input_naming_what_to_fix(deployed, monkeypatch, fields, message):
     team = dataclasses.replace(PLATFORM, allowed_templates=("gpt2-ddp",))
-    monkeypatch.setenv(launcher.ENV_PLATFORM_CONTEXT, json.dumps(team.to_dict()))
+    monkeypatch.setenv(ENV_PLATFORM_CONTEXT, json.dumps(team.to_dict()))
     with pytest.raises(InvalidRunInput, match="rejected before any training job was created") as error:
         _resolve("bad", **fields)
     assert message in str(error.value)
@@ -213,9 +217,9 @@ def test_a_fallback_with_another_gpu_count_cannot_hold_a_deepspeed_run():
     data["retry"]["fallback_instance_types"] = ["ml.p5.48xlarge", "ml.g5.12xlarge"]
     spec = TemplateSpec.from_dict(data)
     first = render(spec, RunInput(run_name="zero"), PLATFORM)
-    layouts = request_layouts([first])
-    usable, unusable = launcher._check_fallbacks(spec, ExecutionInput(template=spec.name, run_name="zero"),
-                                                 first, PLATFORM, layouts)
+    submission = TrainingJobSubmission(request_layouts([first]))
+    usable, unusable = check_fallbacks(spec, ExecutionInput(template=spec.name, run_name="zero"),
+                                       first, PLATFORM, submission)
     assert usable == ["ml.p5.48xlarge"]  # 8 GPUs, like the run's ml.p4d.24xlarge
     [skipped] = unusable
     assert skipped.instance_type == "ml.g5.12xlarge"
@@ -231,7 +235,7 @@ def test_resolve_rejects_a_run_name_sagemaker_cannot_use(deployed):
 
 
 def test_handlers_need_the_environment_the_construct_sets(monkeypatch):
-    monkeypatch.delenv(launcher.ENV_PLATFORM_CONTEXT, raising=False)
+    monkeypatch.delenv(ENV_PLATFORM_CONTEXT, raising=False)
     with pytest.raises(LauncherStateError, match="LLMTRAIN_PLATFORM_CONTEXT is not set"):
         launcher.resolve({"input": {"template": "gpt2-ddp", "run_name": "r"}})
 
@@ -258,18 +262,18 @@ def test_handlers_need_the_environment_the_construct_sets(monkeypatch):
 )
 def test_execution_input_is_checked(data, message):
     with pytest.raises(InvalidRunInput) as error:
-        parse_execution_input(data)
+        ExecutionInput.parse(data)
     assert message in str(error.value)
 
 
 def test_execution_input_defaults_and_round_trip():
-    parsed = parse_execution_input({"template": "t", "run_name": "r"})
+    parsed = ExecutionInput.parse({"template": "t", "run_name": "r"})
     assert parsed == ExecutionInput(template="t", run_name="r", version="latest", overrides={}, owner=None)
-    assert parse_execution_input(parsed.to_dict()) == parsed
+    assert ExecutionInput.parse(parsed.to_dict()) == parsed
     assert parsed.to_dict() == {"template": "t", "version": "latest", "run_name": "r", "overrides": {}}
     assert not parsed.skip_plan_check
-    forced = parse_execution_input({"template": "t", "run_name": "r", "skip_plan_check": True})
-    assert forced.skip_plan_check and parse_execution_input(forced.to_dict()) == forced
+    forced = ExecutionInput.parse({"template": "t", "run_name": "r", "skip_plan_check": True})
+    assert forced.skip_plan_check and ExecutionInput.parse(forced.to_dict()) == forced
 
 
 def test_the_job_name_stem_agrees_with_render():

@@ -35,7 +35,7 @@ def test_an_override_outside_the_templates_bounds_is_refused(tmp_path, capsys):
 def test_data_option_names_train_by_default(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    assert parse_data_option([str(tmp_path / "a"), f"validation={tmp_path / 'b'}"]) == {
+    assert parse_data_option([str(tmp_path / "a"), f"validation={tmp_path / 'b'}"]).channels == {
         "train": (tmp_path / "a").resolve(), "validation": (tmp_path / "b").resolve()}
     with pytest.raises(LocalRunError, match="given twice"):
         parse_data_option([str(tmp_path / "a"), f"train={tmp_path / 'b'}"])

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 from rich.console import Console
 
@@ -29,7 +30,7 @@ USEFUL = [
     "[train] model preset llama-tiny: 174,400 parameters",
     "  indented program output after a useful line",
     "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py:1: UserWarning: check your inputs",
-    "2026-11-24 00:23:54,281 sagemaker-training-toolkit ERROR    ExecuteUserScriptError:",
+    "2026-11-24 00:23:54,281 sagemaker-training-toolkit ERROR    InstallRequirementsError:",
 ]
 
 
@@ -46,3 +47,34 @@ def test_library_noise_stays_in_the_log_and_useful_lines_are_shown():
     for word in ("OMP_NUM_THREADS", "FutureWarning", "warnings.warn", "return func", "bitsandbytes",
                  "Waiting for the process"):
         assert word not in shown
+
+
+# What one host of a failed job prints after the program's error (torch 2.13's torchrun, the toolkit).
+PROGRAM_ERROR = "[error] DataError: no manifest.json in /job/algo-1/input/data/train: prepare it"
+# (A file: the lines are long and end in spaces, as torchrun prints them.)
+LAUNCHER_REPORT = (Path(__file__).parent / "torchrun_failure.log").read_text().splitlines()
+# A bug in the program: its own traceback is what a person needs, and it stays on the console.
+PROGRAM_TRACEBACK = [
+    "Traceback (most recent call last):",
+    '  File "/job/algo-1/code/training_jobs/train.py", line 99, in <module>',
+    "    sys.exit(main())",
+    "ZeroDivisionError: division by zero",
+]
+
+
+def test_a_failed_job_shows_the_programs_error_and_keeps_torchruns_report_in_the_log():
+    output = io.StringIO()
+    console = Console(file=output, width=300)
+    with JobDisplay(console, max_steps=10, metric_names=["train:loss"], hosts=("algo-1",)) as display:
+        for line in LAUNCH + [PROGRAM_ERROR, *PROGRAM_TRACEBACK, *LAUNCHER_REPORT, "a later line"]:
+            display.line("algo-1", line, [])
+    shown = output.getvalue()
+    assert f"algo-1 | {PROGRAM_ERROR}" in shown
+    for line in PROGRAM_TRACEBACK:
+        assert f"algo-1 | {line}" in shown
+    assert "algo-1 | a later line" in shown
+    for word in ("torchrun\", line 8", "ChildFailedError", "Root Cause", "error_file", "=====",
+                 "ExecuteUserScriptError", "ErrorMessage", "Encountered exit_code", "closing signal",
+                 "failed (exitcode", "Reporting training FAILURE", "Command \"torchrun"):
+        assert word not in shown, word
+    assert display.launcher_lines == len(LAUNCHER_REPORT)

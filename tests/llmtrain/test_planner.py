@@ -1,6 +1,7 @@
-"""The run planner: its tables against the training program's, and its arithmetic on cases computed
-by hand here. Timings are never asserted: the planner's predictions are checked against measured
-memory and published runs by `python -m bench.plan` (tests/bench/test_plan_bench.py)."""
+"""The run planner: its arithmetic on cases computed by hand here, the program's own rules (its
+contract) as the planner applies them, and torch's schedule order. Timings are never asserted: the
+planner's predictions are checked against measured memory and published runs by `python -m
+bench.plan` (tests/bench/test_plan_bench.py)."""
 
 from __future__ import annotations
 
@@ -17,17 +18,13 @@ from llmtrain.planner import memory, pipeline, prices, speed
 from llmtrain.planner.plan import BILLED_STARTUP_SECONDS, plan_run
 from llmtrain.planner.shapes import (
     PRESET_VOCAB,
-    PRESETS,
     ModelShape,
     ModelShapeError,
-    padded_vocab_size,
     preset_shape,
     shape_from_file,
 )
 from llmtrain.planner.suggest import fit_advice, mesh_changes, suggest
 from llmtrain.planner.workload import (
-    PIPELINE_STRATEGIES,
-    PROGRAM_DEFAULTS,
     Layout,
     PlanInputError,
     Workload,
@@ -35,6 +32,9 @@ from llmtrain.planner.workload import (
     resolve_layout,
     workload_and_layout,
 )
+from training_jobs.contract.hyperparameters import MULTI_STAGE_SCHEDULES, PIPELINE_SCHEDULES
+from training_jobs.contract.parallel_dims import ParallelDims
+from training_jobs.contract.presets import PRESETS, padded_vocab_size
 
 # llama-tiny with the shipped tokenizer: h 64, i 176, 2 layers, 4 heads of 16, 2 kv heads, V 640.
 TINY = ModelShape(
@@ -62,64 +62,25 @@ def _work(model: ModelShape = TINY, **changes) -> Workload:
 
 
 def _layout(strategy: str, world: int = 1, **changes) -> Layout:
-    shard = world if strategy in ("fsdp", "deepspeed") else 1
-    replicate = world // shard
-    return dataclasses.replace(
-        Layout(strategy, 1, world, replicate=replicate, shard=shard, tensor=1), **changes
-    )
+    """The program's mesh of `world` ranks for `strategy` (fsdp shards, the others replicate)."""
+    dims = ParallelDims(1, 1, world, 1) if strategy == "fsdp" else ParallelDims(1, world, 1, 1)
+    return dataclasses.replace(Layout(strategy, 1, world, dims), **changes)
 
 
-# --- tables kept equal to the training program's ---------------------------------------------------
+# --- what the planner reads from the training program's contract ---------------------------------
 
 
-def test_presets_are_the_training_programs():
-    from training_jobs.trainer.config import MODEL_PRESETS
-    from training_jobs.trainer.models import PRESETS as PROGRAM_PRESETS
-
-    assert PRESETS == PROGRAM_PRESETS
-    assert set(PRESETS) == set(MODEL_PRESETS) == set(PRESET_VOCAB)
+def test_every_preset_has_a_planner_vocabulary():
+    assert set(PRESET_VOCAB) == set(PRESETS)
 
 
-def test_defaults_are_the_training_programs():
-    from training_jobs.trainer.config import TrainConfig
-
-    program = TrainConfig().flat()
-    for name, value in PROGRAM_DEFAULTS.items():
-        assert program[name] == value, name
-
-
-def test_gpu_peaks_are_the_programs_mfu_table():
-    from training_jobs.trainer.metrics import PEAK_TFLOPS_BY_INSTANCE_FAMILY
-
-    compared = 0
-    for kind in INSTANCE_TYPES.values():
-        family = kind.name.rsplit(".", 1)[0]
-        if kind.gpu and family in PEAK_TFLOPS_BY_INSTANCE_FAMILY:
-            assert kind.gpu_model.peak_flops == PEAK_TFLOPS_BY_INSTANCE_FAMILY[family] * 1e12, kind.name
-            compared += 1
-    assert compared >= 8
-
-
-def test_pipeline_tables_are_the_programs():
-    from typing import get_args
-
-    from training_jobs.trainer.config import MULTI_STAGE_SCHEDULES, PipelineSchedule
-    from training_jobs.trainer.parallel_dims import PIPELINE_DATA_PARALLELISMS
-
-    assert pipeline.SCHEDULES == get_args(PipelineSchedule)
-    assert pipeline.MULTI_STAGE_SCHEDULES == MULTI_STAGE_SCHEDULES
-    assert PIPELINE_STRATEGIES == PIPELINE_DATA_PARALLELISMS
-
-
-def test_balanced_split_is_the_programs():
-    from training_jobs.trainer.strategies.pipeline import balanced_split
-
-    for layers in (2, 5, 16, 32, 80):
-        for stages in (2, 3, 4, 8):
-            for head_cost in (0.0, 0.1, 1.23, 2.41):
-                if stages <= layers:
-                    expected = balanced_split(layers, stages, head_cost)
-                    assert pipeline.balanced_split(layers, stages, head_cost) == expected
+def test_unset_hyperparameters_take_the_programs_defaults_in_their_types():
+    values = hyperparameter_values({"seq_len": "2048", "compile": "true", "lora_target_modules": "q,v"})
+    assert (values["seq_len"], values["compile"], values["lora_target_modules"]) == (2048, True, ["q", "v"])
+    assert values["micro_batch_size"] == 4 and values["parallelism"] == "ddp"
+    with pytest.raises(PlanInputError, match="'seq_len': got 'long', expected an integer"):
+        hyperparameter_values({"seq_len": "long"})
+    assert "my_script_setting" not in hyperparameter_values({"my_script_setting": 1})  # a script's own
 
 
 def _torch_order(schedule: str, degree: int, per_rank: int, micro_batches: int) -> dict[int, list]:
@@ -154,7 +115,7 @@ def _torch_order(schedule: str, degree: int, per_rank: int, micro_batches: int) 
     }
 
 
-@pytest.mark.parametrize("schedule", pipeline.SCHEDULES)
+@pytest.mark.parametrize("schedule", PIPELINE_SCHEDULES)
 def test_schedule_order_is_torchs(schedule):
     """The order each rank runs its stages' forwards and backwards in, as torch's schedules build
     it (torch's 1F1B IR numbers its last rank's forwards from 1, which its runtime does not: only
@@ -261,15 +222,16 @@ def test_single_fp32_activations_by_hand():
     """What each op of a Llama block saves (fp32, SDPA): per token, the block input, 1/rms and
     the normalized value of both norms, their outputs (the linears' inputs), the rotated q and k,
     v, SDPA's output and log-sum-exp, four MLP intermediates; then the final norm, the head's
-    input, the log-softmax, the ids and targets; cos and sin once. bench/workers/plan_memory.py
-    measured 876,804 bytes: these and the loss's 4-byte total weight."""
+    input, the logits (the chunked loss keeps them as they are, here fp32), the loss's log-sum-exp
+    and trained-target flag, the ids and targets; cos and sin once. bench/workers/plan_memory.py
+    measured 877,124 bytes: these and one 4-byte scalar."""
     h, kv, i, heads, tokens = 64, 32, 176, 4, 64
     block = 4 * (2 * 3 * h + h + 2 * kv + h + 4 * i) + 2 * 4 + 4 * heads
-    head = 4 * 3 * h + 4 + 4 * 640 + 8 + 8
+    head = 4 * 3 * h + 4 + 4 * 640 + 4 + 1 + 8 + 8
     rotary = 2 * 32 * 16 * 4
     expected = 2 * block * tokens + head * tokens + rotary
     work = _work(precision="fp32")
-    assert memory.activation_bytes(work, _layout("single"))[0] == expected == 876_800
+    assert memory.activation_bytes(work, _layout("single"))[0] == expected == 877_120
 
 
 def test_fsdp_memory_by_hand():
@@ -327,7 +289,7 @@ def test_checkpointing_keeps_only_block_inputs():
         _work(activation_checkpointing="full", precision="fp32"), _layout("single")
     )[0]
     none = memory.activation_bytes(_work(precision="fp32"), _layout("single"))[0]
-    head = (4 * (3 * 64 + 1) + 4 * 640 + 16) * 64
+    head = (4 * (3 * 64 + 1) + 4 * 640 + 4 + 1 + 16) * 64
     assert full == 2 * 4 * 64 * 64 + head  # two blocks keep their fp32 input; no cos/sin
     assert full < none
 
@@ -393,7 +355,7 @@ def test_ddp_hides_its_all_reduce_behind_backward_until_it_cannot():
 def test_tensor_parallel_all_reduces_are_exposed():
     p5 = instance_type("ml.p5.48xlarge")
     work = _work(model=preset_shape("llama3-8b", 2048), seq_len=2048, micro_batch_size=1)
-    layout = Layout("fsdp", 1, 8, replicate=1, shard=1, tensor=8)
+    layout = Layout("fsdp", 1, 8, ParallelDims(1, 1, 1, 8))
     estimate = speed.estimate(work, layout, speed.Cluster.of(p5, 1))
     activation = 2048 * 4096 * 2
     expected = 4 * 32 * (2 * 7 / 8 * activation) / (450e9 * 0.8)
@@ -409,9 +371,10 @@ def test_full_checkpointing_recomputes_the_forward():
 # --- pipeline stages, by hand ------------------------------------------------------------------------
 
 
-def _pipelined(**changes) -> Layout:
-    base = Layout("ddp", 1, 2, replicate=1, shard=1, tensor=1, pipeline=2)
-    return dataclasses.replace(base, **changes)
+def _pipelined(pipeline: int = 2, replicate: int = 1, **changes) -> Layout:
+    """`pipeline` stages, replicated by DDP over `replicate` ranks."""
+    dims = ParallelDims(pipeline, replicate, 1, 1)
+    return dataclasses.replace(Layout("ddp", 1, dims.world_size, dims), **changes)
 
 
 def test_pipeline_states_by_hand():
@@ -433,18 +396,19 @@ def test_pipeline_activations_by_hand():
     once: each its block's saved tensors (as in a whole model), cos and sin and its output (kept
     for backward); plus the step's token ids and a buffer per micro-batch for the gradient it
     receives. Rank 1 holds 1: its block without the input (the fp32 activation it received, a
-    buffer), cos and sin, the final norm, head and loss, and its logits (freed once their gradient
-    exists); plus the targets and a receive buffer per micro-batch."""
+    buffer), cos and sin, the final norm, head and loss (the logits the loss keeps are the ones the
+    schedule keeps, freed once their gradient exists; the loss's log-sum-exp and flag per token);
+    plus the targets and a receive buffer per micro-batch."""
     tokens, micro_batches = 64, 4
     block = (4 * (2 * 3 * 64 + 64 + 2 * 32 + 64 + 4 * 176) + 2 * 4 + 4 * 4) * tokens
     rotary, hidden = 2 * 32 * 16 * 4, 4 * 64 * tokens
-    head = (4 * 3 * 64 + 4 + 4 * 640) * tokens
-    logits, ids = 4 * 640 * tokens, 8 * tokens * micro_batches
+    head = (4 * 3 * 64 + 4 + 4 * 640 + 4 + 1) * tokens
+    ids = 8 * tokens * micro_batches
     buffers = micro_batches * hidden
     work = _work(precision="fp32", grad_accum_steps=micro_batches)
     first, last = memory.pipeline_estimates(work, _pipelined(), capacity=0, on_gpu=False)
     assert first.activations == 2 * (block + rotary + hidden) + ids + buffers == 766_976
-    assert last.activations == (block - hidden + rotary + head + logits) + ids + buffers
+    assert last.activations == (block - hidden + rotary + head) + ids + buffers
     assert first.details["pipeline_micro_batches_in_flight"] == 2
     assert last.details["pipeline_receive_buffer_bytes"] == buffers
     gpipe = memory.pipeline_estimates(work, _pipelined(schedule="gpipe"), capacity=0, on_gpu=False)
@@ -487,7 +451,7 @@ def test_pipeline_step_by_hand():
     bubble, (p - 1) x the slowest stage."""
     p5 = instance_type("ml.p5.48xlarge")
     work = _work(model=preset_shape("llama3-8b", 2048), seq_len=2048, micro_batch_size=1, grad_accum_steps=8)
-    layout = Layout("fsdp", 1, 8, replicate=1, shard=1, tensor=4, pipeline=2)
+    layout = Layout("fsdp", 1, 8, ParallelDims(2, 1, 1, 4))
     estimate = speed.estimate(work, layout, speed.Cluster.of(p5, 1))
     m = work.model
     block = sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer == 0)
@@ -516,7 +480,7 @@ def test_pipeline_sends_by_hand():
     work = _work(model=preset_shape("llama3-8b", 2048), seq_len=2048, micro_batch_size=1, grad_accum_steps=4)
     hidden = 4 * 4096 * 2048
     p4d = instance_type("ml.p4d.24xlarge")
-    across = Layout("fsdp", 2, 8, replicate=1, shard=1, tensor=8, pipeline=2)
+    across = Layout("fsdp", 2, 8, ParallelDims(2, 1, 1, 8))
     sends = next(
         t
         for t in speed.estimate(work, across, speed.Cluster.of(p4d, 2)).transfers
@@ -525,7 +489,7 @@ def test_pipeline_sends_by_hand():
     assert sends.bytes_per_gpu == 4 * hidden
     assert sends.seconds == pytest.approx(4 * hidden / (400e9 / 8 * 0.8 / 8))
     p5 = instance_type("ml.p5.48xlarge")
-    inside = Layout("fsdp", 1, 8, replicate=1, shard=1, tensor=4, pipeline=2)
+    inside = Layout("fsdp", 1, 8, ParallelDims(2, 1, 1, 4))
     sends = next(
         t
         for t in speed.estimate(work, inside, speed.Cluster.of(p5, 1)).transfers
@@ -548,10 +512,10 @@ def test_pipeline_settings_are_checked_as_the_program_does():
         ({"grad_accum_steps": 4, "pipeline_schedule": "1f1b", "pipeline_stages_per_rank": 2}, "0 or 1"),
         ({"grad_accum_steps": 4, "pipeline_split": "1,2"}, "places 3 decoder layers"),
         ({"grad_accum_steps": 4, "pipeline_split": "3,3,0"}, "positive integers"),
-        ({"grad_accum_steps": 4, "parallelism": "deepspeed"}, "needs parallelism ddp or fsdp"),
+        ({"grad_accum_steps": 4, "parallelism": "deepspeed"}, "1 with parallelism=deepspeed"),
         ({"grad_accum_steps": 4, "model_preset": "llama-1b"}, "ties its input and output embeddings"),
         ({"grad_accum_steps": 4, "model_preset": "gpt2-tiny"}, "gpt2 models cannot be split"),
-        ({"grad_accum_steps": 4, "pipeline_parallel_degree": 3}, "does not divide the world size 8"),
+        ({"grad_accum_steps": 4, "pipeline_parallel_degree": 3}, r"\(3 x 1\) dividing the world size 8"),
         ({"grad_accum_steps": 4, "parallelism": "ddp", "pipeline_schedule": "gpipe"}, "use 1f1b"),
     ):
         with pytest.raises(PlanInputError, match=message):
@@ -578,9 +542,9 @@ def test_layouts_follow_the_programs_mesh_rules():
         4,
     )
     assert (hybrid.replicate, hybrid.shard, hybrid.tensor) == (4, 2, 4)
-    with pytest.raises(PlanInputError, match="tensor_parallel_degree 3 does not divide the world size 8"):
+    with pytest.raises(PlanInputError, match=r"tensor_parallel_degree \(1 x 3\) dividing the world size 8"):
         resolve_layout(hyperparameter_values({"parallelism": "fsdp", "tensor_parallel_degree": 3}), 8, 1)
-    with pytest.raises(PlanInputError, match="parallelism single runs one process"):
+    with pytest.raises(PlanInputError, match="'parallelism': got 'single', expected ddp, fsdp or deepspeed"):
         resolve_layout(hyperparameter_values({"parallelism": "single"}), 4, 1)
 
 
@@ -635,8 +599,8 @@ def test_the_3d_template_plans_its_pipeline(catalog):
     """llama-pretrain-3d on 16 x p5: pp 4 x shard 4 x tp 8, its global batch of 256 in 64
     micro-batches, 8 stages of the 80 layers; it fits, because the program frees each
     micro-batch's logits once their gradient exists (torch would keep all 64 micro-batches'
-    vocabulary-wide logits until the step ends, 62.6 GiB on each tensor-parallel rank of the last
-    stage). The last rank holds the most: its receive buffers and one micro-batch's logits."""
+    logits until the step ends). With loss parallel each tensor-parallel rank holds an eighth of the
+    vocabulary's logits, so the first rank, with the most micro-batches in flight, holds the most."""
     plan = plan_run(catalog.resolve("llama-pretrain-3d"), {})
     layout = plan.layout
     assert (layout.pipeline, layout.replicate, layout.shard, layout.tensor) == (4, 1, 4, 8)
@@ -647,7 +611,7 @@ def test_the_3d_template_plans_its_pipeline(catalog):
     )
     shape = plan.to_dict()["pipeline"]
     assert sum(shape["layers_per_stage"]) == 80 and len(shape["layers_per_stage"]) == 8
-    assert shape["fullest_rank"] == 3
+    assert shape["fullest_rank"] == 0
     assert plan.fits
     one_micro_batch_logits = 4096 * 128256 * 2
     assert plan.memory.activations < 64 * one_micro_batch_logits  # what torch alone would keep
@@ -663,7 +627,7 @@ def test_suggestions_search_meshes_the_template_allows(catalog):
         settings = {**{"pipeline_schedule": "interleaved_1f1b", "pipeline_stages_per_rank": 2}, **mesh}
         assert set(mesh) <= set(template.overridable)
         if mesh.get("pipeline_parallel_degree", 4) > 1:
-            multi = settings["pipeline_schedule"] in pipeline.MULTI_STAGE_SCHEDULES
+            multi = settings["pipeline_schedule"] in MULTI_STAGE_SCHEDULES
             assert multi == (settings["pipeline_stages_per_rank"] > 1), mesh
     found = suggest(template, {})
     assert found.fastest.fits and found.cheapest.fits

@@ -12,13 +12,15 @@ from templates_support import REPO_ROOT, catalog, platform_context
 
 from llmtrain.environments import load_environment, parse_environment
 from llmtrain.errors import OverrideError, RequestValidationError, TemplateSpecError
-from llmtrain.handlers.launcher import classify_failure, plan_next_attempt
-from llmtrain.images import PROGRAM_MIN_TORCH
+from llmtrain.lifecycle.failures import classify_failure
+from llmtrain.lifecycle.retries import plan_next_attempt
+from llmtrain.lifecycle.submission import TrainingJobSubmission
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, render
 from llmtrain.runs import RunState
 from llmtrain.spec import TemplateSpec
 from llmtrain.validate import shape_problems
+from training_jobs.contract.torch_versions import MIN_TORCH
 
 CATALOG = catalog()
 PLAN_ARN = "arn:aws:sagemaker:us-east-1:123456789012:training-plan/p4d-week"
@@ -142,7 +144,7 @@ def test_a_template_whose_container_torch_is_too_old_is_refused_at_render_naming
     with pytest.raises(RequestValidationError, match=r"PyTorch 2\.7\.1 .* needs PyTorch 2\.8\.0 or newer"):
         render(old, RunInput(run_name="r1"), platform_context())
     # SMP jobs run the program's SMP path on the SMP image's older torch.
-    assert PROGRAM_MIN_TORCH["smp"] == CATALOG.latest("llama-pretrain-smp").image.framework_version
+    assert MIN_TORCH["smp"] == CATALOG.latest("llama-pretrain-smp").image.framework_version
 
 
 def test_a_job_pending_in_a_training_plan_is_not_a_capacity_failure():
@@ -166,14 +168,15 @@ def test_the_launcher_does_not_retry_a_plan_job_elsewhere():
     job = {"TrainingJobStatus": "Failed", "TrainingJobName": request["TrainingJobName"],
            "FailureReason": "CapacityError: Unable to provision requested ML compute capacity"}
     caught = {"Error": "States.TaskFailed", "Cause": json.dumps(job)}
-    decision = plan_next_attempt(template, run, request, caught, FEATURES, {"all": list(request)})
+    decision = plan_next_attempt(template, run, request, caught, FEATURES,
+                                 TrainingJobSubmission({"all": list(request)}))
     assert decision["decision"] == "fail"
     assert decision["summary"]["error"] == "TrainingPlanCapacityUnavailable"
     assert "llmtrain plans" in decision["summary"]["advice"]
     # Without a plan the same failure is retried with backoff.
     plain = _render("llama-pretrain-fsdp@1.2.0")
     retry = plan_next_attempt(template, run.replace(overrides={}), plain, caught, FEATURES,
-                              {"all": list(plain)})
+                              TrainingJobSubmission({"all": list(plain)}))
     assert retry["decision"] == "retry"
 
 
@@ -205,11 +208,11 @@ def test_a_platform_context_written_before_the_features_still_loads():
         platform_context(training_plans={"x": "arn:aws:sagemaker:us-east-1:1:training-plan/x"})
 
 
-def test_the_programs_own_torch_check_uses_the_same_minimums():
+def test_the_programs_own_torch_check_refuses_the_torch_render_refuses():
+    """The program checks the contract's table at start-up too (images render cannot see into)."""
     from training_jobs.trainer.errors import ContainerError
-    from training_jobs.trainer.torch_support import MIN_TORCH, check_torch
+    from training_jobs.trainer.torch_support import check_torch
 
-    assert MIN_TORCH == PROGRAM_MIN_TORCH
     check_torch("fsdp", "2.8.0+cu128")
     check_torch("smp", "2.5.1")
     with pytest.raises(ContainerError, match=r"PyTorch 2\.7\.1.*needs 2\.8\.0 or newer for parallelism=fsdp"):

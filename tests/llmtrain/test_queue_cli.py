@@ -4,6 +4,7 @@ implements no service job): every request the code sends is checked against boto
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import cache
 
@@ -23,8 +24,10 @@ from moto import mock_aws
 from llmtrain.catalog import Catalog
 from llmtrain.cli import main
 from llmtrain.errors import RequestValidationError
+from llmtrain.lifecycle.summaries import FAILURE_ERRORS
 from llmtrain.queues import jobs, policy
 from llmtrain.queues.context import TeamQueues
+from llmtrain.queues.submission import SERVICE_JOB_FAILED, QueueSubmission
 from llmtrain.render import RunInput, render
 
 STANDARD, URGENT = queue_arn(ENVIRONMENT, "standard"), queue_arn(ENVIRONMENT, "urgent")
@@ -199,8 +202,12 @@ def test_start_refuses_queue_settings_where_there_are_no_queues(without_queues, 
 
 
 def test_batch_ending_a_queued_run_is_told_apart_from_other_failures():
-    from llmtrain.handlers.launcher import FAILURE_ERRORS, classify_failure
-    from llmtrain.queues.launch import SERVICE_JOB_FAILED
+    queued = dataclasses.replace(_platform("nlp"), queues=_queues("nlp"))
+    submission = QueueSubmission.for_platform(queued, SimulatedBatch())
+    request = _request("nlp", "r1")
+
+    def classify_failure(caught):
+        return submission.classify(caught, request)
 
     ended = policy.TIME_LIMIT_TERMINATION
     capacity = classify_failure({"Error": SERVICE_JOB_FAILED, "Cause": ended + policy.CAPACITY_REASON})

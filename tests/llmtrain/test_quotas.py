@@ -19,8 +19,10 @@ from botocore.stub import Stubber
 from moto import mock_aws
 from sagemaker_fleet_support import REGION, TrainingFleet, minutes_ago
 
-from llmtrain.handlers import quotas
-from llmtrain.handlers.quotas import QuotaCache, QuotaSettings, UsageKind, collect_usage
+from llmtrain.functions import QUOTA_NAMESPACE, QuotaSettings, UsageKind
+from llmtrain.handlers import quotas as quota_handler
+from llmtrain.operations import quotas
+from llmtrain.operations.quotas import QuotaCache, collect_usage
 
 P4D = "ml.p4d.24xlarge"
 P5 = "ml.p5.48xlarge"
@@ -122,7 +124,7 @@ def by_key(usages):
 
 def read_metric(name: str, instance_type: str, kind: str) -> list[float]:
     stats = boto3.client("cloudwatch", region_name=REGION).get_metric_statistics(
-        Namespace=quotas.DEFAULT_NAMESPACE,
+        Namespace=QUOTA_NAMESPACE,
         MetricName=name,
         Dimensions=[{"Name": "InstanceType", "Value": instance_type}, {"Name": "UsageKind", "Value": kind}],
         StartTime=minutes_ago(now(), 10),
@@ -135,7 +137,7 @@ def read_metric(name: str, instance_type: str, kind: str) -> list[float]:
 
 def unreadable_quotas() -> list[float]:
     stats = boto3.client("cloudwatch", region_name=REGION).get_metric_statistics(
-        Namespace=quotas.DEFAULT_NAMESPACE,
+        Namespace=QUOTA_NAMESPACE,
         MetricName="UnreadableQuotas",
         StartTime=minutes_ago(now(), 10),
         EndTime=minutes_ago(now(), -10),
@@ -153,14 +155,14 @@ def test_the_handler_publishes_utilisation_of_running_jobs_spot_jobs_and_warm_po
     expect_listing(stubber)
     real_client = boto3.client
     monkeypatch.setattr(
-        quotas.boto3,
+        quota_handler.boto3,
         "client",
         lambda name, *a, **k: client if name == "service-quotas" else real_client(name, *a, **k),
     )
-    monkeypatch.setattr(quotas, "_CACHE", None)
+    monkeypatch.setattr(quota_handler, "_CACHE", None)
     monkeypatch.setenv("INSTANCE_TYPES", f"{P4D},{P5}")
 
-    result = quotas.handler({}, None)
+    result = quota_handler.handler({}, None)
 
     rows = {(row["instance_type"], row["usage_kind"]): row for row in result["usages"]}
     assert set(rows) == {(t, k.value) for t in (P4D, P5) for k in UsageKind}
@@ -178,7 +180,7 @@ def test_the_handler_publishes_utilisation_of_running_jobs_spot_jobs_and_warm_po
     assert read_metric("QuotaUnreadable", P4D, "training") == [0.0]
     assert unreadable_quotas() == [0.0]
     # Types the templates do not use are counted but not published.
-    listed = boto3.client("cloudwatch", region_name=REGION).list_metrics(Namespace=quotas.DEFAULT_NAMESPACE)
+    listed = boto3.client("cloudwatch", region_name=REGION).list_metrics(Namespace=QUOTA_NAMESPACE)
     published_types = {
         d["Value"] for m in listed["Metrics"] for d in m["Dimensions"] if d["Name"] == "InstanceType"
     }
@@ -197,7 +199,7 @@ def test_a_quota_that_cannot_be_listed_is_reported_and_usage_still_published(fle
     usages = collect_usage(
         sagemaker=fleet.client, service_quotas=client, instance_types=[P4D], cache=QuotaCache(3600)
     )
-    quotas.publish(boto3.client("cloudwatch", region_name=REGION), quotas.DEFAULT_NAMESPACE, usages, now())
+    quotas.publish(boto3.client("cloudwatch", region_name=REGION), QUOTA_NAMESPACE, usages, now())
 
     usage = by_key(usages)[P4D, UsageKind.TRAINING]
     assert (usage.in_use, usage.quota, usage.utilization_percent) == (4, None, None)
@@ -277,14 +279,15 @@ def test_utilisation_of_a_zero_quota():
 )
 def test_bad_settings_name_the_variable(environ, message):
     with pytest.raises(ValueError, match=message):
-        QuotaSettings.from_environ(environ)
+        QuotaSettings.from_environment(environ)
 
 
-def test_settings_from_environ():
-    settings = QuotaSettings.from_environ(
+def test_settings_from_and_to_the_environment():
+    settings = QuotaSettings.from_environment(
         {"INSTANCE_TYPES": f" {P4D}, {P5} ", "METRIC_NAMESPACE": "X/Y", "QUOTA_CACHE_TTL_SECONDS": "60"}
     )
     assert settings == QuotaSettings(instance_types=(P4D, P5), namespace="X/Y", cache_ttl_seconds=60)
+    assert QuotaSettings.from_environment(settings.to_environment()) == settings
 
 
 # -- `llmtrain quotas` ------------------------------------------------------------------------------
@@ -321,7 +324,7 @@ def dev_instance_types() -> tuple[str, ...]:
     from llmtrain.sourcedir import repository_root
 
     enabled = load_environment(repository_root() / "config" / "dev.yaml").enabled_templates
-    return quotas.template_instance_types(t for t in Catalog.load().all() if t.name in enabled)
+    return Catalog.load().instance_types(enabled)
 
 
 def test_the_cli_prints_usage_against_quota_and_marks_the_threshold(

@@ -9,10 +9,17 @@ import re
 
 import pytest
 from botocore.validate import ParamValidator
-from templates_support import EVAL_LINE, METRIC_LINE, catalog, import_training_config, platform_context
+from templates_support import EVAL_LINE, METRIC_LINE, catalog, platform_context
 
-from llmtrain.errors import OverrideError, RequestValidationError, RunInputError, TeamLimitError
+from llmtrain.errors import (
+    OverrideError,
+    ProgramSettingError,
+    RequestValidationError,
+    RunInputError,
+    TeamLimitError,
+)
 from llmtrain.instances import instance_type
+from llmtrain.program_contract import archive_contract, installed_contract
 from llmtrain.render import RunInput, render
 from llmtrain.validate import create_training_job_shape, shape_problems
 
@@ -22,8 +29,10 @@ PLATFORM = platform_context()
 
 
 def _render(ref: str, platform=PLATFORM, **run) -> dict:
+    """Rendered as the CLI and the launcher render: checked with the program of the version's code."""
     run.setdefault("run_name", "r1")
-    return render(CATALOG.resolve(ref), RunInput(**run), platform)
+    spec = CATALOG.resolve(ref)
+    return render(spec, RunInput(**run), platform, CATALOG.program_contract(spec))
 
 
 def _decoded_hyperparameters(request: dict) -> dict:
@@ -99,23 +108,24 @@ def test_metric_definitions_parse_the_contract_lines(ref):
 
 
 @pytest.mark.parametrize("ref", [r for r in ALL_VERSIONS if not r.startswith("byo-script")])
-def test_platform_hyperparameters_pass_the_training_programs_own_validation(ref):
-    """The training program rejects unknown or invalid hyperparameters at start; catch that here."""
-    config = import_training_config()
+def test_every_platform_version_is_checked_with_the_program_of_its_own_code(ref):
+    """A published version runs its frozen code: render checks it with that code's contract, which
+    accepts the version's defaults (what the program would refuse at start is refused before)."""
+    spec = CATALOG.resolve(ref)
+    program = CATALOG.program_contract(spec)
+    assert program.code_hash == CATALOG.published_entry(spec).code
     request = _render(ref)
     hyperparameters = {
         k: v for k, v in _decoded_hyperparameters(request).items() if not k.startswith("sagemaker_")
     }
-    parsed = config.from_hyperparameters(hyperparameters)
-    spec = CATALOG.resolve(ref)
-    assert parsed.parallel.parallelism == spec.distribution.strategy
-    if spec.distribution.strategy != "smp":  # SMP resolves its own mesh inside torch.sagemaker
-        resources = request["ResourceConfig"]
-        hosts = resources["InstanceCount"]
-        world = hosts * instance_type(resources["InstanceType"]).processes_per_host
-        from training_jobs.trainer.parallel_dims import ParallelDims
-
-        assert ParallelDims.resolve(parsed.parallel, world, hosts).world_size == world
+    assert hyperparameters["parallelism"] == spec.distribution.strategy
+    resources = request["ResourceConfig"]
+    hosts = resources["InstanceCount"]
+    world = hosts * instance_type(resources["InstanceType"]).processes_per_host
+    program.check(hyperparameters, world_size=world, num_hosts=hosts)
+    misspelled = "unknown hyperparameter 'max_step'.*did you mean 'max_steps'"
+    with pytest.raises(ProgramSettingError, match=misspelled):
+        program.check({**hyperparameters, "max_step": 5}, world_size=world, num_hosts=hosts)
 
 
 def test_platform_code_gets_the_distribution_as_hyperparameters_and_byo_does_not():
@@ -324,8 +334,12 @@ def test_spot_sets_max_wait_and_managed_spot():
     assert on_demand["StoppingCondition"] == {"MaxRuntimeInSeconds": 21600}
 
 
+# The code llama-pretrain-*@1.2.0 froze (published in templates/_code/).
+CODE_1_2_0 = "sha256:d998baf26db90ca3527b8f7c91652bd8d842bc1b166d3d031fcf0b1715ecac74"
+
+
 def test_smp_template_uses_the_smp_image_and_mp_parameters():
-    request = _render("llama-pretrain-smp", overrides={"shard_degree": "8"})
+    request = _render("llama-pretrain-smp@1.1.0", overrides={"shard_degree": "8"})
     assert (
         request["AlgorithmSpecification"]["TrainingImage"]
         == "658645717510.dkr.ecr.us-east-1.amazonaws.com/smdistributed-modelparallel:2.5.1-gpu-py311-cu124"
@@ -338,6 +352,21 @@ def test_smp_template_uses_the_smp_image_and_mp_parameters():
         "activation_loading_horizon": 2,
     }
     assert hyperparameters["sagemaker_distributed_dataparallel_enabled"] is False
+
+
+def test_a_run_the_frozen_program_would_refuse_at_start_is_refused_at_render():
+    """The program frozen in CODE_1_2_0 resolves SMP's mesh like FSDP's full sharding and stops at
+    start with a hybrid shard degree (shard_degree 8 of 16 GPUs); its own contract says so at render.
+    Today's program shards SMP's way (hybrid_shard_degree)."""
+    spec = CATALOG.resolve("llama-pretrain-smp@1.1.0")
+    run = RunInput(run_name="r1", overrides={"shard_degree": 8})
+    frozen = archive_contract(CATALOG.snapshot_path(CODE_1_2_0).read_bytes(), CODE_1_2_0)
+    with pytest.raises(ProgramSettingError, match=re.escape(
+        "invalid hyperparameter 'shard_degree': pipeline_parallel_degree (1) x replicate_degree (1) x "
+        "shard_degree (8) x tensor_parallel_degree (1) must equal the world size 16"
+    )):
+        render(spec, run, PLATFORM, frozen)
+    assert _decoded_hyperparameters(render(spec, run, PLATFORM, installed_contract()))["shard_degree"] == 8
 
 
 def test_render_is_deterministic():
@@ -453,12 +482,14 @@ def test_multi_node_on_a_non_efa_instance_type_is_rejected():
     assert _render("gpt2-ddp", overrides={"instance_count": 2, "instance_type": "ml.p4d.24xlarge"})
 
 
-def test_degrees_that_do_not_divide_the_world_size_are_rejected():
-    message = _problems(
-        "llama-pretrain-hsdp-tp",
-        overrides={"instance_count": 1, "shard_degree": 4, "tensor_parallel_degree": 8},
-    )
-    assert "multiply to 32, which does not divide the world size 8" in message
+def test_degrees_that_do_not_divide_the_world_size_are_refused_in_the_programs_words():
+    with pytest.raises(ProgramSettingError, match=re.escape(
+        "the training program refuses this run: invalid hyperparameter 'shard_degree': "
+        "pipeline_parallel_degree (1) x replicate_degree (1) x shard_degree (4) x tensor_parallel_degree "
+        "(8) must equal the world size 8"
+    )):
+        _render("llama-pretrain-hsdp-tp", overrides={"instance_count": 1, "shard_degree": 4,
+                                                     "tensor_parallel_degree": 8})
 
 
 def test_qlora_is_rejected_under_a_strategy_that_shards_the_base():
@@ -474,13 +505,6 @@ def test_qlora_is_rejected_under_a_strategy_that_shards_the_base():
     request = _render("llama-finetune-qlora")
     hyperparameters = _decoded_hyperparameters(request)
     assert hyperparameters["quantization"] == "nf4" and hyperparameters["parallelism"] == "ddp"
-
-
-def test_the_qlora_strategies_are_the_ones_the_training_program_accepts():
-    from llmtrain.validate import QLORA_STRATEGIES
-    from training_jobs.trainer.lora import QUANTIZED_PARALLELISMS
-
-    assert QLORA_STRATEGIES == QUANTIZED_PARALLELISMS
 
 
 def test_warm_pool_over_the_environments_cap_is_rejected():
@@ -542,8 +566,10 @@ def test_the_pipeline_degree_is_a_distribution_degree():
             request["ResourceConfig"]["InstanceCount"]) == (4, 8, 16)
     # Versions without pipeline stages never send the name (their frozen code does not know it).
     assert "pipeline_parallel_degree" not in _decoded_hyperparameters(_render("llama-pretrain-hsdp-tp"))
-    with pytest.raises(RequestValidationError, match="multiply to 64, which does not divide the world "
-                                                     "size 48"):
+    with pytest.raises(ProgramSettingError, match=re.escape(
+        "invalid hyperparameter 'pipeline_parallel_degree': got 8, expected pipeline_parallel_degree x "
+        "tensor_parallel_degree (8 x 8) dividing the world size 48"
+    )):
         _render("llama-pretrain-3d", overrides={"instance_count": 6, "pipeline_parallel_degree": 8})
     # Another instance count only changes the data-parallel size (global_batch_size stays).
     smaller = _decoded_hyperparameters(_render("llama-pretrain-3d", overrides={"instance_count": 8}))
@@ -582,28 +608,10 @@ def test_smddp_runs_only_on_the_instance_types_that_support_it():
 
 
 def test_a_global_batch_the_cluster_cannot_split_is_refused_before_a_job_exists():
-    from llmtrain.validate import PROGRAM_MICRO_BATCH_SIZE
-    from training_jobs.trainer.config import DataConfig
-
-    assert PROGRAM_MICRO_BATCH_SIZE == DataConfig().micro_batch_size
     # 12 instances: 96 GPUs / (4 stages x 8 tensor-parallel) = 3 data-parallel ranks for 256 samples.
-    with pytest.raises(RequestValidationError, match=re.escape("global_batch_size 256 is not a multiple "
-                                                               "of data-parallel ranks x micro_batch_size "
-                                                               "(3 x 1) at world size 96")):
+    with pytest.raises(ProgramSettingError, match=re.escape(
+        "invalid hyperparameter 'global_batch_size': got 256, expected a multiple of data-parallel size x "
+        "micro_batch_size (3 x 1 = 3) on this cluster"
+    )):
         _render("llama-pretrain-3d", overrides={"instance_count": 12})
     _render("llama-pretrain-3d", overrides={"instance_count": 8})
-
-
-def test_the_strategies_whose_checkpoints_reshard_are_the_training_programs():
-    from llmtrain.validate import RESHARDING_STRATEGIES
-    from training_jobs.trainer.strategies.deepspeed_zero import DeepSpeedStrategy
-    from training_jobs.trainer.strategies.pipeline import PipelineStrategy
-    from training_jobs.trainer.strategies.smp import SmpStrategy
-    from training_jobs.trainer.strategies.torch_native import TorchStrategy
-
-    implemented = {TorchStrategy: ("single", "ddp", "fsdp"), PipelineStrategy: ("ddp", "fsdp"),
-                   DeepSpeedStrategy: ("deepspeed",), SmpStrategy: ("smp",)}
-    resharding = {name for cls, names in implemented.items() if cls.reshards_checkpoints for name in names}
-    assert resharding == set(RESHARDING_STRATEGIES)
-    refusing = {name for cls, names in implemented.items() if not cls.reshards_checkpoints for name in names}
-    assert not resharding & refusing

@@ -16,8 +16,9 @@ from botocore.stub import Stubber
 from moto import mock_aws
 from sagemaker_fleet_support import REGION, TrainingFleet, install_update_training_job, minutes_ago
 
-from llmtrain.handlers import warm_pools
-from llmtrain.handlers.warm_pools import ReaperSettings
+from llmtrain.functions import WARM_POOL_NAMESPACE, ReaperSettings
+from llmtrain.handlers import warm_pools as reaper_handler
+from llmtrain.operations import warm_pools
 
 P4D = "ml.p4d.24xlarge"
 G5 = "ml.g5.48xlarge"
@@ -73,7 +74,7 @@ def statuses(fleet: TrainingFleet) -> dict[str, str | None]:
 
 def latest(metric: str, **dimensions: str) -> float | None:
     stats = boto3.client("cloudwatch", region_name=REGION).get_metric_statistics(
-        Namespace=warm_pools.DEFAULT_NAMESPACE,
+        Namespace=WARM_POOL_NAMESPACE,
         MetricName=metric,
         Dimensions=[{"Name": k, "Value": v} for k, v in dimensions.items()],
         StartTime=minutes_ago(datetime.now(UTC), 10),
@@ -90,7 +91,7 @@ def test_the_dry_run_reports_what_a_real_run_then_ends(fleet, monkeypatch):
     build_pools(fleet, datetime.now(UTC))
     before = statuses(fleet)
 
-    preview = warm_pools.handler({"dry_run": True}, None)
+    preview = reaper_handler.handler({"dry_run": True}, None)
 
     assert preview["dry_run"] is True and update_requests == []
     assert statuses(fleet) == before
@@ -103,7 +104,7 @@ def test_the_dry_run_reports_what_a_real_run_then_ends(fleet, monkeypatch):
     assert latest("WarmPoolsOverBudget", Environment="dev") == 2.0
     assert latest("WarmPoolsEnded", Environment="dev") == 0.0
 
-    real = warm_pools.handler({}, None)  # DRY_RUN=false in the environment
+    real = reaper_handler.handler({}, None)  # DRY_RUN=false in the environment
 
     assert real["dry_run"] is False
     assert {p["training_job_name"] for p in real["warm_pools"] if p["ended"]} == would_end
@@ -112,7 +113,7 @@ def test_the_dry_run_reports_what_a_real_run_then_ends(fleet, monkeypatch):
     assert statuses(fleet) == before | dict.fromkeys(would_end, "Terminated")
     assert latest("WarmPoolsEnded", Environment="dev") == 1.0 * len(would_end)
 
-    after = warm_pools.handler({}, None)
+    after = reaper_handler.handler({}, None)
     assert [p["training_job_name"] for p in after["warm_pools"]] == [f"{PREFIX}fresh-1"]
 
 
@@ -120,7 +121,7 @@ def test_retained_billable_seconds_are_published_per_instance_type_and_in_total(
     now = datetime.now(UTC)
     build_pools(fleet, now)
 
-    warm_pools.handler({"dry_run": True}, None)
+    reaper_handler.handler({"dry_run": True}, None)
 
     # Retained seconds times instances: 2 x 90 min and 1 x 10 min on p4d; 1 x 61 min on g5.
     p4d_seconds = latest("RetainedBillableSeconds", Environment="dev", InstanceType=P4D)
@@ -132,7 +133,7 @@ def test_retained_billable_seconds_are_published_per_instance_type_and_in_total(
 
 
 def test_configured_instance_types_without_pools_publish_zero(fleet):
-    result = warm_pools.handler({}, None)
+    result = reaper_handler.handler({}, None)
 
     assert result["warm_pools"] == []
     assert latest("WarmPoolsAvailable", Environment="dev", InstanceType=G5) == 0.0
@@ -238,9 +239,9 @@ def test_the_budget_is_a_strict_limit(fleet):
 )
 def test_bad_settings_name_the_variable(environ, message):
     with pytest.raises(ValueError, match=message):
-        ReaperSettings.from_environ(environ)
+        ReaperSettings.from_environment(environ)
 
 
 def test_a_non_boolean_dry_run_in_the_event_is_refused(fleet):
     with pytest.raises(ValueError, match="dry_run: must be true or false"):
-        warm_pools.handler({"dry_run": "yes"}, None)
+        reaper_handler.handler({"dry_run": "yes"}, None)

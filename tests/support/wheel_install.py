@@ -57,7 +57,16 @@ class Wheel:
             text = archive.read(name).decode()
         lines = text.splitlines()
         raw = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:")]
-        return [r for r in map(Requirement, raw) if _applies(r, self.extras)]
+        declared = list(map(Requirement, raw))
+        # An extra may name others of the same distribution (`llm-sagemaker-platform[data]`).
+        extras, grown = set(self.extras), True
+        while grown:
+            own = {e for r in declared if self._is_own(r) and _applies(r, extras) for e in r.extras}
+            grown, extras = not own <= extras, extras | own
+        return [r for r in declared if _applies(r, extras) and not self._is_own(r)]
+
+    def _is_own(self, requirement: Requirement) -> bool:
+        return canonicalize_name(requirement.name) == self.name
 
 
 def build_wheel(

@@ -105,7 +105,7 @@ def _tiny_sharded_llama(overlap_reductions: bool):
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from training_jobs.trainer.config import ParallelConfig
+    from training_jobs.contract.hyperparameters import ParallelConfig
     from training_jobs.trainer.cpu_collectives import use_fast_cpu_collectives
     from training_jobs.trainer.parallel import apply_fsdp
 

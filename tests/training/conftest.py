@@ -124,3 +124,27 @@ def base_model(tmp_path_factory):
     model.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return folder
+
+
+TORCHAO = "torchao==0.18.0"  # declares no torch dependency: the CPU build of torch stays
+NEEDS_TORCHAO = pytest.mark.skipif(
+    tuple(int(part) for part in __import__("torch").__version__.split(".")[:2]) < (2, 11),
+    reason=f"{TORCHAO} needs torch 2.11 or newer; an older container pairs its torch with an older "
+           "torchao (docs/training.md, FP8)")
+
+
+@pytest.fixture(scope="session")
+def torchao_python(tmp_path_factory) -> Path:
+    """A Python with torchao, in a virtual environment of its own beside the project's (its compiled
+    kernels do not load against this torch and say so at every import), seeing the project's
+    packages."""
+    import site
+
+    venv = tmp_path_factory.mktemp("torchao") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    packages = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+    (Path(packages) / "project.pth").write_text(site.getsitepackages()[0] + "\n")
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", TORCHAO], check=True)
+    return python

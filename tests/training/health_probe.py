@@ -2,13 +2,16 @@
 
     python -m torch.distributed.run --nproc_per_node N tests/training/health_probe.py OUT_DIR [late]
 
-Each rank writes OUT_DIR/rank<N>.json: the ranks' measurements or the error it stopped with.
+Each rank writes OUT_DIR/rank<N>.json: the ranks' measurements or the error it stopped with. Without
+`late`, a second check follows in which rank 2's matmul time is 10x what it measured (a rank slowed
+by other processes on shared CPU cores), with its outcome under "injected_slow".
 """
 
 import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -26,13 +29,33 @@ def main(out: Path, late: bool) -> None:
     if late and rank == 1:
         time.sleep(8)  # a hung host: arrives long after the others gave up waiting
     try:
-        results = health.preflight(torch.device("cpu"), f"host-{rank}", timeout_seconds=3, repeats=2)
-        report = {"ok": True, "ranks": [r.rank for r in results],
-                  "bus_gbps": [r.bus_gbps for r in results]}
+        checked = health.preflight(torch.device("cpu"), f"host-{rank}", timeout_seconds=3, repeats=2)
+        report = {"ok": True, "ranks": [r.rank for r in checked.ranks],
+                  "bus_gbps": [r.bus_gbps for r in checked.ranks]}
     except (ContainerError, RuntimeError) as error:
         report = {"ok": False, "error": type(error).__name__, "message": str(error)}
+    if not late:
+        report["injected_slow"] = _with_a_slow_rank(rank)
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     os._exit(0)  # skip the teardown collectives a failed check leaves unmatched
+
+
+def _with_a_slow_rank(rank: int) -> dict:
+    measure = health.measure
+
+    def slowed(*args, **kwargs):
+        mine = measure(*args, **kwargs)
+        return replace(mine, matmul_seconds=mine.matmul_seconds * 10) if rank == 2 else mine
+
+    health.measure = slowed
+    try:
+        checked = health.preflight(torch.device("cpu"), f"host-{rank}", timeout_seconds=3, repeats=2)
+        return {"ok": True, "slow": [r.rank for r in checked.slow],
+                "timings_checked": checked.timings_checked}
+    except ContainerError as error:
+        return {"ok": False, "message": str(error)}
+    finally:
+        health.measure = measure
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@ SIGTERM writes a checkpoint and exits cleanly.
 
 The interrupted runs stop at step 3 by max_steps with the schedule's horizon pinned
 (lr_decay_steps=6), so the learning rate of every step is that of the 6-step run; the resumed runs
-start in fresh processes, as a restarted SageMaker job would.
+start in fresh processes, as a restarted SageMaker job would. The `_longer` runs train 3 steps on a
+3-step schedule (no lr_decay_steps) and resume with max_steps=6: from the first resumed step they
+follow the 6-step schedule.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ pytestmark = pytest.mark.slow
 
 SIX = {**TINY, "max_steps": 6, "lr_decay_steps": 6, "checkpoint_every_steps": 3}
 THREE = {**SIX, "max_steps": 3}
+# Another schedule length on resume: max_steps 3 -> 6 without lr_decay_steps.
+SHORT, LONGER = {**TINY, "max_steps": 3, "checkpoint_every_steps": 3}, {**TINY, "max_steps": 6}
 STRATEGIES = {"fsdp": {"parallelism": "fsdp"},
               "deepspeed": {"parallelism": "deepspeed", "zero_stage": 2}}
 
@@ -53,7 +57,9 @@ def runs(tmp_path_factory, tiny_data):
     for name, hps in STRATEGIES.items():
         roots[f"{name}_full"] = job_root(base / f"{name}_full", tiny_data)
         roots[f"{name}_parts"] = job_root(base / f"{name}_parts", tiny_data)
-        first += [(roots[f"{name}_full"], {**SIX, **hps}), (roots[f"{name}_parts"], {**THREE, **hps})]
+        roots[f"{name}_longer"] = job_root(base / f"{name}_longer", tiny_data)
+        first += [(roots[f"{name}_full"], {**SIX, **hps}), (roots[f"{name}_parts"], {**THREE, **hps}),
+                  (roots[f"{name}_longer"], {**SHORT, **hps})]
     roots["timed"] = job_root(base / "timed", tiny_data)
     first.append((roots["timed"], {**THREE, "parallelism": "ddp", "checkpoint_every_steps": 0,
                                    "checkpoint_every_minutes": 1e-6, "keep_checkpoints": 2}))
@@ -65,8 +71,9 @@ def runs(tmp_path_factory, tiny_data):
                                                  base / "fsdp_parts_step_3")
     for name in STRATEGIES:
         _damage(roots[f"{name}_parts"])
-    run_jobs(2, [(roots[f"{name}_parts"], {**SIX, **hps, "keep_checkpoints": 1})
-                 for name, hps in STRATEGIES.items()], base)
+    run_jobs(2, [job for name, hps in STRATEGIES.items()
+                 for job in ((roots[f"{name}_parts"], {**SIX, **hps, "keep_checkpoints": 1}),
+                             (roots[f"{name}_longer"], {**LONGER, **hps}))], base)
     return roots, first_losses
 
 
@@ -117,6 +124,25 @@ def test_data_position_and_schedule_were_restored(runs, strategy):
     assert state["step"] == 6 and state["data"]["consumed_samples"] == 6 * global_batch
     full = train_records(roots[f"{strategy}_full"])
     assert [r["lr"] for r in train_records(roots[f"{strategy}_parts"])] == [r["lr"] for r in full]
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_resuming_with_another_schedule_length_trains_at_the_new_schedules_rate(runs, strategy):
+    """The first resumed step's rate is the 6-step schedule's (the uninterrupted 6-step run's and a
+    fresh schedule's), not the 3-step schedule's end (0)."""
+    from training_jobs.contract.hyperparameters import from_hyperparameters
+    from training_jobs.trainer.optim import lr_multiplier
+
+    roots, _ = runs
+    longer = train_records(roots[f"{strategy}_longer"])
+    assert outcome(roots[f"{strategy}_longer"]) == {"ok": True}
+    assert [r["step"] for r in longer] == [1, 2, 3, 4, 5, 6]
+    fresh = lr_multiplier(from_hyperparameters(LONGER), TINY["lr"])
+    uninterrupted = train_records(roots[f"{strategy}_full"])  # lr_decay_steps=6: the same schedule
+    for record, step in zip(longer[3:], range(3, 6), strict=True):
+        assert record["lr"] == pytest.approx(TINY["lr"] * fresh(step), rel=1e-3)
+        assert record["lr"] == uninterrupted[step]["lr"]
+    assert longer[3]["lr"] > 0
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))

@@ -1,5 +1,5 @@
-"""The hyperparameter contract: typed parsing, validation with messages that name the field, and
-the contract table in docs/architecture.md kept in step with the dataclasses."""
+"""The training contract: typed parsing, validation with messages that name the field, the mesh
+and the cluster rules, and the docs' tables generated from the dataclasses."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from training_jobs.trainer.config import (
+from training_jobs.contract import docs
+from training_jobs.contract.hyperparameters import (
     ConfigError,
     ParallelConfig,
     from_hyperparameters,
@@ -16,7 +17,7 @@ from training_jobs.trainer.config import (
     parse_command_line,
     profile_window,
 )
-from training_jobs.trainer.parallel_dims import ParallelDims
+from training_jobs.contract.parallel_dims import ParallelDims, resolve_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -115,6 +116,9 @@ def test_profile_window():
     ({"parallelism": "ddp", "pipeline_parallel_degree": 2}, 8, 1, ParallelDims(2, 4, 1, 1)),
     ({"parallelism": "fsdp", "pipeline_parallel_degree": 4, "tensor_parallel_degree": 8,
       "fsdp_sharding": "hybrid"}, 256, 32, ParallelDims(4, 8, 1, 8)),
+    # SMP shards over groups of shard_degree (its hybrid_shard_degree) inside its own FSDP.
+    ({"parallelism": "smp", "shard_degree": 8}, 16, 2, ParallelDims(1, 1, 16, 1)),
+    ({"parallelism": "smp", "tensor_parallel_degree": 2}, 16, 2, ParallelDims(1, 1, 8, 2)),
 ])
 def test_mesh_degrees_resolve_to_the_world_size(settings, world, hosts, expected):
     dims = ParallelDims.resolve(ParallelConfig(**settings), world, hosts)
@@ -122,30 +126,55 @@ def test_mesh_degrees_resolve_to_the_world_size(settings, world, hosts, expected
 
 
 @pytest.mark.parametrize(("settings", "world", "message"), [
-    ({"parallelism": "fsdp", "tensor_parallel_degree": 3}, 8, "(1 x 3) dividing the world size 8"),
+    ({"parallelism": "fsdp", "tensor_parallel_degree": 3}, 8, "(1 x 1 x 3) dividing the world size 8"),
+    ({"parallelism": "fsdp", "context_parallel_degree": 3}, 8,
+     "'context_parallel_degree': got 3, expected pipeline_parallel_degree x context_parallel_degree x "
+     "tensor_parallel_degree (1 x 3 x 1) dividing the world size 8"),
     ({"parallelism": "fsdp", "shard_degree": 3}, 8, "must equal the world size 8"),
     ({"parallelism": "fsdp", "fsdp_sharding": "hybrid", "replicate_degree": 3}, 8, "a divisor"),
     ({"parallelism": "single"}, 2, "2 processes were launched"),
     ({"parallelism": "ddp", "shard_degree": 4}, 8, "invalid hyperparameter 'shard_degree'"),
     ({"parallelism": "fsdp", "pipeline_parallel_degree": 3}, 8,
-     "'pipeline_parallel_degree': got 3, expected pipeline_parallel_degree x tensor_parallel_degree "
-     "(3 x 1) dividing the world size 8"),
+     "'pipeline_parallel_degree': got 3, expected pipeline_parallel_degree x context_parallel_degree x "
+     "tensor_parallel_degree (3 x 1 x 1) dividing the world size 8"),
+    ({"parallelism": "smp", "shard_degree": 3}, 16,
+     "'shard_degree': got 3, expected a divisor of world size / tensor_parallel_degree = 16"),
 ])
 def test_mesh_degrees_that_do_not_fit_are_rejected(settings, world, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         ParallelDims.resolve(ParallelConfig(**settings), world, 1)
 
 
-def test_contract_table_in_architecture_doc_names_every_hyperparameter():
-    """docs/architecture.md's table and training_jobs/trainer/config.py must change together."""
-    text = (REPO / "docs" / "architecture.md").read_text()
-    table = text.split("### The training program's hyperparameters")[1].split("### ")[0]
-    documented = set(re.findall(r"`([a-z0-9_]+)`", table.split("| name | type | meaning |")[1]))
-    names = set(hyperparameter_fields())
-    assert names <= documented, f"missing from docs/architecture.md: {sorted(names - documented)}"
+def test_the_docs_tables_are_generated_from_the_contract():
+    """docs/training.md's hyperparameter tables and docs/architecture.md's summary are the
+    contract's: a field added or changed without regenerating them fails here, naming the command."""
+    stale = docs.stale_pages(REPO / "docs")
+    assert not stale, f"{', '.join(stale)} stale: run `{docs.COMMAND}`"
+    tables = docs.hyperparameter_tables()
+    for name, (_, field, _) in hyperparameter_fields().items():
+        assert f"| `{name}` |" in tables and field.metadata["help"] in tables, name
+    assert "| `lr` | float | `0.0003` | > 0.0 |" in tables
+    assert "| `lr_schedule` | str | `\"cosine\"` | `cosine`, `linear`, `constant` |" in tables
 
 
-def test_training_doc_documents_every_hyperparameter():
-    text = (REPO / "docs" / "training.md").read_text()
-    missing = [name for name in hyperparameter_fields() if f"`{name}`" not in text]
-    assert not missing, f"missing from docs/training.md: {missing}"
+def test_stale_docs_are_found_and_rewritten(tmp_path):
+    for page in docs.GENERATED:
+        (tmp_path / page).write_text((REPO / "docs" / page).read_text().replace("Tokens per sample.", "Old."))
+    assert docs.stale_pages(tmp_path) == ["training.md"]
+    assert docs.main(["--check", "--docs", str(tmp_path)]) == 1
+    assert docs.main(["--docs", str(tmp_path)]) == 0 and docs.stale_pages(tmp_path) == []
+    (tmp_path / "training.md").write_text("no markers")
+    assert docs.main(["--check", "--docs", str(tmp_path)]) == 2
+
+
+def test_the_cluster_rules_run_in_the_order_the_job_runs_them():
+    """resolve_cluster: the mesh, the rules that need it (GPipe with DDP-replicated stages), then the
+    accumulation a global batch gives on this data-parallel size."""
+    config = from_hyperparameters({"parallelism": "fsdp", "global_batch_size": 64, "micro_batch_size": 2})
+    derived, dims = resolve_cluster(config, 8, 1)
+    assert dims == ParallelDims(1, 1, 8, 1) and derived.data.grad_accum_steps == 4
+    gpipe = from_hyperparameters({"parallelism": "ddp", "pipeline_parallel_degree": 2,
+                                  "pipeline_schedule": "gpipe", "grad_accum_steps": 4})
+    resolve_cluster(gpipe, 2, 1)  # one data-parallel rank: GPipe runs
+    with pytest.raises(ConfigError, match="'pipeline_schedule': got 'gpipe'.*use 1f1b"):
+        resolve_cluster(gpipe, 4, 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,6 +129,19 @@ def test_vocabulary_mismatch_is_refused(tiny_data):
         TokenSamples(tiny_data / "train", seq_len=32, channel="train", model_vocab_size=512)
 
 
+def test_data_made_with_another_tokenizer_is_refused_by_its_end_of_sequence_id(tiny_data):
+    from types import SimpleNamespace
+
+    from training_jobs.trainer.job import check_tokenizer
+
+    samples = (TokenSamples(tiny_data / "train", seq_len=32, channel="train", model_vocab_size=640),
+               TokenSamples(tiny_data / "validation", seq_len=32, channel="validation", model_vocab_size=640))
+    check_tokenizer(samples, SimpleNamespace(eos_token_id=0), TOKENIZER)
+    with pytest.raises(DataError, match="the train channel was made with a tokenizer whose end-of-sequence "
+                                        "id is 0, and the job's tokenizer .* has 2: give the run"):
+        check_tokenizer(samples, SimpleNamespace(eos_token_id=2), Path("/opt/ml/input/data/tokenizer"))
+
+
 def test_order_is_a_fresh_seeded_permutation_per_epoch():
     order = ShuffledOrder(num_samples=10, seed=7)
     epoch0, epoch1 = order[np.arange(10)], order[np.arange(10, 20)]
@@ -192,3 +206,81 @@ def test_evaluation_batches_are_fixed_and_split_across_ranks(tiny_data):
         assert torch.equal(torch.cat([ranks[0][step][0], ranks[1][step][0]]), whole[step][0])
     with pytest.raises(DataError, match="fewer than one evaluation batch"):
         EvalBatches(samples, BatchLayout(2, 0, 10_000, 1), steps=1, device=CPU)
+
+
+def _paragraphs(count: int) -> str:
+    return "".join(f"Note {i}: the cat sees the red door.\nThe dog finds map {i}.\n\n" for i in range(count))
+
+
+def _decoded(folder) -> str:
+    from transformers import AutoTokenizer
+
+    manifest = read_manifest(folder)
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    ids = np.concatenate([np.fromfile(s.path, dtype="<u2") for s in manifest.shards])
+    return tokenizer.decode([int(i) for i in ids if i != manifest.eos_token_id])
+
+
+def test_a_text_file_holds_out_its_end_for_validation_at_a_paragraph_boundary(tmp_path, capsys):
+    """One .txt file is one document, yet `--validation-fraction 0.01` fills a validation split: the
+    file's last paragraphs (at most 1% of its text) are held out, the rest trains, nothing is lost."""
+    text = _paragraphs(300)
+    (tmp_path / "notes.txt").write_text(text)
+    code, err = _prepare_here(capsys, "--input", str(tmp_path / "notes.txt"), "--tokenizer", str(TOKENIZER),
+                              "--output", str(tmp_path / "tokens"), "--validation-fraction", "0.01")
+    assert code == 0, err
+    train, validation = _decoded(tmp_path / "tokens" / "train"), _decoded(tmp_path / "tokens" / "validation")
+    assert read_manifest(tmp_path / "tokens" / "validation").num_documents == 1
+    assert validation.startswith("Note ") and validation.endswith("map 299.\n\n")
+    assert 0 < len(validation) <= 0.01 * len(text)
+    assert train + validation == text
+    # The tokenizer travels with the data: the dataset's tokenizer/ is the run's tokenizer channel.
+    assert (tmp_path / "tokens" / "tokenizer" / "tokenizer.json").is_file()
+
+
+def test_a_text_without_paragraphs_is_held_out_by_lines_then_words_and_a_tiny_one_says_what_helps(
+        tmp_path, capsys):
+    common = ["--tokenizer", str(TOKENIZER), "--validation-fraction", "0.01"]
+    lines = tmp_path / "lines.txt"
+    lines.write_text("".join(f"line {i} of a log without blank lines\n" for i in range(400)))
+    assert _prepare_here(capsys, "--input", str(lines), *common, "--output", str(tmp_path / "a"))[0] == 0
+    assert _decoded(tmp_path / "a" / "validation").startswith("line 39")
+    words = tmp_path / "words.txt"
+    words.write_text(" ".join(["word"] * 2000))
+    assert _prepare_here(capsys, "--input", str(words), *common, "--output", str(tmp_path / "b"))[0] == 0
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("three short words")
+    code, err = _prepare_here(capsys, "--input", str(tiny), *common, "--output", str(tmp_path / "c"))
+    assert code == 2
+    assert f"{tiny} is too short to hold out 1% of its text" in err
+    assert "--validation-fraction 0.3 or more" in err and "leave --validation-fraction out" in err
+    assert not (tmp_path / "c").exists()
+    code, err = _prepare_here(capsys, "--input", str(tiny), "--tokenizer", str(TOKENIZER),
+                              "--validation-fraction", "0.3", "--output", str(tmp_path / "c"))
+    assert code == 0, err
+    assert _decoded(tmp_path / "c" / "validation") == "words"
+
+
+def test_a_failed_preparation_leaves_no_folder_behind_and_the_retry_works(tmp_path, capsys):
+    records = tmp_path / "records.jsonl"
+    records.write_text('{"text": "The red door opens."}\n' * 300 + '{"body": "no text"}\n')
+    common = ["--tokenizer", str(TOKENIZER), "--output", str(tmp_path / "tokens"), "--shard-tokens", "100"]
+    code, err = _prepare_here(capsys, "--input", str(records), *common)
+    assert code == 2 and f"{records}:301: no string field 'text'" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl"]  # not even a temporary folder
+    records.write_text('{"text": "The red door opens."}\n' * 300)
+    assert _prepare_here(capsys, "--input", str(records), *common)[0] == 0
+    assert read_manifest(tmp_path / "tokens").num_documents == 300
+    code, err = _prepare_here(capsys, "--input", str(records), *common)
+    assert code == 2 and "already holds a dataset" in err
+
+
+def test_too_few_records_for_the_validation_split_says_what_helps(tmp_path, capsys):
+    records = tmp_path / "records.jsonl"
+    records.write_text('{"text": "The red door opens."}\n' * 20)
+    code, err = _prepare_here(capsys, "--input", str(records), "--tokenizer", str(TOKENIZER),
+                              "--output", str(tmp_path / "o"), "--validation-fraction", "0.01")
+    assert code == 2
+    assert "none of the input's 20 documents was drawn for the validation split" in err
+    assert "--validation-fraction 0.1 or more" in err and "leave --validation-fraction out" in err
+    assert not (tmp_path / "o").exists()

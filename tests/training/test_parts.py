@@ -12,10 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from training_jobs.contract.hyperparameters import (
+    ConfigError,
+    ModelConfig,
+    ParallelConfig,
+    from_hyperparameters,
+)
 from training_jobs.trainer import checkpoint, metrics, models, optim, parallel
-from training_jobs.trainer.config import ConfigError, ModelConfig, ParallelConfig, from_hyperparameters
 from training_jobs.trainer.environment import read_environment
 from training_jobs.trainer.errors import CheckpointError, ContainerError, TrainingError
+from training_jobs.trainer.loss import causal_lm_loss
 from training_jobs.trainer.strategies import smp
 from training_jobs.trainer.strategies.deepspeed_zero import deepspeed_config
 
@@ -42,6 +48,38 @@ def test_linear_constant_and_pinned_decay_horizon():
     staged = optim.lr_multiplier(_config(lr=1.0, lr_schedule="linear", max_steps=3, lr_decay_steps=10),
                                  peak=1.0)
     assert staged(2) == linear(2)  # the first stage of a longer run follows the long schedule
+
+
+def _trained_optimization(config, steps: int):
+    from training_jobs.trainer.strategies.optimization import Optimization
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    optimization = Optimization(config, [model], torch.device("cpu"), data_parallel_size=1)
+    for _ in range(steps):
+        model(torch.ones(1, 4)).sum().backward()
+        optimization.step(lambda max_norm: torch.tensor(0.0))
+    return optimization
+
+
+def test_a_resumed_schedule_of_another_length_sets_the_optimizers_rate_from_the_new_schedule():
+    """A run trained 3 steps on a 3-step schedule resumes with max_steps=10 (no lr_decay_steps): its
+    first resumed step trains at the 10-step schedule's rate for step 3, as an uninterrupted 10-step
+    run does, not at the rate the 3-step schedule left in the optimizer's saved state."""
+    short = _config(lr=1.0, lr_schedule="linear", warmup_steps=1, max_steps=3)
+    longer = _config(lr=1.0, lr_schedule="linear", warmup_steps=1, max_steps=10)
+    saved = _trained_optimization(short, 3)
+    resumed = _trained_optimization(longer, 0)
+    resumed.optimizers[0].load_state_dict(saved.optimizers[0].state_dict())
+    resumed.load_scheduler(saved.scheduler_state())
+    uninterrupted = _trained_optimization(longer, 3)
+    expected = optim.lr_multiplier(longer, peak=1.0)(3)
+    assert saved.optimizers[0].param_groups[0]["lr"] == 0.0  # the short schedule ended its decay
+    assert resumed.optimizers[0].param_groups[0]["lr"] == pytest.approx(expected) == pytest.approx(7 / 9)
+    assert resumed.current_lr() == pytest.approx(expected)
+    assert uninterrupted.optimizers[0].param_groups[0]["lr"] == pytest.approx(expected)
+    resumed.step(lambda max_norm: torch.tensor(0.0))  # the next step continues on the new schedule
+    assert resumed.optimizers[0].param_groups[0]["lr"] == pytest.approx(optim.lr_multiplier(longer, 1.0)(4))
 
 
 def test_lr_scales_with_global_batch_when_asked():
@@ -344,8 +382,8 @@ def test_model_channel_without_a_config_is_refused(tokenizer, tmp_path):
 
 
 def test_decoder_layers_are_found_under_peft_and_checkpoint_wrappers(tokenizer):
+    from training_jobs.contract.hyperparameters import LoraConfig
     from training_jobs.trainer import parallel
-    from training_jobs.trainer.config import LoraConfig
     from training_jobs.trainer.lora import apply_lora
 
     source = models.model_source(ModelConfig(model_preset="llama-tiny"), None, tokenizer, 32)
@@ -357,12 +395,20 @@ def test_decoder_layers_are_found_under_peft_and_checkpoint_wrappers(tokenizer):
     assert trainable and all("lora_" in n for n in trainable)
 
 
-def test_tensor_parallel_needs_a_plan(tokenizer):
-    from training_jobs.trainer import parallel
+def test_tensor_and_context_parallel_need_the_llama_layout(tokenizer):
+    from training_jobs.trainer import parallel, tensor_parallel
 
     source = models.model_source(ModelConfig(model_preset="gpt2-tiny"), None, tokenizer, 32)
+    gpt2 = models.build_model(source, materialize=False, seed=0)
     with pytest.raises(ConfigError, match="gpt2 models have no supported tensor-parallel plan"):
-        parallel.tensor_parallel_plan(models.build_model(source, materialize=False, seed=0))
+        tensor_parallel.check_supported(gpt2, 2)
+    with pytest.raises(ConfigError, match="'context_parallel_degree': gpt2 models cannot split"):
+        parallel.check_context_parallel(gpt2)
+    llama = models.build_model(models.model_source(ModelConfig(model_preset="llama-tiny"), None, tokenizer,
+                                                   32), materialize=False, seed=0)
+    with pytest.raises(ConfigError, match="3 does not divide the model's num_attention_heads"):
+        tensor_parallel.check_supported(llama, 3)
+    tensor_parallel.check_supported(llama, 2)
 
 
 def test_attention_auto_is_eager_only_when_compiling_on_a_cpu():
@@ -384,7 +430,7 @@ def test_eager_and_sdpa_attention_compute_the_same_model(tokenizer):
         source = models.ModelSource(config, None, "llama-tiny", attention)
         model = models.build_model(source, materialize=True, seed=0)
         assert model.config._attn_implementation == attention
-        losses[attention] = models.causal_lm_loss(models.forward_logits(model, inputs), inputs)
+        losses[attention] = causal_lm_loss(models.forward_logits(model, inputs), inputs)
     assert losses["eager"].item() == pytest.approx(losses["sdpa"].item(), abs=1e-5)
 
 

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import itertools
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
+from training_jobs.contract.hyperparameters import ConfigError, ParallelConfig, from_hyperparameters
+from training_jobs.contract.parallel_dims import ParallelDims, with_global_batch
+from training_jobs.contract.stage_split import balanced_split, stage_indices
 from training_jobs.trainer import parallel
-from training_jobs.trainer.config import ConfigError, ParallelConfig, from_hyperparameters
 from training_jobs.trainer.errors import ContainerError
 from training_jobs.trainer.float8 import apply_float8
-from training_jobs.trainer.parallel_dims import ParallelDims, with_global_batch
 from training_jobs.trainer.stage_model import CausalLMStage, stage_of_parameter
-from training_jobs.trainer.strategies.pipeline import balanced_split, layer_stages, stage_indices
+from training_jobs.trainer.strategies.pipeline import layer_stages
 
 PIPELINE = {"parallelism": "fsdp", "pipeline_parallel_degree": 2, "grad_accum_steps": 4}
 
@@ -140,13 +140,21 @@ def test_a_checkpoint_resumes_on_another_data_parallel_size_only_where_it_reshar
 
 
 def test_fp8_and_smddp_are_refused_where_they_cannot_run():
+    fp8 = from_hyperparameters({"parallelism": "fsdp", "fp8": True}).parallel
     with pytest.raises(ConfigError, match="fp8': FP8 training needs an NVIDIA GPU"):
-        apply_float8(_tiny("llama"), torch.device("cpu"))
-    with pytest.raises(ConfigError, match="false unless parallelism is single, ddp or fsdp without tensor"):
-        from_hyperparameters({"parallelism": "fsdp", "fp8": True, "tensor_parallel_degree": 2})
+        apply_float8(_tiny("llama"), torch.device("cpu"), fp8, with_fsdp=True)
+    with pytest.raises(ConfigError, match="'fp8_recipe': got 'rowwise', expected tensorwise with "
+                                          "tensor_parallel_degree > 1"):
+        from_hyperparameters({"parallelism": "fsdp", "fp8": True, "fp8_recipe": "rowwise",
+                              "tensor_parallel_degree": 2})
+    with_tensor_parallel = {"parallelism": "fsdp", "fp8": True, "tensor_parallel_degree": 2}
+    assert from_hyperparameters(with_tensor_parallel).parallel.fp8
+    with pytest.raises(ConfigError, match="false unless parallelism is single, ddp or fsdp"):
+        from_hyperparameters({"parallelism": "deepspeed", "fp8": True})
     with pytest.raises(ConfigError, match="mixed_precision=bf16"):
         from_hyperparameters({"fp8": True, "mixed_precision": "fp32"})
-    assert from_hyperparameters({"parallelism": "fsdp", "fp8": True}).parallel.fp8
+    with pytest.raises(ConfigError, match="'fp8_recipe': got 'columnwise', expected one of tensorwise"):
+        from_hyperparameters({"fp8": True, "fp8_recipe": "columnwise"})
     with pytest.raises(ConfigError, match="its all-reduce \\(ddp\\) needs SageMaker's mpirun launcher"):
         from_hyperparameters({"parallelism": "ddp", "collective_backend": "smddp"})
     with pytest.raises(ConfigError, match="smddp runs its collectives on NVIDIA GPUs"):
@@ -159,50 +167,10 @@ def test_fp8_and_smddp_are_refused_where_they_cannot_run():
 def test_pipeline_degree_is_resolved_with_the_other_degrees():
     dims = ParallelDims.resolve(ParallelConfig(parallelism="fsdp", pipeline_parallel_degree=2,
                                                tensor_parallel_degree=2), 8, 1)
-    assert dims.mesh_shape == (2, 1, 2, 2) and dims.data_parallel == 2
-
-
-TORCHAO = "torchao==0.18.0"  # declares no torch dependency: the CPU build of torch stays
-FP8_CONVERSION = """
-import sys
-from transformers import AutoConfig, AutoModelForCausalLM
-from torchao.float8.float8_linear import Float8Linear
-from training_jobs.trainer.float8 import convert_to_float8
-config = AutoConfig.for_model("llama", vocab_size=96, hidden_size=32, intermediate_size=64,
-                              num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                              head_dim=8, tie_word_embeddings=False)
-model = AutoModelForCausalLM.from_config(config)
-count = convert_to_float8(model)
-kv = model.model.layers[0].self_attn.k_proj
-print(count, isinstance(model.lm_head, Float8Linear), isinstance(kv, Float8Linear), kv.out_features)
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 11),
-                    reason=f"{TORCHAO} needs torch 2.11 or newer; an older container pairs its torch with "
-                           "an older torchao (docs/training.md, FP8)")
-def test_fp8_converts_the_decoder_layers_linear_layers_only(tmp_path):
-    """torchao in a virtual environment of its own beside the project's (its compiled kernels do
-    not load against this torch and say so at every import)."""
-    import site
-    import subprocess
-    import sys
-
-    from .conftest import REPO, child_env
-
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    packages = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
-                              check=True, capture_output=True, text=True).stdout.strip()
-    (Path(packages) / "project.pth").write_text(site.getsitepackages()[0] + "\n")
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", TORCHAO], check=True)
-    result = subprocess.run([str(python), "-c", FP8_CONVERSION], cwd=REPO, env=child_env(),
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    # 3 layers x 7 linear layers (q, k, v, o, gate, up, down); the head stays; k_proj is 2 x 8 wide.
-    assert result.stdout.split()[-4:] == ["21", "False", "True", "16"]
+    assert dims.mesh_shape == (2, 1, 2, 1, 2) and dims.data_parallel == 2
+    dims = ParallelDims.resolve(ParallelConfig(parallelism="fsdp", pipeline_parallel_degree=2,
+                                               context_parallel_degree=2, tensor_parallel_degree=2), 16, 2)
+    assert dims.mesh_shape == (2, 1, 2, 2, 2) and dims.data_parallel == 2  # context ranks share samples
 
 
 def test_each_cluster_shape_trains_the_same_positions_of_the_global_order():

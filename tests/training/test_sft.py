@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 from training_jobs import prepare_data
 from training_jobs.trainer.data import IGNORE_INDEX, BatchLayout, EvalBatches, TokenSamples
 from training_jobs.trainer.errors import DataError
-from training_jobs.trainer.models import causal_lm_loss
+from training_jobs.trainer.loss import causal_lm_loss
 from training_jobs.trainer.shards import read_manifest
 
 from .conftest import REPO, TINY, TOKENIZER, child_env, job_root, losses, run_jobs
@@ -339,3 +339,32 @@ def test_a_job_fine_tunes_on_completions_with_ddp(shipped_sft, tmp_path):
         evaluations[name] = [r["eval_loss"] for r in records if r["kind"] == "eval"]
     assert len(evaluations["whole"]) == 1 and np.isfinite(evaluations["whole"][0])
     np.testing.assert_allclose(evaluations["accumulated"], evaluations["whole"], rtol=2e-4)
+
+
+def test_examples_without_an_answer_to_train_are_refused_when_prepared(tmp_path, capsys):
+    """Every completion empty (e.g. --completion-key names a field the records leave blank): the mask
+    would train nothing but the end-of-sequence token, and the job would reach a loss near 0."""
+    blank = _write_jsonl(tmp_path / "blank.jsonl", [{**e, "completion": ""} for e in EXAMPLES])
+    err = _refused(capsys, blank, TOKENIZER, tmp_path / "out", "--completion-key", "completion")
+    assert f"no example in {blank} has an answer to train on" in err
+    assert "check --completion-key" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_masked_dataset_that_trains_no_token_is_refused_when_loaded(examples_data, tmp_path):
+    """Shards whose masks mark no answer token (written by another tool, or a bug) are refused by the
+    job before it trains at loss 0 and exports a model."""
+    import shutil
+
+    folder = shutil.copytree(examples_data, tmp_path / "masked")
+    manifest = read_manifest(folder)
+    for shard in manifest.shards:
+        tokens = np.fromfile(shard.path, dtype="<u2")
+        # only the end-of-sequence ids stay trained: an answer-less dataset
+        (tokens == manifest.eos_token_id).astype(np.uint8).tofile(shard.mask_path)
+    with pytest.raises(DataError, match=r"the train channel \(.*masked\) trains no answer token"):
+        TokenSamples(folder, seq_len=16, channel="train", model_vocab_size=640)
+    for shard in manifest.shards:
+        np.zeros(shard.num_tokens, np.uint8).tofile(shard.mask_path)
+    with pytest.raises(DataError, match="--completion-key"):
+        TokenSamples(folder, seq_len=16, channel="train", model_vocab_size=640)

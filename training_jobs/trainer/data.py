@@ -10,18 +10,25 @@ only state is the number of samples consumed, so a resumed job continues exactly
 
 A loss-masked dataset (shards.py) carries a mask window beside each token window; a target the mask
 leaves out (a prompt token) becomes IGNORE_INDEX, which the loss skips.
+
+Under context parallel the ranks of one context group read the same samples and each keeps its
+part of every sequence (context_parallel.SequenceSplit: two chunks of inputs and targets).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .errors import DataError
-from .shards import Manifest, read_manifest
+from .shards import Manifest, read_manifest, trains_an_answer
+
+if TYPE_CHECKING:
+    from .context_parallel import SequenceSplit
 
 IGNORE_INDEX = -100  # a target that is context only (PyTorch's cross-entropy default)
 
@@ -44,6 +51,12 @@ class TokenSamples:
                             f"{self.manifest.vocab_size} tokens, larger than the model's "
                             f"{model_vocab_size}: use the same tokenizer for data and model")
         self.vocab_size = model_vocab_size
+        if self.manifest.loss_mask and not trains_an_answer(self.manifest):
+            raise DataError(f"the {channel} channel ({self.manifest.folder}) trains no answer token: "
+                            "its loss mask marks only prompts and end-of-sequence ids, so the job "
+                            "would train at a loss near 0; prepare it again with --completion-key "
+                            "naming the field that holds the answers (or --messages-key with assistant "
+                            "messages)")
         self.maps = [np.memmap(shard.path, dtype=self.manifest.numpy_dtype, mode="r")
                      for shard in self.manifest.shards]
         per_shard = [max(len(tokens) - 1, 0) // seq_len for tokens in self.maps]
@@ -77,9 +90,14 @@ class TokenSamples:
         # Contiguous, so that a pinned copy is what travels to a GPU (a strided one is re-packed).
         return np.ascontiguousarray(self._read(self.mask_windows, indices, np.bool_)[:, 1:])
 
-    def batch(self, indices: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets) of the given samples on the device."""
-        return to_device(self.gather(indices), device, self.target_mask(indices))
+    def batch(self, indices: np.ndarray, device: torch.device,
+              sequence: SequenceSplit | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of the given samples on the device (this rank's part of each sequence
+        under context parallel)."""
+        inputs, targets = to_device(self.gather(indices), device, self.target_mask(indices))
+        if sequence is None:
+            return inputs, targets
+        return sequence.shard(inputs), sequence.shard(targets)
 
     def _read(self, windows: list[np.ndarray], indices: np.ndarray, dtype) -> np.ndarray:
         out = np.empty((len(indices), self.seq_len + 1), dtype=dtype)
@@ -151,8 +169,8 @@ class TrainBatches:
     """The training stream for one rank. `consumed_samples` is its whole resumable state."""
 
     def __init__(self, samples: TokenSamples, layout: BatchLayout, seed: int,
-                 device: torch.device) -> None:
-        self.samples, self.layout, self.device = samples, layout, device
+                 device: torch.device, sequence: SequenceSplit | None = None) -> None:
+        self.samples, self.layout, self.device, self.sequence = samples, layout, device, sequence
         self.order = ShuffledOrder(samples.num_samples, seed)
         self.seed = seed
         self.consumed_samples = 0
@@ -160,7 +178,8 @@ class TrainBatches:
     def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The micro batches of the next optimizer step for this rank."""
         first = self.consumed_samples
-        micro_batches = [self.samples.batch(self.order[self.layout.positions(first, m)], self.device)
+        micro_batches = [self.samples.batch(self.order[self.layout.positions(first, m)], self.device,
+                                            self.sequence)
                          for m in range(self.layout.grad_accum_steps)]
         self.consumed_samples += self.layout.global_batch_size
         return micro_batches
@@ -191,7 +210,7 @@ class EvalBatches:
     at once)."""
 
     def __init__(self, samples: TokenSamples, layout: BatchLayout, steps: int,
-                 device: torch.device, *, together: int = 1) -> None:
+                 device: torch.device, *, together: int = 1, sequence: SequenceSplit | None = None) -> None:
         per_batch = layout.data_parallel_size * layout.micro_batch_size
         available = min(steps, samples.num_samples // per_batch)
         self.steps = available // together * together
@@ -203,11 +222,11 @@ class EvalBatches:
             raise DataError(f"a pipeline evaluates {together} batches at once (grad_accum_steps) and "
                             f"this job has {available}: raise eval_steps to at least {together}, or "
                             "add validation data")
-        self.samples, self.layout, self.device = samples, layout, device
+        self.samples, self.layout, self.device, self.sequence = samples, layout, device, sequence
 
     def __iter__(self):
         single = BatchLayout(self.layout.data_parallel_size, self.layout.data_parallel_rank,
                              self.layout.micro_batch_size, 1)
         for step in range(self.steps):
             positions = single.positions(step * single.global_batch_size, 0)
-            yield self.samples.batch(positions, self.device)
+            yield self.samples.batch(positions, self.device, self.sequence)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import parse_command_line
+from ..contract.hyperparameters import parse_command_line
 from .errors import ConfigError, ContainerError
 
 DEFAULT_BASE_DIR = Path("/opt/ml")

@@ -1,16 +1,14 @@
 """Errors that stop the job with a message for the person who launched it.
 
 The entry point prints a TrainingError's message (no traceback) and exits non-zero; anything else
-is a bug and keeps its traceback.
+is a bug and keeps its traceback. TrainingError and ConfigError belong to the torch-free contract
+(training_jobs/contract/errors.py), which the platform checks runs with before any job exists.
 """
 
+from ..contract.errors import ConfigError, TrainingError
 
-class TrainingError(RuntimeError):
-    """A problem in the job's input or environment; the message names it and says what to fix."""
-
-
-class ConfigError(TrainingError, ValueError):
-    """A hyperparameter is unknown or invalid."""
+__all__ = ["CheckpointError", "ConfigError", "ContainerError", "DataError", "DivergenceError",
+           "ExportError", "TrainingError"]
 
 
 class DataError(TrainingError):

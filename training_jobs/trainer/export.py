@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..contract.hyperparameters import TrainConfig
 from . import lora as lora_module
-from .config import TrainConfig
 
 EXPORT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..contract.hyperparameters import TrainConfig
+from ..contract.parallel_dims import reshards_checkpoints, resolve_cluster
 from . import checkpoint, health, tracking
 from .checkpoint import CheckpointStore, StopSignal, Triggers
-from .config import TrainConfig
 from .data import BatchLayout, EvalBatches, TokenSamples, TrainBatches
 from .environment import JobEnvironment
 from .errors import DataError
@@ -26,7 +27,6 @@ from .metrics import (
 )
 from .models import attention_implementation, load_tokenizer, model_source
 from .parallel import COMPUTE_DTYPES
-from .parallel_dims import ParallelDims, with_global_batch
 from .strategies import SetupContext, Strategy, build_strategy
 from .strategies.protocol import ModelSummary
 
@@ -51,6 +51,18 @@ def _channel_samples(env: JobEnvironment, name: str, seq_len: int, vocab: int) -
                             "SM_CHANNEL_TRAIN (see `python -m training_jobs.prepare_data`)")
         return None
     return TokenSamples(path, seq_len, name, vocab)
+
+
+def check_tokenizer(samples: tuple[TokenSamples, TokenSamples | None], tokenizer, where: Path) -> None:
+    """The data must have been made with the tokenizer the job reads it with: a vocabulary larger
+    than the model's is refused by TokenSamples; another end-of-sequence id means another tokenizer."""
+    for channel in filter(None, samples):
+        if channel.manifest.eos_token_id != tokenizer.eos_token_id:
+            raise DataError(f"the {channel.channel} channel was made with a tokenizer whose "
+                            f"end-of-sequence id is {channel.manifest.eos_token_id}, and the job's "
+                            f"tokenizer ({where}) has {tokenizer.eos_token_id}: give the run the "
+                            "tokenizer the data was made with as its tokenizer channel (prepare_data "
+                            "writes it as tokenizer/ beside the splits)")
 
 
 def _check_same_loss(train: TokenSamples, validation: TokenSamples | None) -> None:
@@ -84,11 +96,15 @@ def _throughput(config: TrainConfig, strategy: Strategy, summary: ModelSummary, 
 
 
 def _preflight(device: torch.device, env: JobEnvironment) -> None:
-    results = health.preflight(device, env.current_host)
+    checked = health.preflight(device, env.current_host)
     if env.is_main:
-        slowest = max(results, key=lambda r: r.allreduce_seconds)
-        log(f"preflight ok: {len(results)} ranks, slowest all-reduce {slowest.bus_gbps:.2f} GB/s "
+        slowest = max(checked.ranks, key=lambda r: r.allreduce_seconds)
+        log(f"preflight ok: {len(checked.ranks)} ranks, slowest all-reduce {slowest.bus_gbps:.2f} GB/s "
             f"(rank {slowest.rank} on {slowest.host})")
+        if checked.slow:
+            log(f"preflight: {', '.join(r.describe() for r in checked.slow)} slower than "
+                f"{checked.factor:g}x the median; on CPU cores shared with other processes that is "
+                "timing noise: reported, not a fault")
 
 
 def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device, strategy: Strategy,
@@ -99,10 +115,12 @@ def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device
     layout = BatchLayout(topo.data_parallel_size, topo.data_parallel_rank,
                          config.data.micro_batch_size, config.data.grad_accum_steps)
     evaluation = EvalBatches(eval_samples, layout, config.logging.eval_steps, device,
-                             together=strategy.eval_micro_batches) if eval_samples else None
+                             together=strategy.eval_micro_batches,
+                             sequence=topo.sequence_split) if eval_samples else None
     return LoopContext(
         config=config, strategy=strategy,
-        train=TrainBatches(train_samples, layout, config.run.seed, device), evaluation=evaluation,
+        train=TrainBatches(train_samples, layout, config.run.seed, device, topo.sequence_split),
+        evaluation=evaluation,
         store=CheckpointStore(env.checkpoint_dir, config.checkpoint.keep_checkpoints, env.rank,
                               env.is_local_main, background_writes=config.checkpoint.checkpoint_async
                               and strategy.saves_asynchronously),
@@ -120,8 +138,7 @@ def build(config: TrainConfig, env: JobEnvironment, device: torch.device,
           stop: StopSignal | None = None) -> Job:
     """Tokenizer, model, data and strategy; data channels are checked before the model is built."""
     stop = stop or StopSignal()
-    dims = ParallelDims.resolve(config.parallel, env.world_size, env.num_hosts)
-    config = with_global_batch(config, dims)
+    config, dims = resolve_cluster(config, env.world_size, env.num_hosts)
     if config.logging.preflight_check:
         _preflight(device, env)
     tokenizer, tokenizer_path = load_tokenizer(env.channel("tokenizer"), env.channel("model"))
@@ -133,6 +150,7 @@ def build(config: TrainConfig, env: JobEnvironment, device: torch.device,
     samples = (_channel_samples(env, "train", config.data.seq_len, vocab),
                _channel_samples(env, "validation", config.data.seq_len, vocab))
     _check_same_loss(*samples)
+    check_tokenizer(samples, tokenizer, tokenizer_path)
     strategy = build_strategy(SetupContext(config, source, device, dims))
     summary = strategy.model_summary()
     loop = _loop_context(config, env, device, strategy, samples, stop, summary)
@@ -157,7 +175,8 @@ def resume(job: Job) -> None:
     state = checkpoint.read_trainer_state(folder)
     checkpoint.check_resumable(state, loop.config.flat())
     saved = state.get("parallel", {})
-    loop.strategy.topology.dims.check_resume(saved, reshards=loop.strategy.reshards_checkpoints)
+    reshards = reshards_checkpoints(loop.config.parallel.parallelism)
+    loop.strategy.topology.dims.check_resume(saved, reshards=reshards)
     loop.store.load(folder, loop.strategy)
     loop.step = int(state["step"])
     loop.train.load_state_dict(state["data"])

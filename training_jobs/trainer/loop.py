@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..contract.hyperparameters import TrainConfig, profile_window
 from .checkpoint import CheckpointStore, Triggers
-from .config import TrainConfig, profile_window
 from .data import EvalBatches, TrainBatches
 from .errors import DivergenceError
+from .loss import causal_lm_loss, causal_lm_loss_sum, trained_targets
 from .metrics import MetricsLogger, log, peak_memory_gb
-from .models import causal_lm_loss, causal_lm_loss_sum, trained_targets
 from .strategies import Strategy
 from .strategies.protocol import LossFn, MicroBatch
 
@@ -83,13 +83,14 @@ def _micro_batch_loss(ctx: LoopContext, micro_batches: list[MicroBatch]) -> Loss
 
 def _trained_token_weight(ctx: LoopContext, micro_batches) -> torch.Tensor | None:
     """With a loss-masked dataset, the factor of a micro batch's summed loss that makes the step's
-    gradient (divided by the accumulation steps in backward, averaged over the data-parallel ranks)
+    gradient (divided by the accumulation steps in backward, averaged over the batch ranks: data and
+    context parallel)
     the mean over every trained token of the global batch, however unevenly they fall into micro
     batches: accumulation steps x ranks / trained targets. None for packed text, where every micro
     batch holds the same number of targets and its mean is the right loss."""
     if not ctx.train.samples.manifest.loss_mask:
         return None
-    group = ctx.strategy.topology.data_parallel_group()
+    group = ctx.strategy.topology.batch_group()
     count = sum(trained_targets(targets) for _, targets in micro_batches)
     dist.all_reduce(count, group=group)
     return len(micro_batches) * dist.get_world_size(group) / count.clamp(min=1)

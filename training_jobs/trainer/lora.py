@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import LoraConfig
+from ..contract.hyperparameters import QUANTIZED_PARALLELISMS, LoraConfig
 from .errors import ConfigError, ExportError
 
 
@@ -35,11 +35,6 @@ def apply_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
         return get_peft_model(model, peft_config(lora))
     except ValueError as error:  # peft names the modules it could not find
         raise ConfigError(f"invalid hyperparameter 'lora_target_modules': {error}") from error
-
-
-# bitsandbytes' packed 4-bit weights do not shard (FSDP, ZeRO-3, SMP); llmtrain.validate's
-# QLORA_STRATEGIES refuses the others before a job is created.
-QUANTIZED_PARALLELISMS = ("single", "ddp")
 
 
 def check_quantization(lora: LoraConfig, parallelism: str, *, has_checkpoint: bool) -> None:

@@ -26,40 +26,19 @@ from pathlib import Path
 
 import torch
 
-# Dense bf16 tensor-core peak per accelerator, TFLOP/s, from the vendors' data sheets.
-PEAK_TFLOPS_BY_INSTANCE_FAMILY = {
-    "ml.p4d": 312.0,   # A100
-    "ml.p4de": 312.0,  # A100 80 GB
-    "ml.p5": 989.0,    # H100 SXM
-    "ml.p5e": 989.0,   # H200
-    "ml.p5en": 989.0,  # H200
-    "ml.p6-b200": 2250.0,  # B200
-    "ml.g5": 70.0,     # A10G
-    "ml.g6": 121.0,    # L4
-    "ml.g6e": 362.0,   # L40S
-    "ml.p3": 125.0,    # V100 (fp16)
-}
-
-
-# The same data sheets by the name CUDA reports, for GPUs outside SageMaker (a workstation, a
-# lent machine): first match wins, so the more specific names come first.
-PEAK_TFLOPS_BY_DEVICE_NAME = (
-    ("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("GH200", 989.0), ("B200", 2250.0),
-    ("A100", 312.0), ("A10G", 70.0), ("L40S", 362.0), ("L4", 121.0), ("V100", 125.0),
-)
+from ..contract.hardware import device_peak_tflops, instance_peak_tflops
 
 
 def table_peak_flops(instance_type: str) -> float | None:
-    family = instance_type.rsplit(".", 1)[0] if instance_type.count(".") >= 2 else instance_type
-    tflops = PEAK_TFLOPS_BY_INSTANCE_FAMILY.get(family)
+    """The dense peak of one accelerator of this SageMaker instance type (contract/hardware.py)."""
+    tflops = instance_peak_tflops(instance_type)
     return tflops * 1e12 if tflops else None
 
 
 def device_name_peak_flops(device_name: str) -> float | None:
-    for fragment, tflops in PEAK_TFLOPS_BY_DEVICE_NAME:
-        if fragment in device_name:
-            return tflops * 1e12
-    return None
+    """The dense peak of the GPU CUDA names so (a workstation, a lent machine)."""
+    tflops = device_peak_tflops(device_name)
+    return tflops * 1e12 if tflops else None
 
 
 def measured_peak_flops(device: torch.device, dtype: torch.dtype, size: int,

@@ -15,48 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import ConfigError, ModelConfig
-from .data import IGNORE_INDEX
+from ..contract.hyperparameters import ConfigError, ModelConfig
+from ..contract.presets import PRESETS, padded_vocab_size
 from .errors import ContainerError
 
 SHIPPED_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tokenizer"
 
-# Architecture of each preset (vocabulary and context length come from the tokenizer and seq_len).
-_LLAMA = {"hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
-_ROPE_500K = {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
-_LLAMA_70B = {**_LLAMA, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-              "num_attention_heads": 64, "num_key_value_heads": 8, **_ROPE_500K}
-PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama-tiny": ("llama", {**_LLAMA, "hidden_size": 64, "intermediate_size": 176,
-                             "num_hidden_layers": 2, "num_attention_heads": 4,
-                             "num_key_value_heads": 2}),
-    "llama-20m": ("llama", {**_LLAMA, "hidden_size": 512, "intermediate_size": 1408,
-                            "num_hidden_layers": 6, "num_attention_heads": 8,
-                            "num_key_value_heads": 8}),
-    "llama-1b": ("llama", {**_LLAMA, "hidden_size": 2048, "intermediate_size": 8192,
-                           "num_hidden_layers": 16, "num_attention_heads": 32,
-                           "num_key_value_heads": 8, "tie_word_embeddings": True, **_ROPE_500K}),
-    "llama-7b": ("llama", {**_LLAMA, "hidden_size": 4096, "intermediate_size": 11008,
-                           "num_hidden_layers": 32, "num_attention_heads": 32,
-                           "num_key_value_heads": 32}),
-    "llama-13b": ("llama", {**_LLAMA, "hidden_size": 5120, "intermediate_size": 13824,
-                            "num_hidden_layers": 40, "num_attention_heads": 40,
-                            "num_key_value_heads": 40}),
-    "llama-70b": ("llama", _LLAMA_70B),
-    # The published Llama 3 shapes (Meta's Llama 3.1 8B, 70B and 405B configs).
-    "llama3-8b": ("llama", {**_LLAMA, "hidden_size": 4096, "intermediate_size": 14336,
-                            "num_hidden_layers": 32, "num_attention_heads": 32,
-                            "num_key_value_heads": 8, **_ROPE_500K}),
-    "llama3-70b": ("llama", _LLAMA_70B),
-    "llama3-405b": ("llama", {**_LLAMA, "hidden_size": 16384, "intermediate_size": 53248,
-                              "num_hidden_layers": 126, "num_attention_heads": 128,
-                              "num_key_value_heads": 8, **_ROPE_500K}),
-    "gpt2-tiny": ("gpt2", {"n_embd": 64, "n_layer": 2, "n_head": 4}),
-    "gpt2-small": ("gpt2", {"n_embd": 768, "n_layer": 12, "n_head": 12}),
-    "gpt2-medium": ("gpt2", {"n_embd": 1024, "n_layer": 24, "n_head": 16}),
-    "gpt2-large": ("gpt2", {"n_embd": 1280, "n_layer": 36, "n_head": 20}),
-    "gpt2-xl": ("gpt2", {"n_embd": 1600, "n_layer": 48, "n_head": 25}),
-}
 # Pretraining from scratch: no dropout (the modern recipe, and exactly reproducible).
 _GPT2_NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 
@@ -103,11 +67,6 @@ def load_tokenizer(tokenizer_channel: Path | None, model_channel: Path | None):
 def _has_tokenizer(path: Path | None) -> bool:
     return path is not None and any((path / name).is_file() for name in
                                     ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
-
-
-def padded_vocab_size(tokenizer_size: int, multiple: int = 64) -> int:
-    """Round the embedding rows up to a multiple of 64: faster matmuls, unused rows are harmless."""
-    return -(-tokenizer_size // multiple) * multiple
 
 
 def preset_config(model: ModelConfig, tokenizer, seq_len: int):
@@ -241,23 +200,8 @@ def parameter_count(param: torch.Tensor) -> int:
     return getattr(param, "ds_numel", None) or param.numel()
 
 
-def forward_logits(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-    return model(input_ids=inputs, use_cache=False).logits
-
-
-def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over the trained targets: every position of packed text;
-    with a loss-masked dataset, only those not set to IGNORE_INDEX (-100, cross-entropy's
-    default). A micro batch without any trained target gives 0, not 0/0."""
-    return causal_lm_loss_sum(logits, targets) / trained_targets(targets).clamp(min=1)
-
-
-def causal_lm_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Summed next-token cross-entropy over the trained targets (for means over several batches)."""
-    return nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
-                                       targets.reshape(-1), reduction="sum")
-
-
-def trained_targets(targets: torch.Tensor) -> torch.Tensor:
-    """How many targets the loss counts (a float device scalar)."""
-    return (targets != IGNORE_INDEX).sum().float()
+def forward_logits(model: nn.Module, inputs: torch.Tensor,
+                   positions: torch.Tensor | None = None) -> torch.Tensor:
+    """The logits of `inputs`; `positions` when the tokens are not the sequence's first ones in order
+    (a context-parallel rank's chunks)."""
+    return model(input_ids=inputs, position_ids=positions, use_cache=False).logits

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from .config import OptimConfig, TrainConfig
+from ..contract.hyperparameters import OptimConfig, TrainConfig
 
 FUSED_DEVICES = ("cpu", "cuda")
 
@@ -71,3 +71,17 @@ def lr_multiplier(config: TrainConfig, peak: float) -> Callable[[int], float]:
 def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig,
                     peak: float) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(config, peak))
+
+
+def resume_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, state: dict) -> None:
+    """Continue this job's schedule at the step a checkpoint's scheduler state reached.
+
+    The saved state gives the step count; the rates come from this job's schedule (its peak and
+    decay horizon), written into the optimizer now. Loading the state alone would keep the rate the
+    old schedule left in the optimizer's saved state for the first resumed step, wrong whenever a
+    run resumes with another max_steps (without lr_decay_steps) or lr."""
+    peaks = list(scheduler.base_lrs)
+    scheduler.load_state_dict(state)
+    scheduler.base_lrs = peaks
+    scheduler.last_epoch -= 1
+    scheduler.step()  # the rate at the restored step, set on the optimizer's parameter groups

@@ -10,7 +10,6 @@ decide which to apply; pipeline stages get the same transformations one stage at
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,11 +18,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .config import ParallelConfig, TrainConfig, cuda_graphs_apply
+from ..contract.hyperparameters import ParallelConfig, TrainConfig, cuda_graphs_apply
+from ..contract.parallel_dims import MESH_DIMS, ParallelDims
+from .context_parallel import SequenceSplit, apply_context_parallel
 from .cpu_collectives import prefetch_forward, use_fast_cpu_collectives
 from .errors import ConfigError, ContainerError
 from .models import decoder_layers
-from .parallel_dims import MESH_DIMS, ParallelDims
+from .tensor_parallel import apply_tensor_parallel
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -86,30 +87,61 @@ class Topology:
     data_parallel_rank: int
     device: torch.device
     pipeline_rank: int = 0
+    context_rank: int = 0
 
     @property
     def data_parallel_size(self) -> int:
         return self.dims.data_parallel
 
-    def data_parallel_group(self):
-        """Process group of the data-parallel ranks that hold this rank's stage and tensor slice."""
-        if self.mesh is None or self.dims.pipeline == self.dims.tensor == 1:
+    @property
+    def sequence_split(self) -> SequenceSplit | None:
+        """This rank's part of every sequence under context parallel; None without it."""
+        return SequenceSplit(self.context_rank, self.dims.context) if self.dims.context > 1 else None
+
+    def positions(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        """Position ids of `inputs` (this rank's tokens) where they are not 0, 1, ...: under context
+        parallel, its two chunks of the sequence."""
+        split = self.sequence_split
+        return None if split is None else split.positions(inputs.shape[1], inputs.device)
+
+    def vocabulary_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The output head's logits as the loss takes them: under this program's tensor parallel,
+        this rank's vocabulary shard as a DTensor sharded on the last dimension (loss parallel)."""
+        if self.mesh is None or self.dims.tensor == 1:
+            return logits
+        from torch.distributed.tensor import DTensor, Shard
+
+        return DTensor.from_local(logits, self.mesh["tp"], [Shard(logits.ndim - 1)], run_check=False)
+
+    def _group(self, dims: tuple[str, ...]):
+        """The process group of this rank's neighbours along `dims` (the world when that is all)."""
+        if self.mesh is None or self.dims.world_size == _size(self.dims, dims):
             return dist.group.WORLD
-        return self.mesh["replicate", "shard"]._flatten("dp").get_group()
+        return self.mesh[dims]._flatten("_".join(dims)).get_group()
+
+    def data_parallel_group(self):
+        """Process group of the data-parallel ranks that hold this rank's stage, tensor slice and
+        sequence part."""
+        return self._group(("replicate", "shard"))
+
+    def batch_group(self):
+        """The ranks that share one optimizer step's tokens and average their gradients: the
+        data-parallel ranks and the context-parallel ranks (each holding part of every sequence)."""
+        return self._group(("replicate", "shard", "cp"))
 
     def pipeline_group(self):
         return self.mesh["pp"].get_group()
 
     def loss_group(self):
-        """The ranks whose summed losses, divided by the data-parallel size, are the global loss:
-        the data-parallel ranks, and with pipeline stages every stage of them (only the last stage
+        """The ranks whose summed losses, divided by the number of batch ranks, are the global
+        loss: the batch ranks, and with pipeline stages every stage of them (only the last stage
         holds losses, the others add zeros). Tensor-parallel ranks hold copies and reduce apart."""
         if self.dims.pipeline == 1:
-            return self.data_parallel_group()
-        return self.mesh["pp", "replicate", "shard"]._flatten("pp_dp").get_group()
+            return self.batch_group()
+        return self._group(("pp", "replicate", "shard", "cp"))
 
     def mean_loss(self, values: torch.Tensor) -> torch.Tensor:
-        """`values` (losses of this rank) averaged over the data-parallel replicas; in place."""
+        """`values` (losses of this rank) averaged over the batch ranks; in place."""
         group = self.loss_group()
         dist.all_reduce(values, group=group)
         return values.div_(dist.get_world_size(group) // self.dims.pipeline)
@@ -127,39 +159,75 @@ def build_topology(dims: ParallelDims, device: torch.device, needs_mesh: bool) -
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device.type, dims.mesh_shape, mesh_dim_names=MESH_DIMS)
-    pipeline, replicate, shard, _ = mesh.get_coordinate()
-    return Topology(dims, mesh, replicate * dims.shard + shard, device, pipeline)
+    pipeline, replicate, shard, context, _ = mesh.get_coordinate()
+    return Topology(dims, mesh, replicate * dims.shard + shard, device, pipeline, context)
+
+
+def _size(dims: ParallelDims, names: tuple[str, ...]) -> int:
+    sizes = dict(zip(MESH_DIMS, dims.mesh_shape, strict=True))
+    product = 1
+    for name in names:
+        product *= sizes[name]
+    return product
 
 
 # --- model transformations ----------------------------------------------------------------------
 
-def _selective_policy():
-    """Keep the outputs of matmuls and attention (expensive), recompute everything else."""
+def _saved_ops() -> set:
+    """Operators whose outputs the selective policy always keeps: attention (every SDPA kernel),
+    the reduce-scatters that end sequence-parallel regions (recomputing them would repeat the
+    communication) and max (float8 scales), as torchtitan's op-level policy keeps them."""
+    names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_attention_math", "_efficient_attention_forward", "max")
+    ops = {getattr(torch.ops.aten, name).default for name in names if hasattr(torch.ops.aten, name)}
+    ops.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
+    return ops
+
+
+MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+
+
+def selective_policy():
+    """torchtitan's op-level policy: in each checkpointed layer keep the outputs of `_saved_ops` and
+    of every other matmul (the 1st, 3rd, ...: of a Llama layer's q, k, v, o, gate, up, down
+    projections, q, v, gate and down), recompute everything else (norms, rotary embeddings,
+    activations, the other matmuls, all-gathers). Counted apart in the forward and the recompute,
+    which see the same matmuls in the same order."""
+    from collections import defaultdict
+
     from torch.utils.checkpoint import CheckpointPolicy
 
-    keep = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-            torch.ops.aten._scaled_dot_product_flash_attention.default,
-            torch.ops.aten._scaled_dot_product_efficient_attention.default,
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+    saved = _saved_ops()
+    counts: dict[bool, int] = defaultdict(int)
 
     def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
+        if op in MATMULS:
+            counts[ctx.is_recompute] += 1
+            keep = counts[ctx.is_recompute] % 2 == 1
+        else:
+            keep = op in saved
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
     return policy
+
+
+def _selective_contexts():
+    """A fresh policy (and count) for each forward of a checkpointed layer."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(selective_policy())
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str, every: int) -> int:
     """Wrap decoder layers 0, k, 2k, ... in a (non-reentrant) checkpoint wrapper; returns how many."""
     if mode == "none":
         return 0
-    from functools import partial
-
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     options = {"checkpoint_impl": CheckpointImpl.NO_REENTRANT, "preserve_rng_state": True}
     if mode == "selective":
-        options["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy())
+        options["context_fn"] = _selective_contexts
     layers = decoder_layers(model)
     chosen = range(0, len(layers), every)
     for index in chosen:
@@ -188,60 +256,46 @@ def apply_compile(model: nn.Module, mode: str | None = None) -> None:
         layer.compile(mode=mode)
 
 
-def tensor_parallel_plan(model: nn.Module) -> dict[str, object]:
-    """The model's own TP plan (HF config.base_model_tp_plan) as PyTorch parallel styles."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    plan = getattr(model.config, "base_model_tp_plan", None) or {}
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    unsupported = sorted({style for style in plan.values() if style not in styles})
-    if not plan or unsupported:
-        raise ConfigError(f"invalid hyperparameter 'tensor_parallel_degree': {model.config.model_type} "
-                          "models have no supported tensor-parallel plan (Llama-style models do); "
-                          "use tensor_parallel_degree=1")
-    return {pattern: styles[style]() for pattern, style in plan.items()}
-
-
-def _check_divisible(model: nn.Module, degree: int) -> None:
-    config = model.config
-    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
-        value = getattr(config, name, None)
-        if value is not None and value % degree:
-            raise ConfigError(f"invalid hyperparameter 'tensor_parallel_degree': {degree} does not "
-                              f"divide the model's {name} ({value})")
-
-
-def apply_tensor_parallel(model: nn.Module, tp_mesh) -> None:
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    _check_divisible(model, tp_mesh.size())
-    base = model.base_model
-    plan = tensor_parallel_plan(model)
-    matched = {name for name, _ in base.named_modules()
-               if any(fnmatch.fnmatchcase(name, pattern) for pattern in plan)}
-    if not matched:
-        raise ConfigError("invalid hyperparameter 'tensor_parallel_degree': the model's "
-                          "tensor-parallel plan matches none of its modules")
-    parallelize_module(base, tp_mesh, plan)
-
-
 def transform(model: nn.Module, config: TrainConfig, topology: Topology, device: torch.device, *,
               with_fsdp: bool) -> None:
-    """Tensor parallel, FP8, activation checkpointing, compile and FSDP, in that order (each later
-    step wraps what the earlier ones produced)."""
-    par, mesh = config.parallel, topology.mesh
-    if topology.dims.tensor > 1:
-        apply_tensor_parallel(model, mesh["tp"])
+    """FP8, tensor parallel (with sequence and loss parallel), context parallel, activation
+    checkpointing, compile and FSDP, in that order (each later step wraps what the earlier ones
+    produced; torchao's float8 tensor-parallel styles take converted layers)."""
+    par, mesh, dims = config.parallel, topology.mesh, topology.dims
     if par.fp8:
         from .float8 import apply_float8
 
-        apply_float8(model, device)
+        apply_float8(model, device, par, with_fsdp=with_fsdp)
+    if dims.tensor > 1:
+        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=par.sequence_parallel,
+                              float8=par.fp8 and par.fp8_recipe == "tensorwise")
+    if dims.context > 1:
+        check_context_parallel(model)
+        apply_context_parallel(model, topology.sequence_split, mesh["cp"].get_group(), config.data.seq_len)
     apply_activation_checkpointing(model, par.activation_checkpointing, par.activation_checkpointing_every)
     if par.compile:
         apply_compile(model, compile_mode(config, device))
     if with_fsdp:
-        dp_mesh = mesh["replicate", "shard"] if par.fsdp_sharding == "hybrid" else mesh["shard"]
-        apply_fsdp(model, dp_mesh, par, offload=par.offload_params or par.offload_optimizer)
+        apply_fsdp(model, fsdp_mesh(mesh, dims, par), par,
+                   offload=par.offload_params or par.offload_optimizer)
+
+
+def check_context_parallel(model: nn.Module) -> None:
+    from .tensor_parallel import TENSOR_PARALLEL_MODEL_TYPES
+
+    if model.config.model_type not in TENSOR_PARALLEL_MODEL_TYPES:
+        raise ConfigError(f"invalid hyperparameter 'context_parallel_degree': {model.config.model_type} "
+                          "models cannot split their sequences (these can: "
+                          f"{', '.join(TENSOR_PARALLEL_MODEL_TYPES)}: rotary positions and "
+                          "transformers' attention interface); use context_parallel_degree=1")
+
+
+def fsdp_mesh(mesh, dims: ParallelDims, par: ParallelConfig):
+    """The mesh FSDP shards over: shard x context ranks (replicated over `replicate` when hybrid)."""
+    shard = mesh["shard", "cp"]._flatten("shard_cp") if dims.context > 1 else mesh["shard"]
+    if par.fsdp_sharding != "hybrid":
+        return shard
+    return mesh["replicate", "shard_cp"] if dims.context > 1 else mesh["replicate", "shard"]
 
 
 def activation_offload(par: ParallelConfig, device: torch.device):
@@ -329,8 +383,24 @@ def _sharded_dims(grad: torch.Tensor) -> tuple[tuple[str, ...], object]:
     if not isinstance(grad, DTensor):
         return (), None
     names = grad.device_mesh.mesh_dim_names
-    dims = tuple(names[i] for i, placement in enumerate(grad.placements) if placement.is_shard())
+    # not is_shard(): FSDP2's _StridedShard (its dimension under tensor parallel) is no Shard in
+    # newer torch, and its squares must be summed all the same
+    dims = tuple(names[i] for i, placement in enumerate(grad.placements)
+                 if not placement.is_replicate() and not placement.is_partial())
     return dims, grad.device_mesh
+
+
+def _reduce_partial_gradients(parameters: list[nn.Parameter]) -> None:
+    """Sum the gradients DTensor left as pending partial sums (sequence parallel's norm weights:
+    each tensor-parallel rank holds its sequence shard's part), as the optimizer would before using
+    them; the norm needs the sums."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    for param in parameters:
+        grad = param.grad
+        if isinstance(grad, DTensor) and any(placement.is_partial() for placement in grad.placements):
+            summed = [Replicate() if placement.is_partial() else placement for placement in grad.placements]
+            param.grad = grad.redistribute(grad.device_mesh, summed)
 
 
 def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, stage_group=None) -> torch.Tensor:
@@ -338,6 +408,7 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, stage_group=
     pipeline stages summed over `stage_group`), then scale them to at most `max_norm` (0 = measure
     only). No host synchronisation."""
     buckets: dict[tuple[str, ...], tuple[object, list[torch.Tensor]]] = {}
+    _reduce_partial_gradients(parameters)
     grads = [p.grad for p in parameters if p.grad is not None]
     for grad in grads:
         dims, mesh = _sharded_dims(grad)

@@ -10,7 +10,9 @@ A loss-masked dataset (supervised fine-tuning: prompt/completion pairs) also hol
 `shard_NNNNN.mask`: one byte per token, 1 where the token is a training target (completions and
 their end-of-sequence id) and 0 where it is only context (prompts). Its manifest has version 2, so
 a reader that knows nothing of masks (a template version published before them) refuses it rather
-than training on the prompts.
+than training on the prompts. A masked dataset must train some token besides the end-of-sequence
+ids that close its examples (`trains_an_answer`): masks that train nothing else would train at a loss
+near 0 and export an unchanged model.
 
 numpy only, so prepare_data and tests can use it without torch.
 """
@@ -165,3 +167,19 @@ def read_manifest(folder: Path) -> Manifest:
         fingerprint=hashlib.sha256(raw).hexdigest()[:16],
         loss_mask=loss_mask,
     )
+
+
+_SCAN_TOKENS = 1 << 20
+
+
+def trains_an_answer(manifest: Manifest) -> bool:
+    """Whether a loss-masked dataset trains a token that is not an end-of-sequence id. Scanned in
+    chunks until the first such token, which a real dataset has in its first example."""
+    for shard in manifest.shards:
+        tokens = np.memmap(shard.path, dtype=manifest.numpy_dtype, mode="r")
+        mask = np.memmap(shard.mask_path, dtype=np.uint8, mode="r")
+        for start in range(0, shard.num_tokens, _SCAN_TOKENS):
+            end = start + _SCAN_TOKENS
+            if np.any(mask[start:end].astype(bool) & (tokens[start:end] != manifest.eos_token_id)):
+                return True
+    return False

@@ -63,9 +63,11 @@ def check_splittable(causal_lm: nn.Module) -> None:
 class CausalLMStage(nn.Module):
     """Decoder layers `layers` of `causal_lm` (which this takes apart), with the embedding when
     `first` and the final norm and head when `last`. Input: token ids (first) or hidden states;
-    output: logits (last) or hidden states."""
+    output: logits (last) or hidden states. `positions`: the tokens' position ids where they are not
+    the sequence's first ones in order (a context-parallel rank's chunks)."""
 
-    def __init__(self, causal_lm: nn.Module, layers: Sequence[int], *, first: bool, last: bool) -> None:
+    def __init__(self, causal_lm: nn.Module, layers: Sequence[int], *, first: bool, last: bool,
+                 positions: torch.Tensor | None = None) -> None:
         super().__init__()
         check_splittable(causal_lm)
         base = causal_lm.model
@@ -79,6 +81,7 @@ class CausalLMStage(nn.Module):
         self.config = causal_lm.config
         self._no_split_modules = causal_lm._no_split_modules  # how decoder_layers finds the layers
         self.first, self.last = first, last
+        self.positions = positions  # position ids of the tokens, when not 0, 1, ... (context parallel)
 
     @property
     def base_model(self) -> nn.Module:
@@ -86,10 +89,8 @@ class CausalLMStage(nn.Module):
         return self.model
 
     def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
-        if self.first:
-            hidden = self.model(input_ids=tokens_or_hidden, use_cache=False).last_hidden_state
-        else:
-            hidden = self.model(inputs_embeds=tokens_or_hidden, use_cache=False).last_hidden_state
+        inputs = {"input_ids" if self.first else "inputs_embeds": tokens_or_hidden}
+        hidden = self.model(**inputs, position_ids=self.positions, use_cache=False).last_hidden_state
         return self.lm_head(hidden) if self.last else hidden
 
 

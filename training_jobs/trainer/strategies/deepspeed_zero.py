@@ -13,11 +13,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ...contract.hyperparameters import TrainConfig
 from .. import parallel
-from ..config import TrainConfig
 from ..errors import ConfigError
-from ..models import causal_lm_loss_sum, forward_logits, trained_targets
-from ..optim import build_optimizer, build_scheduler, peak_lr
+from ..loss import causal_lm_loss_sum, trained_targets
+from ..models import forward_logits
+from ..optim import build_optimizer, build_scheduler, peak_lr, resume_schedule
 from .protocol import LossFn, MicroBatch, ModelSummary
 from .setup import SetupContext, prepare_model, summarize
 
@@ -50,7 +51,6 @@ def deepspeed_config(config: TrainConfig, data_parallel_size: int, on_gpu: bool)
 
 class DeepSpeedStrategy:
     saves_asynchronously = False  # DeepSpeed writes its own files, synchronously
-    reshards_checkpoints = False  # its ZeRO partitions are saved per rank
     eval_micro_batches = 1
 
     def __init__(self, ctx: SetupContext) -> None:
@@ -141,7 +141,7 @@ class DeepSpeedStrategy:
             raise ConfigError(f"DeepSpeed found no checkpoint in {folder}")
 
     def load_scheduler(self, state: dict) -> None:
-        self.scheduler.load_state_dict(state)
+        resume_schedule(self.scheduler, state)
 
     def full_state_dict(self) -> dict:
         """Every weight, gathered to rank 0 one parameter at a time (ZeRO-3 partitions them)."""

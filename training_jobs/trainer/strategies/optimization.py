@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config import TrainConfig
-from ..optim import build_optimizer, build_scheduler, peak_lr
+from ...contract.hyperparameters import TrainConfig
+from ..optim import build_optimizer, build_scheduler, peak_lr, resume_schedule
 
 
 class Optimization:
@@ -35,6 +35,7 @@ class Optimization:
             if config.parallel.mixed_precision == "fp16" else None
         self.max_grad_norm = config.optim.max_grad_norm
         self.applied_lr: float | None = None
+        self.after_update: list[Callable[[], None]] = []  # run after each optimizer update
         self.keyed_by_name = keyed_by_name or len(parts) > 1
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -52,6 +53,8 @@ class Optimization:
             else:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        for callback in self.after_update:
+            callback()
         if self.scaler:
             self.scaler.update()
         self.applied_lr = self.schedulers[0].get_last_lr()[0]
@@ -67,7 +70,7 @@ class Optimization:
 
     def load_scheduler(self, state: dict) -> None:
         for scheduler in self.schedulers:
-            scheduler.load_state_dict(state)
+            resume_schedule(scheduler, state)
 
     # --- state for torch.distributed.checkpoint ---
 

@@ -1,17 +1,17 @@
 """Pipeline parallelism (torch.distributed.pipelining), alone or with DDP or FSDP2 (and tensor
-parallel) inside each stage: 2-D and 3-D training on one device mesh (trainer/parallel_dims.py).
+parallel) inside each stage: 2-D and 3-D training on one device mesh (contract/parallel_dims.py).
 
 The decoder layers are split into contiguous stages, balanced by compute (the head counts as the
-layers' worth of matmul work it does) or as `pipeline_split` says; the first stage also holds the
-embedding, the last the final norm, the head and the loss. Each pipeline rank holds one stage
-(gpipe, 1f1b) or several (interleaved_1f1b, zero_bubble: stages r, r + degree, ...). An optimizer
-step's `grad_accum_steps` micro-batches of `micro_batch_size` samples, the very samples the other
-strategies train on, flow through the schedule; each micro-batch's loss is divided by their number
-before its backward (as gradient accumulation does), so the step computes the same gradient as
-training the whole model on one rank. Every stage is transformed like a whole model elsewhere
-(tensor parallel, FP8, activation checkpointing, compile, FSDP) and then wrapped in DDP when it is
-replicated; the pipelining stage itself defers the gradient reduction of DDP and FSDP to the last
-micro-batch.
+layers' worth of matmul work it does: contract/stage_split.py) or as `pipeline_split` says; the
+first stage also holds the embedding, the last the final norm, the head and the loss. Each pipeline
+rank holds one stage (gpipe, 1f1b) or several (interleaved_1f1b, zero_bubble: stages r, r + degree,
+...). An optimizer step's `grad_accum_steps` micro-batches of `micro_batch_size` samples, the very
+samples the other strategies train on, flow through the schedule; each micro-batch's loss is divided
+by their number before its backward (as gradient accumulation does), so the step computes the same
+gradient as training the whole model on one rank. Every stage is transformed like a whole model
+elsewhere (tensor parallel, FP8, activation checkpointing, compile, FSDP) and then wrapped in DDP
+when it is replicated; the pipelining stage itself defers the gradient reduction of DDP and FSDP to
+the last micro-batch.
 """
 
 from __future__ import annotations
@@ -25,16 +25,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ...contract.hyperparameters import ParallelConfig, pipeline_split, pipeline_stages_per_rank
+from ...contract.stage_split import balanced_split, stage_indices
 from .. import parallel
-from ..config import ParallelConfig, pipeline_split, pipeline_stages_per_rank
 from ..errors import ConfigError
-from ..models import (
-    causal_lm_loss_sum,
-    decoder_layers,
-    non_embedding_parameters,
-    parameter_count,
-    trained_targets,
-)
+from ..float8 import precompute_scales, precomputes_scales
+from ..loss import causal_lm_loss_sum, trained_targets
+from ..models import decoder_layers, non_embedding_parameters, parameter_count
 from ..stage_model import CausalLMStage, check_splittable, stage_of_parameter
 from .optimization import Optimization, read_state, write_state
 from .protocol import LossFn, MicroBatch, ModelSummary
@@ -47,40 +44,6 @@ def schedule_class(name: str):
     return {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B,
             "interleaved_1f1b": schedules.ScheduleInterleaved1F1B,
             "zero_bubble": schedules.ScheduleInterleavedZeroBubble}[name]
-
-
-def stage_indices(pipeline_rank: int, degree: int, per_rank: int) -> list[int]:
-    """The stages of one pipeline rank, looping over the ranks: r, r + degree, r + 2 x degree, ..."""
-    return [pipeline_rank + round_ * degree for round_ in range(per_rank)]
-
-
-def balanced_split(num_layers: int, num_stages: int, head_cost: float) -> tuple[int, ...]:
-    """Decoder layers per stage (contiguous, at least one each) so that the most expensive stage is
-    as cheap as possible, and among such splits the most even; a stage costs its layers, the last
-    one also `head_cost` layers' worth."""
-    if num_layers < num_stages:
-        raise ConfigError(f"invalid hyperparameter 'pipeline_parallel_degree': {num_stages} pipeline "
-                          f"stages need at least as many decoder layers, and the model has {num_layers}; "
-                          "lower pipeline_parallel_degree or pipeline_stages_per_rank")
-    worst = (float("inf"), float("inf"))
-    # best[s][k]: (most expensive stage, sum of squared stage costs) of the first s stages holding
-    # the first k layers, and the layers of stage s in that split.
-    best = [[worst] * (num_layers + 1) for _ in range(num_stages + 1)]
-    taken = [[0] * (num_layers + 1) for _ in range(num_stages + 1)]
-    best[0][0] = (0.0, 0.0)
-    for stage in range(1, num_stages + 1):
-        extra = head_cost if stage == num_stages else 0.0
-        for held in range(stage, num_layers - (num_stages - stage) + 1):
-            for count in range(1, held - stage + 2):
-                most, squares = best[stage - 1][held - count]
-                cost = (max(most, count + extra), squares + (count + extra) ** 2)
-                if cost < best[stage][held]:
-                    best[stage][held], taken[stage][held] = cost, count
-    counts, held = [], num_layers
-    for stage in range(num_stages, 0, -1):
-        counts.append(taken[stage][held])
-        held -= taken[stage][held]
-    return tuple(reversed(counts))
 
 
 def layer_counts(par: ParallelConfig, skeleton: nn.Module, num_stages: int) -> tuple[int, ...]:
@@ -104,17 +67,11 @@ def layer_stages(counts: tuple[int, ...]) -> list[int]:
 
 class PipelineStrategy:
     saves_asynchronously = True
-    reshards_checkpoints = True
 
     def __init__(self, ctx: SetupContext) -> None:
         config, par = ctx.config, ctx.config.parallel
         self.config, self.device, self.kind = config, ctx.device, par.parallelism
         self.topology = parallel.build_topology(ctx.dims, ctx.device, needs_mesh=True)
-        if par.pipeline_schedule == "gpipe" and self.kind == "ddp" and self.topology.data_parallel_size > 1:
-            # DDP's bucket rebuild fails in the second step when every forward precedes any backward.
-            raise ConfigError("invalid hyperparameter 'pipeline_schedule': gpipe cannot run stages "
-                              "replicated by DDP over data-parallel ranks; use 1f1b (the same bubble, "
-                              "fewer micro-batches held) or parallelism=fsdp")
         self.eval_micro_batches = 1  # _forward_only passes one batch at a time
         degree, per_rank = ctx.dims.pipeline, pipeline_stages_per_rank(par)
         self.num_stages = degree * per_rank
@@ -122,13 +79,16 @@ class PipelineStrategy:
         check_splittable(skeleton)
         self.layer_stages = layer_stages(layer_counts(par, skeleton, self.num_stages))
         self.stage_ids = stage_indices(self.topology.pipeline_rank, degree, per_rank)
-        self.sharded = self.kind == "fsdp" and (ctx.dims.data_parallel > 1 or par.offload_params)
+        self.sharded = self.kind == "fsdp" and (ctx.dims.data_parallel * ctx.dims.context > 1
+                                                or par.offload_params)
         self.parts = self._build_parts(ctx)
         self.hf_model = self.parts[0]
         self.modules = [self._wrap(part) for part in self.parts]
         self.optimization = Optimization(config, self.modules, ctx.device,
                                          self.topology.data_parallel_size, keyed_by_name=True)
         self.schedule = self._build_schedule(par)
+        if precomputes_scales(par, self.sharded):
+            self.optimization.after_update.append(lambda: precompute_scales(self.parts))
         self._loss_fn: LossFn = causal_lm_loss_sum
         self._losses: list[torch.Tensor] = []
 
@@ -137,11 +97,14 @@ class PipelineStrategy:
     def _build_parts(self, ctx: SetupContext) -> list[CausalLMStage]:
         """This rank's stages, transformed and holding rank 0's initial weights."""
         initial = parallel.snapshot(prepare_model(ctx, materialize=True)) if ctx.rank == 0 else None
+        split = self.topology.sequence_split
+        positions = None if split is None else \
+            split.positions(self.config.data.seq_len // split.degree, self.device)
         parts = []
         for position, stage in enumerate(self.stage_ids):
             layers = [index for index, owner in enumerate(self.layer_stages) if owner == stage]
             part = CausalLMStage(prepare_model(ctx, materialize=False), layers, first=stage == 0,
-                                 last=stage == self.num_stages - 1)
+                                 last=stage == self.num_stages - 1, positions=positions)
             parallel.transform(part, self.config, self.topology, self.device, with_fsdp=self.sharded)
             parallel.load_from_rank0(part, self.device, self._weights_at(position, initial), part=True)
             parts.append(part)
@@ -204,7 +167,7 @@ class PipelineStrategy:
     def _pipeline_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if logits.requires_grad:
             logits.register_hook(_release_when_differentiated(logits))
-        loss = self._loss_fn(logits, targets)
+        loss = self._loss_fn(self.topology.vocabulary_logits(logits), targets)
         self._losses.append(loss.detach())
         return loss / self.config.data.grad_accum_steps
 
@@ -258,7 +221,7 @@ class PipelineStrategy:
                         hidden = _receive_activation(owner[stage - 1], group, self.device)
                     hidden = modules[stage](hidden)
                     if stage == self.num_stages - 1:
-                        sums.append(causal_lm_loss_sum(hidden, targets))
+                        sums.append(causal_lm_loss_sum(self.topology.vocabulary_logits(hidden), targets))
                     elif owner[stage + 1] != me:
                         _send_activation(hidden, owner[stage + 1], group)
         return sums

@@ -40,7 +40,6 @@ class Strategy(Protocol):
     topology: Topology
     hf_model: nn.Module  # the transformers model this rank trains (on a pipeline rank: a stage)
     saves_asynchronously: bool  # save_checkpoint may take a background process group
-    reshards_checkpoints: bool  # load_checkpoint reads checkpoints of another data-parallel size
     eval_micro_batches: int  # validation batches `evaluate` takes at once
 
     def model_summary(self) -> ModelSummary:

@@ -8,10 +8,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import TrainConfig
+from ...contract.hyperparameters import TrainConfig
+from ...contract.parallel_dims import ParallelDims
 from ..lora import apply_lora, quantization_config
 from ..models import ModelSource, build_model, non_embedding_parameters, parameter_count
-from ..parallel_dims import ParallelDims
 from .protocol import ModelSummary
 
 

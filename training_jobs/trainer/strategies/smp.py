@@ -13,10 +13,10 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from ...contract.hyperparameters import ParallelConfig, TrainConfig
+from ...contract.parallel_dims import ParallelDims
 from .. import parallel
-from ..config import ParallelConfig, TrainConfig
 from ..errors import ConfigError, ContainerError
-from ..parallel_dims import ParallelDims
 from .setup import SetupContext, prepare_model
 from .whole_model import WholeModelStrategy
 
@@ -93,8 +93,6 @@ def import_smp():
 
 class SmpStrategy(WholeModelStrategy):
     """Inside an SMP container: init, transform, FSDP wrap; the training is the whole-model one."""
-
-    reshards_checkpoints = False  # SMP's FSDP1 state on another rank count is untested
 
     def __init__(self, ctx: SetupContext) -> None:
         tsm = import_smp()

@@ -6,19 +6,21 @@ from __future__ import annotations
 from torch import nn
 
 from .. import parallel
+from ..float8 import precompute_scales, precomputes_scales
 from .setup import SetupContext, device_ids, prepare_model
 from .whole_model import WholeModelStrategy
 
 
 class TorchStrategy(WholeModelStrategy):
-    reshards_checkpoints = True  # DCP reshards model and optimizer state
+    """single, ddp and fsdp (with tensor parallel) on the whole model; DCP checkpoints."""
+
     def __init__(self, ctx: SetupContext) -> None:
         kind = ctx.config.parallel.parallelism
         topology = parallel.build_topology(ctx.dims, ctx.device, needs_mesh=kind == "fsdp")
         par = ctx.config.parallel
         # FSDP2 with one data-parallel rank (tensor parallel only) has nothing to shard, except
         # to offload, or to train one process the same way as many.
-        sharded = kind == "fsdp" and (topology.data_parallel_size > 1 or par.offload_params
+        sharded = kind == "fsdp" and (ctx.dims.data_parallel * ctx.dims.context > 1 or par.offload_params
                                       or ctx.world_size == 1)
         hf_model = _build_sharded(ctx, topology, sharded) if kind == "fsdp" else \
             _build_replicated(ctx, topology)
@@ -30,6 +32,8 @@ class TorchStrategy(WholeModelStrategy):
                 "no_sync"
         super().__init__(ctx.config, ctx.device, topology, kind=kind, model=model, hf_model=hf_model,
                          accumulation=accumulation, asynchronous=True)
+        if precomputes_scales(par, sharded):
+            self.optimization.after_update.append(lambda: precompute_scales([hf_model]))
 
 
 def _build_sharded(ctx: SetupContext, topology: parallel.Topology, sharded: bool) -> nn.Module:

@@ -14,9 +14,10 @@ from typing import Literal
 import torch
 from torch import nn
 
+from ...contract.hyperparameters import TrainConfig
 from .. import parallel
-from ..config import TrainConfig
-from ..models import causal_lm_loss_sum, forward_logits, trained_targets
+from ..loss import causal_lm_loss_sum, trained_targets
+from ..models import forward_logits
 from .optimization import Optimization, read_state, write_state
 from .protocol import LossFn, MicroBatch, ModelSummary
 from .setup import summarize
@@ -28,7 +29,6 @@ Accumulation = Literal["fsdp2", "no_sync", "local"]
 
 class WholeModelStrategy:
     eval_micro_batches = 1
-    reshards_checkpoints: bool  # each subclass says
 
     def __init__(self, config: TrainConfig, device: torch.device, topology: parallel.Topology, *,
                  kind: str, model: nn.Module, hf_model: nn.Module, accumulation: Accumulation,
@@ -68,11 +68,16 @@ class WholeModelStrategy:
         elif sharding == "hybrid":
             self.model.set_requires_all_reduce(last)
 
+    def _logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The logits of this rank's tokens (its vocabulary shard under tensor parallel)."""
+        topology = self.topology
+        return topology.vocabulary_logits(forward_logits(self.model, inputs, topology.positions(inputs)))
+
     def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn) -> torch.Tensor:
         total = torch.zeros((), device=self.device)
         for index, (inputs, targets) in enumerate(micro_batches):
             with self._micro_step(index == len(micro_batches) - 1):
-                loss = loss_fn(forward_logits(self.model, inputs), targets)
+                loss = loss_fn(self._logits(inputs), targets)
             self.optimization.backward(loss / len(micro_batches))
             total += loss.detach()
         return total / len(micro_batches)
@@ -81,7 +86,7 @@ class WholeModelStrategy:
         total = torch.zeros(2, device=self.device)
         for inputs, targets in batches:
             with self._micro_step(True):
-                logits = forward_logits(self.model, inputs)
+                logits = self._logits(inputs)
                 total += torch.stack([causal_lm_loss_sum(logits, targets), trained_targets(targets)])
         return total
 

@@ -1,13 +1,14 @@
 """Typed configuration of the training program: the hyperparameter contract.
 
 Every hyperparameter a job template may set is a field of one of the frozen dataclasses below,
-under its contract name; docs/architecture.md keeps a summary table in step with this file and
-docs/training.md documents every field. Values arrive as JSON values (SM_HPS, decoded by the
-SageMaker training toolkit) or as strings (command-line flags); both are validated up front so that
-a bad hyperparameter stops the job before any expensive work, with a message naming it.
+under its contract name, with its type, default, bounds and help; docs/training.md's tables are
+generated from them (`python -m training_jobs.contract.docs`). Values arrive as JSON values (SM_HPS,
+decoded by the SageMaker training toolkit) or as strings (command-line flags); both are validated up
+front so that a bad hyperparameter stops the job before any expensive work, with a message naming it.
 
-This module imports nothing heavy (no torch) so that a bad configuration fails in well under a
-second, on every rank identically.
+This module imports only the standard library (no torch): the program checks a configuration in
+well under a second, on every rank identically, and the platform (llmtrain) checks a run with the
+same rules before it creates a job.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from .errors import ConfigError
+from .presets import MODEL_PRESETS
 
 __all__ = ["ConfigError", "TrainConfig", "from_hyperparameters"]
 
@@ -33,10 +35,6 @@ def _hp(default: Any, help: str, *, minimum: float | None = None, maximum: float
     return field(default=default, metadata=metadata)
 
 
-MODEL_PRESETS = ("llama-tiny", "llama-20m", "llama-1b", "llama-7b", "llama-13b", "llama-70b",
-                 "llama3-8b", "llama3-70b", "llama3-405b",
-                 "gpt2-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
-
 Parallelism = Literal["single", "ddp", "fsdp", "deepspeed", "smp"]
 FsdpSharding = Literal["full", "hybrid", "grad_op"]
 MixedPrecision = Literal["bf16", "fp16", "fp32"]
@@ -47,20 +45,28 @@ Attention = Literal["auto", "sdpa", "eager"]
 CompileMode = Literal["auto", "default", "cuda_graphs"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
 CollectiveBackend = Literal["nccl", "smddp"]
+PARALLELISMS: tuple[str, ...] = get_args(Parallelism)
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
+Fp8Recipe = Literal["tensorwise", "rowwise"]
 # Schedules that run several stages per rank (the others run exactly one).
 MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "zero_bubble")
+# The parallelisms QLoRA trains with: bitsandbytes' packed 4-bit weights do not shard (FSDP,
+# DeepSpeed ZeRO-3, SMP).
+QUANTIZED_PARALLELISMS = ("single", "ddp")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model_preset: str = _hp("", "Named model size (see MODEL_PRESETS); ignored when the `model` "
-                                "channel holds a checkpoint. Required otherwise.")
+    model_preset: str = _hp("", "A named model size (docs/training.md, Models and tokenizers; "
+                                "contract/presets.py); required unless the `model` channel holds a "
+                                "checkpoint, which it then ignores.")
     model_overrides: dict = _hp({}, "HF config fields set on top of the preset, e.g. "
                                     '{"num_hidden_layers": 4}.')
-    attention: Attention = _hp("auto", "Attention kernel: sdpa (PyTorch's fused flash / memory-"
-                                       "efficient kernels), eager (matmul, softmax, matmul, which "
-                                       "torch.compile fuses) or auto: eager when compiling on a "
-                                       "CPU, sdpa otherwise.")
+    attention: Attention = _hp("auto", "Attention kernel: `sdpa` (PyTorch's fused flash / memory-"
+                                       "efficient kernels), `eager` (matmul, softmax, matmul, which "
+                                       "`torch.compile` fuses) or `auto`: eager when `compile` is on "
+                                       "and the device is a CPU, sdpa otherwise (docs/benchmarks.md "
+                                       "shows why).")
 
 
 @dataclass(frozen=True)
@@ -71,23 +77,28 @@ class DataConfig:
                                    "pipeline's micro-batches).", minimum=1)
     global_batch_size: int = _hp(0, "Samples per optimizer step over all data-parallel ranks; 0 = "
                                     "data-parallel size x micro_batch_size x grad_accum_steps. When "
-                                    "set, grad_accum_steps is derived from it (leave that at 1), so a "
-                                    "run resumed on another number of GPUs keeps its recipe.",
+                                    "set, grad_accum_steps is derived from it (leave that at 1; the "
+                                    "batch must be a multiple of data-parallel ranks x "
+                                    "micro_batch_size), so an attempt on another number of GPUs "
+                                    "trains the same recipe.",
                                  minimum=0)
 
 
 @dataclass(frozen=True)
 class OptimConfig:
     lr: float = _hp(3e-4, "Peak learning rate.", minimum=0.0, exclusive_minimum=True)
-    min_lr: float = _hp(0.0, "Learning rate at the end of the decay.", minimum=0.0)
-    warmup_steps: int = _hp(0, "Linear warm-up steps from 0 to `lr`.", minimum=0)
+    min_lr: float = _hp(0.0, "Learning rate at the end of the decay (at most `lr`).", minimum=0.0)
+    warmup_steps: int = _hp(0, "Linear warm-up steps from 0 to `lr` (at most the decay horizon).",
+                            minimum=0)
     lr_schedule: LrSchedule = _hp("cosine", "Decay from `lr` to `min_lr` after warm-up.")
-    lr_decay_steps: int = _hp(0, "Step at which the decay reaches `min_lr` (0 = max_steps). Keep "
-                                 "it fixed when a run is trained in stages with growing max_steps.",
+    lr_decay_steps: int = _hp(0, "Step at which the decay reaches `min_lr` (0 = max_steps). Pin it "
+                                 "when you train a run in stages with growing max_steps, so every "
+                                 "stage follows one schedule.",
                               minimum=0)
     weight_decay: float = _hp(0.1, "AdamW weight decay (not applied to biases and norms).",
                               minimum=0.0)
-    max_grad_norm: float = _hp(1.0, "Clip the global gradient norm to this (0 = no clipping).",
+    max_grad_norm: float = _hp(1.0, "Clip the global gradient norm (over all shards) to this (0 = no "
+                                    "clipping).",
                                minimum=0.0)
     adam_beta1: float = _hp(0.9, "AdamW beta1.", minimum=0.0, maximum=0.999999)
     adam_beta2: float = _hp(0.95, "AdamW beta2.", minimum=0.0, maximum=0.999999)
@@ -99,15 +110,29 @@ class OptimConfig:
 class ParallelConfig:
     parallelism: Parallelism = _hp("ddp", "single, ddp, fsdp (FSDP2, with tensor parallel when "
                                           "tensor_parallel_degree > 1), deepspeed or smp (SMP v2).")
-    fsdp_sharding: FsdpSharding = _hp("full", "FSDP2 sharding: full, hybrid (replicate across "
-                                              "nodes, shard within) or grad_op.")
+    fsdp_sharding: FsdpSharding = _hp("full", "FSDP2 sharding: `full` (ZeRO-3-like), `hybrid` "
+                                              "(shard within a group, replicate across groups) or "
+                                              "`grad_op` (keep parameters gathered between forward "
+                                              "and backward).")
     replicate_degree: int = _hp(0, "Data-parallel replicas (hybrid sharding); 0 = number of hosts.",
                                 minimum=0)
     shard_degree: int = _hp(0, "Ranks one parameter is sharded over; 0 = derive.", minimum=0)
-    tensor_parallel_degree: int = _hp(1, "Tensor-parallel ranks (fsdp and smp); 0 or 1 = none.",
+    tensor_parallel_degree: int = _hp(1, "Tensor-parallel ranks (fsdp and smp); 0 or 1 = none. "
+                                         "pipeline x replicate x shard x context x tensor = world size.",
                                       minimum=0)
+    sequence_parallel: bool = _hp(True, "With tensor_parallel_degree > 1 (fsdp): shard the norms and "
+                                        "residual stream on the sequence (all-gather / reduce-scatter "
+                                        "around each tensor-parallel region instead of an all-reduce). "
+                                        "The output head is always sharded on the vocabulary and the "
+                                        "loss computed on the shards (loss parallel).")
+    context_parallel_degree: int = _hp(1, "Ranks one sequence is split across (fsdp, Llama-style "
+                                          "models): each holds 2 of 2 x degree chunks (i and "
+                                          "2 x degree - 1 - i, a causal load balance) and attends over "
+                                          "the all-gathered keys and values; 0 or 1 = none.",
+                                       minimum=0)
     pipeline_parallel_degree: int = _hp(1, "Pipeline stages across ranks (ddp and fsdp; "
-                                           "torch.distributed.pipelining); 0 or 1 = none.", minimum=0)
+                                           "torch.distributed.pipelining; docs/training.md, Pipeline "
+                                           "parallelism and 3-D training); 0 or 1 = none.", minimum=0)
     pipeline_schedule: PipelineSchedule = _hp(
         "1f1b", "Pipeline schedule: gpipe (all forwards, then all backwards), 1f1b, interleaved_1f1b "
                 "or zero_bubble (several stages per rank; zero_bubble splits backward into input and "
@@ -119,31 +144,46 @@ class ParallelConfig:
                                   'first stage also holds the embedding, the last the norm and head); '
                                   "empty = balanced by compute.")
     collective_backend: CollectiveBackend = _hp(
-        "nccl", "GPU collectives: nccl, or smddp (SageMaker's distributed data parallel library, on "
-                "the instance types it supports; fsdp).")
+        "nccl", "GPU collectives: nccl, or smddp (SageMaker's distributed data parallel library for "
+                "FSDP2's collectives, on the instance types it supports; docs/training.md, SMDDP and "
+                "FP8); rendered from the template's `distribution.smddp`.")
     zero_stage: int = _hp(2, "DeepSpeed ZeRO stage.", minimum=1, maximum=3)
     offload_optimizer: bool = _hp(False, "Keep optimizer state on the CPU (DeepSpeed; FSDP2 "
                                          "offloads parameters, gradients and optimizer together).")
     offload_params: bool = _hp(False, "Keep parameters on the CPU (FSDP2 CPUOffloadPolicy, "
                                       "DeepSpeed ZeRO-3 offload_param).")
-    mixed_precision: MixedPrecision = _hp("bf16", "Compute precision; master weights stay fp32.")
+    mixed_precision: MixedPrecision = _hp("bf16", "Compute precision; fp16 (single, ddp, deepspeed) "
+                                                  "with loss scaling; master weights stay fp32.")
     activation_checkpointing: ActivationCheckpointing = _hp(
-        "none", "Recompute activations in backward: full layers, or selective (keep matmul "
-                "outputs, recompute the rest).")
-    activation_checkpointing_every: int = _hp(1, "Checkpoint every k-th decoder layer.", minimum=1)
-    activation_offloading: bool = _hp(False, "Offload checkpointed activations to the CPU.")
-    compile: bool = _hp(False, "torch.compile each decoder layer.")
-    fp8: bool = _hp(False, "Train the decoder layers' linear layers in FP8 (torchao float8, tensorwise "
-                           "scaling) on Hopper-class GPUs (compute capability 8.9+).")
+        "none", "Recompute activations in backward: full layers, or selective (torchtitan's op-level "
+                "policy: keep attention outputs, reduce-scatter outputs and every other matmul output "
+                "of a decoder layer, recompute the rest).")
+    activation_checkpointing_every: int = _hp(1, "Checkpoint every k-th decoder layer (layers 0, k, "
+                                                 "2k, ...).", minimum=1)
+    activation_offloading: bool = _hp(False, "Move the activations autograd saves (with checkpointing: "
+                                             "the layer inputs) to the CPU; SMP's "
+                                             "`sm_activation_offloading` with smp.")
+    compile: bool = _hp(False, "`torch.compile` each decoder layer (the first step compiles; identical "
+                               "layers share one compiled graph). On this project's CPU it is the "
+                               "largest single speed-up (docs/benchmarks.md).")
+    fp8: bool = _hp(False, "Train the decoder layers' linear layers in FP8 (torchao float8) on GPUs of "
+                           "compute capability 8.9+ (H100, H200, L4, L40S).")
+    fp8_recipe: Fp8Recipe = _hp("tensorwise", "FP8 scaling: tensorwise (one scale per tensor; under "
+                                              "fsdp the parameters are all-gathered in FP8, and with "
+                                              "tensor parallel its all-gathers travel in FP8 too) or "
+                                              "rowwise (one scale per row: more accurate, bf16 "
+                                              "all-gathers, no tensor parallel).")
     compile_mode: CompileMode = _hp(
         "auto", "With compile: cuda_graphs replays each compiled layer as a CUDA graph (torch.compile "
                 "mode reduce-overhead), which removes the per-kernel launch cost that bounds small "
                 "models and micro batches on fast GPUs; needs parallelism=single, grad_accum_steps=1 "
-                "and no activation_offloading. default: inductor's kernels launched one by one. "
-                "auto: cuda_graphs on a GPU where those hold, default otherwise.")
+                "and no activation_offloading (other parallelisms move or hook parameters and "
+                "gradients outside the graphs; a second micro step's replay frees the gradients the "
+                "first left), and a GPU. default: inductor's kernels launched one by one. auto: "
+                "cuda_graphs on a GPU where those hold, default otherwise.")
     mp_parameters: dict = _hp({}, "SMP v2 settings passed through to torch.sagemaker.init (set by "
-                                  "the SageMaker SDK's `distribution`); a named degree, when set, "
-                                  "must agree with it.")
+                                  "the SageMaker SDK's `distribution`; docs/training.md, SMP v2); a "
+                                  "named degree, when set, must agree with it.")
 
 
 @dataclass(frozen=True)
@@ -152,8 +192,8 @@ class LoraConfig:
     lora_alpha: float = _hp(16.0, "LoRA scaling numerator (scale = alpha / r).", minimum=0.0,
                             exclusive_minimum=True)
     lora_dropout: float = _hp(0.0, "Dropout on the LoRA input.", minimum=0.0, maximum=0.99)
-    lora_target_modules: list = _hp(["all-linear"], "Module names LoRA adapts (a list or a comma-"
-                                                    "separated string); all-linear = every linear.")
+    lora_target_modules: list = _hp(["all-linear"], "Module names LoRA adapts (a JSON list or "
+                                                    "`q_proj,v_proj`); all-linear = every linear.")
     quantization: Quantization = _hp("none", "nf4 loads the model channel's checkpoint in 4 bits "
                                              "(QLoRA; single or ddp; needs lora_r > 0).")
     merge_lora: bool = _hp(False, "Export the merged model instead of the adapter.")
@@ -180,11 +220,14 @@ class LoggingConfig:
     log_every_steps: int = _hp(10, "Print a [metrics] line every N steps.", minimum=1)
     eval_every_steps: int = _hp(0, "Evaluate on the validation channel every N steps (0 = only "
                                    "after the last step).", minimum=0)
-    eval_steps: int = _hp(10, "Validation batches per evaluation.", minimum=1)
-    tensorboard: bool = _hp(False, "Write TensorBoard logs to <output data dir>/tensorboard.")
-    profile_steps: str = _hp("", '"START-END": torch.profiler trace of those steps; empty for none.')
+    eval_steps: int = _hp(10, "Validation batches per evaluation (fixed batches, the same every "
+                              "time).", minimum=1)
+    tensorboard: bool = _hp(False, "Write TensorBoard logs to `<output data dir>/tensorboard`.")
+    profile_steps: str = _hp("", '"START-END": a torch.profiler trace of those steps, one Chrome '
+                                 "trace per rank in `<output data dir>/profile/`; empty for none.")
     preflight_check: bool = _hp(False, "Check collectives (all-reduce bandwidth per rank, hung "
-                                       "ranks) before training.")
+                                       "ranks) before training (docs/training.md, The preflight "
+                                       "check).")
 
 
 @dataclass(frozen=True)
@@ -428,6 +471,7 @@ def validate(config: TrainConfig) -> None:
         raise _invalid("lora_r", lora.lora_r, "0 with tensor_parallel_degree > 1 (LoRA with tensor "
                                               "parallel is not supported; use fsdp sharding)")
     _validate_pipeline(config)
+    _validate_context_parallel(config)
     if config.data.global_batch_size and config.data.grad_accum_steps != 1:
         raise _invalid("grad_accum_steps", config.data.grad_accum_steps,
                        "1 when global_batch_size is set (the accumulation steps are derived from it)")
@@ -468,18 +512,41 @@ def _validate_parallel(par: ParallelConfig) -> None:
                        "nccl unless parallelism=fsdp without pipeline stages: launched by torchrun, "
                        "SMDDP replaces FSDP's all-gather; its all-reduce (ddp) needs SageMaker's mpirun "
                        "launcher, and it cannot form the sub-groups pipeline stages talk over")
-    if par.fp8 and (par.parallelism not in ("single", "ddp", "fsdp") or par.tensor_parallel_degree > 1
-                    or par.mixed_precision != "bf16"):
-        raise _invalid("fp8", True, "false unless parallelism is single, ddp or fsdp without tensor "
-                                    "parallel, with mixed_precision=bf16 (float8 matmuls, the rest in "
-                                    "bf16)")
+    if par.fp8 and (par.parallelism not in ("single", "ddp", "fsdp") or par.mixed_precision != "bf16"):
+        raise _invalid("fp8", True, "false unless parallelism is single, ddp or fsdp, with "
+                                    "mixed_precision=bf16 (float8 matmuls, the rest in bf16)")
+    if par.fp8 and par.fp8_recipe == "rowwise" and par.tensor_parallel_degree > 1:
+        raise _invalid("fp8_recipe", "rowwise", "tensorwise with tensor_parallel_degree > 1 (torchao's "
+                                                "float8 tensor-parallel layers take tensorwise scales)")
+
+
+def _validate_context_parallel(config: TrainConfig) -> None:
+    cp = config.parallel.context_parallel_degree
+    if cp <= 1:
+        return
+    if config.parallel.parallelism != "fsdp":
+        raise _invalid("context_parallel_degree", cp, f"1 with parallelism={config.parallel.parallelism} "
+                                                      "(context parallel runs with fsdp, which shards "
+                                                      "the parameters over the data and context ranks)")
+    if config.data.seq_len % (2 * cp):
+        raise _invalid("context_parallel_degree", cp, f"a degree whose 2 x degree chunks divide seq_len "
+                                                      f"({config.data.seq_len}) evenly")
+    if config.model.attention == "eager":
+        raise _invalid("attention", "eager", "auto or sdpa with context_parallel_degree > 1 (context "
+                                             "parallel attention runs PyTorch's SDPA kernels)")
+    if config.lora.lora_r:
+        raise _invalid("lora_r", config.lora.lora_r, "0 with context_parallel_degree > 1 (LoRA with "
+                                                     "context parallel is not supported)")
+
+
+def default_stages_per_rank(schedule: str) -> int:
+    """1 for gpipe and 1f1b, 2 for the interleaved schedules."""
+    return 2 if schedule in MULTI_STAGE_SCHEDULES else 1
 
 
 def pipeline_stages_per_rank(par: ParallelConfig) -> int:
     """Stages per pipeline rank: the setting, or 1 (gpipe, 1f1b) / 2 (interleaved schedules)."""
-    if par.pipeline_stages_per_rank:
-        return par.pipeline_stages_per_rank
-    return 2 if par.pipeline_schedule in MULTI_STAGE_SCHEDULES else 1
+    return par.pipeline_stages_per_rank or default_stages_per_rank(par.pipeline_schedule)
 
 
 def pipeline_split(text: str) -> tuple[int, ...]:

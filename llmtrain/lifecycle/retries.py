@@ -1,0 +1,116 @@
+"""NextAttempt: after an attempt failed, classify the failure and either plan the retry (the wait, a
+new job name, the same checkpoint prefix, maybe the next fallback instance type) or give up with
+the run's summary."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from llmtrain.errors import LlmtrainError
+from llmtrain.lifecycle.failures import QUEUE_CAPACITY, Failure
+from llmtrain.lifecycle.resolve import render_attempt
+from llmtrain.lifecycle.submission import Submission
+from llmtrain.lifecycle.summaries import failure_summary
+from llmtrain.platform import PlatformContext
+from llmtrain.program_contract import ProgramContract
+from llmtrain.render import MAX_ATTEMPTS
+from llmtrain.runs import RunState
+from llmtrain.spec import RetrySpec, TemplateSpec
+
+MAX_THROTTLE_RETRIES = 5
+THROTTLE_BACKOFF_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    """What the next call does: wait, then create the job again (a new attempt, or the same attempt
+    when the call was throttled and no job was created)."""
+
+    wait_seconds: int
+    type_index: int
+    capacity_retries: int
+    quota_waits: int
+    throttle_retries: int = 0
+    new_attempt: bool = True
+
+
+def backoff_seconds(retry: RetrySpec, retry_number: int) -> int:
+    """The wait before the `retry_number`-th retry (1-based): exponential, capped."""
+    wait = retry.backoff_seconds * retry.backoff_rate ** (retry_number - 1)
+    return int(min(wait, retry.max_backoff_seconds))
+
+
+def throttle_backoff_seconds(retry_number: int) -> int:
+    """The wait before calling CreateTrainingJob again after SageMaker throttled it."""
+    return THROTTLE_BACKOFF_SECONDS * 2 ** (retry_number - 1)
+
+
+def plan_retry(retry: RetrySpec, run: RunState, failure: Failure) -> RetryPlan | None:
+    """What to do after a failed attempt, by the template's retry policy; None gives up.
+
+    Capacity: up to `capacity_retry_attempts` retries on the same instance type with exponential
+    backoff, then the next usable fallback type at once (its capacity is a different pool), which
+    gets the same number of retries. A queued attempt that waited out its queue's capacity time
+    limit (Batch retried the capacity all that time) moves to the next fallback type at once. Quota
+    with policy `wait`: up to `capacity_retry_attempts` waits on the same backoff schedule for
+    running jobs to free the quota. A throttled CreateTrainingJob
+    (no job was created) is called again, same job name, up to `MAX_THROTTLE_RETRIES` times with a
+    short backoff. Anything else is not retried.
+    """
+    index, retries, waits = run.type_index, run.capacity_retries, run.quota_waits
+    if failure.kind == "throttled" and run.throttle_retries < MAX_THROTTLE_RETRIES:
+        throttles = run.throttle_retries + 1
+        wait = throttle_backoff_seconds(throttles)
+        return RetryPlan(wait, index, retries, waits, throttles, new_attempt=False)
+    if run.attempt >= MAX_ATTEMPTS:
+        return None
+    if failure.kind == QUEUE_CAPACITY:  # it waited its queue's capacity time: the next type at once
+        return RetryPlan(0, index + 1, 0, waits) if index + 1 < len(run.instance_types) else None
+    if failure.kind == "capacity":
+        if retries < retry.capacity_retry_attempts:
+            return RetryPlan(backoff_seconds(retry, retries + 1), index, retries + 1, waits)
+        if index + 1 < len(run.instance_types):
+            return RetryPlan(0, index + 1, 0, waits)
+    if failure.kind == "quota" and retry.quota_policy == "wait" and waits < retry.capacity_retry_attempts:
+        return RetryPlan(backoff_seconds(retry, waits + 1), index, retries, waits + 1)
+    return None
+
+
+def plan_next_attempt(
+    template: TemplateSpec,
+    run: RunState,
+    request: Mapping[str, Any],
+    caught: Mapping[str, Any],
+    platform: PlatformContext,
+    submission: Submission,
+    program: ProgramContract | None = None,
+) -> dict[str, Any]:
+    """`{"decision": "retry", "wait_seconds", "run", **attempt state}`, or `{"decision": "fail",
+    "summary"}` when the run gives up."""
+    failure = submission.classify(caught, request)
+    plan = plan_retry(template.retry, run, failure)
+    if plan is None or plan.new_attempt:
+        run = run.with_attempt_ended(
+            request.get("TrainingJobName", ""),
+            failure.kind,
+            failure.reason,
+            instance_type=request.get("ResourceConfig", {}).get("InstanceType"),
+        )
+    if plan is None:
+        return {"decision": "fail", "summary": failure_summary(template, run, failure)}
+    run = run.replace(
+        attempt=run.attempt + 1 if plan.new_attempt else run.attempt,
+        type_index=plan.type_index,
+        capacity_retries=plan.capacity_retries,
+        quota_waits=plan.quota_waits,
+        throttle_retries=plan.throttle_retries,  # counts the current attempt's throttled calls
+    )
+    try:
+        state = submission.attempt_state(render_attempt(template, run, platform, program), run)
+    except LlmtrainError as error:
+        kind = "capacity" if failure.kind == "capacity" else "invalid_retry"
+        bad = Failure(kind=kind, reason=f"the retry could not be rendered: {error}")
+        return {"decision": "fail", "summary": failure_summary(template, run, bad)}
+    return {"decision": "retry", "wait_seconds": plan.wait_seconds, "run": run.to_dict(), **state}

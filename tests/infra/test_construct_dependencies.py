@@ -1,0 +1,139 @@
+"""The construct library's dependency surface (constructs/README.md, "What it depends on").
+
+`training_constructs` imports only the documented part of `llmtrain`, and importing it loads none of
+the CLI's modules; the functions' settings reach their environments only through their records'
+`to_environment()`, so no construct spells a variable name.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmtrain.functions import (
+    ALL_SETTINGS,
+    JobEventSettings,
+    LauncherSettings,
+    QuotaSettings,
+    ReaperSettings,
+    WatchSettings,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CONSTRUCTS = ROOT / "constructs" / "training_constructs"
+# The documented surface (constructs/README.md): the modules the construct library may import.
+SURFACE = {
+    "llmtrain",
+    "llmtrain.platform",
+    "llmtrain.catalog",
+    "llmtrain.spec",
+    "llmtrain.render",
+    "llmtrain.sourcedir",
+    "llmtrain.functions",
+    "llmtrain.lifecycle.submission",
+    "llmtrain.lifecycle.failures",
+    "llmtrain.queues.policy",
+    "llmtrain.deployed",
+    "llmtrain.images",
+    "llmtrain.errors",
+}
+# What the CLI, the local runner and the functions' own modules are: never loaded by a synth.
+NOT_LOADED = (
+    "llmtrain.cli",
+    "llmtrain.commands",
+    "llmtrain.launcher_client",
+    "llmtrain.local",
+    "llmtrain.datasets",
+    "llmtrain.aws",
+    "llmtrain.environments",
+    "llmtrain.planner",
+    "llmtrain.handlers",
+    "llmtrain.operations",
+    "llmtrain.runs",
+)
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """The llmtrain modules a file imports (`from llmtrain import x` counts as `llmtrain.x` when x is a
+    module, else `llmtrain`)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            for alias in node.names:
+                if (ROOT / node.module.replace(".", "/") / f"{alias.name}.py").is_file():
+                    found.add(f"{node.module}.{alias.name}")
+    return {name for name in found if name == "llmtrain" or name.startswith("llmtrain.")}
+
+
+def test_the_constructs_import_only_the_documented_part_of_llmtrain():
+    imported = {path.name: _imported_modules(path) for path in sorted(CONSTRUCTS.glob("*.py"))}
+    outside = {name: sorted(modules - SURFACE) for name, modules in imported.items() if modules - SURFACE}
+    assert outside == {}
+    # The table in constructs/README.md names exactly these modules.
+    readme = (ROOT / "constructs" / "README.md").read_text()
+    table = readme.split("## What it depends on", 1)[1].split("## ", 1)[0]
+    assert all(f"`{module}`" in table for module in SURFACE if module != "llmtrain"), table
+
+
+def test_a_synth_loads_none_of_the_cli_and_no_training_packages():
+    probe = (
+        "import sys, json\n"
+        "import training_constructs, training_constructs.launcher, training_constructs.operations\n"
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    path = os.pathsep.join(filter(None, (str(ROOT), str(ROOT / "constructs"), os.environ.get("PYTHONPATH"))))
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONPATH": path})
+    loaded = json.loads(result.stdout.splitlines()[-1])
+    assert [m for m in loaded if m.startswith(NOT_LOADED)] == []
+    assert [m for m in loaded if m.split(".")[0] in ("torch", "transformers", "numpy", "matplotlib")] == []
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        LauncherSettings(
+            platform_context={"team": "nlp", "subnet_ids": ["subnet-1"]},
+            request_layouts={"all": ["A", "B"]},
+            templates_dir="/var/task/templates",
+        ),
+        WatchSettings(platform_context={"team": "nlp", "queues": {"default_queue": "standard"}}),
+        QuotaSettings(instance_types=("ml.p4d.24xlarge", "ml.p5.48xlarge"), cache_ttl_seconds=600),
+        ReaperSettings(job_name_prefix="llmtrain-dev-", idle_budget_seconds=900, environment="dev",
+                       instance_types=("ml.g5.2xlarge",), dry_run=True),
+        JobEventSettings(job_name_prefix="llmtrain-dev-", environment="dev", topic_arn="arn:topic"),
+    ],
+    ids=lambda settings: type(settings).__name__,
+)
+def test_each_function_reads_back_the_environment_its_record_writes(settings):
+    environment = settings.to_environment()
+    assert all(isinstance(value, str) for value in environment.values())
+    assert type(settings).from_environment(environment) == settings
+
+
+def test_no_construct_spells_a_function_s_variable_name():
+    samples = (
+        LauncherSettings(platform_context={}, request_layouts={}, templates_dir="x"),
+        WatchSettings(platform_context={}),
+        QuotaSettings(instance_types=("ml.p4d.24xlarge",)),
+        ReaperSettings(job_name_prefix="p-", idle_budget_seconds=1, environment="e"),
+        JobEventSettings(job_name_prefix="p-", environment="e"),
+    )
+    assert {type(s) for s in samples} == set(ALL_SETTINGS)
+    names = {name for settings in samples for name in settings.to_environment()}
+    spelled = {
+        (path.name, node.value)
+        for path in CONSTRUCTS.glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in names
+    }
+    assert spelled == set()
