@@ -112,7 +112,8 @@ def _wait_until_finished(arn: str, name: str) -> dict:
 
 
 def _job(
-    name: str, status: str, *, final_metrics: bool, template: str = "gpt2-ddp", billable: int = 0
+    name: str, status: str, *, final_metrics: bool, template: str = "gpt2-ddp", billable: int = 0,
+    failure_reason: str | None = None,
 ) -> None:
     platform = PlatformContext.placeholder(
         environment="dev",
@@ -126,6 +127,7 @@ def _job(
     job = sagemaker_backends[ACCOUNT][REGION].training_jobs[name]
     job.training_job_status = job.secondary_status = status
     job.billable_time_in_seconds = billable
+    job.failure_reason = failure_reason
     if not final_metrics:
         job.final_metric_data_list = []
 
@@ -519,6 +521,17 @@ def test_status_shows_the_running_job_and_its_latest_metrics(capsys, launcher):
     status = json.loads(out)
     assert status["job"]["name"] == f"{PREFIX}-r3-a2" and status["metrics"] == {"train:loss": 2.75}
     assert status["executions"] == ["r3-1"] and status["run_input"]["template"] == "gpt2-ddp"
+
+
+def test_status_says_what_a_rule_stop_of_the_training_program_means(capsys, launcher):
+    start(capsys, "r12")
+    reason = ("AlgorithmError: RuleTriggered: loss_spike at step 120: loss 9.1 is above 3 x its running mean "
+              "2.9 (action stop)")
+    _job(f"{PREFIX}-r12-a1", "Failed", final_metrics=False, failure_reason=reason)
+    code, out, _ = llmtrain(capsys, "status", "r12")
+    assert code == 0
+    assert f"  failure reason: {reason}" in out
+    assert "  what it means: a rule of the training program stopped the run" in out
 
 
 def test_status_says_where_tensorboard_follows_the_run(capsys, launcher):

@@ -276,6 +276,36 @@ def test_algorithm_error_fails_with_the_jobs_failure_reason(launcher):
     assert f"{PREFIX}-oom-a1" in message and reason in message and "Billable seconds: 120" in message
 
 
+def test_a_hung_job_is_retried_once_from_the_same_checkpoints(launcher):
+    """The training program's hang watchdog ended attempt 1: one new job, at once, resumes it."""
+    hang = JobOutcome.algorithm_error(
+        "AlgorithmError: HungCollective: nothing finished for 20 minutes on rank 3 (host algo-1) after "
+        "step 1200"
+    )
+    with launcher([hang, JobOutcome()]) as harness:
+        run = harness.run({"template": "llama-pretrain-fsdp", "run_name": "stuck"})
+
+    assert run.status == "SUCCEEDED", run.cause
+    assert _sent(harness, "TrainingJobName") == [f"{PREFIX}-stuck-a1", f"{PREFIX}-stuck-a2"]
+    assert len({request["CheckpointConfig"]["S3Uri"] for request in harness.jobs.requests}) == 1
+    assert harness.waits == [0]
+    assert [a["outcome"] for a in run.output["attempt_history"]] == ["hung", "Completed"]
+
+
+def test_a_rule_stop_fails_the_run_without_a_retry_and_says_what_the_rule_saw(launcher):
+    reason = ("AlgorithmError: RuleTriggered: loss_spike at step 120: loss 9.1 is above 3 x its running mean "
+              "2.9 (action stop)")
+    with launcher([JobOutcome.algorithm_error(reason), JobOutcome()]) as harness:
+        run = harness.run({"template": "gpt2-ddp", "run_name": "spiky"})
+        notifications = harness.notifications()
+
+    assert run.status == "FAILED" and run.error == "StoppedByRule"
+    assert len(harness.jobs.requests) == 1 and harness.waits == []
+    assert reason in run.cause and "shows its [rule] lines" in run.cause
+    assert notifications[0]["Subject"] == "llmtrain: run spiky Failed (StoppedByRule)"
+    assert "RuleTriggered: loss_spike at step 120" in notifications[0]["Message"]
+
+
 def test_a_second_start_of_a_run_in_progress_creates_no_second_job(launcher):
     release = threading.Event()
     with launcher([JobOutcome(hold=release)]) as harness:

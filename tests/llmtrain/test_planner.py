@@ -515,7 +515,7 @@ def test_pipeline_settings_are_checked_as_the_program_does():
         ({"grad_accum_steps": 4, "parallelism": "deepspeed"}, "1 with parallelism=deepspeed"),
         ({"grad_accum_steps": 4, "model_preset": "llama-1b"}, "ties its input and output embeddings"),
         ({"grad_accum_steps": 4, "model_preset": "gpt2-tiny"}, "gpt2 models cannot be split"),
-        ({"grad_accum_steps": 4, "pipeline_parallel_degree": 3}, r"\(3 x 1\) dividing the world size 8"),
+        ({"grad_accum_steps": 4, "pipeline_parallel_degree": 3}, r"\(3 x 1 x 1\) dividing the world size 8"),
         ({"grad_accum_steps": 4, "parallelism": "ddp", "pipeline_schedule": "gpipe"}, "use 1f1b"),
     ):
         with pytest.raises(PlanInputError, match=message):
@@ -542,7 +542,8 @@ def test_layouts_follow_the_programs_mesh_rules():
         4,
     )
     assert (hybrid.replicate, hybrid.shard, hybrid.tensor) == (4, 2, 4)
-    with pytest.raises(PlanInputError, match=r"tensor_parallel_degree \(1 x 3\) dividing the world size 8"):
+    with pytest.raises(PlanInputError,
+                       match=r"tensor_parallel_degree \(1 x 1 x 3\) dividing the world size 8"):
         resolve_layout(hyperparameter_values({"parallelism": "fsdp", "tensor_parallel_degree": 3}), 8, 1)
     with pytest.raises(PlanInputError, match="'parallelism': got 'single', expected ddp, fsdp or deepspeed"):
         resolve_layout(hyperparameter_values({"parallelism": "single"}), 4, 1)
