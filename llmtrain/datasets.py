@@ -30,6 +30,7 @@ from llmtrain.aws import explained
 from llmtrain.deployed import TeamAccess
 from llmtrain.errors import LlmtrainError, did_you_mean
 from llmtrain.instances import instance_type
+from llmtrain.s3_uris import parse_s3_uri
 from llmtrain.token_data import (
     PREPARE_HINT,
     TOKENIZER_FILES,
@@ -286,7 +287,7 @@ def channel_problems(
         c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request.get("InputDataConfig", [])
     }
     for name, uri in channels.items():
-        key = uri[len(f"s3://{bucket}/") :]
+        key = parse_s3_uri(uri).key
         checked = token_channels and (name in SPLITS or name == TOKENIZER_FOLDER)
         with explained(f"checking channel {name} ({uri})"):
             sizes = _relative_sizes(s3, bucket, key) if checked else None

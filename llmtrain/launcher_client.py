@@ -131,6 +131,26 @@ class RunListing:
         }
 
 
+def _stream_events(logs, stream: str, limit: int) -> list[dict[str, Any]]:
+    """The last `limit` events of one log stream of the training jobs (every event when 0), oldest
+    first: GetLogEvents from the end of the stream, page by page backwards until enough (or the
+    stream's start, where the token comes back unchanged)."""
+    events: list[dict[str, Any]] = []
+    token = None
+    while True:
+        page = logs.get_log_events(
+            logGroupName=TRAINING_LOG_GROUP,
+            logStreamName=stream,
+            startFromHead=False,
+            **({"nextToken": token} if token else {}),
+        )
+        events[:0] = [{**event, "logStreamName": stream} for event in page["events"]]
+        enough = bool(limit) and len(events) >= limit
+        if enough or not page["events"] or page.get("nextBackwardToken") in (None, token):
+            return events[-limit:] if limit else events
+        token = page["nextBackwardToken"]
+
+
 class LauncherClient:
     """One team's launcher in a deployed environment, through the caller's AWS credentials."""
 
@@ -441,16 +461,10 @@ class LauncherClient:
                 logGroupName=TRAINING_LOG_GROUP, logStreamNamePrefix=f"{job_name}/"
             )
             streams = [stream["logStreamName"] for page in pages for stream in page["logStreams"]]
-            if not streams:
-                return []
-            events = [
-                event
-                for page in logs.get_paginator("filter_log_events").paginate(
-                    logGroupName=TRAINING_LOG_GROUP, logStreamNames=streams[:100]
-                )
-                for event in page["events"]
-            ]
-        events.sort(key=lambda event: (event["timestamp"], event.get("logStreamName", "")))
+            # GetLogEvents, stream by stream: the engineers' policy grants it on the team's streams
+            # only, where FilterLogEvents would be authorized on the whole shared log group.
+            events = [event for stream in streams for event in _stream_events(logs, stream, limit)]
+        events.sort(key=lambda event: (event["timestamp"], event["logStreamName"]))
         return events[-limit:] if limit else events
 
     # -- listing runs ---------------------------------------------------------------------------------
