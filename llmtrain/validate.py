@@ -32,10 +32,15 @@ JOB_NAME_MAX = 63
 
 
 @cache
-def create_training_job_shape() -> Shape:
-    """botocore's input shape of sagemaker:CreateTrainingJob (from the installed service model)."""
+def operation_input_shape(operation: str) -> Shape:
+    """botocore's input shape of a sagemaker operation (from the installed service model)."""
     model = botocore.session.get_session().get_service_model("sagemaker")
-    return model.operation_model("CreateTrainingJob").input_shape
+    return model.operation_model(operation).input_shape
+
+
+def create_training_job_shape() -> Shape:
+    """botocore's input shape of sagemaker:CreateTrainingJob."""
+    return operation_input_shape("CreateTrainingJob")
 
 
 @cache
@@ -44,12 +49,13 @@ def _compiled(pattern: str) -> regex.Pattern:
     return regex.compile(pattern)
 
 
-def shape_problems(request: Mapping[str, Any]) -> list[str]:
-    """Everything botocore's validator reports, then the constraints it does not check."""
-    shape = create_training_job_shape()
+def shape_problems(request: Mapping[str, Any], operation: str = "CreateTrainingJob") -> list[str]:
+    """Everything botocore's validator reports for the operation's input, then the constraints it
+    does not check."""
+    shape = operation_input_shape(operation)
     report = ParamValidator().validate(request, shape)
     problems = report.generate_report().splitlines() if report.has_errors() else []
-    problems.extend(constraint_problems(request, shape, "CreateTrainingJob"))
+    problems.extend(constraint_problems(request, shape, operation))
     return problems
 
 
