@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "llmtrain.commands.templates",
     "llmtrain.commands.render",
     "llmtrain.commands.run",
+    "llmtrain.commands.tune",
     "llmtrain.commands.launch",
     "llmtrain.commands.runs",
     "llmtrain.commands.data",

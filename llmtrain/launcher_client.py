@@ -227,6 +227,7 @@ class LauncherClient:
         overrides: Mapping[str, Any],
         owner: str | None = None,
         skip_plan_check: bool = False,
+        tune: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """Start the run's next execution; returns it and the run's previous execution (or None).
 
@@ -243,6 +244,7 @@ class LauncherClient:
             overrides=overrides,
             owner=owner,
             skip_plan_check=skip_plan_check,
+            tune=tune,
         )
         executions = self.run_executions(run_name)
         previous = executions[-1] if executions else None

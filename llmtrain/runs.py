@@ -24,10 +24,11 @@ from typing import Any
 from llmtrain.catalog import LATEST
 from llmtrain.errors import LlmtrainError
 from llmtrain.render import RUN_NAME_PATTERN
+from llmtrain.tuning import TuneSpec
 
 INPUT_SHAPE = (
     '{"template": NAME, "version": SEMVER or "latest", "run_name": NAME, "overrides": {SETTING: VALUE}, '
-    '"owner": TEXT, "skip_plan_check": BOOLEAN}'
+    '"owner": TEXT, "skip_plan_check": BOOLEAN, "tune": {...} (a tune, llmtrain.tuning.TuneSpec)}'
 )
 DEFAULT_OWNER = "launcher"
 
@@ -52,7 +53,8 @@ class ExecutionInput:
     """One execution of the launcher: which template version to run, under which run name.
 
     ``skip_plan_check`` starts a run the planner predicts will not fit its GPUs (never one above the
-    team's budget)."""
+    team's budget). ``tune`` makes the run a tune (`llmtrain.tuning.TuneSpec.to_dict`): a SageMaker
+    tuning job whose trials are runs of the template."""
 
     template: str
     run_name: str
@@ -60,12 +62,15 @@ class ExecutionInput:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     owner: str | None = None
     skip_plan_check: bool = False
+    tune: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         problem = _input_problem(self)
         if problem:
             raise InvalidRunInput(problem)
         object.__setattr__(self, "overrides", dict(self.overrides))
+        if self.tune is not None:
+            object.__setattr__(self, "tune", dict(self.tune))
 
     @classmethod
     def parse(cls, data: Any) -> ExecutionInput:
@@ -86,7 +91,7 @@ class ExecutionInput:
         values = dict(data)
         if values.get("overrides", {}) is None:
             raise InvalidRunInput("'overrides' must be an object of setting name to value, got null")
-        for name in ("owner", "skip_plan_check"):
+        for name in ("owner", "skip_plan_check", "tune"):
             if name in values and values[name] is None:
                 del values[name]
         return cls(**values)
@@ -102,6 +107,8 @@ class ExecutionInput:
             data["owner"] = self.owner
         if self.skip_plan_check:
             data["skip_plan_check"] = True
+        if self.tune is not None:
+            data["tune"] = dict(self.tune)
         return data
 
 
@@ -124,6 +131,11 @@ def _input_problem(execution: ExecutionInput) -> str | None:
         return f"'skip_plan_check' must be true or false, got {execution.skip_plan_check!r:.80}"
     if not isinstance(execution.overrides, Mapping):
         return f"'overrides' must be an object of setting name to value, got {execution.overrides!r:.80}"
+    if execution.tune is not None:
+        try:
+            TuneSpec.from_dict(execution.tune)
+        except LlmtrainError as error:
+            return f"'tune': {error}"
     return run_name_problem(execution.run_name)
 
 
@@ -208,6 +220,8 @@ class RunState:
     history: tuple[AttemptRecord, ...] = ()
     # The planner's figures for the run (llmtrain.planner.checks.plan_state), for its summary.
     plan: Mapping[str, Any] | None = None
+    # A tune's search (llmtrain.tuning.TuneSpec.to_dict); None for a run of one training job.
+    tune: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "overrides", dict(self.overrides))

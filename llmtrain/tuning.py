@@ -363,7 +363,7 @@ def tuning_job_config(tune: TuneSpec, training_request: Mapping[str, Any]) -> di
         "ParameterRanges": ranges,
         # Hyperband stops poor trials itself; SageMaker refuses its early stopping beside it.
         "TrainingJobEarlyStoppingType": (
-            "AUTO" if tune.early_stopping and tune.strategy != "hyperband" else "OFF"),
+            "Auto" if tune.early_stopping and tune.strategy != "hyperband" else "Off"),
     }
     if tune.strategy == "hyperband":
         hps = decoded_hyperparameters(training_request)
@@ -476,7 +476,20 @@ def _plain(value: Any) -> str:
     return str(value)
 
 
-__all__ = [
-    "STRATEGIES", "ParamRange", "Trial", "TuneError", "TuneSpec", "best_so_far", "best_trial", "check_tune",
-    "start_command", "tuning_request",
-]
+
+
+def check_tune_budget(plan: Mapping[str, Any], tune: TuneSpec, *, budget_usd: float | None, team: str) -> dict:
+    """A tune costs at most one trial's planned cost times its maximum number of trials; refuse one
+    planned above the team's budget. Returns the plan with the tune's figures added."""
+    one = plan.get("usd")
+    if one is None:
+        return dict(plan)
+    total = one * tune.trials
+    if budget_usd is not None and total > budget_usd:
+        raise TuneError(
+            f"the tune is planned to cost up to ${total:,.0f} ({tune.trials} trials x ${one:,.0f} per trial, "
+            f"{plan.get('summary') or ''}), above team {team!r}'s budget of ${budget_usd:,.0f} per run "
+            f"(teams.{team}.max_run_cost_usd, else budgets.max_run_cost_usd): fewer --trials, a lower "
+            "max_steps per trial, or a cheaper configuration (`llmtrain plan --suggest`)")
+    return {**plan, "usd_per_trial": one, "usd": total, "trials": tune.trials,
+            "summary": f"{plan.get('summary')}; tune: up to {tune.trials} trials, up to ${total:,.0f}"}

@@ -43,6 +43,7 @@ from typing import Any
 import boto3
 
 from llmtrain.catalog import LATEST, Catalog
+from llmtrain.handlers import tuning
 from llmtrain.errors import LlmtrainError, OverrideError
 from llmtrain.planner.checks import actual_cost, check_run
 from llmtrain.platform import PlatformContext
@@ -128,12 +129,16 @@ def resolve_run(event: Mapping[str, Any]) -> dict[str, Any]:
     except LlmtrainError as error:
         raise _rejected(error) from error
     execution_arn = event.get("execution_arn")
+    if run_input.tune is not None:
+        return tuning.start_tune(template, run_input, platform, sagemaker, execution_arn=execution_arn)
     return start_run(template, run_input, platform, previous, layouts, execution_arn=execution_arn)
 
 
 def next_attempt(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
     """`{"run", "request", "failure": {"Error", "Cause"}}` -> a retry plan or a failure summary."""
     run, request = _state(event)
+    if run.tune is not None:
+        return tuning.tune_failure(run, event.get("failure") or {})
     template = _catalog().get(run.template, run.version)
     return plan_next_attempt(
         template,
@@ -149,6 +154,8 @@ def summarize(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
     """`{"run", "job": DescribeTrainingJob output}` -> `{"summary": ...}` for a completed job."""
     run, _ = _state(event, need_request=False)
     job = event.get("job") or {}
+    if run.tune is not None:
+        return {"summary": tuning.tune_summary(run, job)}
     status = job.get("TrainingJobStatus", "Completed")
     run = run.with_attempt_ended(job.get("TrainingJobName", ""), status)
     return {"summary": build_summary(run, status=status, job=job)}
