@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "llmtrain.commands.render",
     "llmtrain.commands.run",
     "llmtrain.commands.tune",
+    "llmtrain.commands.models",
     "llmtrain.commands.launch",
     "llmtrain.commands.runs",
     "llmtrain.commands.data",

@@ -222,6 +222,9 @@ class RunState:
     plan: Mapping[str, Any] | None = None
     # A tune's search (llmtrain.tuning.TuneSpec.to_dict); None for a run of one training job.
     tune: Mapping[str, Any] | None = None
+    # The JumpStart base model resolved at Resolve (llmtrain.jumpstart.BaseModel.to_dict): every
+    # attempt trains from the same weights.
+    base_model: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "overrides", dict(self.overrides))

@@ -39,6 +39,7 @@ from llmtrain.commands._common import (
 )
 from llmtrain.datasets import channel_problems
 from llmtrain.errors import LlmtrainError, OverrideError, did_you_mean
+from llmtrain.jumpstart import is_jumpstart_reference, resolve_base_model
 from llmtrain.launcher_client import FINISHED, LauncherClient, RunStatus, owner_from_identity
 from llmtrain.planner.checks import check_run
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
@@ -184,6 +185,9 @@ def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[
         warm_pool_cap_seconds=MAX_KEEP_ALIVE_SECONDS,
     )
     settings = {k: v for k, v in overrides.items() if not k.startswith(CHANNEL_SETTING_PREFIX)}
+    if is_jumpstart_reference(str(overrides.get("base_model", "/"))):
+        # A JumpStart model resolves in the environment's region: checked there.
+        settings = {k: v for k, v in settings.items() if k not in ("base_model", "accept_eula")}
     render(template, RunInput(run_name=run_name, overrides=settings), stand_in)
     return template
 
@@ -207,7 +211,10 @@ def check_in_environment(
             f"{did_you_mean(template.name, deployed.enabled_templates)}; it offers: "
             f"{', '.join(deployed.enabled_templates)}"
         )
-    request = render(template, RunInput(run_name=run_name, overrides=dict(overrides)), team.platform)
+    base_model = resolve_base_model(overrides, cloud.session.client("s3", region_name=deployed.region),
+                                    deployed.region)
+    request = render(template, RunInput(run_name=run_name, overrides=dict(overrides), base_model=base_model),
+                     team.platform)
     plan = check_run(
         template,
         request,

@@ -214,8 +214,11 @@ def check_tune_in_environment(cloud, template: TemplateSpec, run_name: str, sett
     from llmtrain.commands.launch import check_in_environment
     from llmtrain.handlers.tuning import parent_tuning_jobs, render_tune
 
+    from llmtrain.jumpstart import resolve_base_model
+
     check_in_environment(cloud, template, run_name, settings)
-    platform = cloud.team.platform
-    sagemaker = cloud.session.client("sagemaker", region_name=cloud.deployed.region)
+    platform, region = cloud.team.platform, cloud.deployed.region
+    sagemaker = cloud.session.client("sagemaker", region_name=region)
     parents = parent_tuning_jobs(sagemaker, platform, tune.warm_start_from) if tune.warm_start_from else []
-    return render_tune(template, run_name, settings, tune, platform, parents=parents)
+    base_model = resolve_base_model(settings, cloud.session.client("s3", region_name=region), region)
+    return render_tune(template, run_name, settings, tune, platform, parents=parents, base_model=base_model)

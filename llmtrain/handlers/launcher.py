@@ -44,6 +44,7 @@ import boto3
 
 from llmtrain.catalog import LATEST, Catalog
 from llmtrain.handlers import tuning
+from llmtrain.jumpstart import BaseModel, resolve_base_model
 from llmtrain.errors import LlmtrainError, OverrideError
 from llmtrain.planner.checks import actual_cost, check_run
 from llmtrain.platform import PlatformContext
@@ -130,7 +131,8 @@ def resolve_run(event: Mapping[str, Any]) -> dict[str, Any]:
         raise _rejected(error) from error
     execution_arn = event.get("execution_arn")
     if run_input.tune is not None:
-        return tuning.start_tune(template, run_input, platform, sagemaker, execution_arn=execution_arn)
+        return tuning.start_tune(template, run_input, platform, sagemaker, _s3(platform),
+                                 execution_arn=execution_arn)
     return start_run(template, run_input, platform, previous, layouts, execution_arn=execution_arn)
 
 
@@ -190,6 +192,10 @@ def _load_catalog(root: str) -> Catalog:
 
 def _sagemaker(platform: PlatformContext):
     return boto3.client("sagemaker", region_name=platform.region)
+
+
+def _s3(platform: PlatformContext):
+    return boto3.client("s3", region_name=platform.region)
 
 
 def _state(event: Mapping[str, Any], *, need_request: bool = True) -> tuple[RunState, dict]:
@@ -303,7 +309,9 @@ def start_run(
         )
     owner = run_input.owner or DEFAULT_OWNER
     try:
-        request = _render(template, run_input.run_name, run_input.overrides, attempt, owner, None, platform)
+        base_model = resolve_base_model(run_input.overrides, _s3(platform), platform.region)
+        request = _render(template, run_input.run_name, run_input.overrides, attempt, owner, None, platform,
+                          base_model=base_model)
         layout = request_layout(request, layouts)
         # The planner: refuse a run that will not fit its GPUs or costs more than the team's budget.
         plan = check_run(
@@ -317,7 +325,7 @@ def start_run(
     except LlmtrainError as error:
         raise _rejected(error) from error
     first = request["ResourceConfig"]["InstanceType"]
-    usable, unusable = _check_fallbacks(template, run_input, request, platform, layouts)
+    usable, unusable = _check_fallbacks(template, run_input, request, platform, layouts, base_model)
     run = RunState(
         run_name=run_input.run_name,
         team=platform.team,
@@ -331,6 +339,7 @@ def start_run(
         unusable_instance_types=unusable,
         checkpoint_s3_uri=request.get("CheckpointConfig", {}).get("S3Uri"),
         plan=plan,
+        base_model=base_model.to_dict() if base_model else None,
     )
     return {"run": run.to_dict(), "request": request, "layout": layout}
 
@@ -341,6 +350,7 @@ def _check_fallbacks(
     first: Mapping[str, Any],
     platform: PlatformContext,
     layouts: Mapping[str, Sequence[str]],
+    base_model: BaseModel | None = None,
 ) -> tuple[list[str], list[UnusableInstanceType]]:
     """The template's fallback types that can hold this run, and those that cannot (with why). A
     fallback with another number of GPUs holds it where the checkpoints reshard: the attempt
@@ -352,7 +362,7 @@ def _check_fallbacks(
             continue
         try:
             request = _render(template, run_input.run_name, run_input.overrides, 1, DEFAULT_OWNER, fallback,
-                              platform)
+                              platform, base_model=base_model)
             request_layout(request, layouts)
             problems = reshape_problems(template.distribution.strategy, first, request)
         except LlmtrainError as error:
@@ -392,16 +402,21 @@ def _render(
     owner: str,
     instance_type: str | None,
     platform: PlatformContext,
+    *,
+    base_model: BaseModel | None = None,
 ) -> dict:
     run_input = RunInput(
-        run_name=run_name, overrides=overrides, attempt=attempt, instance_type=instance_type, owner=owner
+        run_name=run_name, overrides=overrides, attempt=attempt, instance_type=instance_type, owner=owner,
+        base_model=base_model,
     )
     return render(template, run_input, platform)
 
 
 def _render_attempt(template: TemplateSpec, run: RunState, platform: PlatformContext) -> dict:
     fallback = run.instance_type if run.type_index else None
-    return _render(template, run.run_name, run.overrides, run.attempt, run.owner, fallback, platform)
+    base_model = BaseModel.from_dict(run.base_model) if run.base_model else None
+    return _render(template, run.run_name, run.overrides, run.attempt, run.owner, fallback, platform,
+                   base_model=base_model)
 
 
 def request_layouts(requests: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:

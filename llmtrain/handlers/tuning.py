@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmtrain.errors import LlmtrainError
+from llmtrain.jumpstart import BaseModel, resolve_base_model
 from llmtrain.planner.checks import check_run
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, render
@@ -88,10 +89,12 @@ def render_tune(
     owner: str = DEFAULT_OWNER,
     parents: Sequence[str] = (),
     skip_plan_check: bool = False,
+    base_model: BaseModel | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The tuning request and the plan of a tune: what the CLI's dry run prints and Resolve sends."""
     check_tune(template, tune, overrides)
-    training = render(template, RunInput(run_name=run_name, overrides=overrides, owner=owner), platform)
+    run_input = RunInput(run_name=run_name, overrides=overrides, owner=owner, base_model=base_model)
+    training = render(template, run_input, platform)
     problems = tuning_problems_for_request(tune, training)
     if problems:
         raise TuneError(problems[0])
@@ -108,6 +111,7 @@ def start_tune(
     run_input: ExecutionInput,
     platform: PlatformContext,
     sagemaker,
+    s3,
     *,
     execution_arn: str | None = None,
 ) -> dict[str, Any]:
@@ -123,8 +127,9 @@ def start_tune(
                             "new run_name")
         parents = parent_tuning_jobs(sagemaker, platform, tune.warm_start_from)
         owner = run_input.owner or DEFAULT_OWNER
+        base_model = resolve_base_model(run_input.overrides, s3, platform.region)
         request, plan = render_tune(template, run_input.run_name, run_input.overrides, tune, platform,
-                                    attempt=attempt, owner=owner, parents=parents,
+                                    attempt=attempt, owner=owner, parents=parents, base_model=base_model,
                                     skip_plan_check=run_input.skip_plan_check)
     except LlmtrainError as error:
         raise error if isinstance(error, InvalidRunInput) else InvalidRunInput(str(error)) from error
