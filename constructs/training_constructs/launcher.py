@@ -57,6 +57,8 @@ from constructs import Construct
 
 from llmtrain.errors import LlmtrainError
 from llmtrain.handlers import launcher as handlers
+from llmtrain.handlers import tuning as tuning_handlers
+from llmtrain.jumpstart import MANIFEST_KEY, content_bucket
 from llmtrain.handlers.quotas import template_instance_types
 from llmtrain.platform import FEATURE_FIELDS, PlatformContext
 from llmtrain.render import TAG_PREFIX, RunInput, render
@@ -67,13 +69,14 @@ from training_constructs.lambda_code import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME,
 from training_constructs.nag import acknowledge_wildcards
 from training_constructs.notifications import encrypted_topic
 from training_constructs.resources import NetworkResources, StorageResources, check_network, check_storage
-from training_constructs.teams import CREATE_JOBS_SID, TeamSpec, job_creation_conditions
+from training_constructs.teams import CREATE_JOBS_SID, CREATE_TUNING_JOBS_SID, TeamSpec, job_creation_conditions
 
 _NAME = "TrainingLauncher"
 _STATE_MACHINE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 # Step Functions' .sync integration with SageMaker listens to job state changes through this
 # managed EventBridge rule, which it creates in the account on first use.
 SYNC_EVENTS_RULE = "StepFunctionsGetEventsForSageMakerTrainingJobsRule"
+SYNC_TUNING_EVENTS_RULE = "StepFunctionsGetEventsForSageMakerTuningJobsRule"
 # The functions vendor `regex` (llmtrain.validate reads AWS's Java-style patterns with it).
 VENDORED_PACKAGES = ("yaml", "regex")
 LAUNCHER_ERROR_SUBJECT = "llmtrain: a run failed (launcher error)"
@@ -82,6 +85,8 @@ LAUNCHER_ERROR_SUBJECT = "llmtrain: a run failed (launcher error)"
 WILDCARD_RESOURCE_ACTIONS = {
     "sagemaker:ListTrainingJobs": "List calls have no resource; the resolve function lists the run's own "
     "jobs by name to refuse a second job for a run in progress",
+    "sagemaker:ListHyperParameterTuningJobs": "List calls have no resource; the resolve function lists a "
+    "tune's own tuning jobs by name (a tune in progress, the tunes it warm-starts from)",
     "logs:CreateLogDelivery": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
     "logs:GetLogDelivery": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
     "logs:UpdateLogDelivery": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
@@ -226,10 +231,24 @@ class TrainingLauncher(Construct):
                 sid="ReadRunJobTags", actions=["sagemaker:ListTags"], resources=[self._team_jobs()]
             )
         )
+        self.resolve_function.add_to_role_policy(
+            iam.PolicyStatement(sid="ListTuneJobs", actions=["sagemaker:ListHyperParameterTuningJobs"],
+                                resources=["*"])
+        )
+        # A run's base_model=<JumpStart model id> resolves against JumpStart's manifest and model specs
+        # in the region (llmtrain.jumpstart): read-only, JumpStart's public catalogue.
+        jumpstart = f"arn:{Aws.PARTITION}:s3:::{content_bucket(self.stack.region)}"
+        self.resolve_function.add_to_role_policy(
+            iam.PolicyStatement(sid="ReadJumpStartCatalogue", actions=["s3:GetObject"],
+                                resources=[f"{jumpstart}/{MANIFEST_KEY}", f"{jumpstart}/*specs*.json"])
+        )
         acknowledge_wildcards(
             self.resolve_function.role,
             {
                 "ListRunJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListTrainingJobs"],
+                "ListTuneJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListHyperParameterTuningJobs"],
+                "ReadJumpStartCatalogue": "JumpStart's model specs, one JSON file per model version, under "
+                "its public content bucket's folders",
                 "ReadRunJobTags": "the tags of the team's jobs, named per run and attempt under the team's "
                 "job-name prefix",
             },
@@ -329,6 +348,13 @@ class TrainingLauncher(Construct):
             train.next(summarize)
             choose_layout.when(sfn.Condition.string_equals("$.layout", layout), train)
             self.train_states[layout] = train
+        self.tune_states: dict[str, sfn.CustomState] = {}
+        for layout, fields in tuning_handlers.TUNE_LAYOUTS.items():
+            tune = self._tune_state(layout, fields)
+            tune.add_catch(next_attempt, errors=["States.ALL"], result_path="$.failure")
+            tune.next(summarize)
+            choose_layout.when(sfn.Condition.string_equals("$.layout", layout), tune)
+            self.tune_states[layout] = tune
         choose_layout.otherwise(
             sfn.Fail(
                 self,
@@ -402,6 +428,22 @@ class TrainingLauncher(Construct):
             },
         )
 
+    def _tune_state(self, layout: str, fields: Sequence[str]) -> sfn.CustomState:
+        # The trials' role is the request's TrainingJobDefinition.RoleArn, rendered from the team's
+        # platform context; IAM lets this state machine pass only the team's execution role.
+        parameters = {f"{field}.$": f"$.request.{field}" for field in fields}
+        return sfn.CustomState(
+            self,
+            f"CreateHyperParameterTuningJob-{layout}",
+            state_json={
+                "Type": "Task",
+                "Comment": "Start the tuning job and wait until it ends; stopping the execution stops it",
+                "Resource": f"arn:{Aws.PARTITION}:states:::sagemaker:createHyperParameterTuningJob.sync",
+                "Parameters": parameters,
+                "ResultPath": "$.job",
+            },
+        )
+
     def _notify(self, state_id: str, then: sfn.State) -> tasks.SnsPublish:
         publish = tasks.SnsPublish(
             self,
@@ -446,6 +488,10 @@ class TrainingLauncher(Construct):
             service="sagemaker", resource="training-job", resource_name=f"{self.team.job_name_prefix}-*"
         )
 
+    def _team_tuning_jobs(self) -> str:
+        return self.stack.format_arn(service="sagemaker", resource="hyper-parameter-tuning-job",
+                                     resource_name=f"{self.team.job_name_prefix}-*")
+
     def _grant_training(self, props: TrainingLauncherProps) -> None:
         """The job-creating role: the team's jobs only, and only as the environment allows them.
 
@@ -481,6 +527,31 @@ class TrainingLauncher(Construct):
                 resources=[jobs],
             ),
             iam.PolicyStatement(
+                sid=CREATE_TUNING_JOBS_SID,
+                actions=["sagemaker:CreateHyperParameterTuningJob"],
+                resources=[self._team_tuning_jobs()],
+                conditions={**job_creation_conditions(
+                    team=self.team,
+                    subnet_ids=list(self.platform_context["subnet_ids"]),
+                    security_group_ids=list(self.platform_context["security_group_ids"]),
+                    key_arn=props.storage.data_key.key_arn,
+                    environment_name=props.environment_name,
+                    inter_container_traffic_encryption=self.inter_container_traffic_encryption,
+                    warm_pools=False,
+                )},
+            ),
+            iam.PolicyStatement(
+                sid="TagTeamTuningJobs",
+                actions=["sagemaker:AddTags"],
+                resources=[self._team_tuning_jobs()],
+                conditions={"StringEquals": {f"aws:RequestTag/{TAG_PREFIX}team": self.team.name}},
+            ),
+            iam.PolicyStatement(
+                sid="FollowTeamTuningJobs",
+                actions=["sagemaker:DescribeHyperParameterTuningJob", "sagemaker:StopHyperParameterTuningJob"],
+                resources=[self._team_tuning_jobs()],
+            ),
+            iam.PolicyStatement(
                 sid="PassTeamExecutionRoleToSageMaker",
                 actions=["iam:PassRole"],
                 resources=[props.execution_role.role_arn],
@@ -489,7 +560,8 @@ class TrainingLauncher(Construct):
             iam.PolicyStatement(
                 sid="SyncWithTrainingJobEvents",
                 actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
-                resources=[rule],
+                resources=[rule, self.stack.format_arn(service="events", resource="rule",
+                                                       resource_name=SYNC_TUNING_EVENTS_RULE)],
             ),
             iam.PolicyStatement(
                 sid="PublishEncryptedNotifications",
@@ -518,6 +590,11 @@ class TrainingLauncher(Construct):
                 "and attempt under the team's prefix",
                 "FollowTeamTrainingJobs": "the team's jobs are named per run and attempt under the team's "
                 "job-name prefix",
+                CREATE_TUNING_JOBS_SID: "every tune gets a new tuning job name under the team's job-name prefix",
+                "TagTeamTuningJobs": "the team's tuning jobs are tagged at creation; their names differ per "
+                "tune under the team's prefix",
+                "FollowTeamTuningJobs": "the team's tuning jobs are named per tune under the team's job-name "
+                "prefix",
             },
         )
 

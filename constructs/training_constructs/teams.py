@@ -74,6 +74,8 @@ class TeamSpec:
 
 # The Sid of the statement that lets a team's launcher create its jobs (tests read it by this name).
 CREATE_JOBS_SID = "CreateTeamTrainingJobs"
+# The Sid of the statement that lets a team's launcher create its tuning jobs (`llmtrain tune`).
+CREATE_TUNING_JOBS_SID = "CreateTeamTuningJobs"
 TEAM_TAG = f"{TAG_PREFIX}team"
 ENVIRONMENT_TAG = f"{TAG_PREFIX}environment"
 
@@ -86,8 +88,11 @@ def job_creation_conditions(
     key_arn: str,
     environment_name: str,
     inter_container_traffic_encryption: bool,
+    warm_pools: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """The IAM conditions under which a team's role may call CreateTrainingJob.
+    """The IAM conditions under which a team's role may call CreateTrainingJob (and, without
+    `warm_pools`, CreateHyperParameterTuningJob, whose trials have no warm pool and which SageMaker
+    evaluates the same keys on).
 
     SageMaker evaluates these keys on CreateTrainingJob: the instance types, the VPC's subnets and
     security groups (all required: no job outside the VPC), the KMS keys of the volume (absent for
@@ -114,8 +119,9 @@ def job_creation_conditions(
             f"aws:RequestTag/{ENVIRONMENT_TAG}": environment_name,
         },
         "StringEqualsIfExists": {"sagemaker:VolumeKmsKey": key_arn},
-        "NumericLessThanEqualsIfExists": {"sagemaker:KeepAlivePeriod": str(team.max_keep_alive_seconds)},
     }
+    if warm_pools:
+        conditions["NumericLessThanEqualsIfExists"] = {"sagemaker:KeepAlivePeriod": str(team.max_keep_alive_seconds)}
     if inter_container_traffic_encryption:
         conditions["Bool"] = {"sagemaker:InterContainerTrafficEncryption": "true"}
     return conditions
@@ -172,4 +178,4 @@ def _validate(team: TeamSpec) -> None:
     )
 
 
-__all__ = ["CREATE_JOBS_SID", "ENVIRONMENT_TAG", "TEAM_TAG", "TeamSpec", "job_creation_conditions"]
+__all__ = ["CREATE_JOBS_SID", "CREATE_TUNING_JOBS_SID", "ENVIRONMENT_TAG", "TEAM_TAG", "TeamSpec", "job_creation_conditions"]

@@ -49,8 +49,8 @@ def interrupt_during_trial(workdir: Path, trial: int) -> tuple[int, str]:
             process.send_signal(signal.SIGINT)
             break
         assert time.monotonic() < deadline, "".join(lines)
-    rest, _ = process.communicate(timeout=JOB_TIMEOUT_SECONDS)
-    return process.returncode, "".join(lines) + rest
+    out, err = process.communicate(timeout=JOB_TIMEOUT_SECONDS)
+    return process.returncode, "".join(lines) + err + out
 
 
 def test_a_local_tune_beats_the_default_learning_rate_and_resumes_its_study(tmp_path):
