@@ -51,8 +51,11 @@ def is_jumpstart_reference(value: str) -> bool:
 def parse_reference(value: str) -> tuple[str, str | None]:
     model_id, _, version = value.partition("@")
     if not _MODEL_ID.fullmatch(model_id) or (version == "" and "@" in value):
-        raise OverrideError("base_model", f"{value!r} is neither a JumpStart model id (model-id or "
-                                          "model-id@version) nor an S3 folder (s3://...)")
+        raise OverrideError(
+            "base_model",
+            f"{value!r} is neither a JumpStart model id (model-id or "
+            "model-id@version) nor an S3 folder (s3://...)",
+        )
     return model_id, version or None
 
 
@@ -81,7 +84,9 @@ class BaseModel:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BaseModel:
-        return cls(**{key: data[key] for key in ("model_id", "version", "uri", "gated", "eula_url") if key in data})
+        return cls(
+            **{key: data[key] for key in ("model_id", "version", "uri", "gated", "eula_url") if key in data}
+        )
 
 
 class JumpStartError(LlmtrainError):
@@ -111,8 +116,10 @@ class JumpStartCatalog:
             body = self.s3.get_object(Bucket=content_bucket(self.region), Key=key)["Body"].read()
         except ClientError as error:
             code = error.response["Error"]["Code"]
-            raise JumpStartError(f"cannot read s3://{content_bucket(self.region)}/{key} ({code}): JumpStart "
-                                 f"may not serve region {self.region}, or your role may not read its bucket") from error
+            raise JumpStartError(
+                f"cannot read s3://{content_bucket(self.region)}/{key} ({code}): JumpStart "
+                f"may not serve region {self.region}, or your role may not read its bucket"
+            ) from error
         return json.loads(body)
 
     def manifest(self) -> list[dict[str, Any]]:
@@ -124,16 +131,20 @@ class JumpStartCatalog:
         versions = [h for h in self.manifest() if h["model_id"] == model_id]
         if not versions:
             ids = sorted({h["model_id"] for h in self.manifest()})
-            raise OverrideError("base_model", f"{model_id!r} is not a JumpStart model in {self.region}"
-                                              f"{did_you_mean(model_id, ids)}; `llmtrain models ls` lists them")
+            raise OverrideError(
+                "base_model",
+                f"{model_id!r} is not a JumpStart model in {self.region}"
+                f"{did_you_mean(model_id, ids)}; `llmtrain models ls` lists them",
+            )
         if version is None:
             return max(versions, key=lambda h: _version(h["version"]))
         for header in versions:
             if header["version"] == version:
                 return header
         known = ", ".join(sorted((h["version"] for h in versions), key=_version))
-        raise OverrideError("base_model", f"{model_id} has no version {version!r} in {self.region}; its versions: "
-                                          f"{known}")
+        raise OverrideError(
+            "base_model", f"{model_id} has no version {version!r} in {self.region}; its versions: {known}"
+        )
 
     def spec(self, header: Mapping[str, Any]) -> dict[str, Any]:
         return self._json(header["spec_key"])
@@ -143,8 +154,11 @@ class JumpStartCatalog:
         model_id, version = parse_reference(reference)
         spec = self.spec(self.header(model_id, version))
         if not spec.get("training_supported"):
-            raise OverrideError("base_model", f"{model_id}@{spec['version']} cannot be fine-tuned "
-                                              "(JumpStart publishes no training weights for it)")
+            raise OverrideError(
+                "base_model",
+                f"{model_id}@{spec['version']} cannot be fine-tuned "
+                "(JumpStart publishes no training weights for it)",
+            )
         return self._base_model(spec)
 
     def _base_model(self, spec: Mapping[str, Any]) -> BaseModel:
@@ -152,8 +166,13 @@ class JumpStartCatalog:
         gated = bool(spec.get("gated_bucket"))
         bucket = gated_content_bucket(self.region) if gated else content_bucket(self.region)
         uri = key if key.startswith("s3://") else f"s3://{bucket}/{key}"
-        return BaseModel(model_id=spec["model_id"], version=spec["version"], uri=uri, gated=gated,
-                         eula_url=eula_url(self.region, spec.get("hosting_eula_key")))
+        return BaseModel(
+            model_id=spec["model_id"],
+            version=spec["version"],
+            uri=uri,
+            gated=gated,
+            eula_url=eula_url(self.region, spec.get("hosting_eula_key")),
+        )
 
     def text_generation_models(self) -> list[ModelListing]:
         """The latest version of each JumpStart text-generation model that can be trained."""
@@ -169,7 +188,9 @@ class JumpStartCatalog:
             spec = self.spec(latest[model_id])
             if spec.get("training_supported") and not spec.get("deprecated"):
                 model = self._base_model(spec)
-                listings.append(ModelListing(model.model_id, model.version, model.gated, model.eula_url, model.uri))
+                listings.append(
+                    ModelListing(model.model_id, model.version, model.gated, model.eula_url, model.uri)
+                )
         return listings
 
 

@@ -29,6 +29,7 @@ from llmtrain.catalog import LATEST, parse_ref
 from llmtrain.deployed import DeployedEnvironment, TeamAccess
 from llmtrain.errors import LlmtrainError, did_you_mean
 from llmtrain.handlers.launcher import final_metrics, run_jobs
+from llmtrain.handlers.tuning import tune_trials, tuning_jobs
 from llmtrain.runs import ExecutionInput
 
 LAUNCHER_STACK_PART = "launcher"
@@ -74,6 +75,8 @@ class RunStatus:
     # The run's execution input (template, version, overrides) and all its executions, oldest first.
     run_input: Mapping[str, Any] = field(default_factory=dict)
     executions: list[str] = field(default_factory=list)
+    # A tune's tuning job and its trials (llmtrain.handlers.tuning), None for a run of one job.
+    tuning: Mapping[str, Any] | None = None
 
     @property
     def continuable(self) -> bool:
@@ -96,6 +99,7 @@ class RunStatus:
             "job": dict(self.job) if self.job else None,
             "metrics": self.metrics,
             "notes": self.notes,
+            "tuning": dict(self.tuning) if self.tuning else None,
         }
 
 
@@ -111,6 +115,8 @@ class RunListing:
     started: str | None
     billable_seconds: int | None
     executions: int
+    kind: str = "run"  # run | tune
+    trials: int | None = None  # a tune's trials so far
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +128,8 @@ class RunListing:
             "started": self.started,
             "billable_seconds": self.billable_seconds,
             "executions": self.executions,
+            "kind": self.kind,
+            "trials": self.trials,
         }
 
 
@@ -276,6 +284,8 @@ class LauncherClient:
         if not executions:
             self.find_execution(run_name)  # raises, with suggestions
         execution = executions[-1]
+        if _input(execution).get("tune") is not None:
+            return self._tune_status(run_name, execution, executions)
         jobs = self.jobs(run_name)
         job = self._describe_job(jobs[-1]["job_name"]) if jobs else None
         metrics, notes = final_metrics(job) if job else {}, []
@@ -301,6 +311,29 @@ class LauncherClient:
             notes=notes,
             run_input=_input(execution),
             executions=[e["name"] for e in executions],
+        )
+
+    def tuning(self, run_name: str) -> dict[str, Any] | None:
+        """A tune's latest tuning job and its trials (`{"name", "status", "trials", "best"}`), or None
+        before it has one."""
+        sagemaker = self.client("sagemaker")
+        with explained("listing the tune's tuning jobs"):
+            jobs = tuning_jobs(sagemaker, self.job_name_prefix, run_name)
+            if not jobs:
+                return None
+            latest = jobs[-1]
+            trials = tune_trials(sagemaker, latest["name"])
+        return {"name": latest["name"], "status": latest["status"], "trials": [t.to_dict() for t in trials]}
+
+    def _tune_status(self, run_name: str, execution: Mapping[str, Any],
+                     executions: Sequence[Mapping[str, Any]]) -> RunStatus:
+        output = json.loads(execution["output"]) if execution.get("output") else None
+        return RunStatus(
+            run_name=run_name, execution_arn=execution["executionArn"], execution_status=execution["status"],
+            started=_time(execution.get("startDate")), stopped=_time(execution.get("stopDate")),
+            summary=output,
+            error=execution.get("error"), cause=execution.get("cause"), run_input=_input(execution),
+            executions=[e["name"] for e in executions], tuning=self.tuning(run_name),
         )
 
     def _describe_job(self, job_name: str) -> dict[str, Any]:
@@ -412,6 +445,14 @@ class LauncherClient:
 
     def _listing(self, run_name: str, executions: Sequence[Mapping[str, Any]]) -> RunListing:
         execution = executions[0]  # ListExecutions returns the newest first
+        if _input(execution).get("tune") is not None:
+            tuning = self.tuning(run_name)
+            return RunListing(run_name=run_name, status=execution["status"],
+                              template=self._template_of(execution, None), instance_type=None,
+                              instance_count=None,
+                              started=_time(executions[-1].get("startDate")), billable_seconds=None,
+                              executions=len(executions), kind="tune",
+                              trials=len(tuning["trials"]) if tuning else 0)
         jobs = [self._describe_job(job["job_name"]) for job in self.jobs(run_name)]
         resources = (jobs[-1].get("ResourceConfig") or {}) if jobs else {}
         billable = [

@@ -20,7 +20,13 @@ from typing import Any
 from llmtrain.errors import OverrideError, RequestValidationError, RunInputError, TeamLimitError
 from llmtrain.images import image_torch_problems, training_image_uri
 from llmtrain.instances import instance_type as lookup_instance_type
-from llmtrain.jumpstart import BaseModel, content_bucket, gated_content_bucket, is_jumpstart_reference, parse_reference
+from llmtrain.jumpstart import (
+    BaseModel,
+    content_bucket,
+    gated_content_bucket,
+    is_jumpstart_reference,
+    parse_reference,
+)
 from llmtrain.platform import PlatformContext
 from llmtrain.sourcedir import SOURCEDIR_NAME
 from llmtrain.spec import (
@@ -286,26 +292,30 @@ def _base_model_settings(
                                                "base_model=<JumpStart model id>")
         return channels, None, False
     if "model" not in template.inputs.channels:
-        raise OverrideError("base_model", f"{template.ref} trains from scratch: it has no model channel to start "
-                                          "from (a fine-tuning template, such as llama-finetune-lora, has one)")
+        raise OverrideError("base_model", f"{template.ref} trains from scratch: it has no model channel to "
+                                          "start from (a fine-tuning template, such as llama-finetune-lora, "
+                                          "has one)")
     if f"{CHANNEL_SETTING_PREFIX}model" in run.overrides:
         raise OverrideError("base_model", "and channels.model both name the model channel: set one of them")
     if not is_jumpstart_reference(value):
         if accept:
-            raise OverrideError("accept_eula", "applies to a JumpStart base model, not to a folder of your own")
+            raise OverrideError("accept_eula", "applies to a JumpStart base model, not to a folder of your "
+                                               "own")
         return {**channels, "model": value}, None, False
     model_id, version = parse_reference(value)
     base = run.base_model
     if base is None or base.model_id != model_id or version not in (None, base.version):
-        raise OverrideError("base_model", f"JumpStart model {value!r} is resolved in the environment's region "
-                                          "when the run starts (`llmtrain start`, `llmtrain tune` and the launcher "
-                                          "do it); to see its request, use `llmtrain start --dry-run`")
+        raise OverrideError("base_model", f"JumpStart model {value!r} is resolved in the environment's "
+                                          "region when the run starts (`llmtrain start`, `llmtrain tune` and "
+                                          "the launcher do it); to see its request, use "
+                                          "`llmtrain start --dry-run`")
     buckets = (content_bucket(platform.region), gated_content_bucket(platform.region))
     if not any(base.uri.startswith(f"s3://{bucket}/") for bucket in buckets):
         raise OverrideError("base_model", f"{base.uri} is not in JumpStart's buckets of {platform.region}")
     if base.gated and not accept:
-        raise OverrideError("accept_eula", f"{base.reference} is a gated model: read its end-user license "
-                                           f"agreement at {base.eula_url} and set accept_eula=true to accept it")
+        raise OverrideError("accept_eula", f"{base.reference} is a gated model: read its end-user "
+                                           f"license agreement at {base.eula_url} and set accept_eula=true "
+                                           "to accept it")
     return channels, base, accept
 
 
@@ -441,7 +451,8 @@ def build_request(
         },
         "HyperParameters": hyperparameters(template, settings, name, platform),
         "InputDataConfig": [
-            _channel(channel, uri, template.inputs.mode, accept_eula=settings.accept_eula and channel == "model")
+            _channel(channel, uri, template.inputs.mode,
+                     accept_eula=settings.accept_eula and channel == "model")
             for channel, uri in settings.channels.items()
         ],
         "OutputDataConfig": {

@@ -56,9 +56,16 @@ TUNING_OPERATION = "CreateHyperParameterTuningJob"
 # trials would share one checkpoint prefix and resume from each other's checkpoints. Warm pools
 # (KeepAlivePeriodInSeconds) are not for tuning jobs.
 _DEFINITION_FIELDS = (
-    "RoleArn", "InputDataConfig", "VpcConfig", "OutputDataConfig", "StoppingCondition",
-    "EnableNetworkIsolation", "EnableInterContainerTrafficEncryption", "EnableManagedSpotTraining",
-    "RetryStrategy", "Environment",
+    "RoleArn",
+    "InputDataConfig",
+    "VpcConfig",
+    "OutputDataConfig",
+    "StoppingCondition",
+    "EnableNetworkIsolation",
+    "EnableInterContainerTrafficEncryption",
+    "EnableManagedSpotTraining",
+    "RetryStrategy",
+    "Environment",
 )
 _ALGORITHM_FIELDS = ("TrainingImage", "TrainingInputMode", "MetricDefinitions")
 _RESOURCE_FIELDS = ("InstanceType", "InstanceCount", "VolumeSizeInGB", "VolumeKmsKeyId")
@@ -93,14 +100,17 @@ class ParamRange:
         if match is None:
             values = tuple(v.strip() for v in spec.split(","))
             if len(values) < 2 or not all(values):
-                raise TuneError(f"--param {text!r}: a list needs two or more values (A,B); a range is "
-                                f"LOW..HIGH; write {_PARAM_FORMS}")
+                raise TuneError(
+                    f"--param {text!r}: a list needs two or more values (A,B); a range is "
+                    f"LOW..HIGH; write {_PARAM_FORMS}"
+                )
             return cls(name, "categorical", values=values)
         flags = [flag for flag in match["flags"].split(":") if flag]
         unknown = sorted(set(flags) - {"log", "int"})
         if unknown:
-            raise TuneError(f"--param {text!r}: unknown flag(s) {', '.join(unknown)}; "
-                            "flags are :log and :int")
+            raise TuneError(
+                f"--param {text!r}: unknown flag(s) {', '.join(unknown)}; flags are :log and :int"
+            )
         kind = "integer" if "int" in flags else "continuous"
         try:
             low, high = (int(v) if kind == "integer" else float(v) for v in (match["low"], match["high"]))
@@ -130,21 +140,31 @@ class ParamRange:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ParamRange:
         if not isinstance(data, Mapping) or data.get("kind") not in ("continuous", "integer", "categorical"):
-            raise TuneError(f"a tune parameter must be an object with kind continuous, integer or "
-                            f"categorical, got {data!r:.120}")
+            raise TuneError(
+                f"a tune parameter must be an object with kind continuous, integer or "
+                f"categorical, got {data!r:.120}"
+            )
         if data["kind"] == "categorical":
             return cls(str(data["name"]), "categorical", values=tuple(str(v) for v in data["values"]))
-        return ParamRange(str(data["name"]), data["kind"], low=data["low"], high=data["high"],
-                          log=bool(data.get("log", False)))
+        return ParamRange(
+            str(data["name"]),
+            data["kind"],
+            low=data["low"],
+            high=data["high"],
+            log=bool(data.get("log", False)),
+        )
 
     def sagemaker_range(self) -> tuple[str, dict[str, Any]]:
         """(ParameterRanges member, the range) as CreateHyperParameterTuningJob takes it."""
         if self.kind == "categorical":
             return "CategoricalParameterRanges", {"Name": self.name, "Values": list(self.values)}
         member = "IntegerParameterRanges" if self.kind == "integer" else "ContinuousParameterRanges"
-        return member, {"Name": self.name, "MinValue": _plain_number(self.low),
-                        "MaxValue": _plain_number(self.high),
-                        "ScalingType": "Logarithmic" if self.log else "Linear"}
+        return member, {
+            "Name": self.name,
+            "MinValue": _plain_number(self.low),
+            "MaxValue": _plain_number(self.high),
+            "ScalingType": "Logarithmic" if self.log else "Linear",
+        }
 
 
 def _plain_number(value: float | int | None) -> str:
@@ -186,10 +206,15 @@ class TuneSpec:
             return f"--strategy {self.strategy!r}: use one of {', '.join(STRATEGIES)}"
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
             return f"--trials must be a whole number of at least 1, got {self.trials!r}"
-        if isinstance(self.parallel, bool) or not isinstance(self.parallel, int) or not (
-                1 <= self.parallel <= min(self.trials, MAX_PARALLEL_TRIALS)):
-            return (f"--parallel must be a whole number from 1 to --trials ({self.trials}) and at most "
-                    f"{MAX_PARALLEL_TRIALS}, got {self.parallel!r}")
+        if (
+            isinstance(self.parallel, bool)
+            or not isinstance(self.parallel, int)
+            or not (1 <= self.parallel <= min(self.trials, MAX_PARALLEL_TRIALS))
+        ):
+            return (
+                f"--parallel must be a whole number from 1 to --trials ({self.trials}) and at most "
+                f"{MAX_PARALLEL_TRIALS}, got {self.parallel!r}"
+            )
         return None
 
     @property
@@ -198,9 +223,13 @@ class TuneSpec:
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "params": [p.to_dict() for p in self.params], "objective": self.objective,
-            "maximize": self.maximize, "trials": self.trials, "parallel": self.parallel,
-            "strategy": self.strategy, "early_stopping": self.early_stopping,
+            "params": [p.to_dict() for p in self.params],
+            "objective": self.objective,
+            "maximize": self.maximize,
+            "trials": self.trials,
+            "parallel": self.parallel,
+            "strategy": self.strategy,
+            "early_stopping": self.early_stopping,
         }
         if self.warm_start_from:
             data["warm_start_from"] = list(self.warm_start_from)
@@ -212,12 +241,22 @@ class TuneSpec:
     def from_dict(cls, data: Any) -> TuneSpec:
         if not isinstance(data, Mapping):
             raise TuneError(f"'tune' must be an object, got {data!r:.80}")
-        known = {"params", "objective", "maximize", "trials", "parallel", "strategy", "early_stopping",
-                 "warm_start_from", "seed"}
+        known = {
+            "params",
+            "objective",
+            "maximize",
+            "trials",
+            "parallel",
+            "strategy",
+            "early_stopping",
+            "warm_start_from",
+            "seed",
+        }
         unknown = sorted(set(data) - known)
         if unknown:
-            raise TuneError(f"'tune' has unknown field(s) {', '.join(unknown)}; "
-                            f"it has {', '.join(sorted(known))}")
+            raise TuneError(
+                f"'tune' has unknown field(s) {', '.join(unknown)}; it has {', '.join(sorted(known))}"
+            )
         if not isinstance(data.get("params"), list) or not isinstance(data.get("objective"), str):
             raise TuneError("'tune' needs 'params' (a list) and 'objective' (a metric name)")
         values = dict(data)
@@ -244,34 +283,57 @@ def check_tune(template: TemplateSpec, tune: TuneSpec, overrides: Mapping[str, A
                 coerce_override(template, param.name, value)
             continue
         if rule.type not in ("int", "float"):
-            raise OverrideError(param.name, f"is a {rule.type} setting: tune it with a list of values "
-                                            f"({param.name}=A,B), not a range; allowed: {rule.describe()}")
+            raise OverrideError(
+                param.name,
+                f"is a {rule.type} setting: tune it with a list of values "
+                f"({param.name}=A,B), not a range; allowed: {rule.describe()}",
+            )
         if rule.type == "int" and param.kind != "integer":
-            raise OverrideError(param.name, f"is an integer setting: write its range with :int "
-                                            f"({param.name}={param.low:g}..{param.high:g}:int)")
+            raise OverrideError(
+                param.name,
+                f"is an integer setting: write its range with :int "
+                f"({param.name}={param.low:g}..{param.high:g}:int)",
+            )
         coerce_override(template, param.name, param.low)
         coerce_override(template, param.name, param.high)
     check_objective(template, tune.objective)
 
 
 def _check_tunable(template: TemplateSpec, name: str) -> None:
-    not_hyperparameter = (name in RESOURCE_SETTINGS or name in DEGREE_NAMES or name in PLATFORM_RUN_OPTIONS
-                          or name.startswith(CHANNEL_SETTING_PREFIX))
+    not_hyperparameter = (
+        name in RESOURCE_SETTINGS
+        or name in DEGREE_NAMES
+        or name in PLATFORM_RUN_OPTIONS
+        or name.startswith(CHANNEL_SETTING_PREFIX)
+    )
     if not_hyperparameter:
-        raise OverrideError(name, "is not a hyperparameter of the training program: a tune searches "
-                                  "hyperparameters only (set it for every trial with --set)")
+        raise OverrideError(
+            name,
+            "is not a hyperparameter of the training program: a tune searches "
+            "hyperparameters only (set it for every trial with --set)",
+        )
     if name not in template.overridable:
-        tunable = sorted(n for n in template.overridable if n not in RESOURCE_SETTINGS
-                         and n not in DEGREE_NAMES and not n.startswith(CHANNEL_SETTING_PREFIX))
-        raise OverrideError(name, f"{template.ref} does not let a run set it{did_you_mean(name, tunable)}; "
-                                  f"it lets a run set (and so tune): {', '.join(tunable)}")
+        tunable = sorted(
+            n
+            for n in template.overridable
+            if n not in RESOURCE_SETTINGS
+            and n not in DEGREE_NAMES
+            and not n.startswith(CHANNEL_SETTING_PREFIX)
+        )
+        raise OverrideError(
+            name,
+            f"{template.ref} does not let a run set it{did_you_mean(name, tunable)}; "
+            f"it lets a run set (and so tune): {', '.join(tunable)}",
+        )
 
 
 def check_objective(template: TemplateSpec, objective: str) -> None:
     names = [m.name for m in template.metrics]
     if objective not in names:
-        raise TuneError(f"--objective {objective!r} is not one of {template.ref}'s metrics"
-                        f"{did_you_mean(objective, names)}: {', '.join(names) or 'none'}")
+        raise TuneError(
+            f"--objective {objective!r} is not one of {template.ref}'s metrics"
+            f"{did_you_mean(objective, names)}: {', '.join(names) or 'none'}"
+        )
 
 
 _EVALUATION = re.compile(r"(^|[^a-z])(eval|val|validation)([^a-z]|$)", re.IGNORECASE)
@@ -311,7 +373,8 @@ def check_tune_run_name(run_name: str, platform: PlatformContext) -> None:
         raise TuneError(
             f"run name {run_name!r} is {len(run_name)} characters; SageMaker names a tuning job with at "
             f"most {TUNING_JOB_NAME_MAX}, so with the job-name prefix '{platform.job_name_prefix}' a tune's "
-            f"run name may be at most {max(longest, 0)}")
+            f"run name may be at most {max(longest, 0)}"
+        )
 
 
 def tuning_request(
@@ -327,8 +390,11 @@ def tuning_request(
     request (its trials get everything a run gets); validated like a run's request."""
     check_tune_run_name(run_name, platform)
     name = tuning_job_name(platform, run_name, attempt)
-    hyperparameters = {key: value for key, value in training_request["HyperParameters"].items()
-                       if key not in tune.tuned_names}
+    hyperparameters = {
+        key: value
+        for key, value in training_request["HyperParameters"].items()
+        if key not in tune.tuned_names
+    }
     hyperparameters["sagemaker_job_name"] = _json_string(name)
     request = {
         "HyperParameterTuningJobName": name,
@@ -338,8 +404,9 @@ def tuning_request(
     }
     if parent_tuning_jobs:
         request["WarmStartConfig"] = {
-            "ParentHyperParameterTuningJobs": [{"HyperParameterTuningJobName": parent}
-                                               for parent in parent_tuning_jobs],
+            "ParentHyperParameterTuningJobs": [
+                {"HyperParameterTuningJobName": parent} for parent in parent_tuning_jobs
+            ],
             "WarmStartType": "IdenticalDataAndAlgorithm",
         }
     validate_tuning_request(request, platform)
@@ -357,20 +424,25 @@ def tuning_job_config(tune: TuneSpec, training_request: Mapping[str, Any]) -> di
         ranges.setdefault(member, []).append(item)
     config: dict[str, Any] = {
         "Strategy": STRATEGIES[tune.strategy],
-        "HyperParameterTuningJobObjective": {"Type": "Maximize" if tune.maximize else "Minimize",
-                                             "MetricName": tune.objective},
+        "HyperParameterTuningJobObjective": {
+            "Type": "Maximize" if tune.maximize else "Minimize",
+            "MetricName": tune.objective,
+        },
         "ResourceLimits": {"MaxNumberOfTrainingJobs": tune.trials, "MaxParallelTrainingJobs": tune.parallel},
         "ParameterRanges": ranges,
         # Hyperband stops poor trials itself; SageMaker refuses its early stopping beside it.
         "TrainingJobEarlyStoppingType": (
-            "Auto" if tune.early_stopping and tune.strategy != "hyperband" else "Off"),
+            "Auto" if tune.early_stopping and tune.strategy != "hyperband" else "Off"
+        ),
     }
     if tune.strategy == "hyperband":
         hps = decoded_hyperparameters(training_request)
-        config["StrategyConfig"] = {"HyperbandStrategyConfig": {
-            "MinResource": 1,
-            "MaxResource": min(HYPERBAND_MAX_RESOURCE, objective_reports(tune.objective, hps)),
-        }}
+        config["StrategyConfig"] = {
+            "HyperbandStrategyConfig": {
+                "MinResource": 1,
+                "MaxResource": min(HYPERBAND_MAX_RESOURCE, objective_reports(tune.objective, hps)),
+            }
+        }
     if tune.seed is not None:
         config["RandomSeed"] = tune.seed
     return config
@@ -381,8 +453,9 @@ def training_job_definition(training_request: Mapping[str, Any], hyperparameters
     definition: dict[str, Any] = {
         "StaticHyperParameters": dict(hyperparameters),
         "AlgorithmSpecification": {key: algorithm[key] for key in _ALGORITHM_FIELDS if key in algorithm},
-        "ResourceConfig": {key: value for key, value in training_request["ResourceConfig"].items()
-                           if key in _RESOURCE_FIELDS},
+        "ResourceConfig": {
+            key: value for key, value in training_request["ResourceConfig"].items() if key in _RESOURCE_FIELDS
+        },
     }
     definition.update({key: training_request[key] for key in _DEFINITION_FIELDS if key in training_request})
     if not definition.get("Environment"):
@@ -415,8 +488,10 @@ def tuning_problems_for_request(tune: TuneSpec, training_request: Mapping[str, A
     channel (no trial would report it)."""
     channels = {c["ChannelName"] for c in training_request.get("InputDataConfig", ())}
     if is_evaluation_metric(tune.objective) and "validation" not in channels:
-        return [f"--objective {tune.objective} comes from the evaluation pass, which runs only with a "
-                "validation channel: add --set channels.validation=s3://... (no trial would report it)"]
+        return [
+            f"--objective {tune.objective} comes from the evaluation pass, which runs only with a "
+            "validation channel: add --set channels.validation=s3://... (no trial would report it)"
+        ]
     return []
 
 
@@ -437,8 +512,14 @@ class Trial:
     values: Sequence[tuple[int, float]] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"number": self.number, "name": self.name, "params": dict(self.params),
-                "objective": self.objective, "status": self.status, "detail": self.detail}
+        return {
+            "number": self.number,
+            "name": self.name,
+            "params": dict(self.params),
+            "objective": self.objective,
+            "status": self.status,
+            "detail": self.detail,
+        }
 
 
 def best_trial(trials: Iterable[Trial], *, maximize: bool) -> Trial | None:
@@ -460,8 +541,9 @@ def best_so_far(trials: Sequence[Trial], *, maximize: bool) -> list[float | None
     return line
 
 
-def start_command(template_ref: str, run_name: str, overrides: Mapping[str, Any],
-                  params: Mapping[str, Any], where: str = "") -> str:
+def start_command(
+    template_ref: str, run_name: str, overrides: Mapping[str, Any], params: Mapping[str, Any], where: str = ""
+) -> str:
     """The `llmtrain start` of a full run with the best trial's values."""
     sets = {**{k: _plain(v) for k, v in overrides.items()}, **{k: _plain(v) for k, v in params.items()}}
     options = "".join(f" --set {shlex.quote(f'{k}={v}')}" for k, v in sets.items())
@@ -476,9 +558,9 @@ def _plain(value: Any) -> str:
     return str(value)
 
 
-
-
-def check_tune_budget(plan: Mapping[str, Any], tune: TuneSpec, *, budget_usd: float | None, team: str) -> dict:
+def check_tune_budget(
+    plan: Mapping[str, Any], tune: TuneSpec, *, budget_usd: float | None, team: str
+) -> dict:
     """A tune costs at most one trial's planned cost times its maximum number of trials; refuse one
     planned above the team's budget. Returns the plan with the tune's figures added."""
     one = plan.get("usd")
@@ -490,6 +572,12 @@ def check_tune_budget(plan: Mapping[str, Any], tune: TuneSpec, *, budget_usd: fl
             f"the tune is planned to cost up to ${total:,.0f} ({tune.trials} trials x ${one:,.0f} per trial, "
             f"{plan.get('summary') or ''}), above team {team!r}'s budget of ${budget_usd:,.0f} per run "
             f"(teams.{team}.max_run_cost_usd, else budgets.max_run_cost_usd): fewer --trials, a lower "
-            "max_steps per trial, or a cheaper configuration (`llmtrain plan --suggest`)")
-    return {**plan, "usd_per_trial": one, "usd": total, "trials": tune.trials,
-            "summary": f"{plan.get('summary')}; tune: up to {tune.trials} trials, up to ${total:,.0f}"}
+            "max_steps per trial, or a cheaper configuration (`llmtrain plan --suggest`)"
+        )
+    return {
+        **plan,
+        "usd_per_trial": one,
+        "usd": total,
+        "trials": tune.trials,
+        "summary": f"{plan.get('summary')}; tune: up to {tune.trials} trials, up to ${total:,.0f}",
+    }

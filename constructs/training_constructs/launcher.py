@@ -58,8 +58,8 @@ from constructs import Construct
 from llmtrain.errors import LlmtrainError
 from llmtrain.handlers import launcher as handlers
 from llmtrain.handlers import tuning as tuning_handlers
-from llmtrain.jumpstart import MANIFEST_KEY, content_bucket
 from llmtrain.handlers.quotas import template_instance_types
+from llmtrain.jumpstart import MANIFEST_KEY, content_bucket
 from llmtrain.platform import FEATURE_FIELDS, PlatformContext
 from llmtrain.render import TAG_PREFIX, RunInput, render
 from training_constructs._functions import logged_function
@@ -69,7 +69,12 @@ from training_constructs.lambda_code import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME,
 from training_constructs.nag import acknowledge_wildcards
 from training_constructs.notifications import encrypted_topic
 from training_constructs.resources import NetworkResources, StorageResources, check_network, check_storage
-from training_constructs.teams import CREATE_JOBS_SID, CREATE_TUNING_JOBS_SID, TeamSpec, job_creation_conditions
+from training_constructs.teams import (
+    CREATE_JOBS_SID,
+    CREATE_TUNING_JOBS_SID,
+    TeamSpec,
+    job_creation_conditions,
+)
 
 _NAME = "TrainingLauncher"
 _STATE_MACHINE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
@@ -548,7 +553,8 @@ class TrainingLauncher(Construct):
             ),
             iam.PolicyStatement(
                 sid="FollowTeamTuningJobs",
-                actions=["sagemaker:DescribeHyperParameterTuningJob", "sagemaker:StopHyperParameterTuningJob"],
+                actions=["sagemaker:DescribeHyperParameterTuningJob",
+                         "sagemaker:StopHyperParameterTuningJob"],
                 resources=[self._team_tuning_jobs()],
             ),
             iam.PolicyStatement(
@@ -590,7 +596,8 @@ class TrainingLauncher(Construct):
                 "and attempt under the team's prefix",
                 "FollowTeamTrainingJobs": "the team's jobs are named per run and attempt under the team's "
                 "job-name prefix",
-                CREATE_TUNING_JOBS_SID: "every tune gets a new tuning job name under the team's job-name prefix",
+                CREATE_TUNING_JOBS_SID: "every tune gets a new tuning job name under the team's job-name "
+                "prefix",
                 "TagTeamTuningJobs": "the team's tuning jobs are tagged at creation; their names differ per "
                 "tune under the team's prefix",
                 "FollowTeamTuningJobs": "the team's tuning jobs are named per tune under the team's job-name "

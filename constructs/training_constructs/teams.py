@@ -121,7 +121,8 @@ def job_creation_conditions(
         "StringEqualsIfExists": {"sagemaker:VolumeKmsKey": key_arn},
     }
     if warm_pools:
-        conditions["NumericLessThanEqualsIfExists"] = {"sagemaker:KeepAlivePeriod": str(team.max_keep_alive_seconds)}
+        keep_alive = str(team.max_keep_alive_seconds)
+        conditions["NumericLessThanEqualsIfExists"] = {"sagemaker:KeepAlivePeriod": keep_alive}
     if inter_container_traffic_encryption:
         conditions["Bool"] = {"sagemaker:InterContainerTrafficEncryption": "true"}
     return conditions
@@ -178,4 +179,7 @@ def _validate(team: TeamSpec) -> None:
     )
 
 
-__all__ = ["CREATE_JOBS_SID", "CREATE_TUNING_JOBS_SID", "ENVIRONMENT_TAG", "TEAM_TAG", "TeamSpec", "job_creation_conditions"]
+__all__ = [
+    "CREATE_JOBS_SID", "CREATE_TUNING_JOBS_SID", "ENVIRONMENT_TAG", "TEAM_TAG", "TeamSpec",
+    "job_creation_conditions",
+]

@@ -45,6 +45,8 @@ from llmtrain.planner.checks import check_run
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, coerce_override, render
 from llmtrain.spec import CHANNEL_SETTING_PREFIX, TemplateSpec
+from llmtrain.tuning import Trial, TuneSpec, best_trial
+from llmtrain.tuning import start_command as best_start_command
 
 
 class RunRejected(LlmtrainError):
@@ -275,7 +277,9 @@ def format_status(status: RunStatus, where: str = "") -> str:
     ]
     if len(status.executions) > 1:
         lines.append(f"executions: {', '.join(status.executions)}")
-    if status.job:
+    if status.run_input.get("tune") is not None:
+        lines.extend(_tune_lines(status))
+    elif status.job:
         job = status.job
         lines.append(
             f"training job {job['name']}: {job['status']} ({job['secondary_status']}) on "
@@ -305,6 +309,29 @@ def format_status(status: RunStatus, where: str = "") -> str:
             f"{continue_command(status, where)}"
         )
     return "\n".join(lines)
+
+
+def _tune_lines(status: RunStatus) -> list[str]:
+    """A tune's tuning job, its trials and the best one's `llmtrain start` line."""
+    tuning = status.tuning
+    if not tuning:
+        return ["tuning job: none yet"]
+    tune = TuneSpec.from_dict(status.run_input["tune"])
+    trials = [Trial(number=t["number"], params=t["params"], objective=t["objective"], status=t["status"],
+                    name=t["name"], detail=t["detail"]) for t in tuning["trials"]]
+    lines = [f"tuning job {tuning['name']}: {tuning['status']}, {len(trials)} of {tune.trials} trials "
+             f"({'maximize' if tune.maximize else 'minimize'} {tune.objective})"]
+    for trial in trials:
+        values = ", ".join(f"{k}={v}" for k, v in trial.params.items())
+        objective = "-" if trial.objective is None else f"{trial.objective:g}"
+        lines.append(f"  {trial.name}: {trial.status} {tune.objective}={objective} {values}")
+    best = best_trial(trials, maximize=tune.maximize)
+    if best is not None:
+        ref = f"{status.run_input['template']}@{status.run_input.get('version') or 'latest'}"
+        lines.append("best trial: " + best.name)
+        lines.append("run it in full: " + best_start_command(ref, f"{status.run_name}-best",
+                                                        status.run_input.get("overrides") or {}, best.params))
+    return lines
 
 
 def continue_command(status: RunStatus, where: str = "") -> str:

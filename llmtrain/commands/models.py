@@ -19,12 +19,19 @@ from llmtrain.jumpstart import JumpStartCatalog
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("models", help="base models a fine-tuning template can start from",
-                                   description=__doc__.split("\n\n")[1])
+    parser = subparsers.add_parser(
+        "models",
+        help="base models a fine-tuning template can start from",
+        description=__doc__.split("\n\n")[1],
+    )
     actions = parser.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     ls = actions.add_parser("ls", help="list JumpStart's trainable text-generation models in the region")
-    ls.add_argument("--template", default=None, metavar="NAME[@VERSION]",
-                    help="only if this template can start from a base model (it has a model channel)")
+    ls.add_argument(
+        "--template",
+        default=None,
+        metavar="NAME[@VERSION]",
+        help="only if this template can start from a base model (it has a model channel)",
+    )
     ls.add_argument("--json", action="store_true", help="print JSON")
     add_cloud_arguments(ls, team=False)
     ls.set_defaults(handler=list_command)
@@ -32,21 +39,32 @@ def register(subparsers) -> None:
 
 def list_command(args: argparse.Namespace) -> int:
     catalog = Catalog.load()
-    starters = sorted({t.name for t in (catalog.get(n, v) for n in catalog.names() for v in catalog.versions(n))
-                       if "model" in t.inputs.channels})
+    starters = sorted(
+        {
+            t.name
+            for t in (catalog.get(n, v) for n in catalog.names() for v in catalog.versions(n))
+            if "model" in t.inputs.channels
+        }
+    )
     if args.template:
         template = catalog.resolve(args.template)
         if "model" not in template.inputs.channels:
-            raise LlmtrainError(f"{template.ref} trains from scratch: it has no model channel; templates that "
-                                f"start from a base model: {', '.join(starters)}")
+            raise LlmtrainError(
+                f"{template.ref} trains from scratch: it has no model channel; templates that "
+                f"start from a base model: {', '.join(starters)}"
+            )
     cloud = connect(args)
     region = cloud.deployed.region
     models = JumpStartCatalog(cloud.session.client("s3", region_name=region), region).text_generation_models()
     if args.json:
         print(json.dumps([vars(m) for m in models], indent=2))
         return 0
-    print_table(["base_model", "version", "EULA (accept_eula=true)", "weights"],
-                [[m.model_id, m.version, m.eula_url or "-", m.uri] for m in models])
-    print(f"\nstart from one with --set base_model=<model id>[@version] on {', '.join(starters)}",
-          file=sys.stderr)
+    print_table(
+        ["base_model", "version", "EULA (accept_eula=true)", "weights"],
+        [[m.model_id, m.version, m.eula_url or "-", m.uri] for m in models],
+    )
+    print(
+        f"\nstart from one with --set base_model=<model id>[@version] on {', '.join(starters)}",
+        file=sys.stderr,
+    )
     return 0

@@ -62,33 +62,75 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("template", metavar="NAME[@VERSION]", help="the template version to tune")
-    parser.add_argument("--run-name", required=True,
-                        help="names the tune; the same name again continues a local tune")
-    parser.add_argument("--param", dest="params", action="append", default=[], metavar="NAME=RANGE",
-                        help="a hyperparameter and its range: LOW..HIGH (add :log for a log scale, :int for "
-                             "integers) or a list A,B,C (repeatable)")
-    parser.add_argument("--objective", default=None, metavar="METRIC",
-                        help="the template metric to optimize (default: its evaluation loss, e.g. eval:loss)")
+    parser.add_argument(
+        "--run-name", required=True, help="names the tune; the same name again continues a local tune"
+    )
+    parser.add_argument(
+        "--param",
+        dest="params",
+        action="append",
+        default=[],
+        metavar="NAME=RANGE",
+        help="a hyperparameter and its range: LOW..HIGH (add :log for a log scale, :int for "
+        "integers) or a list A,B,C (repeatable)",
+    )
+    parser.add_argument(
+        "--objective",
+        default=None,
+        metavar="METRIC",
+        help="the template metric to optimize (default: its evaluation loss, e.g. eval:loss)",
+    )
     parser.add_argument("--maximize", action="store_true", help="maximize the objective (default: minimize)")
-    parser.add_argument("--trials", type=int, default=8, help="how many trials (training jobs) in all (default 8)")
+    parser.add_argument(
+        "--trials", type=int, default=8, help="how many trials (training jobs) in all (default 8)"
+    )
     parser.add_argument("--parallel", type=int, default=1, help="how many trials run at once (default 1)")
-    parser.add_argument("--strategy", choices=sorted(STRATEGIES), default=DEFAULT_STRATEGY,
-                        help=f"how values are chosen (default {DEFAULT_STRATEGY})")
-    parser.add_argument("--no-early-stopping", dest="early_stopping", action="store_false",
-                        help="run every trial to its end (default: poor trials are stopped early)")
-    parser.add_argument("--warm-start", dest="warm_start", action="append", default=[], metavar="TUNE",
-                        help="start from the trials of an earlier tune (its run name; repeatable)")
+    parser.add_argument(
+        "--strategy",
+        choices=sorted(STRATEGIES),
+        default=DEFAULT_STRATEGY,
+        help=f"how values are chosen (default {DEFAULT_STRATEGY})",
+    )
+    parser.add_argument(
+        "--no-early-stopping",
+        dest="early_stopping",
+        action="store_false",
+        help="run every trial to its end (default: poor trials are stopped early)",
+    )
+    parser.add_argument(
+        "--warm-start",
+        dest="warm_start",
+        action="append",
+        default=[],
+        metavar="TUNE",
+        help="start from the trials of an earlier tune (its run name; repeatable)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed of the search (repeatable searches)")
     add_overrides_argument(parser, dest="settings")
-    parser.add_argument("--json", action="store_true",
-                        help="print JSON: the result of a local tune, or the request of a --dry-run")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON: the result of a local tune, or the request of a --dry-run",
+    )
     parser.add_argument("--local", action="store_true", help="run the trials on this machine")
-    parser.add_argument("--data", action="append", default=[], metavar="[CHANNEL=]DIR",
-                        help="(--local) a local folder for a channel, as for `llmtrain run --local`")
-    parser.add_argument("--workdir", type=Path, default=Path("runs"),
-                        help="(--local) where tunes and run folders live (default: ./runs)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="(cloud) check everything and print the tuning request; start nothing")
+    parser.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="[CHANNEL=]DIR",
+        help="(--local) a local folder for a channel, as for `llmtrain run --local`",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("runs"),
+        help="(--local) where tunes and run folders live (default: ./runs)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="(cloud) check everything and print the tuning request; start nothing",
+    )
     add_cloud_arguments(parser)
     parser.set_defaults(handler=tune_command)
 
@@ -106,9 +148,15 @@ def tune_command(args: argparse.Namespace) -> int:
 def tune_spec(args: argparse.Namespace, template: TemplateSpec) -> TuneSpec:
     objective = args.objective or _default_objective(template)
     return TuneSpec(
-        params=tuple(ParamRange.parse(text) for text in args.params), objective=objective,
-        maximize=args.maximize, trials=args.trials, parallel=args.parallel, strategy=args.strategy,
-        early_stopping=args.early_stopping, warm_start_from=tuple(args.warm_start), seed=args.seed,
+        params=tuple(ParamRange.parse(text) for text in args.params),
+        objective=objective,
+        maximize=args.maximize,
+        trials=args.trials,
+        parallel=args.parallel,
+        strategy=args.strategy,
+        early_stopping=args.early_stopping,
+        warm_start_from=tuple(args.warm_start),
+        seed=args.seed,
     )
 
 
@@ -118,8 +166,10 @@ def _default_objective(template: TemplateSpec) -> str:
     found = eval_loss_metric([m.name for m in template.metrics])
     if found is None:
         names = ", ".join(m.name for m in template.metrics) or "none"
-        raise TuneError(f"{template.ref} has no evaluation loss metric to tune for: name one with "
-                        f"--objective (its metrics: {names})")
+        raise TuneError(
+            f"{template.ref} has no evaluation loss metric to tune for: name one with "
+            f"--objective (its metrics: {names})"
+        )
     return found
 
 
@@ -133,20 +183,27 @@ def _local(args: argparse.Namespace, template: TemplateSpec, tune: TuneSpec, set
     catalog = Catalog.load()
     # The first trial's request, checked before anything runs (each trial renders its own).
     lows = {p.name: str(p.values[0] if p.kind == "categorical" else p.low) for p in tune.params}
-    render(template, RunInput(run_name="t0", overrides={**settings, **lows}, owner="local"),
-           local_platform_context())
+    render(
+        template,
+        RunInput(run_name="t0", overrides={**settings, **lows}, owner="local"),
+        local_platform_context(),
+    )
     require_local_run_packages()
     if import_util.find_spec("optuna") is None:
         raise LlmtrainError("llmtrain tune --local needs Optuna: pip install 'llm-sagemaker-platform[local]'")
     console = Console(soft_wrap=True, stderr=args.json)
-    options = LocalTuneOptions(run_name=args.run_name, workdir=args.workdir, data=parse_data_option(args.data),
-                               settings=settings)
+    options = LocalTuneOptions(
+        run_name=args.run_name, workdir=args.workdir, data=parse_data_option(args.data), settings=settings
+    )
     try:
-        result = run_local_tune(template, catalog.sourcedir(template), tune, options, local_platform_context(),
-                                console=console)
+        result = run_local_tune(
+            template, catalog.sourcedir(template), tune, options, local_platform_context(), console=console
+        )
     except (TuneInterrupted, KeyboardInterrupt) as stop:
-        console.print(f"[yellow]llmtrain[/] tune {args.run_name!r} {stop or 'interrupted'}; continue it with the "
-                      "same command (its study is kept)")
+        console.print(
+            f"[yellow]llmtrain[/] tune {args.run_name!r} {stop or 'interrupted'}; continue it with the "
+            "same command (its study is kept)"
+        )
         return INTERRUPTED
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
@@ -158,16 +215,26 @@ def _local(args: argparse.Namespace, template: TemplateSpec, tune: TuneSpec, set
     if best is None:
         print(f"no trial reported {tune.objective}: see the trials' logs in {result.folder}/trials/")
         return 1
-    print(f"best: trial {best.number}, {tune.objective}={best.objective:g} with "
-          + ", ".join(f"{k}={v}" for k, v in best.params.items()))
+    print(
+        f"best: trial {best.number}, {tune.objective}={best.objective:g} with "
+        + ", ".join(f"{k}={v}" for k, v in best.params.items())
+    )
     print("run it in full: " + start_command(template.ref, f"{args.run_name}-best", settings, best.params))
     return 0
 
 
 def print_trials(trials: tuple[Trial, ...] | list[Trial], objective: str) -> None:
     names = list(dict.fromkeys(name for trial in trials for name in trial.params))
-    rows = [[str(t.number), t.status, "-" if t.objective is None else f"{t.objective:g}",
-             *(_cell(t.params.get(name)) for name in names), t.detail[:60]] for t in trials]
+    rows = [
+        [
+            str(t.number),
+            t.status,
+            "-" if t.objective is None else f"{t.objective:g}",
+            *(_cell(t.params.get(name)) for name in names),
+            t.detail[:60],
+        ]
+        for t in trials
+    ]
     print_table(["trial", "status", objective, *names, "detail"], rows)
 
 
@@ -192,28 +259,40 @@ def _cloud(args: argparse.Namespace, template: TemplateSpec, tune: TuneSpec, set
     print(plan.get("summary") or f"plan: not available: {plan.get('unavailable')}", file=sys.stderr)
     if args.dry_run:
         print(json.dumps(request, indent=2) if args.json else json.dumps(request))
-        print(f"llmtrain tune: dry run: {template.ref} tune {args.run_name!r} passed every check; nothing "
-              "started", file=sys.stderr)
+        print(
+            f"llmtrain tune: dry run: {template.ref} tune {args.run_name!r} passed every check; nothing "
+            "started",
+            file=sys.stderr,
+        )
         return 0
-    client = LauncherClient.for_team(cloud.deployed, cloud.team, session=cloud.session, identity=cloud.identity)
-    execution, _ = client.start(template_ref=template.ref, run_name=args.run_name, overrides=settings,
-                                owner=owner_from_identity(cloud.identity), tune=tune.to_dict())
+    client = LauncherClient.for_team(
+        cloud.deployed, cloud.team, session=cloud.session, identity=cloud.identity
+    )
+    execution, _ = client.start(
+        template_ref=template.ref,
+        run_name=args.run_name,
+        overrides=settings,
+        owner=owner_from_identity(cloud.identity),
+        tune=tune.to_dict(),
+    )
     where = follow_up_options(args, cloud)
-    print(f"started tune {args.run_name} ({template.ref}, {tune.trials} trials): execution "
-          f"{execution['executionArn']}")
+    print(
+        f"started tune {args.run_name} ({template.ref}, {tune.trials} trials): execution "
+        f"{execution['executionArn']}"
+    )
     print(f"follow it with `llmtrain status {args.run_name}{where}`")
     return 0
 
 
-def check_tune_in_environment(cloud, template: TemplateSpec, run_name: str, settings: dict[str, str],
-                              tune: TuneSpec) -> tuple[dict, dict]:
+def check_tune_in_environment(
+    cloud, template: TemplateSpec, run_name: str, settings: dict[str, str], tune: TuneSpec
+) -> tuple[dict, dict]:
     """What `llmtrain start` checks against the deployed environment (the template enabled, the run
     rendered with the team's context, its channels holding data, its plan), then the tune's own
     checks (its trials together within the team's budget, the earlier tunes it warm-starts from);
     returns the CreateHyperParameterTuningJob request and the plan, as the launcher will build them."""
     from llmtrain.commands.launch import check_in_environment
     from llmtrain.handlers.tuning import parent_tuning_jobs, render_tune
-
     from llmtrain.jumpstart import resolve_base_model
 
     check_in_environment(cloud, template, run_name, settings)

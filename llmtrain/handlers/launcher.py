@@ -43,9 +43,9 @@ from typing import Any
 import boto3
 
 from llmtrain.catalog import LATEST, Catalog
+from llmtrain.errors import LlmtrainError, OverrideError
 from llmtrain.handlers import tuning
 from llmtrain.jumpstart import BaseModel, resolve_base_model
-from llmtrain.errors import LlmtrainError, OverrideError
 from llmtrain.planner.checks import actual_cost, check_run
 from llmtrain.platform import PlatformContext
 from llmtrain.render import (

@@ -43,9 +43,19 @@ from llmtrain.tuning import (
 TUNE_LAYOUT = "tune"
 TUNE_WARM_START_LAYOUT = "tune-warm-start"
 TUNE_LAYOUTS = {
-    TUNE_LAYOUT: ["HyperParameterTuningJobName", "HyperParameterTuningJobConfig", "TrainingJobDefinition", "Tags"],
-    TUNE_WARM_START_LAYOUT: ["HyperParameterTuningJobName", "HyperParameterTuningJobConfig",
-                             "TrainingJobDefinition", "WarmStartConfig", "Tags"],
+    TUNE_LAYOUT: [
+        "HyperParameterTuningJobName",
+        "HyperParameterTuningJobConfig",
+        "TrainingJobDefinition",
+        "Tags",
+    ],
+    TUNE_WARM_START_LAYOUT: [
+        "HyperParameterTuningJobName",
+        "HyperParameterTuningJobConfig",
+        "TrainingJobDefinition",
+        "WarmStartConfig",
+        "Tags",
+    ],
 }
 ACTIVE_TUNING_STATUSES = ("InProgress", "Stopping")
 FINISHED_TUNING_STATUSES = ("Completed", "Stopped")
@@ -60,8 +70,13 @@ def tuning_jobs(sagemaker, job_name_prefix: str, run_name: str) -> list[dict[str
         for job in page["HyperParameterTuningJobSummaries"]:
             match = own.fullmatch(job["HyperParameterTuningJobName"])
             if match:
-                found.append({"attempt": int(match.group(1)), "name": job["HyperParameterTuningJobName"],
-                              "status": job["HyperParameterTuningJobStatus"]})
+                found.append(
+                    {
+                        "attempt": int(match.group(1)),
+                        "name": job["HyperParameterTuningJobName"],
+                        "status": job["HyperParameterTuningJobStatus"],
+                    }
+                )
     return sorted(found, key=lambda job: job["attempt"])
 
 
@@ -69,11 +84,16 @@ def parent_tuning_jobs(sagemaker, platform: PlatformContext, tunes: Sequence[str
     """The latest finished tuning job of each earlier tune a tune warm-starts from."""
     parents = []
     for name in tunes:
-        finished = [job for job in tuning_jobs(sagemaker, platform.job_name_prefix, name)
-                    if job["status"] in FINISHED_TUNING_STATUSES]
+        finished = [
+            job
+            for job in tuning_jobs(sagemaker, platform.job_name_prefix, name)
+            if job["status"] in FINISHED_TUNING_STATUSES
+        ]
         if not finished:
-            raise TuneError(f"--warm-start {name}: team {platform.team!r} has no finished tune {name!r} "
-                            "(a tune warm-starts from completed or stopped tunes)")
+            raise TuneError(
+                f"--warm-start {name}: team {platform.team!r} has no finished tune {name!r} "
+                "(a tune warm-starts from completed or stopped tunes)"
+            )
         parents.append(finished[-1]["name"])
     return parents
 
@@ -98,11 +118,18 @@ def render_tune(
     problems = tuning_problems_for_request(tune, training)
     if problems:
         raise TuneError(problems[0])
-    plan = check_run(template, training, overrides, budget_usd=platform.run_budget_usd, team=platform.team,
-                     skip_fit_check=skip_plan_check)
+    plan = check_run(
+        template,
+        training,
+        overrides,
+        budget_usd=platform.run_budget_usd,
+        team=platform.team,
+        skip_fit_check=skip_plan_check,
+    )
     plan = check_tune_budget(plan, tune, budget_usd=platform.run_budget_usd, team=platform.team)
-    request = tuning_request(tune, training, platform, run_name=run_name, attempt=attempt,
-                             parent_tuning_jobs=parents)
+    request = tuning_request(
+        tune, training, platform, run_name=run_name, attempt=attempt, parent_tuning_jobs=parents
+    )
     return request, plan
 
 
@@ -123,20 +150,38 @@ def start_tune(
         _refuse_duplicate_tune(run_input.run_name, previous)
         attempt = previous[-1]["attempt"] + 1 if previous else 1
         if attempt > MAX_TUNE_ATTEMPTS:
-            raise TuneError(f"tune {run_input.run_name!r} has used all {MAX_TUNE_ATTEMPTS} attempts; choose a "
-                            "new run_name")
+            raise TuneError(
+                f"tune {run_input.run_name!r} has used all {MAX_TUNE_ATTEMPTS} attempts; choose a "
+                "new run_name"
+            )
         parents = parent_tuning_jobs(sagemaker, platform, tune.warm_start_from)
         owner = run_input.owner or DEFAULT_OWNER
         base_model = resolve_base_model(run_input.overrides, s3, platform.region)
-        request, plan = render_tune(template, run_input.run_name, run_input.overrides, tune, platform,
-                                    attempt=attempt, owner=owner, parents=parents, base_model=base_model,
-                                    skip_plan_check=run_input.skip_plan_check)
+        request, plan = render_tune(
+            template,
+            run_input.run_name,
+            run_input.overrides,
+            tune,
+            platform,
+            attempt=attempt,
+            owner=owner,
+            parents=parents,
+            base_model=base_model,
+            skip_plan_check=run_input.skip_plan_check,
+        )
     except LlmtrainError as error:
         raise error if isinstance(error, InvalidRunInput) else InvalidRunInput(str(error)) from error
     run = RunState(
-        run_name=run_input.run_name, team=platform.team, template=template.name, version=template.version,
-        overrides=run_input.overrides, owner=owner, execution_arn=execution_arn, attempt=attempt,
-        instance_types=(request["TrainingJobDefinition"]["ResourceConfig"]["InstanceType"],), plan=plan,
+        run_name=run_input.run_name,
+        team=platform.team,
+        template=template.name,
+        version=template.version,
+        overrides=run_input.overrides,
+        owner=owner,
+        execution_arn=execution_arn,
+        attempt=attempt,
+        instance_types=(request["TrainingJobDefinition"]["ResourceConfig"]["InstanceType"],),
+        plan=plan,
         tune=tune.to_dict(),
     )
     layout = TUNE_WARM_START_LAYOUT if "WarmStartConfig" in request else TUNE_LAYOUT
@@ -146,12 +191,16 @@ def start_tune(
 def _refuse_duplicate_tune(run_name: str, previous: Sequence[Mapping[str, Any]]) -> None:
     active = [job["name"] for job in previous if job["status"] in ACTIVE_TUNING_STATUSES]
     if active:
-        raise TuneError(f"tune {run_name!r} already has tuning job {active[-1]} in progress: follow it with "
-                        f"`llmtrain status {run_name}` or stop it with `llmtrain stop {run_name}`")
+        raise TuneError(
+            f"tune {run_name!r} already has tuning job {active[-1]} in progress: follow it with "
+            f"`llmtrain status {run_name}` or stop it with `llmtrain stop {run_name}`"
+        )
     completed = [job["name"] for job in previous if job["status"] == "Completed"]
     if completed:
-        raise TuneError(f"tune {run_name!r} already completed (tuning job {completed[-1]}); a run name "
-                        "identifies one run: choose a new run_name (--warm-start it to build on its trials)")
+        raise TuneError(
+            f"tune {run_name!r} already completed (tuning job {completed[-1]}); a run name "
+            "identifies one run: choose a new run_name (--warm-start it to build on its trials)"
+        )
 
 
 # --- trials and summaries ------------------------------------------------------------------------
@@ -162,7 +211,8 @@ def tune_trials(sagemaker, tuning_job_name: str) -> list[Trial]:
     summaries = [
         job
         for page in sagemaker.get_paginator("list_training_jobs_for_hyper_parameter_tuning_job").paginate(
-            HyperParameterTuningJobName=tuning_job_name)
+            HyperParameterTuningJobName=tuning_job_name
+        )
         for job in page["TrainingJobSummaries"]
     ]
     summaries.sort(key=lambda job: job["CreationTime"])
@@ -176,12 +226,19 @@ def trial_from_summary(number: int, job: Mapping[str, Any]) -> Trial:
     status = job.get("TrainingJobStatus", "")
     if status == "Stopped" and job.get("ObjectiveStatus") == "Succeeded":
         status = "Completed"  # early-stopped by the tuning job, with an objective: a finished trial
-    return Trial(number=number, name=job.get("TrainingJobName", ""), params=dict(job.get("TunedHyperParameters") or {}),
-                 objective=metric.get("Value"), status=status, detail=str(job.get("FailureReason") or ""))
+    return Trial(
+        number=number,
+        name=job.get("TrainingJobName", ""),
+        params=dict(job.get("TunedHyperParameters") or {}),
+        objective=metric.get("Value"),
+        status=status,
+        detail=str(job.get("FailureReason") or ""),
+    )
 
 
-def tune_summary(run: RunState, description: Mapping[str, Any], *, error: str | None = None,
-                 reason: str | None = None) -> dict[str, Any]:
+def tune_summary(
+    run: RunState, description: Mapping[str, Any], *, error: str | None = None, reason: str | None = None
+) -> dict[str, Any]:
     """The summary of a tune that ended: its tuning job, counters, the best trial and the command
     that runs the best values in full."""
     from llmtrain.handlers.launcher import notification_subject
@@ -192,8 +249,11 @@ def tune_summary(run: RunState, description: Mapping[str, Any], *, error: str | 
     status = "Failed" if error else description.get("HyperParameterTuningJobStatus", "Completed")
     best = None
     if best_job:
-        best = {"training_job": best_job.get("TrainingJobName"), "params": best_job.get("TunedHyperParameters"),
-                "objective": metric.get("Value")}
+        best = {
+            "training_job": best_job.get("TrainingJobName"),
+            "params": best_job.get("TunedHyperParameters"),
+            "objective": metric.get("Value"),
+        }
     summary: dict[str, Any] = {
         "run_name": run.run_name,
         "team": run.team,
@@ -210,11 +270,15 @@ def tune_summary(run: RunState, description: Mapping[str, Any], *, error: str | 
         "execution_arn": run.execution_arn,
     }
     if best and best["params"]:
-        summary["best_run_command"] = start_command(f"{run.template}@{run.version}", f"{run.run_name}-best",
-                                                    run.overrides, best["params"])
+        summary["best_run_command"] = start_command(
+            f"{run.template}@{run.version}", f"{run.run_name}-best", run.overrides, best["params"]
+        )
     if error:
-        summary.update(error=error, failure_reason=reason or description.get("FailureReason"),
-                       advice=f"see the tune's trials with `llmtrain status {run.run_name}`")
+        summary.update(
+            error=error,
+            failure_reason=reason or description.get("FailureReason"),
+            advice=f"see the tune's trials with `llmtrain status {run.run_name}`",
+        )
     summary["subject"] = notification_subject(run.run_name, status, error)
     summary["message"] = tune_message(summary)
     return summary
@@ -232,8 +296,12 @@ def tune_failure(run: RunState, failure: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(description, dict) or "HyperParameterTuningJobStatus" not in description:
         description = {}
     stopped = description.get("HyperParameterTuningJobStatus") == "Stopped"
-    summary = tune_summary(run, description, error="TuningJobStopped" if stopped else "TuningJobFailed",
-                           reason=description.get("FailureReason") or f"{failure.get('Error')}: {cause}"[:1000])
+    summary = tune_summary(
+        run,
+        description,
+        error="TuningJobStopped" if stopped else "TuningJobFailed",
+        reason=description.get("FailureReason") or f"{failure.get('Error')}: {cause}"[:1000],
+    )
     return {"decision": "fail", "summary": summary}
 
 
@@ -241,15 +309,19 @@ def tune_message(summary: Mapping[str, Any]) -> str:
     lines = [f"Tune {summary['run_name']} ({summary['template']}): {summary['status']}"]
     if summary.get("error"):
         lines.append(f"Error: {summary['error']}: {summary.get('failure_reason')}")
-    lines.append(f"Tuning job: {summary.get('tuning_job') or '-'}; objective: {summary['direction']} "
-                 f"{summary['objective']}")
+    lines.append(
+        f"Tuning job: {summary.get('tuning_job') or '-'}; objective: {summary['direction']} "
+        f"{summary['objective']}"
+    )
     counters = summary.get("trials") or {}
     if counters:
         lines.append("Trials: " + ", ".join(f"{k} {v}" for k, v in counters.items()))
     best = summary.get("best")
     if best:
-        lines.append(f"Best trial: {best['training_job']}: {summary['objective']}={best['objective']} with "
-                     + ", ".join(f"{k}={v}" for k, v in (best["params"] or {}).items()))
+        lines.append(
+            f"Best trial: {best['training_job']}: {summary['objective']}={best['objective']} with "
+            + ", ".join(f"{k}={v}" for k, v in (best["params"] or {}).items())
+        )
     if summary.get("best_run_command"):
         lines.append(f"Run it in full: {summary['best_run_command']}")
     if summary.get("predicted_cost_usd") is not None:

@@ -90,7 +90,8 @@ class LocalTuneResult:
         best = self.best
         return {
             "best": {"params": dict(best.params), "objective": best.objective, "trial": best.number}
-            if best else None,
+            if best
+            else None,
             "objective": self.tune.objective,
             "direction": "maximize" if self.tune.maximize else "minimize",
             "trials": [trial.to_dict() for trial in self.trials],
@@ -120,9 +121,12 @@ def run_local_tune(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = optuna.storages.RDBStorage(f"sqlite:///{folder / STUDY_FILE}")
     study = optuna.create_study(
-        storage=storage, study_name=options.run_name, load_if_exists=True,
+        storage=storage,
+        study_name=options.run_name,
+        load_if_exists=True,
         direction="maximize" if tune.maximize else "minimize",
-        sampler=_sampler(optuna, tune), pruner=_pruner(optuna, tune, template, options.settings),
+        sampler=_sampler(optuna, tune),
+        pruner=_pruner(optuna, tune, template, options.settings),
     )
     _requeue_interrupted(optuna, study, storage, console)
     if not study.trials:
@@ -130,12 +134,17 @@ def run_local_tune(
     runner = _TrialRunner(template, code_archive, tune, options, platform, data, console)
     missing = tune.trials - _counted(optuna, study)
     if missing > 0:
-        console.print(f"[bold cyan]llmtrain[/] tune {options.run_name!r}: {missing} trial(s) to run of "
-                      f"{tune.trials}, {tune.parallel} at a time; study {folder / STUDY_FILE}")
+        console.print(
+            f"[bold cyan]llmtrain[/] tune {options.run_name!r}: {missing} trial(s) to run of "
+            f"{tune.trials}, {tune.parallel} at a time; study {folder / STUDY_FILE}"
+        )
         with _threads_per_trial(options.cores, tune.parallel):
             _run_trials(study, runner, missing, tune.parallel)
-    trials = tuple(_trial_record(optuna, t, tune.objective) for t in study.trials
-                   if t.state != optuna.trial.TrialState.WAITING)
+    trials = tuple(
+        _trial_record(optuna, t, tune.objective)
+        for t in study.trials
+        if t.state != optuna.trial.TrialState.WAITING
+    )
     plot = plot_tune(trials, tune, folder / PLOT_FILE)
     result = LocalTuneResult(tune, trials, folder, plot)
     (folder / RESULTS_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
@@ -150,8 +159,9 @@ def _sampler(optuna, tune: TuneSpec):
         return optuna.samplers.RandomSampler(seed=tune.seed)
     startup = max(1, min(_MAX_STARTUP_TRIALS, tune.trials // 3))
     # constant_liar: trials running at once are told apart while their results are pending.
-    return optuna.samplers.TPESampler(seed=tune.seed, n_startup_trials=startup,
-                                      constant_liar=tune.parallel > 1)
+    return optuna.samplers.TPESampler(
+        seed=tune.seed, n_startup_trials=startup, constant_liar=tune.parallel > 1
+    )
 
 
 def _pruner(optuna, tune: TuneSpec, template: TemplateSpec, settings: Mapping[str, str]):
@@ -164,12 +174,16 @@ def _pruner(optuna, tune: TuneSpec, template: TemplateSpec, settings: Mapping[st
     return optuna.pruners.MedianPruner(n_startup_trials=max(1, min(5, tune.trials // 4)))
 
 
-def _check_same_search(folder: Path, template: TemplateSpec, tune: TuneSpec,
-                       settings: Mapping[str, str]) -> None:
+def _check_same_search(
+    folder: Path, template: TemplateSpec, tune: TuneSpec, settings: Mapping[str, str]
+) -> None:
     """A tune continued under its name must search what it searched before (the study's trials
     would not be comparable otherwise); it may ask for more trials."""
-    record = {"template": template.ref, "settings": dict(settings),
-              "tune": {**tune.to_dict(), "trials": None, "parallel": None}}
+    record = {
+        "template": template.ref,
+        "settings": dict(settings),
+        "tune": {**tune.to_dict(), "trials": None, "parallel": None},
+    }
     path = folder / SPEC_FILE
     if path.is_file():
         earlier = json.loads(path.read_text())
@@ -177,7 +191,8 @@ def _check_same_search(folder: Path, template: TemplateSpec, tune: TuneSpec,
             raise TuneError(
                 f"tune {folder.name!r} in {folder} searched {_describe_record(earlier)}; this command "
                 f"searches {_describe_record(record)}. Continue it with the same template, --set and "
-                "--param values (more --trials is fine), or choose a new --run-name")
+                "--param values (more --trials is fine), or choose a new --run-name"
+            )
         return
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
@@ -187,8 +202,10 @@ def _describe_record(record: Mapping[str, Any]) -> str:
     tune = TuneSpec.from_dict({**record["tune"], "trials": 1, "parallel": 1})
     params = " ".join(p.describe() for p in tune.params)
     sets = " ".join(f"{k}={v}" for k, v in record["settings"].items())
-    return (f"{record['template']} {params} for {'max' if tune.maximize else 'min'} {tune.objective} "
-            f"({tune.strategy}){' with ' + sets if sets else ''}")
+    return (
+        f"{record['template']} {params} for {'max' if tune.maximize else 'min'} {tune.objective} "
+        f"({tune.strategy}){' with ' + sets if sets else ''}"
+    )
 
 
 def _requeue_interrupted(optuna, study, storage, console: Console) -> None:
@@ -201,8 +218,12 @@ def _requeue_interrupted(optuna, study, storage, console: Console) -> None:
         storage.set_trial_user_attr(trial_id, _INTERRUPTED, True)
         storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
         study.enqueue_trial(trial.params)
-        console.print(Text(f"llmtrain trial {trial.number} was interrupted (its tune was killed): it runs "
-                           "again with the same values"))
+        console.print(
+            Text(
+                f"llmtrain trial {trial.number} was interrupted (its tune was killed): it runs "
+                "again with the same values"
+            )
+        )
 
 
 def _warm_start(optuna, study, tune: TuneSpec, options: LocalTuneOptions, console: Console) -> None:
@@ -217,10 +238,20 @@ def _warm_start(optuna, study, tune: TuneSpec, options: LocalTuneOptions, consol
         finished = parent.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         usable = [trial for trial in finished if _within(tune, trial.params)]
         for trial in usable:
-            study.add_trial(optuna.trial.create_trial(params=dict(trial.params), distributions=distributions,
-                                                      value=trial.value, user_attrs={"warm_start": name}))
-        console.print(Text(f"llmtrain warm start: {len(usable)} finished trial(s) of tune {name!r} within "
-                           "this tune's ranges"))
+            study.add_trial(
+                optuna.trial.create_trial(
+                    params=dict(trial.params),
+                    distributions=distributions,
+                    value=trial.value,
+                    user_attrs={"warm_start": name},
+                )
+            )
+        console.print(
+            Text(
+                f"llmtrain warm start: {len(usable)} finished trial(s) of tune {name!r} within "
+                "this tune's ranges"
+            )
+        )
 
 
 def _within(tune: TuneSpec, values: Mapping[str, Any]) -> bool:
@@ -245,10 +276,13 @@ def _distribution(optuna, param):
 def _counted(optuna, study) -> int:
     """Trials that count towards --trials: finished ones, not those interrupted (they run again)."""
     states = optuna.trial.TrialState
-    return sum(1 for t in study.get_trials(deepcopy=False)
-               if t.state in (states.COMPLETE, states.PRUNED)
-               or (t.state == states.FAIL and not t.user_attrs.get(_INTERRUPTED))
-               if "warm_start" not in t.user_attrs)
+    return sum(
+        1
+        for t in study.get_trials(deepcopy=False)
+        if t.state in (states.COMPLETE, states.PRUNED)
+        or (t.state == states.FAIL and not t.user_attrs.get(_INTERRUPTED))
+        if "warm_start" not in t.user_attrs
+    )
 
 
 def _run_trials(study, runner: _TrialRunner, count: int, parallel: int) -> None:
@@ -281,8 +315,16 @@ def _run_trials(study, runner: _TrialRunner, count: int, parallel: int) -> None:
 class _TrialRunner:
     """Runs one trial as a local run and tells the study how it ended."""
 
-    def __init__(self, template: TemplateSpec, code_archive: bytes, tune: TuneSpec, options: LocalTuneOptions,
-                 platform: PlatformContext, data: Mapping[str, Path], console: Console):
+    def __init__(
+        self,
+        template: TemplateSpec,
+        code_archive: bytes,
+        tune: TuneSpec,
+        options: LocalTuneOptions,
+        platform: PlatformContext,
+        data: Mapping[str, Path],
+        console: Console,
+    ):
         self.template, self.code_archive, self.tune = template, code_archive, tune
         self.options, self.platform, self.data, self.console = options, platform, data, console
         self.interrupt = threading.Event()
@@ -304,8 +346,10 @@ class _TrialRunner:
         if summary is None or watcher.interrupted or _stopped_by_user(summary, watcher):
             self._interrupted(study, trial, values)
             if threading.current_thread() is threading.main_thread():
-                raise TuneInterrupted(f"interrupted during trial {trial.number}; it runs again with the same "
-                                      "values when the tune is started again under its name")
+                raise TuneInterrupted(
+                    f"interrupted during trial {trial.number}; it runs again with the same "
+                    "values when the tune is started again under its name"
+                )
             return
         objective = _final_value(summary, self.tune.objective)
         if watcher.pruned:
@@ -328,13 +372,22 @@ class _TrialRunner:
         trials_dir = self.options.tune_dir / TRIALS_DIR
         trials_dir.mkdir(parents=True, exist_ok=True)
         run_options = LocalRunOptions(
-            run_name=name, workdir=trials_dir, data=self.data, user_settings=frozenset(overrides),
+            run_name=name,
+            workdir=trials_dir,
+            data=self.data,
+            user_settings=frozenset(overrides),
             limits=LocalLimits(max_hosts=1, max_processes_per_host=self.processes),
         )
         with (trials_dir / f"{name}.log").open("w") as log:
             trial_console = Console(file=log, width=160, soft_wrap=True, force_terminal=False)
-            return run_local(request, self.code_archive, run_options, console=trial_console, watcher=watcher,
-                             template_channels=self.template.inputs.channels)
+            return run_local(
+                request,
+                self.code_archive,
+                run_options,
+                console=trial_console,
+                watcher=watcher,
+                template_channels=self.template.inputs.channels,
+            )
 
     def _interrupted(self, study, trial, values: Mapping[str, Any]) -> None:
         import optuna
@@ -342,8 +395,9 @@ class _TrialRunner:
         trial.set_user_attr(_INTERRUPTED, True)
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         study.enqueue_trial(dict(values))
-        self._say(f"trial {trial.number} interrupted: it runs again with the same values when the tune "
-                  "continues")
+        self._say(
+            f"trial {trial.number} interrupted: it runs again with the same values when the tune continues"
+        )
 
     def _say(self, message: str) -> None:
         with self._print:
@@ -378,8 +432,11 @@ class _TrialWatcher:
 def _stopped_by_user(summary: Mapping[str, Any], watcher: _TrialWatcher) -> bool:
     """Ctrl-C or SIGTERM stopped the trial's job (its StopTrainingJob), not the pruner or its
     maximum runtime."""
-    return (summary.get("TrainingJobStatus") == "Stopped" and summary.get("SecondaryStatus") == "Stopped"
-            and not watcher.pruned)
+    return (
+        summary.get("TrainingJobStatus") == "Stopped"
+        and summary.get("SecondaryStatus") == "Stopped"
+        and not watcher.pruned
+    )
 
 
 def _suggest(trial, param) -> Any:
@@ -399,15 +456,25 @@ def _final_value(summary: Mapping[str, Any], objective: str) -> float | None:
 
 def _trial_record(optuna, trial, objective: str) -> Trial:
     states = optuna.trial.TrialState
-    status = {states.COMPLETE: "Completed", states.PRUNED: "Pruned", states.FAIL: "Failed",
-              states.RUNNING: "InProgress"}.get(trial.state, trial.state.name.title())
+    status = {
+        states.COMPLETE: "Completed",
+        states.PRUNED: "Pruned",
+        states.FAIL: "Failed",
+        states.RUNNING: "InProgress",
+    }.get(trial.state, trial.state.name.title())
     if trial.user_attrs.get(_INTERRUPTED):
         status = "Interrupted"
     values = sorted(trial.intermediate_values.items())
     last_reported = values[-1][1] if values else None
-    return Trial(number=trial.number, name=f"t{trial.number}", params=dict(trial.params),
-                 objective=trial.value if trial.state == states.COMPLETE else last_reported,
-                 status=status, detail=str(trial.user_attrs.get("detail", "")), values=tuple(values))
+    return Trial(
+        number=trial.number,
+        name=f"t{trial.number}",
+        params=dict(trial.params),
+        objective=trial.value if trial.state == states.COMPLETE else last_reported,
+        status=status,
+        detail=str(trial.user_attrs.get("detail", "")),
+        values=tuple(values),
+    )
 
 
 def _trial_data(template: TemplateSpec, options: LocalTuneOptions, console: Console) -> dict[str, Path]:
@@ -462,11 +529,19 @@ def plot_tune(trials: Sequence[Trial], tune: TuneSpec, path: Path) -> Path | Non
     figure, axes = pyplot.subplots(figsize=(7, 4))
     for status, marker in (("Completed", "o"), ("Pruned", "x")):
         shown = [t for t in trials if t.status == status and t.objective is not None]
-        axes.scatter([t.number for t in shown], [t.objective for t in shown], marker=marker,
-                     label=f"{status.lower()} trials")
+        axes.scatter(
+            [t.number for t in shown],
+            [t.objective for t in shown],
+            marker=marker,
+            label=f"{status.lower()} trials",
+        )
     line = best_so_far(trials, maximize=tune.maximize)
-    axes.step([t.number for t in trials], [v if v is not None else float("nan") for v in line], where="post",
-              label="best so far")
+    axes.step(
+        [t.number for t in trials],
+        [v if v is not None else float("nan") for v in line],
+        where="post",
+        label="best so far",
+    )
     axes.set_xlabel("trial")
     axes.set_ylabel(tune.objective)
     axes.set_title(f"{'maximize' if tune.maximize else 'minimize'} {tune.objective}")

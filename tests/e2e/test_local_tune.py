@@ -28,9 +28,27 @@ INTERRUPT_AFTER = 3
 
 
 def tune_command(workdir: Path) -> list[str]:
-    command = [sys.executable, "-m", "llmtrain.cli", "tune", "--local", TEMPLATE, "--run-name", "lr",
-               "--workdir", str(workdir), "--param", "lr=1e-4..1e-2:log", "--objective", "eval:loss",
-               "--trials", str(TRIALS), "--seed", "3", "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "llmtrain.cli",
+        "tune",
+        "--local",
+        TEMPLATE,
+        "--run-name",
+        "lr",
+        "--workdir",
+        str(workdir),
+        "--param",
+        "lr=1e-4..1e-2:log",
+        "--objective",
+        "eval:loss",
+        "--trials",
+        str(TRIALS),
+        "--seed",
+        "3",
+        "--json",
+    ]
     for setting in SETTINGS:
         command += ["--set", setting]
     return command
@@ -38,8 +56,14 @@ def tune_command(workdir: Path) -> list[str]:
 
 def interrupt_during_trial(workdir: Path, trial: int) -> tuple[int, str]:
     """Start the tune and press Ctrl-C once trial `trial` has started (its job is running)."""
-    process = subprocess.Popen(tune_command(workdir), cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        tune_command(workdir),
+        cwd=REPO_ROOT,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines = []
     deadline = time.monotonic() + JOB_TIMEOUT_SECONDS * 2
     for line in process.stderr:
@@ -56,14 +80,22 @@ def interrupt_during_trial(workdir: Path, trial: int) -> tuple[int, str]:
 def test_a_local_tune_beats_the_default_learning_rate_and_resumes_its_study(tmp_path):
     baseline = run_cli(TEMPLATE, "default-lr", tmp_path, *SETTINGS)
     assert baseline.returncode == 0, baseline.output
-    default_loss = next(m["Value"] for m in baseline.summary["FinalMetricDataList"] if m["MetricName"] == "eval:loss")
+    default_loss = next(
+        m["Value"] for m in baseline.summary["FinalMetricDataList"] if m["MetricName"] == "eval:loss"
+    )
 
     code, output = interrupt_during_trial(tmp_path, INTERRUPT_AFTER)
     assert code == 130, output
     assert "interrupted" in output and "continue it with the same command" in output, output
 
-    resumed = subprocess.run(tune_command(tmp_path), cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True,
-                             timeout=JOB_TIMEOUT_SECONDS * TRIALS)
+    resumed = subprocess.run(
+        tune_command(tmp_path),
+        cwd=REPO_ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_SECONDS * TRIALS,
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     result = json.loads(resumed.stdout)
     trials = result["trials"]

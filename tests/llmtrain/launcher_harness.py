@@ -429,13 +429,14 @@ class SimulatedTrainingJobs:
         """CreateHyperParameterTuningJob through a botocore client that validates the request against
         SageMaker's API model, into moto's SageMaker; the tuning job then ends as scripted."""
         if not self.outcomes:
-            raise AssertionError(f"no scripted outcome left for the tuning job #{len(self.tuning_requests) + 1}")
+            raise AssertionError(f"no scripted outcome left for tuning job #{len(self.tuning_requests) + 1}")
         outcome = self.outcomes.pop(0)
         client = boto3.client("sagemaker", region_name=REGION)
         arn = client.create_hyper_parameter_tuning_job(**request)["HyperParameterTuningJobArn"]
-        tuning = sagemaker_backends[ACCOUNT][REGION].hyper_parameter_tuning_jobs[request["HyperParameterTuningJobName"]]
+        name = request["HyperParameterTuningJobName"]
+        tuning = sagemaker_backends[ACCOUNT][REGION].hyper_parameter_tuning_jobs[name]
         tuning.hyper_parameter_tuning_job_status = "InProgress"
-        self._outcome_of[request["HyperParameterTuningJobName"]] = outcome
+        self._outcome_of[name] = outcome
         self.tuning_requests.append(request)
         return arn
 
@@ -447,8 +448,9 @@ class SimulatedTrainingJobs:
         tuning.hyper_parameter_tuning_job_status = outcome.status
         if outcome.failure_reason:
             tuning.failure_reason = outcome.failure_reason
-        description = _json_ready(boto3.client("sagemaker", region_name=REGION).describe_hyper_parameter_tuning_job(
-            HyperParameterTuningJobName=name))
+        client = boto3.client("sagemaker", region_name=REGION)
+        described = client.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName=name)
+        description = _json_ready(described)
         description.pop("ResponseMetadata", None)
         if outcome.status != "Completed":
             raise TrainingJobEnded(description)

@@ -29,15 +29,19 @@ LLAMA = "meta-textgeneration-llama-2-7b"
 
 @pytest.fixture
 def s3(monkeypatch):
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": REGION}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+    }.items():
         monkeypatch.setenv(name, value)
     with mock_aws():
         client = boto3.client("s3", region_name=REGION)
         client.create_bucket(Bucket=content_bucket(REGION))
         for path in DATA.rglob("*.json"):
-            client.put_object(Bucket=content_bucket(REGION), Key=path.relative_to(DATA).as_posix(),
-                              Body=path.read_bytes())
+            client.put_object(
+                Bucket=content_bucket(REGION), Key=path.relative_to(DATA).as_posix(), Body=path.read_bytes()
+            )
         yield client
 
 
@@ -47,7 +51,10 @@ def test_a_model_id_resolves_to_its_training_weights_in_the_region(s3):
     assert latest.version == "4.3.0" and latest.gated
     assert latest.uri == f"s3://jumpstart-private-cache-prod-{REGION}/meta-training/train-{LLAMA}.tar.gz"
     assert latest.is_archive
-    assert latest.eula_url == f"https://jumpstart-cache-prod-{REGION}.s3.{REGION}.amazonaws.com/fmhMetadata/eula/llamaEula.txt"
+    assert (
+        latest.eula_url
+        == f"https://jumpstart-cache-prod-{REGION}.s3.{REGION}.amazonaws.com/fmhMetadata/eula/llamaEula.txt"
+    )
     assert catalog.resolve(f"{LLAMA}@4.1.0").version == "4.1.0"
     falcon = catalog.resolve("huggingface-llm-falcon-7b-bf16")
     assert not falcon.gated and not falcon.is_archive
@@ -63,17 +70,28 @@ def test_the_resolution_agrees_with_the_sagemaker_sdk(s3, monkeypatch):
 
     session = Session(boto_session=boto3.Session(region_name=REGION), default_bucket="unused")
     accessors.JumpStartModelsAccessor.reset_cache()
-    for reference in (f"{LLAMA}@4.1.0", f"{LLAMA}@4.3.0", "huggingface-llm-falcon-7b-bf16@2.1.0",
-                      "huggingface-textgeneration-gpt2@1.3.0"):
+    for reference in (
+        f"{LLAMA}@4.1.0",
+        f"{LLAMA}@4.3.0",
+        "huggingface-llm-falcon-7b-bf16@2.1.0",
+        "huggingface-textgeneration-gpt2@1.3.0",
+    ):
         model_id, version = reference.split("@")
-        expected = model_uris.retrieve(model_id=model_id, model_version=version, model_scope="training",
-                                       region=REGION, sagemaker_session=session)
+        expected = model_uris.retrieve(
+            model_id=model_id,
+            model_version=version,
+            model_scope="training",
+            region=REGION,
+            sagemaker_session=session,
+        )
         assert JumpStartCatalog(s3, REGION).resolve(reference).uri == expected, reference
 
 
 def test_unknown_models_versions_and_untrainable_models_are_refused(s3):
     catalog = JumpStartCatalog(s3, REGION)
-    with pytest.raises(OverrideError, match=r"not a JumpStart model in us-east-1 \(did you mean 'meta-textgeneration"):
+    with pytest.raises(
+        OverrideError, match=r"not a JumpStart model in us-east-1 \(did you mean 'meta-textgeneration"
+    ):
         catalog.resolve("meta-textgeneration-llama-2-7")
     with pytest.raises(OverrideError, match="no version '9.9.9'.*4.1.0, 4.3.0"):
         catalog.resolve(f"{LLAMA}@9.9.9")
@@ -97,14 +115,20 @@ def _model_channel(request):
 
 
 def test_a_gated_model_needs_accept_eula_and_sends_model_access_config(s3):
-    with pytest.raises(OverrideError, match=r"accept_eula.*gated model: read its end-user license agreement at "
-                                            r"https://jumpstart-cache-prod-us-east-1\S+llamaEula.txt"):
+    with pytest.raises(
+        OverrideError,
+        match=r"accept_eula.*gated model: read its end-user license agreement at "
+        r"https://jumpstart-cache-prod-us-east-1\S+llamaEula.txt",
+    ):
         _render(s3, base_model=LLAMA)
     request = _render(s3, base_model=LLAMA, accept_eula="true")
     channel = _model_channel(request)
     assert channel["DataSource"]["S3DataSource"] == {
-        "S3DataType": "S3Prefix", "S3Uri": f"s3://jumpstart-private-cache-prod-{REGION}/meta-training/train-{LLAMA}.tar.gz",
-        "S3DataDistributionType": "FullyReplicated", "ModelAccessConfig": {"AcceptEula": True}}
+        "S3DataType": "S3Prefix",
+        "S3Uri": f"s3://jumpstart-private-cache-prod-{REGION}/meta-training/train-{LLAMA}.tar.gz",
+        "S3DataDistributionType": "FullyReplicated",
+        "ModelAccessConfig": {"AcceptEula": True},
+    }
     assert shape_problems(request) == []
 
 
@@ -127,12 +151,19 @@ def test_a_folder_in_the_teams_datasets_is_the_model_channel_as_it_is(s3):
 
 def test_base_model_is_refused_where_it_cannot_apply(s3):
     with pytest.raises(OverrideError, match="trains from scratch"):
-        render(Catalog.load().resolve("llama-pretrain-fsdp"), RunInput(run_name="r", overrides={
-            "base_model": "s3://x/y/"}), platform_context())
+        render(
+            Catalog.load().resolve("llama-pretrain-fsdp"),
+            RunInput(run_name="r", overrides={"base_model": "s3://x/y/"}),
+            platform_context(),
+        )
     with pytest.raises(OverrideError, match="resolved in the environment's region when the run starts"):
         render(LORA, RunInput(run_name="r", overrides={"base_model": LLAMA}), platform_context())
     with pytest.raises(OverrideError, match="channels.model both"):
-        _render(s3, base_model="huggingface-llm-falcon-7b-bf16", **{"channels.model": platform_context().datasets_uri})
+        _render(
+            s3,
+            base_model="huggingface-llm-falcon-7b-bf16",
+            **{"channels.model": platform_context().datasets_uri},
+        )
     with pytest.raises(OverrideError, match="accept_eula.*also set base_model"):
         render(LORA, RunInput(run_name="r", overrides={"accept_eula": "true"}), platform_context())
 

@@ -20,8 +20,12 @@ from llmtrain.handlers.tuning import render_tune
 from llmtrain.tuning import ParamRange, TuneSpec
 
 TEMPLATE = "llama-pretrain-fsdp"
-TUNE = TuneSpec(params=(ParamRange.parse("lr=1e-5..1e-3:log"), ParamRange.parse("warmup_steps=10..200:int")),
-                objective="train:loss", trials=6, parallel=2)
+TUNE = TuneSpec(
+    params=(ParamRange.parse("lr=1e-5..1e-3:log"), ParamRange.parse("warmup_steps=10..200:int")),
+    objective="train:loss",
+    trials=6,
+    parallel=2,
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +38,21 @@ def limited(tmp_path_factory):
     """dev whose team may use 2 instances per job and $100 per run: one trial ($49) fits, six do not."""
     config = _dev_config()
     (team,) = config.teams
-    return _synthesize(tmp_path_factory, dataclasses.replace(
-        config, teams=(dataclasses.replace(team, max_instance_count=2, max_run_cost_usd=100),)))
+    return _synthesize(
+        tmp_path_factory,
+        dataclasses.replace(
+            config, teams=(dataclasses.replace(team, max_instance_count=2, max_run_cost_usd=100),)
+        ),
+    )
 
 
 def _input(run_name: str, tune: TuneSpec = TUNE, **overrides):
-    return {"template": TEMPLATE, "run_name": run_name, "overrides": {"max_steps": 100, **overrides},
-            "tune": tune.to_dict()}
+    return {
+        "template": TEMPLATE,
+        "run_name": run_name,
+        "overrides": {"max_steps": 100, **overrides},
+        "tune": tune.to_dict(),
+    }
 
 
 def test_a_tune_creates_the_tuning_job_of_the_rendered_run(synthesized):
@@ -52,8 +64,9 @@ def test_a_tune_creates_the_tuning_job_of_the_rendered_run(synthesized):
     assert run.status == "SUCCEEDED", run.cause
     assert harness.jobs.requests == []  # no training job of its own: the tuning job runs the trials
     (request,) = harness.jobs.tuning_requests
-    expected, _ = render_tune(Catalog.load().resolve(TEMPLATE), "lr-1", {"max_steps": 100}, TUNE, platform,
-                              owner="launcher")
+    expected, _ = render_tune(
+        Catalog.load().resolve(TEMPLATE), "lr-1", {"max_steps": 100}, TUNE, platform, owner="launcher"
+    )
     assert request == expected
     assert request["HyperParameterTuningJobName"] == f"{platform.job_name_prefix}-lr-1-t1"
     assert request["TrainingJobDefinition"]["RoleArn"] == platform.execution_role_arn
@@ -97,11 +110,16 @@ def test_the_job_creating_role_creates_tuning_jobs_under_the_same_conditions(syn
         assert key in create_tunes["Condition"]["ForAllValues:StringEquals"]
         assert create_tunes["Condition"]["Null"][key] == "false"
     assert set(create_tunes["Condition"]["StringEquals"]) == {
-        "sagemaker:OutputKmsKey", "aws:RequestTag/llmtrain:team", "aws:RequestTag/llmtrain:environment"}
+        "sagemaker:OutputKmsKey",
+        "aws:RequestTag/llmtrain:team",
+        "aws:RequestTag/llmtrain:environment",
+    }
     assert set(create_tunes["Condition"]["StringEqualsIfExists"]) == {"sagemaker:VolumeKmsKey"}
     (machine,) = template.find_resources("AWS::StepFunctions::StateMachine").values()
     definition = json.dumps(machine["Properties"]["DefinitionString"])
     for layout in ("tune", "tune-warm-start"):
         assert f"CreateHyperParameterTuningJob-{layout}" in definition
     assert "sagemaker:createHyperParameterTuningJob.sync" in definition
-    assert "StepFunctionsGetEventsForSageMakerTuningJobsRule" in json.dumps(by_sid["SyncWithTrainingJobEvents"])
+    assert "StepFunctionsGetEventsForSageMakerTuningJobsRule" in json.dumps(
+        by_sid["SyncWithTrainingJobEvents"]
+    )

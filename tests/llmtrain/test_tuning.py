@@ -35,23 +35,34 @@ VALIDATION = platform_context().datasets_uri + "tiny/validation/"
 
 
 def spec(*params: str, **kwargs) -> TuneSpec:
-    return TuneSpec(params=tuple(ParamRange.parse(p) for p in params), objective=kwargs.pop("objective", "eval:loss"),
-                    **kwargs)
+    return TuneSpec(
+        params=tuple(ParamRange.parse(p) for p in params),
+        objective=kwargs.pop("objective", "eval:loss"),
+        **kwargs,
+    )
 
 
 def rendered(platform=None, **overrides):
     platform = platform or platform_context()
-    return render(FSDP, RunInput(run_name="lr-1", overrides={"channels.validation": VALIDATION, **overrides}),
-                  platform)
+    return render(
+        FSDP, RunInput(run_name="lr-1", overrides={"channels.validation": VALIDATION, **overrides}), platform
+    )
 
 
 def test_params_parse_ranges_log_scales_integers_and_lists():
     assert ParamRange.parse("lr=1e-5..1e-3:log") == ParamRange("lr", "continuous", 1e-5, 1e-3, log=True)
     assert ParamRange.parse("warmup_steps=10..200:int") == ParamRange("warmup_steps", "integer", 10, 200)
-    assert ParamRange.parse("attention=sdpa,eager") == ParamRange("attention", "categorical", values=("sdpa", "eager"))
-    for bad, says in [("lr", "write"), ("lr=1e-3..1e-5", "LOW must be below HIGH"), ("lr=0..1:log", "above 0"),
-                      ("lr=sdpa", "two or more values"), ("lr=1..2:cube", "unknown flag"),
-                      ("warmup_steps=1.5..3:int", "integers")]:
+    assert ParamRange.parse("attention=sdpa,eager") == ParamRange(
+        "attention", "categorical", values=("sdpa", "eager")
+    )
+    for bad, says in [
+        ("lr", "write"),
+        ("lr=1e-3..1e-5", "LOW must be below HIGH"),
+        ("lr=0..1:log", "above 0"),
+        ("lr=sdpa", "two or more values"),
+        ("lr=1..2:cube", "unknown flag"),
+        ("warmup_steps=1.5..3:int", "integers"),
+    ]:
         with pytest.raises(TuneError, match=says):
             ParamRange.parse(bad)
 
@@ -71,23 +82,32 @@ def test_a_range_outside_the_templates_bounds_is_refused_naming_the_bound():
         check_tune(FSDP, spec("instance_count=1..4:int"), {})
     with pytest.raises(TuneError, match="tuned with --param and set with --set"):
         check_tune(FSDP, spec("lr=1e-5..1e-3:log"), {"lr": "0.001"})
-    check_tune(FSDP, spec("lr=1e-5..1e-3:log", "warmup_steps=10..200:int", "activation_checkpointing=none,full"), {})
+    check_tune(
+        FSDP, spec("lr=1e-5..1e-3:log", "warmup_steps=10..200:int", "activation_checkpointing=none,full"), {}
+    )
 
 
 def test_the_objective_is_one_of_the_templates_metrics():
     with pytest.raises(TuneError, match=r"'eval:los' is not one of .*\(did you mean 'eval:loss'\?\)"):
         check_tune(FSDP, spec("lr=1e-5..1e-3:log", objective="eval:los"), {})
     with pytest.raises(TuneError, match="channels.validation"):
-        problems = tuning_problems_for_request(spec("lr=1e-5..1e-3:log"), render(FSDP, RunInput(run_name="r"),
-                                                                                    platform_context()))
+        problems = tuning_problems_for_request(
+            spec("lr=1e-5..1e-3:log"), render(FSDP, RunInput(run_name="r"), platform_context())
+        )
         raise TuneError(problems[0])
 
 
 def test_the_tuning_request_is_the_rendered_run_with_the_search_and_botocore_accepts_it():
     platform = platform_context()
     training = rendered(platform)
-    tune = spec("lr=1e-5..1e-3:log", "warmup_steps=10..200:int", "activation_checkpointing=none,full",
-                trials=20, parallel=4, seed=7)
+    tune = spec(
+        "lr=1e-5..1e-3:log",
+        "warmup_steps=10..200:int",
+        "activation_checkpointing=none,full",
+        trials=20,
+        parallel=4,
+        seed=7,
+    )
     request = tuning_request(tune, training, platform, run_name="lr-1")
     assert shape_problems(request, "CreateHyperParameterTuningJob") == []
     config = request["HyperParameterTuningJobConfig"]
@@ -96,22 +116,35 @@ def test_the_tuning_request_is_the_rendered_run_with_the_search_and_botocore_acc
     assert config["ResourceLimits"] == {"MaxNumberOfTrainingJobs": 20, "MaxParallelTrainingJobs": 4}
     assert config["RandomSeed"] == 7
     assert config["ParameterRanges"] == {
-        "ContinuousParameterRanges": [{"Name": "lr", "MinValue": "1e-05", "MaxValue": "0.001",
-                                       "ScalingType": "Logarithmic"}],
-        "IntegerParameterRanges": [{"Name": "warmup_steps", "MinValue": "10", "MaxValue": "200",
-                                    "ScalingType": "Linear"}],
+        "ContinuousParameterRanges": [
+            {"Name": "lr", "MinValue": "1e-05", "MaxValue": "0.001", "ScalingType": "Logarithmic"}
+        ],
+        "IntegerParameterRanges": [
+            {"Name": "warmup_steps", "MinValue": "10", "MaxValue": "200", "ScalingType": "Linear"}
+        ],
         "CategoricalParameterRanges": [{"Name": "activation_checkpointing", "Values": ["none", "full"]}],
     }
     definition = request["TrainingJobDefinition"]
     # Everything a run gets: role, VPC, KMS keys, channels, image, metric definitions, encryption.
-    for field in ("RoleArn", "VpcConfig", "OutputDataConfig", "InputDataConfig", "StoppingCondition",
-                  "EnableInterContainerTrafficEncryption", "EnableManagedSpotTraining", "RetryStrategy"):
+    for field in (
+        "RoleArn",
+        "VpcConfig",
+        "OutputDataConfig",
+        "InputDataConfig",
+        "StoppingCondition",
+        "EnableInterContainerTrafficEncryption",
+        "EnableManagedSpotTraining",
+        "RetryStrategy",
+    ):
         assert definition[field] == training[field], field
-    assert definition["AlgorithmSpecification"]["MetricDefinitions"] == \
-        training["AlgorithmSpecification"]["MetricDefinitions"]
+    assert (
+        definition["AlgorithmSpecification"]["MetricDefinitions"]
+        == training["AlgorithmSpecification"]["MetricDefinitions"]
+    )
     # Warm pools are not for tuning jobs; the rest of the resources as rendered.
-    assert definition["ResourceConfig"] == {k: v for k, v in training["ResourceConfig"].items()
-                                            if k != "KeepAlivePeriodInSeconds"}
+    assert definition["ResourceConfig"] == {
+        k: v for k, v in training["ResourceConfig"].items() if k != "KeepAlivePeriodInSeconds"
+    }
     # Trials would share one checkpoint prefix and resume from each other.
     assert "CheckpointConfig" not in definition
     static = definition["StaticHyperParameters"]
@@ -125,8 +158,13 @@ def test_the_tuning_request_is_the_rendered_run_with_the_search_and_botocore_acc
 def test_hyperband_warm_start_and_maximize():
     platform = platform_context()
     tune = spec("lr=1e-5..1e-3:log", strategy="hyperband", maximize=True, objective="train:tokens_per_sec")
-    request = tuning_request(tune, rendered(platform, eval_every_steps="1000"), platform, run_name="hb",
-                             parent_tuning_jobs=["llmtrain-dev-default-lr-1-t1"])
+    request = tuning_request(
+        tune,
+        rendered(platform, eval_every_steps="1000"),
+        platform,
+        run_name="hb",
+        parent_tuning_jobs=["llmtrain-dev-default-lr-1-t1"],
+    )
     config = request["HyperParameterTuningJobConfig"]
     assert config["Strategy"] == "Hyperband" and config["TrainingJobEarlyStoppingType"] == "Off"
     # One report of a training metric per logging step: 20000 steps / every 10.
@@ -134,14 +172,19 @@ def test_hyperband_warm_start_and_maximize():
     assert config["HyperParameterTuningJobObjective"]["Type"] == "Maximize"
     assert request["WarmStartConfig"] == {
         "ParentHyperParameterTuningJobs": [{"HyperParameterTuningJobName": "llmtrain-dev-default-lr-1-t1"}],
-        "WarmStartType": "IdenticalDataAndAlgorithm"}
+        "WarmStartType": "IdenticalDataAndAlgorithm",
+    }
     assert shape_problems(request, "CreateHyperParameterTuningJob") == []
 
 
 def test_a_run_name_too_long_for_a_tuning_job_name_is_refused():
     with pytest.raises(TuneError, match="at most 32"):
-        tuning_request(spec("lr=1e-5..1e-3:log"), rendered(), platform_context(),
-                       run_name="a-run-name-far-too-long-for-it")
+        tuning_request(
+            spec("lr=1e-5..1e-3:log"),
+            rendered(),
+            platform_context(),
+            run_name="a-run-name-far-too-long-for-it",
+        )
 
 
 def test_botocore_catches_what_it_would_refuse():
@@ -166,22 +209,30 @@ def test_the_budget_is_one_trials_cost_times_the_trials():
 def test_tune_spec_round_trips_and_refuses_nonsense():
     tune = spec("lr=1e-5..1e-3:log", "attention=sdpa,eager", trials=9, parallel=3, warm_start_from=("a",))
     assert TuneSpec.from_dict(json.loads(json.dumps(tune.to_dict()))) == tune
-    for bad, says in [({"params": [], "objective": "x"}, "at least one"),
-                      ({**tune.to_dict(), "parallel": 10}, "--parallel"),
-                      ({**tune.to_dict(), "strategy": "grid"}, "--strategy"),
-                      ({**tune.to_dict(), "bogus": 1}, "unknown field")]:
+    for bad, says in [
+        ({"params": [], "objective": "x"}, "at least one"),
+        ({**tune.to_dict(), "parallel": 10}, "--parallel"),
+        ({**tune.to_dict(), "strategy": "grid"}, "--strategy"),
+        ({**tune.to_dict(), "bogus": 1}, "unknown field"),
+    ]:
         with pytest.raises(TuneError, match=says):
             TuneSpec.from_dict(bad)
 
 
 def test_best_trial_and_the_start_line():
-    trials = [Trial(0, {"lr": 1e-4}, 3.0, "Completed"), Trial(1, {"lr": 1e-3}, 2.0, "Pruned"),
-              Trial(2, {"lr": 3e-3}, 2.5, "Completed"), Trial(3, {"lr": 5e-3}, None, "Failed")]
+    trials = [
+        Trial(0, {"lr": 1e-4}, 3.0, "Completed"),
+        Trial(1, {"lr": 1e-3}, 2.0, "Pruned"),
+        Trial(2, {"lr": 3e-3}, 2.5, "Completed"),
+        Trial(3, {"lr": 5e-3}, None, "Failed"),
+    ]
     assert best_trial(trials, maximize=False).number == 2
     assert best_trial(trials, maximize=True).number == 0
     assert best_so_far(trials, maximize=False) == [3.0, 3.0, 2.5, 2.5]
-    assert start_command("gpt2-ddp@1.2.0", "r-best", {"max_steps": "100"}, {"lr": 0.0030000001}) == \
-        "llmtrain start gpt2-ddp@1.2.0 --run-name r-best --set max_steps=100 --set lr=0.003"
+    assert (
+        start_command("gpt2-ddp@1.2.0", "r-best", {"max_steps": "100"}, {"lr": 0.0030000001})
+        == "llmtrain start gpt2-ddp@1.2.0 --run-name r-best --set max_steps=100 --set lr=0.003"
+    )
 
 
 def test_the_program_reads_the_plain_strings_sagemaker_tuning_passes():

@@ -56,11 +56,13 @@ def test_training_from_the_archive_starts_where_transformers_loads_the_model(bas
 
     model = AutoModelForCausalLM.from_pretrained(str(base_model), dtype=torch.float32)
     samples = TokenSamples(tiny_data / "train", JOB["seq_len"], "train", model.config.vocab_size)
-    batches = TrainBatches(samples, BatchLayout(1, 0, JOB["micro_batch_size"], 1), seed=SEED,
-                           device=torch.device("cpu"))
-    (inputs, targets), = batches.next_step()
+    batches = TrainBatches(
+        samples, BatchLayout(1, 0, JOB["micro_batch_size"], 1), seed=SEED, device=torch.device("cpu")
+    )
+    ((inputs, targets),) = batches.next_step()
     with torch.no_grad():
         logits = model(input_ids=inputs).logits
-    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
-                                                 ignore_index=-100)
+    expected = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100
+    )
     assert first_loss == pytest.approx(expected.item(), rel=1e-4), json.dumps(train_records(root)[0])

@@ -54,5 +54,7 @@ def _hf_folder(unpacked: Path, archive: Path) -> Path:
     inner = [child for child in unpacked.iterdir() if child.is_dir()]
     if len(inner) == 1 and (inner[0] / CONFIG).is_file():
         return inner[0]
-    raise ContainerError(f"the model channel's {archive.name} holds no {CONFIG} at its root or in its only "
-                         "folder: it must be a Hugging Face model (config.json and weights)")
+    raise ContainerError(
+        f"the model channel's {archive.name} holds no {CONFIG} at its root or in its only "
+        "folder: it must be a Hugging Face model (config.json and weights)"
+    )
