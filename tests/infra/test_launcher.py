@@ -36,7 +36,7 @@ from training_constructs.launcher import (
     TrainingLauncherProps,
 )
 from training_constructs.resources import ExistingNetwork, ExistingStorage
-from training_constructs.teams import CREATE_JOBS_SID, TeamSpec
+from training_constructs.teams import CREATE_JOBS_SID, CREATE_TUNING_JOBS_SID, TeamSpec
 
 ENVIRONMENTS = ("dev", "prod")
 TEAM_CASES = [("dev", "default"), ("prod", "pretrain"), ("prod", "finetune")]
@@ -273,16 +273,31 @@ def test_the_job_creating_role_carries_every_condition_key(
     assert passing["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
     sync = statements["SyncWithTrainingJobEvents"]
     assert set(sync["Action"]) == {"events:PutTargets", "events:PutRule", "events:DescribeRule"}
-    assert sync["Resource"]["Fn::Join"][1][-1].endswith(f":rule/{SYNC_EVENTS_RULE}")
+    rules = [arn["Fn::Join"][1][-1] for arn in sync["Resource"]]
+    assert rules[0].endswith(f":rule/{SYNC_EVENTS_RULE}")
+    assert rules[1].endswith(":rule/StepFunctionsGetEventsForSageMakerTuningJobsRule")
     sagemaker = {a for s in statements.values() for a in as_list(s["Action"]) if a.startswith("sagemaker:")}
     assert sagemaker == {
         "sagemaker:CreateTrainingJob",
         "sagemaker:AddTags",
         "sagemaker:DescribeTrainingJob",
         "sagemaker:StopTrainingJob",
+        "sagemaker:CreateHyperParameterTuningJob",
+        "sagemaker:DescribeHyperParameterTuningJob",
+        "sagemaker:StopHyperParameterTuningJob",
     }
     all_jobs = [s for s in statements.values() if "sagemaker:" in json.dumps(s.get("Action"))]
-    assert all(f"training-job/{prefix}-*" in json.dumps(s["Resource"]) for s in all_jobs)
+    assert all(f"training-job/{prefix}-*" in json.dumps(s["Resource"])
+               or f"hyper-parameter-tuning-job/{prefix}-*" in json.dumps(s["Resource"]) for s in all_jobs)
+    # `llmtrain tune`: the tuning jobs are created under the same condition keys (SageMaker evaluates
+    # them on CreateHyperParameterTuningJob), less the warm pool's, which tuning jobs have not.
+    tune = statements[CREATE_TUNING_JOBS_SID]
+    assert tune["Action"] == "sagemaker:CreateHyperParameterTuningJob"
+    assert tune["Resource"]["Fn::Join"][1][-1] == (
+        f":sagemaker:{config.region}:{config.account}:hyper-parameter-tuning-job/{prefix}-*"
+    )
+    assert tune["Condition"] == {k: v for k, v in conditions.items() if k != "NumericLessThanEqualsIfExists"}
+    assert statements["TagTeamTuningJobs"]["Condition"] == statements["TagTeamTrainingJobs"]["Condition"]
     invoked = [
         s
         for s in _state_machine_statements(templates[environment], team)
@@ -335,7 +350,9 @@ def test_functions_get_the_teams_platform_context_and_least_privilege(
             for a in as_list(s["Action"])
         }
         expected = {"logs:CreateLogStream", "logs:PutLogEvents"}
-        resolve = expected | {"sagemaker:ListTrainingJobs", "sagemaker:ListTags"}
+        # Resolve also lists a tune's tuning jobs and reads JumpStart's catalogue (base models).
+        resolve = expected | {"sagemaker:ListTrainingJobs", "sagemaker:ListTags",
+                              "sagemaker:ListHyperParameterTuningJobs", "s3:GetObject"}
         assert actions == (resolve if handler == "resolve" else expected)
 
 
