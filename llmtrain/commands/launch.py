@@ -39,12 +39,12 @@ from llmtrain.commands._common import (
 )
 from llmtrain.datasets import channel_problems
 from llmtrain.errors import LlmtrainError, OverrideError, did_you_mean
-from llmtrain.jumpstart import is_jumpstart_reference, resolve_base_model
+from llmtrain.jumpstart import resolve_base_model
 from llmtrain.launcher_client import FINISHED, LauncherClient, RunStatus, owner_from_identity
 from llmtrain.planner.checks import check_run
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, coerce_override, render
-from llmtrain.spec import CHANNEL_SETTING_PREFIX, TemplateSpec
+from llmtrain.spec import CHANNEL_SETTING_PREFIX, PLATFORM_RUN_OPTIONS, TemplateSpec
 from llmtrain.tuning import Trial, TuneSpec, best_trial
 from llmtrain.tuning import start_command as best_start_command
 
@@ -170,13 +170,13 @@ def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[
     Where a channel may read (the team's datasets prefix) is the environment's to say: channels are
     checked here for their form (an S3 URI), then against the team in `check_in_environment`."""
     template = catalog.resolve(ref)
+    accepted = {*template.overridable, *PLATFORM_RUN_OPTIONS}
     for setting, value in overrides.items():
-        if setting not in template.overridable:
-            allowed = ", ".join(sorted(template.overridable))
+        if setting not in accepted:
             raise OverrideError(
                 setting,
-                f"{template.ref} does not allow overriding it{did_you_mean(setting, template.overridable)}; "
-                f"it allows: {allowed}",
+                f"{template.ref} does not allow overriding it{did_you_mean(setting, accepted)}; "
+                f"it allows: {', '.join(sorted(accepted))}",
             )
         coerce_override(template, setting, value)
     stand_in = PlatformContext.placeholder(
@@ -186,10 +186,10 @@ def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[
         resource_prefix="llmtrain",
         warm_pool_cap_seconds=MAX_KEEP_ALIVE_SECONDS,
     )
-    settings = {k: v for k, v in overrides.items() if not k.startswith(CHANNEL_SETTING_PREFIX)}
-    if is_jumpstart_reference(str(overrides.get("base_model", "/"))):
-        # A JumpStart model resolves in the environment's region: checked there.
-        settings = {k: v for k, v in settings.items() if k not in ("base_model", "accept_eula")}
+    # The platform run options (training plans, remote debugging, base models) are the environment's
+    # to check, with its plans, features and region, as the channels are.
+    settings = {k: v for k, v in overrides.items()
+                if not k.startswith(CHANNEL_SETTING_PREFIX) and k not in PLATFORM_RUN_OPTIONS}
     render(template, RunInput(run_name=run_name, overrides=settings), stand_in)
     return template
 
@@ -225,7 +225,10 @@ def check_in_environment(
         team=team.name,
         skip_fit_check=skip_plan_check,
     )
-    problems = channel_problems(cloud.session.client("s3", region_name=deployed.region), team, request)
+    # A JumpStart base model is in JumpStart's buckets (resolved above), not in the team's datasets.
+    own_data = request if base_model is None else {
+        **request, "InputDataConfig": [c for c in request["InputDataConfig"] if c["ChannelName"] != "model"]}
+    problems = channel_problems(cloud.session.client("s3", region_name=deployed.region), team, own_data)
     if problems:
         raise RunRejected(
             "the run's data is not where it must be:\n" + "\n".join(f"  - {p}" for p in problems)

@@ -206,3 +206,35 @@ def test_models_ls_lists_jumpstarts_trainable_text_models(capsys, environment):
     ]
     code, _, err = llmtrain(capsys, "models", "ls", "--template", "llama-pretrain-fsdp")
     assert code == 2 and "trains from scratch" in err and "llama-finetune-lora" in err
+
+
+def _jumpstart_in_moto() -> None:
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket=content_bucket(REGION))
+    for path in JUMPSTART_DATA.rglob("*.json"):
+        s3.put_object(
+            Bucket=content_bucket(REGION),
+            Key=path.relative_to(JUMPSTART_DATA).as_posix(),
+            Body=path.read_bytes(),
+        )
+
+
+def test_start_resolves_a_jumpstart_base_model_in_the_environments_region(capsys, environment):
+    _jumpstart_in_moto()
+    base = ("--set", "base_model=meta-textgeneration-llama-2-7b")
+    code, _, err = llmtrain(
+        capsys, "start", "llama-finetune-lora", "--run-name", "ft-1", *base, "--set", TRAIN, "--dry-run"
+    )
+    assert code == 2 and "gated model" in err and "llamaEula.txt" in err and "accept_eula=true" in err
+    accepted = ("--set", "accept_eula=true", "--set", "max_steps=10", "--set", TRAIN)
+    code, out, err = llmtrain(
+        capsys, "start", "llama-finetune-lora", "--run-name", "ft-1", *base, *accepted, "--dry-run"
+    )
+    assert code == 0, err
+    request = json.loads(out)
+    (model,) = [c for c in request["InputDataConfig"] if c["ChannelName"] == "model"]
+    assert model["DataSource"]["S3DataSource"]["ModelAccessConfig"] == {"AcceptEula": True}
+    assert model["DataSource"]["S3DataSource"]["S3Uri"].startswith(
+        f"s3://jumpstart-private-cache-prod-{REGION}/"
+    )
+    assert shape_problems(request) == []
