@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
-from packaging.version import InvalidVersion, Version
 
 from llmtrain.errors import LlmtrainError, OverrideError, did_you_mean
 
@@ -199,11 +198,11 @@ def eula_url(region: str, key: str | None) -> str | None:
     return f"https://{content_bucket(region)}.s3.{region}.amazonaws.com/{key}" if key else None
 
 
-def _version(text: str) -> Version:
-    try:
-        return Version(text)
-    except InvalidVersion:
-        return Version("0")
+def _version(text: str) -> tuple[int, ...]:
+    """JumpStart's versions are dotted numbers (`4.3.0`); anything else sorts first. (The launcher's
+    functions run without `packaging`.)"""
+    parts = text.split(".")
+    return tuple(int(part) for part in parts) if all(part.isdigit() for part in parts) else (-1,)
 
 
 def resolve_base_model(overrides: Mapping[str, Any], s3_client, region: str) -> BaseModel | None:
