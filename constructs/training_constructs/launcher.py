@@ -505,14 +505,15 @@ class TrainingLauncher(Construct):
         """
         jobs = self._team_jobs()
         rule = self.stack.format_arn(service="events", resource="rule", resource_name=SYNC_EVENTS_RULE)
-        conditions = job_creation_conditions(
-            team=self.team,
-            subnet_ids=list(self.platform_context["subnet_ids"]),
-            security_group_ids=list(self.platform_context["security_group_ids"]),
-            key_arn=props.storage.data_key.key_arn,
-            environment_name=props.environment_name,
-            inter_container_traffic_encryption=self.inter_container_traffic_encryption,
-        )
+        limits = {
+            "team": self.team,
+            "subnet_ids": list(self.platform_context["subnet_ids"]),
+            "security_group_ids": list(self.platform_context["security_group_ids"]),
+            "key_arn": props.storage.data_key.key_arn,
+            "environment_name": props.environment_name,
+            "inter_container_traffic_encryption": self.inter_container_traffic_encryption,
+        }
+        conditions = job_creation_conditions(**limits)
         for statement in (
             iam.PolicyStatement(
                 sid=CREATE_JOBS_SID,
@@ -535,15 +536,8 @@ class TrainingLauncher(Construct):
                 sid=CREATE_TUNING_JOBS_SID,
                 actions=["sagemaker:CreateHyperParameterTuningJob"],
                 resources=[self._team_tuning_jobs()],
-                conditions={**job_creation_conditions(
-                    team=self.team,
-                    subnet_ids=list(self.platform_context["subnet_ids"]),
-                    security_group_ids=list(self.platform_context["security_group_ids"]),
-                    key_arn=props.storage.data_key.key_arn,
-                    environment_name=props.environment_name,
-                    inter_container_traffic_encryption=self.inter_container_traffic_encryption,
-                    warm_pools=False,
-                )},
+                # Tuning jobs have no warm pools; SageMaker evaluates the other keys on them too.
+                conditions=job_creation_conditions(**limits, warm_pools=False),
             ),
             iam.PolicyStatement(
                 sid="TagTeamTuningJobs",

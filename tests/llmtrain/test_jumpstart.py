@@ -36,13 +36,17 @@ def s3(monkeypatch):
     }.items():
         monkeypatch.setenv(name, value)
     with mock_aws():
-        client = boto3.client("s3", region_name=REGION)
-        client.create_bucket(Bucket=content_bucket(REGION))
-        for path in DATA.rglob("*.json"):
-            client.put_object(
-                Bucket=content_bucket(REGION), Key=path.relative_to(DATA).as_posix(), Body=path.read_bytes()
-            )
-        yield client
+        yield put_jumpstart_catalogue()
+
+
+def put_jumpstart_catalogue():
+    """The recorded manifest and specs in moto's S3, as JumpStart's content bucket of REGION."""
+    client = boto3.client("s3", region_name=REGION)
+    client.create_bucket(Bucket=content_bucket(REGION))
+    for path in DATA.rglob("*.json"):
+        client.put_object(Bucket=content_bucket(REGION), Key=path.relative_to(DATA).as_posix(),
+                          Body=path.read_bytes())
+    return client
 
 
 def test_a_model_id_resolves_to_its_training_weights_in_the_region(s3):

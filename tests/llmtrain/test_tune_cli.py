@@ -21,12 +21,11 @@ from deployed_support import (
     team_access,
 )
 from moto import mock_aws
-from test_jumpstart import DATA as JUMPSTART_DATA
+from test_jumpstart import put_jumpstart_catalogue
 
 from llmtrain.cli import main
 from llmtrain.commands.launch import format_status
 from llmtrain.handlers.tuning import tune_trials
-from llmtrain.jumpstart import content_bucket
 from llmtrain.launcher_client import RunStatus
 from llmtrain.tuning import ParamRange, TuneSpec
 from llmtrain.validate import shape_problems
@@ -189,14 +188,7 @@ def test_a_tunes_status_lists_its_trials_and_the_best_ones_start_line():
 
 
 def test_models_ls_lists_jumpstarts_trainable_text_models(capsys, environment):
-    s3 = boto3.client("s3", region_name=REGION)
-    s3.create_bucket(Bucket=content_bucket(REGION))
-    for path in JUMPSTART_DATA.rglob("*.json"):
-        s3.put_object(
-            Bucket=content_bucket(REGION),
-            Key=path.relative_to(JUMPSTART_DATA).as_posix(),
-            Body=path.read_bytes(),
-        )
+    put_jumpstart_catalogue()
     code, out, err = llmtrain(capsys, "models", "ls", "--json")
     assert code == 0, err
     assert [m["model_id"] for m in json.loads(out)] == [
@@ -208,19 +200,8 @@ def test_models_ls_lists_jumpstarts_trainable_text_models(capsys, environment):
     assert code == 2 and "trains from scratch" in err and "llama-finetune-lora" in err
 
 
-def _jumpstart_in_moto() -> None:
-    s3 = boto3.client("s3", region_name=REGION)
-    s3.create_bucket(Bucket=content_bucket(REGION))
-    for path in JUMPSTART_DATA.rglob("*.json"):
-        s3.put_object(
-            Bucket=content_bucket(REGION),
-            Key=path.relative_to(JUMPSTART_DATA).as_posix(),
-            Body=path.read_bytes(),
-        )
-
-
 def test_start_resolves_a_jumpstart_base_model_in_the_environments_region(capsys, environment):
-    _jumpstart_in_moto()
+    put_jumpstart_catalogue()
     base = ("--set", "base_model=meta-textgeneration-llama-2-7b")
     code, _, err = llmtrain(
         capsys, "start", "llama-finetune-lora", "--run-name", "ft-1", *base, "--set", TRAIN, "--dry-run"
