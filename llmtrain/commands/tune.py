@@ -300,4 +300,10 @@ def check_tune_in_environment(
     sagemaker = cloud.session.client("sagemaker", region_name=region)
     parents = parent_tuning_jobs(sagemaker, platform, tune.warm_start_from) if tune.warm_start_from else []
     base_model = resolve_base_model(settings, cloud.session.client("s3", region_name=region), region)
-    return render_tune(template, run_name, settings, tune, platform, parents=parents, base_model=base_model)
+    from llmtrain.launcher_client import owner_from_identity
+    from llmtrain.runs import DEFAULT_OWNER
+
+    owner = owner_from_identity(cloud.identity) or DEFAULT_OWNER
+    return render_tune(
+        template, run_name, settings, tune, platform, parents=parents, base_model=base_model, owner=owner
+    )
