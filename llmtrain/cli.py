@@ -37,6 +37,7 @@ COMMAND_MODULES = (
     "llmtrain.commands.plan",
     "llmtrain.commands.plans",
     "llmtrain.commands.debug",
+    "llmtrain.commands.queue",
 )
 DISTRIBUTION = "llm-sagemaker-platform"
 FAILED = 1

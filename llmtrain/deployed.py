@@ -15,7 +15,10 @@ however many teams an environment has:
                                     its launcher renders with: its execution role, job-name prefix,
                                     datasets prefix `teams/<team>/`, templates and instance types
 
-A reader refuses a record whose `schema_version` is newer than it knows (upgrade the CLI).
+A reader refuses a record whose `schema_version` is newer than it knows (upgrade the CLI). Version
+2 adds a team's queues (`PlatformContext.queues`) and is written only where the environment has
+them: a CLI from before queues would stop a queued run without cancelling its queued job, so it is
+asked to upgrade; every other environment's record stays version 1, readable by older CLIs.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from llmtrain.aws import ENGINEER_POLICY_HINT
 from llmtrain.errors import LlmtrainError, PlatformContextError, did_you_mean
 from llmtrain.platform import ENVIRONMENT_NAME_PATTERN, TEAM_NAME_PATTERN, PlatformContext
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# The version of a record without queues (what every CLI since version 1 reads correctly).
+SCHEMA_VERSION_WITHOUT_QUEUES = 1
 PARAMETER_ROOT = "/llmtrain"
 ENVIRONMENT_PARAMETER = "environment"
 TEAMS_FOLDER = "teams"
@@ -182,7 +187,8 @@ def parameter_values(
     root = environment_path(environment)
     values = {
         f"{root}/{ENVIRONMENT_PARAMETER}": {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": SCHEMA_VERSION if any("queues" in team["platform"] for team in teams)
+            else SCHEMA_VERSION_WITHOUT_QUEUES,
             "environment": environment,
             "region": region,
             "account": account,

@@ -14,6 +14,7 @@ The file format, field by field, is documented in ``docs/infrastructure.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 from collections.abc import Mapping
@@ -43,6 +44,7 @@ from llmtrain.platform import (
     package_repository_arn,
     team_job_name_prefix,
 )
+from llmtrain.queues import policy as queue_policy
 
 __all__ = [
     "MAX_WARM_POOL_KEEP_ALIVE_SECONDS",
@@ -50,10 +52,12 @@ __all__ = [
     "EnvironmentConfig",
     "EnvironmentConfigError",
     "ExistingVpcConfig",
+    "JobQueueConfig",
     "NetworkConfig",
     "MlflowConfig",
     "NotificationConfig",
     "PackagesConfig",
+    "QueuesConfig",
     "QuotaConfig",
     "StackOutput",
     "TeamConfig",
@@ -209,6 +213,41 @@ class MlflowConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class JobQueueConfig:
+    """One job queue of the environment (`queues.job_queues.<name>`): a queue of higher ``priority``
+    (0..1000) is served first by the service environment."""
+
+    name: str
+    priority: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueuesConfig:
+    """Every run of the environment goes through an AWS Batch queue (`queues:`; off without it).
+
+    ``max_instances``: the service environment's capacity limit, instances running at once across
+    every queue. ``job_queues``: the queues, in order; ``default_queue`` takes a run that names none.
+    ``share_decay_seconds`` (0..604800) and ``compute_reservation`` (0..99 percent of the capacity
+    kept for teams with nothing running) shape the fair-share policy whose shares are the teams
+    (``TeamConfig.share_weight``). ``capacity_wait_seconds``: how long a run may wait at the head of
+    its queue for instances SageMaker does not have before Batch ends it;
+    ``misconfiguration_wait_seconds``: likewise for a run larger than ``max_instances`` (600..86400).
+    """
+
+    max_instances: int
+    job_queues: tuple[JobQueueConfig, ...]
+    default_queue: str
+    share_decay_seconds: int = 86400
+    compute_reservation: int = 0
+    capacity_wait_seconds: int = 14400
+    misconfiguration_wait_seconds: int = 600
+
+    @property
+    def queue_names(self) -> tuple[str, ...]:
+        return tuple(queue.name for queue in self.job_queues)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TeamConfig:
     """One team sharing the environment (`teams.<name>` in the file).
 
@@ -218,6 +257,9 @@ class TeamConfig:
     ``max_keep_alive_seconds`` to the environment's cap; ``notification_email`` to the
     environment's address; ``max_run_cost_usd`` (the most one run may cost as planned) to the
     environment's ``budgets.max_run_cost_usd``. ``job_name_prefix`` is `<environment prefix>-<name>`.
+    With the environment's queues: ``share_weight`` (1..999, default 1) is the team's fair share
+    relative to the other teams', ``max_priority`` (0..9999, default 0) the highest priority its runs
+    may ask for, and ``queues`` (None: every queue) the queues it may submit to.
     """
 
     name: str
@@ -229,6 +271,9 @@ class TeamConfig:
     notification_email: str | None = None
     max_run_cost_usd: float | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
+    share_weight: int = 1
+    max_priority: int = 0
+    queues: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,6 +300,14 @@ class EnvironmentConfig:
     training_plans: Mapping[str, str] = field(default_factory=dict)
     # SageMaker remote debugging (SSM into a job's container): endpoints and permissions deployed.
     remote_debug: bool = False
+    # AWS Batch queues every run goes through (None: runs create their training jobs directly).
+    queues: QueuesConfig | None = None
+
+    def team_queues(self, team: TeamConfig) -> tuple[str, ...]:
+        """The queues a team may submit to (none without the environment's queues)."""
+        if self.queues is None:
+            return ()
+        return team.queues if team.queues is not None else self.queues.queue_names
 
     def platform_features(self) -> dict[str, Any]:
         """The PlatformContext fields of the optional features (names fixed by the constructs, so a
@@ -341,6 +394,7 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
             "mlflow",
             "training_plans",
             "remote_debug",
+            "queues",
         }
     )
     region = reader.string("region", pattern=REGION_PATTERN, hint="an AWS region such as us-east-1")
@@ -361,6 +415,8 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
         notification_email=notifications.email,
         max_run_cost_usd=budgets.max_run_cost_usd,
     )
+    queues_section = reader.section("queues", required=False)
+    queues = _read_queues(queues_section) if queues_section.present else None
     return EnvironmentConfig(
         name=reader.string(
             "name",
@@ -377,13 +433,16 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
         notifications=notifications,
         budgets=budgets,
         tags=_read_tags(reader, "tags"),
-        teams=_read_teams(reader, defaults, job_name_prefix),
+        teams=_read_teams(reader, defaults, job_name_prefix, queues),
         source=source,
+        queues=queues,
         **_read_features(reader, region=region, account=account, network=network),
     )
 
 
-def _read_teams(reader: _Reader, defaults: TeamConfig, environment_prefix: str) -> tuple[TeamConfig, ...]:
+def _read_teams(
+    reader: _Reader, defaults: TeamConfig, environment_prefix: str, queues: QueuesConfig | None
+) -> tuple[TeamConfig, ...]:
     """`teams:` maps team names to their settings; without it the environment has the default team."""
     if reader.raw("teams", default=None) is None:
         return (defaults,)
@@ -400,7 +459,8 @@ def _read_teams(reader: _Reader, defaults: TeamConfig, environment_prefix: str) 
                 "that prefix)",
             )
         section = reader.section("teams").section(name, required=False)
-        read.append(_read_team(section, name, defaults, environment_prefix))
+        team = _read_team(section, name, defaults, environment_prefix)
+        read.append(_read_team_queues(section, team, queues))
     return tuple(read)
 
 
@@ -414,6 +474,9 @@ def _read_team(reader: _Reader, name: str, defaults: TeamConfig, environment_pre
             "max_run_cost_usd",
             "notifications",
             "tags",
+            "share_weight",
+            "max_priority",
+            "queues",
         }
     )
     templates = defaults.templates
@@ -452,6 +515,73 @@ def _read_team(reader: _Reader, name: str, defaults: TeamConfig, environment_pre
         max_run_cost_usd=_read_run_cost(reader, defaults.max_run_cost_usd),
         tags=_read_tags(reader, "tags"),
     )
+
+
+def _read_queues(reader: _Reader) -> QueuesConfig:
+    reader.only_keys({"max_instances", "job_queues", "default_queue", "share_decay_seconds",
+                      "compute_reservation", "capacity_wait_seconds", "misconfiguration_wait_seconds"})
+    queues = reader.raw("job_queues")
+    if not isinstance(queues, dict) or not queues:
+        reader.fail("job_queues", "must map queue names to their settings, e.g. job_queues: {standard: "
+                                  "{priority: 10}, urgent: {priority: 100}}")
+    job_queues = []
+    for name in queues:
+        if not isinstance(name, str) or not queue_policy.QUEUE_NAME_PATTERN.fullmatch(name):
+            reader.fail(f"job_queues.{name}", "is not a queue name: 1-16 lowercase letters and digits, "
+                                              "starting with a letter")
+        section = reader.section("job_queues").section(name, required=False)
+        section.only_keys({"priority"})
+        priority = section.integer("priority", default=0, minimum=0, maximum=queue_policy.MAX_QUEUE_PRIORITY)
+        job_queues.append(JobQueueConfig(name=name, priority=priority))
+    names = tuple(queue.name for queue in job_queues)
+    default_queue = reader.raw("default_queue", default=names[0])
+    if default_queue not in names:
+        reader.fail("default_queue", f"{default_queue!r} is not one of job_queues ({', '.join(names)})")
+    if reader.raw("max_instances", default=None) is None:
+        reader.fail("max_instances", "is required: the most instances the environment's runs use at once")
+    limits = (queue_policy.MIN_TIME_LIMIT_SECONDS, queue_policy.MAX_TIME_LIMIT_SECONDS)
+    return QueuesConfig(
+        max_instances=reader.integer("max_instances", default=1, minimum=1),
+        job_queues=tuple(job_queues),
+        default_queue=default_queue,
+        share_decay_seconds=reader.integer("share_decay_seconds", default=QueuesConfig.share_decay_seconds,
+                                           minimum=0, maximum=queue_policy.MAX_SHARE_DECAY_SECONDS),
+        compute_reservation=reader.integer("compute_reservation", default=0, minimum=0,
+                                           maximum=queue_policy.MAX_COMPUTE_RESERVATION),
+        capacity_wait_seconds=reader.integer("capacity_wait_seconds",
+                                             default=QueuesConfig.capacity_wait_seconds,
+                                             minimum=limits[0], maximum=limits[1]),
+        misconfiguration_wait_seconds=reader.integer("misconfiguration_wait_seconds",
+                                                     default=QueuesConfig.misconfiguration_wait_seconds,
+                                                     minimum=limits[0], maximum=limits[1]),
+    )
+
+
+def _read_team_queues(reader: _Reader, team: TeamConfig, queues: QueuesConfig | None) -> TeamConfig:
+    """A team's place in the environment's queues: its share weight, highest priority and queues."""
+    asked = [key for key in ("share_weight", "max_priority", "queues") if key in reader.data]
+    if queues is None:
+        if asked:
+            reader.fail(asked[0], "the environment has no queues: add a queues: section to the environment, "
+                                  "or remove this field")
+        return team
+    weight = reader.raw("share_weight", default=1)
+    problem = queue_policy.share_weight_problem(weight)
+    if problem:
+        reader.fail("share_weight", problem)
+    max_priority = reader.integer("max_priority", default=0, minimum=0,
+                                  maximum=queue_policy.MAX_SCHEDULING_PRIORITY)
+    own = None
+    if "queues" in reader.data:
+        own = reader.string_list("queues", min_items=1)
+        unknown = [name for name in own if name not in queues.queue_names]
+        if unknown:
+            reader.fail("queues", f"{', '.join(unknown)} not among the environment's queues.job_queues "
+                                  f"({', '.join(queues.queue_names)})")
+    if team.max_instance_count is not None and team.max_instance_count > queues.max_instances:
+        reader.fail("max_instance_count", f"{team.max_instance_count} exceeds queues.max_instances "
+                                          f"({queues.max_instances}): such a run could never leave the queue")
+    return dataclasses.replace(team, share_weight=weight, max_priority=max_priority, queues=own)
 
 
 def _read_features(reader: _Reader, *, region: str, account: str, network: NetworkConfig) -> dict[str, Any]:

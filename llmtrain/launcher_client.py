@@ -30,6 +30,8 @@ from llmtrain.deployed import DeployedEnvironment, TeamAccess
 from llmtrain.errors import LlmtrainError, did_you_mean
 from llmtrain.handlers.launcher import final_metrics, run_jobs
 from llmtrain.handlers.tuning import tune_trials, tuning_jobs
+from llmtrain.queues import jobs as queue_jobs
+from llmtrain.queues.context import TeamQueues
 from llmtrain.runs import ExecutionInput
 
 LAUNCHER_STACK_PART = "launcher"
@@ -75,6 +77,8 @@ class RunStatus:
     # The run's execution input (template, version, overrides) and all its executions, oldest first.
     run_input: Mapping[str, Any] = field(default_factory=dict)
     executions: list[str] = field(default_factory=list)
+    # Where the environment has queues: the run's latest service job (llmtrain.queues.jobs.QueuedRun).
+    queue: Mapping[str, Any] | None = None
     # A tune's tuning job and its trials (llmtrain.handlers.tuning), None for a run of one job.
     tuning: Mapping[str, Any] | None = None
 
@@ -99,6 +103,7 @@ class RunStatus:
             "job": dict(self.job) if self.job else None,
             "metrics": self.metrics,
             "notes": self.notes,
+            "queue": dict(self.queue) if self.queue else None,
             "tuning": dict(self.tuning) if self.tuning else None,
         }
 
@@ -144,12 +149,14 @@ class LauncherClient:
         state_machine_arn: str,
         job_name_prefix: str,
         identity: Mapping[str, Any] | None = None,
+        queues: TeamQueues | None = None,
     ):
         self.session = session
         self.identity = dict(identity or {})
         self.region = region
         self.state_machine_arn = state_machine_arn
         self.job_name_prefix = job_name_prefix
+        self.queues = queues
         self._clients: dict[str, Any] = {}
 
     @classmethod
@@ -167,6 +174,7 @@ class LauncherClient:
             state_machine_arn=team.state_machine_arn,
             job_name_prefix=team.job_name_prefix,
             identity=identity,
+            queues=team.platform.queues,
         )
 
     def client(self, service: str):
@@ -235,6 +243,8 @@ class LauncherClient:
         overrides: Mapping[str, Any],
         owner: str | None = None,
         skip_plan_check: bool = False,
+        queue: str | None = None,
+        priority: int | None = None,
         tune: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """Start the run's next execution; returns it and the run's previous execution (or None).
@@ -252,6 +262,8 @@ class LauncherClient:
             overrides=overrides,
             owner=owner,
             skip_plan_check=skip_plan_check,
+            queue=queue,
+            priority=priority,
             tune=tune,
         )
         executions = self.run_executions(run_name)
@@ -275,9 +287,41 @@ class LauncherClient:
     # -- following ------------------------------------------------------------------------------------
 
     def jobs(self, run_name: str) -> list[dict[str, Any]]:
-        """The run's training jobs, oldest attempt first: `{"attempt", "job_name", "status"}`."""
+        """The run's training jobs, oldest attempt first: `{"attempt", "job_name", "status"}`. Where
+        the environment has queues, an attempt is its service job: `job_name` is the training job
+        Batch created for it (None while it waits), `service_job` the service job's."""
         with explained("listing the run's training jobs"):
-            return run_jobs(self.client("sagemaker"), self.job_name_prefix, run_name)
+            found = run_jobs(self.client("sagemaker"), self.job_name_prefix, run_name)
+        if self.queues is None:
+            return found
+        by_attempt = {job["attempt"]: job for job in found}
+        for job in self._service_jobs(run_name):
+            arn = job["training_job_arn"]
+            by_attempt[job["attempt"]] = {
+                "attempt": job["attempt"],
+                "job_name": arn.rsplit("/", 1)[-1] if arn else None,
+                "status": job["status"],
+                "service_job": job["job_name"],
+                "batch_status": job["batch_status"],
+            }
+        return [by_attempt[attempt] for attempt in sorted(by_attempt)]
+
+    def _service_jobs(self, run_name: str) -> list[dict[str, Any]]:
+        with explained("listing the run's jobs in the environment's queues"):
+            return queue_jobs.run_service_jobs(self.client("batch"), list(self.queues.queue_arns.values()),
+                                               f"{self.job_name_prefix}-{run_name}-a")
+
+    def queued(self, run_name: str) -> queue_jobs.QueuedRun | None:
+        """The run's latest service job as the run's state shows it (None without queues or jobs)."""
+        if self.queues is None:
+            return None
+        found = self._service_jobs(run_name)
+        if not found:
+            return None
+        latest = found[-1]
+        with explained("reading the run's place in its queue"):
+            return queue_jobs.queued_run_of(self.client("batch"), latest["summary"], latest["queue_arn"],
+                                            share=self.queues.share_identifier)
 
     def status(self, run_name: str) -> RunStatus:
         executions = self.run_executions(run_name)
@@ -287,7 +331,8 @@ class LauncherClient:
         if _input(execution).get("tune") is not None:
             return self._tune_status(run_name, execution, executions)
         jobs = self.jobs(run_name)
-        job = self._describe_job(jobs[-1]["job_name"]) if jobs else None
+        job = self._describe_job(jobs[-1]["job_name"]) if jobs and jobs[-1]["job_name"] else None
+        queued = self.queued(run_name)
         metrics, notes = final_metrics(job) if job else {}, []
         if job and not metrics:
             try:
@@ -311,6 +356,7 @@ class LauncherClient:
             notes=notes,
             run_input=_input(execution),
             executions=[e["name"] for e in executions],
+            queue={**queued.to_dict(), "message": queued.describe()} if queued else None,
         )
 
     def tuning(self, run_name: str) -> dict[str, Any] | None:
@@ -386,14 +432,23 @@ class LauncherClient:
         }
 
     def stop(self, run_name: str, *, by: str | None = None) -> dict[str, Any]:
+        """Stop the run's execution. Where the environment has queues, its service jobs still queued
+        or running are terminated first (stopping an execution does not end them; Batch stops the
+        training job of one that runs): `execution["cancelled"]` names them."""
         execution = self.find_execution(run_name)
         if execution["status"] != "RUNNING":
             raise LauncherError(f"run {run_name!r} is not running (its execution is {execution['status']})")
+        reason = f"llmtrain stop {run_name}" + (f" by {by}" if by else "")
+        if self.queues is not None:
+            with explained(f"cancelling run {run_name!r}'s queued job"):
+                execution["cancelled"] = queue_jobs.cancel_run(
+                    self.client("batch"), list(self.queues.queue_arns.values()),
+                    f"{self.job_name_prefix}-{run_name}-a", reason)
         try:
             self.client("stepfunctions").stop_execution(
                 executionArn=execution["executionArn"],
                 error="StoppedByUser",
-                cause=f"llmtrain stop {run_name}" + (f" by {by}" if by else ""),
+                cause=reason,
             )
         except ClientError as error:
             raise _launcher_error(error, f"stopping run {run_name!r}") from error
@@ -410,6 +465,9 @@ class LauncherClient:
                 f"{which} {run_name!r} has no training job yet; see `llmtrain status {run_name}`"
             )
         job_name = jobs[-1]["job_name"]
+        if job_name is None:
+            raise LauncherError(f"run {run_name!r} waits in its queue: it has no training job yet; see "
+                                f"`llmtrain status {run_name}`")
         logs = self.client("logs")
         with explained(f"reading the logs of {job_name}"):
             pages = logs.get_paginator("describe_log_streams").paginate(
@@ -453,7 +511,7 @@ class LauncherClient:
                               started=_time(executions[-1].get("startDate")), billable_seconds=None,
                               executions=len(executions), kind="tune",
                               trials=len(tuning["trials"]) if tuning else 0)
-        jobs = [self._describe_job(job["job_name"]) for job in self.jobs(run_name)]
+        jobs = [self._describe_job(job["job_name"]) for job in self.jobs(run_name) if job["job_name"]]
         resources = (jobs[-1].get("ResourceConfig") or {}) if jobs else {}
         billable = [
             job["BillableTimeInSeconds"] for job in jobs if job.get("BillableTimeInSeconds") is not None

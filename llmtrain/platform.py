@@ -20,6 +20,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from llmtrain.errors import PlatformContextError
+from llmtrain.queues.context import TeamQueues
 
 # Shared with llmtrain.environments (config/<env>.yaml); both match with fullmatch.
 REGION_PATTERN = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d")
@@ -120,6 +121,9 @@ class PlatformContext:
     training_plans: Mapping[str, str] = field(default_factory=dict)
     # Whether jobs may enable SageMaker remote debugging (SSM endpoints and permissions deployed).
     remote_debug: bool = False
+    # The team's AWS Batch queues (llmtrain.queues.context) where the environment has queues: its
+    # runs are submitted to them instead of creating their training jobs. None: no queues.
+    queues: TeamQueues | None = None
 
     @property
     def data_prefix(self) -> str:
@@ -136,6 +140,7 @@ class PlatformContext:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if isinstance(self.training_plans, Mapping):
             object.__setattr__(self, "training_plans", dict(self.training_plans))
+        object.__setattr__(self, "queues", TeamQueues.from_value(self.queues))
         problems = list(self._problems())
         if problems:
             raise PlatformContextError("invalid platform context: " + "; ".join(problems))
@@ -211,6 +216,11 @@ class PlatformContext:
         for name in ("subnet_ids", "security_group_ids", "allowed_templates", "allowed_instance_types"):
             data[name] = list(data[name])
         data["training_plans"] = dict(self.training_plans)
+        # Left out without queues: a context written before queues reads the same.
+        if self.queues is None:
+            del data["queues"]
+        else:
+            data["queues"] = self.queues.to_dict()
         return data
 
     @classmethod

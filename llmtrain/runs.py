@@ -23,12 +23,14 @@ from typing import Any
 
 from llmtrain.catalog import LATEST
 from llmtrain.errors import LlmtrainError
+from llmtrain.queues.policy import QUEUE_NAME_PATTERN, priority_problem
 from llmtrain.render import RUN_NAME_PATTERN
 from llmtrain.tuning import TuneSpec
 
 INPUT_SHAPE = (
     '{"template": NAME, "version": SEMVER or "latest", "run_name": NAME, "overrides": {SETTING: VALUE}, '
-    '"owner": TEXT, "skip_plan_check": BOOLEAN, "tune": {...} (a tune, llmtrain.tuning.TuneSpec)}'
+    '"owner": TEXT, "skip_plan_check": BOOLEAN, "queue": NAME, "priority": 0..9999, '
+    '"tune": {...} (a tune, llmtrain.tuning.TuneSpec)}'
 )
 DEFAULT_OWNER = "launcher"
 
@@ -53,8 +55,11 @@ class ExecutionInput:
     """One execution of the launcher: which template version to run, under which run name.
 
     ``skip_plan_check`` starts a run the planner predicts will not fit its GPUs (never one above the
-    team's budget). ``tune`` makes the run a tune (`llmtrain.tuning.TuneSpec.to_dict`): a SageMaker
-    tuning job whose trials are runs of the template."""
+    team's budget). Where the environment has queues, ``queue`` names the team's queue the run
+    waits in (None: the team's default) and ``priority`` its scheduling priority there (None: 0, at
+    most the team's `max_priority`; Resolve checks both against the team). ``tune`` makes the run a
+    tune (`llmtrain.tuning.TuneSpec.to_dict`): a SageMaker tuning job whose trials are runs of the
+    template."""
 
     template: str
     run_name: str
@@ -62,6 +67,8 @@ class ExecutionInput:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     owner: str | None = None
     skip_plan_check: bool = False
+    queue: str | None = None
+    priority: int | None = None
     tune: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -91,7 +98,7 @@ class ExecutionInput:
         values = dict(data)
         if values.get("overrides", {}) is None:
             raise InvalidRunInput("'overrides' must be an object of setting name to value, got null")
-        for name in ("owner", "skip_plan_check", "tune"):
+        for name in ("owner", "skip_plan_check", "queue", "priority", "tune"):
             if name in values and values[name] is None:
                 del values[name]
         return cls(**values)
@@ -107,6 +114,9 @@ class ExecutionInput:
             data["owner"] = self.owner
         if self.skip_plan_check:
             data["skip_plan_check"] = True
+        for name in ("queue", "priority"):
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
         if self.tune is not None:
             data["tune"] = dict(self.tune)
         return data
@@ -136,7 +146,20 @@ def _input_problem(execution: ExecutionInput) -> str | None:
             TuneSpec.from_dict(execution.tune)
         except LlmtrainError as error:
             return f"'tune': {error}"
-    return run_name_problem(execution.run_name)
+    return _queue_problem(execution) or run_name_problem(execution.run_name)
+
+
+def _queue_problem(execution: ExecutionInput) -> str | None:
+    if execution.queue is not None and not (
+        isinstance(execution.queue, str) and QUEUE_NAME_PATTERN.fullmatch(execution.queue)
+    ):
+        return f"'queue' must name one of the environment's queues (lowercase letters and digits), got " \
+               f"{execution.queue!r:.80}"
+    if execution.priority is not None:
+        problem = priority_problem(execution.priority)
+        if problem:
+            return f"'priority' {problem:.200}"
+    return None
 
 
 def run_name_problem(run_name: str) -> str | None:
@@ -220,6 +243,9 @@ class RunState:
     history: tuple[AttemptRecord, ...] = ()
     # The planner's figures for the run (llmtrain.planner.checks.plan_state), for its summary.
     plan: Mapping[str, Any] | None = None
+    # Where the environment has queues: the run's queue (its name) and priority, for every attempt.
+    queue: str | None = None
+    priority: int | None = None
     # A tune's search (llmtrain.tuning.TuneSpec.to_dict); None for a run of one training job.
     tune: Mapping[str, Any] | None = None
     # The JumpStart base model resolved at Resolve (llmtrain.jumpstart.BaseModel.to_dict): every

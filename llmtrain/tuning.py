@@ -38,7 +38,7 @@ from llmtrain.spec import (
     RESOURCE_SETTINGS,
     TemplateSpec,
 )
-from llmtrain.validate import job_name_problems, shape_problems
+from llmtrain.validate import input_problems, job_name_problems
 
 # `--strategy` -> SageMaker's HyperParameterTuningJobConfig.Strategy.
 STRATEGIES = {"bayesian": "Bayesian", "random": "Random", "hyperband": "Hyperband"}
@@ -477,7 +477,7 @@ def decoded_hyperparameters(request: Mapping[str, Any]) -> dict[str, Any]:
 def validate_tuning_request(request: Mapping[str, Any], platform: PlatformContext) -> None:
     """botocore's CreateHyperParameterTuningJob shape (with min/max/pattern/enum) and the team's
     job-name prefix."""
-    problems = shape_problems(request, TUNING_OPERATION)
+    problems = input_problems("sagemaker", TUNING_OPERATION, request)
     problems += job_name_problems(request.get("HyperParameterTuningJobName", ""), platform.job_name_prefix)
     if problems:
         raise RequestValidationError(problems)

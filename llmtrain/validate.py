@@ -32,15 +32,15 @@ JOB_NAME_MAX = 63
 
 
 @cache
-def operation_input_shape(operation: str) -> Shape:
-    """botocore's input shape of a sagemaker operation (from the installed service model)."""
-    model = botocore.session.get_session().get_service_model("sagemaker")
+def input_shape(service: str, operation: str) -> Shape:
+    """botocore's input shape of one operation (from the installed service model)."""
+    model = botocore.session.get_session().get_service_model(service)
     return model.operation_model(operation).input_shape
 
 
 def create_training_job_shape() -> Shape:
     """botocore's input shape of sagemaker:CreateTrainingJob."""
-    return operation_input_shape("CreateTrainingJob")
+    return input_shape("sagemaker", "CreateTrainingJob")
 
 
 @cache
@@ -49,13 +49,18 @@ def _compiled(pattern: str) -> regex.Pattern:
     return regex.compile(pattern)
 
 
-def shape_problems(request: Mapping[str, Any], operation: str = "CreateTrainingJob") -> list[str]:
-    """Everything botocore's validator reports for the operation's input, then the constraints it
-    does not check."""
-    shape = operation_input_shape(operation)
-    report = ParamValidator().validate(request, shape)
+def shape_problems(request: Mapping[str, Any]) -> list[str]:
+    """Everything botocore's validator reports on a CreateTrainingJob request, then the constraints
+    it does not check."""
+    return input_problems("sagemaker", "CreateTrainingJob", request)
+
+
+def input_problems(service: str, operation: str, params: Mapping[str, Any]) -> list[str]:
+    """botocore's validator on one operation's input, then its max/pattern/enum constraints."""
+    shape = input_shape(service, operation)
+    report = ParamValidator().validate(params, shape)
     problems = report.generate_report().splitlines() if report.has_errors() else []
-    problems.extend(constraint_problems(request, shape, operation))
+    problems.extend(constraint_problems(params, shape, operation))
     return problems
 
 

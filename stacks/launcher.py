@@ -15,6 +15,7 @@ from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage
 from training_constructs.deployed_environment import DeployedEnvironmentProps, DeployedEnvironmentRecord
 from training_constructs.job_template import JobTemplate, JobTemplateProps
 from training_constructs.launcher import TrainingLauncher, TrainingLauncherProps
+from training_constructs.queues import JobQueueSpec, TrainingQueues, TrainingQueuesProps
 from training_constructs.teams import TeamSpec
 
 
@@ -41,8 +42,11 @@ class LauncherStack(Stack):
     code bucket once, and each team's registry holds the versions of the templates it may run. The
     environment's record for the CLI (SSM, `/llmtrain/<env>/`, one entry per team) is written here
     too, readable by every team's engineers' policy.
-    Attributes: ``launchers`` (by team), ``job_templates`` (by `name@version`),
-    ``environment_record``. Outputs: per team `Team<Name>StateMachineArn` and
+    Where the environment has queues (`queues:`), its AWS Batch queues are here too: they hold no
+    data (a queued run resumes from its checkpoints when started again), and the launchers that
+    submit to them are their only users.
+    Attributes: ``launchers`` (by team), ``job_templates`` (by `name@version`), ``queues``
+    (``TrainingQueues``, or None), ``environment_record``. Outputs: per team `Team<Name>StateMachineArn` and
     `Team<Name>NotificationTopicArn`; with a single team also the bare `StateMachineArn` and
     `NotificationTopicArn`.
     """
@@ -81,6 +85,7 @@ class LauncherStack(Stack):
             for name in config.enabled_templates
             for version in catalog.versions(name)
         }
+        self.queues = _queues(self, config, teams)
         self.launchers = {
             team.name: self._launcher(config, team, network, storage, access) for team in teams
         }
@@ -115,6 +120,7 @@ class LauncherStack(Stack):
                 inter_container_traffic_encryption=config.network.inter_container_traffic_encryption,
                 state_machine_name=state_machine_name(team),
                 platform_features=config.platform_features(),
+                queues=self.queues,
             ),
         )
         for key, value, description in (
@@ -127,3 +133,24 @@ class LauncherStack(Stack):
             if len(config.teams) == 1:  # as before teams, for the clients that read the bare keys
                 output(self, key, value, description)
         return launcher
+
+
+def _queues(stack: Stack, config: EnvironmentConfig, teams: Sequence[TeamSpec]) -> TrainingQueues | None:
+    queues = config.queues
+    if queues is None:
+        return None
+    return TrainingQueues(
+        stack,
+        "Queues",
+        TrainingQueuesProps(
+            environment_name=config.name,
+            teams=teams,
+            max_instances=queues.max_instances,
+            job_queues=[JobQueueSpec(name=q.name, priority=q.priority) for q in queues.job_queues],
+            default_queue=queues.default_queue,
+            share_decay_seconds=queues.share_decay_seconds,
+            compute_reservation=queues.compute_reservation,
+            capacity_wait_seconds=queues.capacity_wait_seconds,
+            misconfiguration_wait_seconds=queues.misconfiguration_wait_seconds,
+        ),
+    )

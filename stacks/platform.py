@@ -16,6 +16,7 @@ from stacks.operations import OperationsStack
 from stacks.services import ServicesStack, grant_team_features
 from stacks.storage import StorageStack
 from stacks.teams import team_specs
+from training_constructs.queues import grant_engineer_queue_access
 
 
 class PlatformStage(Stage):
@@ -56,6 +57,9 @@ class PlatformStage(Stage):
         for team in self.teams:
             # By the launcher's fixed name: a reference would make the access stack depend on the launcher's.
             self.access.access.teams[team.name].allow_launcher(state_machine_arn(self.access, team))
+            if config.queues is not None:  # likewise the queues, by their fixed names
+                grant_engineer_queue_access(self.access.access.teams[team.name], config.name,
+                                            config.queues.queue_names)
         # Alarms and job events of the whole environment go to the operations topic (the environment's
         # address); each team's run summaries go to its launcher's topic.
         launchers = self.launcher.launchers.values()

@@ -28,4 +28,7 @@ def _team_spec(team: TeamConfig, catalog: Catalog) -> TeamSpec:
         notification_email=team.notification_email,
         max_run_cost_usd=team.max_run_cost_usd,
         tags=team.tags,
+        share_weight=team.share_weight,
+        max_priority=team.max_priority,
+        queues=team.queues or (),
     )

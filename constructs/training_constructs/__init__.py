@@ -26,6 +26,7 @@ from training_constructs.mlflow import TrainingMlflow, TrainingMlflowProps
 from training_constructs.network import ExistingVpcAttributes, TrainingNetwork, TrainingNetworkProps
 from training_constructs.operations import TemplateMetrics, TrainingOperations, TrainingOperationsProps
 from training_constructs.packages import TrainingPackages, TrainingPackagesProps
+from training_constructs.queues import JobQueueSpec, TrainingQueues, TrainingQueuesProps
 from training_constructs.resources import ExistingNetwork, ExistingStorage, NetworkResources, StorageResources
 from training_constructs.storage import TrainingStorage, TrainingStorageProps
 from training_constructs.teams import TeamSpec
@@ -37,6 +38,7 @@ __all__ = [
     "ExistingStorage",
     "ExistingVpcAttributes",
     "JobTemplate",
+    "JobQueueSpec",
     "JobTemplateProps",
     "NetworkResources",
     "PropsError",
@@ -59,6 +61,8 @@ __all__ = [
     "TrainingOperationsProps",
     "TrainingPackages",
     "TrainingPackagesProps",
+    "TrainingQueues",
+    "TrainingQueuesProps",
     "TrainingStorage",
     "TrainingStorageProps",
     "guardrail_statements",

@@ -31,6 +31,25 @@ An execution's input is `{"template": NAME, "version": SEMVER|"latest", "run_nam
 - Both outcomes publish the run's summary to the SNS topic; it is the execution's output (or, on
   failure, the execution's error and cause).
 
+Where the team's environment has queues (``queues``: a ``TrainingQueues``), an attempt is submitted
+to AWS Batch instead of created, and followed:
+
+    ... Rejected? ─> SubmitToQueue ─> Watch ─> InQueue? ── SUCCEEDED ─> Summarize ...
+                        ^   │ error      ^        │ FAILED ─> NextAttempt ...
+                        │   v            │        v otherwise
+                  (retry)  NextAttempt   └── WaitInQueue ($.queue.wait_seconds)
+
+- SubmitToQueue calls ``batch:SubmitServiceJob`` (an AWS SDK integration: Step Functions has no
+  optimized one for service jobs) with the request Resolve or NextAttempt built and checked
+  (``$.submission``: the rendered CreateTrainingJob request as the payload, the run's queue and
+  priority, its tags), under the team's own share identifier, which the definition fixes.
+- Watch (a function: ``llmtrain.handlers.queue.watch``) reads the service job: ``$.queue`` is the
+  run's state (QUEUED with its place and the team's share usage, STARTING, TRAINING), and at the
+  end the training job's description or the failure NextAttempt classifies. Capacity SageMaker
+  lacks keeps the job waiting in its queue (Batch's doing), not a failed attempt; a job the queue's
+  capacity time limit ended moves to the next fallback type, or ends the run.
+- Stopping the execution does not end the service job: ``llmtrain stop`` terminates it first.
+
 The job-template registry is the set of `JobTemplate`s given: their YAML is bundled into the
 functions' code (`templates/<name>/<version>.yaml`), so `name@version` and `name@latest` resolve
 to exactly the versions this deployment uploaded; the code itself is at the JobTemplate's
@@ -61,6 +80,7 @@ from llmtrain.handlers import tuning as tuning_handlers
 from llmtrain.handlers.quotas import template_instance_types
 from llmtrain.jumpstart import MANIFEST_KEY, content_bucket
 from llmtrain.platform import FEATURE_FIELDS, PlatformContext
+from llmtrain.queues import policy as queue_policy
 from llmtrain.render import TAG_PREFIX, RunInput, render
 from training_constructs._functions import logged_function
 from training_constructs._props import PropsError, checked_props, require
@@ -68,6 +88,7 @@ from training_constructs.job_template import JobTemplate
 from training_constructs.lambda_code import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, lambda_code
 from training_constructs.nag import acknowledge_wildcards
 from training_constructs.notifications import encrypted_topic
+from training_constructs.queues import TrainingQueues
 from training_constructs.resources import NetworkResources, StorageResources, check_network, check_storage
 from training_constructs.teams import (
     CREATE_JOBS_SID,
@@ -131,6 +152,8 @@ class TrainingLauncherProps:
     ``platform_features``: the environment's optional features, as PlatformContext fields
       (``llmtrain.platform.FEATURE_FIELDS``: the CodeArtifact repository, the MLflow tracking server,
       the training plans runs may use, remote debugging); rendered into every request.
+    ``queues``: the environment's queues (``TrainingQueues``, which ``team`` shares): runs are submitted
+      to them instead of creating their training jobs. None: no queues.
     """
 
     job_templates: Sequence[JobTemplate]
@@ -144,6 +167,7 @@ class TrainingLauncherProps:
     existing_encryption_key: kms.IKey | None = None
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_YEAR
     platform_features: Mapping[str, Any] = field(default_factory=dict)
+    queues: TrainingQueues | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "job_templates", tuple(self.job_templates))
@@ -158,7 +182,7 @@ class TrainingLauncher(Construct):
     ``resolve_function``, ``next_attempt_function``, ``summarize_function``, ``functions`` (by
     step), ``log_group`` (the state machine's), ``function_log_groups``, ``train_states`` (by
     layout), ``job_templates``, ``team``, ``platform_context`` (what the functions receive, with
-    tokens), ``props``.
+    tokens), ``props``; with queues also ``watch_function`` and ``submit_state``.
     """
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingLauncherProps) -> None:
@@ -196,6 +220,9 @@ class TrainingLauncher(Construct):
             "run_budget_usd": team.max_run_cost_usd,
             **features,
         }
+        self.queues = props.queues
+        if self.queues is not None:
+            self.platform_context["queues"] = self.queues.team_context(team.name)
         notifications = encrypted_topic(
             self,
             display_name=f"LLM training runs ({props.environment_name}, team {team.name})",
@@ -247,17 +274,15 @@ class TrainingLauncher(Construct):
             iam.PolicyStatement(sid="ReadJumpStartCatalogue", actions=["s3:GetObject"],
                                 resources=[f"{jumpstart}/{MANIFEST_KEY}", f"{jumpstart}/*specs*.json"])
         )
-        acknowledge_wildcards(
-            self.resolve_function.role,
-            {
-                "ListRunJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListTrainingJobs"],
-                "ListTuneJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListHyperParameterTuningJobs"],
-                "ReadJumpStartCatalogue": "JumpStart's model specs, one JSON file per model version, under "
-                "its public content bucket's folders",
-                "ReadRunJobTags": "the tags of the team's jobs, named per run and attempt under the team's "
-                "job-name prefix",
-            },
-        )
+        self._resolve_reasons = {
+            "ListRunJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListTrainingJobs"],
+            "ListTuneJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListHyperParameterTuningJobs"],
+            "ReadJumpStartCatalogue": "JumpStart's model specs, one JSON file per model version, under "
+            "its public content bucket's folders",
+            "ReadRunJobTags": "the tags of the team's jobs, named per run and attempt under the team's "
+            "job-name prefix",
+        }
+        acknowledge_wildcards(self.resolve_function.role, self._resolve_reasons)
         self.next_attempt_function = self._function(
             "NextAttemptFunction", code, "next_attempt", "Classifies a failed attempt and plans the retry"
         )
@@ -267,15 +292,26 @@ class TrainingLauncher(Construct):
             "next_attempt": self.next_attempt_function,
             "summarize": self.summarize_function,
         }
+        if self.queues is not None:
+            self.watch_function = self._function(
+                "WatchFunction", code, "watch", "Reads a queued run's service job",
+                module="llmtrain.handlers.queue",
+            )
+            self.functions["watch"] = self.watch_function
+            # Resolve finds a run's earlier attempts among its service jobs; Watch follows them.
+            self._resolve_reasons.update(self.queues.grant_follow(self.resolve_function, self.team.name))
+            acknowledge_wildcards(self.watch_function.role,
+                                  self.queues.grant_follow(self.watch_function, self.team.name))
 
     def _function(
-        self, construct_id: str, code: lambda_.Code, handler: str, description: str
+        self, construct_id: str, code: lambda_.Code, handler: str, description: str,
+        module: str = "llmtrain.handlers.launcher",
     ) -> lambda_.Function:
         function, log_group = logged_function(
             self,
             construct_id,
             code=code,
-            handler=f"llmtrain.handlers.launcher.{handler}",
+            handler=f"{module}.{handler}",
             description=f"Launcher: {description}",
             runtime=LAMBDA_RUNTIME,
             architecture=LAMBDA_ARCHITECTURE,
@@ -335,9 +371,6 @@ class TrainingLauncher(Construct):
             {"run": sfn.JsonPath.object_at("$.run"), "job": sfn.JsonPath.object_at("$.job")},
         )
         summarize.next(notify_success)
-        choose_layout = sfn.Choice(
-            self, "ChooseRequestLayout", comment="One CreateTrainingJob state per set of request fields"
-        )
         next_attempt = self._invoke(
             "NextAttempt",
             self.next_attempt_function,
@@ -347,34 +380,17 @@ class TrainingLauncher(Construct):
                 "failure": sfn.JsonPath.object_at("$.failure"),
             },
         )
-        for layout, fields in self.request_layouts.items():
-            train = self._train_state(layout, fields, execution_role)
-            train.add_catch(next_attempt, errors=["States.ALL"], result_path="$.failure")
-            train.next(summarize)
-            choose_layout.when(sfn.Condition.string_equals("$.layout", layout), train)
-            self.train_states[layout] = train
-        self.tune_states: dict[str, sfn.CustomState] = {}
-        for layout, fields in tuning_handlers.TUNE_LAYOUTS.items():
-            tune = self._tune_state(layout, fields)
-            tune.add_catch(next_attempt, errors=["States.ALL"], result_path="$.failure")
-            tune.next(summarize)
-            choose_layout.when(sfn.Condition.string_equals("$.layout", layout), tune)
-            self.tune_states[layout] = tune
-        choose_layout.otherwise(
-            sfn.Fail(
-                self,
-                "UnknownRequestLayout",
-                error="LauncherStateError",
-                cause="the functions chose a request layout this state machine lacks",
-            )
-        )
+        if self.queues is None:
+            start_attempt = self._training_job_states(execution_role, next_attempt, summarize)
+        else:
+            start_attempt = self._queue_states(next_attempt, summarize)
         wait = sfn.Wait(
             self,
             "WaitBeforeRetry",
             time=sfn.WaitTime.seconds_path("$.wait_seconds"),
             comment="Backoff before the next attempt (never a tight loop)",
         )
-        wait.next(choose_layout)
+        wait.next(start_attempt)
         next_attempt.next(
             sfn.Choice(self, "RetryOrGiveUp")
             .when(sfn.Condition.string_equals("$.decision", "retry"), wait)
@@ -398,14 +414,97 @@ class TrainingLauncher(Construct):
             },
         )
         launcher_error = self._launcher_error(notify_failure)
-        for step in (resolve, next_attempt, summarize):
+        for step in (resolve, next_attempt, summarize, *self._watch_states):
             step.add_catch(launcher_error, errors=["States.ALL"], result_path="$.error")
         rejected = (
             sfn.Choice(self, "Rejected", comment="Bad input ends here, before any training job exists")
             .when(sfn.Condition.is_present("$.summary"), notify_failure)
-            .otherwise(choose_layout)
+            .otherwise(start_attempt)
         )
         return read_input.next(resolve).next(rejected)
+
+    def _training_job_states(
+        self, execution_role: iam.IRole, next_attempt: sfn.State, summarize: sfn.State
+    ) -> sfn.Choice:
+        """One CreateTrainingJob .sync state per request layout, and the Choice between them."""
+        self._watch_states: list[sfn.TaskStateBase] = []
+        choose_layout = sfn.Choice(
+            self, "ChooseRequestLayout", comment="One CreateTrainingJob state per set of request fields"
+        )
+        for layout, fields in self.request_layouts.items():
+            train = self._train_state(layout, fields, execution_role)
+            train.add_catch(next_attempt, errors=["States.ALL"], result_path="$.failure")
+            train.next(summarize)
+            choose_layout.when(sfn.Condition.string_equals("$.layout", layout), train)
+            self.train_states[layout] = train
+        # `llmtrain tune`: a SageMaker tuning job instead of a training job (llmtrain.handlers.tuning).
+        self.tune_states: dict[str, sfn.CustomState] = {}
+        for layout, fields in tuning_handlers.TUNE_LAYOUTS.items():
+            tune = self._tune_state(layout, fields)
+            tune.add_catch(next_attempt, errors=["States.ALL"], result_path="$.failure")
+            tune.next(summarize)
+            choose_layout.when(sfn.Condition.string_equals("$.layout", layout), tune)
+            self.tune_states[layout] = tune
+        choose_layout.otherwise(
+            sfn.Fail(
+                self,
+                "UnknownRequestLayout",
+                error="LauncherStateError",
+                cause="the functions chose a request layout this state machine lacks",
+            )
+        )
+        return choose_layout
+
+    def _queue_states(self, next_attempt: sfn.State, summarize: sfn.State) -> sfn.CustomState:
+        """Submit the attempt to the team's queue, then watch its service job until it ends."""
+        submission = {
+            f"{name}.$": f"$.submission.{key}"
+            for name, key in (("JobName", "jobName"), ("JobQueue", "jobQueue"),
+                              ("ServiceRequestPayload", "serviceRequestPayload"),
+                              ("SchedulingPriority", "schedulingPriority"), ("Tags", "tags"))
+        }
+        self.submit_state = sfn.CustomState(
+            self,
+            "SubmitToQueue",
+            state_json={
+                "Type": "Task",
+                "Comment": "Queue the attempt's training job (AWS Batch service job) under the team's share",
+                "Resource": f"arn:{Aws.PARTITION}:states:::aws-sdk:batch:submitServiceJob",
+                "Parameters": {
+                    **submission,
+                    "ServiceJobType": queue_policy.SERVICE_JOB_TYPE,
+                    "ShareIdentifier": queue_policy.share_identifier(self.team.name),
+                },
+                "ResultSelector": {"job_id.$": "$.JobId", "job_arn.$": "$.JobArn", "phase": "QUEUED"},
+                "ResultPath": "$.queue",
+            },
+        )
+        self.submit_state.add_catch(next_attempt, errors=["States.ALL"], result_path="$.failure")
+        watch = tasks.LambdaInvoke(
+            self,
+            "Watch",
+            lambda_function=self.watch_function,
+            payload=sfn.TaskInput.from_object({"queue": sfn.JsonPath.object_at("$.queue")}),
+            payload_response_only=True,
+            result_path="$.queue",
+        )
+        self._watch_states = [watch]
+        succeeded = sfn.Pass(self, "ServiceJobSucceeded", input_path="$.queue.job", result_path="$.job")
+        failed = sfn.Pass(self, "ServiceJobFailed", input_path="$.queue.failure", result_path="$.failure")
+        waiting = sfn.Wait(
+            self,
+            "WaitInQueue",
+            time=sfn.WaitTime.seconds_path("$.queue.wait_seconds"),
+            comment="The run waits in its queue or trains: look again later ($.queue says how it stands)",
+        )
+        self.submit_state.next(watch)
+        watch.next(
+            sfn.Choice(self, "InQueue", comment="QUEUED, STARTING or TRAINING: wait; else the attempt ended")
+            .when(sfn.Condition.string_equals("$.queue.phase", "SUCCEEDED"), succeeded.next(summarize))
+            .when(sfn.Condition.string_equals("$.queue.phase", "FAILED"), failed.next(next_attempt))
+            .otherwise(waiting.next(watch))
+        )
+        return self.submit_state
 
     def _invoke(self, state_id: str, function: lambda_.IFunction, payload: dict) -> tasks.LambdaInvoke:
         return tasks.LambdaInvoke(
@@ -501,20 +600,36 @@ class TrainingLauncher(Construct):
         """The job-creating role: the team's jobs only, and only as the environment allows them.
 
         SageMaker evaluates the condition keys below on CreateTrainingJob, so a request the launcher
-        did not render (a bug, or a changed function) is refused by IAM whatever it says.
+        did not render (a bug, or a changed function) is refused by IAM whatever it says. With queues
+        the role creates no job: it submits to the team's queues (``TrainingQueues.grant_submit``),
+        and Batch, passing the payload's role, needs the caller's PassRole of it: the team's only.
         """
+        pass_role = iam.PolicyStatement(
+            sid="PassTeamExecutionRoleToSageMaker",
+            actions=["iam:PassRole"],
+            resources=[props.execution_role.role_arn],
+            conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
+        )
+        publish = iam.PolicyStatement(
+            sid="PublishEncryptedNotifications",
+            actions=["kms:GenerateDataKey", "kms:Decrypt"],
+            resources=[self.encryption_key.key_arn],
+        )
+        self._queue_reasons: dict[str, str] = {}
+        if self.queues is None:
+            create, tag, follow, sync = self._training_job_statements(props)
+            statements = [create, tag, follow, pass_role, sync, publish, *self._tuning_job_statements(props)]
+        else:
+            statements = [pass_role, publish]
+            self._queue_reasons = self.queues.grant_submit(self.state_machine, self.team.name)
+        for statement in statements:
+            self.state_machine.add_to_role_policy(statement)
+
+    def _training_job_statements(self, props: TrainingLauncherProps) -> list[iam.PolicyStatement]:
         jobs = self._team_jobs()
         rule = self.stack.format_arn(service="events", resource="rule", resource_name=SYNC_EVENTS_RULE)
-        limits = {
-            "team": self.team,
-            "subnet_ids": list(self.platform_context["subnet_ids"]),
-            "security_group_ids": list(self.platform_context["security_group_ids"]),
-            "key_arn": props.storage.data_key.key_arn,
-            "environment_name": props.environment_name,
-            "inter_container_traffic_encryption": self.inter_container_traffic_encryption,
-        }
-        conditions = job_creation_conditions(**limits)
-        for statement in (
+        conditions = job_creation_conditions(**self._job_limits(props))
+        return [
             iam.PolicyStatement(
                 sid=CREATE_JOBS_SID,
                 actions=["sagemaker:CreateTrainingJob"],
@@ -533,43 +648,48 @@ class TrainingLauncher(Construct):
                 resources=[jobs],
             ),
             iam.PolicyStatement(
+                sid="SyncWithTrainingJobEvents",
+                actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
+                resources=[rule, self.stack.format_arn(service="events", resource="rule",
+                                                       resource_name=SYNC_TUNING_EVENTS_RULE)],
+            ),
+        ]
+
+    def _job_limits(self, props: TrainingLauncherProps) -> dict[str, Any]:
+        """What `job_creation_conditions` holds the team's jobs (and tuning jobs) to."""
+        return {
+            "team": self.team,
+            "subnet_ids": list(self.platform_context["subnet_ids"]),
+            "security_group_ids": list(self.platform_context["security_group_ids"]),
+            "key_arn": props.storage.data_key.key_arn,
+            "environment_name": props.environment_name,
+            "inter_container_traffic_encryption": self.inter_container_traffic_encryption,
+        }
+
+    def _tuning_job_statements(self, props: TrainingLauncherProps) -> list[iam.PolicyStatement]:
+        """`llmtrain tune`: the team's tuning jobs, under the training jobs' condition keys less the
+        warm pool's (tuning jobs have none; SageMaker evaluates the others on them too)."""
+        tuning_jobs = self._team_tuning_jobs()
+        return [
+            iam.PolicyStatement(
                 sid=CREATE_TUNING_JOBS_SID,
                 actions=["sagemaker:CreateHyperParameterTuningJob"],
-                resources=[self._team_tuning_jobs()],
-                # Tuning jobs have no warm pools; SageMaker evaluates the other keys on them too.
-                conditions=job_creation_conditions(**limits, warm_pools=False),
+                resources=[tuning_jobs],
+                conditions=job_creation_conditions(**self._job_limits(props), warm_pools=False),
             ),
             iam.PolicyStatement(
                 sid="TagTeamTuningJobs",
                 actions=["sagemaker:AddTags"],
-                resources=[self._team_tuning_jobs()],
+                resources=[tuning_jobs],
                 conditions={"StringEquals": {f"aws:RequestTag/{TAG_PREFIX}team": self.team.name}},
             ),
             iam.PolicyStatement(
                 sid="FollowTeamTuningJobs",
                 actions=["sagemaker:DescribeHyperParameterTuningJob",
                          "sagemaker:StopHyperParameterTuningJob"],
-                resources=[self._team_tuning_jobs()],
+                resources=[tuning_jobs],
             ),
-            iam.PolicyStatement(
-                sid="PassTeamExecutionRoleToSageMaker",
-                actions=["iam:PassRole"],
-                resources=[props.execution_role.role_arn],
-                conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
-            ),
-            iam.PolicyStatement(
-                sid="SyncWithTrainingJobEvents",
-                actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
-                resources=[rule, self.stack.format_arn(service="events", resource="rule",
-                                                       resource_name=SYNC_TUNING_EVENTS_RULE)],
-            ),
-            iam.PolicyStatement(
-                sid="PublishEncryptedNotifications",
-                actions=["kms:GenerateDataKey", "kms:Decrypt"],
-                resources=[self.encryption_key.key_arn],
-            ),
-        ):
-            self.state_machine.add_to_role_policy(statement)
+        ]
 
     def _acknowledge_state_machine_findings(self) -> None:
         logging = (
@@ -596,6 +716,7 @@ class TrainingLauncher(Construct):
                 "tune under the team's prefix",
                 "FollowTeamTuningJobs": "the team's tuning jobs are named per tune under the team's job-name "
                 "prefix",
+                **self._queue_reasons,
             },
         )
 
@@ -666,6 +787,17 @@ def _validate(props: TrainingLauncherProps) -> None:
     )
     _validate_team_templates(templates, team)
     _validate_features(props.platform_features)
+    _validate_queues(props.queues, team)
+
+
+def _validate_queues(queues: TrainingQueues | None, team: TeamSpec) -> None:
+    if queues is None:
+        return
+    require(isinstance(queues, TrainingQueues), _NAME, "queues",
+            f"must be the environment's TrainingQueues, got {type(queues).__name__}")
+    require(queues.teams.get(team.name) == team, _NAME, "queues",
+            f"team {team.name!r} must share these queues with the same TeamSpec (its share weight, priority "
+            f"and queues are the queues' to enforce); they have {sorted(queues.teams)}")
 
 
 def _validate_team_templates(job_templates: Sequence[JobTemplate], team: TeamSpec) -> None:

@@ -20,6 +20,7 @@ from llmtrain.platform import (
     is_job_name_prefix,
     team_data_prefix,
 )
+from llmtrain.queues import policy as queue_policy
 from llmtrain.render import TAG_PREFIX
 from training_constructs._props import is_whole_number, require
 
@@ -43,6 +44,10 @@ class TeamSpec:
     ``max_run_cost_usd``: the most one run may cost as planned (llmtrain.planner), in US dollars;
       the launcher refuses a run planned above it. None: no limit.
     ``tags``: added to the team's resources.
+    ``share_weight``, ``max_priority``, ``queues``: where the environment has queues
+      (``TrainingQueues``), the team's fair share relative to the other teams' weights (1..999), the
+      highest scheduling priority its runs may ask for (0..9999), and the queues it may submit to
+      (empty: every queue).
     """
 
     name: str
@@ -54,10 +59,14 @@ class TeamSpec:
     notification_email: str | None = None
     max_run_cost_usd: float | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
+    share_weight: int = 1
+    max_priority: int = 0
+    queues: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "instance_types", tuple(self.instance_types))
         object.__setattr__(self, "templates", tuple(self.templates))
+        object.__setattr__(self, "queues", tuple(self.queues))
         object.__setattr__(self, "tags", dict(self.tags))
         _validate(self)
 
@@ -177,6 +186,16 @@ def _validate(team: TeamSpec) -> None:
         "notification_email",
         f"{team.notification_email!r} is not an e-mail address",
     )
+    _validate_queue_settings(team)
+
+
+def _validate_queue_settings(team: TeamSpec) -> None:
+    weight = queue_policy.share_weight_problem(team.share_weight)
+    require(weight is None, _NAME, "share_weight", weight or "")
+    priority = queue_policy.priority_problem(team.max_priority)
+    require(priority is None, _NAME, "max_priority", priority or "")
+    bad = [name for name in team.queues if not queue_policy.QUEUE_NAME_PATTERN.fullmatch(str(name))]
+    require(not bad, _NAME, "queues", f"{bad} are not queue names (1-16 lowercase letters and digits)")
 
 
 __all__ = [

@@ -52,6 +52,16 @@ class Cloud:
 def connect(args: argparse.Namespace) -> Cloud:
     """Check the credentials, then read the environment `--env` from AWS (llmtrain.deployed) and pick
     the team: `--team`, or the environment's only team."""
+    session, identity, deployed = connect_environment(args)
+    return Cloud(session=session, identity=identity, deployed=deployed,
+                 team=deployed.team(getattr(args, "team", None)))
+
+
+def connect_environment(
+    args: argparse.Namespace,
+) -> tuple[boto3.Session, dict[str, Any], DeployedEnvironment]:
+    """The credentials checked and the environment `--env` read, for a command about the whole
+    environment (`--team`, when given, is checked for its form only)."""
     team = getattr(args, "team", None)
     problem = team_name_problem(team) if team is not None else None
     if problem:  # before any AWS call
@@ -61,7 +71,7 @@ def connect(args: argparse.Namespace) -> Cloud:
     identity = caller_identity(session, region)
     with explained(f"reading environment {args.env!r} from SSM Parameter Store in {region}"):
         deployed = read_deployed_environment(session, args.env, region)
-    return Cloud(session=session, identity=identity, deployed=deployed, team=deployed.team(team))
+    return session, identity, deployed
 
 
 def follow_up_options(args: argparse.Namespace, cloud: Cloud) -> str:

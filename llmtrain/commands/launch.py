@@ -1,7 +1,7 @@
 """`llmtrain start | status | stop | logs`: start a run on the deployed launcher and follow it.
 
     llmtrain start NAME[@VERSION] --run-name R [--set KEY=VALUE ...] [--env ENV] [--team T]
-                   [--wait] [--dry-run] [--skip-plan-check]
+                   [--wait] [--dry-run] [--skip-plan-check] [--queue Q] [--priority N]
     llmtrain status R [--env ENV] [--team T] [--json]
     llmtrain stop R [--env ENV] [--team T]
     llmtrain logs R [--env ENV] [--team T] [--attempt N] [--limit N]
@@ -14,9 +14,11 @@ to fix, with "did you mean" for a misspelled name). Then against the deployed en
 from AWS (llmtrain.deployed): the template is enabled, the request renders with the team's platform
 context (its templates, instance types and count, channels inside its datasets prefix), every
 channel holds data, and the run's plan (llmtrain.planner) fits its GPUs (unless --skip-plan-check)
-and its cost stays within the team's budget; the plan's one line is printed. Only then does it
-start an execution of the team's launcher (llmtrain.launcher_client), with the launcher's own input
-record (llmtrain.runs.ExecutionInput).
+and its cost stays within the team's budget; the plan's one line is printed. Where the environment
+has queues, `--queue` and `--priority` must be the team's to use (its queues, at most its
+`max_priority`). Only then does it start an execution of the team's launcher
+(llmtrain.launcher_client), with the launcher's own input record (llmtrain.runs.ExecutionInput).
+`status` shows a queued run's place in its queue; `stop` cancels its queued job too.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ from llmtrain.jumpstart import resolve_base_model
 from llmtrain.launcher_client import FINISHED, LauncherClient, RunStatus, owner_from_identity
 from llmtrain.planner.checks import check_run
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
+from llmtrain.queues.launch import check_queue_choice
 from llmtrain.render import RunInput, coerce_override, render
+from llmtrain.runs import ExecutionInput
 from llmtrain.spec import CHANNEL_SETTING_PREFIX, PLATFORM_RUN_OPTIONS, TemplateSpec
 from llmtrain.tuning import Trial, TuneSpec, best_trial
 from llmtrain.tuning import start_command as best_start_command
@@ -73,6 +77,15 @@ def register(subparsers) -> None:
         "--skip-plan-check",
         action="store_true",
         help="start the run even if the planner predicts it will not fit its GPUs (`llmtrain plan`)",
+    )
+    start.add_argument(
+        "--queue", default=None,
+        help="where the environment has queues: the team's queue the run waits in (default: its first)",
+    )
+    start.add_argument(
+        "--priority", type=int, default=None,
+        help="where the environment has queues: the run's priority in its queue, 0 to the team's "
+        "max_priority (default 0; higher starts first among the team's runs)",
     )
     start.add_argument("--poll-seconds", type=float, default=30.0, help=argparse.SUPPRESS)
     start.set_defaults(handler=start_command)
@@ -123,7 +136,11 @@ def _parser(subparsers, name: str, summary: str, description: str) -> argparse.A
 def start_command(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
     template = check_locally(Catalog.load(), args.ref, args.run_name, overrides)
+    # The queue and priority as the launcher reads them (their form), before any AWS call.
+    queue_choice = ExecutionInput(template=template.name, run_name=args.run_name, queue=args.queue,
+                                  priority=args.priority)
     cloud = connect(args)
+    check_queue_choice(queue_choice, cloud.team.platform)
     request, plan = check_in_environment(
         cloud, template, args.run_name, overrides, skip_plan_check=args.skip_plan_check
     )
@@ -145,6 +162,8 @@ def start_command(args: argparse.Namespace) -> int:
         overrides=overrides,
         owner=owner_from_identity(cloud.identity),
         skip_plan_check=args.skip_plan_check,
+        queue=args.queue,
+        priority=args.priority,
     )
     where = follow_up_options(args, cloud)
     if previous is not None:
@@ -254,6 +273,11 @@ def stop_command(args: argparse.Namespace) -> int:
     cloud = connect(args)
     client = _client(cloud)
     execution = client.stop(args.run_name, by=owner_from_identity(cloud.identity))
+    if "cancelled" in execution:  # a queued run: its service jobs were terminated first
+        cancelled = ", ".join(execution["cancelled"]) or "none was queued or running"
+        print(f"stopping run {args.run_name} ({execution['executionArn']}); cancelled its queued job: "
+              f"{cancelled}")
+        return 0
     jobs = client.jobs(args.run_name)
     job = f"; Step Functions stops training job {jobs[-1]['job_name']}" if jobs else ""
     print(f"stopping run {args.run_name} ({execution['executionArn']}){job}")
@@ -280,6 +304,8 @@ def format_status(status: RunStatus, where: str = "") -> str:
     ]
     if len(status.executions) > 1:
         lines.append(f"executions: {', '.join(status.executions)}")
+    if status.queue:
+        lines.append(f"queue: {status.queue['message']}")
     if status.run_input.get("tune") is not None:
         lines.extend(_tune_lines(status))
     elif status.job:

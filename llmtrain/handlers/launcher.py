@@ -48,6 +48,7 @@ from llmtrain.handlers import tuning
 from llmtrain.jumpstart import BaseModel, resolve_base_model
 from llmtrain.planner.checks import actual_cost, check_run
 from llmtrain.platform import PlatformContext
+from llmtrain.queues import launch as queued
 from llmtrain.render import (
     MAX_ATTEMPTS,
     TAG_PREFIX,
@@ -120,20 +121,31 @@ def resolve_run(event: Mapping[str, Any]) -> dict[str, Any]:
     try:
         check_team_template(run_input.template, platform)
         check_run_name(run_input.run_name, platform)
+        queued.check_queue_choice(run_input, platform)
     except LlmtrainError as error:
         raise _rejected(error) from error
     sagemaker = _sagemaker(platform)
     previous = run_jobs(sagemaker, platform.job_name_prefix, run_input.run_name)
+    pinned = None
+    if platform.queues is not None:  # the run's attempts are service jobs (llmtrain.queues.launch)
+        batch = service_client("batch", platform)
+        previous = queued.queued_attempts(batch, platform, run_input.run_name, previous)
+        pinned = queued.queued_pin(batch, previous)
     _refuse_duplicate_run(run_input.run_name, previous)
     try:
-        template = run_template(run_input, _pinned_template(sagemaker, previous), _catalog())
+        pinned = pinned or _pinned_template(sagemaker, [job for job in previous if "job_id" not in job])
+        template = run_template(run_input, pinned, _catalog())
     except LlmtrainError as error:
         raise _rejected(error) from error
     execution_arn = event.get("execution_arn")
     if run_input.tune is not None:
         return tuning.start_tune(template, run_input, platform, sagemaker, _s3(platform),
                                  execution_arn=execution_arn)
-    return start_run(template, run_input, platform, previous, layouts, execution_arn=execution_arn)
+    started = start_run(template, run_input, platform, previous, layouts, execution_arn=execution_arn)
+    try:
+        return queued.with_submission(started, platform)
+    except LlmtrainError as error:
+        raise _rejected(error) from error
 
 
 def next_attempt(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
@@ -142,14 +154,16 @@ def next_attempt(event: Mapping[str, Any], context: Any = None) -> dict[str, Any
     if run.tune is not None:
         return tuning.tune_failure(run, event.get("failure") or {})
     template = _catalog().get(run.template, run.version)
-    return plan_next_attempt(
+    platform = platform_from_environment()
+    planned = plan_next_attempt(
         template,
         run,
         request,
         event.get("failure") or {},
-        platform_from_environment(),
+        platform,
         layouts_from_environment(),
     )
+    return queued.with_submission(planned, platform)
 
 
 def summarize(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
@@ -190,8 +204,13 @@ def _load_catalog(root: str) -> Catalog:
     return Catalog.load(root=folder, repo_root=folder.parent)
 
 
+def service_client(service: str, platform: PlatformContext):
+    """A boto3 client of the platform's region (SageMaker, or Batch for queued runs)."""
+    return boto3.client(service, region_name=platform.region)
+
+
 def _sagemaker(platform: PlatformContext):
-    return boto3.client("sagemaker", region_name=platform.region)
+    return service_client("sagemaker", platform)
 
 
 def _s3(platform: PlatformContext):
@@ -340,6 +359,8 @@ def start_run(
         checkpoint_s3_uri=request.get("CheckpointConfig", {}).get("S3Uri"),
         plan=plan,
         base_model=base_model.to_dict() if base_model else None,
+        queue=run_input.queue,
+        priority=run_input.priority,
     )
     return {"run": run.to_dict(), "request": request, "layout": layout}
 
@@ -495,6 +516,9 @@ def classify_failure(failure: Mapping[str, Any], *, in_training_plan: bool = Fal
     since retrying elsewhere or on a fallback type would leave the plan that was paid for.
     """
     error, cause = str(failure.get("Error", "")), str(failure.get("Cause", ""))
+    queue_ended = queued.queue_failure(error, cause)  # Batch ended a queued run (llmtrain.queues.launch)
+    if queue_ended is not None:
+        return Failure(kind=queue_ended[0], reason=queue_ended[1])
     job = _job_from_cause(cause)
     if job is not None:
         classified = _classify_job(job)
@@ -589,6 +613,8 @@ def plan_retry(retry: RetrySpec, run: RunState, failure: Failure) -> RetryPlan |
         return RetryPlan(wait, index, retries, waits, throttles, new_attempt=False)
     if run.attempt >= MAX_ATTEMPTS:
         return None
+    if failure.kind == queued.QUEUE_CAPACITY:  # it waited its queue's capacity time: the next type
+        return RetryPlan(0, index + 1, 0, waits) if index + 1 < len(run.instance_types) else None
     if failure.kind == "capacity":
         if retries < retry.capacity_retry_attempts:
             return RetryPlan(backoff_seconds(retry, retries + 1), index, retries + 1, waits)
@@ -654,6 +680,7 @@ FAILURE_ERRORS = {
     "api_error": "CreateTrainingJobFailed",
     "throttled": "CreateTrainingJobFailed",
     "invalid_retry": "RetryNotPossible",
+    **queued.QUEUE_FAILURE_ERRORS,
 }
 
 
@@ -678,6 +705,8 @@ def failure_summary(template: TemplateSpec, run: RunState, failure: Failure) -> 
 
 
 def _advice(template: TemplateSpec, run: RunState, failure: Failure) -> str:
+    if failure.kind in queued.QUEUE_FAILURE_ERRORS:
+        return queued.queue_advice(failure.kind, run)
     if failure.kind == "capacity":
         return _capacity_advice(template, run)
     if failure.kind == "quota":

@@ -10,6 +10,15 @@ What the test supplies, because moto cannot do it, each said where it happens:
 - Custom resources (the JobTemplates' uploads, the VPC's default-security-group cleanup) run their
   provider Lambda in Docker in moto. `deploy_stage` answers each one with SUCCESS instead, after
   moto created the rest of its stack.
+- The environment's AWS Batch queues (prod): moto's CloudFormation models none of the three types as
+  the platform uses them. `AWS::Batch::SchedulingPolicy` it does not model, but its Batch API does:
+  `deploy_stage` creates the policy through moto's Batch backend (DescribeSchedulingPolicies then
+  answers with its shares and weights). `AWS::Batch::ServiceEnvironment` neither models, and moto's
+  `AWS::Batch::JobQueue` knows only queues of compute environments (its backend refuses a queue
+  without one): for those, and only for SAGEMAKER_TRAINING queues, a stand-in creates nothing and
+  answers Ref and Fn::GetAtt with the ARN CloudFormation returns, so what references them (the
+  launchers' functions and policies) deploys. `DeployedStage.supplied_resources` lists them; their
+  properties are asserted on the synthesized template (tests/infra/test_queues.py).
 - Four spots where moto's CloudFormation models differ from CloudFormation (`_moto_compatible`): an
   `AWS::KMS::Key`'s tags are read in the KMS API's shape (TagKey/TagValue) rather than
   CloudFormation's (Key/Value), an `AWS::SSM::Parameter`'s tags as a list of Key/Value pairs rather
@@ -45,9 +54,14 @@ from unittest import mock
 import boto3
 from moto import settings
 from moto.awslambda.models import LambdaFunction
+from moto.batch.models import JobQueue as MotoJobQueue
+from moto.batch.models import batch_backends
 from moto.cloudformation import cloudformation_backends
+from moto.cloudformation import parsing as moto_parsing
+from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
 from moto.cloudformation.parsing import resource_class_from_type
 from moto.core.authorization import ActionAuthenticatorMixin
+from moto.core.common_models import CloudFormationModel
 from moto.sagemaker.responses import SageMakerResponse
 from moto.ssm.responses import SimpleSystemManagerResponse
 from moto.stepfunctions.responses import StepFunctionResponse
@@ -67,6 +81,8 @@ class DeployedStage:
     answered_custom_resources: list[str] = field(default_factory=list)
     # Outputs of attributes of resource types moto does not model (see the module's docstring).
     outputs_left_out: list[str] = field(default_factory=list)
+    # Resources the test supplied because moto's CloudFormation does not model them: "stack/id (type)".
+    supplied_resources: list[str] = field(default_factory=list)
 
 
 def deploy_stage(assembly_dir: Path, account: str, region: str) -> DeployedStage:
@@ -84,7 +100,10 @@ def deploy_stage(assembly_dir: Path, account: str, region: str) -> DeployedStage
     cloudformation = boto3.client("cloudformation", region_name=region)
     deployed = DeployedStage(account=account, region=region)
     # Custom resources' providers would run in Docker; they are answered below instead.
-    with mock.patch.object(LambdaFunction, "invoke", lambda self, body, headers, response_headers: "{}"):
+    with (
+        mock.patch.object(LambdaFunction, "invoke", lambda self, body, headers, response_headers: "{}"),
+        mock.patch.object(moto_parsing, "resource_class_from_type", _with_batch_queues),
+    ):
         for artifact_id in _dependency_order(stacks):
             properties = stacks[artifact_id]["properties"]
             name = properties.get("stackName", artifact_id)
@@ -99,6 +118,11 @@ def deploy_stage(assembly_dir: Path, account: str, region: str) -> DeployedStage
             deployed.outputs.update({o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])})
             deployed.resources[name] = cloudformation.list_stack_resources(StackName=name)[
                 "StackResourceSummaries"
+            ]
+            deployed.supplied_resources += [
+                f"{name}/{logical_id} ({resource['Type']})"
+                for logical_id, resource in template["Resources"].items()
+                if _supplied_model(resource["Type"], resource.get("Properties", {})) is not None
             ]
     return deployed
 
@@ -142,6 +166,120 @@ def _zipped(folder: Path) -> bytes:
             if path.is_file():
                 archive.write(path, path.relative_to(folder))
     return buffer.getvalue()
+
+
+# moto files its models by the service their module names (`<package>.<service>`), each class itself.
+_MOTO_MODULE = "moto_cloudformation.platform_queues"
+
+
+class _BatchResource(CloudFormationModel):
+    """A Batch resource of the platform's queues, created as the module's docstring says."""
+
+    __module__ = _MOTO_MODULE
+
+    resource = ""  # the ARN's resource type
+    name_property = ""
+    arn_attribute = ""
+
+    def __init__(self, arn: str):
+        self.arn = arn
+
+    @property
+    def physical_resource_id(self) -> str:
+        return self.arn
+
+    @classmethod
+    def has_cfn_attr(cls, attr: str) -> bool:
+        return attr == cls.arn_attribute
+
+    def get_cfn_attribute(self, attribute_name: str) -> str:
+        if attribute_name != self.arn_attribute:
+            raise UnformattedGetAttTemplateException()
+        return self.arn
+
+    @classmethod
+    def create_from_cloudformation_json(cls, resource_name, cloudformation_json, account_id, region_name,
+                                        **kwargs):
+        name = cloudformation_json["Properties"].get(cls.name_property, resource_name)
+        return cls(f"arn:aws:batch:{region_name}:{account_id}:{cls.resource}/{name}")
+
+
+class _ServiceEnvironmentStandIn(_BatchResource):
+    __module__ = _MOTO_MODULE
+    resource, name_property = "service-environment", "ServiceEnvironmentName"
+    arn_attribute = "ServiceEnvironmentArn"
+
+
+class _SageMakerJobQueueStandIn(_BatchResource):
+    __module__ = _MOTO_MODULE
+    resource, name_property, arn_attribute = "job-queue", "JobQueueName", "JobQueueArn"
+
+
+class _SchedulingPolicyInMotosBatch(_BatchResource):
+    __module__ = _MOTO_MODULE
+    name_property, arn_attribute = "Name", "Arn"
+
+    @classmethod
+    def create_from_cloudformation_json(cls, resource_name, cloudformation_json, account_id, region_name,
+                                        **kwargs):
+        properties = cloudformation_json["Properties"]
+        fair_share = properties.get("FairsharePolicy", {})
+        created = batch_backends[account_id][region_name].create_scheduling_policy(
+            name=properties.get("Name", resource_name),
+            fairshare_policy={
+                "shareDecaySeconds": fair_share.get("ShareDecaySeconds"),
+                "computeReservation": fair_share.get("ComputeReservation"),
+                "shareDistribution": [
+                    {"shareIdentifier": share["ShareIdentifier"], "weightFactor": share.get("WeightFactor")}
+                    for share in fair_share.get("ShareDistribution", [])
+                ],
+            },
+            tags=properties.get("Tags") or {},
+        )
+        return cls(created.arn)
+
+
+def _supplied_model(resource_type: str, properties: dict[str, Any]) -> type[CloudFormationModel] | None:
+    if resource_type == "AWS::Batch::ServiceEnvironment":
+        return _ServiceEnvironmentStandIn
+    if resource_type == "AWS::Batch::SchedulingPolicy":
+        return _SchedulingPolicyInMotosBatch
+    sagemaker_queue = properties.get("JobQueueType") == "SAGEMAKER_TRAINING"
+    if resource_type == MotoJobQueue.cloudformation_type() and sagemaker_queue:
+        return _SageMakerJobQueueStandIn
+    return None
+
+
+_MOTO_RESOURCE_CLASS = resource_class_from_type
+
+
+def _with_batch_queues(resource_type: str) -> type[CloudFormationModel]:
+    """moto's model of a type, with the queues' types supplied (a job queue's model tells a
+    SAGEMAKER_TRAINING queue from moto's kind by its properties when it is created)."""
+    if resource_type in ("AWS::Batch::ServiceEnvironment", "AWS::Batch::SchedulingPolicy"):
+        return _supplied_model(resource_type, {})
+    if resource_type == MotoJobQueue.cloudformation_type():
+        return _JobQueueByType
+    return _MOTO_RESOURCE_CLASS(resource_type)
+
+
+class _JobQueueByType(_SageMakerJobQueueStandIn):
+    """moto's JobQueue for a queue of compute environments; the stand-in for a SAGEMAKER_TRAINING one."""
+
+    __module__ = _MOTO_MODULE
+
+    @classmethod
+    def create_from_cloudformation_json(cls, resource_name, cloudformation_json, account_id, region_name,
+                                        **kwargs):
+        if cloudformation_json["Properties"].get("JobQueueType") == "SAGEMAKER_TRAINING":
+            return super().create_from_cloudformation_json(resource_name, cloudformation_json, account_id,
+                                                           region_name, **kwargs)
+        return MotoJobQueue.create_from_cloudformation_json(resource_name, cloudformation_json, account_id,
+                                                            region_name, **kwargs)
+
+    @classmethod
+    def has_cfn_attr(cls, attr: str) -> bool:
+        return attr == cls.arn_attribute or MotoJobQueue.has_cfn_attr(attr)
 
 
 def _moto_compatible(template: dict[str, Any]) -> dict[str, Any]:

@@ -130,3 +130,17 @@ def test_a_record_that_could_outgrow_ssms_standard_limit_fails_the_synth():
         )
     assert "parameter /llmtrain/big/teams/default could reach" in str(error.value)
     assert f"over SSM's standard limit of {STANDARD_PARAMETER_LIMIT}" in str(error.value)
+
+
+@pytest.mark.parametrize(("environment", "version"), [("dev", 1), ("prod", 2)])
+def test_the_record_is_schema_2_only_where_the_environment_has_queues(platform, environment, version):
+    """An llmtrain from before queues reads dev's record as before, and asks prod's readers to upgrade
+    (it would stop a queued run without cancelling its queued job)."""
+    template = _template_json(platform.stages[environment].launcher)
+    values = {
+        r["Properties"]["Name"]: json.dumps(r["Properties"]["Value"])
+        for r in resources_of_type(template, "AWS::SSM::Parameter").values()
+    }
+    assert f'\\"schema_version\\":{version}' in values[f"/llmtrain/{environment}/environment"]
+    teams = [value for name, value in values.items() if "/teams/" in name]
+    assert all(('\\"queues\\":{' in value) == (version == 2) for value in teams)

@@ -137,7 +137,7 @@ def test_existing_vpc_replaces_the_cidr(tmp_path):
     assert config.network.existing_vpc.create_endpoints is True
 
 
-def _set(path: str, value):
+def _set(path: str, value, **also):
     def change(document):
         *parents, leaf = path.split(".")
         target = document
@@ -147,6 +147,7 @@ def _set(path: str, value):
             del target[leaf]
         else:
             target[leaf] = value
+        document.update(copy.deepcopy(also))
 
     return change
 
@@ -253,6 +254,38 @@ INVALID = [
     ),
     (_set("teams", {"nlp": {"notifications": {"email": "x"}}}), "teams.nlp.notifications.email", "e-mail"),
     (_set("teams", {"nlp": {"tags": {"aws:x": "y"}}}), "teams.nlp.tags.aws:x", "tag key"),
+    # Queues: every field named, and a team's queue settings only where the environment has queues.
+    (_set("queues", {"job_queues": {"standard": {}}}), "queues.max_instances", "is required"),
+    (_set("queues", {"max_instances": 0, "job_queues": {"a": {}}}), "queues.max_instances", "at least 1"),
+    (_set("queues", {"max_instances": 8, "job_queues": {}}), "queues.job_queues", "map queue names"),
+    (_set("queues", {"max_instances": 8, "job_queues": {"Std-1": {}}}), "queues.job_queues.Std-1",
+     "not a queue name"),
+    (_set("queues", {"max_instances": 8, "job_queues": {"a": {"priority": 1001}}}),
+     "queues.job_queues.a.priority", "at most 1000"),
+    (_set("queues", {"max_instances": 8, "job_queues": {"a": {"weight": 1}}}),
+     "queues.job_queues.a.weight", "unknown field"),
+    (_set("queues", {"max_instances": 8, "job_queues": {"a": {}}, "default_queue": "b"}),
+     "queues.default_queue", "not one of job_queues (a)"),
+    (_set("queues", {"max_instances": 8, "job_queues": {"a": {}}, "compute_reservation": 100}),
+     "queues.compute_reservation", "at most 99"),
+    (_set("queues", {"max_instances": 8, "job_queues": {"a": {}}, "share_decay_seconds": 604801}),
+     "queues.share_decay_seconds", "at most 604800"),
+    (_set("queues", {"max_instances": 8, "job_queues": {"a": {}}, "capacity_wait_seconds": 60}),
+     "queues.capacity_wait_seconds", "at least 600"),
+    (_set("teams", {"nlp": {"share_weight": 2}}), "teams.nlp.share_weight", "the environment has no queues"),
+    (_set("teams", {"nlp": {"max_priority": 2}}), "teams.nlp.max_priority", "the environment has no queues"),
+]
+
+QUEUES = {"max_instances": 8, "job_queues": {"standard": {"priority": 1}, "urgent": {"priority": 9}}}
+INVALID += [
+    (_set("queues", QUEUES, teams={"nlp": {"share_weight": 0}}), "teams.nlp.share_weight", "from 1 to 999"),
+    (_set("queues", QUEUES, teams={"nlp": {"share_weight": 1.5}}), "teams.nlp.share_weight", "whole number"),
+    (_set("queues", QUEUES, teams={"nlp": {"max_priority": 10000}}), "teams.nlp.max_priority",
+     "at most 9999"),
+    (_set("queues", QUEUES, teams={"nlp": {"queues": ["fast"]}}), "teams.nlp.queues",
+     "fast not among the environment's queues.job_queues (standard, urgent)"),
+    (_set("queues", QUEUES, teams={"nlp": {"max_instance_count": 9}}), "teams.nlp.max_instance_count",
+     "exceeds queues.max_instances (8)"),
 ]
 
 
@@ -300,3 +333,44 @@ def test_app_selects_environments_by_name(environments):
     assert [env.name for env in cdk_app.select_environments(environments, " prod ,")] == ["prod"]
     with pytest.raises(EnvironmentConfigError, match="no environment file for staging"):
         cdk_app.select_environments(environments, "dev,staging")
+
+
+def test_prod_queues_its_runs_and_dev_does_not():
+    environments = load_environments(CONFIG_DIR)
+    dev, prod = environments["dev"], environments["prod"]
+    assert dev.queues is None and dev.team_queues(dev.teams[0]) == ()
+    queues = prod.queues
+    assert queues.max_instances == 48 and queues.default_queue == "standard"
+    assert [(q.name, q.priority) for q in queues.job_queues] == [("standard", 10), ("urgent", 100)]
+    assert (queues.share_decay_seconds, queues.compute_reservation) == (86400, 10)
+    assert (queues.capacity_wait_seconds, queues.misconfiguration_wait_seconds) == (14400, 600)
+    pretrain, finetune = prod.teams
+    # Two teams with different weights; the urgent queue is pretraining's alone.
+    assert (pretrain.share_weight, finetune.share_weight) == (3, 1)
+    assert (pretrain.max_priority, finetune.max_priority) == (100, 10)
+    assert prod.team_queues(pretrain) == ("standard", "urgent")
+    assert prod.team_queues(finetune) == ("standard",)
+
+
+def test_queue_settings_take_documented_defaults(tmp_path):
+    document = valid_document()
+    document["queues"] = {"max_instances": 4, "job_queues": {"only": None}}
+    document["teams"] = {"nlp": None}
+    config = load_environment(write(tmp_path, "dev", document))
+    queues = config.queues
+    assert queues.default_queue == "only" and queues.job_queues[0].priority == 0
+    assert (queues.share_decay_seconds, queues.compute_reservation) == (86400, 0)
+    assert (queues.capacity_wait_seconds, queues.misconfiguration_wait_seconds) == (14400, 600)
+    [nlp] = config.teams
+    assert (nlp.share_weight, nlp.max_priority, nlp.queues) == (1, 0, None)
+    assert config.team_queues(nlp) == ("only",)
+
+
+def test_the_readmes_configuration_example_is_a_valid_environment_with_queues():
+    readme = (CONFIG_DIR.parent / "README.md").read_text()
+    example = readme.split("### Environment configuration")[1].split("```yaml\n")[1].split("```")[0]
+    config = parse_environment(yaml.safe_load(example))
+    nlp, vision = config.teams
+    assert config.queues.queue_names == ("standard", "urgent") and config.queues.max_instances == 16
+    assert (nlp.share_weight, nlp.max_priority, vision.share_weight) == (3, 50, 1)
+    assert config.team_queues(vision) == ("standard",)

@@ -2,7 +2,9 @@
 
 The state machine's definition, its role, the functions, the topic and the logs are asserted in the
 synthesized templates; cdk-nag and cfn-lint run over them; the functions' code asset is loaded the
-way Lambda loads it. Executing the definition is tests/llmtrain/test_launcher_state_machine.py.
+way Lambda loads it. Executing the definition is tests/llmtrain/test_launcher_state_machine.py (and,
+with queues, test_launcher_queue.py). dev's launchers create their training jobs; prod's submit
+them to the environment's queues.
 """
 
 from __future__ import annotations
@@ -35,11 +37,15 @@ from training_constructs.launcher import (
     TrainingLauncher,
     TrainingLauncherProps,
 )
+from training_constructs.queues import SUBMIT_SERVICE_JOBS_SID, SUBMIT_TO_QUEUES_SID, TAG_SERVICE_JOBS_SID
 from training_constructs.resources import ExistingNetwork, ExistingStorage
 from training_constructs.teams import CREATE_JOBS_SID, CREATE_TUNING_JOBS_SID, TeamSpec
 
 ENVIRONMENTS = ("dev", "prod")
 TEAM_CASES = [("dev", "default"), ("prod", "pretrain"), ("prod", "finetune")]
+# dev's launcher creates training jobs; prod's submits them to its queues.
+DIRECT_CASES = [("dev", "default")]
+QUEUED_CASES = [("prod", "pretrain"), ("prod", "finetune")]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -150,7 +156,7 @@ def test_one_launcher_per_team_logging_all_events_encrypted_and_tracing_on(
     assert log_group_id in template["Resources"]
 
 
-@pytest.mark.parametrize(("environment", "team"), TEAM_CASES)
+@pytest.mark.parametrize(("environment", "team"), DIRECT_CASES)
 def test_every_rendered_field_reaches_create_training_job(templates, environment, team):
     template = templates[environment]
     layouts = json.loads(
@@ -225,7 +231,84 @@ def test_the_flow_reads_any_input_resolves_first_retries_with_backoff_and_notifi
 # -- permissions ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("environment", "team"), TEAM_CASES)
+@pytest.mark.parametrize(("environment", "team"), QUEUED_CASES)
+def test_with_queues_every_attempt_is_submitted_under_the_teams_share_and_watched(
+    templates, environment, team
+):
+    states = _definition(templates[environment], team)["States"]
+    direct = [name for name in states if name.startswith(("CreateTrainingJob", "ChooseRequestLayout"))]
+    assert direct == []
+    assert states["Rejected"]["Default"] == states["WaitBeforeRetry"]["Next"] == "SubmitToQueue"
+    submit = states["SubmitToQueue"]
+    assert submit["Resource"] == "arn:<AWS::Partition>:states:::aws-sdk:batch:submitServiceJob"
+    # The request Resolve (or NextAttempt) built and checked; the share identifier fixed to the team's.
+    assert submit["Parameters"] == {
+        "JobName.$": "$.submission.jobName",
+        "JobQueue.$": "$.submission.jobQueue",
+        "ServiceRequestPayload.$": "$.submission.serviceRequestPayload",
+        "SchedulingPriority.$": "$.submission.schedulingPriority",
+        "Tags.$": "$.submission.tags",
+        "ServiceJobType": "SAGEMAKER_TRAINING",
+        "ShareIdentifier": team,
+    }
+    assert submit["ResultSelector"] == {"job_id.$": "$.JobId", "job_arn.$": "$.JobArn", "phase": "QUEUED"}
+    assert submit["ResultPath"] == "$.queue" and submit["Next"] == "Watch"
+    assert submit["Catch"] == [
+        {"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "NextAttempt"}
+    ]
+    watch = states["Watch"]
+    assert watch["Parameters"] == {"queue.$": "$.queue"} and watch["ResultPath"] == "$.queue"
+    assert watch["Next"] == "InQueue" and watch["Catch"][0]["Next"] == "DescribeLauncherError"
+    assert states["InQueue"]["Choices"] == [
+        {"Variable": "$.queue.phase", "StringEquals": "SUCCEEDED", "Next": "ServiceJobSucceeded"},
+        {"Variable": "$.queue.phase", "StringEquals": "FAILED", "Next": "ServiceJobFailed"},
+    ]
+    assert states["InQueue"]["Default"] == "WaitInQueue"
+    waiting, succeeded = states["WaitInQueue"], states["ServiceJobSucceeded"]
+    failed = states["ServiceJobFailed"]
+    assert (waiting["SecondsPath"], waiting["Next"]) == ("$.queue.wait_seconds", "Watch")
+    assert (succeeded["InputPath"], succeeded["ResultPath"], succeeded["Next"]) == ("$.queue.job", "$.job",
+                                                                                     "Summarize")
+    assert (failed["InputPath"], failed["ResultPath"], failed["Next"]) == ("$.queue.failure", "$.failure",
+                                                                            "NextAttempt")
+
+
+@pytest.mark.parametrize(("environment", "team"), QUEUED_CASES)
+def test_with_queues_the_role_submits_to_the_teams_queues_only_and_creates_no_job(
+    templates, environments, environment, team
+):
+    """Batch evaluates these keys on SubmitServiceJob; moto does not, so they are asserted here."""
+    config = environments[environment]
+    team_config = config.team(team)
+    statements = {s.get("Sid"): s for s in _state_machine_statements(templates[environment], team)}
+    actions = {a for s in statements.values() for a in as_list(s["Action"])}
+    assert not {a for a in actions if a.startswith("sagemaker:") or a.startswith("events:")}
+    priority = {"NumericLessThanEquals": {"batch:SchedulingPriority": str(team_config.max_priority)}}
+    to_queues = statements[SUBMIT_TO_QUEUES_SID]
+    assert to_queues["Action"] == "batch:SubmitServiceJob"
+    queues = [json.dumps(arn) for arn in as_list(to_queues["Resource"])]
+    assert len(queues) == len(config.team_queues(team_config))
+    assert all(f"Queue{name.capitalize()}" in " ".join(queues) for name in config.team_queues(team_config))
+    assert to_queues["Condition"] == {**priority, "StringEquals": {"aws:RequestTag/llmtrain:team": team}}
+    service_jobs = statements[SUBMIT_SERVICE_JOBS_SID]
+    assert service_jobs["Resource"]["Fn::Join"][1][-1].endswith(":service-job/*")
+    assert service_jobs["Condition"] == {
+        **priority,
+        "StringEquals": {"batch:ShareIdentifier": team, "aws:RequestTag/llmtrain:team": team},
+    }
+    assert statements[TAG_SERVICE_JOBS_SID]["Condition"] == {
+        "StringEquals": {"aws:RequestTag/llmtrain:team": team}
+    }
+    # Batch needs the submitter's PassRole of the payload's role: the team's execution role only.
+    passing = statements["PassTeamExecutionRoleToSageMaker"]
+    assert f"Team{team.capitalize()}ExecutionRole" in passing["Resource"]["Fn::ImportValue"]
+    assert passing["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+    invoked = [s for s in _state_machine_statements(templates[environment], team)
+               if s["Action"] == "lambda:InvokeFunction"]
+    assert len(invoked) == 4  # resolve, next attempt, summarize, watch
+
+
+@pytest.mark.parametrize(("environment", "team"), DIRECT_CASES)
 def test_the_job_creating_role_carries_every_condition_key(
     platform, templates, environments, environment, team
 ):
@@ -353,6 +436,12 @@ def test_functions_get_the_teams_platform_context_and_least_privilege(
         # Resolve also lists a tune's tuning jobs and reads JumpStart's catalogue (base models).
         resolve = expected | {"sagemaker:ListTrainingJobs", "sagemaker:ListTags",
                               "sagemaker:ListHyperParameterTuningJobs", "s3:GetObject"}
+        if config.queues is not None:  # a run's attempts are its service jobs too
+            resolve |= {"batch:ListServiceJobs", "batch:DescribeServiceJob", "batch:GetJobQueueSnapshot",
+                        "sagemaker:DescribeTrainingJob"}
+            assert '\\"queues\\":{' in context and f'\\"share_identifier\\":\\"{team}\\"' in context
+        else:
+            assert '\\"queues\\"' not in context
         assert actions == (resolve if handler == "resolve" else expected)
 
 
@@ -423,11 +512,11 @@ def test_the_code_asset_loads_the_handlers_with_vendored_packages_and_the_regist
     shutil.copytree(asset, probed, ignore=shutil.ignore_patterns("regex", "regex-*"))
     probe = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); import yaml; "
-        "from llmtrain.handlers import launcher; from llmtrain.catalog import Catalog; "
+        "from llmtrain.handlers import launcher, queue; from llmtrain.catalog import Catalog; "
         "from llmtrain.planner import prices; table = prices.load(); "
         "root = launcher.BUNDLED_TEMPLATES_DIR; "
         "refs = [t.ref for t in Catalog.load(root=root, repo_root=root.parent).all()]; "
-        "print(json.dumps([yaml.__file__, launcher.__file__, prices.__file__, refs]))"
+        "print(json.dumps([yaml.__file__, launcher.__file__, queue.__file__, prices.__file__, refs]))"
     )
     result = subprocess.run(
         [sys.executable, "-I", "-c", probe, str(probed)], capture_output=True, text=True, check=True

@@ -31,6 +31,9 @@ RESOURCE_STAR_ALLOWED = {
     "sts:GetServiceBearerToken": "no resource-level permission; a condition limits it to CodeArtifact",
     "servicequotas:ListServiceQuotas": "Service Quotas List* actions have no resource ARN",
     "servicequotas:ListAWSDefaultServiceQuotas": "Service Quotas List* actions have no resource ARN",
+    # Queued runs (prod): the Service Authorization Reference lists no resource type for these.
+    "batch:ListServiceJobs": "ListServiceJobs has no resource type in IAM",
+    "batch:DescribeServiceJob": "DescribeServiceJob has no resource type in IAM",
     # The launcher state machine's logging and X-Ray tracing (aws-cdk-lib's own grants).
     **{f"logs:{action}": "Step Functions log delivery is set up account-wide; CloudWatch Logs offers no "
                          "narrower resource for it" for action in (

@@ -43,6 +43,8 @@ from training_constructs import (
     TrainingOperationsProps,
     TrainingPackages,
     TrainingPackagesProps,
+    TrainingQueues,
+    TrainingQueuesProps,
     TrainingStorage,
     TrainingStorageProps,
 )
@@ -75,7 +77,7 @@ def test_the_library_exports_its_constructs():
     assert sorted(CONSTRUCTS) == [
         "DeployedEnvironmentRecord", "JobTemplate", "TeamAccess", "TrainingAccess", "TrainingDebugging",
         "TrainingLauncher", "TrainingMlflow", "TrainingNetwork", "TrainingOperations", "TrainingPackages",
-        "TrainingStorage",
+        "TrainingQueues", "TrainingStorage",
     ]
 
 
@@ -271,6 +273,9 @@ def one_of_each() -> dict[str, Construct]:
         "TrainingMlflow": TrainingMlflow(stack, "Mlflow", TrainingMlflowProps(
             environment_name="each", size="Small", storage=storage, network=network)),
         "TrainingDebugging": TrainingDebugging(stack, "Debugging", TrainingDebuggingProps(network=network)),
+        "TrainingQueues": TrainingQueues(stack, "Queues", TrainingQueuesProps(
+            environment_name="each", teams=[team], max_instances=4,
+            job_queues=[training_constructs.JobQueueSpec(name="standard")])),
         "DeployedEnvironmentRecord": DeployedEnvironmentRecord(
             stack,
             "Record",

@@ -36,6 +36,7 @@ from llmtrain.cli import main
 from llmtrain.handlers.launcher import ENV_PLATFORM_CONTEXT
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, render
+from training_constructs.teams import TEAM_TAG
 
 ENVIRONMENT = "prod"
 TEAMS = ("pretrain", "finetune")
@@ -102,6 +103,12 @@ class Principals:
     def state_machine(self, team: str) -> str:
         return self.outputs[f"Team{team.capitalize()}StateMachineArn"]
 
+    def launcher_role(self, team: str) -> str:
+        """The name of the team's launcher (state machine) role."""
+        sfn = boto3.client("stepfunctions", region_name=self.region)
+        machine = sfn.describe_state_machine(stateMachineArn=self.state_machine(team))
+        return machine["roleArn"].rsplit("/", 1)[1]
+
     def platform_context(self, team: str) -> PlatformContext:
         """What the team's deployed resolve function receives, as moto's CloudFormation resolved it."""
         functions = boto3.client("lambda", region_name=self.region)
@@ -140,6 +147,25 @@ def test_every_stack_of_the_two_team_environment_deploys(deployed):
             assert f"Team{team.capitalize()}{output}" in deployed.outputs, (team, output)
     # The JobTemplates' uploads and the default security group's cleanup were answered by the test.
     assert any("CodeCustomResource" in name for name in deployed.stage.answered_custom_resources)
+
+
+def test_the_queues_deploy_with_the_types_moto_cannot_model_supplied(deployed):
+    """moto's CloudFormation models none of the queues' types (moto_cloudformation.py says what the test
+    supplies): the scheduling policy is created through moto's Batch API, which then answers with the
+    teams' shares; the service environment and the SAGEMAKER_TRAINING queues are stand-ins."""
+    supplied = sorted(entry.split(" ")[1] for entry in deployed.stage.supplied_resources)
+    assert supplied == ["(AWS::Batch::JobQueue)", "(AWS::Batch::JobQueue)", "(AWS::Batch::SchedulingPolicy)",
+                        "(AWS::Batch::ServiceEnvironment)"]
+    assert all(entry.startswith("llmtrain-prod-launcher/") for entry in deployed.stage.supplied_resources)
+    physical = {r["PhysicalResourceId"] for r in deployed.stage.resources["llmtrain-prod-launcher"]}
+    arn = f"arn:aws:batch:{deployed.region}:222222222222"
+    assert {f"{arn}:job-queue/llmtrain-prod-standard", f"{arn}:job-queue/llmtrain-prod-urgent",
+            f"{arn}:service-environment/llmtrain-prod"} <= physical
+    batch = boto3.client("batch", region_name=deployed.region)
+    [policy] = batch.describe_scheduling_policies(arns=[f"{arn}:scheduling-policy/llmtrain-prod-fair-share"])[
+        "schedulingPolicies"]
+    shares = {s["shareIdentifier"]: s["weightFactor"] for s in policy["fairsharePolicy"]["shareDistribution"]}
+    assert shares == {"pretrain": 1.0, "finetune": 3.0}
 
 
 @pytest.mark.parametrize("team", TEAMS)
@@ -185,6 +211,18 @@ def test_a_teams_jobs_reach_only_its_own_prefixes(deployed, team):
         assert not allowed(
             lambda: job.delete_object(Bucket=deployed.bucket("checkpoints"), Key=f"teams/{other}/runs/object")
         )
+
+
+def managed_policy_allows(
+    policy_arn: str, action: str, resource: str, conditions: dict | None = None
+) -> bool:
+    """Whether a managed policy, as moto's IAM holds it, allows the call (moto's evaluator)."""
+    iam = boto3.client("iam")
+    version = iam.get_policy(PolicyArn=policy_arn)["Policy"]["DefaultVersionId"]
+    document = iam.get_policy_version(PolicyArn=policy_arn, VersionId=version)["PolicyVersion"]["Document"]
+    result = IAMPolicy(json.dumps(document)).is_action_permitted(action, resource,
+                                                                 incoming_condition_values=conditions)
+    return result == PermissionResult.PERMITTED
 
 
 def role_allows(role_name: str, action: str, resource: str, conditions: dict | None = None) -> bool:
@@ -262,7 +300,6 @@ def test_a_teams_engineers_reach_only_its_jobs_and_data(deployed, team):
     with iam_enforced():
         own, theirs = requests[team]["TrainingJobName"], requests[other]["TrainingJobName"]
         assert allowed(lambda: engineer_jobs.describe_training_job(TrainingJobName=own))
-        assert not allowed(lambda: engineer_jobs.describe_training_job(TrainingJobName=theirs))
         assert not allowed(lambda: engineer_jobs.stop_training_job(TrainingJobName=theirs))
         assert allowed(lambda: engineer_jobs.stop_training_job(TrainingJobName=own))
         # `llmtrain data upload`: into the team's datasets prefix only.
@@ -273,6 +310,17 @@ def test_a_teams_engineers_reach_only_its_jobs_and_data(deployed, team):
             lambda: engineer_s3.put_object(Bucket=datasets, Key=f"teams/{other}/up/part", Body=b"1")
         )
         assert not allowed(lambda: engineer_s3.delete_object(Bucket=datasets, Key=f"teams/{team}/up/part"))
+    # Reading another team's job: prod's queued jobs are named by Batch, so engineers read training
+    # jobs by the team's tag (aws:ResourceTag), which moto's enforcement does not evaluate (it
+    # supplies no resource tags): moto's evaluator judges the deployed policy with the job's tag.
+    policy = deployed.outputs[f"Team{team.capitalize()}EngineerPolicyArn"]
+    their_job = f"arn:aws:sagemaker:{deployed.region}:222222222222:training-job/{theirs}"
+    tagged = {f"aws:ResourceTag/{TEAM_TAG}": other}
+    assert not managed_policy_allows(policy, "sagemaker:DescribeTrainingJob", their_job, tagged)
+    batch_named = f"arn:aws:sagemaker:{deployed.region}:222222222222:training-job/awsbatch{team}0f2a"
+    assert managed_policy_allows(policy, "sagemaker:DescribeTrainingJob", batch_named,
+                                 {f"aws:ResourceTag/{TEAM_TAG}": team})
+    assert not managed_policy_allows(policy, "sagemaker:DescribeTrainingJob", batch_named, tagged)
 
 
 @pytest.mark.parametrize("team", TEAMS)
@@ -323,19 +371,58 @@ def test_a_teams_engineer_uploads_and_lists_its_datasets_with_the_cli(deployed, 
 
 
 @pytest.mark.parametrize("team", TEAMS)
-def test_a_teams_launcher_creates_only_its_teams_jobs(deployed, team):
-    """The launcher role's CreateTrainingJob allow is scoped to the team's job names (moto evaluates the
-    resource; the condition keys it carries are asserted in test_launcher.py)."""
+def test_a_teams_launcher_submits_only_to_its_queues_with_its_share_and_creates_no_job(deployed, team):
+    """prod queues its runs: the launcher role creates no training job (Batch's service-linked role
+    does), which moto's IAM enforcement checks on the call. moto implements no Batch service job, so
+    the submissions are judged by moto's own policy evaluator on the role's policies as moto's IAM
+    holds them after the deployment (actions, resources and StringEquals conditions; the
+    NumericLessThanEquals on batch:SchedulingPriority, which it does not evaluate, is asserted in
+    test_launcher.py)."""
     other = OTHER[team]
     own = _rendered(deployed, team, f"{team}-own")
-    # What a launcher that rendered for the other team (or was tricked into it) would send.
-    theirs = _rendered(deployed, other, f"{team}-theirs")
     launcher = deployed.client("launcher", team, "sagemaker")
     with iam_enforced():
-        assert allowed(lambda: launcher.create_training_job(**own))
-        assert not allowed(lambda: launcher.create_training_job(**theirs))
-        assert allowed(lambda: launcher.describe_training_job(TrainingJobName=own["TrainingJobName"]))
-        assert not allowed(lambda: launcher.stop_training_job(TrainingJobName=theirs["TrainingJobName"]))
+        assert not allowed(lambda: launcher.create_training_job(**own))
+    role = deployed.launcher_role(team)
+    context = deployed.platform_context(team)
+    queues = context.queues
+    assert queues is not None and queues.share_identifier == team
+    arn = f"arn:aws:batch:{deployed.region}:222222222222"
+    mine = {"batch:ShareIdentifier": team, f"aws:RequestTag/{TEAM_TAG}": team}
+    for name in ("standard", "urgent"):
+        queue = f"{arn}:job-queue/llmtrain-prod-{name}"
+        may = name in queues.queue_arns
+        assert queues.queue_arns.get(name, queue) == queue
+        assert role_allows(role, "batch:SubmitServiceJob", queue, {f"aws:RequestTag/{TEAM_TAG}": team}) is may
+    assert set(queues.queue_arns) == ({"standard", "urgent"} if team == "pretrain" else {"standard"})
+    service_job = f"{arn}:service-job/0f2a"
+    assert role_allows(role, "batch:SubmitServiceJob", service_job, mine)
+    theirs = {"batch:ShareIdentifier": other, f"aws:RequestTag/{TEAM_TAG}": team}
+    assert not role_allows(role, "batch:SubmitServiceJob", service_job, theirs)
+    untagged = {"batch:ShareIdentifier": team, f"aws:RequestTag/{TEAM_TAG}": other}
+    assert not role_allows(role, "batch:SubmitServiceJob", service_job, untagged)
+    # Batch passes the payload's role only if the submitter may: the team's execution role, no other.
+    own_role, their_role = (deployed.outputs[f"Team{t.capitalize()}ExecutionRoleArn"] for t in (team, other))
+    to_sagemaker = {"iam:PassedToService": "sagemaker.amazonaws.com"}
+    assert role_allows(role, "iam:PassRole", own_role, to_sagemaker)
+    assert not role_allows(role, "iam:PassRole", their_role, to_sagemaker)
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_a_teams_engineers_see_the_queues_and_cancel_only_its_queued_runs(deployed, team):
+    other = OTHER[team]
+    policy = deployed.outputs[f"Team{team.capitalize()}EngineerPolicyArn"]
+    arn = f"arn:aws:batch:{deployed.region}:222222222222"
+    service_job = f"{arn}:service-job/0f2a"
+    assert managed_policy_allows(policy, "batch:ListServiceJobs", "*")
+    assert managed_policy_allows(policy, "batch:GetJobQueueSnapshot", f"{arn}:job-queue/llmtrain-prod-urgent")
+    assert not managed_policy_allows(policy, "batch:DescribeServiceJob", "*")  # payloads are the launcher's
+    assert managed_policy_allows(policy, "batch:TerminateServiceJob", service_job,
+                                 {f"aws:ResourceTag/{TEAM_TAG}": team})
+    assert not managed_policy_allows(policy, "batch:TerminateServiceJob", service_job,
+                                     {f"aws:ResourceTag/{TEAM_TAG}": other})
+    for action in ("batch:SubmitServiceJob", "batch:SubmitJob"):
+        assert not managed_policy_allows(policy, action, f"{arn}:job-queue/llmtrain-prod-standard")
 
 
 def test_every_request_the_prod_teams_render_encrypts_inter_container_traffic(deployed, environments):

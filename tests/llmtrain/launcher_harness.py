@@ -21,6 +21,14 @@ What is supplied in test code, because moto has neither:
   output as the cause; an API error fails it with ``SageMaker.AmazonSageMakerException`` and
   SageMaker's message.
 - Wait states: moto really sleeps; the harness records the requested seconds and does not sleep.
+- AWS Batch, for a launcher with queues: moto implements no service job. The state machine's
+  `aws-sdk:batch:submitServiceJob` task and the functions' Batch client reach `SimulatedBatch`
+  (tests/llmtrain/batch_support.py) instead, the task's parameters turned from Step Functions'
+  PascalCase into the API's names by botocore's model as Step Functions does (a name the model
+  lacks stays and fails its validation). When a service job leaves its queue, the training job
+  Batch would create is created in moto's SageMaker from the payload (through the validating
+  client), named as AWS's example shows Batch naming them (`AWSBatch<name><hash>`, cut to 63) and
+  tagged with the service job's tags; it ends as its `JobOutcome` scripts.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ from typing import Any
 from unittest import mock
 
 import boto3
+import botocore.session
+from batch_support import QueueOutcome, SimulatedBatch
 from botocore.exceptions import ClientError
 from moto import mock_aws
 from moto.sagemaker.models import sagemaker_backends
@@ -60,8 +70,14 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service impor
     state_task_service_callback as callback,
 )
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.resource import ResourceCondition
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_aws_sdk import (
+    StateTaskServiceAwsSdk,
+)
 from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+from moto.stepfunctions.parser.utils import camel_to_snake_case
+
+from llmtrain.handlers import launcher as launcher_functions
 
 ACCOUNT = "123456789012"  # moto's default account: the stage is synthesized for it
 REGION = "us-east-1"
@@ -118,8 +134,14 @@ class CloudFormationResolver:
             return pseudo[logical_id]
         if (stack, logical_id) in self.physical:
             return self.physical[(stack, logical_id)]
-        kind = self.resource(stack, logical_id)["Type"]
+        resource = self.resource(stack, logical_id)
+        kind = resource["Type"]
         name = _physical_name(stack, logical_id)
+        batch = _BATCH_NAMES.get(kind)
+        if batch is not None:  # Ref is the ARN, named by the resource's own name property
+            resource_type, name_property = batch
+            named = resource["Properties"].get(name_property, name)
+            return f"arn:aws:batch:{self.region}:{self.account}:{resource_type}/{named}"
         refs = {
             "AWS::S3::Bucket": name.lower()[:63],
             "AWS::EC2::Subnet": "subnet-" + _digest(name, 17),
@@ -149,6 +171,9 @@ class CloudFormationResolver:
             ("AWS::EC2::SecurityGroup", "GroupId"): ref,
             ("AWS::SNS::Topic", "TopicArn"): ref,
             ("AWS::StepFunctions::StateMachine", "Arn"): ref,
+            ("AWS::Batch::JobQueue", "JobQueueArn"): ref,
+            ("AWS::Batch::ServiceEnvironment", "ServiceEnvironmentArn"): ref,
+            ("AWS::Batch::SchedulingPolicy", "Arn"): ref,
         }
         if (kind, attribute) not in arns:
             raise KeyError(f"the resolver does not know {kind}.{attribute} ({stack}/{logical_id})")
@@ -164,6 +189,13 @@ class CloudFormationResolver:
                         self._exports[export] = (output["Value"], stack)
         value, stack = self._exports[name]
         return self.resolve(value, stack)
+
+
+_BATCH_NAMES = {
+    "AWS::Batch::JobQueue": ("job-queue", "JobQueueName"),
+    "AWS::Batch::ServiceEnvironment": ("service-environment", "ServiceEnvironmentName"),
+    "AWS::Batch::SchedulingPolicy": ("scheduling-policy", "Name"),
+}
 
 
 def _physical_name(stack: str, logical_id: str) -> str:
@@ -455,6 +487,21 @@ class SimulatedTrainingJobs:
         if outcome.status != "Completed":
             raise TrainingJobEnded(description)
         return description
+    # -- the training jobs Batch creates for service jobs ------------------------------------------------
+
+    def create_for_batch(self, payload: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+        """CreateTrainingJob as Batch makes it for a service job leaving its queue: the payload under
+        a name of Batch's (`AWSBatch<name><hash>`, cut to SageMaker's 63), with the service job's tags."""
+        name = ("AWSBatch" + payload["TrainingJobName"])[:31] + uuid.uuid4().hex
+        tag_list = [{"Key": key, "Value": value} for key, value in tags.items()]
+        return self.create({**payload, "TrainingJobName": name, **({"Tags": tag_list} if tag_list else {})})
+
+    def status_for_batch(self, job_name: str) -> str | None:
+        """How a training job Batch created ended: None while it runs, else its status."""
+        try:
+            return None if self.finish(job_name) is None else "Completed"
+        except TrainingJobEnded as ended:
+            return ended.description["TrainingJobStatus"]
 
 
 def _json_ready(value: Any) -> Any:
@@ -525,6 +572,28 @@ def _simulated_service(jobs: SimulatedTrainingJobs) -> type[callback.StateTaskSe
     return StateTaskServiceSageMakerSimulated
 
 
+# --- AWS Batch's service jobs, through the aws-sdk integration ------------------------------------------
+
+
+def _batch_sdk_service(batch: SimulatedBatch) -> type[StateTaskServiceAwsSdk]:
+    model = botocore.session.get_session().get_service_model("batch")
+
+    class StateTaskServiceBatchSimulated(StateTaskServiceAwsSdk):
+        def _eval_service_task(self, env, resource_runtime_part, normalised_parameters, state_credentials):
+            if self.resource.api_name != "batch":
+                return super()._eval_service_task(env, resource_runtime_part, normalised_parameters,
+                                                  state_credentials)
+            action = self.resource.api_action
+            operation = model.operation_model(action[0].upper() + action[1:])
+            parameters = dict(normalised_parameters)
+            self._to_boto_request(parameters, operation.input_shape)  # PascalCase -> the API's names
+            response = getattr(batch, camel_to_snake_case(action))(**parameters)
+            self._from_boto_response(response, operation.output_shape)  # and back
+            env.stack.append(response)
+
+    return StateTaskServiceBatchSimulated
+
+
 # --- the harness -----------------------------------------------------------------------------------
 
 
@@ -542,9 +611,11 @@ class LauncherRun:
 class LauncherHarness:
     """moto with the launcher deployed: start executions and read what happened."""
 
-    def __init__(self, launcher: SynthesizedLauncher, jobs: SimulatedTrainingJobs):
+    def __init__(self, launcher: SynthesizedLauncher, jobs: SimulatedTrainingJobs,
+                 batch: SimulatedBatch | None = None):
         self.launcher = launcher
         self.jobs = jobs
+        self.batch = batch
         self.waits: list[int] = []
         self.lambdas = InProcessLambda(launcher.functions)
         self.sfn = boto3.client("stepfunctions", region_name=REGION)
@@ -615,14 +686,25 @@ def launcher_in_moto(
     launcher_stack: str,
     templates: Mapping[str, Mapping[str, Any]],
     outcomes: list[JobOutcome],
+    queue_outcomes: list[QueueOutcome] | None = None,
 ) -> Iterator[LauncherHarness]:
-    """moto with execution on, the synthesized launcher created in it, and the two simulations."""
+    """moto with execution on, the synthesized launcher created in it, and the simulations: SageMaker's
+    .sync integration, and for a launcher with queues AWS Batch's service jobs (``queue_outcomes``)."""
     jobs = SimulatedTrainingJobs(outcomes)
+    batch = SimulatedBatch(list(queue_outcomes or []), on_schedule=jobs.create_for_batch,
+                           training=jobs.status_for_batch)
     original_factory = state_task_factory.state_task_service_for
     simulated = _simulated_service(jobs)
+    batch_sdk = _batch_sdk_service(batch)
+    original_client = launcher_functions.service_client
 
     def service_for(service_name: str):
+        if service_name == "aws-sdk":
+            return batch_sdk()
         return simulated() if service_name == "sagemaker" else original_factory(service_name)
+
+    def service_client(service: str, platform):
+        return batch if service == "batch" else original_client(service, platform)
 
     with (
         mock.patch.dict(
@@ -637,7 +719,7 @@ def launcher_in_moto(
     ):
         topic_arn = boto3.client("sns", region_name=REGION).create_topic(Name="launcher-topic")["TopicArn"]
         launcher = SynthesizedLauncher.from_assembly(assembly_dir, launcher_stack, templates, topic_arn)
-        harness = LauncherHarness(launcher, jobs)
+        harness = LauncherHarness(launcher, jobs, batch)
 
         def record_wait(self, env, wait_seconds):
             harness.waits.append(wait_seconds)
@@ -646,6 +728,7 @@ def launcher_in_moto(
             mock.patch.object(state_task_factory, "state_task_service_for", service_for),
             mock.patch.object(lambda_eval_utils, "_invoke_lambda_function", harness.lambdas.invoke),
             mock.patch.object(WaitFunction, "_wait_interval", record_wait),
+            mock.patch.object(launcher_functions, "service_client", service_client),
         ):
             harness.deploy(topic_arn)
             yield harness

@@ -97,3 +97,39 @@ def test_job_name_prefixes_everyone_refuses(prefix):
     assert not is_job_name_prefix(prefix, 37)
     with pytest.raises(PlatformContextError, match="job_name_prefix"):
         platform_context(job_name_prefix=prefix)
+
+
+QUEUES = {
+    "queue_arns": {"standard": "arn:aws:batch:us-east-1:111111111111:job-queue/llmtrain-dev-standard"},
+    "default_queue": "standard",
+    "share_identifier": "default",
+    "max_priority": 10,
+    "max_instances": 16,
+    "capacity_wait_seconds": 3600,
+}
+
+
+def test_a_teams_queues_round_trip_and_are_left_out_without_queues():
+    assert "queues" not in platform_context().to_dict()  # a context without queues reads as before
+    context = platform_context(queues=QUEUES)
+    again = PlatformContext.from_dict(json.loads(json.dumps(context.to_dict())))
+    assert again == context and again.queues.queue_arn(None) == QUEUES["queue_arns"]["standard"]
+    assert again.queues.queue_arn("standard") == QUEUES["queue_arns"]["standard"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"queue_arns": {}}, "queue_arns must map at least one queue"),
+        ({"queue_arns": {"standard": "arn:aws:batch:us-east-1:111111111111:compute-environment/x"}},
+         "is not a job queue ARN"),
+        ({"default_queue": "urgent"}, "default_queue 'urgent' is not one of the team's queues"),
+        ({"max_priority": 10000}, "max_priority must be a whole number from 0 to 9999"),
+        ({"max_instances": 0}, "max_instances must be a positive whole number"),
+    ],
+)
+def test_bad_queues_are_named(changes, message):
+    with pytest.raises(PlatformContextError, match=message):
+        platform_context(queues={**QUEUES, **changes})
+    with pytest.raises(PlatformContextError, match="queues must have exactly the fields"):
+        platform_context(queues={**QUEUES, "extra": 1})

@@ -28,7 +28,7 @@ from llmtrain.commands.launch import format_status
 from llmtrain.handlers.tuning import tune_trials
 from llmtrain.launcher_client import RunStatus
 from llmtrain.tuning import ParamRange, TuneSpec
-from llmtrain.validate import shape_problems
+from llmtrain.validate import input_problems, shape_problems
 
 VALIDATION = f"channels.validation={TEAM_URI}tiny/validation/"
 TUNE = (
@@ -77,7 +77,7 @@ def test_dry_run_prints_the_tuning_request_valid_against_botocore(capsys, enviro
     )
     assert code == 0, err
     request = json.loads(out)
-    assert shape_problems(request, "CreateHyperParameterTuningJob") == []
+    assert input_problems("sagemaker", "CreateHyperParameterTuningJob", request) == []
     assert request["HyperParameterTuningJobName"] == f"{PREFIX}-lr-1-t1"
     assert (
         request["TrainingJobDefinition"]["RoleArn"]

@@ -27,7 +27,7 @@ from llmtrain.tuning import (
     tuning_request,
     validate_tuning_request,
 )
-from llmtrain.validate import shape_problems
+from llmtrain.validate import input_problems
 
 CATALOG = Catalog.load()
 FSDP = CATALOG.resolve("llama-pretrain-fsdp")
@@ -109,7 +109,7 @@ def test_the_tuning_request_is_the_rendered_run_with_the_search_and_botocore_acc
         seed=7,
     )
     request = tuning_request(tune, training, platform, run_name="lr-1")
-    assert shape_problems(request, "CreateHyperParameterTuningJob") == []
+    assert input_problems("sagemaker", "CreateHyperParameterTuningJob", request) == []
     config = request["HyperParameterTuningJobConfig"]
     assert config["Strategy"] == "Bayesian" and config["TrainingJobEarlyStoppingType"] == "Auto"
     assert config["HyperParameterTuningJobObjective"] == {"Type": "Minimize", "MetricName": "eval:loss"}
@@ -174,7 +174,7 @@ def test_hyperband_warm_start_and_maximize():
         "ParentHyperParameterTuningJobs": [{"HyperParameterTuningJobName": "llmtrain-dev-default-lr-1-t1"}],
         "WarmStartType": "IdenticalDataAndAlgorithm",
     }
-    assert shape_problems(request, "CreateHyperParameterTuningJob") == []
+    assert input_problems("sagemaker", "CreateHyperParameterTuningJob", request) == []
 
 
 def test_a_run_name_too_long_for_a_tuning_job_name_is_refused():
