@@ -146,8 +146,9 @@ def start_tune(
     anything is created (a tune in progress or completed, beyond the team's limits or budget)."""
     try:
         if platform.queues is not None:
-            raise TuneError("this environment queues its training jobs (AWS Batch), and SageMaker's tuning jobs "
-                            "cannot be queued: tune in an environment without queues, or locally (--local)")
+            raise TuneError("this environment queues its training jobs (AWS Batch), and SageMaker's "
+                            "tuning jobs cannot be queued: tune in an environment without queues, or "
+                            "locally (--local)")
         tune = TuneSpec.from_dict(run_input.tune)
         previous = tuning_jobs(sagemaker, platform.job_name_prefix, run_input.run_name)
         _refuse_duplicate_tune(run_input.run_name, previous)
