@@ -30,7 +30,7 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from llmtrain.catalog import Catalog, parse_ref
 from llmtrain.commands._common import (
@@ -43,6 +43,7 @@ from llmtrain.commands._common import (
 )
 from llmtrain.datasets import channel_problems
 from llmtrain.errors import LlmtrainError, OverrideError, TemplateNotFoundError, did_you_mean
+from llmtrain.jumpstart import resolve_base_model
 from llmtrain.launcher_client import FINISHED, LauncherClient, RunStatus, owner_from_identity
 from llmtrain.lifecycle.resolve import check_queue_choice
 from llmtrain.planner.checks import check_run
@@ -50,7 +51,9 @@ from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.program_contract import ProgramContract
 from llmtrain.render import RunInput, coerce_override, render
 from llmtrain.runs import ExecutionInput
-from llmtrain.spec import CHANNEL_SETTING_PREFIX, TemplateSpec
+from llmtrain.spec import CHANNEL_SETTING_PREFIX, PLATFORM_RUN_OPTIONS, TemplateSpec
+from llmtrain.tuning import Trial, TuneSpec, best_trial
+from llmtrain.tuning import start_command as best_start_command
 
 
 class RunRejected(LlmtrainError):
@@ -135,18 +138,9 @@ def _parser(subparsers, name: str, summary: str, description: str) -> argparse.A
 
 def start_command(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
-    catalog = Catalog.load()
-    if parse_ref(args.ref)[0] in catalog.names():
-        template = check_locally(catalog, args.ref, args.run_name, overrides)
-        queue_choice = _queue_choice(template, args)  # before any AWS call
-        cloud = connect(args)
-    else:
-        # A team's own template: no catalog here has it; the environment's record carries it.
-        cloud = _connect_for(args, catalog)
-        catalog = environment_catalog(cloud, catalog)
-        template = check_locally(catalog, args.ref, args.run_name, overrides)
-        queue_choice = _queue_choice(template, args)
-    check_queue_choice(queue_choice, cloud.team.platform)
+    catalog, template, cloud = checked_template(args, overrides,
+                                                check=lambda template: _queue_choice(template, args))
+    check_queue_choice(_queue_choice(template, args), cloud.team.platform)
     request, plan = check_in_environment(
         cloud,
         template,
@@ -194,6 +188,24 @@ def start_command(args: argparse.Namespace) -> int:
     return 0 if status.execution_status == "SUCCEEDED" else 1
 
 
+def checked_template(
+    args: argparse.Namespace, overrides: Mapping[str, str], *, check: Callable[[TemplateSpec], object]
+) -> tuple[Catalog, TemplateSpec, Cloud]:
+    """The template version `args.ref` that `start` and `tune` start, checked here (`check_locally`,
+    then `check`), its catalog and the deployed environment. A template this llmtrain ships is checked
+    before any AWS call; a team's own is found in the environment's record (no catalog here has it)."""
+    catalog = Catalog.load()
+    if parse_ref(args.ref)[0] in catalog.names():
+        template = check_locally(catalog, args.ref, args.run_name, overrides)
+        check(template)
+        return catalog, template, connect(args)
+    cloud = _connect_for(args, catalog)
+    catalog = environment_catalog(cloud, catalog)
+    template = check_locally(catalog, args.ref, args.run_name, overrides)
+    check(template)
+    return catalog, template, cloud
+
+
 def _queue_choice(template: TemplateSpec, args: argparse.Namespace) -> ExecutionInput:
     """The run's queue and priority as the launcher reads them (their form; InvalidRunInput)."""
     return ExecutionInput(template=template.name, run_name=args.run_name, queue=args.queue,
@@ -229,13 +241,13 @@ def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[
     Where a channel may read (the team's datasets prefix) is the environment's to say: channels are
     checked here for their form (an S3 URI), then against the team in `check_in_environment`."""
     template = catalog.resolve(ref)
+    accepted = {*template.overridable, *PLATFORM_RUN_OPTIONS}
     for setting, value in overrides.items():
-        if setting not in template.overridable:
-            allowed = ", ".join(sorted(template.overridable))
+        if setting not in accepted:
             raise OverrideError(
                 setting,
-                f"{template.ref} does not allow overriding it{did_you_mean(setting, template.overridable)}; "
-                f"it allows: {allowed}",
+                f"{template.ref} does not allow overriding it{did_you_mean(setting, accepted)}; "
+                f"it allows: {', '.join(sorted(accepted))}",
             )
         coerce_override(template, setting, value)
     stand_in = PlatformContext.placeholder(
@@ -245,7 +257,10 @@ def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[
         resource_prefix="llmtrain",
         warm_pool_cap_seconds=MAX_KEEP_ALIVE_SECONDS,
     )
-    settings = {k: v for k, v in overrides.items() if not k.startswith(CHANNEL_SETTING_PREFIX)}
+    # The platform run options (training plans, remote debugging, base models) are the environment's
+    # to check, with its plans, features and region, as the channels are.
+    settings = {k: v for k, v in overrides.items()
+                if not k.startswith(CHANNEL_SETTING_PREFIX) and k not in PLATFORM_RUN_OPTIONS}
     run = RunInput(run_name=run_name, overrides=settings)
     render(template, run, stand_in, catalog.program_contract(template))
     return template
@@ -272,7 +287,10 @@ def check_in_environment(
             f"{did_you_mean(template.name, deployed.enabled_templates)}; it offers: "
             f"{', '.join(deployed.enabled_templates)}"
         )
-    request = render(template, RunInput(run_name=run_name, overrides=dict(overrides)), team.platform, program)
+    base_model = resolve_base_model(overrides, cloud.session.client("s3", region_name=deployed.region),
+                                    deployed.region)
+    run = RunInput(run_name=run_name, overrides=dict(overrides), base_model=base_model)
+    request = render(template, run, team.platform, program)
     plan = check_run(
         template,
         request,
@@ -281,10 +299,13 @@ def check_in_environment(
         team=team.name,
         skip_fit_check=skip_plan_check,
     )
+    # A JumpStart base model is in JumpStart's buckets (resolved above), not in the team's datasets.
+    own_data = request if base_model is None else {
+        **request, "InputDataConfig": [c for c in request["InputDataConfig"] if c["ChannelName"] != "model"]}
     problems = channel_problems(
         cloud.session.client("s3", region_name=deployed.region),
         team,
-        request,
+        own_data,
         token_channels=template.code.is_platform,
     )
     if problems:
@@ -345,7 +366,9 @@ def format_status(status: RunStatus, where: str = "") -> str:
         lines.append(f"executions: {', '.join(status.executions)}")
     if status.queue:
         lines.append(f"queue: {status.queue['message']}")
-    if status.job:
+    if status.run_input.get("tune") is not None:
+        lines.extend(_tune_lines(status))
+    elif status.job:
         job = status.job
         lines.append(
             f"training job {job['name']}: {job['status']} ({job['secondary_status']}) on "
@@ -375,6 +398,29 @@ def format_status(status: RunStatus, where: str = "") -> str:
             f"{continue_command(status, where)}"
         )
     return "\n".join(lines)
+
+
+def _tune_lines(status: RunStatus) -> list[str]:
+    """A tune's tuning job, its trials and the best one's `llmtrain start` line."""
+    tuning = status.tuning
+    if not tuning:
+        return ["tuning job: none yet"]
+    tune = TuneSpec.from_dict(status.run_input["tune"])
+    trials = [Trial(number=t["number"], params=t["params"], objective=t["objective"], status=t["status"],
+                    name=t["name"], detail=t["detail"]) for t in tuning["trials"]]
+    lines = [f"tuning job {tuning['name']}: {tuning['status']}, {len(trials)} of {tune.trials} trials "
+             f"({'maximize' if tune.maximize else 'minimize'} {tune.objective})"]
+    for trial in trials:
+        values = ", ".join(f"{k}={v}" for k, v in trial.params.items())
+        objective = "-" if trial.objective is None else f"{trial.objective:g}"
+        lines.append(f"  {trial.name}: {trial.status} {tune.objective}={objective} {values}")
+    best = best_trial(trials, maximize=tune.maximize)
+    if best is not None:
+        ref = f"{status.run_input['template']}@{status.run_input.get('version') or 'latest'}"
+        lines.append("best trial: " + best.name)
+        lines.append("run it in full: " + best_start_command(ref, f"{status.run_name}-best",
+                                                        status.run_input.get("overrides") or {}, best.params))
+    return lines
 
 
 def continue_command(status: RunStatus, where: str = "") -> str:

@@ -39,6 +39,7 @@ SURFACE = {
     "llmtrain.lifecycle.submission",
     "llmtrain.lifecycle.failures",
     "llmtrain.queues.policy",
+    "llmtrain.jumpstart",
     "llmtrain.deployed",
     "llmtrain.images",
     "llmtrain.errors",
