@@ -139,6 +139,26 @@ class RunListing:
         }
 
 
+def _stream_events(logs, stream: str, limit: int) -> list[dict[str, Any]]:
+    """The last `limit` events of one log stream of the training jobs (every event when 0), oldest
+    first: GetLogEvents from the end of the stream, page by page backwards until enough (or the
+    stream's start, where the token comes back unchanged)."""
+    events: list[dict[str, Any]] = []
+    token = None
+    while True:
+        page = logs.get_log_events(
+            logGroupName=TRAINING_LOG_GROUP,
+            logStreamName=stream,
+            startFromHead=False,
+            **({"nextToken": token} if token else {}),
+        )
+        events[:0] = [{**event, "logStreamName": stream} for event in page["events"]]
+        enough = bool(limit) and len(events) >= limit
+        if enough or not page["events"] or page.get("nextBackwardToken") in (None, token):
+            return events[-limit:] if limit else events
+        token = page["nextBackwardToken"]
+
+
 class LauncherClient:
     """One team's launcher in a deployed environment, through the caller's AWS credentials."""
 
@@ -435,17 +455,13 @@ class LauncherClient:
 
     def stop(self, run_name: str, *, by: str | None = None) -> dict[str, Any]:
         """Stop the run's execution. Where the environment has queues, its service jobs still queued
-        or running are terminated first (stopping an execution does not end them; Batch stops the
-        training job of one that runs): `execution["cancelled"]` names them."""
+        or running are terminated next (stopping an execution does not end them; Batch stops the
+        training job of one that runs): `execution["cancelled"]` names them. The execution stops
+        first, so that its Watch step never reads the cancelled job as the run's failure."""
         execution = self.find_execution(run_name)
         if execution["status"] != "RUNNING":
             raise LauncherError(f"run {run_name!r} is not running (its execution is {execution['status']})")
         reason = f"llmtrain stop {run_name}" + (f" by {by}" if by else "")
-        if self.queues is not None:
-            with explained(f"cancelling run {run_name!r}'s queued job"):
-                execution["cancelled"] = queue_jobs.cancel_run(
-                    self.client("batch"), list(self.queues.queue_arns.values()),
-                    attempt_name_stem(self.job_name_prefix, run_name), reason)
         try:
             self.client("stepfunctions").stop_execution(
                 executionArn=execution["executionArn"],
@@ -454,6 +470,11 @@ class LauncherClient:
             )
         except ClientError as error:
             raise _launcher_error(error, f"stopping run {run_name!r}") from error
+        if self.queues is not None:
+            with explained(f"cancelling run {run_name!r}'s queued job (its execution is stopped)"):
+                execution["cancelled"] = queue_jobs.cancel_run(
+                    self.client("batch"), list(self.queues.queue_arns.values()),
+                    attempt_name_stem(self.job_name_prefix, run_name), reason)
         return execution
 
     def logs(self, run_name: str, *, attempt: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
@@ -476,16 +497,10 @@ class LauncherClient:
                 logGroupName=TRAINING_LOG_GROUP, logStreamNamePrefix=f"{job_name}/"
             )
             streams = [stream["logStreamName"] for page in pages for stream in page["logStreams"]]
-            if not streams:
-                return []
-            events = [
-                event
-                for page in logs.get_paginator("filter_log_events").paginate(
-                    logGroupName=TRAINING_LOG_GROUP, logStreamNames=streams[:100]
-                )
-                for event in page["events"]
-            ]
-        events.sort(key=lambda event: (event["timestamp"], event.get("logStreamName", "")))
+            # GetLogEvents, stream by stream: the engineers' policy grants it on the team's streams
+            # only, where FilterLogEvents would be authorized on the whole shared log group.
+            events = [event for stream in streams for event in _stream_events(logs, stream, limit)]
+        events.sort(key=lambda event: (event["timestamp"], event["logStreamName"]))
         return events[-limit:] if limit else events
 
     # -- listing runs ---------------------------------------------------------------------------------

@@ -20,7 +20,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmtrain.errors import OverrideError, RequestValidationError, RunInputError, TeamLimitError
+from llmtrain.errors import (
+    OverrideError,
+    RequestValidationError,
+    RunInputError,
+    TeamLimitError,
+    shown_value,
+    where_set,
+)
 from llmtrain.images import image_torch_problems, training_image_uri
 from llmtrain.instances import instance_type as lookup_instance_type
 from llmtrain.jumpstart import (
@@ -32,6 +39,7 @@ from llmtrain.jumpstart import (
 )
 from llmtrain.platform import PlatformContext
 from llmtrain.program_contract import ProgramContract, installed_contract
+from llmtrain.s3_uris import S3_SCHEME, S3Location, S3UriError, parse_s3_uri
 from llmtrain.sourcedir import SOURCEDIR_NAME
 from llmtrain.spec import (
     CHANNEL_SETTING_PREFIX,
@@ -56,7 +64,6 @@ TENSORBOARD_LOCAL_PATH = "/opt/ml/output/data/tensorboard"
 CONTAINER_LOG_LEVEL = 20  # logging.INFO: the SDK's default container_log_level
 MAX_ATTEMPTS = 99
 RUN_NAME_PATTERN = re.compile(r"[a-zA-Z0-9](-?[a-zA-Z0-9])*")
-_S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?")
 _TAG_VALUE = re.compile(r"[\w .:/=+\-@]{1,256}")
 TAG_PREFIX = "llmtrain:"
 # The training toolkit installs requirements.txt from this CodeArtifact repository when the variable
@@ -67,6 +74,8 @@ CODEARTIFACT_ENV = "CA_REPOSITORY_ARN"
 MLFLOW_TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 MLFLOW_EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
 MODEL_ARTIFACT_ENV = "LLMTRAIN_MODEL_ARTIFACT_URI"
+# Where a construct-library deployment sets the environment's features (training plans, debugging).
+_FEATURES_PROP = "TrainingLauncherProps.platform_features"
 # How long a job may wait for its training plan's capacity when the run does not say.
 DEFAULT_MAX_PENDING_SECONDS = 24 * 3600
 
@@ -356,7 +365,8 @@ def _run_options(options: Mapping[str, Any], *, spot: bool, platform: PlatformCo
     if plan is not None:
         arn = platform.training_plans.get(plan)
         if arn is None:
-            known = ", ".join(sorted(platform.training_plans)) or "none (config training_plans is empty)"
+            lists = where_set(props=f"{_FEATURES_PROP}['training_plans']", config="training_plans")
+            known = ", ".join(sorted(platform.training_plans)) or f"none (listed as {lists})"
             raise OverrideError(
                 "training_plan", f"{plan!r} is not a training plan of environment "
                 f"{platform.environment}; its plans: {known} (llmtrain plans --env ENV lists them)"
@@ -370,9 +380,10 @@ def _run_options(options: Mapping[str, Any], *, spot: bool, platform: PlatformCo
                             "training_plan=NAME")
     remote_debug = bool(options.get("remote_debug", False))
     if remote_debug and not platform.remote_debug:
+        allows = where_set(props=f"{_FEATURES_PROP}['remote_debug']", config="remote_debug.enabled")
         raise OverrideError(
             "remote_debug", f"environment {platform.environment} does not allow remote debugging: "
-            "its platform team sets remote_debug.enabled in config/<env>.yaml and deploys"
+            f"its platform team turns it on ({allows}) and deploys"
         )
     return {
         "training_plan_arn": arn,
@@ -407,31 +418,22 @@ def _parse_typed(setting: str, raw: Any, rule: OverrideRule) -> Any:
             if isinstance(raw, int | float | str) and math.isfinite(float(raw)):
                 return float(raw)
         elif isinstance(raw, str):
-            if kind == "s3_uri" and not _S3_URI.fullmatch(raw):
-                raise OverrideError(setting, f"{raw!r} must be an S3 URI such as s3://bucket/prefix/")
+            if kind == "s3_uri":
+                _s3_uri(setting, raw)
             return raw
     except (ValueError, OverflowError):  # OverflowError: an integer too large for a float
         pass
-    raise OverrideError(setting, f"{_shown(raw)} is not a valid {kind}; expected {rule.describe()}")
-
-
-def _shown(value: Any, longest: int = 60) -> str:
-    """A value as an error message quotes it: enormous inputs are cut, not echoed whole."""
-    text = repr(value)
-    return text if len(text) <= longest else f"{text[:longest]}... ({len(text)} characters)"
+    raise OverrideError(setting, f"{shown_value(raw)} is not a valid {kind}; expected {rule.describe()}")
 
 
 def _check_bounds(setting: str, value: Any, rule: OverrideRule) -> None:
+    shown, allowed = shown_value(value), f"allowed: {rule.describe()}"
     if rule.min is not None and value < rule.min:
-        raise OverrideError(
-            setting, f"{_shown(value)} is below the minimum {rule.min}; allowed: {rule.describe()}"
-        )
+        raise OverrideError(setting, f"{shown} is below the minimum {rule.shown(rule.min)}; {allowed}")
     if rule.max is not None and value > rule.max:
-        raise OverrideError(
-            setting, f"{_shown(value)} is above the maximum {rule.max}; allowed: {rule.describe()}"
-        )
+        raise OverrideError(setting, f"{shown} is above the maximum {rule.shown(rule.max)}; {allowed}")
     if rule.choices is not None and value not in rule.choices:
-        raise OverrideError(setting, f"{_shown(value)} is not allowed; allowed: {rule.describe()}")
+        raise OverrideError(setting, f"{shown} is not allowed; {allowed}")
 
 
 def _fallback_instance_type(template: TemplateSpec, chosen: str) -> str:
@@ -447,20 +449,30 @@ def _fallback_instance_type(template: TemplateSpec, chosen: str) -> str:
 
 def _channel_uris(channels: Mapping[str, str | None], platform: PlatformContext) -> dict[str, str]:
     """A template's prefixes resolve under the team's datasets prefix; a run's S3 URIs must lie inside
-    it (the team's execution role reads nothing else); channels without a source are left out."""
+    it (the team's execution role reads nothing else); channels without a source are left out. Every
+    URI is parsed (llmtrain.s3_uris): one whose key could mean another prefix is refused."""
+    datasets = parse_s3_uri(platform.datasets_uri)
     uris = {}
     for name, source in channels.items():
         if source is None:
             continue
-        uri = source if source.startswith("s3://") else platform.datasets_uri + source
-        if not uri.startswith(platform.datasets_uri):
+        setting = f"{CHANNEL_SETTING_PREFIX}{name}"
+        location = _s3_uri(setting, source if source.startswith(S3_SCHEME) else datasets.uri + source)
+        if not location.within(datasets):
             raise OverrideError(
-                f"{CHANNEL_SETTING_PREFIX}{name}",
-                f"{uri!r} is outside team {platform.team!r}'s datasets prefix; "
-                f"its channels may read only under {platform.datasets_uri}",
+                setting,
+                f"{location.uri!r} is outside team {platform.team!r}'s datasets prefix; "
+                f"its channels may read only under {datasets.uri}",
             )
-        uris[name] = uri
+        uris[name] = location.uri
     return uris
+
+
+def _s3_uri(setting: str, text: str) -> S3Location:
+    try:
+        return parse_s3_uri(text)
+    except S3UriError as error:
+        raise OverrideError(setting, str(error)) from None
 
 
 # --- the request ----------------------------------------------------------------------------------

@@ -194,7 +194,9 @@ class AttemptRecord:
     attempt: int
     job_name: str
     instance_type: str
-    outcome: str  # Completed, capacity, quota, job_failed, stopped, api_error, invalid_retry
+    # Completed, capacity, plan_capacity, quota, throttled, job_failed, rule_stopped, hung, stopped,
+    # api_error, invalid_retry
+    outcome: str
     reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -258,6 +260,10 @@ class RunState:
     def instance_type(self) -> str:
         """The instance type of the current attempt."""
         return self.instance_types[self.type_index]
+
+    def hung_jobs(self) -> int:
+        """How many of the run's jobs the training program's hang watchdog ended."""
+        return sum(entry.outcome == "hung" for entry in self.history)
 
     def with_attempt_ended(
         self, job_name: str, outcome: str, reason: str = "", instance_type: str | None = None

@@ -401,12 +401,16 @@ class OverrideRule:
             raise _fail(source, f"'overridable.{name}': min is greater than max")
         return rule
 
+    def shown(self, bound: float) -> str:
+        """A bound as a person writes it: `1` for an int setting (parsed as 1.0), `1e-06` for a float."""
+        return str(int(bound)) if self.type == "int" and float(bound).is_integer() else str(bound)
+
     def describe(self) -> str:
         parts = [self.type]
         if self.min is not None:
-            parts.append(f">= {self.min}")
+            parts.append(f">= {self.shown(self.min)}")
         if self.max is not None:
-            parts.append(f"<= {self.max}")
+            parts.append(f"<= {self.shown(self.max)}")
         if self.choices is not None:
             parts.append("one of " + ", ".join(str(c) for c in self.choices))
         return " ".join(parts)

@@ -20,7 +20,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from training_jobs.contract.hyperparameters import from_hyperparameters  # noqa: E402
 from training_jobs.trainer.environment import read_environment  # noqa: E402
-from training_jobs.trainer.errors import ConfigError, DataError, DivergenceError, TrainingError  # noqa: E402
+from training_jobs.trainer.errors import (  # noqa: E402
+    ConfigError,
+    DataError,
+    DivergenceError,
+    RuleTriggered,
+    TrainingError,
+    record_failure,
+)
 
 EXIT_FAILED = 1
 
@@ -37,6 +44,7 @@ def run(argv: list[str], *, own_process_group: bool = True) -> int:
 
     from training_jobs.trainer import export, host, job, loop, metrics, parallel, torch_support, tracking
     from training_jobs.trainer.checkpoint import StopSignal
+    from training_jobs.trainer.rules import process_group_timeout_minutes
 
     transformers.utils.logging.disable_progress_bar()
     torch_support.check_torch(config.parallel.parallelism)
@@ -44,7 +52,8 @@ def run(argv: list[str], *, own_process_group: bool = True) -> int:
     device = parallel.pick_device(env.local_rank)
     if device.type == "cpu":
         host.keep_freed_memory()  # a CPU step then reuses its activation memory (trainer/host.py)
-    parallel.init_distributed(device, env.rank, env.world_size, timeout_minutes=30,
+    parallel.init_distributed(device, env.rank, env.world_size,
+                              timeout_minutes=process_group_timeout_minutes(config.rules),
                               collective_backend=config.parallel.collective_backend)
     stop = StopSignal()  # from here on, SIGTERM means "checkpoint and exit 0"
     training = None
@@ -76,27 +85,13 @@ def run(argv: list[str], *, own_process_group: bool = True) -> int:
 def _report(error: TrainingError) -> None:
     """One line per host for errors every rank hits alike, one per rank otherwise; and the reason in
     the job's failure file."""
-    same_everywhere = isinstance(error, ConfigError | DataError | DivergenceError)
+    same_everywhere = isinstance(error, ConfigError | DataError | DivergenceError | RuleTriggered)
     reason = f"{type(error).__name__}: {error}"
     if not same_everywhere:
         reason += f" (rank {os.environ.get('RANK', '0')})"
     if not same_everywhere or os.environ.get("LOCAL_RANK", "0") == "0":
         print(f"[error] {reason}", file=sys.stderr, flush=True)
-    _record_failure(reason)
-
-
-def _record_failure(reason: str) -> None:
-    """SageMaker reports the first 1024 characters of output/failure as the job's FailureReason (the
-    toolkit only writes it when absent). Every rank tries, because torchrun may kill rank 0 before it
-    gets here; the first to fail wins."""
-    output_dir = os.environ.get("SM_OUTPUT_DIR")
-    if not output_dir:
-        return
-    try:
-        with open(Path(output_dir) / "failure", "x", encoding="utf-8") as failure:
-            failure.write(reason)
-    except OSError:  # another rank wrote it first, or there is no output folder (a plain torchrun run)
-        pass
+    record_failure(reason)
 
 
 def main(argv: list[str] | None = None) -> int:

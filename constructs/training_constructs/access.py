@@ -101,7 +101,16 @@ def guardrail_statements(
         deny("OnlyTrainingSecurityGroups",
              {"ForAnyValue:StringNotEquals": {"sagemaker:VpcSecurityGroupIds": list(security_group_ids)}}),
         deny("OnlyPlatformOutputKey", {"StringNotEquals": {"sagemaker:OutputKmsKey": key_arn}}),
-        deny("OnlyPlatformVolumeKey", {"StringNotEqualsIfExists": {"sagemaker:VolumeKmsKey": key_arn}}),
+        # Only a volume key that is given and not the platform's: SageMaker refuses any volume key for
+        # instance types with local NVMe storage (g5, p4d, p4de, p5 ...), whose requests carry none.
+        # (StringNotEqualsIfExists, and StringNotEquals alone, also match a request without the key.)
+        deny(
+            "OnlyPlatformVolumeKey",
+            {
+                "StringNotEquals": {"sagemaker:VolumeKmsKey": key_arn},
+                "Null": {"sagemaker:VolumeKmsKey": "false"},
+            },
+        ),
     ]
     if inter_container_traffic_encryption:
         statements.append(
@@ -536,10 +545,16 @@ class TeamAccess(Construct):
                 resources=[f"arn:{Aws.PARTITION}:s3:::{content_bucket(self.stack.region)}/{MANIFEST_KEY}",
                            f"arn:{Aws.PARTITION}:s3:::{content_bucket(self.stack.region)}/*specs*.json"],
             ),
+            # SageMaker writes every job's log into one group; FilterLogEvents is authorized on the
+            # whole group, GetLogEvents per stream: the team reads its own jobs' streams only, and
+            # lists the streams' names (job names, which ListTrainingJobs shows anyway) to find them.
+            iam.PolicyStatement(
+                sid="ListTrainingLogStreams", actions=["logs:DescribeLogStreams"], resources=[log_group]
+            ),
             iam.PolicyStatement(
                 sid="ReadTeamTrainingLogs",
-                actions=["logs:DescribeLogStreams", "logs:FilterLogEvents", "logs:GetLogEvents"],
-                resources=[log_group, f"{log_group}:log-stream:{self.team.job_name_prefix}-*"],
+                actions=["logs:GetLogEvents"],
+                resources=[f"{log_group}:log-stream:{self.team.job_name_prefix}-*"],
             ),
             self._list_team_prefix("ListTeamData", *data),
             iam.PolicyStatement(

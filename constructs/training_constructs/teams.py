@@ -22,7 +22,7 @@ from llmtrain.platform import (
     team_data_prefix,
 )
 from llmtrain.render import TAG_PREFIX
-from training_constructs._props import is_whole_number, require
+from training_constructs._props import check_instance_types, is_whole_number, require
 
 _NAME = "TeamSpec"
 
@@ -152,12 +152,7 @@ def _validate(team: TeamSpec) -> None:
         f"{team.job_name_prefix!r} must be 1-{MAX_TEAM_JOB_NAME_PREFIX} lowercase letters, digits and "
         "hyphens",
     )
-    require(
-        len(team.instance_types) > 0 and all(t.startswith("ml.") for t in team.instance_types),
-        _NAME,
-        "instance_types",
-        f"must list the team's SageMaker instance types (ml.*), got {list(team.instance_types)}",
-    )
+    check_instance_types(_NAME, "instance_types", team.instance_types)
     require(
         is_whole_number(team.max_keep_alive_seconds)
         and 0 <= team.max_keep_alive_seconds <= MAX_KEEP_ALIVE_SECONDS,

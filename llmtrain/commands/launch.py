@@ -49,6 +49,7 @@ from llmtrain.lifecycle.resolve import check_queue_choice
 from llmtrain.planner.checks import check_run
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.program_contract import ProgramContract
+from llmtrain.program_failures import meaning
 from llmtrain.render import RunInput, coerce_override, render
 from llmtrain.runs import ExecutionInput
 from llmtrain.spec import CHANNEL_SETTING_PREFIX, PLATFORM_RUN_OPTIONS, TemplateSpec
@@ -376,6 +377,8 @@ def format_status(status: RunStatus, where: str = "") -> str:
         )
         if job.get("failure_reason"):
             lines.append(f"  failure reason: {job['failure_reason']}")
+            if meaning(job["failure_reason"]):
+                lines.append(f"  what it means: {meaning(job['failure_reason'])}")
         if job.get("tensorboard"):
             lines.append(f"  TensorBoard (live): tensorboard --logdir {job['tensorboard']}")
     else:

@@ -3,16 +3,19 @@ the launcher (which decides a retry from it) and by the job-events function (whi
 notifies every job's end).
 
 - `classify_job_failure`: the class of an ended job from its FailureReason (`FailureClass`:
-  capacity, plan_capacity, quota, algorithm, internal). The job-events function's metric dimension.
+  capacity, plan_capacity, quota, rule, hang, algorithm, internal). The job-events function's metric
+  dimension.
 - `classify_failure`: what the launcher's start step caught (`{"Error", "Cause"}` from
   CreateTrainingJob `.sync`), as a `Failure` whose `kind` drives the retry policy: capacity,
-  plan_capacity, quota, throttled, job_failed, stopped or api_error. A queued attempt's start step
+  plan_capacity, quota, throttled, rule_stopped and hung (the training program's own reasons,
+  llmtrain.program_failures), job_failed, stopped or api_error. A queued attempt's start step
   is another (`llmtrain.queues.submission.QueueSubmission.classify`), which adds the two kinds of a
   service job Batch ended at the head of its queue: `QUEUE_CAPACITY` and `QUEUE_MISCONFIGURED`.
 
 Markers are matched without regard to case, first class first: capacity and quota come before the
-rest because SageMaker wraps their reasons in a ClientError prefix. Standard library only (the
-operations functions ship no compiled packages).
+rest because SageMaker wraps their reasons in a ClientError prefix, the training program's own
+reasons before the AlgorithmError that wraps them. Standard library only (the operations functions
+ship no compiled packages).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from llmtrain.program_failures import HUNG_COLLECTIVE, RULE_TRIGGERED, program_failure
 
 CAPACITY_MARKERS = (
     "capacityerror",
@@ -59,6 +64,8 @@ class FailureClass(StrEnum):
     CAPACITY = "capacity"
     PLAN_CAPACITY = "plan_capacity"
     QUOTA = "quota"
+    RULE = "rule"
+    HANG = "hang"
     ALGORITHM = "algorithm"
     INTERNAL = "internal"
 
@@ -67,6 +74,8 @@ class FailureClass(StrEnum):
 _JOB_FAILURE_MARKERS: tuple[tuple[FailureClass, tuple[str, ...]], ...] = (
     (FailureClass.CAPACITY, CAPACITY_MARKERS),
     (FailureClass.QUOTA, QUOTA_MARKERS),
+    (FailureClass.RULE, (f"{RULE_TRIGGERED.lower()}: ",)),
+    (FailureClass.HANG, (f"{HUNG_COLLECTIVE.lower()}: ",)),
     (FailureClass.INTERNAL, INTERNAL_MARKERS),
     (FailureClass.ALGORITHM, ALGORITHM_MARKERS),
 )
@@ -124,8 +133,9 @@ def parse_quota(message: str) -> Quota | None:
 class Failure:
     """One failed attempt, classified. `kind`: capacity, plan_capacity (a job in a training plan found
     no free capacity in its pending time), quota, throttled (SageMaker refused the call for its rate;
-    no job exists), job_failed, stopped, api_error, invalid_retry (the retry could not be rendered),
-    for a queued attempt queue_capacity and queue_misconfigured, and for a tune tune_failed."""
+    no job exists), rule_stopped and hung (the training program's, `PROGRAM_FAILURE_KINDS`),
+    job_failed, stopped, api_error, invalid_retry (the retry could not be rendered), for a queued
+    attempt queue_capacity and queue_misconfigured, and for a tune tune_failed."""
 
     kind: str
     reason: str
@@ -176,6 +186,10 @@ def _job_from_cause(cause: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and "TrainingJobStatus" in data else None
 
 
+# The failure kind of a job that the training program ended with one of its own failure reasons.
+PROGRAM_FAILURE_KINDS = {RULE_TRIGGERED: "rule_stopped", HUNG_COLLECTIVE: "hung"}
+
+
 def _classify_job(job: Mapping[str, Any]) -> Failure:
     reason = str(job.get("FailureReason") or job.get("TrainingJobStatus"))
     if job.get("TrainingJobStatus") == "Stopped":
@@ -185,4 +199,7 @@ def _classify_job(job: Mapping[str, Any]) -> Failure:
         return Failure(kind="capacity", reason=reason, job=job)
     if failure_class is FailureClass.QUOTA:
         return Failure(kind="quota", reason=reason, job=job, quota=parse_quota(reason))
+    program = program_failure(reason)
+    if program is not None:
+        return Failure(kind=PROGRAM_FAILURE_KINDS[program], reason=reason, job=job)
     return Failure(kind="job_failed", reason=reason, job=job)

@@ -15,6 +15,7 @@ from llmtrain.lifecycle.submission import Submission
 from llmtrain.lifecycle.summaries import failure_summary
 from llmtrain.platform import PlatformContext
 from llmtrain.program_contract import ProgramContract
+from llmtrain.program_failures import HUNG_COLLECTIVE, RETRIES
 from llmtrain.render import MAX_ATTEMPTS
 from llmtrain.runs import RunState
 from llmtrain.spec import RetrySpec, TemplateSpec
@@ -57,7 +58,9 @@ def plan_retry(retry: RetrySpec, run: RunState, failure: Failure) -> RetryPlan |
     with policy `wait`: up to `capacity_retry_attempts` waits on the same backoff schedule for
     running jobs to free the quota. A throttled CreateTrainingJob
     (no job was created) is called again, same job name, up to `MAX_THROTTLE_RETRIES` times with a
-    short backoff. Anything else is not retried.
+    short backoff. A job the training program's hang watchdog ended (`hung`) gets
+    `RETRIES[HUNG_COLLECTIVE]` new attempt(s) at once; it resumes from its last checkpoint. Anything
+    else is not retried.
     """
     index, retries, waits = run.type_index, run.capacity_retries, run.quota_waits
     if failure.kind == "throttled" and run.throttle_retries < MAX_THROTTLE_RETRIES:
@@ -75,6 +78,8 @@ def plan_retry(retry: RetrySpec, run: RunState, failure: Failure) -> RetryPlan |
             return RetryPlan(0, index + 1, 0, waits)
     if failure.kind == "quota" and retry.quota_policy == "wait" and waits < retry.capacity_retry_attempts:
         return RetryPlan(backoff_seconds(retry, waits + 1), index, retries, waits + 1)
+    if failure.kind == "hung" and run.hung_jobs() < RETRIES[HUNG_COLLECTIVE]:
+        return RetryPlan(0, index, retries, waits)
     return None
 
 

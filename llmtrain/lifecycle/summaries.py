@@ -13,6 +13,7 @@ from typing import Any
 
 from llmtrain.lifecycle.failures import QUEUE_CAPACITY, QUEUE_MISCONFIGURED, TUNE_FAILED, Failure
 from llmtrain.planner.checks import actual_cost
+from llmtrain.program_failures import HUNG_COLLECTIVE, RETRIES
 from llmtrain.runs import RunState
 from llmtrain.spec import TemplateSpec
 from llmtrain.tuning import TuneSpec, start_command
@@ -29,6 +30,8 @@ FAILURE_ERRORS = {
     "api_error": "CreateTrainingJobFailed",
     "throttled": "CreateTrainingJobFailed",
     "invalid_retry": "RetryNotPossible",
+    "rule_stopped": "StoppedByRule",
+    "hung": "TrainingJobHung",
     QUEUE_CAPACITY: "QueueCapacityTimeLimit",
     QUEUE_MISCONFIGURED: "QueueMisconfigured",
 }
@@ -104,6 +107,16 @@ def _advice(template: TemplateSpec, run: RunState, failure: Failure) -> str:
         )
     if failure.kind == "job_failed":
         return f"the training job failed: read its logs with `llmtrain logs {run.run_name}`"
+    if failure.kind == "rule_stopped":
+        return (f"a rule of the training program stopped it: `llmtrain logs {run.run_name}` shows its [rule] "
+                "lines. Starting the run again resumes from its last checkpoint: lower lr or raise "
+                "warmup_steps with --set, or change the rule's rule_* setting (docs/training.md, Rules)")
+    if failure.kind == "hung":
+        return (f"its collectives stopped completing and the training program's hang watchdog ended it "
+                f"({run.hung_jobs()} job(s) of this run hung; a run is retried {RETRIES[HUNG_COLLECTIVE]} "
+                f"time(s) after a hang, from its last checkpoint): `llmtrain logs {run.run_name}` holds "
+                "every rank's Python stacks (also in hang/ of the job's output); the rank that waits "
+                "elsewhere than the others is the one to look at")
     if failure.kind == "throttled":
         return (f"SageMaker throttled CreateTrainingJob {run.throttle_retries + 1} time(s) in a row; start "
                 "the run again in a few minutes (it continues where it stopped)")

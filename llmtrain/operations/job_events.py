@@ -13,6 +13,9 @@ Failure classes (`llmtrain.lifecycle.failures.classify_job_failure`, the table t
   of its plan: a capacity failure, or its pending time (`MaxPendingTimeInSeconds`) ran out. Retrying
   elsewhere would leave the reserved capacity; the plan's instances are what to look at.
 - `quota`: a Service Quota was exceeded (ResourceLimitExceeded); ask for an increase or wait.
+- `rule`: a rule of the training program stopped it (`RuleTriggered: ...`, llmtrain.program_failures).
+- `hang`: the training program's hang watchdog ended it (`HungCollective: ...`); a launcher run is
+  retried once.
 - `algorithm`: the training code or its input failed (AlgorithmError, ClientError); fix the job.
 - `internal`: a SageMaker internal error, or a reason we do not recognise.
 
@@ -43,6 +46,7 @@ from botocore.exceptions import ClientError
 from llmtrain.functions import END_STATES, EVENT_DETAIL_TYPE, EVENT_SOURCE, JobEventSettings
 from llmtrain.lifecycle.failures import FailureClass, classify_job_failure
 from llmtrain.operations.metrics import Metric, put_metrics
+from llmtrain.program_failures import HUNG_COLLECTIVE, MEANING, RULE_TRIGGERED
 
 LOGGER = logging.getLogger(__name__)
 LOGGER.setLevel(logging.INFO)
@@ -137,6 +141,8 @@ _ADVICE = {
     FailureClass.PLAN_CAPACITY: "its training plan had no free instance within the job's pending time; see "
     "the plan's instances with `llmtrain plans` and start the run again",
     FailureClass.QUOTA: "a Service Quota was exceeded; run `llmtrain quotas` and request an increase",
+    FailureClass.RULE: MEANING[RULE_TRIGGERED],
+    FailureClass.HANG: MEANING[HUNG_COLLECTIVE],
     FailureClass.ALGORITHM: "the training code or its input failed; read the job's logs",
     FailureClass.INTERNAL: "SageMaker reported an internal error or an unrecognised reason; retry",
 }

@@ -135,14 +135,19 @@ def test_resource_star_only_for_actions_without_resource_level_permissions(platf
                 if statement["Effect"] != "Allow" or "*" not in as_list(statement.get("Resource", [])):
                     continue
                 if kind == "AWS::KMS::Key":
-                    # In a key policy "*" is the key itself; only the account, CloudWatch Logs and (for alarm
-                    # actions on an encrypted topic) CloudWatch of this account hold it.
+                    # In a key policy "*" is the key itself; only the account, CloudWatch Logs, (for alarm
+                    # actions on an encrypted topic) CloudWatch of this account and (for the job events'
+                    # dead-letter queue) EventBridge rules of this account hold it.
                     principal = statement["Principal"]
                     service = str(principal.get("Service", ""))
-                    alarms = service == "cloudwatch.amazonaws.com" and "aws:SourceAccount" in statement.get(
-                        "Condition", {}
-                    ).get("StringEquals", {})
-                    assert "AWS" in principal or service.startswith("logs.") or alarms, principal
+                    conditions = statement.get("Condition", {})
+                    alarms = service == "cloudwatch.amazonaws.com" and "aws:SourceAccount" in conditions.get(
+                        "StringEquals", {}
+                    )
+                    rules = service == "events.amazonaws.com" and ":events:" in json.dumps(
+                        conditions.get("ArnLike", {}).get("aws:SourceArn")
+                    )
+                    assert "AWS" in principal or service.startswith("logs.") or alarms or rules, principal
                     continue
                 actions = as_list(statement["Action"])
                 assert as_list(statement["Resource"]) == ["*"], f"{path.name} {logical_id}: mixes * with ARNs"

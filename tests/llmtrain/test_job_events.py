@@ -32,6 +32,11 @@ QUOTA = (
     "ResourceLimitExceeded: The account-level service limit 'ml.p4d.24xlarge for training job usage' is 2 "
     "Instances, with current utilization of 2 Instances and a request delta of 2 Instances."
 )
+# The training program's own reasons (output/failure), as SageMaker wraps them.
+RULE_STOP = ("AlgorithmError: RuleTriggered: loss_spike at step 120: loss 9.1 is above 3 x its running mean "
+             "2.9 (action stop)")
+HANG = ("AlgorithmError: HungCollective: nothing finished for 20 minutes on rank 3 (host algo-2) after "
+        "step 1200")
 
 
 @pytest.mark.parametrize(
@@ -52,6 +57,9 @@ QUOTA = (
             FailureClass.ALGORITHM,
         ),
         ("ClientError: Data download failed: NoSuchKey s3://datasets/train", FailureClass.ALGORITHM),
+        (RULE_STOP, FailureClass.RULE),
+        (HANG, FailureClass.HANG),
+        ("AlgorithmError: RuleTriggered without its colon is not the program's", FailureClass.ALGORITHM),
         ("InternalServerError: We encountered an internal error. Please try again.", FailureClass.INTERNAL),
         ("Something SageMaker never said before", FailureClass.INTERNAL),
         (None, FailureClass.INTERNAL),
@@ -62,7 +70,8 @@ def test_failure_reasons_are_classified(reason, expected):
     # The launcher reads the same table: the job's class decides its retry.
     caught = {"Error": "States.TaskFailed",
               "Cause": json.dumps({"TrainingJobStatus": "Failed", "FailureReason": reason})}
-    kind = {FailureClass.CAPACITY: "capacity", FailureClass.QUOTA: "quota"}.get(expected, "job_failed")
+    kind = {FailureClass.CAPACITY: "capacity", FailureClass.QUOTA: "quota", FailureClass.RULE: "rule_stopped",
+            FailureClass.HANG: "hung"}.get(expected, "job_failed")
     assert failures.classify_failure(caught).kind == kind
 
 
@@ -195,6 +204,22 @@ def test_a_capacity_failure_is_counted_by_class_and_notified(aws):
         in message
     )
     assert notification["MessageAttributes"]["failure_class"]["Value"] == "capacity"
+
+
+def test_a_rule_stop_and_a_hang_are_notified_with_what_they_mean(aws):
+    sqs, queue_url = aws
+    job_event_handler.handler(state_change(f"{PREFIX}spiky-1", "Failed", RULE_STOP), None)
+    job_event_handler.handler(state_change(f"{PREFIX}stuck-1", "Failed", HANG), None)
+
+    assert metric_sum("JobFailures", Environment="dev", FailureClass="rule") == 1
+    assert metric_sum("JobFailures", Environment="dev", FailureClass="hang") == 1
+    notifications = {n["Subject"]: n["Message"] for n in received(sqs, queue_url)}
+    rule = notifications[f"[dev] training job {PREFIX}spiky-1 Failed (rule)"]
+    assert "Failure class: rule (a rule of the training program stopped the run" in rule
+    assert f"Failure reason: {RULE_STOP}" in rule
+    hang = notifications[f"[dev] training job {PREFIX}stuck-1 Failed (hang)"]
+    assert "every rank's Python stacks are in the job's log" in hang
+    assert "retries such a run once from its last checkpoint" in hang
 
 
 def test_each_class_has_its_own_metric(aws):

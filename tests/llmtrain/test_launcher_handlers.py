@@ -398,6 +398,61 @@ def test_other_failures_are_never_retried_and_attempts_are_bounded():
     assert plan_retry(retry, _run(attempt=99), Failure(kind="capacity", reason="CapacityError")) is None
 
 
+def _program_failure(reason: str) -> dict:
+    """A job the training program ended with `reason` (in output/failure), as Step Functions reports it."""
+    return {"Error": "States.TaskFailed",
+            "Cause": json.dumps({"TrainingJobName": "llmtrain-test-r-a1", "TrainingJobStatus": "Failed",
+                                 "FailureReason": f"AlgorithmError: {reason}"})}
+
+
+RULE_STOP = _program_failure("RuleTriggered: loss_spike at step 120: loss 9.1 is above 3 x its running "
+                             "mean 2.9 (action stop). Starting the run again resumes from step_00000100")
+HANG = _program_failure("HungCollective: nothing finished for 20 minutes on rank 3 (host algo-1) after "
+                        "step 1200: a collective never completed")
+
+
+def test_the_programs_rule_stops_and_hangs_are_classified_and_a_hang_is_retried_once():
+    retry = CATALOG.get("llama-pretrain-fsdp").retry
+    rule, hang = classify_failure(RULE_STOP), classify_failure(HANG)
+    assert (rule.kind, hang.kind) == ("rule_stopped", "hung")
+    assert rule.reason.startswith("AlgorithmError: RuleTriggered: loss_spike at step 120")
+    assert plan_retry(retry, _run(), rule) is None  # the same checkpoint, the same fault
+    plan = plan_retry(retry, _run(), hang)
+    assert (plan.wait_seconds, plan.new_attempt, plan.type_index) == (0, True, 0)
+    hung_once = _run(attempt=2).with_attempt_ended("r-a1", "hung", hang.reason)
+    assert plan_retry(retry, hung_once, hang) is None
+    # a hang after an attempt that failed otherwise still gets its one retry
+    assert plan_retry(retry, _run(attempt=2).with_attempt_ended("r-a1", "capacity"), hang) is not None
+
+
+def test_a_hung_job_is_retried_as_a_new_job_from_the_same_checkpoints(deployed):
+    state = _resolve("hung")
+    planned = launcher.next_attempt({**state, "failure": HANG})
+    assert planned["decision"] == "retry" and planned["wait_seconds"] == 0
+    assert planned["request"]["TrainingJobName"] == "llmtrain-test-hung-a2"
+    assert planned["request"]["CheckpointConfig"] == state["request"]["CheckpointConfig"]
+    assert planned["run"]["history"][0]["outcome"] == "hung"
+    again = launcher.next_attempt({"run": planned["run"], "request": planned["request"], "failure": HANG})
+    assert again["decision"] == "fail"
+    summary = again["summary"]
+    assert summary["error"] == "TrainingJobHung"
+    assert summary["subject"] == "llmtrain: run hung Failed (TrainingJobHung)"
+    assert "2 job(s) of this run hung; a run is retried 1 time(s) after a hang" in summary["advice"]
+    assert "llmtrain logs hung" in summary["advice"]
+
+
+def test_a_rule_stop_ends_the_run_with_what_the_rule_saw(deployed):
+    state = _resolve("spiky")
+    given_up = launcher.next_attempt({**state, "failure": RULE_STOP})
+    assert given_up["decision"] == "fail"
+    summary = given_up["summary"]
+    assert (summary["error"], summary["status"]) == ("StoppedByRule", "Failed")
+    assert summary["failure_reason"].startswith("AlgorithmError: RuleTriggered: loss_spike at step 120")
+    assert [entry["outcome"] for entry in summary["attempt_history"]] == ["rule_stopped"]
+    assert "Error: StoppedByRule: AlgorithmError: RuleTriggered: loss_spike at step 120" in summary["message"]
+    assert "`llmtrain logs spiky` shows its [rule] lines" in summary["message"]
+
+
 def test_next_attempt_renders_a_new_job_with_the_same_checkpoints(deployed):
     state = _resolve("retry")
     planned = launcher.next_attempt({**state, "failure": CAPACITY})

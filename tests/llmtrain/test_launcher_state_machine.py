@@ -276,6 +276,36 @@ def test_algorithm_error_fails_with_the_jobs_failure_reason(launcher):
     assert f"{PREFIX}-oom-a1" in message and reason in message and "Billable seconds: 120" in message
 
 
+def test_a_hung_job_is_retried_once_from_the_same_checkpoints(launcher):
+    """The training program's hang watchdog ended attempt 1: one new job, at once, resumes it."""
+    hang = JobOutcome.algorithm_error(
+        "AlgorithmError: HungCollective: nothing finished for 20 minutes on rank 3 (host algo-1) after "
+        "step 1200"
+    )
+    with launcher([hang, JobOutcome()]) as harness:
+        run = harness.run({"template": "llama-pretrain-fsdp", "run_name": "stuck"})
+
+    assert run.status == "SUCCEEDED", run.cause
+    assert _sent(harness, "TrainingJobName") == [f"{PREFIX}-stuck-a1", f"{PREFIX}-stuck-a2"]
+    assert len({request["CheckpointConfig"]["S3Uri"] for request in harness.jobs.requests}) == 1
+    assert harness.waits == [0]
+    assert [a["outcome"] for a in run.output["attempt_history"]] == ["hung", "Completed"]
+
+
+def test_a_rule_stop_fails_the_run_without_a_retry_and_says_what_the_rule_saw(launcher):
+    reason = ("AlgorithmError: RuleTriggered: loss_spike at step 120: loss 9.1 is above 3 x its running mean "
+              "2.9 (action stop)")
+    with launcher([JobOutcome.algorithm_error(reason), JobOutcome()]) as harness:
+        run = harness.run({"template": "gpt2-ddp", "run_name": "spiky"})
+        notifications = harness.notifications()
+
+    assert run.status == "FAILED" and run.error == "StoppedByRule"
+    assert len(harness.jobs.requests) == 1 and harness.waits == []
+    assert reason in run.cause and "shows its [rule] lines" in run.cause
+    assert notifications[0]["Subject"] == "llmtrain: run spiky Failed (StoppedByRule)"
+    assert "RuleTriggered: loss_spike at step 120" in notifications[0]["Message"]
+
+
 def test_a_second_start_of_a_run_in_progress_creates_no_second_job(launcher):
     release = threading.Event()
     with launcher([JobOutcome(hold=release)]) as harness:
@@ -432,6 +462,33 @@ def test_a_run_name_with_upper_case_is_refused(launcher):
     assert first.status == "SUCCEEDED", first.cause
     _rejected_before_any_job(harness, upper, "run_name 'Casey' has upper-case letters", "use 'casey'")
     assert len(harness.jobs.requests) == 1
+
+
+def test_a_channel_escaping_the_teams_prefix_creates_no_job(launcher):
+    """Issue 25: a channel that starts with the team's datasets prefix and then leaves it (a dot
+    segment, percent-encoding, a trailing space) passed Resolve and created a training job."""
+    with launcher([JobOutcome()]) as harness:
+        datasets = _platform(harness).datasets_uri
+        other = datasets.replace("/teams/default/", "/teams/other/")
+        escapes = {
+            "dots": (f"{datasets}../other/tokens/", "the path segment '..'"),
+            "dot": (f"{datasets}./../other/tokens/", "the path segment '.'"),
+            "encoded": (f"{datasets}%2e%2e/other/tokens/", "a percent sign"),
+            "space": (f"{datasets}tokens/ ", "holds SPACE"),
+        }
+        runs = {
+            name: harness.run(
+                {"template": "gpt2-ddp", "run_name": f"escape-{name}", "overrides": {"channels.train": uri}}
+            )
+            for name, (uri, _) in escapes.items()
+        }
+        outside = harness.run(
+            {"template": "gpt2-ddp", "run_name": "outside", "overrides": {"channels.train": other}}
+        )
+    for name, (_, problem) in escapes.items():
+        _rejected_before_any_job(harness, runs[name], "override 'channels.train'", problem)
+    _rejected_before_any_job(harness, outside, "is outside team 'default''s datasets prefix")
+    assert harness.jobs.requests == []
 
 
 def test_the_planner_guards_the_launcher_and_the_summary_reports_the_cost(launcher):

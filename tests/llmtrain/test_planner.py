@@ -542,7 +542,8 @@ def test_layouts_follow_the_programs_mesh_rules():
         4,
     )
     assert (hybrid.replicate, hybrid.shard, hybrid.tensor) == (4, 2, 4)
-    with pytest.raises(PlanInputError, match=r"tensor_parallel_degree \(1 x 1 x 3\) dividing the world size 8"):
+    with pytest.raises(PlanInputError,
+                       match=r"tensor_parallel_degree \(1 x 1 x 3\) dividing the world size 8"):
         resolve_layout(hyperparameter_values({"parallelism": "fsdp", "tensor_parallel_degree": 3}), 8, 1)
     with pytest.raises(PlanInputError, match="'parallelism': got 'single', expected ddp, fsdp or deepspeed"):
         resolve_layout(hyperparameter_values({"parallelism": "single"}), 4, 1)

@@ -72,10 +72,13 @@ def job_root(base: Path, data: Path, *, validation: bool = False, **channels: Pa
     return root
 
 
-def run_jobs(nproc: int, jobs: list[tuple[Path, dict]], spec_dir: Path, timeout: float = 420) -> Completed:
-    """Run several jobs in one torchrun launch; assert the launch itself succeeded."""
+def run_jobs(nproc: int, jobs: list[tuple[Path, dict] | tuple[Path, dict, dict]], spec_dir: Path,
+             timeout: float = 420) -> Completed:
+    """Run several jobs in one torchrun launch; assert the launch itself succeeded. A job is (root,
+    hyperparameters) or (root, hyperparameters, environment variables for that job only)."""
     spec = spec_dir / f"spec-{len(list(spec_dir.glob('spec-*.json')))}.json"
-    spec.write_text(json.dumps([{"root": str(root), "hyperparameters": hps} for root, hps in jobs]))
+    spec.write_text(json.dumps([{"root": str(job[0]), "hyperparameters": job[1],
+                                 "environment": job[2] if len(job) > 2 else {}} for job in jobs]))
     completed = torchrun(nproc, MULTIRUN, [str(spec)], timeout=timeout)
     assert completed.returncode == 0, completed.output[-6000:]
     return completed

@@ -2,9 +2,10 @@
 
     python -m torch.distributed.run --nproc_per_node N tests/training/multirun.py SPEC.json
 
-SPEC.json is a list of {"root": job root folder, "hyperparameters": {...}}. Each job runs through
-training_jobs/train.py's own `run` with SAGEMAKER_BASE_DIR and SM_HPS set exactly as the SageMaker
-toolkit sets them; the process group is shared. Rank 0 writes ROOT/outcome.json: {"ok": true} or
+SPEC.json is a list of {"root": job root folder, "hyperparameters": {...}, "environment": {...}}
+("environment" optional: variables set for that job only, e.g. LLMTRAIN_TEST_FAULTS). Each job runs
+through training_jobs/train.py's own `run` with SAGEMAKER_BASE_DIR and SM_HPS set exactly as the
+SageMaker toolkit sets them; the process group is shared. Rank 0 writes ROOT/outcome.json: {"ok": true} or
 the TrainingError it stopped with.
 """
 
@@ -26,6 +27,8 @@ def main(spec_path: str) -> int:
     for job in jobs:
         os.environ["SAGEMAKER_BASE_DIR"] = job["root"]
         os.environ["SM_HPS"] = json.dumps(job["hyperparameters"])
+        extra = job.get("environment", {})
+        os.environ.update(extra)
         try:
             train.run([], own_process_group=False)
             outcome = {"ok": True}
@@ -33,6 +36,8 @@ def main(spec_path: str) -> int:
             outcome = {"ok": False, "error": type(error).__name__, "message": str(error)}
         except Exception as error:  # a bug: keep the traceback for the test report
             outcome = {"ok": False, "error": type(error).__name__, "message": traceback.format_exc()}
+        for name in extra:
+            del os.environ[name]
         if os.environ.get("RANK", "0") == "0":
             (Path(job["root"]) / "outcome.json").write_text(json.dumps(outcome))
     import torch.distributed as dist

@@ -27,6 +27,7 @@ SECTIONS = (
     ("Parallelism and memory", ("parallel",)),
     ("LoRA", ("lora",)),
     ("Checkpoints, logging and evaluation", ("checkpoint", "logging")),
+    ("Rules", ("rules",)),
 )
 COMMAND = "python -m training_jobs.contract.docs"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -57,6 +58,10 @@ def _allowed(field: dataclasses.Field, hint: Any) -> str:
 def hyperparameter_tables() -> str:
     """One table per section of docs/training.md: name, type, default, allowed values, meaning."""
     fields = hyperparameter_fields()
+    shown = {group for _, groups in SECTIONS for group in groups}
+    if shown != set(GROUPS):
+        missing = sorted(set(GROUPS) ^ shown)
+        raise ValueError(f"docs.SECTIONS must show every group of the contract once: {missing}")
     parts = []
     for title, groups in SECTIONS:
         rows = [f"### {title}", "", "| name | type | default | allowed | meaning |",

@@ -48,6 +48,8 @@ CollectiveBackend = Literal["nccl", "smddp"]
 PARALLELISMS: tuple[str, ...] = get_args(Parallelism)
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 Fp8Recipe = Literal["tensorwise", "rowwise"]
+# What a rule does when it fires (training_jobs/trainer/rules.py), mildest first.
+RuleAction = Literal["off", "log", "skip", "rollback", "stop"]
 # Schedules that run several stages per rank (the others run exactly one).
 MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "zero_bubble")
 # The parallelisms QLoRA trains with: bitsandbytes' packed 4-bit weights do not shard (FSDP,
@@ -236,9 +238,49 @@ class RunConfig:
     seed: int = _hp(42, "Seed of initialisation, data order and dropout.", minimum=0)
 
 
+@dataclass(frozen=True)
+class RulesConfig:
+    """The rules that watch a run and act on it (docs/training.md, "Rules")."""
+
+    rule_loss_spike_factor: float = _hp(3.0, "A step's loss above this multiple of the running mean "
+                                             "of the recent healthy steps' losses is a loss spike.",
+                                        minimum=1.0, exclusive_minimum=True)
+    rule_loss_spike_action: RuleAction = _hp(
+        "rollback", "What a loss spike does: off, log, skip (the step's update is not applied), "
+                    "rollback (reload the last complete checkpoint, continue with the data after the "
+                    "spike) or stop (the job fails with RuleTriggered).")
+    rule_grad_norm_factor: float = _hp(10.0, "A step's gradient norm above this multiple of the "
+                                             "running median of the recent healthy steps' norms is a "
+                                             "gradient explosion.", minimum=1.0,
+                                       exclusive_minimum=True)
+    rule_grad_norm_action: RuleAction = _hp("log", "What a gradient explosion does: off, log, skip, "
+                                                   "rollback or stop (as rule_loss_spike_action).")
+    rule_throughput_fraction: float = _hp(0.5, "tokens/s of a logging window below this fraction of "
+                                               "the running median of the recent windows' is a "
+                                               "throughput drop.", minimum=0.0,
+                                          exclusive_minimum=True, maximum=1.0)
+    rule_throughput_action: RuleAction = _hp("log", "What a throughput drop does: off, log or stop "
+                                                    "(skipping a batch or reloading weights does not "
+                                                    "make a slow step fast).")
+    rule_hang_minutes: float = _hp(20.0, "When no step, evaluation or checkpoint has finished for this "
+                                         "many minutes, every rank writes its threads' Python stacks "
+                                         "and the job fails with HungCollective, which the launcher "
+                                         "retries once (0 = off).", minimum=0.0)
+    rule_warmup_steps: int = _hp(20, "Steps at the start of each job (also a resumed one) that the "
+                                     "loss, gradient and throughput rules neither check nor count in "
+                                     "their running statistics (fast-falling loss, compilation).",
+                                 minimum=0)
+    rule_window: int = _hp(50, "Values the running statistics hold: the last N healthy steps' loss "
+                               "and gradient norm, the last N logging windows' tokens/s. A rule "
+                               "checks once it holds 5.", minimum=5)
+    rule_max_rollbacks: int = _hp(3, "Roll-backs in a row (no new checkpoint written in between) "
+                                     "after which a rule whose action is rollback stops the run.",
+                                  minimum=1)
+
+
 GROUPS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
           "parallel": ParallelConfig, "lora": LoraConfig, "checkpoint": CheckpointConfig,
-          "logging": LoggingConfig, "run": RunConfig}
+          "logging": LoggingConfig, "run": RunConfig, "rules": RulesConfig}
 
 
 @dataclass(frozen=True)
@@ -251,6 +293,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    rules: RulesConfig = field(default_factory=RulesConfig)
 
     @property
     def decay_steps(self) -> int:
@@ -472,6 +515,7 @@ def validate(config: TrainConfig) -> None:
                                               "parallel is not supported; use fsdp sharding)")
     _validate_pipeline(config)
     _validate_context_parallel(config)
+    _validate_rules(config)
     if config.data.global_batch_size and config.data.grad_accum_steps != 1:
         raise _invalid("grad_accum_steps", config.data.grad_accum_steps,
                        "1 when global_batch_size is set (the accumulation steps are derived from it)")
@@ -542,6 +586,20 @@ def _validate_context_parallel(config: TrainConfig) -> None:
 def default_stages_per_rank(schedule: str) -> int:
     """1 for gpipe and 1f1b, 2 for the interleaved schedules."""
     return 2 if schedule in MULTI_STAGE_SCHEDULES else 1
+
+
+def _validate_rules(config: TrainConfig) -> None:
+    rules = config.rules
+    if rules.rule_throughput_action in ("skip", "rollback"):
+        raise _invalid("rule_throughput_action", rules.rule_throughput_action,
+                       "off, log or stop (a slow step is neither its batch's fault nor the weights': "
+                       "skipping or rolling back does not make the next one faster)")
+    if config.parallel.parallelism == "deepspeed":
+        for name in ("rule_loss_spike_action", "rule_grad_norm_action"):
+            if getattr(rules, name) == "skip":
+                raise _invalid(name, "skip", "off, log, rollback or stop with parallelism=deepspeed "
+                                             "(DeepSpeed applies the update inside its engine at the "
+                                             "last micro-batch, before a rule sees the step)")
 
 
 def pipeline_stages_per_rank(par: ParallelConfig) -> int:

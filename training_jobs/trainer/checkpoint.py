@@ -241,6 +241,16 @@ class CheckpointStore:
         for folder in found.incomplete:
             shutil.rmtree(folder, ignore_errors=True)
 
+    def newest_readable_everywhere(self) -> Path | None:
+        """The newest complete checkpoint that every rank finds whole on its own disk (for a roll-back
+        in the running job); None when there is none, as on several hosts without a shared file
+        system, where each host holds only its own ranks' files. A collective."""
+        mine = [step for step, _ in scan(self.root).complete]
+        gathered: list[list[int] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        common = set.intersection(*(set(steps or ()) for steps in gathered))
+        return self.root / folder_name(max(common)) if common else None
+
     def load(self, folder: Path, strategy: Strategy) -> None:
         """Restore the strategy's state and this rank's RNG (a rank the checkpoint's job did not
         have keeps its own: the data order does not depend on it)."""

@@ -16,6 +16,7 @@ from .checkpoint import CheckpointStore, StopSignal, Triggers
 from .data import BatchLayout, EvalBatches, TokenSamples, TrainBatches
 from .environment import JobEnvironment
 from .errors import DataError
+from .faults import Faults
 from .loop import LoopContext, Throughput
 from .metrics import (
     MetricsLogger,
@@ -28,8 +29,10 @@ from .metrics import (
 from .model_channel import model_folder
 from .models import attention_implementation, load_tokenizer, model_source
 from .parallel import COMPUTE_DTYPES
+from .rules import Rules
 from .strategies import SetupContext, Strategy, build_strategy
 from .strategies.protocol import ModelSummary
+from .watchdog import HangWatchdog
 
 
 @dataclass
@@ -132,7 +135,13 @@ def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device
                                                               job_name=tracking.job_name(),
                                                               params=config.flat())),
         throughput=_throughput(config, strategy, summary, env, device),
-        output_dir=env.output_data_dir, device=device)
+        output_dir=env.output_data_dir, device=device, rules=Rules(config.rules),
+        faults=Faults.from_environment(os.environ), watchdog=_watchdog(config, env))
+
+
+def _watchdog(config: TrainConfig, env: JobEnvironment) -> HangWatchdog | None:
+    minutes = config.rules.rule_hang_minutes
+    return HangWatchdog(minutes, env.output_data_dir, env.rank, env.current_host) if minutes else None
 
 
 def build(config: TrainConfig, env: JobEnvironment, device: torch.device,

@@ -1,9 +1,11 @@
 """The training loop: micro steps with gradient accumulation, the optimizer step, logging,
-evaluation, the profiler window, checkpoints and the stop signal.
+evaluation, the profiler window, checkpoints, the stop signal, and the rules' actions.
 
 The hot path never waits for the device: losses and gradient norms stay on the device and are
 read once per logging step (one all-reduce of the window's losses), which is also where a
-non-finite loss is detected; a checkpoint is only written after that check.
+non-finite loss is detected and the rules judge each step (trainer/rules.py); a checkpoint is only
+written after that. Only a rule whose action is skip judges each step before its update, at the
+cost of one host synchronisation per step.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ import torch
 import torch.distributed as dist
 
 from ..contract.hyperparameters import TrainConfig, profile_window
-from .checkpoint import CheckpointStore, Triggers
+from .checkpoint import CheckpointStore, Triggers, read_trainer_state
 from .data import EvalBatches, TrainBatches
-from .errors import DivergenceError
+from .errors import DivergenceError, RuleTriggered
+from .faults import Faults
 from .loss import causal_lm_loss, causal_lm_loss_sum, trained_targets
 from .metrics import MetricsLogger, log, peak_memory_gb
+from .rules import Rules, Verdict, withholds_update
 from .strategies import Strategy
-from .strategies.protocol import LossFn, MicroBatch
+from .strategies.protocol import LossFn, MicroBatch, UpdateGate
+from .watchdog import HangWatchdog
 
 
 @dataclass
@@ -42,8 +47,8 @@ class Window:
     first_step: int
     started: float
     losses: list[torch.Tensor] = field(default_factory=list)
-    grad_norm: torch.Tensor | None = None
-    excluded: float = 0.0  # seconds spent evaluating or checkpointing inside the window
+    grad_norms: list[torch.Tensor] = field(default_factory=list)
+    excluded: float = 0.0  # seconds spent evaluating, checkpointing or rolling back inside the window
 
 
 @dataclass
@@ -58,6 +63,9 @@ class LoopContext:
     throughput: Throughput
     output_dir: Path
     device: torch.device
+    rules: Rules
+    faults: Faults = field(default_factory=Faults)
+    watchdog: HangWatchdog | None = None  # started and stopped by run()
     step: int = 0
 
     def trainer_state(self) -> dict:
@@ -68,10 +76,13 @@ class LoopContext:
 
 
 def train_step(ctx: LoopContext) -> torch.Tensor:
-    """One optimizer step; returns this rank's loss (a device tensor) such that its mean over the
-    data-parallel ranks (topology.mean_loss) is the step's loss."""
+    """One optimizer step's forward and backward; returns this rank's loss (a device tensor) such
+    that its mean over the data-parallel ranks (topology.mean_loss) is the step's loss."""
+    step, rank = ctx.step + 1, dist.get_rank()
+    ctx.faults.before_step(step, rank, ctx.train.next_step)
     micro_batches = ctx.train.next_step()
-    return ctx.strategy.forward_backward(micro_batches, _micro_batch_loss(ctx, micro_batches))
+    loss_fn = ctx.faults.loss(step, rank, _micro_batch_loss(ctx, micro_batches))
+    return ctx.strategy.forward_backward(micro_batches, loss_fn)
 
 
 def _micro_batch_loss(ctx: LoopContext, micro_batches: list[MicroBatch]) -> LossFn:
@@ -96,9 +107,39 @@ def _trained_token_weight(ctx: LoopContext, micro_batches) -> torch.Tensor | Non
     return len(micro_batches) * dist.get_world_size(group) / count.clamp(min=1)
 
 
-def _global_losses(ctx: LoopContext, window: Window) -> list[float]:
+def _global_losses(ctx: LoopContext, losses: list[torch.Tensor]) -> list[float]:
     """Each step's loss averaged over the data-parallel ranks (one all-reduce per window)."""
-    return ctx.strategy.topology.mean_loss(torch.stack(window.losses).float()).tolist()
+    return ctx.strategy.topology.mean_loss(torch.stack(losses).float()).tolist()
+
+
+def same_on_every_rank(values: list[float]) -> list[float]:
+    """Rank 0's values on every rank (a broadcast of a CPU tensor, gloo), so that every rank's rules
+    judge the same numbers: a rank's own clock, or a last bit of a reduction, never splits a decision."""
+    if dist.get_world_size() == 1:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64)
+    dist.broadcast(tensor, src=0)
+    return tensor.tolist()
+
+
+def _update_gate(ctx: LoopContext, loss: torch.Tensor) -> UpdateGate | None:
+    """Where a rule may skip a step: judge the step's loss and gradient norm before its update."""
+    if not ctx.rules.judges_before_update:
+        return None
+
+    def gate(grad_norm: torch.Tensor) -> bool:
+        global_loss = ctx.strategy.topology.mean_loss(loss.detach().float().reshape(1).clone())
+        value, norm = same_on_every_rank(
+            torch.stack([global_loss[0], grad_norm.float().to(global_loss.device)]).tolist())
+        verdicts = ctx.rules.judge_step(ctx.step + 1, value, norm)
+        _record_verdicts(ctx, verdicts)
+        return not withholds_update(verdicts)
+    return gate
+
+
+def _record_verdicts(ctx: LoopContext, verdicts: list[Verdict]) -> None:
+    for verdict in verdicts:
+        ctx.metrics.rule(verdict.record())
 
 
 def _check_finite(losses: list[float], window: Window, grad_norm: float) -> None:
@@ -114,18 +155,32 @@ def _check_finite(losses: list[float], window: Window, grad_norm: float) -> None
 
 
 def report(ctx: LoopContext, window: Window) -> None:
-    """Synchronise once: check the window for divergence and write the metrics line."""
-    losses = _global_losses(ctx, window)
-    grad_norm = float(window.grad_norm)
-    _check_finite(losses, window, grad_norm)
+    """Synchronise once: check the window for divergence, write the metrics line, let the rules judge
+    the window's steps (unless they judged them before their updates) and its throughput."""
+    losses = _global_losses(ctx, window.losses)
+    grad_norms = torch.stack(window.grad_norms).float().tolist()
+    _check_finite(losses, window, grad_norms[-1])
     steps = len(losses)
     elapsed = max(time.perf_counter() - window.started - window.excluded, 1e-9)
     tokens_per_sec = ctx.throughput.tokens_per_step * steps / elapsed
     mfu = ctx.throughput.flops_per_token * tokens_per_sec / ctx.throughput.peak_flops_total \
         if ctx.throughput.peak_flops_total else 0.0
     ctx.metrics.train({"step": ctx.step, "loss": sum(losses) / steps, "lr": ctx.strategy.current_lr(),
-                       "grad_norm": grad_norm, "tokens_per_sec": tokens_per_sec, "mfu": mfu,
+                       "grad_norm": grad_norms[-1], "tokens_per_sec": tokens_per_sec, "mfu": mfu,
                        "step_time": elapsed / steps, "memory_gb": peak_memory_gb(ctx.device)})
+    _judge_window(ctx, window.first_step, losses, grad_norms, tokens_per_sec)
+
+
+def _judge_window(ctx: LoopContext, first_step: int, losses: list[float], grad_norms: list[float],
+                  tokens_per_sec: float) -> None:
+    rules, steps = ctx.rules, len(losses)
+    values = same_on_every_rank([*losses, *grad_norms, tokens_per_sec])
+    verdicts = []
+    if not rules.judges_before_update:
+        for offset in range(steps):
+            verdicts += rules.judge_step(first_step + offset, values[offset], values[steps + offset])
+    verdicts += rules.judge_window(ctx.step, steps, values[-1])
+    _record_verdicts(ctx, verdicts)
 
 
 @torch.no_grad()
@@ -178,6 +233,7 @@ def save(ctx: LoopContext, *, wait: bool) -> None:
     started = time.perf_counter()
     path = ctx.store.save(ctx.step, ctx.strategy, ctx.trainer_state(), wait=wait)
     ctx.triggers.saved()
+    ctx.rules.checkpoint_written()
     if dist.get_rank() == 0:
         background = " (writing in the background)" if ctx.store.pending else ""
         log(f"checkpoint step={ctx.step} path={path} seconds={time.perf_counter() - started:.2f}"
@@ -190,21 +246,77 @@ def _commit_finished_save(ctx: LoopContext) -> None:
         log(f"checkpoint complete: {committed}")
 
 
+def _beat(ctx: LoopContext, done: str) -> None:
+    if ctx.watchdog is not None:
+        ctx.watchdog.beat(done)
+
+
 def _after_step(ctx: LoopContext, window: Window, last: bool) -> tuple[Window, bool]:
-    """Logging, evaluation and checkpoints after a step; returns the next window and "stop"."""
+    """Logging, the rules' actions, evaluation and checkpoints after a step; returns the next window
+    and "stop"."""
     logging = ctx.config.logging
     checkpoint_now, stop = ctx.triggers.poll(ctx.step)
-    if _due(logging.log_every_steps, ctx.step, last) or checkpoint_now or stop:
-        report(ctx, window)  # also the divergence check: a diverged model is never saved
+    if _due(logging.log_every_steps, ctx.step, last) or checkpoint_now or stop or ctx.rules.pending:
+        report(ctx, window)  # the divergence check and the rules: a diverged model is never saved
         window = Window(ctx.step + 1, time.perf_counter())
     paused = time.perf_counter()
+    verdict = ctx.rules.take_pending()
+    if verdict is not None:
+        act(ctx, verdict)  # a roll-back, or a stop (raises)
+        window = Window(ctx.step + 1, time.perf_counter())
+        return window, False
     _commit_finished_save(ctx)
     if ctx.evaluation is not None and _due(logging.eval_every_steps, ctx.step, last):
         evaluate(ctx)
+        _beat(ctx, f"the evaluation at step {ctx.step}")
     if checkpoint_now or stop or last:
         save(ctx, wait=stop or last)  # the job ends after these: their files must be on disk
+        _beat(ctx, f"the checkpoint of step {ctx.step}")
     window.excluded += time.perf_counter() - paused  # not training time: keep it out of tokens/s
     return window, stop
+
+
+def act(ctx: LoopContext, verdict: Verdict) -> None:
+    """Carry out a rule's roll-back or stop. A stop saves nothing: the checkpoint being written in the
+    background (of a step the rules had passed) is committed, then the job fails with the verdict."""
+    ctx.store.finish_pending()
+    if verdict.action == "stop":
+        raise RuleTriggered(f"{verdict.describe()}. {_resume_hint(ctx)}")
+    if not ctx.rules.may_roll_back:
+        raise RuleTriggered(f"{verdict.describe()}, after {ctx.rules.rollbacks_in_a_row} roll-back(s) "
+                            f"in a row without a new checkpoint: the fault persists. {_resume_hint(ctx)}")
+    folder = ctx.store.newest_readable_everywhere()
+    if folder is None:
+        raise RuleTriggered(f"{verdict.describe()}, but there is no checkpoint to roll back to (none "
+                            "written yet, or each host holds only its own ranks' files: roll-backs "
+                            "need /opt/ml/checkpoints on a shared file system on several hosts); "
+                            "set checkpoint_every_steps, or the rule's action to skip, log or stop")
+    rollback(ctx, folder, verdict)
+
+
+def _resume_hint(ctx: LoopContext) -> str:
+    found = ctx.store.newest_readable_everywhere()
+    where = f"from {found.name}" if found is not None else "from its last checkpoint"
+    return (f"Starting the run again resumes {where}; lower lr or raise warmup_steps, or change the "
+            "rule's setting (rule_* hyperparameters)")
+
+
+def rollback(ctx: LoopContext, folder: Path, verdict: Verdict) -> None:
+    """Reload `folder`'s model, optimizer, schedule and RNG, and continue with the data after the
+    batches that set the rule off (they are not trained again, as a restart would)."""
+    started, from_step = time.perf_counter(), ctx.step
+    state = read_trainer_state(folder)
+    ctx.store.load(folder, ctx.strategy)
+    ctx.strategy.load_scheduler(state["scheduler"])
+    ctx.step = int(state["step"])
+    ctx.rules.rolled_back()
+    _beat(ctx, f"the roll-back to step {ctx.step}")
+    ctx.metrics.rule({"step": from_step, "rule": verdict.rule, "rolled_back_to": ctx.step,
+                      "checkpoint": str(folder)})
+    if dist.get_rank() == 0:
+        log(f"rolled back from step {from_step} to {folder} (step {ctx.step}) after {verdict.describe()}"
+            f"; the data continues at sample {ctx.train.consumed_samples} "
+            f"({time.perf_counter() - started:.2f} s)")
 
 
 def run(ctx: LoopContext) -> str:
@@ -213,16 +325,24 @@ def run(ctx: LoopContext) -> str:
     profiler = Profiler(profile_window(ctx.config.logging.profile_steps), ctx.output_dir,
                         dist.get_rank())
     ctx.strategy.train(True)
-    window = Window(ctx.step + 1, time.perf_counter())
-    while ctx.step < max_steps:
-        profiler.before(ctx.step + 1)
-        window.losses.append(train_step(ctx))
-        window.grad_norm = ctx.strategy.step()
-        ctx.step += 1
-        profiler.after(ctx.step)
-        window, stop = _after_step(ctx, window, last=ctx.step == max_steps)
-        if stop:
-            if dist.get_rank() == 0:
-                log(f"stop signal received: saved step {ctx.step} and stopping")
-            return "interrupted"
-    return "finished"
+    if ctx.watchdog is not None:
+        ctx.watchdog.start()
+    try:
+        window = Window(ctx.step + 1, time.perf_counter())
+        while ctx.step < max_steps:
+            profiler.before(ctx.step + 1)
+            loss = train_step(ctx)
+            window.losses.append(loss)
+            window.grad_norms.append(ctx.strategy.step(_update_gate(ctx, loss)))
+            ctx.step += 1
+            _beat(ctx, f"step {ctx.step}")
+            profiler.after(ctx.step)
+            window, stop = _after_step(ctx, window, last=ctx.step == max_steps)
+            if stop:
+                if dist.get_rank() == 0:
+                    log(f"stop signal received: saved step {ctx.step} and stopping")
+                return "interrupted"
+        return "finished"
+    finally:
+        if ctx.watchdog is not None:
+            ctx.watchdog.stop()

@@ -104,6 +104,16 @@ class MetricsLogger:
     def eval(self, values: dict[str, float]) -> None:
         self._emit("eval", values, {"eval_loss": "{:.6f}"})
 
+    def rule(self, values: dict) -> None:
+        """What a rule saw or did (trainer/rules.py): a `[rule]` line and a JSON line of kind "rule";
+        not a metric (no template regex matches it)."""
+        if not self.enabled:
+            return
+        fields = " ".join(f"{key}={value:.6g}" if isinstance(value, float) else f"{key}={value}"
+                          for key, value in values.items())
+        print(f"[rule] {fields}", flush=True)
+        self.jsonl.write(json.dumps({"kind": "rule", **values}) + "\n")
+
     def _emit(self, tag: str, values: dict[str, float], formats: dict[str, str]) -> None:
         if not self.enabled:
             return

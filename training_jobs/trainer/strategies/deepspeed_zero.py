@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..loss import causal_lm_loss_sum, trained_targets
 from ..models import forward_logits
 from ..optim import build_optimizer, build_scheduler, peak_lr, resume_schedule
-from .protocol import LossFn, MicroBatch, ModelSummary
+from .protocol import LossFn, MicroBatch, ModelSummary, UpdateGate
 from .setup import SetupContext, prepare_model, summarize
 
 TAG = "deepspeed"
@@ -114,7 +114,10 @@ class DeepSpeedStrategy:
             total += torch.stack([causal_lm_loss_sum(logits, targets), trained_targets(targets)])
         return total
 
-    def step(self) -> torch.Tensor:
+    def step(self, gate: UpdateGate | None = None) -> torch.Tensor:
+        if gate is not None:  # config.validate refuses the rule actions that need one
+            raise ConfigError("DeepSpeed applies the update inside forward_backward: a rule cannot "
+                              "skip it (use rule action log, rollback or stop)")
         norm = self.engine.get_global_grad_norm()
         return torch.as_tensor(0.0 if norm is None else norm, dtype=torch.float32)
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from ...contract.hyperparameters import TrainConfig
 from ..optim import build_optimizer, build_scheduler, peak_lr, resume_schedule
+from .protocol import UpdateGate
 
 
 class Optimization:
@@ -41,16 +42,18 @@ class Optimization:
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
-    def step(self, clip: Callable[[float], torch.Tensor]) -> torch.Tensor:
-        """Unscale, clip (`clip(max_norm)` returns the norm before clipping), update, schedule."""
+    def step(self, clip: Callable[[float], torch.Tensor], gate: UpdateGate | None = None) -> torch.Tensor:
+        """Unscale, clip (`clip(max_norm)` returns the norm before clipping), update unless `gate`
+        withholds it, schedule."""
         if self.scaler:
             for optimizer in self.optimizers:
                 self.scaler.unscale_(optimizer)
         norm = clip(self.max_grad_norm)
+        update = gate is None or gate(norm)
         for optimizer in self.optimizers:
-            if self.scaler:
+            if update and self.scaler:
                 self.scaler.step(optimizer)
-            else:
+            elif update:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         for callback in self.after_update:

@@ -34,7 +34,7 @@ from ..loss import causal_lm_loss_sum, trained_targets
 from ..models import decoder_layers, non_embedding_parameters, parameter_count
 from ..stage_model import CausalLMStage, check_splittable, stage_of_parameter
 from .optimization import Optimization, read_state, write_state
-from .protocol import LossFn, MicroBatch, ModelSummary
+from .protocol import LossFn, MicroBatch, ModelSummary, UpdateGate
 from .setup import SetupContext, device_ids, prepare_model
 
 
@@ -226,10 +226,10 @@ class PipelineStrategy:
                         _send_activation(hidden, owner[stage + 1], group)
         return sums
 
-    def step(self) -> torch.Tensor:
+    def step(self, gate: UpdateGate | None = None) -> torch.Tensor:
         group = self.topology.pipeline_group()
         return self.optimization.step(
-            lambda max_norm: parallel.clip_grad_norm(self.optimization.parameters, max_norm, group))
+            lambda max_norm: parallel.clip_grad_norm(self.optimization.parameters, max_norm, group), gate)
 
     def current_lr(self) -> float:
         return self.optimization.current_lr()

@@ -24,6 +24,9 @@ MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets) of one micro
 # One micro-batch's loss from its logits and targets: the mean over its trained targets, or with a
 # loss-masked dataset their sum weighted so that the step's loss is the global per-token mean.
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# Called with the step's global gradient norm (before clipping) before the update is applied; False
+# withholds the update (trainer/rules.py's skip: the gradients are dropped, the schedule advances).
+UpdateGate = Callable[[torch.Tensor], bool]
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,10 @@ class Strategy(Protocol):
         pipeline ranks without the last stage); summed over the replicas, the eval loss."""
         ...
 
-    def step(self) -> torch.Tensor:
-        """Clip, update, advance the schedule; the global gradient norm before clipping."""
+    def step(self, gate: UpdateGate | None = None) -> torch.Tensor:
+        """Clip, update (unless `gate` says no), advance the schedule; the global gradient norm
+        before clipping. DeepSpeed updates inside forward_backward and takes no gate (the
+        configuration refuses a rule action that would need one)."""
         ...
 
     def current_lr(self) -> float:

@@ -19,7 +19,7 @@ from .. import parallel
 from ..loss import causal_lm_loss_sum, trained_targets
 from ..models import forward_logits
 from .optimization import Optimization, read_state, write_state
-from .protocol import LossFn, MicroBatch, ModelSummary
+from .protocol import LossFn, MicroBatch, ModelSummary, UpdateGate
 from .setup import summarize
 
 # How gradients are accumulated over micro-batches: by FSDP2's switches (trainer/parallel.py's
@@ -90,8 +90,8 @@ class WholeModelStrategy:
                 total += torch.stack([causal_lm_loss_sum(logits, targets), trained_targets(targets)])
         return total
 
-    def step(self) -> torch.Tensor:
-        return self.optimization.step(self._clip)
+    def step(self, gate: UpdateGate | None = None) -> torch.Tensor:
+        return self.optimization.step(self._clip, gate)
 
     def current_lr(self) -> float:
         return self.optimization.current_lr()
