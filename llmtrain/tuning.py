@@ -137,7 +137,7 @@ class ParamRange:
         if self.kind == "categorical":
             return f"{self.name}={','.join(self.values)}"
         flags = (":int" if self.kind == "integer" else "") + (":log" if self.log else "")
-        return f"{self.name}={self.low:g}..{self.high:g}{flags}"
+        return f"{self.name}={self.low!r}..{self.high!r}{flags}"  # repr: exact, and parsed back as it was
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name, "kind": self.kind}
@@ -230,6 +230,18 @@ class TuneSpec:
     @property
     def tuned_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
+
+    def options(self) -> list[str]:
+        """The `llmtrain tune` options that ask for this search."""
+        options = [item for p in self.params for item in ("--param", p.describe())]
+        options += ["--objective", self.objective, "--trials", str(self.trials),
+                    "--parallel", str(self.parallel)]
+        options += ["--maximize"] if self.maximize else []
+        options += ["--strategy", self.strategy] if self.strategy != DEFAULT_STRATEGY else []
+        options += [] if self.early_stopping else ["--no-early-stopping"]
+        options += [item for name in self.warm_start_from for item in ("--warm-start", name)]
+        options += ["--seed", str(self.seed)] if self.seed is not None else []
+        return options
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {

@@ -31,6 +31,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from llmtrain.catalog import Catalog, parse_ref
 from llmtrain.commands._common import (
@@ -367,22 +368,7 @@ def format_status(status: RunStatus, where: str = "") -> str:
         lines.append(f"executions: {', '.join(status.executions)}")
     if status.queue:
         lines.append(f"queue: {status.queue['message']}")
-    if status.run_input.get("tune") is not None:
-        lines.extend(_tune_lines(status))
-    elif status.job:
-        job = status.job
-        lines.append(
-            f"training job {job['name']}: {job['status']} ({job['secondary_status']}) on "
-            f"{job['instance_count']} x {job['instance_type']}"
-        )
-        if job.get("failure_reason"):
-            lines.append(f"  failure reason: {job['failure_reason']}")
-            if meaning(job["failure_reason"]):
-                lines.append(f"  what it means: {meaning(job['failure_reason'])}")
-        if job.get("tensorboard"):
-            lines.append(f"  TensorBoard (live): tensorboard --logdir {job['tensorboard']}")
-    else:
-        lines.append("training job: none yet")
+    lines.extend(_tune_lines(status) if status.run_input.get("tune") is not None else _job_lines(status.job))
     if len(status.jobs) > 1:
         lines.append("attempts: " + ", ".join(f"{j['attempt']}:{j['status']}" for j in status.jobs))
     if status.metrics:
@@ -401,6 +387,23 @@ def format_status(status: RunStatus, where: str = "") -> str:
             f"{continue_command(status, where)}"
         )
     return "\n".join(lines)
+
+
+def _job_lines(job: Mapping[str, Any] | None) -> list[str]:
+    """The run's latest training job: its status, why it failed and what that means, TensorBoard."""
+    if not job:
+        return ["training job: none yet"]
+    lines = [
+        f"training job {job['name']}: {job['status']} ({job['secondary_status']}) on "
+        f"{job['instance_count']} x {job['instance_type']}"
+    ]
+    if job.get("failure_reason"):
+        lines.append(f"  failure reason: {job['failure_reason']}")
+        if meaning(job["failure_reason"]):
+            lines.append(f"  what it means: {meaning(job['failure_reason'])}")
+    if job.get("tensorboard"):
+        lines.append(f"  TensorBoard (live): tensorboard --logdir {job['tensorboard']}")
+    return lines
 
 
 def _tune_lines(status: RunStatus) -> list[str]:
@@ -427,12 +430,16 @@ def _tune_lines(status: RunStatus) -> list[str]:
 
 
 def continue_command(status: RunStatus, where: str = "") -> str:
-    """The `llmtrain start` that continues a run: its template version and overrides, as started."""
+    """The `llmtrain start` that continues a run: its template version and overrides, as started; for
+    a tune, the `llmtrain tune` that starts its next tuning job with the same search."""
     run_input = status.run_input
     ref = f"{run_input['template']}@{run_input.get('version') or 'latest'}"
     sets = "".join(
         f" --set {shlex.quote(f'{k}={_plain(v)}')}" for k, v in (run_input.get("overrides") or {}).items()
     )
+    if run_input.get("tune") is not None:
+        search = " ".join(shlex.quote(option) for option in TuneSpec.from_dict(run_input["tune"]).options())
+        return f"llmtrain tune {ref} --run-name {status.run_name} {search}{sets}{where}"
     return f"llmtrain start {ref} --run-name {status.run_name}{sets}{where}"
 
 

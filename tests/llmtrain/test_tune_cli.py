@@ -4,6 +4,7 @@ ListTrainingJobsForHyperParameterTuningJob, so botocore's Stubber answers it in 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 
@@ -25,8 +26,8 @@ from test_jumpstart import put_jumpstart_catalogue
 
 from llmtrain.cli import main
 from llmtrain.commands.launch import format_status
-from llmtrain.lifecycle.tuning import tune_trials
 from llmtrain.launcher_client import RunStatus
+from llmtrain.lifecycle.tuning import tune_trials
 from llmtrain.tuning import ParamRange, TuneSpec
 from llmtrain.validate import input_problems, shape_problems
 
@@ -185,6 +186,11 @@ def test_a_tunes_status_lists_its_trials_and_the_best_ones_start_line():
     assert "Stopped eval:loss=- lr=1e-05" in text
     assert f"best trial: {PREFIX}-lr-1-t1-003-abcdef03" in text
     assert "llmtrain start gpt2-ddp@1.2.0 --run-name lr-1-best --set max_steps=100 --set lr=0.0004" in text
+    # A tune that failed is started again, its next tuning job, by the same `llmtrain tune`.
+    failed = format_status(dataclasses.replace(status, execution_status="FAILED"))
+    again = ("llmtrain tune gpt2-ddp@1.2.0 --run-name lr-1 --param lr=1e-05..0.001:log --objective eval:loss "
+             "--trials 6 --parallel 1 --set max_steps=100")
+    assert again in failed and "llmtrain start gpt2-ddp@1.2.0 --run-name lr-1 " not in failed
 
 
 def test_models_ls_lists_jumpstarts_trainable_text_models(capsys, environment):
