@@ -177,20 +177,12 @@ def start_run(
     first = request["ResourceConfig"]["InstanceType"]
     usable, unusable = check_fallbacks(template, run_input, request, platform, submission, program,
                                        base_model)
-    run = RunState(
-        run_name=run_input.run_name,
-        team=platform.team,
-        template=template.name,
-        version=template.version,
-        overrides=run_input.overrides,
-        owner=owner,
-        execution_arn=execution_arn,
-        attempt=attempt,
+    run = _run_state(
+        template, run_input, platform, owner, attempt, execution_arn, base_model,
         instance_types=(first, *usable),
         unusable_instance_types=unusable,
         checkpoint_s3_uri=request.get("CheckpointConfig", {}).get("S3Uri"),
         plan=plan,
-        base_model=base_model.to_dict() if base_model else None,
         queue=run_input.queue,
         priority=run_input.priority,
     )
@@ -222,24 +214,38 @@ def start_tune(
     try:
         request, plan = plan_tune(template, trials, submission.tune, platform, program,
                                   skip_plan_check=run_input.skip_plan_check)
-        run = RunState(
-            run_name=run_input.run_name,
-            team=platform.team,
-            template=template.name,
-            version=template.version,
-            overrides=run_input.overrides,
-            owner=owner,
-            execution_arn=execution_arn,
-            attempt=attempt,
-            instance_types=(request["ResourceConfig"]["InstanceType"],),
-            plan=plan,
-            tune=submission.tune.to_dict(),
-            base_model=base_model.to_dict() if base_model else None,
-        )
+        run = _run_state(template, run_input, platform, owner, attempt, execution_arn, base_model,
+                         instance_types=(request["ResourceConfig"]["InstanceType"],), plan=plan,
+                         tune=submission.tune.to_dict())
         state = submission.attempt_state(request, run)
     except LlmtrainError as error:
         raise rejected(error) from error
     return {"run": run.to_dict(), **state}
+
+
+def _run_state(
+    template: TemplateSpec,
+    run_input: ExecutionInput,
+    platform: PlatformContext,
+    owner: str,
+    attempt: int,
+    execution_arn: str | None,
+    base_model: BaseModel | None,
+    **fields: Any,
+) -> RunState:
+    """The run's state at its attempt, as the state machine carries it between steps."""
+    return RunState(
+        run_name=run_input.run_name,
+        team=platform.team,
+        template=template.name,
+        version=template.version,
+        overrides=run_input.overrides,
+        owner=owner,
+        execution_arn=execution_arn,
+        attempt=attempt,
+        base_model=base_model.to_dict() if base_model else None,
+        **fields,
+    )
 
 
 def next_attempt_number(run_name: str, previous: Sequence[Mapping[str, Any]]) -> int:

@@ -42,6 +42,7 @@ SURFACE = {
     "llmtrain.jumpstart",
     "llmtrain.deployed",
     "llmtrain.images",
+    "llmtrain.instances",
     "llmtrain.errors",
 }
 # What the CLI, the local runner and the functions' own modules are: never loaded by a synth.

@@ -90,7 +90,7 @@ def test_a_tune_outside_the_teams_limits_or_budget_or_the_programs_rules_creates
     assert "6 trials x $49 per trial" in pricey.cause and "budget of $100" in pricey.cause
     # Within the template's bounds (lr >= 1e-6), but the 1.2.0 program refuses an lr below min_lr.
     assert refused.status == "FAILED" and refused.error == "InvalidRunInput", refused.cause
-    assert "refuses lr=1e-05" in refused.cause and "min_lr" in refused.cause
+    assert "(lr=1e-05): the training program" in refused.cause and "'min_lr': got 3e-05" in refused.cause
     assert harness.jobs.tuning_requests == [] and harness.jobs.requests == []
 
 

@@ -27,6 +27,7 @@ from test_jumpstart import put_jumpstart_catalogue
 from llmtrain.cli import main
 from llmtrain.commands.launch import format_status
 from llmtrain.launcher_client import RunStatus
+from llmtrain.queues.context import TeamQueues
 from llmtrain.lifecycle.tuning import tune_trials
 from llmtrain.tuning import ParamRange, TuneSpec
 from llmtrain.validate import input_problems, shape_problems
@@ -113,6 +114,19 @@ def test_a_tune_above_the_budget_or_without_its_objectives_data_is_refused(capsy
         capsys, "tune", "gpt2-ddp", "--run-name", "lr-4", "--param", "lr=1..2", "--set", TRAIN, "--dry-run"
     )
     assert code == 2 and "above the maximum" in err
+
+
+def test_a_tune_is_refused_where_the_environment_queues_its_jobs(capsys, monkeypatch):
+    moto_credentials(monkeypatch)
+    queues = TeamQueues(queue_arns={"standard": f"arn:aws:batch:{REGION}:{ACCOUNT}:job-queue/standard"},
+                        default_queue="standard", share_identifier="default", max_priority=0, max_instances=4,
+                        capacity_wait_seconds=3600)
+    with mock_aws():
+        arn = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:llmtrain-dev-default-launcher"
+        deploy_environment(arn, teams=[team_access(arn, queues=queues)])
+        code, _, err = llmtrain(capsys, "tune", "gpt2-ddp", "--run-name", "lr-1", *TUNE, "--set", TRAIN,
+                                "--set", VALIDATION, "--dry-run")
+    assert code == 2 and "tuning jobs cannot be queued" in err, err
 
 
 def test_a_tune_starts_an_execution_with_its_search(capsys, monkeypatch):
