@@ -27,8 +27,8 @@ from test_jumpstart import put_jumpstart_catalogue
 from llmtrain.cli import main
 from llmtrain.commands.launch import format_status
 from llmtrain.launcher_client import RunStatus
-from llmtrain.queues.context import TeamQueues
 from llmtrain.lifecycle.tuning import tune_trials
+from llmtrain.queues.context import TeamQueues
 from llmtrain.tuning import ParamRange, TuneSpec
 from llmtrain.validate import input_problems, shape_problems
 
