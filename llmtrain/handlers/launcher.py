@@ -11,11 +11,10 @@
 
 Between states the execution carries `{"run": RunState, "request": CreateTrainingJob request}` and
 what the deployment's start step reads besides: `"layout"` (a training job's CreateTrainingJob state)
-or `"submission"` (a queued run's SubmitServiceJob request). A tune's request is its
-CreateHyperParameterTuningJob request, and its layout one of the tuning
-states'. The registry is the templates bundled
-beside the `llmtrain` package in the function's code (`templates/<name>/<version>.yaml`), unless the
-settings name another folder.
+or `"submission"` (a queued run's SubmitServiceJob request); a tune's request is its
+CreateHyperParameterTuningJob request, and its layout one of the tuning states'. The registry is the
+templates bundled beside the `llmtrain` package in the function's code
+(`templates/<name>/<version>.yaml`), unless the settings name another folder.
 """
 
 from __future__ import annotations

@@ -209,9 +209,9 @@ def start_tune(
     No capacity fallbacks: a tuning job's trials run on one instance type, and SageMaker retries them."""
     attempt = next_attempt_number(run_input.run_name, previous)
     owner = run_input.owner or DEFAULT_OWNER
-    trials = RunInput(run_name=run_input.run_name, overrides=run_input.overrides, attempt=attempt,
-                      owner=owner, base_model=base_model)
     try:
+        trials = RunInput(run_name=run_input.run_name, overrides=run_input.overrides, attempt=attempt,
+                          owner=owner, base_model=base_model)
         request, plan = plan_tune(template, trials, submission.tune, platform, program,
                                   skip_plan_check=run_input.skip_plan_check)
         run = _run_state(template, run_input, platform, owner, attempt, execution_arn, base_model,
