@@ -28,8 +28,9 @@ from llmtrain.aws import explain, explained
 from llmtrain.catalog import LATEST, parse_ref
 from llmtrain.deployed import DeployedEnvironment, TeamAccess
 from llmtrain.errors import LlmtrainError, did_you_mean
-from llmtrain.lifecycle.jobs import attempt_name_stem, run_jobs
+from llmtrain.lifecycle.jobs import attempt_name_stem, run_jobs, tuning_jobs
 from llmtrain.lifecycle.summaries import final_metrics
+from llmtrain.lifecycle.tuning import tune_trials
 from llmtrain.queues import jobs as queue_jobs
 from llmtrain.queues.context import TeamQueues
 from llmtrain.runs import ExecutionInput
@@ -79,6 +80,8 @@ class RunStatus:
     executions: list[str] = field(default_factory=list)
     # Where the environment has queues: the run's latest service job (llmtrain.queues.jobs.QueuedRun).
     queue: Mapping[str, Any] | None = None
+    # A tune's tuning job and its trials (llmtrain.lifecycle.tuning), None for a run of one job.
+    tuning: Mapping[str, Any] | None = None
 
     @property
     def continuable(self) -> bool:
@@ -102,6 +105,7 @@ class RunStatus:
             "metrics": self.metrics,
             "notes": self.notes,
             "queue": dict(self.queue) if self.queue else None,
+            "tuning": dict(self.tuning) if self.tuning else None,
         }
 
 
@@ -117,6 +121,8 @@ class RunListing:
     started: str | None
     billable_seconds: int | None
     executions: int
+    kind: str = "run"  # run | tune
+    trials: int | None = None  # a tune's trials so far
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -128,6 +134,8 @@ class RunListing:
             "started": self.started,
             "billable_seconds": self.billable_seconds,
             "executions": self.executions,
+            "kind": self.kind,
+            "trials": self.trials,
         }
 
 
@@ -258,6 +266,7 @@ class LauncherClient:
         skip_plan_check: bool = False,
         queue: str | None = None,
         priority: int | None = None,
+        tune: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """Start the run's next execution; returns it and the run's previous execution (or None).
 
@@ -276,6 +285,7 @@ class LauncherClient:
             skip_plan_check=skip_plan_check,
             queue=queue,
             priority=priority,
+            tune=tune,
         )
         executions = self.run_executions(run_name)
         previous = executions[-1] if executions else None
@@ -339,6 +349,8 @@ class LauncherClient:
         if not executions:
             self.find_execution(run_name)  # raises, with suggestions
         execution = executions[-1]
+        if _input(execution).get("tune") is not None:
+            return self._tune_status(run_name, execution, executions)
         jobs = self.jobs(run_name)
         job = self._describe_job(jobs[-1]["job_name"]) if jobs and jobs[-1]["job_name"] else None
         queued = self.queued(run_name)
@@ -366,6 +378,30 @@ class LauncherClient:
             run_input=_input(execution),
             executions=[e["name"] for e in executions],
             queue={**queued.to_dict(), "message": queued.describe()} if queued else None,
+        )
+
+    def tuning(self, run_name: str) -> dict[str, Any] | None:
+        """A tune's latest tuning job and its trials (`{"name", "status", "trials"}`), or None
+        before it has one."""
+        sagemaker = self.client("sagemaker")
+        with explained("listing the tune's tuning jobs"):
+            jobs = tuning_jobs(sagemaker, self.job_name_prefix, run_name)
+            if not jobs:
+                return None
+            latest = jobs[-1]
+            trials = tune_trials(sagemaker, latest["job_name"])
+        return {"name": latest["job_name"], "status": latest["status"],
+                "trials": [t.to_dict() for t in trials]}
+
+    def _tune_status(self, run_name: str, execution: Mapping[str, Any],
+                     executions: Sequence[Mapping[str, Any]]) -> RunStatus:
+        output = json.loads(execution["output"]) if execution.get("output") else None
+        return RunStatus(
+            run_name=run_name, execution_arn=execution["executionArn"], execution_status=execution["status"],
+            started=_time(execution.get("startDate")), stopped=_time(execution.get("stopDate")),
+            summary=output,
+            error=execution.get("error"), cause=execution.get("cause"), run_input=_input(execution),
+            executions=[e["name"] for e in executions], tuning=self.tuning(run_name),
         )
 
     def _describe_job(self, job_name: str) -> dict[str, Any]:
@@ -484,6 +520,14 @@ class LauncherClient:
 
     def _listing(self, run_name: str, executions: Sequence[Mapping[str, Any]]) -> RunListing:
         execution = executions[0]  # ListExecutions returns the newest first
+        if _input(execution).get("tune") is not None:
+            tuning = self.tuning(run_name)
+            return RunListing(run_name=run_name, status=execution["status"],
+                              template=self._template_of(execution, None), instance_type=None,
+                              instance_count=None,
+                              started=_time(executions[-1].get("startDate")), billable_seconds=None,
+                              executions=len(executions), kind="tune",
+                              trials=len(tuning["trials"]) if tuning else 0)
         jobs = [self._describe_job(job["job_name"]) for job in self.jobs(run_name) if job["job_name"]]
         resources = (jobs[-1].get("ResourceConfig") or {}) if jobs else {}
         billable = [

@@ -30,6 +30,13 @@ from llmtrain.errors import (
 )
 from llmtrain.images import image_torch_problems, training_image_uri
 from llmtrain.instances import instance_type as lookup_instance_type
+from llmtrain.jumpstart import (
+    BaseModel,
+    content_bucket,
+    gated_content_bucket,
+    is_jumpstart_reference,
+    parse_reference,
+)
 from llmtrain.platform import PlatformContext
 from llmtrain.program_contract import ProgramContract, installed_contract
 from llmtrain.s3_uris import S3_SCHEME, S3Location, S3UriError, parse_s3_uri
@@ -86,8 +93,13 @@ class RunInput:
     attempt: int = 1
     instance_type: str | None = None
     owner: str = "unknown"
+    # The run's JumpStart base model (`base_model=<model id>[@version]`), resolved in the
+    # environment's region when the run starts (llmtrain.jumpstart): render reads no AWS.
+    base_model: BaseModel | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.base_model, Mapping):
+            object.__setattr__(self, "base_model", BaseModel.from_dict(self.base_model))
         if not isinstance(self.run_name, str) or not RUN_NAME_PATTERN.fullmatch(self.run_name):
             raise RunInputError(
                 "run_name",
@@ -136,6 +148,9 @@ class JobSettings:
     training_plan_arn: str | None = None
     max_pending_seconds: int | None = None
     remote_debug: bool = False
+    # A JumpStart base model in the model channel, and whether the run accepts its EULA.
+    base_model: BaseModel | None = None
+    accept_eula: bool = False
 
     @property
     def world_size(self) -> int:
@@ -287,13 +302,60 @@ def resolve_settings(template: TemplateSpec, run: RunInput, platform: PlatformCo
                 "max_wait_seconds", "only applies to managed spot training; also set spot=true"
             )
         values["max_wait_seconds"] = None
+    channels, base_model, accept_eula = _base_model_settings(template, run, options, channels, platform)
+    uris = _channel_uris(channels, platform)
+    if base_model is not None:
+        uris["model"] = base_model.uri
     return JobSettings(
         **values,
         degrees=degrees,
         hyperparameters=hyperparameters,
-        channels=_channel_uris(channels, platform),
+        channels=uris,
+        base_model=base_model,
+        accept_eula=accept_eula,
         **_run_options(options, spot=values["spot"], platform=platform),
     )
+
+
+def _base_model_settings(
+    template: TemplateSpec, run: RunInput, options: Mapping[str, Any], channels: dict[str, str | None],
+    platform: PlatformContext,
+) -> tuple[dict[str, str | None], BaseModel | None, bool]:
+    """The model channel a run's `base_model` gives: a folder in the team's datasets prefix as it is,
+    or a JumpStart model's training weights (resolved at start), with its EULA accepted where it has
+    one (`accept_eula=true`)."""
+    value, accept = options.get("base_model"), bool(options.get("accept_eula", False))
+    if value is None:
+        if "accept_eula" in options:
+            raise OverrideError("accept_eula", "applies to a JumpStart base model: also set "
+                                               "base_model=<JumpStart model id>")
+        return channels, None, False
+    if "model" not in template.inputs.channels:
+        raise OverrideError("base_model", f"{template.ref} trains from scratch: it has no model channel to "
+                                          "start from (a fine-tuning template, such as llama-finetune-lora, "
+                                          "has one)")
+    if f"{CHANNEL_SETTING_PREFIX}model" in run.overrides:
+        raise OverrideError("base_model", "and channels.model both name the model channel: set one of them")
+    if not is_jumpstart_reference(value):
+        if accept:
+            raise OverrideError("accept_eula", "applies to a JumpStart base model, not to a folder of your "
+                                               "own")
+        return {**channels, "model": value}, None, False
+    model_id, version = parse_reference(value)
+    base = run.base_model
+    if base is None or base.model_id != model_id or version not in (None, base.version):
+        raise OverrideError("base_model", f"JumpStart model {value!r} is resolved in the environment's "
+                                          "region when the run starts (`llmtrain start`, `llmtrain tune` and "
+                                          "the launcher do it); to see its request, use "
+                                          "`llmtrain start --dry-run`")
+    buckets = (content_bucket(platform.region), gated_content_bucket(platform.region))
+    if not any(base.uri.startswith(f"s3://{bucket}/") for bucket in buckets):
+        raise OverrideError("base_model", f"{base.uri} is not in JumpStart's buckets of {platform.region}")
+    if base.gated and not accept:
+        raise OverrideError("accept_eula", f"{base.reference} is a gated model: read its end-user "
+                                           f"license agreement at {base.eula_url} and set accept_eula=true "
+                                           "to accept it")
+    return channels, base, accept
 
 
 def _run_options(options: Mapping[str, Any], *, spot: bool, platform: PlatformContext) -> dict[str, Any]:
@@ -431,7 +493,9 @@ def build_request(
         },
         "HyperParameters": hyperparameters(template, settings, name, platform),
         "InputDataConfig": [
-            _channel(channel, uri, template.inputs.mode) for channel, uri in settings.channels.items()
+            _channel(channel, uri, template.inputs.mode,
+                     accept_eula=settings.accept_eula and channel == "model")
+            for channel, uri in settings.channels.items()
         ],
         "OutputDataConfig": {
             "S3OutputPath": run_prefix_uri(platform.artifacts_bucket, template, run, platform),
@@ -590,8 +654,8 @@ def smp_parameters(template: TemplateSpec, settings: JobSettings) -> dict[str, A
     return parameters
 
 
-def _channel(name: str, uri: str, mode: str) -> dict[str, Any]:
-    return {
+def _channel(name: str, uri: str, mode: str, *, accept_eula: bool = False) -> dict[str, Any]:
+    channel = {
         "ChannelName": name,
         "DataSource": {
             "S3DataSource": {
@@ -604,6 +668,10 @@ def _channel(name: str, uri: str, mode: str) -> dict[str, Any]:
         "InputMode": mode,
         "CompressionType": "None",
     }
+    if accept_eula:
+        # SageMaker reads a gated JumpStart model's weights only for a channel that accepts its EULA.
+        channel["DataSource"]["S3DataSource"]["ModelAccessConfig"] = {"AcceptEula": True}
+    return channel
 
 
 def _resource_config(settings: JobSettings, platform: PlatformContext) -> dict[str, Any]:

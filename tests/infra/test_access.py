@@ -119,7 +119,13 @@ def test_a_teams_role_reads_and_writes_only_its_prefix(platform, env, team):
     assert listing["Condition"] == {"StringLike": {"s3:prefix": [f"teams/{team}/*"]}}
     assert statements["ListTemplateCode"]["Condition"] == {"StringLike": {"s3:prefix": ["templates/*"]}}
     listers = [s["Sid"] for s in statements.values() if "s3:ListBucket" in as_list(s["Action"])]
-    assert sorted(listers) == ["ListTeamData", "ListTemplateCode"]
+    assert sorted(listers) == ["ListJumpStartModels", "ListTeamData", "ListTemplateCode"]
+    # A JumpStart base model (`base_model=<model id>`): read-only, JumpStart's buckets of the region.
+    jumpstart = as_text(statements["ListJumpStartModels"]["Resource"])
+    assert "jumpstart-cache-prod-" in jumpstart and "jumpstart-private-cache-prod-" in jumpstart
+    assert statements["ReadJumpStartModels"]["Action"] == "s3:GetObject"
+    assert all("jumpstart-" in as_text(arn) and "/*" in as_text(arn)
+               for arn in statements["ReadJumpStartModels"]["Resource"])
 
 
 @pytest.mark.parametrize(("env", "team"), TEAM_CASES)

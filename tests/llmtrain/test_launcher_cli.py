@@ -673,6 +673,8 @@ def test_runs_lists_each_run_once_with_its_jobs(capsys, launcher):
         "started": None,
         "billable_seconds": 600,
         "executions": 1,
+        "kind": "run",
+        "trials": None,
     }
     assert rows["beta"]["status"] == "SUCCEEDED" and rows["beta"]["executions"] == 2
     assert rows["beta"]["instance_type"] is None and rows["beta"]["billable_seconds"] is None
