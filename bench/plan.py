@@ -99,9 +99,33 @@ MEMORY_CONFIGS = (
     _config(
         "fsdp grad_op, accumulation 2", 2, parallelism="fsdp", fsdp_sharding="grad_op", grad_accum_steps=2
     ),
-    # The planner models tensor parallel's replicated residual stream (sequence_parallel false);
-    # sequence parallel's layout is the planner's next step (docs/training.md lists what it keeps).
-    _config("tensor parallel 2", 2, parallelism="fsdp", tensor_parallel_degree=2, sequence_parallel=False),
+    # Tensor parallel with sequence and loss parallel (the program's default), and without
+    # sequence parallel (the residual stream replicated on every tensor-parallel rank).
+    _config("tensor parallel 2", 2, parallelism="fsdp", tensor_parallel_degree=2),
+    _config("tensor parallel 2, selective AC", 2, parallelism="fsdp", tensor_parallel_degree=2,
+            activation_checkpointing="selective"),
+    _config("tensor parallel 2, full AC", 2, parallelism="fsdp", tensor_parallel_degree=2,
+            activation_checkpointing="full"),
+    _config("tensor parallel 2 without sequence parallel", 2, parallelism="fsdp", tensor_parallel_degree=2,
+            sequence_parallel=False),
+    _config("tensor parallel 2 without sequence parallel, selective AC", 2, parallelism="fsdp",
+            tensor_parallel_degree=2, sequence_parallel=False, activation_checkpointing="selective"),
+    # Context parallel: each rank holds 2 of 2 x degree chunks of every sequence.
+    _config("context parallel 2", 2, parallelism="fsdp", context_parallel_degree=2),
+    _config("context parallel 2, selective AC", 2, parallelism="fsdp", context_parallel_degree=2,
+            activation_checkpointing="selective"),
+    _config("context parallel 2, full AC", 2, parallelism="fsdp", context_parallel_degree=2,
+            activation_checkpointing="full"),
+    _config("context parallel 4", 4, parallelism="fsdp", context_parallel_degree=4),
+    _config("context parallel 2 x tensor parallel 2", 4, parallelism="fsdp", context_parallel_degree=2,
+            tensor_parallel_degree=2),
+    _config("fsdp 2 x context parallel 2, selective AC", 4, parallelism="fsdp", context_parallel_degree=2,
+            activation_checkpointing="selective"),
+    # FP8 (torchao float8, tensorwise: the decoder layers' weights all-gathered in FP8).
+    _config("fsdp full, fp8", 2, parallelism="fsdp", fp8=True),
+    _config("fsdp full, fp8, selective AC", 2, parallelism="fsdp", fp8=True, activation_checkpointing="selective"),
+    _config("fsdp full, fp8 rowwise, full AC", 2, parallelism="fsdp", fp8=True, fp8_recipe="rowwise",
+            activation_checkpointing="full"),
     _config("fsdp + LoRA r=8, dropout 0.1", 2, parallelism="fsdp", lora_r=8, lora_dropout=0.1),
     _config(
         "fsdp + LoRA r=8 q/v, full AC",
@@ -113,8 +137,7 @@ MEMORY_CONFIGS = (
     ),
     _config("ddp + LoRA r=8", 2, parallelism="ddp", lora_r=8),
     _config("hsdp 2 x 2", 4, parallelism="fsdp", fsdp_sharding="hybrid", replicate_degree=2),
-    _config("fsdp 2 x tensor parallel 2", 4, parallelism="fsdp", tensor_parallel_degree=2,
-            sequence_parallel=False),
+    _config("fsdp 2 x tensor parallel 2", 4, parallelism="fsdp", tensor_parallel_degree=2),
     _pipeline("pp 2, 1f1b", 2, pipeline_schedule="1f1b"),
     _pipeline("pp 2, 1f1b, 8 micro-batches", 2, pipeline_schedule="1f1b", grad_accum_steps=8),
     _pipeline("pp 2, gpipe", 2, pipeline_schedule="gpipe"),
@@ -132,8 +155,8 @@ MEMORY_CONFIGS = (
         activation_checkpointing="full",
     ),
     _pipeline("pp 2 x ddp 2, 1f1b", 4, pipeline_schedule="1f1b"),
-    _pipeline("pp 2 x tensor parallel 2, 1f1b", 4, parallelism="fsdp", tensor_parallel_degree=2,
-              sequence_parallel=False),
+    _pipeline("pp 2 x tensor parallel 2, 1f1b", 4, parallelism="fsdp", tensor_parallel_degree=2),
+    _pipeline("pp 2 x context parallel 2, 1f1b", 4, parallelism="fsdp", context_parallel_degree=2),
     _config("zero-1 bf16", 2, parallelism="deepspeed", zero_stage=1),
     _config("zero-2 bf16", 2, parallelism="deepspeed", zero_stage=2),
     _config(

@@ -281,6 +281,7 @@ def check_in_environment(
         budget_usd=team.platform.run_budget_usd,
         team=team.name,
         skip_fit_check=skip_plan_check,
+        program=program,
     )
     problems = channel_problems(
         cloud.session.client("s3", region_name=deployed.region),
