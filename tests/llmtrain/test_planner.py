@@ -311,19 +311,56 @@ def test_fits_against_the_gpu_with_overhead():
 # --- speed, by hand ---------------------------------------------------------------------------------
 
 
-def test_single_gpu_step_by_hand():
-    p5 = instance_type("ml.p5.48xlarge")
-    cluster = speed.Cluster(p5.gpu_model, 1, 1, p5.network_gbps * 1e9 / 8)
+def _compute_by_hand(work, gpu, tokens: int) -> tuple[float, float, float]:
+    """(matmuls, attention, memory-bound) seconds of one unsharded llama micro step without
+    checkpointing, bf16, eager: 6 FLOPs per weight and token at the generation's matmul rate, the
+    causal attention's 6 x hidden x sequence per token and layer at the flash kernel's rate, and
+    the bytes the other operations move (residual stream and region activations per layer, the
+    loss per logit) at the memory's bandwidth."""
+    m, c = work.model, speed.CALIBRATION
+    block = sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer == 0)
+    h, i, kv, layers = m.hidden_size, m.intermediate_size, m.kv_size, m.num_layers
+    matmuls = 6 * (layers * block + m.vocab_size * h) * tokens / (gpu.peak_flops * c.matmul_efficiency(gpu))
+    attention = 6 * h * work.seq_len * layers * tokens / (gpu.peak_flops * gpu.attention_efficiency)
+    elements = (4 * h + h + 2 * kv + 3 * i) * layers
+    memory_bound = (c.elementwise_bytes_eager * elements + c.loss_bytes_per_vocabulary * m.vocab_size) * tokens
+    return matmuls, attention, memory_bound / gpu.memory_bytes_per_second
+
+
+@pytest.mark.parametrize("instance", ["ml.p5.48xlarge", "ml.p4de.24xlarge", "ml.g5.xlarge"])
+def test_single_gpu_step_by_hand(instance):
+    kind = instance_type(instance)
+    gpu = kind.gpu_model
+    cluster = speed.Cluster(gpu, 1, 1, kind.network_gbps * 1e9 / 8)
     work = _work(model=preset_shape("llama3-8b", 4096), seq_len=4096, micro_batch_size=1)
     estimate = speed.estimate(work, _layout("single"), cluster)
-    flops = 4096 * work.model.flops_per_token(4096)
-    compute = flops / (989e12 * speed.CALIBRATION.achievable_eager)
-    optimizer = work.model.num_parameters * 28 / 3350e9
-    assert estimate.compute_seconds == pytest.approx(compute)
-    assert estimate.step_seconds == pytest.approx(compute + optimizer)
+    parts = _compute_by_hand(work, gpu, 4096)
+    optimizer = work.model.num_parameters * 28 / gpu.memory_bytes_per_second
+    assert estimate.compute_parts == pytest.approx(parts)
+    assert estimate.compute_seconds == pytest.approx(sum(parts))
+    assert estimate.step_seconds == pytest.approx(sum(parts) + optimizer)
     assert estimate.mfu == pytest.approx(
-        4096 / estimate.step_seconds * work.model.flops_per_token(4096) / 989e12
+        4096 / estimate.step_seconds * work.model.flops_per_token(4096) / gpu.peak_flops
     )
+
+
+def test_each_generation_has_its_own_balance():
+    """The same step on an A100 is mostly matmuls; an H100 spends a larger share in the memory-bound
+    operations, which its faster HBM (H200) and compile shorten; FP8 shortens only the matmuls."""
+    work = _work(model=preset_shape("llama3-8b", 4096), seq_len=4096, micro_batch_size=1)
+
+    def share(gpu: str, **changes) -> tuple[float, float]:
+        estimate = speed.estimate(dataclasses.replace(work, **changes), _layout("single"),
+                                  speed.Cluster(GPU_MODELS[gpu], 1, 1, 0.0))
+        return estimate.compute_parts[2] / estimate.compute_seconds, estimate.compute_seconds
+
+    a100, h100, h200 = share("A100-80GB"), share("H100-80GB"), share("H200-141GB")
+    assert a100[0] < h100[0] and h200[1] < h100[1]
+    assert share("H100-80GB", compile=True)[1] < h100[1]
+    fp8 = speed.estimate(dataclasses.replace(work, fp8=True), _layout("single"),
+                         speed.Cluster(GPU_MODELS["H100-80GB"], 1, 1, 0.0))
+    bf16 = speed.estimate(work, _layout("single"), speed.Cluster(GPU_MODELS["H100-80GB"], 1, 1, 0.0))
+    assert fp8.compute_parts[0] < bf16.compute_parts[0] and fp8.compute_parts[1] == bf16.compute_parts[1]
 
 
 def test_collectives_by_hand():
@@ -346,7 +383,9 @@ def test_ddp_hides_its_all_reduce_behind_backward_until_it_cannot():
     network = 400e9 / 8 * 0.8
     grads = 4 * work.model.num_parameters
     all_reduce = 2 * 15 / 16 * grads / network
-    backward = 1024 * 2 * work.model.flops_per_token(1024) / 3 / (312e12 * speed.CALIBRATION.achievable_eager)
+    times = speed.layer_times(work, layout, p4d.gpu_model, speed.CALIBRATION,
+                              list(range(work.model.num_layers)), head=True)
+    backward = times.backward_input + times.backward_weight
     last_bucket = 2 * 15 / 16 * speed.DDP_BUCKET_BYTES / network
     assert all_reduce > backward
     assert estimate.exposed_communication_seconds == pytest.approx(all_reduce - backward + last_bucket)
@@ -457,15 +496,18 @@ def test_pipeline_step_by_hand():
     block = sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer == 0)
     counts = memory.stage_layer_counts(work, layout)
     assert sum(counts) == 32
-    rate = 989e12 * speed.CALIBRATION.achievable_eager
-    seconds = [
-        (6 * (layers * block + (m.vocab_size * 4096 if last else 0)) + 12 * layers * 4096 * 2048)
-        * 2048
-        / 4
-        / rate
-        for layers, last in zip(counts, (False, True), strict=True)
-    ]
-    assert estimate.bubble_seconds == pytest.approx(max(seconds))
+    c = speed.CALIBRATION
+    rate = 989e12 * c.matmul_efficiency(p5.gpu_model)
+    stages = memory.pipeline_stages(work, layout)
+    times = [speed.stage_times(work, layout, stage, p5.gpu_model) for stage in stages]
+    for stage, t, (layers, last) in zip(stages, times, zip(counts, (False, True), strict=True), strict=True):
+        matmuls = 6 * (layers * block + (m.vocab_size * 4096 if last else 0)) * 2048 / 4 / rate
+        assert t.parts[0] == pytest.approx(matmuls)
+        assert stage.num_layers == layers
+    links = speed.Links(speed.Cluster.of(p5, 1), c)
+    tp = [speed._stage_communication(work, layout, links, stage) for stage in stages]
+    seconds = [t.total for t in times]
+    assert estimate.bubble_seconds == pytest.approx(max(s + x for s, x in zip(seconds, tp, strict=True)))
     assert estimate.compute_seconds in (pytest.approx(8 * seconds[0]), pytest.approx(8 * seconds[1]))
     rest = estimate.exposed_communication_seconds + estimate.optimizer_seconds
     assert estimate.step_seconds == pytest.approx(estimate.compute_seconds + rest + estimate.bubble_seconds)
