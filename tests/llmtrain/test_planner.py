@@ -828,3 +828,42 @@ def test_plan_refuses_unknown_settings(capsys):
 def test_prices_show(capsys):
     assert main(["prices", "show", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["on_demand_per_hour"]["ml.p5.48xlarge"] > 0
+
+
+# --- FP8 and context parallel in plans -------------------------------------------------------------------
+
+
+def test_fp8_changes_the_plan(catalog):
+    """FP8 on the H100s: faster matmuls (the rest stays bf16) and weights gathered in one byte."""
+    template = catalog.resolve("llama-pretrain-hsdp-tp@1.3.0")
+    bf16 = plan_run(template, {"model_preset": "llama3-8b"})
+    fp8 = plan_run(template, {"model_preset": "llama3-8b", "fp8": True})
+    assert fp8.workload.fp8 and not bf16.workload.fp8
+    assert fp8.speed.compute_parts[0] < 0.8 * bf16.speed.compute_parts[0]
+    assert fp8.speed.compute_parts[1] == pytest.approx(bf16.speed.compute_parts[1])  # attention stays bf16
+    assert fp8.speed.tokens_per_second > bf16.speed.tokens_per_second
+    assert fp8.memory.per_gpu != bf16.memory.per_gpu
+
+
+def test_context_parallel_is_planned(catalog):
+    """context_parallel_degree 2 at 32K: each rank's tokens halve, the K/V all-gathers appear."""
+    template = catalog.resolve("llama-pretrain-hsdp-tp@1.3.0")
+    base = {"model_preset": "llama3-8b", "seq_len": 32768, "tensor_parallel_degree": 8, "shard_degree": 1}
+    plain = plan_run(template, base)
+    split = plan_run(template, {**base, "context_parallel_degree": 2, "micro_batch_size": 1})
+    assert split.layout.context == 2 and plain.layout.context == 1
+    names = {t.name for t in split.speed.transfers}
+    assert "context-parallel key/value all-gather" in names
+    assert split.memory.activations < plain.memory.activations
+
+
+def test_suggest_searches_context_parallel_for_long_sequences(catalog):
+    template = catalog.resolve("llama-pretrain-hsdp-tp@1.3.0")
+    long = plan_run(template, {"model_preset": "llama3-8b", "seq_len": 32768})
+    meshes = mesh_changes(template, long)
+    assert any(m.get("context_parallel_degree", 1) > 1 for m in meshes)
+    # moving ranks to the context dimension keeps the mesh's size (the template sets shard_degree)
+    assert all(m.get("shard_degree", 2) * m.get("context_parallel_degree", 1) == 2
+               for m in meshes if m.get("tensor_parallel_degree", 4) == 4)
+    short = plan_run(template, {"model_preset": "llama3-8b", "seq_len": 4096})
+    assert not any("context_parallel_degree" in m for m in mesh_changes(template, short))
