@@ -867,3 +867,29 @@ def test_suggest_searches_context_parallel_for_long_sequences(catalog):
                for m in meshes if m.get("tensor_parallel_degree", 4) == 4)
     short = plan_run(template, {"model_preset": "llama3-8b", "seq_len": 4096})
     assert not any("context_parallel_degree" in m for m in mesh_changes(template, short))
+
+
+# --- the recipes at size ------------------------------------------------------------------------------
+
+RECIPES_AT_SIZE = {  # template: (instances, mesh (pp, shard x context, tp, context), sequence parallel)
+    "llama3-70b": (32, (1, 32, 8, 1)),
+    "llama3-405b": (64, (8, 8, 8, 1)),
+    "llama3-8b-long-context": (2, (1, 16, 1, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES_AT_SIZE))
+def test_recipes_at_size_are_planned_to_fit(catalog, name):
+    """Each large recipe fits its H100s with headroom, on the mesh its comments describe, in bf16 and
+    with fp8=true (docs/templates.md lists the predicted tokens/s per GPU)."""
+    count, (pp, shard, tp, cp) = RECIPES_AT_SIZE[name]
+    template = catalog.resolve(name)
+    for overrides in ({}, {"fp8": True}):
+        plan = plan_run(template, overrides)
+        layout = plan.layout
+        assert plan.instance.name == "ml.p5.48xlarge" and plan.instance_count == count
+        assert (layout.pipeline, layout.shard, layout.tensor, layout.context) == (pp, shard, tp, cp)
+        assert layout.sequence_parallel == (tp > 1)
+        assert plan.fits and plan.memory.per_gpu < 0.9 * plan.memory.capacity, plan.summary_line()
+        assert plan.workload.fp8 == bool(overrides)
+    assert plan_run(template, {"fp8": True}).speed.tokens_per_second > plan_run(template, {}).speed.tokens_per_second
