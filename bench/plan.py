@@ -121,7 +121,8 @@ MEMORY_CONFIGS = (
             activation_checkpointing="selective"),
     # FP8 (torchao float8, tensorwise: the decoder layers' weights all-gathered in FP8).
     _config("fsdp full, fp8", 2, parallelism="fsdp", fp8=True),
-    _config("fsdp full, fp8, selective AC", 2, parallelism="fsdp", fp8=True, activation_checkpointing="selective"),
+    _config("fsdp full, fp8, selective AC", 2, parallelism="fsdp", fp8=True,
+            activation_checkpointing="selective"),
     _config("fsdp full, fp8 rowwise, full AC", 2, parallelism="fsdp", fp8=True, fp8_recipe="rowwise",
             activation_checkpointing="full"),
     _config("fsdp + LoRA r=8, dropout 0.1", 2, parallelism="fsdp", lora_r=8, lora_dropout=0.1),
@@ -170,6 +171,8 @@ QUICK_CONFIGS = (
     "fsdp full, full AC",
     "fsdp grad_op, accumulation 2",
     "tensor parallel 2",
+    "context parallel 2, selective AC",
+    "fsdp full, fp8",
     "fsdp + LoRA r=8, dropout 0.1",
     "pp 2, 1f1b",
     "pp 2, gpipe",

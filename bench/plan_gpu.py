@@ -105,7 +105,8 @@ def skip_reason(case: GpuCase, gpu: GpuModel, available: int) -> str | None:
 
 
 def _run(case: GpuCase, steps: int, root: Path) -> OursRun:
-    mode = replace(MODES["full"], model_preset=case.settings["model_preset"], seq_len=case.settings["seq_len"],
+    mode = replace(MODES["full"], model_preset=case.settings["model_preset"],
+                   seq_len=case.settings["seq_len"],
                    global_batch_size=case.settings["micro_batch_size"] * case.gpus)
     config = BenchConfig(case.name, "ours", "bf16", world_size=case.gpus,
                          parallelism=case.hyperparameters()["parallelism"],
@@ -134,7 +135,8 @@ def measured(case: GpuCase, steps: int, root: Path) -> dict:
 def compare(plan: dict, measure: dict) -> dict:
     if "error" in measure:
         return {}
-    return {key: plan[key] / measure[key] - 1 for key in ("tokens_per_second_per_gpu", "mfu", "allocated_gib")}
+    keys = ("tokens_per_second_per_gpu", "mfu", "allocated_gib")
+    return {key: plan[key] / measure[key] - 1 for key in keys}
 
 
 def main(argv: list[str] | None = None) -> int:

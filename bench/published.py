@@ -44,7 +44,8 @@ class Hardware:
     network_gbps: float
 
     def cluster(self, gpus: int) -> speed.Cluster:
-        return speed.Cluster(self.gpu, self.gpus_per_node, gpus // self.gpus_per_node, self.network_gbps * 1e9 / 8)
+        nodes = gpus // self.gpus_per_node
+        return speed.Cluster(self.gpu, self.gpus_per_node, nodes, self.network_gbps * 1e9 / 8)
 
 
 # torchtitan's H100s: HBM2e at 2.4 TB/s and a 500 W limit (their footnote: the peak lies between
@@ -149,9 +150,11 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
                  not_compared=RING_ATTENTION),
     # 2-D: Llama 3.1 70B, FSDP 32 x TP 8, local batch 16, full checkpointing, compile, FP8
     PublishedRun("70B FSDP 32 x TP 8, 256 H100", TITAN_H100, GRAND_TETON_H100, 256,
-                 _llama("llama3-70b", 8192, 16, "full", tensor_parallel_degree=8, **_COMPILED_FP8), 829, 71.9),
+                 _llama("llama3-70b", 8192, 16, "full", tensor_parallel_degree=8, **_COMPILED_FP8),
+                 829, 71.9),
     PublishedRun("70B FSDP 32 x TP 8 + async TP, 256 H100", TITAN_H100, GRAND_TETON_H100, 256,
-                 _llama("llama3-70b", 8192, 16, "full", tensor_parallel_degree=8, **_COMPILED_FP8), 876, 67.6),
+                 _llama("llama3-70b", 8192, 16, "full", tensor_parallel_degree=8, **_COMPILED_FP8),
+                 876, 67.6),
     # 3-D: Llama 3.1 405B, FSDP 8 x TP 8 x PP 8, local batch 32 in 8 micro-batches (torchtitan's
     # default: as many as pipeline stages), full checkpointing, compile, FP8, async TP
     PublishedRun("405B FSDP 8 x TP 8 x PP 8 1F1B, 512 H100", TITAN_H100, GRAND_TETON_H100, 512,
@@ -215,7 +218,8 @@ def planned(run: PublishedRun) -> tuple[Workload, Layout, speed.Cluster]:
     return _PLANNED[key]
 
 
-def predicted_tokens_per_second(run: PublishedRun, calibration: speed.Calibration = speed.CALIBRATION) -> float:
+def predicted_tokens_per_second(run: PublishedRun,
+                                calibration: speed.Calibration = speed.CALIBRATION) -> float:
     work, layout, cluster = planned(run)
     return speed.estimate(work, layout, cluster, calibration).tokens_per_second_per_gpu
 
@@ -274,7 +278,8 @@ def calibrate() -> speed.Calibration:
     calibration = _hopper_fit(hopper)
     calibration = replace(calibration, elementwise_bytes_eager=round(calibration.elementwise_bytes_eager, 2))
     calibration = _fit("elementwise_bytes_compiled", calibration, 1e-3, 1000.0)
-    calibration = replace(calibration, elementwise_bytes_compiled=round(calibration.elementwise_bytes_compiled, 2))
+    compiled = round(calibration.elementwise_bytes_compiled, 2)
+    calibration = replace(calibration, elementwise_bytes_compiled=compiled)
     calibration = _fit("matmul_efficiency_ampere", calibration, 0.2, 1.0)
     return replace(calibration, matmul_efficiency_ampere=round(calibration.matmul_efficiency_ampere, 4))
 

@@ -91,7 +91,8 @@ GPU_MODELS: dict[str, GpuModel] = {
         GpuModel("A100-40GB", 40960 * 1024**2, gpu_peak("A100"), 300e9, 1555e9, (8, 0)),  # NVLink 3
         GpuModel("A100-80GB", 81920 * 1024**2, gpu_peak("A100"), 300e9, 2039e9, (8, 0)),
         # SXM, NVLink 4, HBM3 at 3.35 TB/s, FP8 1,979 TFLOP/s dense (NVIDIA H100 data sheet)
-        GpuModel("H100-80GB", 81559 * 1024**2, gpu_peak("H100"), 450e9, 3350e9, (9, 0), fp8_peak_flops=1979e12,
+        GpuModel("H100-80GB", 81559 * 1024**2, gpu_peak("H100"), 450e9, 3350e9, (9, 0),
+                 fp8_peak_flops=1979e12,
                  attention_efficiency=HOPPER_ATTENTION_EFFICIENCY),
         # HBM3e at 4.8 TB/s, the H100's compute (NVIDIA H200 data sheet)
         GpuModel("H200-141GB", 143771 * 1024**2, gpu_peak("H200"), 450e9, 4800e9, (9, 0),

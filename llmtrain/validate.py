@@ -238,8 +238,11 @@ def fp8_problems(template: str, instance_type: str, hyperparameters: Mapping[str
     kind = INSTANCE_TYPES.get(instance_type)
     gpu = kind.gpu_model if kind else None
     if gpu is None or not gpu.has_fp8:
-        what = f"its {gpu.name} GPUs (compute capability {gpu.compute_capability[0]}.{gpu.compute_capability[1]})" \
-            if gpu else "it has no GPU"
+        if gpu:
+            major, minor = gpu.compute_capability
+            what = f"its {gpu.name} GPUs (compute capability {major}.{minor})"
+        else:
+            what = "it has no GPU"
         problems.append(
             f"fp8=true needs GPUs with FP8 tensor cores (compute capability 8.9+), and {instance_type} has "
             f"none: {what}; set fp8=false, or use one of {', '.join(fp8_instance_types())}"

@@ -257,7 +257,8 @@ class Rates:
         efficiency = calibration.matmul_efficiency(gpu)
         matmul = gpu.peak_flops * precision * efficiency
         fp8 = gpu.fp8_peak_flops * efficiency if work.fp8 and gpu.has_fp8 else matmul
-        return cls(matmul, fp8, gpu.peak_flops * precision * gpu.attention_efficiency, gpu.memory_bytes_per_second)
+        attention = gpu.peak_flops * precision * gpu.attention_efficiency
+        return cls(matmul, fp8, attention, gpu.memory_bytes_per_second)
 
 
 def _elementwise_elements(work: Workload, layout: Layout) -> float:
@@ -317,7 +318,8 @@ def layer_times(
     recompute_attention = attention_pass / len(layers) * checkpointed if layers and \
         work.activation_checkpointing == "full" else 0.0
     bytes_per_element = calibration.elementwise_bytes(work.compile)
-    elementwise = bytes_per_element * _elementwise_elements(work, layout) * len(layers) * tokens / rates.memory
+    elements = _elementwise_elements(work, layout) * len(layers) * tokens
+    elementwise = bytes_per_element * elements / rates.memory
     casts = (calibration.fp8_cast_bytes(work.compile) * _fp8_cast_elements(work, layout) * len(layers)
              * tokens / rates.memory)
     loss = calibration.loss_bytes_per_vocabulary * m.vocab_size / t * tokens / rates.memory if head else 0.0
@@ -416,9 +418,11 @@ def _gathered_bytes(work: Workload, layout: Layout, share: Share) -> tuple[float
     first = min((p.layer for p in tensors if p.layer is not None), default=0)
 
     def size(params) -> float:
-        return sum(memory.gathered_bytes(work, layout, reg, p) * tp_local_numel(p, layout.tensor) for p in params)
+        return sum(memory.gathered_bytes(work, layout, reg, p) * tp_local_numel(p, layout.tensor)
+                   for p in params)
 
-    return size(tensors), size(p for p in tensors if p.layer == first), size(p for p in tensors if p.layer is None)
+    block = size(p for p in tensors if p.layer == first)
+    return size(tensors), block, size(p for p in tensors if p.layer is None)
 
 
 def _trainable_elements(share: Share, layout: Layout) -> float:
@@ -543,7 +547,8 @@ def _tensor_parallel_comm(work: Workload, layout: Layout, links: Links, comm: St
     comm.exposed += seconds
 
 
-def _context_parallel_comm(work: Workload, layout: Layout, links: Links, comm: StepComm, share: Share) -> None:
+def _context_parallel_comm(work: Workload, layout: Layout, links: Links, comm: StepComm,
+                           share: Share) -> None:
     """Per block and micro step, on the critical path: the keys' and the values' all-gather over
     the context ranks (of the rank's kv heads) forward, their gradients' reduce-scatter backward;
     checkpointing (full or selective) repeats the gathers."""
@@ -554,10 +559,11 @@ def _context_parallel_comm(work: Workload, layout: Layout, links: Links, comm: S
     checkpointed = work.checkpointed_layers * share.layers / work.model.num_layers
     gathers = int(round(2 * share.layers + 2 * checkpointed))
     stride = layout.tensor
-    comm.exposed += comm.add("context-parallel key/value all-gather", links.seconds("all_gather", whole, c, stride),
-                             times=gathers * accum)
+    comm.exposed += comm.add("context-parallel key/value all-gather",
+                             links.seconds("all_gather", whole, c, stride), times=gathers * accum)
     comm.exposed += comm.add("context-parallel key/value reduce-scatter",
-                             links.seconds("reduce_scatter", whole, c, stride), times=2 * share.layers * accum)
+                             links.seconds("reduce_scatter", whole, c, stride),
+                             times=2 * share.layers * accum)
 
 
 def _offload_seconds(work: Workload, layout: Layout, calibration: Calibration, share: Share) -> float:
@@ -657,7 +663,8 @@ def stage_times(work: Workload, layout: Layout, stage: Stage, gpu: GpuModel,
     return layer_times(work, layout, gpu, calibration, list(stage.layers), head=stage.last)
 
 
-def pipeline_bubble(layout: Layout, times: list[StageTimes], communication: list[float] | None = None) -> float:
+def pipeline_bubble(layout: Layout, times: list[StageTimes],
+                    communication: list[float] | None = None) -> float:
     """Seconds a rank idles while the pipeline fills and drains: (p - 1) times the slowest stage's
     micro-batch, with the tensor- and context-parallel communication that lengthens it
     (`communication`, per stage; with v stages per rank a stage is 1/v of a rank's work, so the
@@ -675,7 +682,8 @@ def pipeline_bubble(layout: Layout, times: list[StageTimes], communication: list
 def _stage_communication(work: Workload, layout: Layout, links: Links, stage: Stage) -> float:
     """Seconds of tensor- and context-parallel collectives in one micro-batch of a stage."""
     comm = StepComm()
-    _model_parallel_comm(work, layout, links, comm, Share(memory.stage_tensors(work, [stage]), stage.num_layers))
+    share = Share(memory.stage_tensors(work, [stage]), stage.num_layers)
+    _model_parallel_comm(work, layout, links, comm, share)
     return comm.exposed / work.grad_accum_steps
 
 

@@ -271,7 +271,8 @@ def _search(
     ranked = sorted(screened, key=lambda p: (not p.fits, p.training_seconds if p.fits else p.memory.per_gpu))
     kept: list[dict[str, Any]] = [{}]
     for plan in ranked:
-        mesh = {name: plan.settings[name] for name in (*MESH_SETTINGS, "shard_degree") if name in plan.settings}
+        names = (*MESH_SETTINGS, "shard_degree")
+        mesh = {name: plan.settings[name] for name in names if name in plan.settings}
         if mesh not in kept:
             kept.append(mesh)
         if len(kept) > MESHES_KEPT:

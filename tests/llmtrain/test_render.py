@@ -587,7 +587,8 @@ def test_fp8_is_refused_for_code_without_torchao_and_old_images():
     from llmtrain.validate import fp8_problems
 
     settings = {"fp8": True}
-    assert fp8_problems("t@1.3.0", "ml.p5.48xlarge", settings, installed_contract().capabilities, "2.8.0") == []
+    current = installed_contract().capabilities
+    assert fp8_problems("t@1.3.0", "ml.p5.48xlarge", settings, current, "2.8.0") == []
     assert fp8_problems("t@1.3.0", "ml.p5.48xlarge", {"fp8": False}, LEGACY_CAPABILITIES, "2.8.0") == []
     (legacy,) = fp8_problems("t@1.2.0", "ml.p5.48xlarge", settings, LEGACY_CAPABILITIES, "2.8.0")
     assert "ships no torchao" in legacy and "fp8=false" in legacy
