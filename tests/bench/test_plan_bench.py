@@ -1,10 +1,11 @@
 """The planner against what it predicts (bench.plan): memory measured here, published speed.
 
 The memory test runs the training program on this CPU for a subset of bench.plan's configurations
-(QUICK_CONFIGS: every strategy and checkpointing mode, pipeline stages with 1F1B, GPipe, interleaved
-1F1B and FSDP; one torchrun launch per process count) and checks every part within 10% of what the
-ranks hold, each pipeline rank apart. The speed tests are arithmetic on published
-figures (bench/published.py; no timing is measured here).
+(QUICK_CONFIGS: every strategy and checkpointing mode, tensor parallel with sequence parallel, context
+parallel, FP8, pipeline stages with 1F1B, GPipe, interleaved 1F1B and FSDP; one torchrun launch per
+process count) and checks every part within 10% of what the ranks hold, each pipeline rank apart.
+The speed tests are arithmetic on published figures (bench/published.py; no timing is measured
+here); the GPU check's (bench/plan_gpu.py) planning, dry run and measuring half run here too.
 """
 
 from __future__ import annotations
