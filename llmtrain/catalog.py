@@ -253,6 +253,12 @@ class Catalog:
         )
 
     # --- the code of a version ------------------------------------------------------------------
+    def code_moved_on(self, spec: TemplateSpec) -> bool:
+        """A published version whose code in the working tree is no longer its published code: what
+        deploys and runs is its snapshot, not the edits (a new version publishes those)."""
+        published = self.published_entry(spec)
+        return published is not None and self.lock_entry(spec).code != published.code
+
     def snapshot_path(self, code_digest: str) -> Path:
         """Where the code with this hash is frozen when a version wrapping it is published."""
         return self.root / snapshot_name(code_digest)

@@ -29,6 +29,8 @@ COMMAND_MODULES = (
     "llmtrain.commands.templates",
     "llmtrain.commands.render",
     "llmtrain.commands.run",
+    "llmtrain.commands.tune",
+    "llmtrain.commands.models",
     "llmtrain.commands.launch",
     "llmtrain.commands.runs",
     "llmtrain.commands.data",

@@ -30,12 +30,10 @@ from llmtrain.aws import explained
 from llmtrain.deployed import TeamAccess
 from llmtrain.errors import LlmtrainError, did_you_mean
 from llmtrain.instances import instance_type
-from llmtrain.token_data import MANIFEST as SHARDS_MANIFEST
+from llmtrain.s3_uris import parse_s3_uri
 from llmtrain.token_data import (
     PREPARE_HINT,
-    SPLITS,
     TOKENIZER_FILES,
-    TOKENIZER_FOLDER,
     RunShape,
     ShardsManifest,
     TokenDataError,
@@ -47,6 +45,8 @@ from llmtrain.token_data import (
     shipped_tokenizer_facts,
     split_folders_hint,
 )
+from training_jobs.contract.token_data import MANIFEST as SHARDS_MANIFEST
+from training_jobs.contract.token_data import SPLITS, TOKENIZER_FOLDER
 
 DATASET_MANIFEST = "llmtrain-dataset.json"
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -287,7 +287,7 @@ def channel_problems(
         c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request.get("InputDataConfig", [])
     }
     for name, uri in channels.items():
-        key = uri[len(f"s3://{bucket}/") :]
+        key = parse_s3_uri(uri).key
         checked = token_channels and (name in SPLITS or name == TOKENIZER_FOLDER)
         with explained(f"checking channel {name} ({uri})"):
             sizes = _relative_sizes(s3, bucket, key) if checked else None

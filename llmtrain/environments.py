@@ -30,6 +30,7 @@ from llmtrain.platform import (
     EMAIL_PATTERN,
     ENVIRONMENT_NAME_PATTERN,
     JOB_NAME_PREFIX_PATTERN,
+    LOG_RETENTION_DAYS,
     MAX_JOB_NAME_PREFIX,
     MAX_KEEP_ALIVE_SECONDS,
     MLFLOW_SIZES,
@@ -52,6 +53,7 @@ __all__ = [
     "BudgetConfig",
     "EnvironmentConfig",
     "EnvironmentConfigError",
+    "LogsConfig",
     "ExistingVpcConfig",
     "JobQueueConfig",
     "NetworkConfig",
@@ -178,6 +180,15 @@ class BudgetConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LogsConfig:
+    """How long logs are kept. ``training_jobs_retention_days``: SageMaker's log group of every
+    training job of the account and region (``/aws/sagemaker/TrainingJobs``), which SageMaker creates
+    without a retention: the operations stack sets it (one of ``LOG_RETENTION_DAYS``)."""
+
+    training_jobs_retention_days: int = 365
+
+
+@dataclass(frozen=True, kw_only=True)
 class NotificationConfig:
     """Who hears about finished runs and alarms (an SNS e-mail subscription; none when unset)."""
 
@@ -290,6 +301,7 @@ class EnvironmentConfig:
     warm_pools: WarmPoolConfig = field(default_factory=WarmPoolConfig)
     notifications: NotificationConfig = field(default_factory=NotificationConfig)
     budgets: BudgetConfig = field(default_factory=BudgetConfig)
+    logs: LogsConfig = field(default_factory=LogsConfig)
     tags: Mapping[str, str] = field(default_factory=dict)
     # The teams sharing the environment; one team named `default` when the file has no `teams:`.
     teams: tuple[TeamConfig, ...] = ()
@@ -388,6 +400,7 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
             "warm_pools",
             "notifications",
             "budgets",
+            "logs",
             "tags",
             "teams",
             "packages",
@@ -432,6 +445,7 @@ def _read_environment(reader: _Reader, source: Path | None) -> EnvironmentConfig
         warm_pools=warm_pools,
         notifications=notifications,
         budgets=budgets,
+        logs=_read_logs(reader.section("logs", required=False)),
         tags=_read_tags(reader, "tags"),
         teams=_read_teams(reader, defaults, job_name_prefix, queues),
         source=source,
@@ -744,6 +758,19 @@ def _read_run_cost(reader: _Reader, default: float | None) -> float | None:
     if limit <= 0:
         reader.fail("max_run_cost_usd", f"must be a positive number of US dollars, got {limit}")
     return float(limit)
+
+
+def _read_logs(reader: _Reader) -> LogsConfig:
+    reader.only_keys({"training_jobs_retention_days"})
+    days = reader.integer(
+        "training_jobs_retention_days", default=LogsConfig.training_jobs_retention_days, minimum=1
+    )
+    if days not in LOG_RETENTION_DAYS:
+        reader.fail(
+            "training_jobs_retention_days",
+            f"CloudWatch Logs keeps logs {', '.join(map(str, LOG_RETENTION_DAYS))} days; got {days}",
+        )
+    return LogsConfig(training_jobs_retention_days=days)
 
 
 def _read_quotas(reader: _Reader) -> QuotaConfig:

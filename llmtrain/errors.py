@@ -15,6 +15,12 @@ ENGINEER_POLICY_HINT = (
 )
 
 
+def shown_value(value: object, longest: int = 60) -> str:
+    """A value as an error message quotes it: enormous inputs are cut, not echoed whole."""
+    text = repr(value)
+    return text if len(text) <= longest else f"{text[:longest]}... ({len(text)} characters)"
+
+
 class LlmtrainError(Exception):
     """Base class: bad input or state that the user can fix (the CLI exits 2 on these)."""
 
@@ -55,13 +61,19 @@ class RunInputError(LlmtrainError):
         self.problem = problem
 
 
+def where_set(*, props: str, config: str) -> str:
+    """Where a platform team sets a value: these messages reach deployments made with the construct
+    library (whose settings are construct props) and with this repository (config/<env>.yaml)."""
+    return f"{props} in a CDK app of llmtrain-constructs; {config} in the platform's config/<env>.yaml"
+
+
 class TeamLimitError(LlmtrainError):
     """A run asks for more than its team may use (a template, instance type or instance count)."""
 
     def __init__(self, team: str, limit: str, problem: str):
         super().__init__(
-            f"team {team!r}: {problem}; the platform team sets it as teams.{team}.{limit} "
-            "in the environment's config/<env>.yaml"
+            f"team {team!r}: {problem}; the platform team sets the team's {limit} "
+            f"({where_set(props=f'TeamSpec.{limit}', config=f'teams.{team}.{limit}')})"
         )
         self.team = team
         self.limit = limit

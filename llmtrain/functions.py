@@ -78,7 +78,8 @@ class LauncherSettings:
     ``platform_context``: the team's `PlatformContext` as a dict (`to_dict()`; tokens at synth).
     ``request_layouts``: the request layouts the deployed state machine can pass
     (`llmtrain.lifecycle.submission.request_layouts`; its CreateTrainingJob states, where the team's
-    environment has no queues).
+    environment has no queues). Its tuning states need no setting: their layouts are the fixed
+    `llmtrain.lifecycle.submission.TUNING_LAYOUTS`.
     ``templates_dir``: where the registry's YAML files are (None: the folder bundled beside the
     `llmtrain` package in the function's code).
     """

@@ -28,8 +28,9 @@ from llmtrain.aws import explain, explained
 from llmtrain.catalog import LATEST, parse_ref
 from llmtrain.deployed import DeployedEnvironment, TeamAccess
 from llmtrain.errors import LlmtrainError, did_you_mean
-from llmtrain.lifecycle.jobs import attempt_name_stem, run_jobs
+from llmtrain.lifecycle.jobs import attempt_name_stem, run_jobs, tuning_jobs
 from llmtrain.lifecycle.summaries import final_metrics
+from llmtrain.lifecycle.tuning import tune_trials
 from llmtrain.queues import jobs as queue_jobs
 from llmtrain.queues.context import TeamQueues
 from llmtrain.runs import ExecutionInput
@@ -79,6 +80,8 @@ class RunStatus:
     executions: list[str] = field(default_factory=list)
     # Where the environment has queues: the run's latest service job (llmtrain.queues.jobs.QueuedRun).
     queue: Mapping[str, Any] | None = None
+    # A tune's tuning job and its trials (llmtrain.lifecycle.tuning), None for a run of one job.
+    tuning: Mapping[str, Any] | None = None
 
     @property
     def continuable(self) -> bool:
@@ -102,6 +105,7 @@ class RunStatus:
             "metrics": self.metrics,
             "notes": self.notes,
             "queue": dict(self.queue) if self.queue else None,
+            "tuning": dict(self.tuning) if self.tuning else None,
         }
 
 
@@ -117,6 +121,8 @@ class RunListing:
     started: str | None
     billable_seconds: int | None
     executions: int
+    kind: str = "run"  # run | tune
+    trials: int | None = None  # a tune's trials so far
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -128,7 +134,29 @@ class RunListing:
             "started": self.started,
             "billable_seconds": self.billable_seconds,
             "executions": self.executions,
+            "kind": self.kind,
+            "trials": self.trials,
         }
+
+
+def _stream_events(logs, stream: str, limit: int) -> list[dict[str, Any]]:
+    """The last `limit` events of one log stream of the training jobs (every event when 0), oldest
+    first: GetLogEvents from the end of the stream, page by page backwards until enough (or the
+    stream's start, where the token comes back unchanged)."""
+    events: list[dict[str, Any]] = []
+    token = None
+    while True:
+        page = logs.get_log_events(
+            logGroupName=TRAINING_LOG_GROUP,
+            logStreamName=stream,
+            startFromHead=False,
+            **({"nextToken": token} if token else {}),
+        )
+        events[:0] = [{**event, "logStreamName": stream} for event in page["events"]]
+        enough = bool(limit) and len(events) >= limit
+        if enough or not page["events"] or page.get("nextBackwardToken") in (None, token):
+            return events[-limit:] if limit else events
+        token = page["nextBackwardToken"]
 
 
 class LauncherClient:
@@ -238,6 +266,7 @@ class LauncherClient:
         skip_plan_check: bool = False,
         queue: str | None = None,
         priority: int | None = None,
+        tune: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """Start the run's next execution; returns it and the run's previous execution (or None).
 
@@ -256,6 +285,7 @@ class LauncherClient:
             skip_plan_check=skip_plan_check,
             queue=queue,
             priority=priority,
+            tune=tune,
         )
         executions = self.run_executions(run_name)
         previous = executions[-1] if executions else None
@@ -319,6 +349,8 @@ class LauncherClient:
         if not executions:
             self.find_execution(run_name)  # raises, with suggestions
         execution = executions[-1]
+        if _input(execution).get("tune") is not None:
+            return self._tune_status(run_name, execution, executions)
         jobs = self.jobs(run_name)
         job = self._describe_job(jobs[-1]["job_name"]) if jobs and jobs[-1]["job_name"] else None
         queued = self.queued(run_name)
@@ -346,6 +378,30 @@ class LauncherClient:
             run_input=_input(execution),
             executions=[e["name"] for e in executions],
             queue={**queued.to_dict(), "message": queued.describe()} if queued else None,
+        )
+
+    def tuning(self, run_name: str) -> dict[str, Any] | None:
+        """A tune's latest tuning job and its trials (`{"name", "status", "trials"}`), or None
+        before it has one."""
+        sagemaker = self.client("sagemaker")
+        with explained("listing the tune's tuning jobs"):
+            jobs = tuning_jobs(sagemaker, self.job_name_prefix, run_name)
+            if not jobs:
+                return None
+            latest = jobs[-1]
+            trials = tune_trials(sagemaker, latest["job_name"])
+        return {"name": latest["job_name"], "status": latest["status"],
+                "trials": [t.to_dict() for t in trials]}
+
+    def _tune_status(self, run_name: str, execution: Mapping[str, Any],
+                     executions: Sequence[Mapping[str, Any]]) -> RunStatus:
+        output = json.loads(execution["output"]) if execution.get("output") else None
+        return RunStatus(
+            run_name=run_name, execution_arn=execution["executionArn"], execution_status=execution["status"],
+            started=_time(execution.get("startDate")), stopped=_time(execution.get("stopDate")),
+            summary=output,
+            error=execution.get("error"), cause=execution.get("cause"), run_input=_input(execution),
+            executions=[e["name"] for e in executions], tuning=self.tuning(run_name),
         )
 
     def _describe_job(self, job_name: str) -> dict[str, Any]:
@@ -399,17 +455,13 @@ class LauncherClient:
 
     def stop(self, run_name: str, *, by: str | None = None) -> dict[str, Any]:
         """Stop the run's execution. Where the environment has queues, its service jobs still queued
-        or running are terminated first (stopping an execution does not end them; Batch stops the
-        training job of one that runs): `execution["cancelled"]` names them."""
+        or running are terminated next (stopping an execution does not end them; Batch stops the
+        training job of one that runs): `execution["cancelled"]` names them. The execution stops
+        first, so that its Watch step never reads the cancelled job as the run's failure."""
         execution = self.find_execution(run_name)
         if execution["status"] != "RUNNING":
             raise LauncherError(f"run {run_name!r} is not running (its execution is {execution['status']})")
         reason = f"llmtrain stop {run_name}" + (f" by {by}" if by else "")
-        if self.queues is not None:
-            with explained(f"cancelling run {run_name!r}'s queued job"):
-                execution["cancelled"] = queue_jobs.cancel_run(
-                    self.client("batch"), list(self.queues.queue_arns.values()),
-                    attempt_name_stem(self.job_name_prefix, run_name), reason)
         try:
             self.client("stepfunctions").stop_execution(
                 executionArn=execution["executionArn"],
@@ -418,6 +470,11 @@ class LauncherClient:
             )
         except ClientError as error:
             raise _launcher_error(error, f"stopping run {run_name!r}") from error
+        if self.queues is not None:
+            with explained(f"cancelling run {run_name!r}'s queued job (its execution is stopped)"):
+                execution["cancelled"] = queue_jobs.cancel_run(
+                    self.client("batch"), list(self.queues.queue_arns.values()),
+                    attempt_name_stem(self.job_name_prefix, run_name), reason)
         return execution
 
     def logs(self, run_name: str, *, attempt: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
@@ -440,16 +497,10 @@ class LauncherClient:
                 logGroupName=TRAINING_LOG_GROUP, logStreamNamePrefix=f"{job_name}/"
             )
             streams = [stream["logStreamName"] for page in pages for stream in page["logStreams"]]
-            if not streams:
-                return []
-            events = [
-                event
-                for page in logs.get_paginator("filter_log_events").paginate(
-                    logGroupName=TRAINING_LOG_GROUP, logStreamNames=streams[:100]
-                )
-                for event in page["events"]
-            ]
-        events.sort(key=lambda event: (event["timestamp"], event.get("logStreamName", "")))
+            # GetLogEvents, stream by stream: the engineers' policy grants it on the team's streams
+            # only, where FilterLogEvents would be authorized on the whole shared log group.
+            events = [event for stream in streams for event in _stream_events(logs, stream, limit)]
+        events.sort(key=lambda event: (event["timestamp"], event["logStreamName"]))
         return events[-limit:] if limit else events
 
     # -- listing runs ---------------------------------------------------------------------------------
@@ -469,6 +520,14 @@ class LauncherClient:
 
     def _listing(self, run_name: str, executions: Sequence[Mapping[str, Any]]) -> RunListing:
         execution = executions[0]  # ListExecutions returns the newest first
+        if _input(execution).get("tune") is not None:
+            tuning = self.tuning(run_name)
+            return RunListing(run_name=run_name, status=execution["status"],
+                              template=self._template_of(execution, None), instance_type=None,
+                              instance_count=None,
+                              started=_time(executions[-1].get("startDate")), billable_seconds=None,
+                              executions=len(executions), kind="tune",
+                              trials=len(tuning["trials"]) if tuning else 0)
         jobs = [self._describe_job(job["job_name"]) for job in self.jobs(run_name) if job["job_name"]]
         resources = (jobs[-1].get("ResourceConfig") or {}) if jobs else {}
         billable = [

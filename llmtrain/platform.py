@@ -68,6 +68,12 @@ DEFAULT_TEAM = "default"
 TEAM_DATA_ROOT = "teams"
 
 
+# The retention periods CloudWatch Logs accepts (PutRetentionPolicy), in days.
+LOG_RETENTION_DAYS = (
+    1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653,
+)
+
+
 def team_data_prefix(team: str) -> str:
     """The key prefix of a team's data in the datasets, checkpoints and artifacts buckets."""
     return f"{TEAM_DATA_ROOT}/{team}/"

@@ -20,11 +20,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmtrain.errors import OverrideError, RequestValidationError, RunInputError, TeamLimitError
+from llmtrain.errors import (
+    OverrideError,
+    RequestValidationError,
+    RunInputError,
+    TeamLimitError,
+    shown_value,
+    where_set,
+)
 from llmtrain.images import image_torch_problems, training_image_uri
 from llmtrain.instances import instance_type as lookup_instance_type
+from llmtrain.jumpstart import (
+    BaseModel,
+    content_bucket,
+    gated_content_bucket,
+    is_jumpstart_reference,
+    parse_reference,
+)
 from llmtrain.platform import PlatformContext
 from llmtrain.program_contract import ProgramContract, installed_contract
+from llmtrain.s3_uris import S3_SCHEME, S3Location, S3UriError, parse_s3_uri
 from llmtrain.sourcedir import SOURCEDIR_NAME
 from llmtrain.spec import (
     CHANNEL_SETTING_PREFIX,
@@ -50,7 +65,6 @@ TENSORBOARD_LOCAL_PATH = "/opt/ml/output/data/tensorboard"
 CONTAINER_LOG_LEVEL = 20  # logging.INFO: the SDK's default container_log_level
 MAX_ATTEMPTS = 99
 RUN_NAME_PATTERN = re.compile(r"[a-zA-Z0-9](-?[a-zA-Z0-9])*")
-_S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?")
 _TAG_VALUE = re.compile(r"[\w .:/=+\-@]{1,256}")
 TAG_PREFIX = "llmtrain:"
 # The training toolkit installs requirements.txt from this CodeArtifact repository when the variable
@@ -61,6 +75,8 @@ CODEARTIFACT_ENV = "CA_REPOSITORY_ARN"
 MLFLOW_TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 MLFLOW_EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
 MODEL_ARTIFACT_ENV = "LLMTRAIN_MODEL_ARTIFACT_URI"
+# Where a construct-library deployment sets the environment's features (training plans, debugging).
+_FEATURES_PROP = "TrainingLauncherProps.platform_features"
 # How long a job may wait for its training plan's capacity when the run does not say.
 DEFAULT_MAX_PENDING_SECONDS = 24 * 3600
 
@@ -78,8 +94,13 @@ class RunInput:
     attempt: int = 1
     instance_type: str | None = None
     owner: str = "unknown"
+    # The run's JumpStart base model (`base_model=<model id>[@version]`), resolved in the
+    # environment's region when the run starts (llmtrain.jumpstart): render reads no AWS.
+    base_model: BaseModel | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.base_model, Mapping):
+            object.__setattr__(self, "base_model", BaseModel.from_dict(self.base_model))
         if not isinstance(self.run_name, str) or not RUN_NAME_PATTERN.fullmatch(self.run_name):
             raise RunInputError(
                 "run_name",
@@ -128,6 +149,9 @@ class JobSettings:
     training_plan_arn: str | None = None
     max_pending_seconds: int | None = None
     remote_debug: bool = False
+    # A JumpStart base model in the model channel, and whether the run accepts its EULA.
+    base_model: BaseModel | None = None
+    accept_eula: bool = False
 
     @property
     def world_size(self) -> int:
@@ -283,13 +307,60 @@ def resolve_settings(template: TemplateSpec, run: RunInput, platform: PlatformCo
                 "max_wait_seconds", "only applies to managed spot training; also set spot=true"
             )
         values["max_wait_seconds"] = None
+    channels, base_model, accept_eula = _base_model_settings(template, run, options, channels, platform)
+    uris = _channel_uris(channels, platform)
+    if base_model is not None:
+        uris["model"] = base_model.uri
     return JobSettings(
         **values,
         degrees=degrees,
         hyperparameters=hyperparameters,
-        channels=_channel_uris(channels, platform),
+        channels=uris,
+        base_model=base_model,
+        accept_eula=accept_eula,
         **_run_options(options, spot=values["spot"], platform=platform),
     )
+
+
+def _base_model_settings(
+    template: TemplateSpec, run: RunInput, options: Mapping[str, Any], channels: dict[str, str | None],
+    platform: PlatformContext,
+) -> tuple[dict[str, str | None], BaseModel | None, bool]:
+    """The model channel a run's `base_model` gives: a folder in the team's datasets prefix as it is,
+    or a JumpStart model's training weights (resolved at start), with its EULA accepted where it has
+    one (`accept_eula=true`)."""
+    value, accept = options.get("base_model"), bool(options.get("accept_eula", False))
+    if value is None:
+        if "accept_eula" in options:
+            raise OverrideError("accept_eula", "applies to a JumpStart base model: also set "
+                                               "base_model=<JumpStart model id>")
+        return channels, None, False
+    if "model" not in template.inputs.channels:
+        raise OverrideError("base_model", f"{template.ref} trains from scratch: it has no model channel to "
+                                          "start from (a fine-tuning template, such as llama-finetune-lora, "
+                                          "has one)")
+    if f"{CHANNEL_SETTING_PREFIX}model" in run.overrides:
+        raise OverrideError("base_model", "and channels.model both name the model channel: set one of them")
+    if not is_jumpstart_reference(value):
+        if accept:
+            raise OverrideError("accept_eula", "applies to a JumpStart base model, not to a folder of your "
+                                               "own")
+        return {**channels, "model": value}, None, False
+    model_id, version = parse_reference(value)
+    base = run.base_model
+    if base is None or base.model_id != model_id or version not in (None, base.version):
+        raise OverrideError("base_model", f"JumpStart model {value!r} is resolved in the environment's "
+                                          "region when the run starts (`llmtrain start`, `llmtrain tune` and "
+                                          "the launcher do it); to see its request, use "
+                                          "`llmtrain start --dry-run`")
+    buckets = (content_bucket(platform.region), gated_content_bucket(platform.region))
+    if not any(base.uri.startswith(f"s3://{bucket}/") for bucket in buckets):
+        raise OverrideError("base_model", f"{base.uri} is not in JumpStart's buckets of {platform.region}")
+    if base.gated and not accept:
+        raise OverrideError("accept_eula", f"{base.reference} is a gated model: read its end-user "
+                                           f"license agreement at {base.eula_url} and set accept_eula=true "
+                                           "to accept it")
+    return channels, base, accept
 
 
 def _run_options(options: Mapping[str, Any], *, spot: bool, platform: PlatformContext) -> dict[str, Any]:
@@ -299,7 +370,8 @@ def _run_options(options: Mapping[str, Any], *, spot: bool, platform: PlatformCo
     if plan is not None:
         arn = platform.training_plans.get(plan)
         if arn is None:
-            known = ", ".join(sorted(platform.training_plans)) or "none (config training_plans is empty)"
+            lists = where_set(props=f"{_FEATURES_PROP}['training_plans']", config="training_plans")
+            known = ", ".join(sorted(platform.training_plans)) or f"none (listed as {lists})"
             raise OverrideError(
                 "training_plan", f"{plan!r} is not a training plan of environment "
                 f"{platform.environment}; its plans: {known} (llmtrain plans --env ENV lists them)"
@@ -313,9 +385,10 @@ def _run_options(options: Mapping[str, Any], *, spot: bool, platform: PlatformCo
                             "training_plan=NAME")
     remote_debug = bool(options.get("remote_debug", False))
     if remote_debug and not platform.remote_debug:
+        allows = where_set(props=f"{_FEATURES_PROP}['remote_debug']", config="remote_debug.enabled")
         raise OverrideError(
             "remote_debug", f"environment {platform.environment} does not allow remote debugging: "
-            "its platform team sets remote_debug.enabled in config/<env>.yaml and deploys"
+            f"its platform team turns it on ({allows}) and deploys"
         )
     return {
         "training_plan_arn": arn,
@@ -350,31 +423,22 @@ def _parse_typed(setting: str, raw: Any, rule: OverrideRule) -> Any:
             if isinstance(raw, int | float | str) and math.isfinite(float(raw)):
                 return float(raw)
         elif isinstance(raw, str):
-            if kind == "s3_uri" and not _S3_URI.fullmatch(raw):
-                raise OverrideError(setting, f"{raw!r} must be an S3 URI such as s3://bucket/prefix/")
+            if kind == "s3_uri":
+                _s3_uri(setting, raw)
             return raw
     except (ValueError, OverflowError):  # OverflowError: an integer too large for a float
         pass
-    raise OverrideError(setting, f"{_shown(raw)} is not a valid {kind}; expected {rule.describe()}")
-
-
-def _shown(value: Any, longest: int = 60) -> str:
-    """A value as an error message quotes it: enormous inputs are cut, not echoed whole."""
-    text = repr(value)
-    return text if len(text) <= longest else f"{text[:longest]}... ({len(text)} characters)"
+    raise OverrideError(setting, f"{shown_value(raw)} is not a valid {kind}; expected {rule.describe()}")
 
 
 def _check_bounds(setting: str, value: Any, rule: OverrideRule) -> None:
+    shown, allowed = shown_value(value), f"allowed: {rule.describe()}"
     if rule.min is not None and value < rule.min:
-        raise OverrideError(
-            setting, f"{_shown(value)} is below the minimum {rule.min}; allowed: {rule.describe()}"
-        )
+        raise OverrideError(setting, f"{shown} is below the minimum {rule.shown(rule.min)}; {allowed}")
     if rule.max is not None and value > rule.max:
-        raise OverrideError(
-            setting, f"{_shown(value)} is above the maximum {rule.max}; allowed: {rule.describe()}"
-        )
+        raise OverrideError(setting, f"{shown} is above the maximum {rule.shown(rule.max)}; {allowed}")
     if rule.choices is not None and value not in rule.choices:
-        raise OverrideError(setting, f"{_shown(value)} is not allowed; allowed: {rule.describe()}")
+        raise OverrideError(setting, f"{shown} is not allowed; {allowed}")
 
 
 def _fallback_instance_type(template: TemplateSpec, chosen: str) -> str:
@@ -390,20 +454,30 @@ def _fallback_instance_type(template: TemplateSpec, chosen: str) -> str:
 
 def _channel_uris(channels: Mapping[str, str | None], platform: PlatformContext) -> dict[str, str]:
     """A template's prefixes resolve under the team's datasets prefix; a run's S3 URIs must lie inside
-    it (the team's execution role reads nothing else); channels without a source are left out."""
+    it (the team's execution role reads nothing else); channels without a source are left out. Every
+    URI is parsed (llmtrain.s3_uris): one whose key could mean another prefix is refused."""
+    datasets = parse_s3_uri(platform.datasets_uri)
     uris = {}
     for name, source in channels.items():
         if source is None:
             continue
-        uri = source if source.startswith("s3://") else platform.datasets_uri + source
-        if not uri.startswith(platform.datasets_uri):
+        setting = f"{CHANNEL_SETTING_PREFIX}{name}"
+        location = _s3_uri(setting, source if source.startswith(S3_SCHEME) else datasets.uri + source)
+        if not location.within(datasets):
             raise OverrideError(
-                f"{CHANNEL_SETTING_PREFIX}{name}",
-                f"{uri!r} is outside team {platform.team!r}'s datasets prefix; "
-                f"its channels may read only under {platform.datasets_uri}",
+                setting,
+                f"{location.uri!r} is outside team {platform.team!r}'s datasets prefix; "
+                f"its channels may read only under {datasets.uri}",
             )
-        uris[name] = uri
+        uris[name] = location.uri
     return uris
+
+
+def _s3_uri(setting: str, text: str) -> S3Location:
+    try:
+        return parse_s3_uri(text)
+    except S3UriError as error:
+        raise OverrideError(setting, str(error)) from None
 
 
 # --- the request ----------------------------------------------------------------------------------
@@ -424,7 +498,9 @@ def build_request(
         },
         "HyperParameters": hyperparameters(template, settings, name, platform),
         "InputDataConfig": [
-            _channel(channel, uri, template.inputs.mode) for channel, uri in settings.channels.items()
+            _channel(channel, uri, template.inputs.mode,
+                     accept_eula=settings.accept_eula and channel == "model")
+            for channel, uri in settings.channels.items()
         ],
         "OutputDataConfig": {
             "S3OutputPath": run_prefix_uri(platform.artifacts_bucket, template, run, platform),
@@ -583,8 +659,8 @@ def smp_parameters(template: TemplateSpec, settings: JobSettings) -> dict[str, A
     return parameters
 
 
-def _channel(name: str, uri: str, mode: str) -> dict[str, Any]:
-    return {
+def _channel(name: str, uri: str, mode: str, *, accept_eula: bool = False) -> dict[str, Any]:
+    channel = {
         "ChannelName": name,
         "DataSource": {
             "S3DataSource": {
@@ -597,6 +673,10 @@ def _channel(name: str, uri: str, mode: str) -> dict[str, Any]:
         "InputMode": mode,
         "CompressionType": "None",
     }
+    if accept_eula:
+        # SageMaker reads a gated JumpStart model's weights only for a channel that accepts its EULA.
+        channel["DataSource"]["S3DataSource"]["ModelAccessConfig"] = {"AcceptEula": True}
+    return channel
 
 
 def _resource_config(settings: JobSettings, platform: PlatformContext) -> dict[str, Any]:

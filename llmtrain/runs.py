@@ -25,10 +25,12 @@ from llmtrain.catalog import LATEST
 from llmtrain.errors import LauncherStateError, LlmtrainError
 from llmtrain.queues.policy import QUEUE_NAME_PATTERN, priority_problem
 from llmtrain.render import RUN_NAME_PATTERN
+from llmtrain.tuning import TuneSpec
 
 INPUT_SHAPE = (
     '{"template": NAME, "version": SEMVER or "latest", "run_name": NAME, "overrides": {SETTING: VALUE}, '
-    '"owner": TEXT, "skip_plan_check": BOOLEAN, "queue": NAME, "priority": 0..9999}'
+    '"owner": TEXT, "skip_plan_check": BOOLEAN, "queue": NAME, "priority": 0..9999, '
+    '"tune": {...} (a tune, llmtrain.tuning.TuneSpec)}'
 )
 DEFAULT_OWNER = "launcher"
 
@@ -51,7 +53,9 @@ class ExecutionInput:
     ``skip_plan_check`` starts a run the planner predicts will not fit its GPUs (never one above the
     team's budget). Where the environment has queues, ``queue`` names the team's queue the run
     waits in (None: the team's default) and ``priority`` its scheduling priority there (None: 0, at
-    most the team's `max_priority`; Resolve checks both against the team)."""
+    most the team's `max_priority`; Resolve checks both against the team). ``tune`` makes the run a
+    tune (`llmtrain.tuning.TuneSpec.to_dict`): a SageMaker tuning job whose trials are runs of the
+    template."""
 
     template: str
     run_name: str
@@ -61,12 +65,15 @@ class ExecutionInput:
     skip_plan_check: bool = False
     queue: str | None = None
     priority: int | None = None
+    tune: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         problem = _input_problem(self)
         if problem:
             raise InvalidRunInput(problem)
         object.__setattr__(self, "overrides", dict(self.overrides))
+        if self.tune is not None:
+            object.__setattr__(self, "tune", dict(self.tune))
 
     @classmethod
     def parse(cls, data: Any) -> ExecutionInput:
@@ -87,7 +94,7 @@ class ExecutionInput:
         values = dict(data)
         if values.get("overrides", {}) is None:
             raise InvalidRunInput("'overrides' must be an object of setting name to value, got null")
-        for name in ("owner", "skip_plan_check", "queue", "priority"):
+        for name in ("owner", "skip_plan_check", "queue", "priority", "tune"):
             if name in values and values[name] is None:
                 del values[name]
         return cls(**values)
@@ -106,6 +113,8 @@ class ExecutionInput:
         for name in ("queue", "priority"):
             if getattr(self, name) is not None:
                 data[name] = getattr(self, name)
+        if self.tune is not None:
+            data["tune"] = dict(self.tune)
         return data
 
 
@@ -128,6 +137,11 @@ def _input_problem(execution: ExecutionInput) -> str | None:
         return f"'skip_plan_check' must be true or false, got {execution.skip_plan_check!r:.80}"
     if not isinstance(execution.overrides, Mapping):
         return f"'overrides' must be an object of setting name to value, got {execution.overrides!r:.80}"
+    if execution.tune is not None:
+        try:
+            TuneSpec.from_dict(execution.tune)
+        except LlmtrainError as error:
+            return f"'tune': {error}"
     return _queue_problem(execution) or run_name_problem(execution.run_name)
 
 
@@ -230,6 +244,11 @@ class RunState:
     # Where the environment has queues: the run's queue (its name) and priority, for every attempt.
     queue: str | None = None
     priority: int | None = None
+    # A tune's search (llmtrain.tuning.TuneSpec.to_dict); None for a run of one training job.
+    tune: Mapping[str, Any] | None = None
+    # The JumpStart base model resolved at Resolve (llmtrain.jumpstart.BaseModel.to_dict): every
+    # attempt trains from the same weights.
+    base_model: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "overrides", dict(self.overrides))

@@ -73,6 +73,9 @@ PLATFORM_RUN_OPTIONS_DOC = {
     "training_plan": "a training plan of the environment (config training_plans) to run in",
     "max_pending_seconds": "how long a job may wait for its training plan's capacity",
     "remote_debug": "SageMaker remote debugging: an SSM session into the running container",
+    "base_model": "the model a fine-tuning template starts from: a JumpStart model id[@version], or an HF "
+                  "folder in the team's datasets prefix (s3://... or a prefix)",
+    "accept_eula": "accept the end-user license agreement of a gated JumpStart base model (e.g. Llama)",
 }
 # Hyperparameters that render derives from `distribution` for the platform's own training code.
 DERIVED_HYPERPARAMETERS = ("parallelism", "collective_backend", *DEGREE_NAMES)
@@ -398,12 +401,16 @@ class OverrideRule:
             raise _fail(source, f"'overridable.{name}': min is greater than max")
         return rule
 
+    def shown(self, bound: float) -> str:
+        """A bound as a person writes it: `1` for an int setting (parsed as 1.0), `1e-06` for a float."""
+        return str(int(bound)) if self.type == "int" and float(bound).is_integer() else str(bound)
+
     def describe(self) -> str:
         parts = [self.type]
         if self.min is not None:
-            parts.append(f">= {self.min}")
+            parts.append(f">= {self.shown(self.min)}")
         if self.max is not None:
-            parts.append(f"<= {self.max}")
+            parts.append(f"<= {self.shown(self.max)}")
         if self.choices is not None:
             parts.append("one of " + ", ".join(str(c) for c in self.choices))
         return " ".join(parts)
@@ -413,6 +420,8 @@ PLATFORM_RUN_OPTIONS: Mapping[str, OverrideRule] = {
     "training_plan": OverrideRule("str"),
     "max_pending_seconds": OverrideRule("int", min=MIN_PENDING_SECONDS, max=MAX_PENDING_SECONDS),
     "remote_debug": OverrideRule("bool"),
+    "base_model": OverrideRule("str"),
+    "accept_eula": OverrideRule("bool"),
 }
 
 

@@ -3,9 +3,8 @@
 `llmtrain data prepare` (the training program's prepare_data) writes a dataset folder: with
 `--validation-fraction`, `train/` and `validation/`, else the shards at its top; each split a
 `manifest.json` and its shard files; and beside them `tokenizer/`, the tokenizer the shards were
-made with. The format is the program's (training_jobs/trainer/shards.py); llmtrain never imports
-the program, so the manifest's fields are read here again and tests/llmtrain/test_token_data.py
-keeps the constants equal.
+made with. The format's names are the training contract's (training_jobs/contract/token_data.py),
+which the program writes and loads them by.
 
 The rules are those the job applies when it loads the channels, so that a run that would fail a
 minute (or an hour of provisioning) into its job is refused before anything starts:
@@ -37,16 +36,17 @@ from llmtrain.errors import LlmtrainError
 from llmtrain.planner.plan import request_hyperparameters
 from llmtrain.planner.workload import hyperparameter_values, resolve_layout
 from llmtrain.sourcedir import program_environment, repository_root
+from training_jobs.contract.token_data import (
+    DTYPE_BYTES,
+    FORMAT,
+    LOSS_MASKED,
+    MANIFEST,
+    TOKENIZER_FOLDER,
+)
+from training_jobs.contract.token_data import SHIPPED_TOKENIZER as CONTRACT_SHIPPED_TOKENIZER
 
-MANIFEST = "manifest.json"
-FORMAT = "llmtrain-token-shards"
-# Manifest version -> whether the dataset is loss-masked (shards.VERSION, shards.MASKED_VERSION).
-VERSIONS = {1: False, 2: True}
-DTYPE_BYTES = {"uint16": 2, "uint32": 4}
-SPLITS = ("train", "validation")  # prepare_data's split folders, and the channels the program reads
-TOKENIZER_FOLDER = "tokenizer"  # prepare_data.TOKENIZER_FOLDER
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-SHIPPED_TOKENIZER = Path("training_jobs") / "assets" / "tokenizer"
+SHIPPED_TOKENIZER = Path(*CONTRACT_SHIPPED_TOKENIZER)
 TOKENIZER_INFO_MODULE = "training_jobs.tokenizer_info"
 PREPARE_HINT = "prepare it with `llmtrain data prepare --input FILES --output DIR`"
 
@@ -113,10 +113,10 @@ def parse_manifest(raw: bytes, where: str) -> ShardsManifest:
         body = json.loads(raw)
     except ValueError as error:
         raise TokenDataError(f"{where}{MANIFEST} is not valid JSON ({error}); {PREPARE_HINT}") from error
-    if not isinstance(body, dict) or body.get("format") != FORMAT or body.get("version") not in VERSIONS:
+    if not isinstance(body, dict) or body.get("format") != FORMAT or body.get("version") not in LOSS_MASKED:
         raise TokenDataError(f"{where}{MANIFEST} is not a manifest of token shards ({FORMAT}, version "
-                             f"{' or '.join(map(str, VERSIONS))}); {PREPARE_HINT}")
-    loss_mask = VERSIONS[body["version"]]
+                             f"{' or '.join(map(str, LOSS_MASKED))}); {PREPARE_HINT}")
+    loss_mask = LOSS_MASKED[body["version"]]
     entries = body.get("shards")
     if body.get("dtype") not in DTYPE_BYTES or not isinstance(entries, list) or not all(
             _valid_entry(entry, loss_mask) for entry in entries):

@@ -59,6 +59,7 @@ class OperationsStack(Stack):
                 notification_email=None if notification_topic else config.notifications.email,
                 state_machines=state_machines,
                 template_metrics=latest_template_metrics(catalog, config.enabled_templates),
+                training_log_retention_days=config.logs.training_jobs_retention_days,
             ),
         )
         output(self, DASHBOARD_OUTPUT, self.operations.dashboard.dashboard_name, "CloudWatch dashboard")

@@ -52,6 +52,7 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
+from training_jobs.contract.token_data import SPLITS, TOKENIZER_FOLDER  # noqa: E402
 from training_jobs.sft_examples import (  # noqa: E402
     Example,
     check_messages,
@@ -75,8 +76,6 @@ BINARY_SUFFIXES = (".parquet", ".arrow", ".feather", ".gz", ".bz2", ".xz", ".zst
                    ".npy", ".pkl", ".pt", ".bin", ".safetensors")
 CONVERT_HINT = "convert it to JSONL (one {\"text\": ...} object per line), CSV or UTF-8 text first"
 DOCUMENTS_PER_TASK = 256
-TOKENIZER_FOLDER = "tokenizer"
-SPLITS = ("train", "validation")
 # Where a text file's validation part may begin, coarsest first: after a blank line, a line, a word.
 HOLD_OUT_BOUNDARIES = (("paragraph", re.compile(r"\n[ \t]*\n\s*")), ("line", re.compile(r"\n\s*")),
                        ("word", re.compile(r"\s+")))

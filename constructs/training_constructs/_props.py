@@ -7,6 +7,8 @@ from typing import TypeVar
 
 from aws_cdk import Token
 
+from llmtrain.errors import did_you_mean
+from llmtrain.instances import KNOWN_INSTANCE_TYPES
 from llmtrain.platform import MAX_JOB_NAME_PREFIX, is_job_name_prefix
 
 T = TypeVar("T")
@@ -68,3 +70,18 @@ def check_job_name_prefix(construct: str, prefix: str) -> None:
         f"{prefix!r} must be 1-{MAX_JOB_NAME_PREFIX} lowercase letters, digits and hyphens "
         "(SageMaker lowercases job names in ARNs, where the IAM policies match the prefix)",
     )
+
+
+def check_instance_types(construct: str, field: str, types: object) -> None:
+    """A non-empty list of SageMaker instance types the platform knows (it renders and plans runs
+    only on those): a mistyped one fails the synth, naming its nearest match."""
+    require(
+        isinstance(types, tuple | list) and len(types) > 0,
+        construct,
+        field,
+        f"must list SageMaker instance types such as ml.g5.12xlarge, got {types!r}",
+    )
+    known = KNOWN_INSTANCE_TYPES
+    unknown = [f"{t!r} is not an instance type the platform knows{did_you_mean(str(t), known)}"
+               for t in types if t not in known]
+    require(not unknown, construct, field, "; ".join(unknown) + f" (known: {', '.join(sorted(known))})")

@@ -6,12 +6,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from aws_cdk import ArnFormat, Fn, Stack, Tags
+from aws_cdk import ArnFormat, Aws, Fn, Stack, Tags
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from llmtrain.jumpstart import MANIFEST_KEY, content_bucket, gated_content_bucket
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS
 from training_constructs._props import checked_props, is_unresolved, is_whole_number, require
 from training_constructs.images import DLC_REGISTRY_ACCOUNTS, training_image_repositories
@@ -37,6 +38,8 @@ ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS = {
     "ec2:DescribeSubnets": "EC2 Describe* calls support no resource-level permissions",
     "ec2:DescribeSecurityGroups": "EC2 Describe* calls support no resource-level permissions",
     "sagemaker:ListTrainingJobs": "List calls have no resource; descriptions are scoped to the prefix",
+    "sagemaker:ListHyperParameterTuningJobs": "List calls have no resource; descriptions are scoped to the "
+    "prefix",
 }
 _DESCRIBE_VPC_ACTIONS = [
     action for action in ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS if action.startswith("ec2:Describe")
@@ -78,7 +81,8 @@ def guardrail_statements(
     than the platform's; and, where the environment asks for it, a job without inter-container
     traffic encryption.
     """
-    create = ["sagemaker:CreateTrainingJob"]
+    # A tuning job's trials are training jobs: SageMaker evaluates the same keys on its creation.
+    create = ["sagemaker:CreateTrainingJob", "sagemaker:CreateHyperParameterTuningJob"]
 
     def deny(sid: str, conditions: dict) -> iam.PolicyStatement:
         return iam.PolicyStatement(
@@ -97,7 +101,16 @@ def guardrail_statements(
         deny("OnlyTrainingSecurityGroups",
              {"ForAnyValue:StringNotEquals": {"sagemaker:VpcSecurityGroupIds": list(security_group_ids)}}),
         deny("OnlyPlatformOutputKey", {"StringNotEquals": {"sagemaker:OutputKmsKey": key_arn}}),
-        deny("OnlyPlatformVolumeKey", {"StringNotEqualsIfExists": {"sagemaker:VolumeKmsKey": key_arn}}),
+        # Only a volume key that is given and not the platform's: SageMaker refuses any volume key for
+        # instance types with local NVMe storage (g5, p4d, p4de, p5 ...), whose requests carry none.
+        # (StringNotEqualsIfExists, and StringNotEquals alone, also match a request without the key.)
+        deny(
+            "OnlyPlatformVolumeKey",
+            {
+                "StringNotEquals": {"sagemaker:VolumeKmsKey": key_arn},
+                "Null": {"sagemaker:VolumeKmsKey": "false"},
+            },
+        ),
     ]
     if inter_container_traffic_encryption:
         statements.append(
@@ -279,6 +292,7 @@ class TeamAccess(Construct):
                 *_image_statements(list(props.image_repository_arns)),
                 *self._observability_statements(),
                 *self._network_statements(),
+                *self._jumpstart_statements(),
             ],
         )
         self._acknowledge_execution_wildcards()
@@ -460,6 +474,19 @@ class TeamAccess(Construct):
             iam.PolicyStatement(sid="DescribeJobNetwork", actions=_DESCRIBE_VPC_ACTIONS, resources=["*"]),
         ]
 
+    def _jumpstart_statements(self) -> list[iam.PolicyStatement]:
+        """A run may start from a SageMaker JumpStart base model (`base_model=<model id>`): its weights
+        are read from JumpStart's buckets in the region (the gated one only through a channel that
+        accepts the model's EULA)."""
+        region = self.stack.region
+        buckets = [f"arn:{Aws.PARTITION}:s3:::{name}" for name in (content_bucket(region),
+                                                                    gated_content_bucket(region))]
+        return [
+            iam.PolicyStatement(sid="ListJumpStartModels", actions=["s3:ListBucket"], resources=buckets),
+            iam.PolicyStatement(sid="ReadJumpStartModels", actions=["s3:GetObject"],
+                                resources=[f"{bucket}/*" for bucket in buckets]),
+        ]
+
     def _acknowledge_execution_wildcards(self) -> None:
         team = self.team.name
         self._execution_reasons.update(
@@ -481,6 +508,8 @@ class TeamAccess(Construct):
                 "is not known in advance (subnets and groups are exact)",
                 "ManageJobNetworkInterfaces": "SageMaker manages the network interfaces it created per "
                 "instance, whose ids are not known in advance",
+                "ReadJumpStartModels": "A run's JumpStart base model is read from JumpStart's public (and, "
+                "with its EULA accepted, gated) buckets of the region; the model is chosen per run",
             },
         )
 
@@ -499,10 +528,33 @@ class TeamAccess(Construct):
             iam.PolicyStatement(
                 sid="ListTrainingJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"]
             ),
+            # `llmtrain tune` and `llmtrain status` of a tune: the team's tuning jobs and their trials.
+            iam.PolicyStatement(
+                sid="FollowTeamTuningJobs",
+                actions=["sagemaker:DescribeHyperParameterTuningJob",
+                         "sagemaker:ListTrainingJobsForHyperParameterTuningJob"],
+                resources=[self.stack.format_arn(service="sagemaker", resource="hyper-parameter-tuning-job",
+                                                 resource_name=f"{self.team.job_name_prefix}-*")],
+            ),
+            iam.PolicyStatement(
+                sid="ListTuningJobs", actions=["sagemaker:ListHyperParameterTuningJobs"], resources=["*"]
+            ),
+            # `base_model=<JumpStart model id>` and `llmtrain models ls`: JumpStart's catalogue.
+            iam.PolicyStatement(
+                sid="ReadJumpStartCatalogue", actions=["s3:GetObject"],
+                resources=[f"arn:{Aws.PARTITION}:s3:::{content_bucket(self.stack.region)}/{MANIFEST_KEY}",
+                           f"arn:{Aws.PARTITION}:s3:::{content_bucket(self.stack.region)}/*specs*.json"],
+            ),
+            # SageMaker writes every job's log into one group; FilterLogEvents is authorized on the
+            # whole group, GetLogEvents per stream: the team reads its own jobs' streams only, and
+            # lists the streams' names (job names, which ListTrainingJobs shows anyway) to find them.
+            iam.PolicyStatement(
+                sid="ListTrainingLogStreams", actions=["logs:DescribeLogStreams"], resources=[log_group]
+            ),
             iam.PolicyStatement(
                 sid="ReadTeamTrainingLogs",
-                actions=["logs:DescribeLogStreams", "logs:FilterLogEvents", "logs:GetLogEvents"],
-                resources=[log_group, f"{log_group}:log-stream:{self.team.job_name_prefix}-*"],
+                actions=["logs:GetLogEvents"],
+                resources=[f"{log_group}:log-stream:{self.team.job_name_prefix}-*"],
             ),
             self._list_team_prefix("ListTeamData", *data),
             iam.PolicyStatement(
@@ -527,6 +579,12 @@ class TeamAccess(Construct):
         self._engineer_reasons.update(
             {
                 "ListTrainingJobs": ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS["sagemaker:ListTrainingJobs"],
+                "ListTuningJobs": ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS[
+                    "sagemaker:ListHyperParameterTuningJobs"],
+                "FollowTeamTuningJobs": f"Engineers follow the tuning jobs of team {team}: the names share "
+                "the team's prefix and differ per tune",
+                "ReadJumpStartCatalogue": "JumpStart's model specs, one JSON file per model version, under "
+                "its public content bucket's folders",
                 "FollowTeamTrainingJobs": f"Engineers follow the training jobs of team {team}: the names "
                 "share the team's prefix and differ per run",
                 "ReadTeamTrainingLogs": f"Engineers read the logs of team {team}'s jobs: the streams share "

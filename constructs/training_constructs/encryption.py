@@ -102,3 +102,19 @@ def create_encryption_key(
         policy=iam.PolicyDocument(statements=statements),
         removal_policy=removal_policy,
     )
+
+
+def allow_service(
+    key: kms.Key, *, sid: str, service: str, actions: list[str], conditions: dict[str, dict[str, object]]
+) -> None:
+    """Let an AWS service use ``key`` on this account's behalf, under ``conditions`` that name the
+    account or the resources it acts for (in a key policy "*" is the key itself)."""
+    key.add_to_resource_policy(
+        iam.PolicyStatement(
+            sid=sid,
+            principals=[iam.ServicePrincipal(service)],
+            actions=actions,
+            resources=["*"],
+            conditions=conditions,
+        )
+    )

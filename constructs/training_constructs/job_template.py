@@ -1,11 +1,14 @@
 """`JobTemplate`: publish one job-template version's code to the platform's code bucket.
 
 At synth it resolves `name@version` in the catalog, checks that the version is published and
-unchanged (templates/catalog.lock), renders it once with a dry-run platform context so an invalid
-template (multi-node on a non-EFA type, a hyperparameter the training program of its frozen code
-refuses, degrees that do not divide the world size, a warm pool over the cap, bad names) fails the
-synth with the reason, builds the deterministic `sourcedir.tar.gz`
-with llmtrain.sourcedir and uploads it to `templates/<name>/<version>/sourcedir.tar.gz`.
+unchanged (templates/catalog.lock), renders it with a dry-run platform context, on its own instance
+type and on each capacity fallback and instance-type choice, so an invalid template (multi-node on a
+non-EFA type, a hyperparameter the training program of its frozen code refuses, degrees that do not
+divide the world size, a warm pool over the cap, bad names) fails the synth with the reason, builds
+the deterministic `sourcedir.tar.gz` with llmtrain.sourcedir and uploads it to
+`templates/<name>/<version>/sourcedir.tar.gz`. The latest version of a template with its own code
+(not the platform's training program) warns when that code was edited after the version was
+published: the published snapshot is what deploys.
 
 It exposes what the launcher needs to register and resolve the version: `spec` (the template as
 data), `code_s3_uri`, `content_hash` and `registry_entry` (all of them as one JSON-ready mapping).
@@ -18,16 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import Stack
+from aws_cdk import Annotations, Stack
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
 from llmtrain.catalog import Catalog, LockEntry
+from llmtrain.errors import LlmtrainError
 from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
 from llmtrain.render import RunInput, code_key, render
 from llmtrain.sourcedir import SOURCEDIR_NAME
 from llmtrain.spec import TemplateSpec
-from training_constructs._props import checked_props, is_whole_number, require
+from training_constructs._functions import stack_log_group
+from training_constructs._props import PropsError, checked_props, is_whole_number, require
 from training_constructs.nag import (
     FUNCTION_CHECKOV_REASONS,
     acknowledge,
@@ -41,6 +47,13 @@ _SYNTH_ACCOUNT = "123456789012"
 _SYNTH_REGION = "us-east-1"
 _ACKNOWLEDGED_MARKER = "JobTemplateNagAcknowledgments"
 _NAME = "JobTemplate"
+# How long the logs of CDK's upload function (BucketDeployment's provider) are kept.
+PROVIDER_LOG_RETENTION = logs.RetentionDays.ONE_YEAR
+_PROVIDER_LOGS = "JobTemplateUploadLogs"
+_PROVIDER_LOGS_UNENCRYPTED = (
+    "the group holds the messages of CDK's upload function (the template code's object keys), nothing "
+    "confidential; CloudWatch Logs encrypts it at rest with its own key"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +91,8 @@ class JobTemplate(Construct):
     Attributes: ``spec`` (the version as data), ``catalog``, ``lock_entry`` (its entry in the
     catalog's lock: content, spec and code hashes), ``content_hash``, ``code_key``, ``code_bucket``,
     ``code_s3_uri``, ``sourcedir_path`` (the frozen code uploaded), ``deployment`` (the upload),
-    ``name``, ``version``, ``registry_entry``, ``props``.
+    ``provider_log_group`` (the logs of CDK's upload function, one per stack, kept a year), ``name``,
+    ``version``, ``registry_entry``, ``props``.
     """
 
     def __init__(self, scope: Construct, construct_id: str, props: JobTemplateProps) -> None:
@@ -88,13 +102,21 @@ class JobTemplate(Construct):
         self.spec: TemplateSpec = self.catalog.resolve(props.template)
         self.lock_entry: LockEntry = self.catalog.verify(self.spec)
         self.content_hash: str = self.lock_entry.content
-        _validate_defaults(self.spec, self.catalog, props.warm_pool_cap_seconds)
+        _validate_instance_types(self.spec, self.catalog, _synth_platform(props.warm_pool_cap_seconds))
+        if _edited_after_publishing(self.spec, self.catalog):
+            Annotations.of(self).add_warning_v2("llmtrain:codeEditedAfterPublishing", _edited_message(self))
 
         code_bucket, data_key = props.storage.code_bucket, props.storage.data_key
         self.code_key: str = code_key(self.spec)
         self.code_bucket = code_bucket
         self.code_s3_uri: str = f"s3://{code_bucket.bucket_name}/{self.code_key}"
         self.sourcedir_path: Path = _build_sourcedir(self.spec, self.catalog)
+        # CDK's upload function is one per stack, shared by every JobTemplate: so is its log group.
+        self.provider_log_group, created = stack_log_group(
+            self, _PROVIDER_LOGS, retention=PROVIDER_LOG_RETENTION
+        )
+        if created:
+            acknowledge_checkov(self.provider_log_group, {"CKV_AWS_158": _PROVIDER_LOGS_UNENCRYPTED})
         self.deployment = s3_deployment.BucketDeployment(
             self,
             "Code",
@@ -107,6 +129,7 @@ class JobTemplate(Construct):
             extract=True,
             server_side_encryption=s3_deployment.ServerSideEncryption.AWS_KMS,
             server_side_encryption_aws_kms_key_id=data_key.key_arn,
+            log_group=self.provider_log_group,
         )
         data_key.grant_encrypt_decrypt(self.deployment.handler_role)
         _acknowledge_deployment_findings(self)
@@ -131,17 +154,62 @@ class JobTemplate(Construct):
         }
 
 
-def _validate_defaults(spec: TemplateSpec, catalog: Catalog, warm_pool_cap_seconds: int) -> None:
-    """Render the version's defaults against a dry-run context: raises naming what is wrong."""
-    platform = PlatformContext.placeholder(
+def _synth_platform(warm_pool_cap_seconds: int) -> PlatformContext:
+    """The dry-run context a version is rendered against at synth: only its shape matters."""
+    return PlatformContext.placeholder(
         environment="synth",
         account=_SYNTH_ACCOUNT,
         region=_SYNTH_REGION,
         resource_prefix="synth",
         warm_pool_cap_seconds=warm_pool_cap_seconds,
     )
-    # The training program's own rules, of the code the version runs (its frozen code's).
-    render(spec, RunInput(run_name="synth-check"), platform, catalog.program_contract(spec))
+
+
+def _validate_instance_types(spec: TemplateSpec, catalog: Catalog, platform: PlatformContext) -> None:
+    """Render the version's defaults, then on each capacity-fallback type and each instance type a run
+    may choose: a type that cannot run the version (a mistyped neighbour such as ml.g5.4xlarge for
+    ml.g5.48xlarge: too few GPUs for its degrees, no EFA for its nodes) fails the synth here, where it
+    was found only by a launcher, at run time. With the training program's own rules, of the code the
+    version runs (its frozen code's)."""
+    contract = catalog.program_contract(spec)
+    render(spec, RunInput(run_name="synth-check"), platform, contract)
+    rule = spec.overridable.get("instance_type")
+    choices = (rule.choices or ()) if rule is not None else ()
+    check = "synth-check"
+    runs = [(f"fallback {t} (retry.fallback_instance_types)", RunInput(run_name=check, instance_type=t))
+            for t in spec.retry.fallback_instance_types]
+    runs += [(f"choice {t} (overridable.instance_type)",
+              RunInput(run_name=check, overrides={"instance_type": t})) for t in choices]
+    for where, run in runs:
+        try:
+            render(spec, run, platform, contract)
+        except LlmtrainError as error:
+            raise PropsError(
+                f"{_NAME}(template=...): {spec.ref} {where} cannot run the version: {error}"
+            ) from error
+
+
+def _edited_after_publishing(spec: TemplateSpec, catalog: Catalog) -> bool:
+    """The latest version of a template wrapping its catalog's own code, whose code was edited after
+    it was published. (Older versions' code moves on by design, and the platform's training program
+    is released by the platform team in new versions of its templates.)"""
+    return (
+        not spec.code.is_platform
+        and catalog.latest(spec.name).version == spec.version
+        and catalog.code_moved_on(spec)
+    )
+
+
+def _edited_message(template: JobTemplate) -> str:
+    spec, catalog = template.spec, template.catalog
+    snapshot = catalog.snapshot_path(catalog.verify(spec).code)
+    return (
+        f"{spec.ref}: its code in {catalog.repo_root / spec.code.source} changed after the version was "
+        f"published; the code deployed is the published snapshot {snapshot}, not the edits. To deploy "
+        f"them, publish a new version: copy {spec.name}/{spec.version}.yaml to a higher version, run "
+        f"`llmtrain templates lock --catalog {catalog.root} --code-root {catalog.repo_root}` and deploy "
+        "that version"
+    )
 
 
 def _build_sourcedir(spec: TemplateSpec, catalog: Catalog) -> Path:

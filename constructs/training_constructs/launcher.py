@@ -30,6 +30,12 @@ An execution's input is `{"template": NAME, "version": SEMVER|"latest", "run_nam
   wait, by the template's policy; other failures end the run with the job's FailureReason.
 - Both outcomes publish the run's summary to the SNS topic; it is the execution's output (or, on
   failure, the execution's error and cause).
+- A tune (`llmtrain tune`: the input's `tune`) takes the same path with a tuning job for its attempt:
+  ChooseRequestLayout picks a `TrialsRole-<layout>` Pass state (the role the trials run as, fixed by
+  the definition) and a `CreateHyperParameterTuningJob-<layout>` state on
+  `sagemaker:createHyperParameterTuningJob.sync`, one per `TUNING_LAYOUTS` entry, whose
+  TrainingJobDefinition is the rendered one with that RoleArn merged over it. Summarize names the best
+  trial. Tunes need a launcher without queues (a tuning job cannot be queued; Resolve refuses them).
 
 Where the team's environment has queues (``queues``: a ``TrainingQueues``), an attempt is submitted
 to AWS Batch instead of created, and followed:
@@ -77,7 +83,8 @@ import llmtrain.queues.policy as queue_policy
 from llmtrain.catalog import LOCK_FILE, LockEntry, lock_text, snapshot_name
 from llmtrain.errors import LlmtrainError
 from llmtrain.functions import LauncherSettings, WatchSettings
-from llmtrain.lifecycle.submission import request_layouts
+from llmtrain.jumpstart import MANIFEST_KEY, content_bucket
+from llmtrain.lifecycle.submission import TUNING_LAYOUTS, request_layouts
 from llmtrain.platform import FEATURE_FIELDS, PlatformContext
 from llmtrain.render import TAG_PREFIX, RunInput, render
 from training_constructs._functions import logged_function
@@ -88,21 +95,31 @@ from training_constructs.nag import acknowledge_wildcards
 from training_constructs.notifications import encrypted_topic
 from training_constructs.queues import TrainingQueues
 from training_constructs.resources import NetworkResources, StorageResources, check_network, check_storage
-from training_constructs.teams import CREATE_JOBS_SID, TeamSpec, job_creation_conditions
+from training_constructs.teams import (
+    CREATE_JOBS_SID,
+    CREATE_TUNING_JOBS_SID,
+    TeamSpec,
+    job_creation_conditions,
+)
 
 _NAME = "TrainingLauncher"
 _STATE_MACHINE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 # Step Functions' .sync integration with SageMaker listens to job state changes through this
 # managed EventBridge rule, which it creates in the account on first use.
 SYNC_EVENTS_RULE = "StepFunctionsGetEventsForSageMakerTrainingJobsRule"
+SYNC_TUNING_EVENTS_RULE = "StepFunctionsGetEventsForSageMakerTuningJobsRule"
 # The functions vendor `regex` (llmtrain.validate reads AWS's Java-style patterns with it).
 VENDORED_PACKAGES = ("yaml", "regex")
 LAUNCHER_ERROR_SUBJECT = "llmtrain: a run failed (launcher error)"
+# Where a tune's state holds the trials' role the definition fixes (merged into its TrainingJobDefinition).
+TRIALS_ROLE_PATH = "$.trials_role"
 
 # Actions this construct allows on "*" because AWS offers no narrower resource for them.
 WILDCARD_RESOURCE_ACTIONS = {
     "sagemaker:ListTrainingJobs": "List calls have no resource; the resolve function lists the run's own "
     "jobs by name to refuse a second job for a run in progress",
+    "sagemaker:ListHyperParameterTuningJobs": "List calls have no resource; the resolve function lists a "
+    "tune's own tuning jobs by name (a tune in progress, the tunes it warm-starts from)",
     "logs:CreateLogDelivery": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
     "logs:GetLogDelivery": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
     "logs:UpdateLogDelivery": "Step Functions log delivery is configured account-wide (CDK's logging grant)",
@@ -257,11 +274,29 @@ class TrainingLauncher(Construct):
                 sid="ReadRunJobTags", actions=["sagemaker:ListTags"], resources=[self._team_jobs()]
             )
         )
+        # A run's base_model=<JumpStart model id> resolves against JumpStart's manifest and model specs
+        # in the region (llmtrain.jumpstart): read-only, JumpStart's public catalogue.
+        jumpstart = f"arn:{Aws.PARTITION}:s3:::{content_bucket(self.stack.region)}"
+        self.resolve_function.add_to_role_policy(
+            iam.PolicyStatement(sid="ReadJumpStartCatalogue", actions=["s3:GetObject"],
+                                resources=[f"{jumpstart}/{MANIFEST_KEY}", f"{jumpstart}/*specs*.json"])
+        )
         self._resolve_reasons = {
             "ListRunJobs": WILDCARD_RESOURCE_ACTIONS["sagemaker:ListTrainingJobs"],
+            "ReadJumpStartCatalogue": "JumpStart's model specs, one JSON file per model version, under "
+            "its public content bucket's folders",
             "ReadRunJobTags": "the tags of the team's jobs, named per run and attempt under the team's "
             "job-name prefix",
         }
+        if self.queues is None:
+            # A tune (no queues: tuning jobs cannot be queued) lists its own tuning jobs and those of
+            # the tunes it warm-starts from.
+            self.resolve_function.add_to_role_policy(
+                iam.PolicyStatement(sid="ListTuneJobs", actions=["sagemaker:ListHyperParameterTuningJobs"],
+                                    resources=["*"])
+            )
+            self._resolve_reasons["ListTuneJobs"] = WILDCARD_RESOURCE_ACTIONS[
+                "sagemaker:ListHyperParameterTuningJobs"]
         acknowledge_wildcards(self.resolve_function.role, self._resolve_reasons)
         self.next_attempt_function = self._function(
             "NextAttemptFunction", code, "next_attempt", "Classifies a failed attempt and plans the retry"
@@ -418,6 +453,16 @@ class TrainingLauncher(Construct):
             train.next(summarize)
             choose_layout.when(sfn.Condition.string_equals("$.layout", layout), train)
             self.train_states[layout] = train
+        # `llmtrain tune`: the attempt is a SageMaker tuning job (llmtrain.lifecycle.tuning), whose
+        # trials the tuning job creates; one state per layout of its request.
+        self.tune_states: dict[str, sfn.CustomState] = {}
+        for layout, fields in TUNING_LAYOUTS.items():
+            tune = self._tune_state(layout, fields)
+            tune.add_catch(next_attempt, errors=["States.ALL"], result_path="$.failure")
+            tune.next(summarize)
+            choose_layout.when(sfn.Condition.string_equals("$.layout", layout),
+                               self._trials_role(layout, execution_role).next(tune))
+            self.tune_states[layout] = tune
         choose_layout.otherwise(
             sfn.Fail(
                 self,
@@ -505,6 +550,38 @@ class TrainingLauncher(Construct):
             },
         )
 
+    def _trials_role(self, layout: str, execution_role: iam.IRole) -> sfn.Pass:
+        """The role of a tuning job's trials, fixed by the definition as the training state fixes
+        RoleArn: `_tune_state` merges it over the rendered TrainingJobDefinition's."""
+        return sfn.Pass(
+            self,
+            f"TrialsRole-{layout}",
+            comment="The trials run as the platform's execution role, whatever the functions returned",
+            result=sfn.Result.from_object({"RoleArn": execution_role.role_arn}),
+            result_path=TRIALS_ROLE_PATH,
+        )
+
+    def _tune_state(self, layout: str, fields: Sequence[str]) -> sfn.CustomState:
+        # Every field comes from the rendered request, and TrainingJobDefinition with its RoleArn
+        # replaced (a shallow States.JsonMerge: the second object's keys win) by the role the
+        # preceding Pass state fixed: the state machine only ever hands SageMaker the platform's
+        # execution role for the trials, as for a training job. (The request names the same role.)
+        parameters = {f"{field}.$": f"$.request.{field}" for field in fields}
+        parameters["TrainingJobDefinition.$"] = (
+            f"States.JsonMerge($.request.TrainingJobDefinition, {TRIALS_ROLE_PATH}, false)"
+        )
+        return sfn.CustomState(
+            self,
+            f"CreateHyperParameterTuningJob-{layout}",
+            state_json={
+                "Type": "Task",
+                "Comment": "Start the tuning job and wait until it ends; stopping the execution stops it",
+                "Resource": f"arn:{Aws.PARTITION}:states:::sagemaker:createHyperParameterTuningJob.sync",
+                "Parameters": parameters,
+                "ResultPath": "$.job",
+            },
+        )
+
     def _notify(self, state_id: str, then: sfn.State) -> tasks.SnsPublish:
         publish = tasks.SnsPublish(
             self,
@@ -549,6 +626,10 @@ class TrainingLauncher(Construct):
             service="sagemaker", resource="training-job", resource_name=f"{self.team.job_name_prefix}-*"
         )
 
+    def _team_tuning_jobs(self) -> str:
+        return self.stack.format_arn(service="sagemaker", resource="hyper-parameter-tuning-job",
+                                     resource_name=f"{self.team.job_name_prefix}-*")
+
     def _grant_training(self, props: TrainingLauncherProps) -> None:
         """The job-creating role: the team's jobs only, and only as the environment allows them.
 
@@ -571,7 +652,7 @@ class TrainingLauncher(Construct):
         self._queue_reasons: dict[str, str] = {}
         if self.queues is None:
             create, tag, follow, sync = self._training_job_statements(props)
-            statements = [create, tag, follow, pass_role, sync, publish]
+            statements = [create, tag, follow, pass_role, sync, publish, *self._tuning_job_statements(props)]
         else:
             statements = [pass_role, publish]
             self._queue_reasons = self.queues.grant_submit(self.state_machine, self.team.name)
@@ -581,14 +662,7 @@ class TrainingLauncher(Construct):
     def _training_job_statements(self, props: TrainingLauncherProps) -> list[iam.PolicyStatement]:
         jobs = self._team_jobs()
         rule = self.stack.format_arn(service="events", resource="rule", resource_name=SYNC_EVENTS_RULE)
-        conditions = job_creation_conditions(
-            team=self.team,
-            subnet_ids=list(self.platform_context["subnet_ids"]),
-            security_group_ids=list(self.platform_context["security_group_ids"]),
-            key_arn=props.storage.data_key.key_arn,
-            environment_name=props.environment_name,
-            inter_container_traffic_encryption=self.inter_container_traffic_encryption,
-        )
+        conditions = job_creation_conditions(**self._job_limits(props))
         return [
             iam.PolicyStatement(
                 sid=CREATE_JOBS_SID,
@@ -610,7 +684,44 @@ class TrainingLauncher(Construct):
             iam.PolicyStatement(
                 sid="SyncWithTrainingJobEvents",
                 actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
-                resources=[rule],
+                resources=[rule, self.stack.format_arn(service="events", resource="rule",
+                                                       resource_name=SYNC_TUNING_EVENTS_RULE)],
+            ),
+        ]
+
+    def _job_limits(self, props: TrainingLauncherProps) -> dict[str, Any]:
+        """What `job_creation_conditions` holds the team's jobs (and tuning jobs) to."""
+        return {
+            "team": self.team,
+            "subnet_ids": list(self.platform_context["subnet_ids"]),
+            "security_group_ids": list(self.platform_context["security_group_ids"]),
+            "key_arn": props.storage.data_key.key_arn,
+            "environment_name": props.environment_name,
+            "inter_container_traffic_encryption": self.inter_container_traffic_encryption,
+        }
+
+    def _tuning_job_statements(self, props: TrainingLauncherProps) -> list[iam.PolicyStatement]:
+        """`llmtrain tune`: the team's tuning jobs, under the training jobs' condition keys less the
+        warm pool's (tuning jobs have none; SageMaker evaluates the others on them too)."""
+        tuning_jobs = self._team_tuning_jobs()
+        return [
+            iam.PolicyStatement(
+                sid=CREATE_TUNING_JOBS_SID,
+                actions=["sagemaker:CreateHyperParameterTuningJob"],
+                resources=[tuning_jobs],
+                conditions=job_creation_conditions(**self._job_limits(props), warm_pools=False),
+            ),
+            iam.PolicyStatement(
+                sid="TagTeamTuningJobs",
+                actions=["sagemaker:AddTags"],
+                resources=[tuning_jobs],
+                conditions={"StringEquals": {f"aws:RequestTag/{TAG_PREFIX}team": self.team.name}},
+            ),
+            iam.PolicyStatement(
+                sid="FollowTeamTuningJobs",
+                actions=["sagemaker:DescribeHyperParameterTuningJob",
+                         "sagemaker:StopHyperParameterTuningJob"],
+                resources=[tuning_jobs],
             ),
         ]
 
@@ -633,6 +744,12 @@ class TrainingLauncher(Construct):
                 "and attempt under the team's prefix",
                 "FollowTeamTrainingJobs": "the team's jobs are named per run and attempt under the team's "
                 "job-name prefix",
+                CREATE_TUNING_JOBS_SID: "every tune gets a new tuning job name under the team's job-name "
+                "prefix",
+                "TagTeamTuningJobs": "the team's tuning jobs are tagged at creation; their names differ per "
+                "tune under the team's prefix",
+                "FollowTeamTuningJobs": "the team's tuning jobs are named per tune under the team's job-name "
+                "prefix",
                 **self._queue_reasons,
             },
         )

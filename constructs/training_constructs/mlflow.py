@@ -103,7 +103,9 @@ class TrainingMlflow(Construct):
             role_arn=self.role.role_arn,
             tracking_server_size=props.size,
         )
-        self.tracking_server.node.add_dependency(self.role)
+        # The server needs its permissions when it starts: it depends on the role's policy (on the role
+        # itself through the GetAtt of its ARN; a second DependsOn on it is cfn-lint's W3005).
+        self.tracking_server.node.add_dependency(self.role.node.find_child("DefaultPolicy"))
         self.tracking_server_arn = self.tracking_server.attr_tracking_server_arn
         self.endpoints = endpoints_in_network(self, props.network, ENDPOINT_SERVICES, policy_actions={})
 

@@ -75,7 +75,9 @@ def acknowledge_checkov(
 
 
 # checkov's Lambda checks, with why the platform's functions (and aws-cdk-lib's providers) do not
-# follow them: every function runs for a short call whose caller handles its failure.
+# follow them: every function runs for a short call whose caller handles its failure. A function
+# invoked asynchronously (the job-events function, by EventBridge) has a dead-letter queue instead.
+DEAD_LETTER_CHECK = "CKV_AWS_116"
 FUNCTION_CHECKOV_REASONS = {
     "CKV_AWS_115": "reserved concurrency would take from the account's unreserved pool (as low as 10 in new "
     "accounts, which fails the deployment); each call is one step of a run or one scheduled pass",

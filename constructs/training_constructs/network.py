@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import Annotations, ContextProvider, RemovalPolicy, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -19,6 +19,7 @@ from llmtrain.platform import (
     SUBNET_ID_PATTERN,
     VPC_ID_PATTERN,
 )
+from training_constructs._functions import stack_log_group
 from training_constructs._props import check_cidr, checked_props, is_unresolved, is_whole_number, require
 from training_constructs.encryption import create_encryption_key
 from training_constructs.nag import FUNCTION_CHECKOV_REASONS, acknowledge_checkov
@@ -103,7 +104,8 @@ class TrainingNetworkProps:
       within itself, which SageMaker's inter-container traffic encryption runs.
     ``s3_prefix_list_id``: S3's prefix list in the region; HTTPS egress to S3 goes to it only
       (without it, to any IPv4 address, which isolated subnets' routes confine to S3 and the VPC).
-    ``flow_log_retention``: how long flow logs are kept (finite).
+    ``flow_log_retention``: how long flow logs are kept (finite), and the logs of aws-cdk-lib's function
+      that empties the VPC's default security group.
     ``existing_flow_log_key``: encrypts the flow logs instead of a key created here; it must let
       CloudWatch Logs use it.
     """
@@ -140,13 +142,25 @@ class TrainingNetwork(Construct):
     Attributes: ``vpc``, ``subnets``, ``subnet_selection``, ``security_group`` (the one to give
     training jobs), ``endpoint_security_group``, ``s3_endpoint``, ``interface_endpoints`` (by the
     names in ``INTERFACE_ENDPOINT_SERVICES``), ``flow_log``, ``flow_log_group``, ``flow_log_key``,
-    ``props``.
+    ``default_group_provider_log_group`` (the logs of aws-cdk-lib's function that empties the VPC's
+    default security group, kept as long as the flow logs; None with ``existing_vpc``), ``props``.
     """
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingNetworkProps) -> None:
+        props = checked_props(_NAME, props, TrainingNetworkProps)
+        _check_zones_in_region(Stack.of(scope).region, props.availability_zones)
+        # Before this construct joins the stack: a stack takes context only while it has no children.
+        zones_given = props.existing_vpc is None and _give_stack_its_zones(scope, props.availability_zones)
         super().__init__(scope, construct_id)
-        self.props = checked_props(_NAME, props, TrainingNetworkProps)
-        _check_zones_in_region(Stack.of(self).region, props.availability_zones)
+        self.props = props
+        if zones_given is None:
+            Annotations.of(self).add_warning_v2(
+                "llmtrain:availabilityZonesLookup",
+                f"{_NAME}: the stack already holds constructs, so its availability zones could not be set "
+                "from availability_zones; ec2.Vpc looks them up, which needs AWS credentials at `cdk synth`. "
+                "Create the TrainingNetwork first in its stack, or put the zones in the app's context "
+                f"({_zones_context_key(Stack.of(self))}: [...] in cdk.json)",
+            )
         existing_vpc = props.existing_vpc
         self.availability_zones = props.availability_zones
         self.vpc_cidr = existing_vpc.vpc_cidr if existing_vpc else props.vpc_cidr
@@ -168,6 +182,11 @@ class TrainingNetwork(Construct):
         )
         self.flow_log_key, self.flow_log_group, self.flow_log = self._flow_log(
             props.flow_log_retention, props.existing_flow_log_key
+        )
+        self.default_group_provider_log_group = (
+            _keep_default_group_provider_logs(self, props.flow_log_retention, self.flow_log_key)
+            if existing_vpc is None
+            else None
         )
 
     @property
@@ -415,11 +434,57 @@ def endpoints_in_network(
     )
 
 
+def _default_group_providers(stack: Stack) -> list[Construct]:
+    """aws-cdk-lib's provider that empties the default security group: a singleton at the stack's root."""
+    prefix = "Custom::VpcRestrictDefaultSG"
+    return [child for child in stack.node.children if child.node.id.startswith(prefix)]
+
+
 def _acknowledge_default_group_provider(stack: Stack) -> None:
-    """aws-cdk-lib's provider that empties the default security group is a singleton at the stack's root."""
-    for child in stack.node.children:
-        if child.node.id.startswith("Custom::VpcRestrictDefaultSG"):
-            acknowledge_checkov(child, FUNCTION_CHECKOV_REASONS, resource_type="AWS::Lambda::Function")
+    for provider in _default_group_providers(stack):
+        acknowledge_checkov(provider, FUNCTION_CHECKOV_REASONS, resource_type="AWS::Lambda::Function")
+
+
+def _keep_default_group_provider_logs(
+    scope: Construct, retention: logs.RetentionDays, key: kms.IKey
+) -> logs.LogGroup:
+    """The provider's function logs to a group of the stack with the network's log retention and key,
+    not to the /aws/lambda/ group Lambda would create and keep forever."""
+    group, created = stack_log_group(
+        scope, "DefaultSecurityGroupProviderLogs", retention=retention, encryption_key=key
+    )
+    if created:
+        for provider in _default_group_providers(Stack.of(scope)):
+            handler = provider.node.find_child("Handler")
+            handler.add_property_override("LoggingConfig", {"LogGroup": group.log_group_name})
+    return group
+
+
+# The context provider of a stack's availability zones (cloud_assembly_schema.ContextProvider.
+# AVAILABILITY_ZONE_PROVIDER, whose Python enum value is its name, not the provider's).
+_ZONES_PROVIDER = "availability-zones"
+
+
+def _zones_context_key(stack: Stack) -> str:
+    return ContextProvider.get_key(stack, provider=_ZONES_PROVIDER).key
+
+
+def _give_stack_its_zones(scope: Construct, zones: Sequence[str]) -> bool | None:
+    """Answer the stack's availability-zone lookup with the zones of the props, so synthesis needs no
+    AWS access. ec2.Vpc reads the stack's zones to compare them with the ones it is given; a stack with
+    an account and region looks them up through the CDK CLI, with AWS credentials. True when the
+    stack now has them, False when it needs none (no account or region, or its context has them),
+    None when it cannot take them any more (it already holds constructs)."""
+    stack = Stack.of(scope)
+    if Token.is_unresolved(stack.account) or Token.is_unresolved(stack.region):
+        return False
+    key = _zones_context_key(stack)
+    if stack.node.try_get_context(key) is not None:
+        return False
+    if stack.node.children:
+        return None
+    stack.node.set_context(key, list(zones))
+    return True
 
 
 def _check_zones_in_region(region: str, zones: Sequence[str]) -> None:

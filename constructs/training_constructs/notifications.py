@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aws_cdk import Stack
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
-from training_constructs.encryption import create_encryption_key
+from training_constructs.encryption import allow_service, create_encryption_key
 
 
 @dataclass(frozen=True)
@@ -45,14 +44,12 @@ def encrypted_topic(
         created = create_encryption_key(
             scope, key_id, description=key_description, allow_cloudwatch_logs=allow_cloudwatch_logs
         )
-        created.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="CloudWatchAlarmsPublish",
-                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
-                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
-                resources=["*"],
-                conditions={"StringEquals": {"aws:SourceAccount": Stack.of(scope).account}},
-            )
+        allow_service(
+            created,
+            sid="CloudWatchAlarmsPublish",
+            service="cloudwatch.amazonaws.com",
+            actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+            conditions={"StringEquals": {"aws:SourceAccount": Stack.of(scope).account}},
         )
     key = existing_key or created
     topic = sns.Topic(scope, "Topic", master_key=key, enforce_ssl=True, display_name=display_name)

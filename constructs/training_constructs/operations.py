@@ -19,7 +19,6 @@ here (KMS-encrypted, TLS only, with an optional e-mail subscription).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -33,7 +32,9 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from llmtrain import functions
@@ -41,13 +42,26 @@ from llmtrain.functions import JobEventSettings, QuotaSettings, ReaperSettings, 
 from llmtrain.platform import (
     EMAIL_PATTERN,
     ENVIRONMENT_NAME_PATTERN,
+    LOG_RETENTION_DAYS,
     MAX_KEEP_ALIVE_SECONDS,
 )
-from training_constructs._functions import logged_function
-from training_constructs._props import check_job_name_prefix, checked_props, is_whole_number, require
-from training_constructs.encryption import create_encryption_key
+from training_constructs._functions import logged_function, stack_log_group
+from training_constructs._props import (
+    check_instance_types,
+    check_job_name_prefix,
+    checked_props,
+    is_whole_number,
+    require,
+)
+from training_constructs.access import TRAINING_LOG_GROUP
+from training_constructs.encryption import allow_service, create_encryption_key
 from training_constructs.lambda_code import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, lambda_code
-from training_constructs.nag import acknowledge_wildcards
+from training_constructs.nag import (
+    FUNCTION_CHECKOV_REASONS,
+    acknowledge,
+    acknowledge_checkov,
+    acknowledge_wildcards,
+)
 from training_constructs.notifications import encrypted_topic
 from training_constructs.operations_dashboard import (
     OperationsDashboard,
@@ -56,7 +70,13 @@ from training_constructs.operations_dashboard import (
 )
 
 _NAME = "TrainingOperations"
-_INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+_ACKNOWLEDGED_MARKER = "TrainingOperationsNagAcknowledgments"
+_TRAINING_LOG_GROUP_ARNS = (
+    "the one log group SageMaker writes training jobs to, by name; CloudWatch Logs evaluates some group "
+    "actions on the group's ARN with ':*'"
+)
+# The construct id of AwsCustomResource's singleton function at the stack's root (aws-cdk-lib's).
+_SDK_CALL_PROVIDER = "AWS679f53fac002430cb0da5b7982bd2287"
 DEFAULT_QUOTA_INTERVAL_MINUTES = 5
 DEFAULT_REAPER_INTERVAL_MINUTES = 10
 
@@ -92,6 +112,10 @@ class TrainingOperationsProps:
     ``log_retention``: how long the functions' logs are kept.
     ``existing_log_key``: encrypts the functions' log groups instead of a key created here; it must
       let CloudWatch Logs use it.
+    ``training_log_retention_days``: how long SageMaker's log group of every training job of the
+      account and region (``/aws/sagemaker/TrainingJobs``) keeps them, one of CloudWatch's periods
+      (``llmtrain.platform.LOG_RETENTION_DAYS``); set at deploy time, creating the group first if no
+      job has yet. None leaves the group as it is (e.g. when another stack manages it).
     """
 
     environment_name: str
@@ -111,6 +135,7 @@ class TrainingOperationsProps:
     code: lambda_.Code | None = None
     log_retention: logs.RetentionDays = logs.RetentionDays.THREE_MONTHS
     existing_log_key: kms.IKey | None = None
+    training_log_retention_days: int | None = 365
 
     def __post_init__(self) -> None:
         for name in ("instance_types", "state_machines", "template_metrics"):
@@ -123,8 +148,12 @@ class TrainingOperations(Construct):
 
     Attributes: ``topic``, ``topic_key`` (None with ``existing_topic``), ``log_key``, ``quota_function``,
     ``reaper_function``, ``job_events_function``, ``log_groups``, ``quota_schedule``,
-    ``reaper_schedule``, ``job_events_rule``, ``quota_alarms`` (by instance type),
-    ``unreadable_quota_alarm``, ``function_error_alarms`` (by function name), ``dashboard``, ``props``.
+    ``reaper_schedule``, ``job_events_rule``, ``job_events_dead_letters`` (the queue of job events the
+    rule could not deliver and the function failed on), ``dead_letter_key``, ``dead_letter_alarm``,
+    ``training_log_group`` and ``training_log_retention`` (the custom resources that create SageMaker's
+    training log group if needed and set its retention; None without ``training_log_retention_days``),
+    ``quota_alarms`` (by instance type), ``unreadable_quota_alarm``, ``function_error_alarms`` (by
+    function name), ``dashboard``, ``props``.
     """
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingOperationsProps) -> None:
@@ -153,6 +182,7 @@ class TrainingOperations(Construct):
                 key_description=f"LLM training platform ({props.environment_name}): operations topic",
             )
             self.topic_key, self.topic = created.created_key, created.topic
+        self.dead_letter_key, self.job_events_dead_letters = self._dead_letter_queue()
         quota_interval = props.quota_interval
         self.quota_function = self._quota_function(quota_interval)
         self.reaper_function = self._reaper_function(
@@ -162,6 +192,9 @@ class TrainingOperations(Construct):
         self.quota_schedule = self._schedule("QuotaSchedule", self.quota_function, quota_interval)
         self.reaper_schedule = self._schedule("ReaperSchedule", self.reaper_function, props.reaper_interval)
         self.job_events_rule = self._job_events_rule()
+        self.training_log_group, self.training_log_retention = self._training_log_retention(
+            props.training_log_retention_days
+        )
         self._alarms(quota_interval)
         self.dashboard = OperationsDashboard(
             self,
@@ -188,6 +221,7 @@ class TrainingOperations(Construct):
         description: str,
         timeout: Duration,
         environment: Mapping[str, str],
+        dead_letter_queue: sqs.IQueue | None = None,
     ) -> lambda_.Function:
         function, log_group = logged_function(
             self,
@@ -202,6 +236,7 @@ class TrainingOperations(Construct):
             environment=environment,
             log_retention=self._log_retention,
             log_encryption_key=self.log_key,
+            dead_letter_queue=dead_letter_queue,
         )
         self.log_groups[construct_id] = log_group
         _depend_on_policy_only(function)
@@ -316,6 +351,9 @@ class TrainingOperations(Construct):
             environment=JobEventSettings(
                 job_name_prefix=prefix, environment=self.environment_name, topic_arn=self.topic.topic_arn
             ).to_environment(),
+            # EventBridge invokes it asynchronously: an event it still fails on after Lambda's retries
+            # is kept here, not lost.
+            dead_letter_queue=self.job_events_dead_letters,
         )
         function.add_to_role_policy(
             iam.PolicyStatement(
@@ -328,6 +366,8 @@ class TrainingOperations(Construct):
             self._put_metrics_statement(functions.JOB_NAMESPACE, functions.TRAINING_NAMESPACE)
         )
         self.topic.grant_publish(function)
+        # Lambda sends the failed events with the function's role (CDK grants sqs:SendMessage only).
+        self.dead_letter_key.grant(function, "kms:GenerateDataKey", "kms:Decrypt")
         acknowledge_wildcards(
             function.role,
             {
@@ -367,10 +407,95 @@ class TrainingOperations(Construct):
             ),
             targets=[
                 targets.LambdaFunction(
-                    self.job_events_function, retry_attempts=8, max_event_age=Duration.hours(6)
+                    self.job_events_function,
+                    retry_attempts=8,
+                    max_event_age=Duration.hours(6),
+                    # An event EventBridge could not deliver in that time is kept, not dropped.
+                    dead_letter_queue=self.job_events_dead_letters,
                 )
             ],
         )
+
+    def _dead_letter_queue(self) -> tuple[kms.Key, sqs.Queue]:
+        """Job events that could not be handled: those EventBridge could not deliver to the function
+        and those the function failed on. Encrypted with a key of its own, which EventBridge may use
+        for this environment's rules only; kept 14 days (SQS's longest), alarmed on."""
+        key = create_encryption_key(
+            self,
+            "DeadLetterKey",
+            description=f"LLM training platform ({self.environment_name}): job events dead-letter queue",
+        )
+        rules = self.stack.format_arn(service="events", resource="rule", resource_name="*")
+        allow_service(
+            key,
+            sid="EventBridgeDeadLetters",
+            service="events.amazonaws.com",
+            actions=["kms:GenerateDataKey", "kms:Decrypt"],
+            conditions={"ArnLike": {"aws:SourceArn": rules}},
+        )
+        queue = sqs.Queue(
+            self,
+            "JobEventsDeadLetters",
+            encryption=sqs.QueueEncryption.KMS,
+            encryption_master_key=key,
+            enforce_ssl=True,
+            retention_period=Duration.days(14),
+        )
+        acknowledge(
+            queue,
+            "AwsSolutions-SQS3",
+            "it is the dead-letter queue of the job-events rule and function (EventBridge and Lambda "
+            "dead-letter targets, which cdk-nag does not recognise as a queue's redrive)",
+        )
+        return key, queue
+
+    def _training_log_retention(
+        self, days: int | None
+    ) -> tuple[cr.AwsCustomResource, cr.AwsCustomResource] | tuple[None, None]:
+        """SageMaker creates `/aws/sagemaker/TrainingJobs` with a job's first log line and keeps it
+        forever. At deploy time: create the group unless it exists (so a deploy never fails on one
+        that does), then set its retention. With CDK's AwsCustomResource (one function per stack,
+        whose logs go to a group of this construct), each call allowed on that group only."""
+        if days is None:
+            return None, None
+        group_arn = self.stack.format_arn(
+            service="logs", resource="log-group", resource_name=TRAINING_LOG_GROUP,
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        provider_logs, _ = stack_log_group(
+            self, "SdkCallLogs", retention=self._log_retention, encryption_key=self.log_key
+        )
+
+        def sdk_call(construct_id: str, action: str, parameters: Mapping, ignore: str | None = None):
+            call = cr.AwsSdkCall(
+                service="CloudWatchLogs",
+                action=action,
+                parameters={"logGroupName": TRAINING_LOG_GROUP, **parameters},
+                physical_resource_id=cr.PhysicalResourceId.of(f"{TRAINING_LOG_GROUP}:{action}"),
+                ignore_error_codes_matching=ignore,
+            )
+            allowed = iam.PolicyStatement(
+                sid=construct_id,
+                actions=[f"logs:{action[0].upper()}{action[1:]}"],
+                resources=[group_arn, f"{group_arn}:*"],
+            )
+            resource = cr.AwsCustomResource(
+                self,
+                construct_id,
+                on_create=call,
+                on_update=call,
+                policy=cr.AwsCustomResourcePolicy.from_statements([allowed]),
+                install_latest_aws_sdk=False,
+                log_group=provider_logs,
+            )
+            acknowledge_wildcards(resource, {construct_id: _TRAINING_LOG_GROUP_ARNS})
+            return resource
+
+        group = sdk_call("TrainingLogGroup", "createLogGroup", {}, ignore="ResourceAlreadyExistsException")
+        retention = sdk_call("TrainingLogRetention", "putRetentionPolicy", {"retentionInDays": days})
+        retention.node.add_dependency(group)
+        _acknowledge_sdk_call_provider(self.stack)
+        return group, retention
 
     # -- alarms ---------------------------------------------------------------------------------
 
@@ -409,10 +534,26 @@ class TrainingOperations(Construct):
             )
             for function in (self.quota_function, self.reaper_function, self.job_events_function)
         }
+        self.dead_letter_alarm = cloudwatch.Alarm(
+            self,
+            "JobEventsDeadLettersAlarm",
+            alarm_name=f"{self.job_name_prefix}-job-events-dead-letters",
+            alarm_description="Job events were not handled (EventBridge could not deliver them, or the "
+            "job-events function failed on them): their failure metrics and notifications are missing. "
+            "Read them from the dead-letter queue; the function's log says why",
+            metric=self.job_events_dead_letters.metric_approximate_number_of_messages_visible(
+                period=Duration.minutes(5), statistic="Maximum"
+            ),
+            threshold=1,
+            evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
         for alarm in [
             *self.quota_alarms.values(),
             self.unreadable_quota_alarm,
             *self.function_error_alarms.values(),
+            self.dead_letter_alarm,
         ]:
             alarm.add_alarm_action(action)
             alarm.add_ok_action(action)
@@ -465,6 +606,26 @@ def utilization_expression(instance_type: str, period: Duration) -> cloudwatch.M
     )
 
 
+def _acknowledge_sdk_call_provider(stack: Stack) -> None:
+    """aws-cdk-lib's AwsCustomResource function is a singleton at the stack's root: its findings, once."""
+    provider = stack.node.find_child(_SDK_CALL_PROVIDER)
+    if provider.node.try_find_child(_ACKNOWLEDGED_MARKER) is not None:
+        return
+    Construct(provider, _ACKNOWLEDGED_MARKER)
+    acknowledge(
+        provider,
+        "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+        "AWSLambdaBasicExecutionRole]",
+        "CDK's AwsCustomResource function uses the AWS managed basic execution role for its own logs only",
+    )
+    acknowledge(
+        provider,
+        "AwsSolutions-L1",
+        "the AwsCustomResource function's runtime is chosen and updated by aws-cdk-lib, not by us",
+    )
+    acknowledge_checkov(provider, FUNCTION_CHECKOV_REASONS, resource_type="AWS::Lambda::Function")
+
+
 def _depend_on_policy_only(function: lambda_.Function) -> None:
     # CDK makes the function depend on its role and the role's policy; the role dependency is already
     # implied by the function's GetAtt of the role ARN (cfn-lint W3005), the policy one is needed.
@@ -481,12 +642,7 @@ def _validate(props: TrainingOperationsProps) -> None:
         f"{name!r} must be 1-20 lowercase letters, digits and hyphens, starting with a letter",
     )
     check_job_name_prefix(_NAME, props.job_name_prefix)
-    types = props.instance_types
-    require(len(types) > 0, _NAME, "instance_types", "list the instance types the templates use")
-    bad = [t for t in types if not isinstance(t, str) or not _INSTANCE_TYPE.fullmatch(t)]
-    require(
-        not bad, _NAME, "instance_types", f"{bad} are not SageMaker instance types (e.g. ml.p4d.24xlarge)"
-    )
+    check_instance_types(_NAME, "instance_types", props.instance_types)
     threshold = props.quota_alarm_threshold_percent
     require(
         isinstance(threshold, int | float) and not isinstance(threshold, bool) and 0 < threshold <= 100,
@@ -502,6 +658,14 @@ def _validate(props: TrainingOperationsProps) -> None:
         f"must be whole seconds from 0 to {MAX_KEEP_ALIVE_SECONDS}, got {budget!r}",
     )
     _validate_notifications(props)
+    days = props.training_log_retention_days
+    require(
+        days is None or (is_whole_number(days) and days in LOG_RETENTION_DAYS),
+        _NAME,
+        "training_log_retention_days",
+        f"must be one of CloudWatch Logs' periods ({', '.join(map(str, LOG_RETENTION_DAYS))} days) or None, "
+        f"got {days!r}",
+    )
     for field_name in ("quota_interval", "reaper_interval"):
         seconds = getattr(props, field_name).to_seconds()
         require(

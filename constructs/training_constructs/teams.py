@@ -22,7 +22,7 @@ from llmtrain.platform import (
     team_data_prefix,
 )
 from llmtrain.render import TAG_PREFIX
-from training_constructs._props import is_whole_number, require
+from training_constructs._props import check_instance_types, is_whole_number, require
 
 _NAME = "TeamSpec"
 
@@ -83,6 +83,8 @@ class TeamSpec:
 
 # The Sid of the statement that lets a team's launcher create its jobs (tests read it by this name).
 CREATE_JOBS_SID = "CreateTeamTrainingJobs"
+# The Sid of the statement that lets a team's launcher create its tuning jobs (`llmtrain tune`).
+CREATE_TUNING_JOBS_SID = "CreateTeamTuningJobs"
 TEAM_TAG = f"{TAG_PREFIX}team"
 ENVIRONMENT_TAG = f"{TAG_PREFIX}environment"
 
@@ -95,8 +97,11 @@ def job_creation_conditions(
     key_arn: str,
     environment_name: str,
     inter_container_traffic_encryption: bool,
+    warm_pools: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """The IAM conditions under which a team's role may call CreateTrainingJob.
+    """The IAM conditions under which a team's role may call CreateTrainingJob (and, without
+    `warm_pools`, CreateHyperParameterTuningJob, whose trials have no warm pool and which SageMaker
+    evaluates the same keys on).
 
     SageMaker evaluates these keys on CreateTrainingJob: the instance types, the VPC's subnets and
     security groups (all required: no job outside the VPC), the KMS keys of the volume (absent for
@@ -123,8 +128,10 @@ def job_creation_conditions(
             f"aws:RequestTag/{ENVIRONMENT_TAG}": environment_name,
         },
         "StringEqualsIfExists": {"sagemaker:VolumeKmsKey": key_arn},
-        "NumericLessThanEqualsIfExists": {"sagemaker:KeepAlivePeriod": str(team.max_keep_alive_seconds)},
     }
+    if warm_pools:
+        keep_alive = str(team.max_keep_alive_seconds)
+        conditions["NumericLessThanEqualsIfExists"] = {"sagemaker:KeepAlivePeriod": keep_alive}
     if inter_container_traffic_encryption:
         conditions["Bool"] = {"sagemaker:InterContainerTrafficEncryption": "true"}
     return conditions
@@ -145,12 +152,7 @@ def _validate(team: TeamSpec) -> None:
         f"{team.job_name_prefix!r} must be 1-{MAX_TEAM_JOB_NAME_PREFIX} lowercase letters, digits and "
         "hyphens",
     )
-    require(
-        len(team.instance_types) > 0 and all(t.startswith("ml.") for t in team.instance_types),
-        _NAME,
-        "instance_types",
-        f"must list the team's SageMaker instance types (ml.*), got {list(team.instance_types)}",
-    )
+    check_instance_types(_NAME, "instance_types", team.instance_types)
     require(
         is_whole_number(team.max_keep_alive_seconds)
         and 0 <= team.max_keep_alive_seconds <= MAX_KEEP_ALIVE_SECONDS,
@@ -191,4 +193,7 @@ def _validate_queue_settings(team: TeamSpec) -> None:
     require(not bad, _NAME, "queues", f"{bad} are not queue names (1-16 lowercase letters and digits)")
 
 
-__all__ = ["CREATE_JOBS_SID", "ENVIRONMENT_TAG", "TEAM_TAG", "TeamSpec", "job_creation_conditions"]
+__all__ = [
+    "CREATE_JOBS_SID", "CREATE_TUNING_JOBS_SID", "ENVIRONMENT_TAG", "TEAM_TAG", "TeamSpec",
+    "job_creation_conditions",
+]

@@ -30,7 +30,8 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from llmtrain.catalog import Catalog, parse_ref
 from llmtrain.commands._common import (
@@ -43,6 +44,7 @@ from llmtrain.commands._common import (
 )
 from llmtrain.datasets import channel_problems
 from llmtrain.errors import LlmtrainError, OverrideError, TemplateNotFoundError, did_you_mean
+from llmtrain.jumpstart import resolve_base_model
 from llmtrain.launcher_client import FINISHED, LauncherClient, RunStatus, owner_from_identity
 from llmtrain.lifecycle.resolve import check_queue_choice
 from llmtrain.planner.checks import check_run
@@ -51,7 +53,9 @@ from llmtrain.program_contract import ProgramContract
 from llmtrain.program_failures import meaning
 from llmtrain.render import RunInput, coerce_override, render
 from llmtrain.runs import ExecutionInput
-from llmtrain.spec import CHANNEL_SETTING_PREFIX, TemplateSpec
+from llmtrain.spec import CHANNEL_SETTING_PREFIX, PLATFORM_RUN_OPTIONS, TemplateSpec
+from llmtrain.tuning import Trial, TuneSpec, best_trial
+from llmtrain.tuning import start_command as best_start_command
 
 
 class RunRejected(LlmtrainError):
@@ -136,18 +140,9 @@ def _parser(subparsers, name: str, summary: str, description: str) -> argparse.A
 
 def start_command(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
-    catalog = Catalog.load()
-    if parse_ref(args.ref)[0] in catalog.names():
-        template = check_locally(catalog, args.ref, args.run_name, overrides)
-        queue_choice = _queue_choice(template, args)  # before any AWS call
-        cloud = connect(args)
-    else:
-        # A team's own template: no catalog here has it; the environment's record carries it.
-        cloud = _connect_for(args, catalog)
-        catalog = environment_catalog(cloud, catalog)
-        template = check_locally(catalog, args.ref, args.run_name, overrides)
-        queue_choice = _queue_choice(template, args)
-    check_queue_choice(queue_choice, cloud.team.platform)
+    catalog, template, cloud = checked_template(args, overrides,
+                                                check=lambda template: _queue_choice(template, args))
+    check_queue_choice(_queue_choice(template, args), cloud.team.platform)
     request, plan = check_in_environment(
         cloud,
         template,
@@ -195,6 +190,24 @@ def start_command(args: argparse.Namespace) -> int:
     return 0 if status.execution_status == "SUCCEEDED" else 1
 
 
+def checked_template(
+    args: argparse.Namespace, overrides: Mapping[str, str], *, check: Callable[[TemplateSpec], object]
+) -> tuple[Catalog, TemplateSpec, Cloud]:
+    """The template version `args.ref` that `start` and `tune` start, checked here (`check_locally`,
+    then `check`), its catalog and the deployed environment. A template this llmtrain ships is checked
+    before any AWS call; a team's own is found in the environment's record (no catalog here has it)."""
+    catalog = Catalog.load()
+    if parse_ref(args.ref)[0] in catalog.names():
+        template = check_locally(catalog, args.ref, args.run_name, overrides)
+        check(template)
+        return catalog, template, connect(args)
+    cloud = _connect_for(args, catalog)
+    catalog = environment_catalog(cloud, catalog)
+    template = check_locally(catalog, args.ref, args.run_name, overrides)
+    check(template)
+    return catalog, template, cloud
+
+
 def _queue_choice(template: TemplateSpec, args: argparse.Namespace) -> ExecutionInput:
     """The run's queue and priority as the launcher reads them (their form; InvalidRunInput)."""
     return ExecutionInput(template=template.name, run_name=args.run_name, queue=args.queue,
@@ -230,13 +243,13 @@ def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[
     Where a channel may read (the team's datasets prefix) is the environment's to say: channels are
     checked here for their form (an S3 URI), then against the team in `check_in_environment`."""
     template = catalog.resolve(ref)
+    accepted = {*template.overridable, *PLATFORM_RUN_OPTIONS}
     for setting, value in overrides.items():
-        if setting not in template.overridable:
-            allowed = ", ".join(sorted(template.overridable))
+        if setting not in accepted:
             raise OverrideError(
                 setting,
-                f"{template.ref} does not allow overriding it{did_you_mean(setting, template.overridable)}; "
-                f"it allows: {allowed}",
+                f"{template.ref} does not allow overriding it{did_you_mean(setting, accepted)}; "
+                f"it allows: {', '.join(sorted(accepted))}",
             )
         coerce_override(template, setting, value)
     stand_in = PlatformContext.placeholder(
@@ -246,7 +259,10 @@ def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[
         resource_prefix="llmtrain",
         warm_pool_cap_seconds=MAX_KEEP_ALIVE_SECONDS,
     )
-    settings = {k: v for k, v in overrides.items() if not k.startswith(CHANNEL_SETTING_PREFIX)}
+    # The platform run options (training plans, remote debugging, base models) are the environment's
+    # to check, with its plans, features and region, as the channels are.
+    settings = {k: v for k, v in overrides.items()
+                if not k.startswith(CHANNEL_SETTING_PREFIX) and k not in PLATFORM_RUN_OPTIONS}
     run = RunInput(run_name=run_name, overrides=settings)
     render(template, run, stand_in, catalog.program_contract(template))
     return template
@@ -273,7 +289,10 @@ def check_in_environment(
             f"{did_you_mean(template.name, deployed.enabled_templates)}; it offers: "
             f"{', '.join(deployed.enabled_templates)}"
         )
-    request = render(template, RunInput(run_name=run_name, overrides=dict(overrides)), team.platform, program)
+    base_model = resolve_base_model(overrides, cloud.session.client("s3", region_name=deployed.region),
+                                    deployed.region)
+    run = RunInput(run_name=run_name, overrides=dict(overrides), base_model=base_model)
+    request = render(template, run, team.platform, program)
     plan = check_run(
         template,
         request,
@@ -283,10 +302,13 @@ def check_in_environment(
         skip_fit_check=skip_plan_check,
         program=program,
     )
+    # A JumpStart base model is in JumpStart's buckets (resolved above), not in the team's datasets.
+    own_data = request if base_model is None else {
+        **request, "InputDataConfig": [c for c in request["InputDataConfig"] if c["ChannelName"] != "model"]}
     problems = channel_problems(
         cloud.session.client("s3", region_name=deployed.region),
         team,
-        request,
+        own_data,
         token_channels=template.code.is_platform,
     )
     if problems:
@@ -347,20 +369,7 @@ def format_status(status: RunStatus, where: str = "") -> str:
         lines.append(f"executions: {', '.join(status.executions)}")
     if status.queue:
         lines.append(f"queue: {status.queue['message']}")
-    if status.job:
-        job = status.job
-        lines.append(
-            f"training job {job['name']}: {job['status']} ({job['secondary_status']}) on "
-            f"{job['instance_count']} x {job['instance_type']}"
-        )
-        if job.get("failure_reason"):
-            lines.append(f"  failure reason: {job['failure_reason']}")
-            if meaning(job["failure_reason"]):
-                lines.append(f"  what it means: {meaning(job['failure_reason'])}")
-        if job.get("tensorboard"):
-            lines.append(f"  TensorBoard (live): tensorboard --logdir {job['tensorboard']}")
-    else:
-        lines.append("training job: none yet")
+    lines.extend(_tune_lines(status) if status.run_input.get("tune") is not None else _job_lines(status.job))
     if len(status.jobs) > 1:
         lines.append("attempts: " + ", ".join(f"{j['attempt']}:{j['status']}" for j in status.jobs))
     if status.metrics:
@@ -381,13 +390,57 @@ def format_status(status: RunStatus, where: str = "") -> str:
     return "\n".join(lines)
 
 
+def _job_lines(job: Mapping[str, Any] | None) -> list[str]:
+    """The run's latest training job: its status, why it failed and what that means, TensorBoard."""
+    if not job:
+        return ["training job: none yet"]
+    lines = [
+        f"training job {job['name']}: {job['status']} ({job['secondary_status']}) on "
+        f"{job['instance_count']} x {job['instance_type']}"
+    ]
+    if job.get("failure_reason"):
+        lines.append(f"  failure reason: {job['failure_reason']}")
+        if meaning(job["failure_reason"]):
+            lines.append(f"  what it means: {meaning(job['failure_reason'])}")
+    if job.get("tensorboard"):
+        lines.append(f"  TensorBoard (live): tensorboard --logdir {job['tensorboard']}")
+    return lines
+
+
+def _tune_lines(status: RunStatus) -> list[str]:
+    """A tune's tuning job, its trials and the best one's `llmtrain start` line."""
+    tuning = status.tuning
+    if not tuning:
+        return ["tuning job: none yet"]
+    tune = TuneSpec.from_dict(status.run_input["tune"])
+    trials = [Trial(number=t["number"], params=t["params"], objective=t["objective"], status=t["status"],
+                    name=t["name"], detail=t["detail"]) for t in tuning["trials"]]
+    lines = [f"tuning job {tuning['name']}: {tuning['status']}, {len(trials)} of {tune.trials} trials "
+             f"({'maximize' if tune.maximize else 'minimize'} {tune.objective})"]
+    for trial in trials:
+        values = ", ".join(f"{k}={v}" for k, v in trial.params.items())
+        objective = "-" if trial.objective is None else f"{trial.objective:g}"
+        lines.append(f"  {trial.name}: {trial.status} {tune.objective}={objective} {values}")
+    best = best_trial(trials, maximize=tune.maximize)
+    if best is not None:
+        ref = f"{status.run_input['template']}@{status.run_input.get('version') or 'latest'}"
+        lines.append("best trial: " + best.name)
+        lines.append("run it in full: " + best_start_command(ref, f"{status.run_name}-best",
+                                                        status.run_input.get("overrides") or {}, best.params))
+    return lines
+
+
 def continue_command(status: RunStatus, where: str = "") -> str:
-    """The `llmtrain start` that continues a run: its template version and overrides, as started."""
+    """The `llmtrain start` that continues a run: its template version and overrides, as started; for
+    a tune, the `llmtrain tune` that starts its next tuning job with the same search."""
     run_input = status.run_input
     ref = f"{run_input['template']}@{run_input.get('version') or 'latest'}"
     sets = "".join(
         f" --set {shlex.quote(f'{k}={_plain(v)}')}" for k, v in (run_input.get("overrides") or {}).items()
     )
+    if run_input.get("tune") is not None:
+        search = " ".join(shlex.quote(option) for option in TuneSpec.from_dict(run_input["tune"]).options())
+        return f"llmtrain tune {ref} --run-name {status.run_name} {search}{sets}{where}"
     return f"llmtrain start {ref} --run-name {status.run_name}{sets}{where}"
 
 

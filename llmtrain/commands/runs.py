@@ -79,7 +79,33 @@ def local_runs(workdir: Path) -> list[dict[str, Any]]:
                 "run_folder": str(summary_path.parent),
             }
         )
+    rows.extend(local_tunes(workdir))
     return sorted(rows, key=lambda row: row["started"] or "", reverse=True)
+
+
+def local_tunes(workdir: Path) -> list[dict[str, Any]]:
+    """One row per local tune (`llmtrain tune --local`: its results.json), with its trials."""
+    rows = []
+    for results_path in sorted(workdir.glob("*/results.json")):
+        try:
+            results, spec = json.loads(results_path.read_text()), json.loads(
+                (results_path.parent / "tune.json").read_text())
+        except (OSError, ValueError):
+            continue
+        best = results.get("best") or {}
+        status = f"best {results.get('objective')}={best['objective']:g}" if best else "no result"
+        rows.append({"run_name": results_path.parent.name, "status": status, "template": spec.get("template"),
+                     "instance_type": None, "instance_count": None,
+                     "started": _iso_mtime(results_path.parent / "tune.json"), "billable_seconds": None,
+                     "run_folder": str(results_path.parent), "kind": "tune",
+                     "trials": len(results["trials"])})
+    return rows
+
+
+def _iso_mtime(path: Path) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(path.stat().st_mtime, UTC).isoformat(timespec="seconds")
 
 
 def _template_of(request_path: str | None) -> str:
@@ -96,9 +122,12 @@ def _cells(row: Mapping[str, Any]) -> tuple[str, ...]:
     count = row.get("instance_count")
     instances = f"{count} x {row['instance_type']}" if row.get("instance_type") else "-"
     billable = row.get("billable_seconds")
+    status = str(row.get("status") or "-")
+    if row.get("kind") == "tune":
+        status += f" (tune, {row.get('trials') or 0} trials)"
     return (
         row["run_name"],
-        str(row.get("status") or "-"),
+        status,
         row.get("template") or "-",
         instances if count is not None else (row.get("instance_type") or "-"),
         (row.get("started") or "-")[:19].replace("T", " "),

@@ -6,13 +6,15 @@
   (status `Rejected`).
 - `next_attempt`: `{"run", "request", "failure": {"Error", "Cause"}}` -> a retry plan or a failure
   summary.
-- `summarize`: `{"run", "job": DescribeTrainingJob output}` -> `{"summary": ...}` for a completed job.
+- `summarize`: `{"run", "job": DescribeTrainingJob output}` -> `{"summary": ...}` for a completed job
+  (a tune's: DescribeHyperParameterTuningJob output).
 
 Between states the execution carries `{"run": RunState, "request": CreateTrainingJob request}` and
 what the deployment's start step reads besides: `"layout"` (a training job's CreateTrainingJob state)
-or `"submission"` (a queued run's SubmitServiceJob request). The registry is the templates bundled
-beside the `llmtrain` package in the function's code (`templates/<name>/<version>.yaml`), unless the
-settings name another folder.
+or `"submission"` (a queued run's SubmitServiceJob request); a tune's request is its
+CreateHyperParameterTuningJob request, and its layout one of the tuning states'. The registry is the
+templates bundled beside the `llmtrain` package in the function's code
+(`templates/<name>/<version>.yaml`), unless the settings name another folder.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from llmtrain.lifecycle.resolve import REJECTIONS, resolve_run
 from llmtrain.lifecycle.retries import plan_next_attempt
 from llmtrain.lifecycle.submission import Submission, TrainingJobSubmission
 from llmtrain.lifecycle.summaries import completed_summary, rejection_summary
+from llmtrain.lifecycle.tuning import TuningSubmission
 from llmtrain.platform import PlatformContext
 from llmtrain.queues.submission import QueueSubmission
 from llmtrain.runs import RunState
@@ -50,6 +53,7 @@ def resolve(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
             submission=submission(settings),
             catalog=registry(settings),
             sagemaker=service_client("sagemaker", platform),
+            s3=service_client("s3", platform),
             execution_arn=event.get("execution_arn"),
         )
     except REJECTIONS as refusal:
@@ -67,7 +71,7 @@ def next_attempt(event: Mapping[str, Any], context: Any = None) -> dict[str, Any
         request,
         event.get("failure") or {},
         settings.platform,
-        submission(settings),
+        submission(settings, run),
         catalog.program_contract(template),
     )
 
@@ -77,10 +81,13 @@ def summarize(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
     return {"summary": completed_summary(run, event.get("job") or {})}
 
 
-def submission(settings: LauncherSettings) -> Submission:
+def submission(settings: LauncherSettings, run: RunState | None = None) -> Submission:
     """How this deployment starts an attempt: a CreateTrainingJob state per request layout, or where
-    the team's environment has queues a service job in its queue."""
+    the team's environment has queues a service job in its queue; a tune's (`run.tune`) attempt is a
+    tuning job (Resolve picks it from the input the same way)."""
     platform = settings.platform
+    if run is not None and run.tune is not None:
+        return TuningSubmission.for_tune(run.tune, platform, service_client("sagemaker", platform))
     if platform.queues is None:
         return TrainingJobSubmission(settings.request_layouts)
     return QueueSubmission.for_platform(platform, service_client("batch", platform))
@@ -98,7 +105,8 @@ def _load_registry(root: str) -> Catalog:
 
 
 def service_client(service: str, platform: PlatformContext):
-    """A boto3 client of the platform's region (SageMaker, or Batch for queued runs)."""
+    """A boto3 client of the platform's region (SageMaker; Batch for queued runs; S3 for JumpStart's
+    catalogue)."""
     return boto3.client(service, region_name=platform.region)
 
 

@@ -5,6 +5,8 @@ import it; none of them holds its logic.
     resolve      an execution's input -> the run's first attempt, or a refusal before any job
     submission   how an attempt starts (CreateTrainingJob .sync, one state per request layout): the
                  one seam between a rendered request and the service that runs it
+    tuning       a tune's attempt: a tuning job (CreateHyperParameterTuningJob .sync), its checks
+                 and plan, its trials
     retries      after a failed attempt: retry (wait, new job name, same checkpoints) or give up
     failures     what failed: capacity, quota, throttling, the job itself (one table of SageMaker's
                  wording, shared with the job-events function)

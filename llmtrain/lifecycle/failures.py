@@ -49,6 +49,8 @@ PENDING_MARKER = "pending"
 # capacity time limit, or a job larger than the service environment (llmtrain.queues.submission).
 QUEUE_CAPACITY = "queue_capacity"
 QUEUE_MISCONFIGURED = "queue_misconfigured"
+# A tune's attempt, its tuning job, ended Failed (llmtrain.lifecycle.tuning.TuningSubmission.classify).
+TUNE_FAILED = "tune_failed"
 
 _QUOTA_MESSAGE = re.compile(
     r"service limit '(?P<name>[^']+)' is (?P<limit>\d+) \w+, with current utilization of "
@@ -132,8 +134,8 @@ class Failure:
     """One failed attempt, classified. `kind`: capacity, plan_capacity (a job in a training plan found
     no free capacity in its pending time), quota, throttled (SageMaker refused the call for its rate;
     no job exists), rule_stopped and hung (the training program's, `PROGRAM_FAILURE_KINDS`),
-    job_failed, stopped, api_error, invalid_retry (the retry could not be rendered), or for a queued
-    attempt queue_capacity and queue_misconfigured."""
+    job_failed, stopped, api_error, invalid_retry (the retry could not be rendered), for a queued
+    attempt queue_capacity and queue_misconfigured, and for a tune tune_failed."""
 
     kind: str
     reason: str

@@ -8,7 +8,10 @@ template's capacity fallbacks against the run. Where the environment has queues,
 and priority must be the team's (`check_queue_choice`), and its earlier attempts include its service
 jobs (the deployment's `Submission` finds them). It plans the run (llmtrain.planner.checks) and refuses
 one planned not to fit its GPUs (unless the input sets `skip_plan_check`) or to cost more than the
-team's budget (`run_budget_usd`). Refusals are the `REJECTIONS`, whose messages say what to fix.
+team's budget (`run_budget_usd`). A run's JumpStart base model (`base_model=<model id>`) is resolved
+here, in the environment's region, once for every attempt. A tune (the input's `tune`) is started by
+`start_tune`: its attempts are tuning jobs (`llmtrain.lifecycle.tuning.TuningSubmission`). Refusals
+are the `REJECTIONS`, whose messages say what to fix.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from typing import Any
 
 from llmtrain.catalog import LATEST, Catalog
 from llmtrain.errors import LlmtrainError, OverrideError
-from llmtrain.lifecycle.jobs import ACTIVE_JOB_STATUSES, pinned_template, run_jobs
+from llmtrain.jumpstart import BaseModel, resolve_base_model
+from llmtrain.lifecycle.jobs import ACTIVE_JOB_STATUSES, TRAINING_JOB, TUNING_JOB, pinned_template, run_jobs
 from llmtrain.lifecycle.submission import Submission
+from llmtrain.lifecycle.tuning import TuningSubmission, plan_tune
 from llmtrain.planner.checks import check_run
 from llmtrain.platform import PlatformContext
 from llmtrain.program_contract import ProgramContract
@@ -48,27 +53,37 @@ def resolve_run(
     submission: Submission,
     catalog: Catalog,
     sagemaker: Any,
+    s3: Any = None,
     execution_arn: str | None = None,
 ) -> dict[str, Any]:
     """The execution input `data` -> `{"run", **submission.attempt_state(request)}`; raises one of
-    the `REJECTIONS` for a run that must not start."""
+    the `REJECTIONS` for a run that must not start. `submission`: the deployment's; a tune's is its
+    `TuningSubmission`. `s3`: a client that reads JumpStart's catalogue (a run's `base_model`)."""
     run_input = ExecutionInput.parse(data)
     try:
         check_team_template(run_input.template, platform)
         check_run_name(run_input.run_name, platform)
         check_queue_choice(run_input, platform)
+        tuning = (None if run_input.tune is None
+                  else TuningSubmission.for_tune(run_input.tune, platform, sagemaker))
     except LlmtrainError as error:
         raise rejected(error) from error
+    submission = tuning or submission
     jobs = run_jobs(sagemaker, platform.job_name_prefix, run_input.run_name)
     previous = submission.attempts(run_input.run_name, jobs)
     refuse_duplicate_run(run_input.run_name, previous)
     try:
         pinned = submission.template_of(previous) or pinned_template(sagemaker, jobs)
         template = run_template(run_input, pinned, catalog)
+        base_model = resolve_base_model(run_input.overrides, s3, platform.region)
     except LlmtrainError as error:
         raise rejected(error) from error
-    return start_run(template, run_input, platform, previous, submission,
-                     program=catalog.program_contract(template), execution_arn=execution_arn)
+    program = catalog.program_contract(template)
+    if tuning is not None:
+        return start_tune(template, run_input, platform, previous, tuning, program=program,
+                          base_model=base_model, execution_arn=execution_arn)
+    return start_run(template, run_input, platform, previous, submission, program=program,
+                     base_model=base_model, execution_arn=execution_arn)
 
 
 def rejected(error: LlmtrainError) -> InvalidRunInput:
@@ -137,20 +152,16 @@ def start_run(
     submission: Submission,
     *,
     program: ProgramContract | None = None,
+    base_model: BaseModel | None = None,
     execution_arn: str | None = None,
 ) -> dict[str, Any]:
     """Render the run's first attempt here, after checking what earlier attempts left behind, and
     check its capacity fallbacks up front: a type that cannot hold the run is never tried."""
-    refuse_duplicate_run(run_input.run_name, previous)
-    attempt = previous[-1]["attempt"] + 1 if previous else 1
-    if attempt > MAX_ATTEMPTS:
-        raise InvalidRunInput(
-            f"run {run_input.run_name!r} has used all {MAX_ATTEMPTS} attempts; choose a new run_name"
-        )
+    attempt = next_attempt_number(run_input.run_name, previous)
     owner = run_input.owner or DEFAULT_OWNER
     try:
         request = _render(template, run_input.run_name, run_input.overrides, attempt, owner, None, platform,
-                          program)
+                          program, base_model)
         submission.check(request)
         # The planner: refuse a run that will not fit its GPUs or costs more than the team's budget.
         plan = check_run(
@@ -165,16 +176,10 @@ def start_run(
     except LlmtrainError as error:
         raise rejected(error) from error
     first = request["ResourceConfig"]["InstanceType"]
-    usable, unusable = check_fallbacks(template, run_input, request, platform, submission, program)
-    run = RunState(
-        run_name=run_input.run_name,
-        team=platform.team,
-        template=template.name,
-        version=template.version,
-        overrides=run_input.overrides,
-        owner=owner,
-        execution_arn=execution_arn,
-        attempt=attempt,
+    usable, unusable = check_fallbacks(template, run_input, request, platform, submission, program,
+                                       base_model)
+    run = _run_state(
+        template, run_input, platform, owner, attempt, execution_arn, base_model,
         instance_types=(first, *usable),
         unusable_instance_types=unusable,
         checkpoint_s3_uri=request.get("CheckpointConfig", {}).get("S3Uri"),
@@ -189,6 +194,70 @@ def start_run(
     return {"run": run.to_dict(), **state}
 
 
+def start_tune(
+    template: TemplateSpec,
+    run_input: ExecutionInput,
+    platform: PlatformContext,
+    previous: Sequence[Mapping[str, Any]],
+    submission: TuningSubmission,
+    *,
+    program: ProgramContract | None = None,
+    base_model: BaseModel | None = None,
+    execution_arn: str | None = None,
+) -> dict[str, Any]:
+    """A tune's attempt: its tuning job runs trials of the run as rendered here (the ranges checked,
+    its trials together planned within the team's budget: `llmtrain.lifecycle.tuning.plan_tune`).
+    No capacity fallbacks: a tuning job's trials run on one instance type, and SageMaker retries them."""
+    attempt = next_attempt_number(run_input.run_name, previous)
+    owner = run_input.owner or DEFAULT_OWNER
+    try:
+        trials = RunInput(run_name=run_input.run_name, overrides=run_input.overrides, attempt=attempt,
+                          owner=owner, base_model=base_model)
+        request, plan = plan_tune(template, trials, submission.tune, platform, program,
+                                  skip_plan_check=run_input.skip_plan_check)
+        run = _run_state(template, run_input, platform, owner, attempt, execution_arn, base_model,
+                         instance_types=(request["ResourceConfig"]["InstanceType"],), plan=plan,
+                         tune=submission.tune.to_dict())
+        state = submission.attempt_state(request, run)
+    except LlmtrainError as error:
+        raise rejected(error) from error
+    return {"run": run.to_dict(), **state}
+
+
+def _run_state(
+    template: TemplateSpec,
+    run_input: ExecutionInput,
+    platform: PlatformContext,
+    owner: str,
+    attempt: int,
+    execution_arn: str | None,
+    base_model: BaseModel | None,
+    **fields: Any,
+) -> RunState:
+    """The run's state at its attempt, as the state machine carries it between steps."""
+    return RunState(
+        run_name=run_input.run_name,
+        team=platform.team,
+        template=template.name,
+        version=template.version,
+        overrides=run_input.overrides,
+        owner=owner,
+        execution_arn=execution_arn,
+        attempt=attempt,
+        base_model=base_model.to_dict() if base_model else None,
+        **fields,
+    )
+
+
+def next_attempt_number(run_name: str, previous: Sequence[Mapping[str, Any]]) -> int:
+    """The attempt after the run's last one (1 for a new run), once nothing of it runs or completed."""
+    refuse_duplicate_run(run_name, previous)
+    attempt = previous[-1]["attempt"] + 1 if previous else 1
+    if attempt > MAX_ATTEMPTS:
+        raise InvalidRunInput(f"run {run_name!r} has used all {MAX_ATTEMPTS} attempts; choose a new run_name")
+    return attempt
+
+
 def check_fallbacks(
     template: TemplateSpec,
     run_input: ExecutionInput,
@@ -196,6 +265,7 @@ def check_fallbacks(
     platform: PlatformContext,
     submission: Submission,
     program: ProgramContract | None = None,
+    base_model: BaseModel | None = None,
 ) -> tuple[list[str], list[UnusableInstanceType]]:
     """The template's fallback types that can hold this run, and those that cannot (with why). A
     fallback with another number of GPUs holds it where the checkpoints reshard: the attempt
@@ -207,7 +277,7 @@ def check_fallbacks(
             continue
         try:
             request = _render(template, run_input.run_name, run_input.overrides, 1, DEFAULT_OWNER, fallback,
-                              platform, program)
+                              platform, program, base_model)
             submission.check(request)
             problems = reshape_problems(template.distribution.strategy, first, request)
         except LlmtrainError as error:
@@ -224,18 +294,24 @@ def _one_line(text: str) -> str:
 
 
 def refuse_duplicate_run(run_name: str, previous: Sequence[Mapping[str, Any]]) -> None:
-    active = [job["job_name"] for job in previous if job["status"] in ACTIVE_JOB_STATUSES]
+    """RunAlreadyInProgress or RunAlreadyCompleted where the run's earlier attempts (training jobs, or a
+    tune's tuning jobs: `llmtrain.lifecycle.jobs`) say it must not start again."""
+    active = [job for job in previous if job["status"] in ACTIVE_JOB_STATUSES]
     if active:
+        job = active[-1]
         raise RunAlreadyInProgress(
-            f"run {run_name!r} already has training job {active[-1]} in progress, so no second job was "
-            f"started: follow it with `llmtrain status {run_name}` or stop it with "
+            f"run {run_name!r} already has {job.get('kind', TRAINING_JOB)} {job['job_name']} in progress, so "
+            f"no second job was started: follow it with `llmtrain status {run_name}` or stop it with "
             f"`llmtrain stop {run_name}`"
         )
-    completed = [job["job_name"] for job in previous if job["status"] == "Completed"]
+    completed = [job for job in previous if job["status"] == "Completed"]
     if completed:
+        job = completed[-1]
+        kind = job.get("kind", TRAINING_JOB)
+        build_on = " (`llmtrain tune --warm-start` builds on its trials)" if kind == TUNING_JOB else ""
         raise RunAlreadyCompleted(
-            f"run {run_name!r} already completed (training job {completed[-1]}); a run name identifies one "
-            "run: choose a new run_name"
+            f"run {run_name!r} already completed ({kind} {job['job_name']}); a run name identifies one "
+            f"run: choose a new run_name{build_on}"
         )
 
 
@@ -248,9 +324,11 @@ def _render(
     instance_type: str | None,
     platform: PlatformContext,
     program: ProgramContract | None,
+    base_model: BaseModel | None = None,
 ) -> dict:
     run_input = RunInput(
-        run_name=run_name, overrides=overrides, attempt=attempt, instance_type=instance_type, owner=owner
+        run_name=run_name, overrides=overrides, attempt=attempt, instance_type=instance_type, owner=owner,
+        base_model=base_model,
     )
     # The training program's rules of the code this version runs (its frozen code's, bundled).
     return render(template, run_input, platform, program)
@@ -258,6 +336,9 @@ def _render(
 
 def render_attempt(template: TemplateSpec, run: RunState, platform: PlatformContext,
                    program: ProgramContract | None = None) -> dict:
-    """The request of the run's current attempt (on its current instance type)."""
+    """The request of the run's current attempt (on its current instance type, from the base model
+    resolved when the run started)."""
     fallback = run.instance_type if run.type_index else None
-    return _render(template, run.run_name, run.overrides, run.attempt, run.owner, fallback, platform, program)
+    base_model = BaseModel.from_dict(run.base_model) if run.base_model else None
+    return _render(template, run.run_name, run.overrides, run.attempt, run.owner, fallback, platform, program,
+                   base_model)

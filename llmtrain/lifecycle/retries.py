@@ -97,12 +97,8 @@ def plan_next_attempt(
     failure = submission.classify(caught, request)
     plan = plan_retry(template.retry, run, failure)
     if plan is None or plan.new_attempt:
-        run = run.with_attempt_ended(
-            request.get("TrainingJobName", ""),
-            failure.kind,
-            failure.reason,
-            instance_type=request.get("ResourceConfig", {}).get("InstanceType"),
-        )
+        job_name, instance_type = submission.started_job(request)
+        run = run.with_attempt_ended(job_name, failure.kind, failure.reason, instance_type=instance_type)
     if plan is None:
         return {"decision": "fail", "summary": failure_summary(template, run, failure)}
     run = run.replace(

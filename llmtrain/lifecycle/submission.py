@@ -11,9 +11,11 @@ step reads (`attempt_state`), reads back what that step caught when the attempt 
 - `llmtrain.queues.submission.QueueSubmission`: where the environment has queues, an AWS Batch
   service job in the team's queue (SubmitServiceJob, then the Watch function until it ends).
 
-Another way of starting an attempt (a tuning job) is another `Submission` and its states in the
-construct; the lifecycle around it (resolve, retries, summaries) stays the same. The launcher's
-entry point picks the deployment's one (`llmtrain.handlers.launcher.submission`).
+A tune's attempt is a third: `llmtrain.lifecycle.tuning.TuningSubmission`, a SageMaker tuning job
+(CreateHyperParameterTuningJob `.sync`, one state per `TUNING_LAYOUTS` entry) whose trials are runs
+of the rendered request; the lifecycle around it (resolve, retries, summaries) stays the same. The
+launcher's entry point picks the deployment's one (`llmtrain.handlers.launcher.submission`), and a
+tune's (`llmtrain.lifecycle.tuning.run_submission`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,11 @@ class Submission(Protocol):
         them; None leaves it to the tags of the attempt's training job."""
         ...
 
+    def started_job(self, request: Mapping[str, Any]) -> tuple[str, str | None]:
+        """The name of the job the start step creates from `request` (what `attempt_state` returned
+        as the request) and the instance type it runs on: the run's attempt history records them."""
+        ...
+
 
 @dataclass(frozen=True)
 class TrainingJobSubmission:
@@ -79,6 +86,23 @@ class TrainingJobSubmission:
 
     def template_of(self, attempts: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
         return None
+
+    def started_job(self, request: Mapping[str, Any]) -> tuple[str, str | None]:
+        return training_job_of(request)
+
+
+def training_job_of(request: Mapping[str, Any]) -> tuple[str, str | None]:
+    """A CreateTrainingJob request's job name and instance type."""
+    return request.get("TrainingJobName", ""), (request.get("ResourceConfig") or {}).get("InstanceType")
+
+
+# The layouts of a tune's CreateHyperParameterTuningJob request (llmtrain.tuning.tuning_request): its
+# fields are fixed, but for the warm start's. The launcher builds one state per layout.
+_TUNING_FIELDS = ("HyperParameterTuningJobName", "HyperParameterTuningJobConfig", "TrainingJobDefinition")
+TUNING_LAYOUTS: Mapping[str, Sequence[str]] = {
+    "tune": (*_TUNING_FIELDS, "Tags"),
+    "tune-warm-start": (*_TUNING_FIELDS, "WarmStartConfig", "Tags"),
+}
 
 
 def request_layouts(requests: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:

@@ -1,7 +1,9 @@
 """A run's summary: the execution's output, the SNS notification's body, and what `llmtrain status`
 shows. Every summary holds the cost the last job billed (billable seconds x instances x on-demand
 price) beside the plan's prediction. A run refused at Resolve gets one too (`rejection_summary`,
-status `Rejected`): the execution fails with its error, after the notification.
+status `Rejected`): the execution fails with its error, after the notification. A tune's summary
+(`tune_summary`, kind `tune`) holds its tuning job's counters, the best trial and the `llmtrain start`
+of a full run with the best trial's values instead of one job's figures.
 """
 
 from __future__ import annotations
@@ -9,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from llmtrain.lifecycle.failures import QUEUE_CAPACITY, QUEUE_MISCONFIGURED, Failure
+from llmtrain.lifecycle.failures import QUEUE_CAPACITY, QUEUE_MISCONFIGURED, TUNE_FAILED, Failure
 from llmtrain.planner.checks import actual_cost
 from llmtrain.program_failures import HUNG_COLLECTIVE, RETRIES
 from llmtrain.runs import RunState
 from llmtrain.spec import TemplateSpec
+from llmtrain.tuning import TuneSpec, start_command
 
 _SUBJECT_MAX = 100
 
@@ -32,6 +35,14 @@ FAILURE_ERRORS = {
     QUEUE_CAPACITY: "QueueCapacityTimeLimit",
     QUEUE_MISCONFIGURED: "QueueMisconfigured",
 }
+# A tune's: its attempt is a tuning job (llmtrain.lifecycle.tuning).
+TUNE_FAILURE_ERRORS = {
+    **FAILURE_ERRORS,
+    TUNE_FAILED: "TuningJobFailed",
+    "stopped": "TuningJobStopped",
+    "api_error": "CreateHyperParameterTuningJobFailed",
+    "throttled": "CreateHyperParameterTuningJobFailed",
+}
 # What to do after a failure whose advice depends on nothing but its kind.
 _FIXED_ADVICE = {
     "plan_capacity": (
@@ -49,6 +60,11 @@ _FIXED_ADVICE = {
 
 def failure_summary(template: TemplateSpec, run: RunState, failure: Failure) -> dict[str, Any]:
     status = "Stopped" if failure.kind == "stopped" else "Failed"
+    if run.tune is not None:
+        advice = (_advice(template, run, failure) if failure.kind != TUNE_FAILED
+                  else f"see the tune's trials with `llmtrain status {run.run_name}`")
+        return tune_summary(run, failure.job or {}, status=status, error=TUNE_FAILURE_ERRORS[failure.kind],
+                            reason=failure.reason, advice=advice)
     summary = build_summary(
         run,
         status=status,
@@ -160,10 +176,87 @@ def build_summary(
 
 
 def completed_summary(run: RunState, job: Mapping[str, Any]) -> dict[str, Any]:
-    """The summary of a run whose job ended without failing the start step (DescribeTrainingJob)."""
+    """The summary of a run whose job ended without failing the start step (DescribeTrainingJob, or a
+    tune's DescribeHyperParameterTuningJob)."""
+    if run.tune is not None:
+        return tune_summary(run, job, status=job.get("HyperParameterTuningJobStatus", "Completed"))
     status = job.get("TrainingJobStatus", "Completed")
     run = run.with_attempt_ended(job.get("TrainingJobName", ""), status)
     return build_summary(run, status=status, job=job)
+
+
+def tune_summary(
+    run: RunState,
+    description: Mapping[str, Any],
+    *,
+    status: str,
+    error: str | None = None,
+    reason: str | None = None,
+    advice: str | None = None,
+) -> dict[str, Any]:
+    """The summary of a tune that ended (`description`: its DescribeHyperParameterTuningJob output,
+    empty where none exists): its tuning job, its trials' counters, the best trial and the command
+    that runs the best values in full."""
+    tune = TuneSpec.from_dict(run.tune)
+    best_job = description.get("BestTrainingJob") or {}
+    best = None
+    if best_job:
+        best = {
+            "training_job": best_job.get("TrainingJobName"),
+            "params": best_job.get("TunedHyperParameters"),
+            "objective": (best_job.get("FinalHyperParameterTuningJobObjectiveMetric") or {}).get("Value"),
+        }
+    summary: dict[str, Any] = {
+        "run_name": run.run_name,
+        "team": run.team,
+        "template": f"{run.template}@{run.version}",
+        "kind": "tune",
+        "status": status,
+        "tuning_job": description.get("HyperParameterTuningJobName")
+        or (run.history[-1].job_name if run.history else None),
+        "objective": tune.objective,
+        "direction": "maximize" if tune.maximize else "minimize",
+        "trials": description.get("TrainingJobStatusCounters"),
+        "best": best,
+        "attempts": len(run.history) or 1,
+        "predicted_cost_usd": (run.plan or {}).get("usd"),
+        "plan": (run.plan or {}).get("summary"),
+        "execution_arn": run.execution_arn,
+    }
+    if best and best["params"]:
+        summary["best_run_command"] = start_command(
+            f"{run.template}@{run.version}", f"{run.run_name}-best", run.overrides, best["params"]
+        )
+    if error is not None:
+        summary.update(error=error, failure_reason=reason, advice=advice)
+    summary["subject"] = notification_subject(run.run_name, status, error)
+    summary["message"] = tune_message(summary)
+    return summary
+
+
+def tune_message(summary: Mapping[str, Any]) -> str:
+    """The human-readable text of a tune's summary."""
+    lines = [f"Tune {summary['run_name']} ({summary['template']}): {summary['status']}"]
+    if summary.get("error"):
+        lines.append(f"Error: {summary['error']}: {summary.get('failure_reason')}")
+        lines.append(f"What to do: {summary.get('advice')}")
+    lines.append(
+        f"Tuning job: {summary.get('tuning_job') or '-'}; objective: {summary['direction']} "
+        f"{summary['objective']}"
+    )
+    counters = summary.get("trials") or {}
+    if counters:
+        lines.append("Trials: " + ", ".join(f"{k} {v}" for k, v in counters.items()))
+    best = summary.get("best")
+    if best:
+        lines.append(
+            f"Best trial: {best['training_job']}: {summary['objective']}={best['objective']} with "
+            + ", ".join(f"{k}={v}" for k, v in (best["params"] or {}).items())
+        )
+    if summary.get("best_run_command"):
+        lines.append(f"Run it in full: {summary['best_run_command']}")
+    lines.append(f"Planned: up to {_usd(summary.get('predicted_cost_usd'))}")
+    return "\n".join(lines)
 
 
 def rejection_summary(refusal: Exception, event: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,6 @@ from llmtrain.local.plan import LocalPlan, LocalRunError
 from llmtrain.sourcedir import repository_root
 from llmtrain.token_data import (
     PREPARE_HINT,
-    SPLITS,
     RunShape,
     ShardsManifest,
     TokenDataError,
@@ -37,6 +36,7 @@ from llmtrain.token_data import (
     split_folders_hint,
     tokenizer_facts,
 )
+from training_jobs.contract.token_data import SPLITS
 
 TINY_CORPUS = Path("examples") / "data" / "tiny_corpus"
 TINY_TOKENIZER = Path("training_jobs") / "assets" / "tokenizer"

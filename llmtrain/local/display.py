@@ -43,7 +43,7 @@ _SOURCE_LINE = re.compile(r"^\s+\S")
 _AGENT_LOG = re.compile(r"^[EWI]\d{4} [\d:.]+ \d+ torch/distributed/elastic/")
 _TRACEBACK = "Traceback (most recent call last):"
 # The first frame of torchrun's own traceback: its console script, or torch.distributed.run.
-_LAUNCHER_FRAME = re.compile(r'^\s+File ".*(/torchrun|torch/distributed/run\.py)", line')
+_LAUNCHER_FRAME = re.compile(r'^\s*File ".*(/torchrun|torch/distributed/run\.py)", line')
 _REPORT_RULE = re.compile(r"^={20,}$")
 _TOOLKIT_FAILURE = re.compile(r"sagemaker-training-toolkit ERROR\s+(Reporting training FAILURE|"
                               r"Encountered exit_code)")

@@ -25,12 +25,12 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from queue import Empty
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.text import Text
@@ -38,7 +38,7 @@ from rich.text import Text
 from llmtrain.local import data as local_data
 from llmtrain.local.display import JobDisplay
 from llmtrain.local.jobroot import HostRoot, upload_from_hosts, write_host_roots
-from llmtrain.local.metrics import MetricExtractor
+from llmtrain.local.metrics import MetricExtractor, MetricPoint
 from llmtrain.local.packages import explain_failure, with_local_packages
 from llmtrain.local.plan import (
     SUBMIT_DIRECTORY_HP,
@@ -94,6 +94,14 @@ class RunAlreadyTrained(LocalRunError):
     """The run's checkpoints already reach max_steps: a job would only load and export them."""
 
 
+class JobWatcher(Protocol):
+    """Follows a running local job's metrics and may stop it (a tune's pruner, or the tune being
+    interrupted). Called from the thread that runs the job, after each batch of log lines."""
+
+    def stop_reason(self, new_points: Sequence[MetricPoint]) -> str | None:
+        """Why the job must stop now (its StopTrainingJob), or None to let it run."""
+
+
 @dataclass(frozen=True)
 class LocalRunOptions:
     run_name: str
@@ -136,6 +144,7 @@ def run_local(
     template_channels: Iterable[str] = (),
     console: Console | None = None,
     token_channels: bool = False,
+    watcher: JobWatcher | None = None,
 ) -> dict[str, Any]:
     """Run `request` locally; returns summary.json's content (TrainingJobStatus says how it ended).
 
@@ -143,7 +152,8 @@ def run_local(
     catalog version, `Catalog.sourcedir`: a published version's frozen code); `template_channels`
     are the channels the template declares. With `token_channels` (the platform's training program)
     the train and validation channels are checked as the program will load them before anything
-    starts (llmtrain.token_data)."""
+    starts (llmtrain.token_data). `watcher` may stop the job as its metrics arrive (the job then
+    ends Stopped, with the watcher's reason as its status message)."""
     console = console or Console(soft_wrap=True)
     created = _now()
     job = _prepare(request, code_archive, options, template_channels, console, token_channels)
@@ -151,7 +161,7 @@ def run_local(
     metrics = MetricExtractor(job.plan.metric_definitions)
     training_start = _now()
     try:
-        stop_reason = _supervise(processes, job.plan, metrics, console, options.stop_grace_seconds)
+        stop_reason = _supervise(processes, job.plan, metrics, console, options.stop_grace_seconds, watcher)
     finally:
         processes.kill_if_running()
         processes.release_reaper()
@@ -388,7 +398,8 @@ class _StopRequests:
 
 
 def _supervise(
-    processes: ToolkitProcesses, plan: LocalPlan, metrics: MetricExtractor, console: Console, grace: float
+    processes: ToolkitProcesses, plan: LocalPlan, metrics: MetricExtractor, console: Console, grace: float,
+    watcher: JobWatcher | None = None,
 ) -> str | None:
     """Stream the logs until every host ends; returns why the job was stopped, or None."""
     deadline = time.monotonic() + plan.max_runtime_seconds if plan.max_runtime_seconds else None
@@ -400,14 +411,16 @@ def _supervise(
                                               hosts=plan.hosts) as display:
         while True:
             running = processes.running()
-            _show_lines(processes, metrics, display)
+            points = _show_lines(processes, metrics, display)
             if not running:
                 break
-            if stop_reason is None and (stops.count or (deadline and time.monotonic() > deadline)):
-                stop_reason = "Stopped" if stops.count else "MaxRuntimeExceeded"
+            watched = watcher.stop_reason(points) if watcher is not None and stop_reason is None else None
+            if stop_reason is None and (stops.count or watched or (deadline and time.monotonic() > deadline)):
+                stop_reason = "Stopped" if stops.count or watched else "MaxRuntimeExceeded"
                 stop_started = time.monotonic()
-                display.note(f"stopping the job ({stop_reason}): SIGTERM to the training processes, "
-                             f"which save a checkpoint; SIGKILL after {grace:.0f} s (Ctrl-C again: now)")
+                display.note(f"stopping the job ({watched or stop_reason}): SIGTERM to the training "
+                             f"processes, which save a checkpoint; SIGKILL after {grace:.0f} s "
+                             "(Ctrl-C again: now)")
             if stop_reason is not None:
                 processes.terminate_training()
                 if stops.count > 1 or time.monotonic() - stop_started > grace:
@@ -425,14 +438,19 @@ def _supervise(
     return stop_reason
 
 
-def _show_lines(processes: ToolkitProcesses, metrics: MetricExtractor, display: JobDisplay) -> None:
+def _show_lines(processes: ToolkitProcesses, metrics: MetricExtractor,
+                display: JobDisplay) -> list[MetricPoint]:
+    """Show the lines that arrive within 0.2 s; returns the metric values they held."""
     deadline = time.monotonic() + 0.2
+    found: list[MetricPoint] = []
     while True:
         try:
             host, line = processes.lines.get(timeout=max(0.0, deadline - time.monotonic()))
         except Empty:
-            return
-        display.line(host, line, metrics.feed(line, host=host))
+            return found
+        points = metrics.feed(line, host=host)
+        found.extend(points)
+        display.line(host, line, points)
 
 
 def _known_exception(log: Path | None) -> str | None:

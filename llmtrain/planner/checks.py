@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from llmtrain.errors import LlmtrainError
+from llmtrain.errors import LlmtrainError, where_set
 from llmtrain.planner import prices
 from llmtrain.planner.plan import Plan, PlanOptions, plan_request
 from llmtrain.planner.suggest import fit_advice
@@ -54,9 +54,13 @@ def check_run(template: TemplateSpec, request: Mapping[str, Any], overrides: Map
         raise PlanRefused(
             f"the run is planned to cost ${plan.usd:,.0f} ({plan.hours:.1f} h on {plan.instance_count} x "
             f"{plan.instance.name}), above team {team!r}'s budget of ${budget_usd:,.0f} per run "
-            f"(teams.{team}.max_run_cost_usd, else budgets.max_run_cost_usd, in the environment's config): "
+            f"({where_set(props='TeamSpec.max_run_cost_usd', config=_budget_fields(team))}): "
             "lower max_steps, or see `llmtrain plan --suggest` for a cheaper configuration")
     return plan_state(plan)
+
+
+def _budget_fields(team: str) -> str:
+    return f"teams.{team}.max_run_cost_usd, else budgets.max_run_cost_usd"
 
 
 def actual_cost(job: Mapping[str, Any], table: prices.PriceTable | None = None) -> float | None:

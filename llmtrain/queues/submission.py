@@ -30,6 +30,7 @@ from typing import Any
 from llmtrain.errors import LlmtrainError
 from llmtrain.lifecycle.failures import QUEUE_CAPACITY, QUEUE_MISCONFIGURED, Failure, classify_failure
 from llmtrain.lifecycle.jobs import attempt_name_stem
+from llmtrain.lifecycle.submission import training_job_of
 from llmtrain.platform import PlatformContext
 from llmtrain.queues import jobs, policy
 from llmtrain.queues.context import TeamQueues
@@ -107,6 +108,9 @@ class QueueSubmission:
                 name, version = tags.get(TAG_PREFIX + "template"), tags.get(TAG_PREFIX + "template-version")
                 return (name, version) if name and version else None
         return None
+
+    def started_job(self, request: Mapping[str, Any]) -> tuple[str, str | None]:
+        return training_job_of(request)
 
 
 def watch(batch, sagemaker, queue_state: Mapping[str, Any], platform: PlatformContext) -> dict[str, Any]:

@@ -77,3 +77,19 @@ def test_max_runtime_stops_the_job_like_sagemaker(tmp_path):
     assert (summary["TrainingJobStatus"], summary["SecondaryStatus"]) == ("Stopped", "MaxRuntimeExceeded")
     assert "stopping the job (MaxRuntimeExceeded)" in output
     assert summary["TrainingTimeInSeconds"] < 10 + 120
+
+
+def test_a_failed_job_shows_the_programs_error_and_keeps_torchruns_traceback_in_the_log(tmp_path):
+    """The console of a failed local run shows the program's own error; torchrun's traceback and its
+    report of the failed processes, and the toolkit's restatement, stay in the log file it names."""
+    template = toy_template(overridable={"max_steps": {"type": "int"}, "fail": {"type": "bool"}})
+    summary, output = run_toy(tmp_path, "fails", template, fail="true")
+
+    assert summary["TrainingJobStatus"] == "Failed"
+    assert "ValueError: hyperparameter 'fail' is true: set it to false to train" in output
+    log = Path(summary["LocalRun"]["Logs"]["algo-1"]).read_text()
+    launcher_lines = ("ChildFailedError", "Root Cause (first observed failure)", "ExecuteUserScriptError")
+    for launcher_line in launcher_lines:
+        assert launcher_line not in output
+        assert launcher_line in log
+    assert "torchrun's traceback and report of the failed processes" in output

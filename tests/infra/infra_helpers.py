@@ -108,6 +108,12 @@ CFN_LINT_ACCEPTED_WARNINGS = {
         "CustomCDKBucketDeployment",
     ): "aws-cdk-lib's BucketDeployment provider (the launcher stack's JobTemplates) declares DependsOn on "
     "its role next to a GetAtt of it; redundant but harmless, and generated code we do not own",
+    (
+        "W3005",
+        "AWS679f53fac002430cb0da5b7982bd2287",
+    ): "aws-cdk-lib's AwsCustomResource function (the operations stack sets SageMaker's training log "
+    "group's retention with it) declares DependsOn on its role next to a GetAtt of it; redundant but "
+    "harmless, and generated code we do not own",
 }
 
 

@@ -31,7 +31,8 @@ What the test supplies, because moto cannot do it, each said where it happens:
   SageMaker's responses in moto do not say it (every request is "*", which no scoped policy matches).
   `iam_enforced` supplies it from the request's parameters, as AWS's own authorization does: the
   state machine or execution ARN, the training job's ARN (names lowercased, as SageMaker's ARNs are),
-  and likewise for SSM Parameter Store, the parameter's (or the path's) ARN.
+  and likewise for SSM Parameter Store, the parameter's (or the path's) ARN, and for CloudWatch Logs
+  the log stream's ARN (GetLogEvents) or the log group's (FilterLogEvents, DescribeLogStreams ...).
 
 moto ignores IAM condition keys (it evaluates Action and Resource only), and skips resource types it
 does not model (CloudWatch alarms, bucket and topic policies, SNS subscriptions, security-group
@@ -62,6 +63,7 @@ from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
 from moto.cloudformation.parsing import resource_class_from_type
 from moto.core.authorization import ActionAuthenticatorMixin
 from moto.core.common_models import CloudFormationModel
+from moto.logs.responses import LogsResponse
 from moto.sagemaker.responses import SageMakerResponse
 from moto.ssm.responses import SimpleSystemManagerResponse
 from moto.stepfunctions.responses import StepFunctionResponse
@@ -346,6 +348,21 @@ def _ssm_resource(self: SimpleSystemManagerResponse) -> str:
     return f"arn:aws:ssm:{self.region}:{self.current_account}:parameter/{name.lstrip('/')}"
 
 
+# CloudWatch Logs authorizes these on the log stream they read (GetLogEvents), every other action on
+# its log group (AWS's service authorization reference, "Actions defined by Amazon CloudWatch Logs").
+_LOG_STREAM_ACTIONS = ("GetLogEvents", "PutLogEvents", "CreateLogStream")
+
+
+def _logs_resource(self: LogsResponse) -> str:
+    body = json.loads(self.body or "{}")
+    group = body.get("logGroupName")
+    if not group:
+        return "*"
+    arn = f"arn:aws:logs:{self.region}:{self.current_account}:log-group:{group}"
+    stream = body.get("logStreamName")
+    return f"{arn}:log-stream:{stream}" if stream and self._get_action() in _LOG_STREAM_ACTIONS else arn
+
+
 @contextmanager
 def iam_enforced() -> Iterator[None]:
     """moto evaluates every request's identity policies while inside (see the module's docstring)."""
@@ -353,6 +370,7 @@ def iam_enforced() -> Iterator[None]:
         mock.patch.object(StepFunctionResponse, "_determine_resource", _step_functions_resource, create=True),
         mock.patch.object(SageMakerResponse, "_determine_resource", _sagemaker_resource, create=True),
         mock.patch.object(SimpleSystemManagerResponse, "_determine_resource", _ssm_resource, create=True),
+        mock.patch.object(LogsResponse, "_determine_resource", _logs_resource, create=True),
         mock.patch.object(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0),
         mock.patch.object(ActionAuthenticatorMixin, "request_count", 0),
     ):

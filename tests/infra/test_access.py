@@ -119,7 +119,13 @@ def test_a_teams_role_reads_and_writes_only_its_prefix(platform, env, team):
     assert listing["Condition"] == {"StringLike": {"s3:prefix": [f"teams/{team}/*"]}}
     assert statements["ListTemplateCode"]["Condition"] == {"StringLike": {"s3:prefix": ["templates/*"]}}
     listers = [s["Sid"] for s in statements.values() if "s3:ListBucket" in as_list(s["Action"])]
-    assert sorted(listers) == ["ListTeamData", "ListTemplateCode"]
+    assert sorted(listers) == ["ListJumpStartModels", "ListTeamData", "ListTemplateCode"]
+    # A JumpStart base model (`base_model=<model id>`): read-only, JumpStart's buckets of the region.
+    jumpstart = as_text(statements["ListJumpStartModels"]["Resource"])
+    assert "jumpstart-cache-prod-" in jumpstart and "jumpstart-private-cache-prod-" in jumpstart
+    assert statements["ReadJumpStartModels"]["Action"] == "s3:GetObject"
+    assert all("jumpstart-" in as_text(arn) and "/*" in as_text(arn)
+               for arn in statements["ReadJumpStartModels"]["Resource"])
 
 
 @pytest.mark.parametrize(("env", "team"), TEAM_CASES)
@@ -226,9 +232,18 @@ def test_the_guardrail_denies_jobs_outside_the_environments_limits(platform, env
     groups = guardrail["OnlyTrainingSecurityGroups"]["Condition"]["ForAnyValue:StringNotEquals"]
     assert "TrainingSecurityGroup" in as_text(groups)
     assert "PlatformKeyArn" in as_text(guardrail["OnlyPlatformOutputKey"]["Condition"]["StringNotEquals"])
-    assert "PlatformKeyArn" in as_text(
-        guardrail["OnlyPlatformVolumeKey"]["Condition"]["StringNotEqualsIfExists"]
-    )
+    # Issue 25: `StringNotEqualsIfExists` also denied requests without a volume key, which SageMaker
+    # requires for instance types with local NVMe storage (g5, p4d, p5): no one under the guard rail
+    # could create a job on them directly. Now a Deny only where the key is given (Null: false) and is
+    # not the platform's. (moto's IAM evaluates StringEquals only, not StringNotEquals nor Null: the
+    # statement is asserted here instead of probed.)
+    volume = guardrail["OnlyPlatformVolumeKey"]["Condition"]
+    assert set(volume) == {"StringNotEquals", "Null"}
+    assert volume["Null"] == {"sagemaker:VolumeKmsKey": "false"}
+    assert list(volume["StringNotEquals"]) == ["sagemaker:VolumeKmsKey"]
+    assert "PlatformKeyArn" in as_text(volume["StringNotEquals"])
+    assert not any("IfExists" in operator and "sagemaker:VolumeKmsKey" in keys
+                   for s in guardrail.values() for operator, keys in s.get("Condition", {}).items())
     encryption = guardrail.get("OnlyEncryptedInterContainerTraffic")
     if config.network.inter_container_traffic_encryption:
         assert encryption["Condition"] == {
@@ -264,11 +279,18 @@ def test_a_teams_engineers_reach_only_its_jobs_logs_and_data(platform, environme
         == f":sagemaker:{config.region}:{config.account}:training-job/{prefix}-*"
     )
     assert statements["ListTrainingJobs"]["Resource"] == "*"
+    # Issue 25: FilterLogEvents, authorized on the whole shared group, read other teams' logs. Events
+    # are read stream by stream (GetLogEvents), of the team's jobs only; the group only lists streams.
     logs = statements["ReadTeamTrainingLogs"]
-    assert set(logs["Action"]) == {"logs:DescribeLogStreams", "logs:FilterLogEvents", "logs:GetLogEvents"}
-    assert logs["Resource"][1]["Fn::Join"][1][-1].endswith(
+    assert logs["Action"] == "logs:GetLogEvents"
+    assert logs["Resource"]["Fn::Join"][1][-1].endswith(
         f"log-group:/aws/sagemaker/TrainingJobs:log-stream:{prefix}-*"
     )
+    streams = statements["ListTrainingLogStreams"]
+    assert streams["Action"] == "logs:DescribeLogStreams"
+    assert streams["Resource"]["Fn::Join"][1][-1].endswith("log-group:/aws/sagemaker/TrainingJobs")
+    log_actions = {a for s in statements.values() for a in as_list(s["Action"]) if a.startswith("logs:")}
+    assert log_actions == {"logs:GetLogEvents", "logs:DescribeLogStreams"}
     team_prefix = f"/teams/{team}/*"
     assert team_object_arns(statements["ReadTeamData"]["Resource"]) == {
         "Datasets": team_prefix,
@@ -289,6 +311,33 @@ def test_a_teams_engineers_reach_only_its_jobs_logs_and_data(platform, environme
     # Nothing that creates a job, passes a role, or deletes data.
     allowed = {a for s in statements.values() if s["Effect"] == "Allow" for a in as_list(s["Action"])}
     assert not {"sagemaker:CreateTrainingJob", "iam:PassRole", "s3:DeleteObject"} & allowed
+
+
+def _condition_keys(node) -> set[str]:
+    if isinstance(node, dict):
+        found = {key for operator, keys in node.get("Condition", {}).items() for key in keys}
+        return found | {k for value in node.values() for k in _condition_keys(value)}
+    if isinstance(node, list):
+        return {k for value in node for k in _condition_keys(value)}
+    return set()
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_what_iam_cannot_hold_a_team_to_is_documented_as_the_launchers(platform, env):
+    """Issue 25: the README said a team's instance cap and cost cap were enforced by IAM. SageMaker has
+    no condition key for a job's instance count, IAM none for cost: no statement of the environment
+    conditions on either, and the docs say the launcher enforces them."""
+    templates = [platform.template_json(env, part) for part in ("access", "launcher")]
+    keys = set().union(*map(_condition_keys, templates))
+    assert {"sagemaker:InstanceTypes", "sagemaker:KeepAlivePeriod"} <= keys
+    assert not [key for key in keys if "instancecount" in key.lower() or "cost" in key.lower()]
+    root = Path(__file__).resolve().parents[2]
+    readme = " ".join((root / "README.md").read_text().split())
+    assert "its instance types and caps) is enforced by IAM" not in readme
+    assert "the launcher also refuses a run above the team's instances per job or budget per run" in readme
+    table = (root / "docs" / "infrastructure.md").read_text()
+    assert "| instances per job (`max_instance_count`) | **no**" in table
+    assert "| budget per run (`max_run_cost_usd`) | **no**" in table
 
 
 @pytest.fixture(scope="module")
@@ -457,7 +506,10 @@ INVALID_TEAMS = [
     ({"name": "Nlp"}, "name", "lowercase"),
     ({"name": "a" * 13}, "name", "1-12"),
     ({"job_name_prefix": "LLM_a"}, "job_name_prefix", "lowercase"),
-    ({"instance_types": ()}, "instance_types", "ml.*"),
+    ({"instance_types": ()}, "instance_types", "must list SageMaker instance types"),
+    # Issue 25: a mistyped type passed (only ml.* was checked) into the IAM conditions and the launcher.
+    ({"instance_types": ("ml.g5.12xlarge", "ml.g5.12xlareg")}, "instance_types",
+     "'ml.g5.12xlareg' is not an instance type the platform knows (did you mean 'ml.g5.12xlarge'?)"),
     ({"max_keep_alive_seconds": 21601}, "max_keep_alive_seconds", "0 to 21600"),
     ({"max_instance_count": 0}, "max_instance_count", "at least 1"),
     ({"max_run_cost_usd": 0}, "max_run_cost_usd", "positive number of US dollars"),

@@ -39,8 +39,10 @@ SURFACE = {
     "llmtrain.lifecycle.submission",
     "llmtrain.lifecycle.failures",
     "llmtrain.queues.policy",
+    "llmtrain.jumpstart",
     "llmtrain.deployed",
     "llmtrain.images",
+    "llmtrain.instances",
     "llmtrain.errors",
 }
 # What the CLI, the local runner and the functions' own modules are: never loaded by a synth.

@@ -2,7 +2,8 @@
 
 Both wheels (llmtrain and llmtrain-constructs) are built and installed into a new virtual environment
 outside the checkout (tests/support/wheel_install.py: it sees only what the wheels declare), the
-example is copied out of the checkout, and its app synthesizes there with cdk-nag: its own catalog
+example is copied out of the checkout, and `cdk synth` (the pinned CDK CLI) synthesizes its app there,
+without AWS credentials or network, with cdk-nag: its own catalog
 (one template, its own lock, its own training code) and a template of the platform's catalog that the
 llmtrain wheel ships. Then cfn-lint and checkov read what it synthesized.
 """
@@ -24,10 +25,12 @@ from packaging.requirements import Requirement
 from wheel_install import CONSTRUCTS_SOURCES, LLMTRAIN_SOURCES, build_wheel, install
 
 from llmtrain.catalog import Catalog
-from training_constructs.lambda_code import LAMBDA_RUNTIME
+from training_constructs.lambda_code import LAMBDA_RUNTIME, stage_lambda_code
+from training_constructs.launcher import VENDORED_PACKAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cdk_consumer"
+CDK_CLI = ROOT / "node_modules" / ".bin" / "cdk"  # the CLI package.json pins
 REGION = "eu-west-1"
 slow = pytest.mark.slow
 
@@ -96,11 +99,36 @@ def synthesized(consumer) -> Path:
         located.stdout
     )
     outdir = app / "cdk.out"
-    synth = subprocess.run(["python", "app.py"], cwd=app, env={**consumer.env, "CDK_OUTDIR": str(outdir)},
-                           capture_output=True, text=True, timeout=600)
+    # The functions' packages come from their wheels for the Lambda runtime, which a first synth fetches
+    # into the wheel cache (constructs/README.md, "Install"): fetched here, with this checkout's network,
+    # so that the synth below needs none (the installed wheels link the same package versions).
+    stage_lambda_code(vendored_packages=VENDORED_PACKAGES, staging_root=consumer.place / "staging")
+    # `npx cdk synth` as its platform engineer runs it (the pinned CLI, which runs cdk.json's app), with
+    # no AWS credentials and no network: the CLI would look up what the app left missing (issue 25:
+    # the stack's availability zones) and fail without credentials.
+    offline = offline_without_credentials(consumer.env, consumer.place)
+    synth = subprocess.run([str(CDK_CLI), "synth", "--quiet", "--no-notices", "-o", str(outdir)], cwd=app,
+                           env=offline, capture_output=True, text=True, timeout=600)
     # cdk-nag runs in the app: an unacknowledged finding fails the synth.
     assert synth.returncode == 0, synth.stdout[-3000:] + synth.stderr[-3000:]
+    assert "missing" not in json.loads((outdir / "manifest.json").read_text())
     return outdir
+
+
+def offline_without_credentials(env: dict[str, str], place: Path) -> dict[str, str]:
+    """`env` without AWS credentials or configuration, and with every HTTP(S) connection sent to a
+    closed local port (the SDKs, the CDK CLI and pip honour the proxy variables)."""
+    closed = "http://127.0.0.1:9"
+    return {
+        **{key: value for key, value in env.items() if not key.startswith("AWS_")},
+        "AWS_CONFIG_FILE": str(place / "no-aws" / "config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(place / "no-aws" / "credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+        **{name: closed for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")},
+        "NO_PROXY": "", "no_proxy": "",
+        "CDK_DISABLE_CLI_TELEMETRY": "true",
+        "CDK_DISABLE_VERSION_CHECK": "1",
+    }
 
 
 @slow

@@ -119,6 +119,7 @@ def test_optional_sections_take_documented_defaults(tmp_path):
     assert config.notifications.email is None and dict(config.tags) == {}
     assert config.budgets.max_run_cost_usd is None
     assert config.network.nat_gateways == 0 and not config.network.inter_container_traffic_encryption
+    assert config.logs.training_jobs_retention_days == 365
 
 
 def test_existing_vpc_replaces_the_cidr(tmp_path):
@@ -220,6 +221,11 @@ INVALID = [
     (_set("quotas.alarm_threshold_percent", 120), "quotas.alarm_threshold_percent", "at most 100"),
     (_set("budgets.max_run_cost_usd", 0), "budgets.max_run_cost_usd", "positive number of US dollars"),
     (_set("budgets.max_run_cost_usd", "lots"), "budgets.max_run_cost_usd", "a number"),
+    (_set("logs", {"training_jobs_retention_days": 100}), "logs.training_jobs_retention_days",
+     "keeps logs 1, 3, 5"),
+    (_set("logs", {"training_jobs_retention_days": True}), "logs.training_jobs_retention_days",
+     "whole number"),
+    (_set("logs", {"training_days": 30}), "logs.training_days", "unknown field"),
     (_set("quotas.alarm_threshold_percent", "high"), "quotas.alarm_threshold_percent", "a number"),
     (
         _set("warm_pools.max_keep_alive_seconds", MAX_WARM_POOL_KEEP_ALIVE_SECONDS + 1),

@@ -11,14 +11,14 @@ import tarfile
 
 import aws_cdk as cdk
 import pytest
-from aws_cdk.assertions import Match, Template
+from aws_cdk.assertions import Annotations, Match, Template
 from cfnlint.api import ManualArgs, lint
 from infra_helpers import ENV, ROOT, SynthesizedApp, resources_of_type, synthesize
 
 from llmtrain.catalog import Catalog
 from llmtrain.errors import LockError, RequestValidationError, TemplateNotFoundError
 from llmtrain.sourcedir import archive_code_hash, collect_files, tarball_bytes
-from training_constructs import JobTemplate, JobTemplateProps, TrainingStorage
+from training_constructs import JobTemplate, JobTemplateProps, PropsError, TrainingStorage
 
 TEMPLATES = ("byo-script@1.0.0", "llama-pretrain-fsdp@latest")
 
@@ -115,6 +115,22 @@ def test_uploaded_asset_is_the_deterministic_sourcedir(synthesized, template_jso
         assert "requirements.txt" in names  # the container installs it (both folders have one)
 
 
+def test_cdks_upload_function_logs_to_a_group_kept_a_year(synthesized, template_json):
+    """Issue 25: BucketDeployment's function (one per stack, shared by the JobTemplates) logged to the
+    group Lambda creates, kept forever."""
+    _, templates = synthesized
+    groups = {template.provider_log_group for template in templates.values()}
+    assert len(groups) == 1  # one group for the stack's one upload function
+    group = groups.pop()
+    group_id = cdk.Stack.of(group).get_logical_id(group.node.default_child)
+    [handler] = [r for lid, r in template_json["Resources"].items()
+                 if r["Type"] == "AWS::Lambda::Function" and lid.startswith("CustomCDKBucketDeployment")]
+    assert handler["Properties"]["LoggingConfig"] == {"LogGroup": {"Ref": group_id}}
+    resource = template_json["Resources"][group_id]
+    assert resource["Properties"]["RetentionInDays"] == 365
+    assert [skip["id"] for skip in resource["Metadata"]["checkov"]["skip"]] == ["CKV_AWS_158"]
+
+
 def test_construct_exposes_what_the_launcher_registers(synthesized):
     _, templates = synthesized
     catalog = Catalog.load()
@@ -186,6 +202,58 @@ def test_a_published_version_deploys_its_frozen_code_after_the_code_changed(tmp_
     deployed = construct.sourcedir_path.read_bytes()
     assert deployed == catalog.snapshot_path(catalog.verify(construct.spec).code).read_bytes()
     assert deployed != tarball_bytes(collect_files(construct.spec.code, tmp_path))
+    # Issue 25: it did so without a word. The latest version of a template with its own code warns.
+    (warning,) = _edited_warnings(construct)
+    assert "byo-script@1.0.0: its code in" in warning and "changed after the version was published" in warning
+    assert "the code deployed is the published snapshot" in warning
+    assert f"llmtrain templates lock --catalog {folder} --code-root {tmp_path}" in warning
+
+    # Published as 1.1.0, the edits deploy with it; 1.0.0 is an older version, whose code moved on.
+    (tmp_path / "training_jobs").symlink_to(ROOT / "training_jobs")  # the other templates' code
+    text = (folder / "byo-script" / "1.0.0.yaml").read_text().replace("version: 1.0.0", "version: 1.1.0")
+    (folder / "byo-script" / "1.1.0.yaml").write_text(text)
+    assert Catalog.load(folder, repo_root=tmp_path).lock_new_versions() == ["byo-script@1.1.0"]
+    catalog = Catalog.load(folder, repo_root=tmp_path)
+    for ref in ("byo-script@1.0.0", "byo-script@1.1.0"):
+        assert _edited_warnings(_construct(ref, catalog=catalog)) == [], ref
+
+
+def _edited_warnings(construct: JobTemplate) -> list[str]:
+    return [m.entry.data for m in Annotations.from_stack(cdk.Stack.of(construct)).find_warning(
+        "*", Match.string_like_regexp("codeEditedAfterPublishing"))]
+
+
+def test_the_platforms_program_moving_on_is_no_warning(synthesized):
+    """The platform's training program moves between template releases by design (and a wheel may
+    carry a newer program than any published version): its templates do not warn."""
+    _, templates = synthesized
+    assert templates["llama-pretrain-fsdp@latest"].spec.code.is_platform
+    assert _edited_warnings(templates["llama-pretrain-fsdp@latest"]) == []
+
+
+def test_an_instance_type_that_cannot_run_the_version_fails_at_synth(tmp_path):
+    """Issue 25: a capacity fallback or an instance-type choice that cannot run the version (here a
+    type without EFA, for a two-node job) was found only by a launcher at run time."""
+    folder = tmp_path / "templates"
+    shutil.copytree(ROOT / "templates", folder)
+    published = (folder / "llama-pretrain-fsdp" / "1.2.0.yaml").read_text()
+    text = published.replace("version: 1.2.0", "version: 1.3.0")
+    bad = {"fallback": text.replace("fallback_instance_types: [ml.p5.48xlarge]",
+                                    "fallback_instance_types: [ml.g5.12xlarge]"),
+           "choice": text.replace("choices: [ml.p4d.24xlarge, ml.p4de.24xlarge, ml.p5.48xlarge]",
+                                  "choices: [ml.p4d.24xlarge, ml.g5.12xlarge]")}
+    for kind, changed in bad.items():
+        assert changed != text, kind
+        (folder / "llama-pretrain-fsdp" / "1.3.0.yaml").write_text(changed)
+        (folder / "catalog.lock").write_text((ROOT / "templates" / "catalog.lock").read_text())
+        Catalog.load(folder).lock_new_versions()
+        with pytest.raises(PropsError) as raised:
+            _construct("llama-pretrain-fsdp@1.3.0", catalog=Catalog.load(folder))
+        where = {"fallback": "fallback ml.g5.12xlarge (retry.fallback_instance_types)",
+                 "choice": "choice ml.g5.12xlarge (overridable.instance_type)"}[kind]
+        assert str(raised.value).startswith(
+            f"JobTemplate(template=...): llama-pretrain-fsdp@1.3.0 {where} cannot run the version: "
+        ), str(raised.value)
 
 
 def test_defaults_over_the_environments_warm_pool_cap_fail_at_synth():

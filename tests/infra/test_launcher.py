@@ -28,6 +28,7 @@ from llmtrain.catalog import Catalog
 from llmtrain.environments import StackOutput, load_environment
 from llmtrain.functions import ENV_PLATFORM_CONTEXT, ENV_REQUEST_LAYOUTS
 from llmtrain.launcher_client import LauncherOutput
+from llmtrain.lifecycle.submission import TUNING_LAYOUTS
 from training_constructs import PropsError
 from training_constructs.job_template import JobTemplate, JobTemplateProps
 from training_constructs.lambda_code import LAMBDA_RUNTIME
@@ -39,7 +40,7 @@ from training_constructs.launcher import (
 )
 from training_constructs.queues import SUBMIT_SERVICE_JOBS_SID, SUBMIT_TO_QUEUES_SID, TAG_SERVICE_JOBS_SID
 from training_constructs.resources import ExistingNetwork, ExistingStorage
-from training_constructs.teams import CREATE_JOBS_SID, TeamSpec
+from training_constructs.teams import CREATE_JOBS_SID, CREATE_TUNING_JOBS_SID, TeamSpec
 
 ENVIRONMENTS = ("dev", "prod")
 TEAM_CASES = [("dev", "default"), ("prod", "pretrain"), ("prod", "finetune")]
@@ -180,6 +181,41 @@ def test_every_rendered_field_reaches_create_training_job(templates, environment
             {"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "NextAttempt"}
         ]
         assert state["Next"] == "Summarize" and state["ResultPath"] == "$.job"
+
+
+@pytest.mark.parametrize(("environment", "team"), DIRECT_CASES)
+def test_a_tune_reaches_create_hyper_parameter_tuning_job_with_the_teams_role(templates, environment, team):
+    states = _definition(templates[environment], team)["States"]
+    choices = {choice["StringEquals"]: choice["Next"] for choice in states["ChooseRequestLayout"]["Choices"]}
+    for layout, fields in TUNING_LAYOUTS.items():
+        # The definition fixes the trials' role, as for a training job: a Pass state holds the team's
+        # execution role, merged over the rendered TrainingJobDefinition's.
+        role = states[choices[layout]]
+        assert choices[layout] == f"TrialsRole-{layout}" and role["Type"] == "Pass"
+        assert role["ResultPath"] == "$.trials_role" and list(role["Result"]) == ["RoleArn"]
+        assert role["Result"]["RoleArn"].startswith("<ImportValue:")
+        assert f"Team{team.capitalize()}ExecutionRole" in role["Result"]["RoleArn"]
+        state = states[role["Next"]]
+        assert role["Next"] == f"CreateHyperParameterTuningJob-{layout}"
+        assert state["Resource"] == (
+            "arn:<AWS::Partition>:states:::sagemaker:createHyperParameterTuningJob.sync"
+        )
+        passed = {key.removesuffix(".$"): value for key, value in state["Parameters"].items()}
+        assert set(passed) == set(fields)
+        assert all(passed[f] == f"$.request.{f}" for f in fields if f != "TrainingJobDefinition")
+        assert passed["TrainingJobDefinition"] == (
+            "States.JsonMerge($.request.TrainingJobDefinition, $.trials_role, false)"
+        )
+        assert state["Catch"] == [
+            {"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "NextAttempt"}
+        ]
+        assert state["Next"] == "Summarize" and state["ResultPath"] == "$.job"
+
+
+@pytest.mark.parametrize(("environment", "team"), QUEUED_CASES)
+def test_a_launcher_with_queues_has_no_tuning_states(templates, environment, team):
+    states = _definition(templates[environment], team)["States"]
+    assert not [name for name in states if "Tuning" in name or name.startswith("TrialsRole")]
 
 
 def test_the_flow_reads_any_input_resolves_first_retries_with_backoff_and_notifies(templates):
@@ -356,16 +392,31 @@ def test_the_job_creating_role_carries_every_condition_key(
     assert passing["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
     sync = statements["SyncWithTrainingJobEvents"]
     assert set(sync["Action"]) == {"events:PutTargets", "events:PutRule", "events:DescribeRule"}
-    assert sync["Resource"]["Fn::Join"][1][-1].endswith(f":rule/{SYNC_EVENTS_RULE}")
+    rules = [arn["Fn::Join"][1][-1] for arn in sync["Resource"]]
+    assert rules[0].endswith(f":rule/{SYNC_EVENTS_RULE}")
+    assert rules[1].endswith(":rule/StepFunctionsGetEventsForSageMakerTuningJobsRule")
     sagemaker = {a for s in statements.values() for a in as_list(s["Action"]) if a.startswith("sagemaker:")}
     assert sagemaker == {
         "sagemaker:CreateTrainingJob",
         "sagemaker:AddTags",
         "sagemaker:DescribeTrainingJob",
         "sagemaker:StopTrainingJob",
+        "sagemaker:CreateHyperParameterTuningJob",
+        "sagemaker:DescribeHyperParameterTuningJob",
+        "sagemaker:StopHyperParameterTuningJob",
     }
     all_jobs = [s for s in statements.values() if "sagemaker:" in json.dumps(s.get("Action"))]
-    assert all(f"training-job/{prefix}-*" in json.dumps(s["Resource"]) for s in all_jobs)
+    assert all(f"training-job/{prefix}-*" in json.dumps(s["Resource"])
+               or f"hyper-parameter-tuning-job/{prefix}-*" in json.dumps(s["Resource"]) for s in all_jobs)
+    # `llmtrain tune`: the tuning jobs are created under the same condition keys (SageMaker evaluates
+    # them on CreateHyperParameterTuningJob), less the warm pool's, which tuning jobs have not.
+    tune = statements[CREATE_TUNING_JOBS_SID]
+    assert tune["Action"] == "sagemaker:CreateHyperParameterTuningJob"
+    assert tune["Resource"]["Fn::Join"][1][-1] == (
+        f":sagemaker:{config.region}:{config.account}:hyper-parameter-tuning-job/{prefix}-*"
+    )
+    assert tune["Condition"] == {k: v for k, v in conditions.items() if k != "NumericLessThanEqualsIfExists"}
+    assert statements["TagTeamTuningJobs"]["Condition"] == statements["TagTeamTrainingJobs"]["Condition"]
     invoked = [
         s
         for s in _state_machine_statements(templates[environment], team)
@@ -418,12 +469,15 @@ def test_functions_get_the_teams_platform_context_and_least_privilege(
             for a in as_list(s["Action"])
         }
         expected = {"logs:CreateLogStream", "logs:PutLogEvents"}
-        resolve = expected | {"sagemaker:ListTrainingJobs", "sagemaker:ListTags"}
+        # Resolve also reads JumpStart's catalogue (base models), and without queues lists a tune's
+        # tuning jobs (an environment with queues refuses tunes).
+        resolve = expected | {"sagemaker:ListTrainingJobs", "sagemaker:ListTags", "s3:GetObject"}
         if config.queues is not None:  # a run's attempts are its service jobs too
             resolve |= {"batch:ListServiceJobs", "batch:DescribeServiceJob", "batch:GetJobQueueSnapshot",
                         "sagemaker:DescribeTrainingJob"}
             assert '\\"queues\\":{' in context and f'\\"share_identifier\\":\\"{team}\\"' in context
         else:
+            resolve |= {"sagemaker:ListHyperParameterTuningJobs"}
             assert '\\"queues\\"' not in context
         assert actions == (resolve if handler == "resolve" else expected)
 

@@ -7,7 +7,7 @@ import json
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_logs as logs
-from aws_cdk.assertions import Match
+from aws_cdk.assertions import Annotations, Match
 from infra_helpers import ENV, as_list, resources_of_type, synthesize
 
 from training_constructs import ExistingVpcAttributes, PropsError, TrainingNetwork, TrainingNetworkProps
@@ -235,6 +235,24 @@ def test_flow_logs_go_to_an_encrypted_log_group_with_retention(platform, env):
     )
 
 
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_the_default_group_cleanups_logs_are_kept_like_the_flow_logs(platform, env):
+    """Issue 25: aws-cdk-lib's function that empties the VPC's default security group logged to the
+    group Lambda creates (/aws/lambda/<name>), kept forever. It logs to a group of the stack, with the
+    flow logs' retention and key (a new name: a deployed account's old group is no obstacle)."""
+    template = platform.template_json(env, "network")
+    network = platform.stacks[(env, "network")].network
+    group_id = platform.stacks[(env, "network")].get_logical_id(
+        network.default_group_provider_log_group.node.default_child
+    )
+    [handler] = [r for lid, r in template["Resources"].items()
+                 if r["Type"] == "AWS::Lambda::Function" and lid.startswith("CustomVpcRestrictDefaultSG")]
+    assert handler["Properties"]["LoggingConfig"] == {"LogGroup": {"Ref": group_id}}
+    group = template["Resources"][group_id]["Properties"]
+    assert group["RetentionInDays"] == 365 and group["KmsKeyId"] == {"Fn::GetAtt": ["FlowLogKey", "Arn"]}
+    assert "LogGroupName" not in group
+
+
 def test_existing_vpc_is_imported_by_attributes(variants):
     assert variants.synth_error is None, variants.synth_error
     template = variants.template_json("existing", "network")
@@ -286,6 +304,40 @@ def test_s3_prefix_list_narrows_https_egress(variants):
     to_s3 = [rule for rule in egress if rule.get("DestinationPrefixListId") == "pl-63a5400a"]
     assert [(rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) for rule in to_s3] == [("tcp", 443, 443)]
     assert not [rule for rule in egress if rule.get("CidrIp") == "0.0.0.0/0"]
+
+
+def test_synthesis_looks_nothing_up_in_aws(platform, environments):
+    """Issue 25: ec2.Vpc compares its zones with the stack's, which a stack with an account and region
+    looks up at `cdk synth` (AWS credentials). The network gives the stack the zones of its props, so
+    no stage's assembly asks the CDK CLI for a lookup."""
+    for env in environments:
+        manifest = json.loads((platform.outdir / f"assembly-{env}" / "manifest.json").read_text())
+        assert manifest.get("missing") is None, (env, manifest.get("missing"))
+        assert platform.stacks[(env, "network")].availability_zones == list(
+            environments[env].network.availability_zones
+        )
+
+
+def test_a_network_after_other_constructs_warns_how_to_avoid_the_lookup(tmp_path):
+    """A stack that already holds constructs takes no context: ec2.Vpc looks its zones up, and the
+    synth warns, naming the two ways out. With the zones in the app's context it looks nothing up."""
+    key = "availability-zones:account=111111111111:region=us-east-1"
+    for context, lookups in (({}, 1), ({key: ZONES}, 0)):
+        app = cdk.App(outdir=str(tmp_path / str(lookups)), context=context)
+        stack = cdk.Stack(app, "Late", env=ENV)
+        cdk.CfnOutput(stack, "Earlier", value="x")
+        network = TrainingNetwork(stack, "Network", TrainingNetworkProps(availability_zones=ZONES))
+        lookup = Match.string_like_regexp("availabilityZones")
+        warnings = Annotations.from_stack(stack).find_warning("*", lookup)
+        app.synth()
+        manifest = json.loads((tmp_path / str(lookups) / "manifest.json").read_text())
+        assert len(manifest.get("missing", [])) == lookups
+        assert len(warnings) == lookups
+        if lookups:
+            text = warnings[0].entry.data
+            assert "llmtrain:availabilityZonesLookup" in text and key in text
+            assert "Create the TrainingNetwork first in its stack" in text
+        assert network.availability_zones == tuple(ZONES)
 
 
 def test_construct_exposes_what_later_stacks_need(platform):

@@ -27,6 +27,7 @@ RESOURCE_STAR_ALLOWED = {
     "ec2:DescribeSecurityGroups": "EC2 Describe* actions support no resource-level permissions",
     "sagemaker:ListTrainingJobs": "List actions have no resource; descriptions are scoped to the prefix",
     "sagemaker:ListTrainingPlans": "List actions have no resource; llmtrain plans lists the account's plans",
+    "sagemaker:ListHyperParameterTuningJobs": "List actions have no resource; tuning jobs are found by name",
     "sts:GetServiceBearerToken": "no resource-level permission; a condition limits it to CodeArtifact",
     "servicequotas:ListServiceQuotas": "Service Quotas List* actions have no resource ARN",
     "servicequotas:ListAWSDefaultServiceQuotas": "Service Quotas List* actions have no resource ARN",
@@ -134,14 +135,19 @@ def test_resource_star_only_for_actions_without_resource_level_permissions(platf
                 if statement["Effect"] != "Allow" or "*" not in as_list(statement.get("Resource", [])):
                     continue
                 if kind == "AWS::KMS::Key":
-                    # In a key policy "*" is the key itself; only the account, CloudWatch Logs and (for alarm
-                    # actions on an encrypted topic) CloudWatch of this account hold it.
+                    # In a key policy "*" is the key itself; only the account, CloudWatch Logs, (for alarm
+                    # actions on an encrypted topic) CloudWatch of this account and (for the job events'
+                    # dead-letter queue) EventBridge rules of this account hold it.
                     principal = statement["Principal"]
                     service = str(principal.get("Service", ""))
-                    alarms = service == "cloudwatch.amazonaws.com" and "aws:SourceAccount" in statement.get(
-                        "Condition", {}
-                    ).get("StringEquals", {})
-                    assert "AWS" in principal or service.startswith("logs.") or alarms, principal
+                    conditions = statement.get("Condition", {})
+                    alarms = service == "cloudwatch.amazonaws.com" and "aws:SourceAccount" in conditions.get(
+                        "StringEquals", {}
+                    )
+                    rules = service == "events.amazonaws.com" and ":events:" in json.dumps(
+                        conditions.get("ArnLike", {}).get("aws:SourceArn")
+                    )
+                    assert "AWS" in principal or service.startswith("logs.") or alarms or rules, principal
                     continue
                 actions = as_list(statement["Action"])
                 assert as_list(statement["Resource"]) == ["*"], f"{path.name} {logical_id}: mixes * with ARNs"

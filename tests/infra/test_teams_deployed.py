@@ -11,8 +11,9 @@ moto evaluates actions and resources, not condition keys: what the conditions ad
 on CreateTrainingJob, the `s3:prefix` of ListBucket, PassRole's service) is asserted on the
 synthesized statements in test_access.py and test_launcher.py.
 
-The services stack (prod's CodeArtifact PyPI mirror and its endpoints) is deployed too. moto implements
-no CodeArtifact API, so what a team's jobs may do with the mirror is judged by moto's own policy
+The services stack (prod's CodeArtifact PyPI mirror, its MLflow tracking server, and their endpoints)
+is deployed too. moto implements no CodeArtifact API and does not model the tracking server, so what
+a team's jobs may do with the mirror and the server is judged by moto's own policy
 evaluator on the execution role's policies as moto's IAM holds them after the deployment (actions,
 resources and StringEquals conditions).
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import time
 from unittest import mock
 
 import boto3
@@ -33,7 +35,9 @@ from moto_cloudformation import deploy_stage, iam_enforced
 
 from llmtrain.catalog import Catalog
 from llmtrain.cli import main
+from llmtrain.errors import LlmtrainError
 from llmtrain.functions import ENV_PLATFORM_CONTEXT
+from llmtrain.launcher_client import LauncherClient
 from llmtrain.platform import PlatformContext
 from llmtrain.render import RunInput, render
 from training_constructs.teams import TEAM_TAG
@@ -140,8 +144,9 @@ def allowed(call) -> bool:
 def test_every_stack_of_the_two_team_environment_deploys(deployed):
     assert set(deployed.stage.statuses.values()) == {"CREATE_COMPLETE"}, deployed.stage.statuses
     assert len(deployed.stage.statuses) == 6
-    # The mirror's ARN is an attribute of a resource moto does not model (its output only is left out).
-    assert deployed.stage.outputs_left_out == ["PackageRepositoryArn"]
+    # The mirror's and the MLflow tracking server's ARNs are attributes of resources moto does not model
+    # (their outputs only are left out).
+    assert deployed.stage.outputs_left_out == ["PackageRepositoryArn", "MlflowTrackingServerArn"]
     for team in TEAMS:
         for output in ("ExecutionRoleArn", "EngineerPolicyArn", "StateMachineArn", "NotificationTopicArn"):
             assert f"Team{team.capitalize()}{output}" in deployed.outputs, (team, output)
@@ -371,6 +376,55 @@ def test_a_teams_engineer_uploads_and_lists_its_datasets_with_the_cli(deployed, 
 
 
 @pytest.mark.parametrize("team", TEAMS)
+def test_a_teams_engineers_read_only_its_jobs_logs(deployed, team):
+    """Issue 25: FilterLogEvents, which AWS authorizes on the whole shared log group, let one team's
+    engineer read another team's job log. Now the engineers read events stream by stream (GetLogEvents
+    on their team's streams), as `llmtrain logs` (LauncherClient.logs) does for the team's own runs."""
+    other = OTHER[team]
+    sagemaker = boto3.client("sagemaker", region_name=deployed.region)
+    logs = boto3.client("logs", region_name=deployed.region)
+    group = "/aws/sagemaker/TrainingJobs"  # SageMaker creates it with the account's first job
+    if group not in [g["logGroupName"] for g in logs.describe_log_groups()["logGroups"]]:
+        logs.create_log_group(logGroupName=group)
+    streams = {}
+    for owner in TEAMS:
+        request = _rendered(deployed, owner, f"{owner}-logs-for-{team}")
+        sagemaker.create_training_job(**request)
+        streams[owner] = f"{request['TrainingJobName']}/algo-1-1700000000"
+        logs.create_log_stream(logGroupName=group, logStreamName=streams[owner])
+        event = {"timestamp": int(time.time() * 1000), "message": f"secret of {owner}"}
+        logs.put_log_events(logGroupName=group, logStreamName=streams[owner], logEvents=[event])
+    engineer = deployed.client("engineer", team, "logs")
+    with iam_enforced():
+        assert allowed(lambda: engineer.get_log_events(logGroupName=group, logStreamName=streams[team]))
+        assert not allowed(lambda: engineer.get_log_events(logGroupName=group, logStreamName=streams[other]))
+        assert not allowed(lambda: engineer.filter_log_events(logGroupName=group))
+        assert not allowed(
+            lambda: engineer.filter_log_events(logGroupName=group, logStreamNames=[streams[team]])
+        )
+        assert allowed(lambda: engineer.describe_log_streams(logGroupName=group))
+
+    # What `llmtrain logs` reads, as the engineer: the run's job, its streams, their events. (prod queues
+    # its runs, and moto implements no Batch service job: these jobs were created directly, so the
+    # client reads them as in an environment without queues.)
+    prefixes = {owner: deployed.platform_context(owner).job_name_prefix for owner in TEAMS}
+
+    def read(run_owner: str):
+        client = LauncherClient(session=deployed.sessions[("engineer", team)], region=deployed.region,
+                                state_machine_arn=deployed.state_machine(run_owner),
+                                job_name_prefix=prefixes[run_owner])
+        return client.logs(f"{run_owner}-logs-for-{team}")
+
+    with iam_enforced():
+        assert [event["message"] for event in read(team)] == [f"secret of {team}"]
+        with pytest.raises(LlmtrainError) as denied:
+            read(other)
+    # (moto answers a JSON-protocol denial with an XML body, which botocore reads as the code "403".)
+    assert "not authorized to perform: logs:GetLogEvents" in str(denied.value)
+    assert "secret" not in str(denied.value)
+
+
+@pytest.mark.parametrize("team", TEAMS)
 def test_a_teams_launcher_submits_only_to_its_queues_with_its_share_and_creates_no_job(deployed, team):
     """prod queues its runs: the launcher role creates no training job (Batch's service-linked role
     does), which moto's IAM enforcement checks on the call. moto implements no Batch service job, so
@@ -444,6 +498,24 @@ def test_every_request_the_prod_teams_render_encrypts_inter_container_traffic(de
                 )
                 rendered += 1
     assert rendered == sum(len(catalog.versions(n)) for n in environments[ENVIRONMENT].enabled_templates)
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_prods_jobs_log_to_its_mlflow_tracking_server(deployed, environments, team):
+    """Issue 25: prod had no tracking server. Every request a prod team renders, with the context its
+    deployed functions received, names the server (MlflowConfig, and MLFLOW_TRACKING_URI for the
+    program), and the team's execution role may log to it (moto's evaluator, on the role as deployed)."""
+    config = environments[ENVIRONMENT]
+    server = f"arn:aws:sagemaker:{config.region}:{config.account}:mlflow-tracking-server/llmtrain-prod"
+    assert config.mlflow.tracking_server
+    context = deployed.platform_context(team)
+    assert context.mlflow_tracking_server_arn == server
+    request = _rendered(deployed, team, f"{team}-tracked")
+    assert request["MlflowConfig"]["MlflowResourceArn"] == server
+    assert request["Environment"]["MLFLOW_TRACKING_URI"] == server
+    role = deployed.outputs[f"Team{team.capitalize()}ExecutionRoleArn"].rsplit("/", 1)[1]
+    assert role_allows(role, "sagemaker-mlflow:LogBatch", server)
+    assert not role_allows(role, "sagemaker-mlflow:LogBatch", server.replace("llmtrain-prod", "other"))
 
 
 def _rendered(deployed, team: str, run_name: str) -> dict:

@@ -399,6 +399,7 @@ class SimulatedTrainingJobs:
     def __init__(self, outcomes: list[JobOutcome]):
         self.outcomes = list(outcomes)
         self.requests: list[dict[str, Any]] = []
+        self.tuning_requests: list[dict[str, Any]] = []
         self._outcome_of: dict[str, JobOutcome] = {}
 
     def create(self, request: dict[str, Any]) -> str:
@@ -454,6 +455,38 @@ class SimulatedTrainingJobs:
     def _moto_job(job_name: str):
         return sagemaker_backends[ACCOUNT][REGION].training_jobs[job_name]
 
+    # -- sagemaker:createHyperParameterTuningJob.sync (a tune) --------------------------------------
+
+    def create_tuning(self, request: dict[str, Any]) -> str:
+        """CreateHyperParameterTuningJob through a botocore client that validates the request against
+        SageMaker's API model, into moto's SageMaker; the tuning job then ends as scripted."""
+        if not self.outcomes:
+            raise AssertionError(f"no scripted outcome left for tuning job #{len(self.tuning_requests) + 1}")
+        outcome = self.outcomes.pop(0)
+        client = boto3.client("sagemaker", region_name=REGION)
+        arn = client.create_hyper_parameter_tuning_job(**request)["HyperParameterTuningJobArn"]
+        name = request["HyperParameterTuningJobName"]
+        tuning = sagemaker_backends[ACCOUNT][REGION].hyper_parameter_tuning_jobs[name]
+        tuning.hyper_parameter_tuning_job_status = "InProgress"
+        self._outcome_of[name] = outcome
+        self.tuning_requests.append(request)
+        return arn
+
+    def finish_tuning(self, name: str) -> dict[str, Any] | None:
+        outcome = self._outcome_of[name]
+        if outcome.hold is not None and not outcome.hold.is_set():
+            return None
+        tuning = sagemaker_backends[ACCOUNT][REGION].hyper_parameter_tuning_jobs[name]
+        tuning.hyper_parameter_tuning_job_status = outcome.status
+        if outcome.failure_reason:
+            tuning.failure_reason = outcome.failure_reason
+        client = boto3.client("sagemaker", region_name=REGION)
+        described = client.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName=name)
+        description = _json_ready(described)
+        description.pop("ResponseMetadata", None)
+        if outcome.status != "Completed":
+            raise TrainingJobEnded(description)
+        return description
     # -- the training jobs Batch creates for service jobs ------------------------------------------------
 
     def create_for_batch(self, payload: Mapping[str, Any], tags: Mapping[str, str]) -> str:
@@ -485,9 +518,15 @@ def _simulated_service(jobs: SimulatedTrainingJobs) -> type[callback.StateTaskSe
             )
 
         def _validate_service_integration_is_supported(self):
-            assert self.resource.api_action == "createTrainingJob", self.resource.resource_arn
+            assert self.resource.api_action in ("createTrainingJob", "createHyperParameterTuningJob"), (
+                self.resource.resource_arn)
 
         def _eval_service_task(self, env, resource_runtime_part, normalised_parameters, state_credentials):
+            if self.resource.api_action == "createHyperParameterTuningJob":
+                name = normalised_parameters["HyperParameterTuningJobName"]
+                env.stack.append({"HyperParameterTuningJobArn": jobs.create_tuning(normalised_parameters),
+                                  "HyperParameterTuningJobName": name})
+                return
             env.stack.append(
                 {
                     "TrainingJobArn": jobs.create(normalised_parameters),
@@ -497,6 +536,8 @@ def _simulated_service(jobs: SimulatedTrainingJobs) -> type[callback.StateTaskSe
 
         def _build_sync_resolver(self, env, resource_runtime_part, normalised_parameters, state_credentials):
             submitted = env.stack.pop()
+            if "HyperParameterTuningJobName" in submitted:
+                return lambda: jobs.finish_tuning(submitted["HyperParameterTuningJobName"])
             return lambda: jobs.finish(submitted["TrainingJobName"])
 
         def _from_error(self, env, ex):

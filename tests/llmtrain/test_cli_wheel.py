@@ -12,7 +12,10 @@ In that environment the README's "Train" commands run as written, in order, from
 and the cloud steps (`data upload`, `start`, `status`, `runs`) against a moto server (its S3, SSM, STS
 and Step Functions, with environment dev's record for team nlp and a stand-in launcher state machine,
 as tests/llmtrain/deployed_support.py writes them), where `start` reaches the launcher: a Step
-Functions execution. The launcher's real definition runs in test_cli_deployed.py.
+Functions execution. The launcher's real definition runs in test_cli_deployed.py. The section's
+later block (tuning and base models) is not run here: a local tune is eight local runs
+(tests/e2e/test_local_tune.py runs one), a cloud tune needs the launcher's real definition
+(test_launcher_tune.py) and a base model JumpStart's catalogue (test_tune_cli.py, test_jumpstart.py).
 """
 
 from __future__ import annotations

@@ -309,6 +309,25 @@ def test_start_refuses_channels_outside_the_teams_datasets_or_empty(capsys, laun
     ]
 
 
+@pytest.mark.parametrize(
+    ("escape", "problem"),
+    [("../other/tokens/", "the path segment '..'"), ("./../other/", "the path segment '.'"),
+     ("%2e%2e/other/", "a percent sign"), (f"{DATASET}/train/ ", "holds SPACE")],
+)
+def test_start_and_render_refuse_a_channel_that_leaves_the_teams_prefix(capsys, launcher, escape, problem):
+    """Issue 25: these start with the team's datasets prefix, so they passed `start` and the launcher."""
+    put_dataset(DATASET, team="other")
+    code, out, err = start(capsys, "r5", f"channels.validation={TEAM_URI}{escape}")
+    assert code == 2 and out == ""
+    assert "override 'channels.validation'" in err and problem in err
+    assert not boto3.client("stepfunctions", region_name=REGION).list_executions(stateMachineArn=launcher)[
+        "executions"
+    ]
+    code, out, err = llmtrain(capsys, "render", "gpt2-ddp", "--run-name", "r5", "--env", "dev",
+                              "--set", f"channels.validation={TEAM_URI}{escape}")
+    assert code == 2 and out == "" and problem in err
+
+
 def test_start_checks_the_channels_manifests_as_the_job_will_load_them(capsys, launcher):
     """What the job would fail on once its instances are up is refused before anything starts: the
     dataset's top folder as the train channel, a manifest that is not one, a missing shard, a
@@ -436,6 +455,8 @@ def test_start_plans_the_run_as_the_launcher_would_before_starting_it(capsys, aw
     deploy_environment(arn, teams=[team_access(arn, run_budget_usd=10.0)])
     code, _, err = start(capsys, "r10", "max_steps=200000")
     assert code == 2 and "above team 'default''s budget of $10 per run" in err
+    assert ("(TeamSpec.max_run_cost_usd in a CDK app of llmtrain-constructs; teams.default.max_run_cost_usd, "
+            "else budgets.max_run_cost_usd in the platform's config/<env>.yaml)") in " ".join(err.split())
     too_big = ("model_preset=gpt2-medium", "seq_len=1024", "micro_batch_size=16")
     code, _, err = start(capsys, "r10", *too_big)
     assert code == 2 and "planned not to fit" in err and "skip_plan_check" in err
@@ -586,6 +607,29 @@ def test_logs_print_the_latest_attempt_or_the_one_asked_for(capsys, launcher):
     assert code == 2 and "attempt 9 of run 'r7' has no training job yet" in err
 
 
+def test_logs_read_a_long_stream_page_by_page_from_its_end(capsys, launcher):
+    """`llmtrain logs` reads each of the job's streams with GetLogEvents (the engineers' policy grants
+    it on their team's streams only, issue 25), backwards from the end, 10,000 events a page."""
+    start(capsys, "r9")
+    _job(f"{PREFIX}-r9-a1", "InProgress", final_metrics=False)
+    logs = boto3.client("logs", region_name=REGION)
+    logs.create_log_group(logGroupName=TRAINING_LOG_GROUP)
+    stream = f"{PREFIX}-r9-a1/algo-1-1700000000"
+    logs.create_log_stream(logGroupName=TRAINING_LOG_GROUP, logStreamName=stream)
+    begin = int(time.time() * 1000) - 20_000
+    for first in range(0, 12_000, 6_000):
+        logs.put_log_events(
+            logGroupName=TRAINING_LOG_GROUP,
+            logStreamName=stream,
+            logEvents=[{"timestamp": begin + i, "message": f"line {i}"} for i in range(first, first + 6_000)],
+        )
+    code, out, _ = llmtrain(capsys, "logs", "r9", "--limit", "0")
+    assert code == 0
+    assert out.splitlines() == [f"[algo-1-1700000000] line {i}" for i in range(12_000)]
+    code, out, _ = llmtrain(capsys, "logs", "r9", "--limit", "3")
+    assert out.splitlines() == [f"[algo-1-1700000000] line {i}" for i in range(11_997, 12_000)]
+
+
 def test_status_without_cloudwatch_access_still_shows_the_run(capsys, launcher, monkeypatch):
     """An engineer whose policy lacks CloudWatch reads gets the rest of the status and a note why."""
     start(capsys, "r8")
@@ -629,6 +673,8 @@ def test_runs_lists_each_run_once_with_its_jobs(capsys, launcher):
         "started": None,
         "billable_seconds": 600,
         "executions": 1,
+        "kind": "run",
+        "trials": None,
     }
     assert rows["beta"]["status"] == "SUCCEEDED" and rows["beta"]["executions"] == 2
     assert rows["beta"]["instance_type"] is None and rows["beta"]["billable_seconds"] is None

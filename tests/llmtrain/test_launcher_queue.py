@@ -139,6 +139,10 @@ def test_a_run_waits_in_its_queue_then_trains_and_is_summarized(launcher):
         ({"priority": -1}, "'priority' must be a whole number from 0 to 9999"),
         ({"overrides": {"instance_count": 8, "instance_type": "ml.p4d.24xlarge", "max_steps": 10}},
          "the run asks for 8 instances; the environment's queues run at most 4 at once"),
+        # `llmtrain tune`: a SageMaker tuning job cannot be submitted to a Batch queue.
+        ({"tune": {"params": [{"name": "lr", "kind": "continuous", "low": 1e-5, "high": 1e-3, "log": True}],
+                   "objective": "train:loss"}},
+         "tuning jobs cannot be queued: tune in an environment without queues, or locally (--local)"),
     ],
 )
 def test_bad_input_submits_nothing(launcher, execution_input, message):
@@ -147,6 +151,7 @@ def test_bad_input_submits_nothing(launcher, execution_input, message):
     assert run.status == "FAILED" and run.error == "InvalidRunInput", run.cause
     assert message in run.cause
     assert harness.batch.submitted == [] and harness.jobs.requests == []
+    assert harness.jobs.tuning_requests == []
 
 
 def test_llmtrain_stop_cancels_a_queued_run(launcher):

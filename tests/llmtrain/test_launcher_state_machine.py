@@ -464,6 +464,33 @@ def test_a_run_name_with_upper_case_is_refused(launcher):
     assert len(harness.jobs.requests) == 1
 
 
+def test_a_channel_escaping_the_teams_prefix_creates_no_job(launcher):
+    """Issue 25: a channel that starts with the team's datasets prefix and then leaves it (a dot
+    segment, percent-encoding, a trailing space) passed Resolve and created a training job."""
+    with launcher([JobOutcome()]) as harness:
+        datasets = _platform(harness).datasets_uri
+        other = datasets.replace("/teams/default/", "/teams/other/")
+        escapes = {
+            "dots": (f"{datasets}../other/tokens/", "the path segment '..'"),
+            "dot": (f"{datasets}./../other/tokens/", "the path segment '.'"),
+            "encoded": (f"{datasets}%2e%2e/other/tokens/", "a percent sign"),
+            "space": (f"{datasets}tokens/ ", "holds SPACE"),
+        }
+        runs = {
+            name: harness.run(
+                {"template": "gpt2-ddp", "run_name": f"escape-{name}", "overrides": {"channels.train": uri}}
+            )
+            for name, (uri, _) in escapes.items()
+        }
+        outside = harness.run(
+            {"template": "gpt2-ddp", "run_name": "outside", "overrides": {"channels.train": other}}
+        )
+    for name, (_, problem) in escapes.items():
+        _rejected_before_any_job(harness, runs[name], "override 'channels.train'", problem)
+    _rejected_before_any_job(harness, outside, "is outside team 'default''s datasets prefix")
+    assert harness.jobs.requests == []
+
+
 def test_the_planner_guards_the_launcher_and_the_summary_reports_the_cost(launcher):
     """Resolve plans every run (llmtrain.planner): it refuses one planned not to fit its GPUs,
     naming the change that would, unless the input sets skip_plan_check, and one planned to cost

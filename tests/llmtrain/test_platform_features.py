@@ -98,8 +98,16 @@ def test_training_plan_mistakes_are_refused_naming_the_setting(overrides, messag
 
 def test_remote_debugging_needs_an_environment_that_allows_it():
     assert _render("gpt2-ddp@1.2.0", remote_debug="true")["RemoteDebugConfig"] == {"EnableRemoteDebug": True}
-    with pytest.raises(OverrideError, match="does not allow remote debugging"):
+    with pytest.raises(OverrideError, match="does not allow remote debugging") as refused:
         _render("gpt2-ddp@1.2.0", platform_context(), remote_debug="true")
+    # Said for both kinds of deployment (issue 25: construct-library users were sent to config/ only).
+    assert ("(TrainingLauncherProps.platform_features['remote_debug'] in a CDK app of llmtrain-constructs; "
+            "remote_debug.enabled in the platform's config/<env>.yaml) and deploys") in str(refused.value)
+    with pytest.raises(OverrideError) as no_plans:
+        _render("gpt2-ddp@1.2.0", platform_context(), training_plan="p4d-week", spot="false")
+    assert ("its plans: none (listed as TrainingLauncherProps.platform_features['training_plans'] in a CDK "
+            "app of llmtrain-constructs; training_plans in the platform's config/<env>.yaml)") in str(
+        no_plans.value)
 
 
 def test_multi_node_gpu_templates_of_1_2_0_check_instance_health_first():

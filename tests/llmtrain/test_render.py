@@ -3,6 +3,7 @@ within bounds; every rejection path fails with a message naming the setting."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -189,6 +190,57 @@ def test_a_channel_outside_the_teams_datasets_prefix_is_refused_naming_the_prefi
     assert "its channels may read only under s3://llmtrain-test-datasets/teams/nlp/" in str(error.value)
 
 
+# Each of these starts with team nlp's datasets prefix, which the check before issue 25 compared as a
+# string, and reads elsewhere: S3 keeps `..` and `%2e` as written, other clients resolve them.
+ESCAPES = {
+    "s3://llmtrain-test-datasets/teams/nlp/../vision/val/": "the path segment '..'",
+    "s3://llmtrain-test-datasets/teams/nlp/./../vision/val/": "the path segment '.'",
+    "s3://llmtrain-test-datasets/teams/nlp/%2e%2e/vision/val/": "a percent sign",
+    "s3://llmtrain-test-datasets/teams/nlp/%2E%2E%2Fvision/": "a percent sign",
+    "s3://llmtrain-test-datasets/teams/nlp/val/ ": "SPACE at position 42",
+    "s3://llmtrain-test-datasets/teams/nlp/val/\n": "U+000A at position 42",
+    "s3://llmtrain-test-datasets/teams/nlp/va\u200bl/": "ZERO WIDTH SPACE",
+    "s3://llmtrain-test-datasets/teams/nlp//val/": "an empty path segment",
+    "s3://llmtrain-test-datasets/teams/nlp/..\\vision\\": "a backslash",
+    "s3://llmtrain-test-datasets/teams/nlp/val?x=1": "a '?'",
+}
+
+
+@pytest.mark.parametrize(("uri", "problem"), ESCAPES.items())
+def test_a_channel_that_could_read_outside_the_teams_prefix_is_refused_saying_what_to_fix(uri, problem):
+    """Issue 25: each of these passed render (and so the launcher's Resolve) and created a job."""
+    team = platform_context(team="nlp", job_name_prefix="llmtrain-test-nlp")
+    with pytest.raises(OverrideError) as error:
+        _render("llama-finetune-deepspeed", team, overrides={"channels.validation": uri})
+    message = str(error.value)
+    assert message.startswith("override 'channels.validation': ") and problem in message
+    assert repr(uri)[:40] in message
+
+
+def test_a_templates_default_channel_is_parsed_like_a_runs():
+    template = CATALOG.resolve("llama-finetune-deepspeed")
+    escaping = dataclasses.replace(
+        template, inputs=dataclasses.replace(template.inputs, channels={"train": "tokens/../../vision/"})
+    )
+    with pytest.raises(OverrideError, match="'channels.train': .* the path segment '..'"):
+        render(escaping, RunInput(run_name="r1"), platform_context(team="nlp"))
+
+
+def test_bounds_are_written_in_their_settings_type():
+    """Issue 25: an int setting's bounds printed as floats ("below the minimum 1.0 ... <= 1000000.0")."""
+    with pytest.raises(OverrideError) as low:
+        _render("gpt2-ddp@1.2.0", overrides={"max_steps": 0})
+    assert str(low.value) == (
+        "override 'max_steps': 0 is below the minimum 1; allowed: int >= 1 <= 1000000"
+    )
+    with pytest.raises(OverrideError) as wrong:
+        _render("gpt2-ddp@1.2.0", overrides={"max_steps": "1.5"})
+    assert str(wrong.value).endswith("is not a valid int; expected int >= 1 <= 1000000")
+    with pytest.raises(OverrideError) as small:
+        _render("gpt2-ddp@1.2.0", overrides={"lr": 1e-9})
+    assert "below the minimum 1e-06; allowed: float >= 1e-06 <= 0.01" in str(small.value)
+
+
 def test_a_teams_runs_write_under_its_prefix_and_carry_its_tag():
     team = platform_context(team="nlp", job_name_prefix="llmtrain-test-nlp")
     request = _render("llama-pretrain-fsdp", team)
@@ -201,21 +253,28 @@ def test_a_teams_runs_write_under_its_prefix_and_carry_its_tag():
     assert {"Key": "llmtrain:team", "Value": "nlp"} in request["Tags"]
 
 
+def _set_as(limit: str) -> str:
+    return (f"TeamSpec.{limit} in a CDK app of llmtrain-constructs; teams.nlp.{limit} in the platform's "
+            "config/<env>.yaml")
+
+
 @pytest.mark.parametrize(
     ("limits", "ref", "overrides", "message"),
     [
         ({"allowed_templates": ("gpt2-ddp",)}, "llama-pretrain-fsdp", {},
          "team 'nlp': template 'llama-pretrain-fsdp' is not one of its templates (gpt2-ddp); "
-         "the platform team sets it as teams.nlp.templates"),
+         f"the platform team sets the team's templates ({_set_as('templates')})"),
         ({"allowed_instance_types": ("ml.g5.12xlarge",)}, "gpt2-ddp", {"instance_type": "ml.p4d.24xlarge"},
          "instance type ml.p4d.24xlarge is not one of its instance types (ml.g5.12xlarge); "
-         "the platform team sets it as teams.nlp.instance_types"),
+         f"the platform team sets the team's instance_types ({_set_as('instance_types')})"),
         ({"max_instance_count": 2}, "llama-pretrain-fsdp", {"instance_count": 4},
-         "instance_count 4 is above its cap of 2 instances per job; the platform team sets it as "
-         "teams.nlp.max_instance_count"),
+         "instance_count 4 is above its cap of 2 instances per job; the platform team sets the team's "
+         f"max_instance_count ({_set_as('max_instance_count')})"),
     ],
 )
 def test_a_run_beyond_its_teams_limits_is_refused_naming_the_limit(limits, ref, overrides, message):
+    """The limit is named as both kinds of deployment set it (issue 25: the construct library's
+    users were sent to this repository's config/<env>.yaml only)."""
     team = platform_context(team="nlp", job_name_prefix="llmtrain-test-nlp", **limits)
     with pytest.raises(TeamLimitError) as error:
         _render(ref, team, overrides=overrides)

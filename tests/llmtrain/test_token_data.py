@@ -14,13 +14,10 @@ from llmtrain.cli import main
 from llmtrain.local.data import parse_data_option
 from llmtrain.sourcedir import repository_root
 from llmtrain.token_data import (
-    DTYPE_BYTES,
     FORMAT,
     MANIFEST,
     SHIPPED_TOKENIZER,
-    SPLITS,
     TOKENIZER_FOLDER,
-    VERSIONS,
     RunShape,
     TokenDataError,
     TokenizerFacts,
@@ -36,11 +33,7 @@ TOKENIZER = ROOT / "training_jobs" / "assets" / "tokenizer"
 TEXT = "".join(f"Note {i}: the cat sees the red door. The dog finds map {i}.\n\n" for i in range(400))
 
 
-def test_the_manifest_format_is_the_training_programs():
-    assert (FORMAT, MANIFEST) == (shards.FORMAT, shards.MANIFEST)
-    assert VERSIONS == {shards.VERSION: False, shards.MASKED_VERSION: True}
-    assert DTYPE_BYTES == {name: dtype.itemsize for name, dtype in shards.DTYPES.items()}
-    assert (SPLITS, TOKENIZER_FOLDER) == (prepare_data.SPLITS, prepare_data.TOKENIZER_FOLDER)
+def test_the_shipped_tokenizer_is_where_the_program_finds_it():
     assert repository_root() / SHIPPED_TOKENIZER == models.SHIPPED_TOKENIZER
 
 

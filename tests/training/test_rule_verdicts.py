@@ -70,6 +70,9 @@ def test_a_throughput_drop_is_judged_per_window_after_the_warm_up():
         _feed(rules, [3.0] * 2, first=7 + 2 * window)
         assert rules.judge_window(8 + 2 * window, steps=2, tokens_per_sec=1000.0 + window) == []
     _feed(rules, [3.0] * 2, first=17)
+    # beside a background checkpoint write: neither judged nor counted in the median
+    assert rules.judge_window(18, steps=2, tokens_per_sec=1.0, measured_alone=False) == []
+    assert rules.pending is None
     [verdict] = rules.judge_window(18, steps=2, tokens_per_sec=400.0)
     assert verdict.describe() == ("throughput_drop at step 18: tokens/s 400 is below 0.5 x its running "
                                   "median 1002 (action stop)")

@@ -26,6 +26,7 @@ from .metrics import (
     measured_peak_flops,
     table_peak_flops,
 )
+from .model_channel import model_folder
 from .models import attention_implementation, load_tokenizer, model_source
 from .parallel import COMPUTE_DTYPES
 from .rules import Rules
@@ -150,11 +151,11 @@ def build(config: TrainConfig, env: JobEnvironment, device: torch.device,
     config, dims = resolve_cluster(config, env.world_size, env.num_hosts)
     if config.logging.preflight_check:
         _preflight(device, env)
-    tokenizer, tokenizer_path = load_tokenizer(env.channel("tokenizer"), env.channel("model"))
+    model_channel = model_folder(env.channel("model"))
+    tokenizer, tokenizer_path = load_tokenizer(env.channel("tokenizer"), model_channel)
     attention = attention_implementation(config.model.attention, compiled=config.parallel.compile,
                                          device_type=device.type)
-    source = model_source(config.model, env.channel("model"), tokenizer, config.data.seq_len,
-                          attention)
+    source = model_source(config.model, model_channel, tokenizer, config.data.seq_len, attention)
     vocab = source.config.vocab_size
     samples = (_channel_samples(env, "train", config.data.seq_len, vocab),
                _channel_samples(env, "validation", config.data.seq_len, vocab))

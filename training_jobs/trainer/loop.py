@@ -49,6 +49,8 @@ class Window:
     losses: list[torch.Tensor] = field(default_factory=list)
     grad_norms: list[torch.Tensor] = field(default_factory=list)
     excluded: float = 0.0  # seconds spent evaluating, checkpointing or rolling back inside the window
+    # a checkpoint written in the background competes with these steps for the host: not a drop
+    beside_a_save: bool = False
 
 
 @dataclass
@@ -168,18 +170,19 @@ def report(ctx: LoopContext, window: Window) -> None:
     ctx.metrics.train({"step": ctx.step, "loss": sum(losses) / steps, "lr": ctx.strategy.current_lr(),
                        "grad_norm": grad_norms[-1], "tokens_per_sec": tokens_per_sec, "mfu": mfu,
                        "step_time": elapsed / steps, "memory_gb": peak_memory_gb(ctx.device)})
-    _judge_window(ctx, window.first_step, losses, grad_norms, tokens_per_sec)
+    _judge_window(ctx, window, losses, grad_norms, tokens_per_sec)
 
 
-def _judge_window(ctx: LoopContext, first_step: int, losses: list[float], grad_norms: list[float],
+def _judge_window(ctx: LoopContext, window: Window, losses: list[float], grad_norms: list[float],
                   tokens_per_sec: float) -> None:
     rules, steps = ctx.rules, len(losses)
     values = same_on_every_rank([*losses, *grad_norms, tokens_per_sec])
     verdicts = []
     if not rules.judges_before_update:
         for offset in range(steps):
-            verdicts += rules.judge_step(first_step + offset, values[offset], values[steps + offset])
-    verdicts += rules.judge_window(ctx.step, steps, values[-1])
+            verdicts += rules.judge_step(window.first_step + offset, values[offset],
+                                         values[steps + offset])
+    verdicts += rules.judge_window(ctx.step, steps, values[-1], measured_alone=not window.beside_a_save)
     _record_verdicts(ctx, verdicts)
 
 
@@ -272,6 +275,7 @@ def _after_step(ctx: LoopContext, window: Window, last: bool) -> tuple[Window, b
     if checkpoint_now or stop or last:
         save(ctx, wait=stop or last)  # the job ends after these: their files must be on disk
         _beat(ctx, f"the checkpoint of step {ctx.step}")
+        window.beside_a_save = ctx.store.pending is not None
     window.excluded += time.perf_counter() - paused  # not training time: keep it out of tokens/s
     return window, stop
 

@@ -15,11 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..contract import token_data
 from ..contract.hyperparameters import ConfigError, ModelConfig
 from ..contract.presets import PRESETS, padded_vocab_size
 from .errors import ContainerError
 
-SHIPPED_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tokenizer"
+SHIPPED_TOKENIZER = Path(__file__).resolve().parents[2].joinpath(*token_data.SHIPPED_TOKENIZER)
 
 # Pretraining from scratch: no dropout (the modern recipe, and exactly reproducible).
 _GPT2_NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}

@@ -152,10 +152,12 @@ class Rules:
         self._hold(verdicts)
         return verdicts
 
-    def judge_window(self, step: int, steps: int, tokens_per_sec: float) -> list[Verdict]:
-        """A logging window of `steps` steps ending at `step`; one that began in the warm-up is not
-        judged (its first steps compiled)."""
-        if self.steps_judged - steps < self.config.rule_warmup_steps:
+    def judge_window(self, step: int, steps: int, tokens_per_sec: float, *,
+                     measured_alone: bool = True) -> list[Verdict]:
+        """A logging window of `steps` steps ending at `step`; one that began in the warm-up (its
+        first steps compiled) or ran beside a checkpoint written in the background (which competes
+        for the host) is neither judged nor counted."""
+        if not measured_alone or self.steps_judged - steps < self.config.rule_warmup_steps:
             return []
         verdict = self.throughput.judge(step, tokens_per_sec)
         verdicts = [verdict] if verdict else []

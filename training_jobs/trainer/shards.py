@@ -27,14 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..contract.token_data import DTYPE_BYTES, FORMAT, MANIFEST, MASK_SUFFIX, MASKED_VERSION, VERSION
 from .errors import DataError
 
-FORMAT = "llmtrain-token-shards"
-VERSION = 1
-MASKED_VERSION = 2  # loss-masked datasets
-MASK_SUFFIX = ".mask"
-MANIFEST = "manifest.json"
-DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+__all__ = ["DTYPES", "FORMAT", "MANIFEST", "MASKED_VERSION", "MASK_SUFFIX", "VERSION"]
+
+DTYPES = {name: np.dtype(f"<u{size}") for name, size in DTYPE_BYTES.items()}
 
 
 def dtype_for_vocab(vocab_size: int) -> str:

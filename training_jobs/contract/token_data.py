@@ -1,0 +1,20 @@
+"""The on-disk format of the token shards a run's `train` and `validation` channels hold: what
+prepare_data writes, what the program loads (trainer/shards.py) and what the platform checks before a
+job starts (llmtrain.token_data). The full description is in trainer/shards.py.
+"""
+
+FORMAT = "llmtrain-token-shards"
+MANIFEST = "manifest.json"
+VERSION = 1
+MASKED_VERSION = 2  # loss-masked datasets (prompt/completion pairs, conversations)
+# Manifest version -> whether the dataset is loss-masked.
+LOSS_MASKED = {VERSION: False, MASKED_VERSION: True}
+MASK_SUFFIX = ".mask"
+# Token id dtypes (little-endian unsigned) -> bytes per token.
+DTYPE_BYTES = {"uint16": 2, "uint32": 4}
+# prepare_data's split folders, and the channels the program reads them from.
+SPLITS = ("train", "validation")
+# The folder beside the splits that holds the tokenizer the shards were made with.
+TOKENIZER_FOLDER = "tokenizer"
+# The tokenizer the program uses when a run brings none (its `tokenizer` channel, its `model` channel).
+SHIPPED_TOKENIZER = ("training_jobs", "assets", "tokenizer")
