@@ -27,11 +27,11 @@ from dataclasses import dataclass, replace
 
 from llmtrain.instances import GPU_MODELS, HOPPER_ATTENTION_EFFICIENCY, GpuModel
 from llmtrain.planner import memory, speed
+from llmtrain.planner.memory import GIB
 from llmtrain.planner.workload import Layout, Workload, hyperparameter_values, workload_and_layout
 
 SPEED_TOLERANCE = 0.15
 GAP_TOLERANCE = 0.20
-GIB = 1024**3
 
 
 @dataclass(frozen=True)
