@@ -5,9 +5,9 @@ The planner (llmtrain.planner) against what it predicts, in one table each:
 1. Memory, measured here: the training program runs on this CPU (torchrun, gloo) for every
    configuration in MEMORY_CONFIGS, and bench/workers/plan_memory.py counts what each rank holds:
    parameters, gradients, optimizer state (live tensors) and activations (saved-tensor hooks).
-2. Speed, against published runs: torchtitan's Llama 3.1 8B FSDP runs on H100s
-   (benchmarks/llama3_h100_202412_torchtitan.md) and the seeds' data-parallel scaling table.
-   Which figures calibrated the model and which only check it is in CALIBRATED / each row.
+2. Speed, against published runs (bench/published.py: torchtitan's A100, H100 and H200 tables incl.
+   FP8, context parallel, 2-D and 3-D; AWS's torchtitan-on-SageMaker runs) and the seeds'
+   data-parallel scaling table. Each row says whether it calibrates a constant or only checks.
 
 docs/planning.md shows the tables; tests/bench/test_plan_bench.py runs a subset.
 """
@@ -20,27 +20,25 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from llmtrain.instances import GPU_MODELS, InstanceType, instance_type
+from bench import published
+from llmtrain.instances import instance_type
 from llmtrain.planner import memory, speed
-from llmtrain.planner.shapes import SHIPPED_TOKENIZER_VOCAB, preset_shape
+from llmtrain.planner.shapes import SHIPPED_TOKENIZER_VOCAB
 from llmtrain.planner.workload import (
-    Layout,
-    Workload,
     hyperparameter_values,
     resolve_layout,
     workload_and_layout,
     workload_from_hyperparameters,
 )
-from training_jobs.contract.parallel_dims import ParallelDims
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "bench" / "workers" / "plan_memory.py"
 PARTS = ("parameters", "gradients", "optimizer", "activations")
 MEMORY_TOLERANCE = 0.10
-SPEED_TOLERANCE = 0.15
+SPEED_TOLERANCE = published.SPEED_TOLERANCE
 SCALING_TOLERANCE = 0.10
 
 # --- 1. memory, measured here ------------------------------------------------------------------------
@@ -99,9 +97,34 @@ MEMORY_CONFIGS = (
     _config(
         "fsdp grad_op, accumulation 2", 2, parallelism="fsdp", fsdp_sharding="grad_op", grad_accum_steps=2
     ),
-    # The planner models tensor parallel's replicated residual stream (sequence_parallel false);
-    # sequence parallel's layout is the planner's next step (docs/training.md lists what it keeps).
-    _config("tensor parallel 2", 2, parallelism="fsdp", tensor_parallel_degree=2, sequence_parallel=False),
+    # Tensor parallel with sequence and loss parallel (the program's default), and without
+    # sequence parallel (the residual stream replicated on every tensor-parallel rank).
+    _config("tensor parallel 2", 2, parallelism="fsdp", tensor_parallel_degree=2),
+    _config("tensor parallel 2, selective AC", 2, parallelism="fsdp", tensor_parallel_degree=2,
+            activation_checkpointing="selective"),
+    _config("tensor parallel 2, full AC", 2, parallelism="fsdp", tensor_parallel_degree=2,
+            activation_checkpointing="full"),
+    _config("tensor parallel 2 without sequence parallel", 2, parallelism="fsdp", tensor_parallel_degree=2,
+            sequence_parallel=False),
+    _config("tensor parallel 2 without sequence parallel, selective AC", 2, parallelism="fsdp",
+            tensor_parallel_degree=2, sequence_parallel=False, activation_checkpointing="selective"),
+    # Context parallel: each rank holds 2 of 2 x degree chunks of every sequence.
+    _config("context parallel 2", 2, parallelism="fsdp", context_parallel_degree=2),
+    _config("context parallel 2, selective AC", 2, parallelism="fsdp", context_parallel_degree=2,
+            activation_checkpointing="selective"),
+    _config("context parallel 2, full AC", 2, parallelism="fsdp", context_parallel_degree=2,
+            activation_checkpointing="full"),
+    _config("context parallel 4", 4, parallelism="fsdp", context_parallel_degree=4),
+    _config("context parallel 2 x tensor parallel 2", 4, parallelism="fsdp", context_parallel_degree=2,
+            tensor_parallel_degree=2),
+    _config("fsdp 2 x context parallel 2, selective AC", 4, parallelism="fsdp", context_parallel_degree=2,
+            activation_checkpointing="selective"),
+    # FP8 (torchao float8, tensorwise: the decoder layers' weights all-gathered in FP8).
+    _config("fsdp full, fp8", 2, parallelism="fsdp", fp8=True),
+    _config("fsdp full, fp8, selective AC", 2, parallelism="fsdp", fp8=True,
+            activation_checkpointing="selective"),
+    _config("fsdp full, fp8 rowwise, full AC", 2, parallelism="fsdp", fp8=True, fp8_recipe="rowwise",
+            activation_checkpointing="full"),
     _config("fsdp + LoRA r=8, dropout 0.1", 2, parallelism="fsdp", lora_r=8, lora_dropout=0.1),
     _config(
         "fsdp + LoRA r=8 q/v, full AC",
@@ -113,8 +136,7 @@ MEMORY_CONFIGS = (
     ),
     _config("ddp + LoRA r=8", 2, parallelism="ddp", lora_r=8),
     _config("hsdp 2 x 2", 4, parallelism="fsdp", fsdp_sharding="hybrid", replicate_degree=2),
-    _config("fsdp 2 x tensor parallel 2", 4, parallelism="fsdp", tensor_parallel_degree=2,
-            sequence_parallel=False),
+    _config("fsdp 2 x tensor parallel 2", 4, parallelism="fsdp", tensor_parallel_degree=2),
     _pipeline("pp 2, 1f1b", 2, pipeline_schedule="1f1b"),
     _pipeline("pp 2, 1f1b, 8 micro-batches", 2, pipeline_schedule="1f1b", grad_accum_steps=8),
     _pipeline("pp 2, gpipe", 2, pipeline_schedule="gpipe"),
@@ -132,8 +154,8 @@ MEMORY_CONFIGS = (
         activation_checkpointing="full",
     ),
     _pipeline("pp 2 x ddp 2, 1f1b", 4, pipeline_schedule="1f1b"),
-    _pipeline("pp 2 x tensor parallel 2, 1f1b", 4, parallelism="fsdp", tensor_parallel_degree=2,
-              sequence_parallel=False),
+    _pipeline("pp 2 x tensor parallel 2, 1f1b", 4, parallelism="fsdp", tensor_parallel_degree=2),
+    _pipeline("pp 2 x context parallel 2, 1f1b", 4, parallelism="fsdp", context_parallel_degree=2),
     _config("zero-1 bf16", 2, parallelism="deepspeed", zero_stage=1),
     _config("zero-2 bf16", 2, parallelism="deepspeed", zero_stage=2),
     _config(
@@ -149,6 +171,8 @@ QUICK_CONFIGS = (
     "fsdp full, full AC",
     "fsdp grad_op, accumulation 2",
     "tensor parallel 2",
+    "context parallel 2, selective AC",
+    "fsdp full, fp8",
     "fsdp + LoRA r=8, dropout 0.1",
     "pp 2, 1f1b",
     "pp 2, gpipe",
@@ -266,90 +290,10 @@ def relative_error(predicted: float, measured: float) -> float:
 
 # --- 2. speed, against published runs ---------------------------------------------------------------
 
-# torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (end of 2024): Llama 3.1 8B, FSDP,
-# local batch 2 at their llama3_8b.toml's sequence of 8192, selective (op) activation
-# checkpointing, bf16. Hosts of 8 H100 (96 GB HBM2e, 500 W) with NVLink, 400 Gb/s RDMA per GPU.
-TORCHTITAN_HARDWARE = InstanceType("grand-teton-h100", 8, True, gpu="H100-80GB", network_gbps=3200)
-TORCHTITAN_GPU_MEMORY = 96 * 1024**3
-
-
-@dataclass(frozen=True)
-class PublishedRun:
-    name: str
-    gpus: int
-    compile: bool
-    tokens_per_second_per_gpu: float
-    peak_memory_gib: float
-    calibrates: bool  # used to set the achievable fraction, not to check it
-
-
-PUBLISHED_RUNS = (
-    PublishedRun("torchtitan 8B FSDP, 8 GPUs", 8, False, 5762, 82.4, calibrates=True),
-    PublishedRun("torchtitan 8B FSDP + compile, 8 GPUs", 8, True, 6667, 77.0, calibrates=True),
-    PublishedRun("torchtitan 8B FSDP, 128 GPUs", 128, False, 5605, 67.0, calibrates=False),
-    PublishedRun("torchtitan 8B FSDP + compile, 128 GPUs", 128, True, 6514, 62.0, calibrates=False),
-)
-
-
-def torchtitan_workload(run: PublishedRun) -> tuple[Workload, Layout, speed.Cluster]:
-    model = preset_shape("llama3-8b", 8192)
-    work = Workload(
-        model=model,
-        seq_len=8192,
-        micro_batch_size=2,
-        grad_accum_steps=1,
-        max_steps=1,
-        precision="bf16",
-        activation_checkpointing="selective",
-        compile=run.compile,
-    )
-    nodes = run.gpus // TORCHTITAN_HARDWARE.gpus
-    layout = Layout("fsdp", nodes, TORCHTITAN_HARDWARE.gpus, ParallelDims(1, 1, run.gpus, 1))
-    return work, layout, speed.Cluster.of(TORCHTITAN_HARDWARE, nodes)
-
-
-def calibrate() -> speed.Calibration:
-    """The achievable fractions that make the calibrating runs' step times exact: the compute
-    time their measured step leaves after the model's communication and optimizer time.
-    speed.CALIBRATION holds the result, rounded (tests/llmtrain/test_planner.py checks it)."""
-    fractions = {}
-    for run in PUBLISHED_RUNS:
-        if not run.calibrates:
-            continue
-        work, layout, cluster = torchtitan_workload(run)
-        unit = speed.estimate(
-            work, layout, cluster, replace(speed.CALIBRATION, achievable_eager=1.0, achievable_compiled=1.0)
-        )
-        measured_step = work.micro_batch_tokens / run.tokens_per_second_per_gpu
-        other = unit.step_seconds - unit.compute_seconds
-        fractions[run.compile] = unit.compute_seconds / (measured_step - other)
-    return replace(
-        speed.CALIBRATION,
-        achievable_eager=round(fractions[False], 4),
-        achievable_compiled=round(fractions[True], 4),
-    )
-
-
-def torchtitan_rows() -> list[dict]:
-    rows = []
-    for run in PUBLISHED_RUNS:
-        work, layout, cluster = torchtitan_workload(run)
-        estimate = speed.estimate(work, layout, cluster)
-        gpu_memory = replace(GPU_MODELS["H100-80GB"], memory_bytes=TORCHTITAN_GPU_MEMORY)
-        peak = memory.estimate(work, layout, gpu_memory.memory_bytes).per_gpu / 1024**3
-        rows.append(
-            {
-                "name": run.name,
-                "role": "calibrates" if run.calibrates else "checks",
-                "published_tokens_per_second_per_gpu": run.tokens_per_second_per_gpu,
-                "predicted_tokens_per_second_per_gpu": estimate.tokens_per_second_per_gpu,
-                "error": relative_error(estimate.tokens_per_second_per_gpu, run.tokens_per_second_per_gpu),
-                "predicted_mfu": estimate.mfu,
-                "published_peak_memory_gib": run.peak_memory_gib,
-                "program_peak_memory_gib": peak,
-            }
-        )
-    return rows
+# The published runs, their calibration and the validation table live in bench/published.py.
+PUBLISHED_RUNS = published.PUBLISHED_RUNS
+calibrate = published.calibrate
+published_rows = published.rows
 
 
 # The seeds' table (a SageMaker distributed-training talk): one data-parallel job on 1, 2, 4 and 8
@@ -442,18 +386,14 @@ def print_memory(rows: list[dict]) -> None:
             )
 
 
-def print_speed(titan: list[dict], seeds: list[dict]) -> None:
-    print("\nSpeed vs published runs (tokens/s per GPU)")
-    print(
-        f"{'run':42} {'role':10} {'published':>9} {'predicted':>9} {'error':>7}  {'MFU':>5}  "
-        f"{'peak GiB: published':>19} {'program':>7}"
-    )
-    for row in titan:
+def print_speed(runs: list[dict], seeds: list[dict]) -> None:
+    print("\nSpeed vs published runs (tokens/s per GPU; error = predicted / published - 1)")
+    print(f"{'run':62} {'published':>9} {'predicted':>9} {'error':>7}  {'MFU':>5}  role")
+    for row in runs:
         print(
-            f"{row['name']:42} {row['role']:10} {row['published_tokens_per_second_per_gpu']:9.0f} "
+            f"{row['name']:62} {row['published_tokens_per_second_per_gpu']:9.0f} "
             f"{row['predicted_tokens_per_second_per_gpu']:9.0f} {row['error']:+7.1%}  "
-            f"{row['predicted_mfu']:5.1%}  {row['published_peak_memory_gib']:19.1f} "
-            f"{row['program_peak_memory_gib']:7.1f}"
+            f"{row['predicted_mfu']:5.1%}  {row['role']}"
         )
     print("\nData-parallel scaling, the seeds' table (minutes)")
     print(f"{'instances':>9} {'published':>9} {'predicted':>9} {'error':>7}  role")
@@ -479,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_memory:
         results["memory"] = memory_rows(configs, measure_memory(configs))
         print_memory(results["memory"])
-    results["published"] = torchtitan_rows()
+    results["published"] = published_rows()
     results["seeds"] = seeds_rows()
     print_speed(results["published"], results["seeds"])
     if args.out:

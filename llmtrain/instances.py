@@ -18,21 +18,55 @@ GIB = 1024**3
 
 @dataclass(frozen=True)
 class GpuModel:
-    """One accelerator as the planner sees it.
+    """One accelerator as the planner sees it, each figure from the vendor's data sheet.
 
     memory_bytes: what CUDA reports as the device's total memory. peak_flops: the dense bf16 (fp16
-    where the GPU has no bf16) tensor-core peak from the vendor's data sheet (`gpu_peak`).
-    link_bytes_per_second: the bandwidth one GPU sends to the others of its instance (NVLink, else
-    PCIe), nominal and one direction; the planner applies its measured efficiency
-    (llmtrain.planner.speed).
+    where the GPU has no bf16) tensor-core peak (`gpu_peak`: the training program's hardware table,
+    which its MFU divides by). fp8_peak_flops: the dense FP8 tensor-core peak; 0 where the GPU has no
+    FP8 tensor cores (compute capability below 8.9). link_bytes_per_second: the bandwidth one GPU
+    sends to the others of its instance (NVLink, else PCIe), nominal and one direction; the planner
+    applies its measured efficiency (llmtrain.planner.speed). memory_bytes_per_second: HBM (or
+    GDDR) bandwidth, which bounds the non-matmul operations and the optimizer's update.
+    generation: the architecture, whose sustained matmul rate the planner calibrates
+    (llmtrain.planner.speed.Calibration). attention_efficiency: the fraction of the bf16 peak
+    PyTorch's flash attention (FlashAttention-2's kernels) reaches in forward and backward at head
+    dimension 128: on an A100 about 190 of 312 TFLOP/s (Dao 2023, FlashAttention-2, figure 4); on
+    an H100 about 265 of 989 (PyTorch's SDPA forward measured at 287-304 TFLOP/s, pytorch/benchmark
+    pull request 2296, and FlashAttention-2's backward a little slower than its forward there:
+    Shah et al. 2024, FlashAttention-3, figures 4 and 6); the Ampere and Ada GPUs of the g5 and g6
+    instances run the A100's kernels, for which no figure of theirs is published.
     """
 
     name: str
     memory_bytes: int
     peak_flops: float
     link_bytes_per_second: float
-    # HBM bandwidth from the data sheet (the optimizer's update is bound by it).
     memory_bytes_per_second: float
+    compute_capability: tuple[int, int]
+    fp8_peak_flops: float = 0.0
+    attention_efficiency: float = 0.60
+
+    @property
+    def generation(self) -> str:
+        """volta, turing, ampere, ada or hopper (from the compute capability)."""
+        major, minor = self.compute_capability
+        if major >= 9:
+            return "hopper"
+        if major == 8:
+            return "ada" if minor >= 9 else "ampere"
+        return "turing" if minor >= 5 else "volta"
+
+    @property
+    def has_fp8(self) -> bool:
+        """FP8 tensor cores: compute capability 8.9 (Ada) or newer (Hopper, Blackwell)."""
+        return self.compute_capability >= FP8_MIN_CAPABILITY
+
+
+# torchao's float8 matmuls (torch._scaled_mm) need compute capability 8.9 or newer (the training
+# program's trainer/float8.py refuses older GPUs at start-up).
+FP8_MIN_CAPABILITY = (8, 9)
+# PyTorch's flash attention forward + backward on Hopper (GpuModel.attention_efficiency).
+HOPPER_ATTENTION_EFFICIENCY = 0.27
 
 
 def gpu_peak(device_name: str) -> float:
@@ -46,14 +80,23 @@ def gpu_peak(device_name: str) -> float:
 GPU_MODELS: dict[str, GpuModel] = {
     gpu.name: gpu
     for gpu in (
-        GpuModel("T4", 15360 * 1024**2, gpu_peak("T4"), 16e9, 320e9),  # fp16: no bf16 tensor cores; PCIe 3
-        GpuModel("A10G", 23028 * 1024**2, gpu_peak("A10G"), 32e9, 600e9),  # PCIe 4, no NVLink
-        GpuModel("V100-16GB", 16384 * 1024**2, gpu_peak("V100"), 150e9, 900e9),  # fp16; NVLink 2
-        GpuModel("V100-32GB", 32768 * 1024**2, gpu_peak("V100"), 150e9, 900e9),
-        GpuModel("A100-40GB", 40960 * 1024**2, gpu_peak("A100"), 300e9, 1555e9),  # NVLink 3
-        GpuModel("A100-80GB", 81920 * 1024**2, gpu_peak("A100"), 300e9, 2039e9),
-        GpuModel("H100-80GB", 81559 * 1024**2, gpu_peak("H100"), 450e9, 3350e9),  # SXM, NVLink 4
-        GpuModel("H200-141GB", 143771 * 1024**2, gpu_peak("H200"), 450e9, 4800e9),
+        GpuModel("T4", 15360 * 1024**2, gpu_peak("T4"), 16e9, 320e9, (7, 5)),  # fp16: no bf16; PCIe 3
+        GpuModel("A10G", 23028 * 1024**2, gpu_peak("A10G"), 32e9, 600e9, (8, 6)),  # PCIe 4, no NVLink
+        # Ada, PCIe 4: 24 GB GDDR6 at 300 GB/s, FP8 242.5 TFLOP/s dense (NVIDIA L4 data sheet)
+        GpuModel("L4", 23034 * 1024**2, gpu_peak("L4"), 32e9, 300e9, (8, 9), fp8_peak_flops=242.5e12),
+        # Ada, PCIe 4: 48 GB GDDR6 at 864 GB/s, FP8 733 TFLOP/s dense (NVIDIA L40S data sheet)
+        GpuModel("L40S", 46068 * 1024**2, gpu_peak("L40S"), 32e9, 864e9, (8, 9), fp8_peak_flops=733e12),
+        GpuModel("V100-16GB", 16384 * 1024**2, gpu_peak("V100"), 150e9, 900e9, (7, 0)),  # fp16; NVLink 2
+        GpuModel("V100-32GB", 32768 * 1024**2, gpu_peak("V100"), 150e9, 900e9, (7, 0)),
+        GpuModel("A100-40GB", 40960 * 1024**2, gpu_peak("A100"), 300e9, 1555e9, (8, 0)),  # NVLink 3
+        GpuModel("A100-80GB", 81920 * 1024**2, gpu_peak("A100"), 300e9, 2039e9, (8, 0)),
+        # SXM, NVLink 4, HBM3 at 3.35 TB/s, FP8 1,979 TFLOP/s dense (NVIDIA H100 data sheet)
+        GpuModel("H100-80GB", 81559 * 1024**2, gpu_peak("H100"), 450e9, 3350e9, (9, 0),
+                 fp8_peak_flops=1979e12,
+                 attention_efficiency=HOPPER_ATTENTION_EFFICIENCY),
+        # HBM3e at 4.8 TB/s, the H100's compute (NVIDIA H200 data sheet)
+        GpuModel("H200-141GB", 143771 * 1024**2, gpu_peak("H200"), 450e9, 4800e9, (9, 0),
+                 fp8_peak_flops=1979e12, attention_efficiency=HOPPER_ATTENTION_EFFICIENCY),
     )
 }
 
@@ -137,3 +180,8 @@ def instance_type(name: str) -> InstanceType:
 def gpu_instance_types() -> tuple[InstanceType, ...]:
     """The instance types with accelerators, in table order."""
     return tuple(t for t in _TABLE if t.gpu is not None)
+
+
+def fp8_instance_types() -> tuple[str, ...]:
+    """The instance types whose GPUs have FP8 tensor cores (compute capability 8.9+)."""
+    return tuple(t.name for t in _TABLE if t.gpu_model is not None and t.gpu_model.has_fp8)

@@ -16,6 +16,10 @@ modules from the code's files in isolation: under a private package name per cod
   (ParallelDims.resolve and with_global_batch) where the code has it, else `config.resolve_mesh`
   (which that code's strategies called for every parallelism but smp).
 
+Each contract also says what its program does (`capabilities`: the contract's capability table,
+training_jobs/contract/capabilities.py), which the planner plans a version's run with; code frozen
+before the table gets `LEGACY_CAPABILITIES`, the program as it was then.
+
 Loaded contracts are cached by code hash (a launcher function loads each version's once per
 container).
 """
@@ -31,8 +35,9 @@ import sys
 import tarfile
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from llmtrain.errors import ProgramSettingError, SourceDirError
@@ -41,6 +46,19 @@ CONTRACT_FOLDER = "training_jobs/contract/"
 LEGACY_FILES = ("training_jobs/trainer/config.py", "training_jobs/trainer/errors.py",
                 "training_jobs/trainer/parallel_dims.py")
 _PACKAGE_PREFIX = "_llmtrain_program_"
+# What the training program did before its contract had a capability table (code frozen up to
+# template release 1.2.0): tensor parallel with a replicated residual stream, a replicated output
+# head and an fp32 log-softmax as large as the logits, a selective policy that kept every matmul's
+# output, no context parallel, and no torchao in its requirements (so no FP8).
+LEGACY_CAPABILITIES: Mapping[str, object] = MappingProxyType({
+    "sequence_parallel": False,
+    "loss_parallel": False,
+    "chunked_loss": False,
+    "context_parallel": False,
+    "selective_policy": "every_matmul",
+    "fp8": None,
+    "fp8_min_torch": None,
+})
 
 
 @dataclass(frozen=True)
@@ -50,6 +68,8 @@ class ProgramContract:
     code_hash: str
     check_run: Callable[[dict[str, Any], int, int], object]
     error_type: type[Exception]
+    # What the program does (its contract's capability table; LEGACY_CAPABILITIES without one).
+    capabilities: Mapping[str, object] = field(default_factory=lambda: LEGACY_CAPABILITIES)
 
     def check(self, hyperparameters: Mapping[str, Any], *, world_size: int, num_hosts: int) -> None:
         """ProgramSettingError, with the program's own message, when the program would refuse these
@@ -64,8 +84,10 @@ def installed_contract() -> ProgramContract:
     """The contract of the training program installed beside llmtrain (this checkout's, or the one
     in llmtrain's wheel): the rules of code that is not frozen."""
     from training_jobs import contract
+    from training_jobs.contract.capabilities import CAPABILITIES
 
-    return ProgramContract("installed", contract.check_run, contract.ConfigError)
+    return ProgramContract("installed", contract.check_run, contract.ConfigError,
+                           MappingProxyType(dict(CAPABILITIES)))
 
 
 _LOADED: dict[str, ProgramContract] = {}
@@ -128,7 +150,11 @@ def _load(files: Mapping[str, bytes], code_hash: str) -> ProgramContract:
         sys.meta_path.append(_SourceFinder(root, sources))
     if f"{root}.contract" in sources:
         contract = importlib.import_module(f"{root}.contract")
-        return ProgramContract(code_hash, contract.check_run, contract.ConfigError)
+        capabilities = LEGACY_CAPABILITIES
+        if f"{root}.contract.capabilities" in sources:
+            table = importlib.import_module(f"{root}.contract.capabilities").CAPABILITIES
+            capabilities = MappingProxyType(dict(table))
+        return ProgramContract(code_hash, contract.check_run, contract.ConfigError, capabilities)
     if f"{root}.trainer.config" in sources:
         return _legacy_contract(root, sources, code_hash)
     raise SourceDirError(f"the code {code_hash} holds no training program contract "

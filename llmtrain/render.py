@@ -52,6 +52,7 @@ from llmtrain.spec import (
 from llmtrain.validate import (
     JOB_NAME_MAX,
     degree_problems,
+    fp8_problems,
     quantization_problems,
     smddp_problems,
     validate_request,
@@ -196,7 +197,11 @@ def render(
         + smddp_problems(template.distribution.smddp, settings.instance_type)
         + image_torch_problems(template)
     )
-    if not template.code.is_platform:
+    if template.code.is_platform:
+        contract = program or installed_contract()
+        problems += fp8_problems(template.ref, settings.instance_type, settings.hyperparameters,
+                                 contract.capabilities, template.image.framework_version)
+    else:
         # The platform's program checks its own degrees (check_program); a template's own script
         # gets the distribution only through SMP's mp_parameters.
         problems += degree_problems(settings.degrees, settings.world_size)

@@ -26,10 +26,11 @@ from botocore.model import Shape
 from botocore.validate import ParamValidator
 
 from llmtrain.errors import RequestValidationError
-from llmtrain.instances import EFA_INSTANCE_TYPES, INSTANCE_TYPES
+from llmtrain.instances import EFA_INSTANCE_TYPES, INSTANCE_TYPES, fp8_instance_types
 from llmtrain.platform import PlatformContext
 from training_jobs.contract.hyperparameters import QUANTIZED_PARALLELISMS
 from training_jobs.contract.parallel_dims import reshards_checkpoints
+from training_jobs.contract.torch_versions import torch_release
 
 JOB_NAME_PATTERN = regex.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
 JOB_NAME_MAX = 63
@@ -223,6 +224,41 @@ def quantization_problems(strategy: str, hyperparameters: Mapping[str, Any], tem
         f"{' or '.join(QUANTIZED_PARALLELISMS)}, and {template} uses {strategy}: set quantization=none "
         "(LoRA on the sharded base) or use a QLoRA template (llama-finetune-qlora)"
     ]
+
+
+def fp8_problems(template: str, instance_type: str, hyperparameters: Mapping[str, Any],
+                 capabilities: Mapping[str, object], framework_version: str | None) -> list[str]:
+    """`fp8: true` where it cannot run: on a GPU without FP8 tensor cores (compute capability below
+    8.9: torchao's float8 matmuls need them; the program would stop at start-up), with code that
+    ships no torchao (its contract's capability `fp8`: None for code frozen before FP8), or on an
+    image whose PyTorch is older than that torchao supports (`fp8_min_torch`)."""
+    if not hyperparameters.get("fp8"):
+        return []
+    problems = []
+    kind = INSTANCE_TYPES.get(instance_type)
+    gpu = kind.gpu_model if kind else None
+    if gpu is None or not gpu.has_fp8:
+        if gpu:
+            major, minor = gpu.compute_capability
+            what = f"its {gpu.name} GPUs (compute capability {major}.{minor})"
+        else:
+            what = "it has no GPU"
+        problems.append(
+            f"fp8=true needs GPUs with FP8 tensor cores (compute capability 8.9+), and {instance_type} has "
+            f"none: {what}; set fp8=false, or use one of {', '.join(fp8_instance_types())}"
+        )
+    requirement, minimum = capabilities.get("fp8"), capabilities.get("fp8_min_torch")
+    if not requirement:
+        problems.append(
+            f"fp8=true: {template}'s training program ships no torchao (its code predates FP8): set "
+            "fp8=false or use a template version whose program trains in FP8"
+        )
+    elif minimum and framework_version and torch_release(framework_version) < torch_release(str(minimum)):
+        problems.append(
+            f"fp8=true: {template}'s program installs {requirement}, which needs PyTorch {minimum} or newer, "
+            f"and its image runs PyTorch {framework_version}: set fp8=false"
+        )
+    return problems
 
 
 def warm_pool_problems(keep_alive_seconds: int, cap_seconds: int, spot: bool) -> list[str]:

@@ -51,6 +51,8 @@ import torch.utils.checkpoint as torch_checkpoint  # noqa: E402
 
 from training_jobs.contract.hyperparameters import from_hyperparameters  # noqa: E402
 from training_jobs.contract.parallel_dims import resolve_cluster  # noqa: E402
+from training_jobs.trainer import float8  # noqa: E402
+from training_jobs.trainer.faults import Faults  # noqa: E402
 from training_jobs.trainer.loop import train_step  # noqa: E402
 from training_jobs.trainer.models import load_tokenizer, model_source  # noqa: E402
 from training_jobs.trainer.parallel import init_distributed  # noqa: E402
@@ -65,13 +67,23 @@ GRADIENT_MARKERS = ("grad", "ipg")
 # --- storages ------------------------------------------------------------------------------------
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """The plain tensor holding the bytes: a DTensor's local shard; the result a functional
-    collective wraps (tensor parallel's outputs are such wrappers, without a storage of their own)."""
+def _plain(tensor: torch.Tensor):
+    """The plain tensors holding the bytes: a DTensor's local shard; the result a functional
+    collective wraps (tensor parallel's outputs are such wrappers, without a storage of their own);
+    the inner tensors of a wrapper subclass (torchao's FP8 weights and tensors: their data and
+    scales)."""
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    return tensor.elem if isinstance(tensor, AsyncCollectiveTensor) else tensor
+    if isinstance(tensor, AsyncCollectiveTensor):
+        tensor = tensor.elem
+    if is_traceable_wrapper_subclass(tensor):
+        names, _ = tensor.__tensor_flatten__()
+        for name in names:
+            yield from _plain(getattr(tensor, name))
+    else:
+        yield tensor
 
 
 def storages(tensors) -> dict[int, int]:
@@ -80,9 +92,10 @@ def storages(tensors) -> dict[int, int]:
     for tensor in tensors:
         if not isinstance(tensor, torch.Tensor):
             continue
-        storage = _local(tensor).untyped_storage()
-        if storage.nbytes():
-            found[storage.data_ptr()] = storage.nbytes()
+        for plain in _plain(tensor):
+            storage = plain.untyped_storage()
+            if storage.nbytes():
+                found[storage.data_ptr()] = storage.nbytes()
     return found
 
 
@@ -244,6 +257,10 @@ def _recording_contexts(*args, **kwargs):
 
 
 torch_checkpoint.create_selective_checkpoint_contexts = _recording_contexts
+# FP8 (fp8=true) runs here: torch 2.13 has a CPU kernel for FP8 matmuls (torch._scaled_mm). The
+# program refuses fp8 on a CPU before it touches the model; the worker lifts that refusal and
+# nothing else (as tests/training/fp8_worker.py does).
+float8.check_fp8_device = lambda device: None
 
 
 # --- one configuration -----------------------------------------------------------------------------
@@ -471,6 +488,8 @@ def measure(hyperparameters: dict, tokenizer) -> dict[str, int]:
             device=device,
             train=batches,
             dp_group=strategy.topology.data_parallel_group(),
+            step=0,
+            faults=Faults(),  # none injected
         )
         strategy.train(True)
         batches.next_step = lambda: _batches(config, source.config.vocab_size, generator,

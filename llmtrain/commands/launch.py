@@ -300,6 +300,7 @@ def check_in_environment(
         budget_usd=team.platform.run_budget_usd,
         team=team.name,
         skip_fit_check=skip_plan_check,
+        program=program,
     )
     # A JumpStart base model is in JumpStart's buckets (resolved above), not in the team's datasets.
     own_data = request if base_model is None else {

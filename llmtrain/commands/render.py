@@ -85,7 +85,8 @@ def render_command(args: argparse.Namespace) -> int:
         instance_type=args.instance_type,
         owner=args.owner,
     )
-    request = render(template, run, platform, catalog.program_contract(template))
+    program = catalog.program_contract(template)
+    request = render(template, run, platform, program)
     if platform.dry_run:
         source = environment.source if environment else "a stand-in environment (no config/ folder here)"
         print(
@@ -95,7 +96,7 @@ def render_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(json.dumps(request, indent=2))
-    print(plan_summary(template, request), file=sys.stderr)
+    print(plan_summary(template, request, program), file=sys.stderr)
     return 0
 
 

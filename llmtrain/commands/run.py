@@ -102,10 +102,11 @@ def run_command(args: argparse.Namespace) -> int:
     template = catalog.resolve(args.template)
     run_input = RunInput(run_name=args.run_name, overrides=settings, attempt=next_attempt(options),
                          owner="local")
-    request = render(template, run_input, local_platform_context(), catalog.program_contract(template))
+    program = catalog.program_contract(template)
+    request = render(template, run_input, local_platform_context(), program)
     console.print(f"[bold cyan]llmtrain[/] rendered {template.ref} for run {args.run_name!r} "
                   f"(the request the launcher would send)")
-    console.print(f"[bold cyan]llmtrain[/] {plan_summary(template, request)} [dim](for the cloud "
+    console.print(f"[bold cyan]llmtrain[/] {plan_summary(template, request, program)} [dim](for the cloud "
                   "request; this machine runs it scaled down)[/]", markup=True, highlight=False)
     require_local_run_packages()
     try:

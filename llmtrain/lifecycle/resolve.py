@@ -171,6 +171,7 @@ def start_run(
             budget_usd=platform.run_budget_usd,
             team=platform.team,
             skip_fit_check=run_input.skip_plan_check,
+            program=program,
         )
     except LlmtrainError as error:
         raise rejected(error) from error

@@ -16,9 +16,10 @@ from typing import Any
 
 from llmtrain.errors import LlmtrainError, where_set
 from llmtrain.planner import prices
-from llmtrain.planner.plan import Plan, plan_request
+from llmtrain.planner.plan import Plan, PlanOptions, plan_request
 from llmtrain.planner.suggest import fit_advice
 from llmtrain.planner.workload import PlanInputError
+from llmtrain.program_contract import ProgramContract
 from llmtrain.spec import TemplateSpec
 
 
@@ -34,18 +35,21 @@ def plan_state(plan: Plan) -> dict[str, Any]:
 
 
 def check_run(template: TemplateSpec, request: Mapping[str, Any], overrides: Mapping[str, Any], *,
-              budget_usd: float | None, team: str, skip_fit_check: bool = False) -> dict[str, Any]:
+              budget_usd: float | None, team: str, skip_fit_check: bool = False,
+              program: ProgramContract | None = None) -> dict[str, Any]:
     """The run state's `plan` for a rendered request; PlanRefused when it must not start. A
-    template that runs its own code cannot be planned: its runs start unchecked."""
+    template that runs its own code cannot be planned: its runs start unchecked. `program`: the
+    contract of the code the version runs (Catalog.program_contract), whose behaviour is planned."""
+    options = PlanOptions(program=program)
     try:
-        plan = plan_request(template, request)
+        plan = plan_request(template, request, options)
     except PlanInputError as error:
         return {"unavailable": str(error)}
     if not plan.fits and not skip_fit_check:
         raise PlanRefused(
             f"the run is planned not to fit: {plan.memory.per_gpu / 1024**3:.1f} GiB per GPU of "
             f"{plan.memory.capacity / 1024**3:.1f} ({plan.instance.name}); "
-            f"{fit_advice(template, overrides)}; or set skip_plan_check to start it anyway")
+            f"{fit_advice(template, overrides, options)}; or set skip_plan_check to start it anyway")
     if budget_usd is not None and plan.usd > budget_usd:
         raise PlanRefused(
             f"the run is planned to cost ${plan.usd:,.0f} ({plan.hours:.1f} h on {plan.instance_count} x "
@@ -73,9 +77,10 @@ def actual_cost(job: Mapping[str, Any], table: prices.PriceTable | None = None) 
     return billable * resources.get("InstanceCount", 1) * price / 3600
 
 
-def plan_summary(template: TemplateSpec, request: Mapping[str, Any]) -> str:
+def plan_summary(template: TemplateSpec, request: Mapping[str, Any],
+                 program: ProgramContract | None = None) -> str:
     """The plan's one-line summary for a rendered request, or why there is none."""
     try:
-        return plan_request(template, request).summary_line()
+        return plan_request(template, request, PlanOptions(program=program)).summary_line()
     except LlmtrainError as error:
         return f"plan: not available: {error}"

@@ -28,7 +28,7 @@ dtype) rather than a fitted constant, so they hold for any width, depth, sequenc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmtrain.planner import pipeline
 from llmtrain.planner.shapes import ALL_LINEAR, ModelShape, ParameterTensor
@@ -124,6 +124,9 @@ class Tensors:
 
 def parameter_tensors(work: Workload) -> Tensors:
     base = work.model.parameters()
+    if not work.behaviour.loss_parallel:
+        # older code kept the embedding and the output head whole on every tensor-parallel rank
+        base = tuple(replace(p, tp=None) if p.layer is None else p for p in base)
     if not work.lora:
         return Tensors((), base)
     adapters = []
@@ -272,10 +275,10 @@ def _fsdp_states(work: Workload, layout: Layout, tensors: Tensors) -> ModelState
     copies of the modules not resharded after forward (the root and the last block; every block
     with grad_op); grad_op with accumulation keeps unsharded fp32 gradients between micro steps."""
     n, t = layout.shard, layout.tensor
-    compute = FP32 if work.precision == "fp32" else LOW
     sharded = sum(FP32 * shard_numel(p, t, n, padded=True) for p in tensors.all)
     kept = _unsharded_after_forward(work, layout, tensors)
-    gathered = sum(compute * shard_numel(p, t, 1, padded=True) for p in kept)
+    reg = regime(work, layout)
+    gathered = sum(gathered_bytes(work, layout, reg, p) * shard_numel(p, t, 1, padded=True) for p in kept)
     trainable_shard = sum(shard_numel(p, t, n, padded=False) for p in tensors.trainable)
     grads = FP32 * sum(shard_numel(p, t, n, padded=True) for p in tensors.trainable)
     if (layout.fsdp_sharding == "grad_op" or layout.pipelined) and work.grad_accum_steps > 1:
@@ -362,13 +365,21 @@ def regime(work: Workload, layout: Layout) -> Regime:
 
 class BlockTrace:
     """Walks a Llama block op by op, the way autograd records it: which tensors each op saves for
-    backward (per token, keyed so that a tensor saved twice counts once), which weights autocast
-    copies and keeps (per block, not per token), and which outputs require a gradient."""
+    backward (per token of the rank's part of the sequence, keyed so that a tensor saved twice
+    counts once), which weights autocast copies and keeps (per block, not per token), and which
+    outputs require a gradient.
+
+    Under tensor parallel with sequence parallel the norms run on the rank's 1 / tp of the tokens
+    and each region opens with an all-gather of the norm's output (a new tensor, what the region's
+    linears keep); under context parallel attention keeps the keys and values of the whole sequence
+    (all-gathered and repeated to the query heads: `context` x a query's width per local token) and
+    its output twice (SDPA's two chunks and o_proj's contiguous input)."""
 
     def __init__(
-        self, work: Workload, reg: Regime, tensor: int, input_requires_grad: bool, on_gpu: bool = True
+        self, work: Workload, reg: Regime, layout: Layout, input_requires_grad: bool, on_gpu: bool = True
     ) -> None:
-        self.work, self.reg, self.t, self.on_gpu = work, reg, tensor, on_gpu
+        self.work, self.reg, self.on_gpu = work, reg, on_gpu
+        self.t, self.sp, self.c = layout.tensor, layout.sequence_shards, layout.context
         self.per_token: dict[str, float] = {}
         self.weight_copies = 0.0
         self.grad: dict[str, bool] = {"input": input_requires_grad}
@@ -379,23 +390,32 @@ class BlockTrace:
 
     def norm(self, name: str, source: str) -> None:
         """RMSNorm in fp32: the (upcast) input and 1/rms for the input's gradient, the normalized
-        value (in the input dtype) for the scale's."""
+        value (in the input dtype) for the scale's; on 1 / tp of the tokens with sequence parallel."""
         h = self.work.model.hidden_size
         trains_scale = not self.work.lora
         if self.grad[source]:
-            self.save(f"{name}.x", FP32 * h)
-            self.save(f"{name}.rstd", FP32)
+            self.save(f"{name}.x", FP32 * h / self.sp)
+            self.save(f"{name}.rstd", FP32 / self.sp)
         if trains_scale:
-            self.save(f"{name}.y", self.reg.residual * h)
+            self.save(f"{name}.y", self.reg.residual * h / self.sp)
         self.grad[name] = self.grad[source] or trains_scale
 
-    def linear(self, module: str, source: str, d_in: int, d_out: int, source_bytes: float) -> None:
+    def region_input(self, norm: str) -> str:
+        """The tensor a tensor-parallel region's linears take: the norm's output, or under sequence
+        parallel its all-gather (full width, every token of the rank's sequence part)."""
+        return norm if self.sp == 1 else f"{norm}.gathered"
+
+    def linear(self, module: str, source: str, d_in: int, d_out: int, source_bytes: float,
+               saved: str | None = None) -> None:
+        """A linear layer taking `source` (whose gradient flag it reads) as the tensor `saved` (the
+        key of what it keeps; `source` itself unless a collective made a new tensor of it)."""
         trains_weight = not self.work.lora
         needs_input_grad = self.grad[source]
         cast_input = self.reg.autocast and source_bytes == FP32 * d_in
         if trains_weight:
-            self._save_input(f"{module}.input", source, d_in, source_bytes, cast_input)
-        if self.reg.autocast and (trains_weight or needs_input_grad):
+            self._save_input(f"{module}.input", saved or source, d_in, source_bytes, cast_input)
+        # torchao's Float8Linear keeps its high-precision weight itself, not an autocast copy.
+        if self.reg.autocast and (trains_weight or needs_input_grad) and not self.work.fp8:
             self.weight_copies += LOW * d_in * d_out
         adapted = module in self.adapted
         if adapted:
@@ -440,20 +460,18 @@ class BlockTrace:
     def trace(self) -> BlockTrace:
         m, t, e = self.work.model, self.t, self.reg.compute
         h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
-        norm_bytes = (self.reg.residual if not self.reg.autocast else FP32) * h
+        region_bytes = (FP32 if self.reg.autocast else self.reg.residual) * h
         self.norm("norm1", "input")
         for module, d_out in (("q_proj", h // t), ("k_proj", kv // t), ("v_proj", kv // t)):
-            self.linear(module, "norm1", h, d_out, norm_bytes if not self.reg.autocast else FP32 * h)
-        if self.grad["q_proj"] or self.grad["k_proj"] or self.grad["v_proj"]:
-            for key, width in (("q_rotary", h // t), ("k_rotary", kv // t), ("v", kv // t), ("attn", h // t)):
-                self.save(key, e * width)  # SDPA keeps its inputs and output (o_proj's input)
-            self.save("lse", FP32 * m.num_heads / t)
+            self.linear(module, "norm1", h, d_out, region_bytes, self.region_input("norm1"))
         self.grad["attn"] = self.grad["q_proj"] or self.grad["k_proj"] or self.grad["v_proj"]
-        self.linear("o_proj", "attn", h // t, h, e * h / t)
+        if self.grad["attn"]:
+            self._attention()
+        self.linear("o_proj", "attn", h // t, h, e * h / t, "attn" if self.c == 1 else "attn.contiguous")
         self.grad["mid"] = self.grad["input"] or self.grad["o_proj"]
         self.norm("norm2", "mid")
         for module in ("gate_proj", "up_proj"):
-            self.linear(module, "norm2", h, i // t, norm_bytes if not self.reg.autocast else FP32 * h)
+            self.linear(module, "norm2", h, i // t, region_bytes, self.region_input("norm2"))
         if self.grad["gate_proj"]:
             self.save("gate", e * i / t)
         if self.grad["gate_proj"] or self.grad["up_proj"]:
@@ -462,6 +480,22 @@ class BlockTrace:
         self.grad["prod"] = self.grad["gate_proj"] or self.grad["up_proj"]
         self.linear("down_proj", "prod", i // t, h, e * i / t)
         return self
+
+    def _attention(self) -> None:
+        """What SDPA keeps: its inputs (q and k after rotary, v), its output and its fp32
+        log-sum-exp; under context parallel the keys and values of the whole sequence repeated to
+        the query heads, and the output once more as o_proj's contiguous input (the two query
+        chunks' outputs are concatenated and transposed)."""
+        m, t, e, c = self.work.model, self.t, self.reg.compute, self.c
+        h, kv = m.hidden_size, m.kv_size
+        if c == 1:
+            widths = (("q_rotary", h / t), ("k_rotary", kv / t), ("v", kv / t), ("attn", h / t))
+        else:
+            widths = (("q_rotary", h / t), ("keys", c * h / t), ("values", c * h / t), ("attn", h / t),
+                      ("attn.contiguous", h / t))
+        for key, width in widths:
+            self.save(key, e * width)
+        self.save("lse", FP32 * m.num_heads / t)
 
     def bytes(self, tokens: int) -> float:
         return sum(self.per_token.values()) * tokens + self.weight_copies
@@ -473,67 +507,113 @@ def _adapted_modules(work: Workload) -> set[str]:
     return {p.module for p in lora_targets(work.model, work.lora_targets)}
 
 
+def local_tokens(work: Workload, layout: Layout) -> int:
+    """Tokens of one micro batch on one rank: its part of every sequence under context parallel."""
+    return work.micro_batch_tokens // layout.context
+
+
 def _block_traces(
     work: Workload, layout: Layout, reg: Regime, on_gpu: bool = True
 ) -> tuple[BlockTrace, BlockTrace]:
     """The first block (whose input needs no gradient when the embedding is frozen, as with LoRA)
     and every other block."""
-    first = BlockTrace(work, reg, layout.tensor, input_requires_grad=not work.lora, on_gpu=on_gpu)
-    rest = BlockTrace(work, reg, layout.tensor, input_requires_grad=True, on_gpu=on_gpu)
+    first = BlockTrace(work, reg, layout, input_requires_grad=not work.lora, on_gpu=on_gpu)
+    rest = BlockTrace(work, reg, layout, input_requires_grad=True, on_gpu=on_gpu)
     return first.trace(), rest.trace()
 
 
-def _selective_bytes(work: Workload, layout: Layout, reg: Regime, tokens: int) -> float:
-    """The program's selective policy (torchtitan's op-level one) keeps SDPA's output and
-    log-sum-exp and every other matmul's output in the block's order (the 1st, 3rd, ...: q, v, gate
-    and down without adapters; LoRA's two matmuls per adapted projection take their turns), and
-    recomputes the rest; plus the block's input, which the checkpoint keeps."""
-    m, t, e = work.model, layout.tensor, reg.compute
+def _matmul_widths(work: Workload, layout: Layout) -> list[float]:
+    """Output widths per token of a block's matmuls in the order it runs them (LoRA's two matmuls
+    per adapted projection after their base's); o and down write the full width (partial sums
+    under tensor parallel)."""
+    m, t = work.model, layout.tensor
     h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
     adapted = _adapted_modules(work)
     outputs = {
-        "q_proj": h // t,
-        "k_proj": kv // t,
-        "v_proj": kv // t,
+        "q_proj": h / t,
+        "k_proj": kv / t,
+        "v_proj": kv / t,
         "o_proj": h,
-        "gate_proj": i // t,
-        "up_proj": i // t,
+        "gate_proj": i / t,
+        "up_proj": i / t,
         "down_proj": h,
     }
-    matmuls = []  # output widths in the order the block runs them
+    matmuls = []
     for module, width in outputs.items():
         matmuls.append(width)
         if module in adapted:
             matmuls += [work.lora_r, width]
-    per_token = reg.residual * h + e * h / t + FP32 * m.num_heads / t
+    return matmuls
+
+
+def _selective_bytes(work: Workload, layout: Layout, reg: Regime, tokens: int) -> float:
+    """What a selectively checkpointed block keeps, per its code's policy: the block's input (which
+    the checkpoint keeps; 1 / tp of the tokens with sequence parallel), SDPA's output and
+    log-sum-exp, and
+    - torchtitan's op-level policy (this program): every other matmul's output in the block's
+      order (the 1st, 3rd, ...: q, v, gate and down without adapters; LoRA's two matmuls per adapted
+      projection take their turns) and, with sequence parallel, the outputs of the two
+      reduce-scatters that close the tensor-parallel regions;
+    - older code ("every_matmul"): every matmul's output."""
+    m, t, e = work.model, layout.tensor, reg.compute
+    h = m.hidden_size
+    matmuls = _matmul_widths(work, layout)
+    per_token = reg.residual * h / layout.sequence_shards + e * h / t + FP32 * m.num_heads / t
+    if work.behaviour.selective_policy == "every_matmul":
+        return (per_token + e * sum(matmuls)) * tokens
     per_token += e * sum(matmuls[0::2])
+    if layout.sequence_parallel:
+        per_token += 2 * e * h / layout.tensor
     return per_token * tokens
 
 
-def _head_bytes(work: Workload, reg: Regime, tokens: int, tensor: int = 1) -> float:
+def _checkpointed_block_bytes(work: Workload, layout: Layout, reg: Regime, tokens: int) -> float | None:
+    """What a checkpointed block keeps; None without checkpointing."""
+    if work.activation_checkpointing == "full":
+        return reg.residual * work.model.hidden_size * tokens / layout.sequence_shards
+    if work.activation_checkpointing == "selective":
+        return _selective_bytes(work, layout, reg, tokens)
+    return None
+
+
+def _head_bytes(work: Workload, layout: Layout, reg: Regime, tokens: int) -> float:
     """After the blocks: the final norm, the output head's input (or, frozen under autocast, its
     weight copy), the loss and the token ids the embedding and the loss keep."""
     ids = 8 + (8 if not work.lora else 0)
-    return (_head_per_token(work, reg, tensor) + ids) * tokens + _head_weight_copy(work, reg)
+    return (_head_per_token(work, layout, reg) + ids) * tokens + _head_weight_copy(work, layout, reg)
 
 
-def _head_per_token(work: Workload, reg: Regime, tensor: int = 1) -> float:
-    """The final norm, the head's input and the loss's: the logits of the rank's vocabulary shard as
-    the head computed them, an fp32 log-sum-exp and a flag per token (the program's chunked loss
-    keeps no fp32 copy of the logits)."""
+def _head_per_token(work: Workload, layout: Layout, reg: Regime) -> float:
+    """The final norm (on 1 / tp of the tokens with sequence parallel), the head's input (all of the
+    rank's tokens) and the loss's: with the chunked loss the logits as the head computed them (the
+    rank's vocabulary shard under loss parallel), an fp32 log-sum-exp and a flag per token; older
+    code's cross-entropy kept an fp32 log-softmax of the whole vocabulary instead."""
     h = work.model.hidden_size
     trains = not work.lora
-    per_token = FP32 * h + FP32 + (reg.residual * h if trains else 0)  # the final norm
+    per_token = (FP32 * h + FP32 + (reg.residual * h if trains else 0)) / layout.sequence_shards
     per_token += (LOW if reg.autocast else reg.compute) * h if trains else 0
-    return per_token + _logit_bytes(reg) * work.model.vocab_size / tensor + FP32 + 1
+    if not work.behaviour.chunked_loss:
+        return per_token + FP32 * work.model.vocab_size
+    return per_token + _logit_bytes(reg) * _vocabulary_shard(work, layout) + FP32 + 1
+
+
+def _vocabulary_shard(work: Workload, layout: Layout) -> float:
+    """Vocabulary entries whose logits one rank computes: its shard under loss parallel."""
+    return work.model.vocab_size / (layout.tensor if work.behaviour.loss_parallel else 1)
 
 
 def _logit_bytes(reg: Regime) -> int:
     return LOW if reg.autocast else reg.compute
 
 
-def _head_weight_copy(work: Workload, reg: Regime) -> float:
-    return LOW * work.model.vocab_size * work.model.hidden_size if reg.autocast else 0
+def _head_weight_copy(work: Workload, layout: Layout, reg: Regime) -> float:
+    """Autocast's compute-dtype copy of the output head's weight (the rank's vocabulary shard)."""
+    return LOW * _vocabulary_shard(work, layout) * work.model.hidden_size if reg.autocast else 0
+
+
+def _rotary_bytes(work: Workload, layout: Layout, reg: Regime) -> float:
+    """cos and sin of the rank's positions, shared by the blocks that save them."""
+    return 2 * work.seq_len / layout.context * work.model.head_dim * reg.residual
 
 
 def activation_bytes(work: Workload, layout: Layout, on_gpu: bool = True) -> tuple[int, dict[str, int]]:
@@ -541,24 +621,19 @@ def activation_bytes(work: Workload, layout: Layout, on_gpu: bool = True) -> tup
     if work.model.family != "llama":
         return _gpt2_activation_bytes(work, layout)
     reg = regime(work, layout)
-    tokens = work.micro_batch_tokens
+    tokens = local_tokens(work, layout)
     m = work.model
     first, rest = _block_traces(work, layout, reg, on_gpu)
-    if work.activation_checkpointing == "full":
-        kept = reg.residual * m.hidden_size * tokens
-    elif work.activation_checkpointing == "selective":
-        kept = _selective_bytes(work, layout, reg, tokens)
-    else:
-        kept = None
+    kept = _checkpointed_block_bytes(work, layout, reg, tokens)
     blocks = 0.0
     for layer in range(m.num_layers):
         checkpointed = kept is not None and layer % work.checkpoint_every == 0
         blocks += kept if checkpointed else (first if layer == 0 else rest).bytes(tokens)
-    head = _head_bytes(work, reg, tokens, layout.tensor)
+    head = _head_bytes(work, layout, reg, tokens)
     # cos and sin, shared by the blocks that save them (a checkpointed block keeps them only as
     # its inputs, outside autograd's saved tensors)
     uncheckpointed = m.num_layers - work.checkpointed_layers
-    rotary = 2 * work.seq_len * m.head_dim * reg.residual if uncheckpointed else 0
+    rotary = _rotary_bytes(work, layout, reg) if uncheckpointed else 0
     total = int(blocks + head + rotary)
     return total, {"activation_block_bytes": int(rest.bytes(tokens)), "activation_head_bytes": int(head)}
 
@@ -579,13 +654,14 @@ def _gpt2_activation_bytes(work: Workload, layout: Layout) -> tuple[int, dict[st
     if work.activation_checkpointing == "full":
         kept = reg.residual * h * tokens
     elif work.activation_checkpointing == "selective":  # attention and every other matmul: c_attn, c_fc
-        kept = (reg.residual * h + e * (3 * h + h + i) + FP32 * m.num_heads) * tokens
+        matmuls = 3 * h + i if work.behaviour.selective_policy != "every_matmul" else 3 * h + i + 2 * h
+        kept = (reg.residual * h + e * (h + matmuls) + FP32 * m.num_heads) * tokens
     else:
         kept = full_block
     checkpointed = work.checkpointed_layers
     blocks = checkpointed * kept + (m.num_layers - checkpointed) * full_block
-    head = (norm + norm_output + _logit_bytes(reg) * m.vocab_size + FP32 + 1 + 8 + 8) * tokens \
-        + 8 * work.seq_len
+    loss = _logit_bytes(reg) * m.vocab_size + FP32 + 1 if work.behaviour.chunked_loss else FP32 * m.vocab_size
+    head = (norm + norm_output + loss + 8 + 8) * tokens + 8 * work.seq_len
     head += LOW * m.vocab_size * h if reg.autocast else 0
     return int(blocks + head), {"activation_block_bytes": int(full_block), "activation_head_bytes": int(head)}
 
@@ -594,26 +670,47 @@ def _gpt2_activation_bytes(work: Workload, layout: Layout) -> tuple[int, dict[st
 
 
 def working_bytes(work: Workload, layout: Layout, tensors: Tensors) -> int:
-    """Transient buffers at the peak (beginning of backward): the logits in the compute dtype and
-    their fp32 gradient; one checkpointed block recomputed; for FSDP the next block gathered ahead
+    """Transient buffers at the peak (beginning of backward): the logits' gradient and the loss's
+    fp32 working copy; one checkpointed block recomputed; for FSDP the next block gathered ahead
     and one block's unsharded gradients; for ZeRO-3 the gathered block."""
     m = work.model
     reg = regime(work, layout)
-    tokens = work.micro_batch_tokens
-    # the logits' gradient in their dtype and one fp32 chunk of the loss's backward (64 MiB at most)
-    shard = m.vocab_size * tokens // layout.tensor
-    logits = _logit_bytes(reg) * shard + FP32 * min(shard, LOSS_CHUNK_ELEMENTS)
+    tokens = local_tokens(work, layout)
     recompute = 0
     if work.activation_checkpointing != "none" and m.family == "llama":
         recompute = int(_block_traces(work, layout, reg)[1].bytes(tokens))
     block = [p for p in tensors.all if p.layer == 0]
-    block_elements = sum(tp_local_numel(p, layout.tensor) for p in block)
     gathered = 0
     if layout.fsdp_wrapped:
-        gathered = (reg.compute + FP32) * block_elements  # prefetched block + its unsharded gradients
+        # prefetched block (FP8 weights gathered in one byte) + its unsharded fp32 gradients
+        gathered = sum((gathered_bytes(work, layout, reg, p) + FP32) * tp_local_numel(p, layout.tensor)
+                       for p in block)
     elif layout.strategy == "deepspeed" and layout.zero_stage == 3:
-        gathered = 2 * reg.compute * block_elements
-    return int(logits + recompute + gathered)
+        gathered = 2 * reg.compute * sum(tp_local_numel(p, layout.tensor) for p in block)
+    return int(_loss_working_bytes(work, layout, reg, tokens) + recompute + gathered)
+
+
+def _loss_working_bytes(work: Workload, layout: Layout, reg: Regime, tokens: int) -> float:
+    """The chunked loss: the logits' gradient in their dtype and one fp32 chunk of its backward (64
+    MiB at most), on the rank's vocabulary shard; older code: the logits, the fp32 log-softmax's
+    gradient and the fp32 logits' gradient, of the whole vocabulary."""
+    if not work.behaviour.chunked_loss:
+        return (reg.compute + FP32 + FP32) * work.model.vocab_size * tokens
+    shard = _vocabulary_shard(work, layout) * tokens
+    return _logit_bytes(reg) * shard + FP32 * min(shard, LOSS_CHUNK_ELEMENTS)
+
+
+def fp8_converted(work: Workload, param: ParameterTensor) -> bool:
+    """A weight torchao's Float8Linear multiplies in FP8: the decoder layers' linear layers."""
+    return work.fp8 and param.kind == "linear" and param.layer is not None and ".lora_" not in param.name
+
+
+def gathered_bytes(work: Workload, layout: Layout, reg: Regime, param: ParameterTensor) -> int:
+    """Bytes per element of a parameter as FSDP2 gathers it: the compute dtype, or one byte for an
+    FP8 weight with the tensorwise recipe (torchao casts the shard before the all-gather)."""
+    if fp8_converted(work, param) and work.fp8_recipe == "tensorwise" and layout.fsdp_wrapped:
+        return 1
+    return reg.compute
 
 
 # --- pipeline stages --------------------------------------------------------------------------------
@@ -677,9 +774,9 @@ def _stage_memory(work: Workload, layout: Layout, reg: Regime, stage: pipeline.S
     fp32 residuals, or a checkpointed first block. Autocast's weight copies are cached for the
     step, once per stage. The last stage's logits live from its forward until their gradient
     exists (the program frees them then, where torch would keep them for the step's result)."""
-    m, tokens = work.model, work.micro_batch_tokens
-    hidden = reg.residual * m.hidden_size * tokens
-    trace = BlockTrace(work, reg, layout.tensor, input_requires_grad=True).trace()
+    tokens = local_tokens(work, layout)
+    hidden = _boundary_bytes(work, layout, reg)
+    trace = BlockTrace(work, reg, layout, input_requires_grad=True).trace()
     kept = _checkpointed_block_bytes(work, layout, reg, tokens)
     per_mb = copies = 0.0
     uncheckpointed = False
@@ -690,14 +787,14 @@ def _stage_memory(work: Workload, layout: Layout, reg: Regime, stage: pipeline.S
             per_mb += sum(trace.per_token.values()) * tokens
             copies += trace.weight_copies
             uncheckpointed = True
-    per_mb += 2 * work.seq_len * m.head_dim * reg.residual if uncheckpointed else 0
+    per_mb += _rotary_bytes(work, layout, reg) if uncheckpointed else 0
     first_checkpointed = kept is not None and stage.first_layer % work.checkpoint_every == 0
     if not stage.first and (first_checkpointed or reg.residual == FP32):
         per_mb -= hidden
     if stage.last:
         # the logits the schedule keeps are the ones the loss saves: one storage
-        per_mb += _head_per_token(work, reg, layout.tensor) * tokens
-        copies += _head_weight_copy(work, reg)
+        per_mb += _head_per_token(work, layout, reg) * tokens
+        copies += _head_weight_copy(work, layout, reg)
     else:
         per_mb += hidden
     between = after = 0.0
@@ -707,19 +804,11 @@ def _stage_memory(work: Workload, layout: Layout, reg: Regime, stage: pipeline.S
     return pipeline.StageMemory(per_mb, between, after, copies)
 
 
-def _checkpointed_block_bytes(work: Workload, layout: Layout, reg: Regime, tokens: int) -> float | None:
-    if work.activation_checkpointing == "full":
-        return reg.residual * work.model.hidden_size * tokens
-    if work.activation_checkpointing == "selective":
-        return _selective_bytes(work, layout, reg, tokens)
-    return None
-
-
 def _weight_gradient_inputs(work: Workload, layout: Layout, reg: Regime, stage: pipeline.Stage) -> float:
     """Zero bubble's input backward keeps, for the weight backward, the gradient of every output
     a weight produced: each linear's output (compute dtype) and each norm's scaled output (its
     input's dtype), per block; the head's logits and the final norm's output on the last stage."""
-    m, t, tokens = work.model, layout.tensor, work.micro_batch_tokens
+    m, t, tokens = work.model, layout.tensor, local_tokens(work, layout)
     h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
     linears = (h + 2 * kv + 2 * i) / t + 2 * h
     norm_dtype = FP32 if reg.autocast else reg.residual
@@ -736,7 +825,7 @@ def _input_backward_only(work: Workload, layout: Layout, reg: Regime, stage: pip
     SiLU and up outputs unless the block ends a stage that is not the last; on the last stage the
     log-softmax and the final norm's input; cos and sin. The stage's first norm input is the
     received activation when it is fp32 (a receive buffer, counted apart)."""
-    m, t, tokens = work.model, layout.tensor, work.micro_batch_tokens
+    m, t, tokens = work.model, layout.tensor, local_tokens(work, layout)
     h, kv, i = m.hidden_size, m.kv_size, m.intermediate_size
     per_block = reg.compute * (2 * h + 2 * kv) / t + FP32 * m.num_heads / t + 2 * (FP32 * h + FP32)
     mlp = 3 * reg.compute * i / t
@@ -744,14 +833,20 @@ def _input_backward_only(work: Workload, layout: Layout, reg: Regime, stage: pip
     per_token -= FP32 * h if reg.residual == FP32 else 0
     if stage.last:
         per_token += FP32 * m.vocab_size + FP32 * h + FP32
-    return per_token * tokens + 2 * work.seq_len * m.head_dim * reg.residual
+    return per_token * tokens + _rotary_bytes(work, layout, reg)
+
+
+def _boundary_bytes(work: Workload, layout: Layout, reg: Regime) -> float:
+    """The activation one micro-batch passes between stages on one rank: its tokens' residual
+    stream (its sequence shard under sequence parallel)."""
+    return reg.residual * work.model.hidden_size * local_tokens(work, layout) / layout.sequence_shards
 
 
 def receive_buffer_bytes(work: Workload, layout: Layout, stage: pipeline.Stage) -> float:
     """torch allocates, once, a buffer per micro-batch for the activation a non-first stage
     receives and for the gradient a non-last stage receives; zero bubble's input backward also
     leaves each received activation's gradient on its buffer until the next step."""
-    hidden = regime(work, layout).residual * work.model.hidden_size * work.micro_batch_tokens
+    hidden = _boundary_bytes(work, layout, regime(work, layout))
     count = (not stage.first) + (not stage.last)
     count += layout.schedule == "zero_bubble" and not stage.first
     return count * work.grad_accum_steps * hidden
@@ -768,7 +863,7 @@ def pipeline_activation_bytes(work: Workload, layout: Layout, rank: int) -> tupl
         layout.schedule, layout.pipeline, layout.stages_per_rank, work.grad_accum_steps, rank
     )
     peak = pipeline.peak_held(actions, memories)
-    step_tokens = work.micro_batch_tokens * work.grad_accum_steps
+    step_tokens = local_tokens(work, layout) * work.grad_accum_steps
     ids = 8 * step_tokens * sum(stage.first + stage.last for stage in held)
     buffers = sum(receive_buffer_bytes(work, layout, stage) for stage in held)
     details = {
@@ -784,16 +879,19 @@ def pipeline_activation_bytes(work: Workload, layout: Layout, rank: int) -> tupl
 def _pipeline_working_bytes(
     work: Workload, layout: Layout, tensors: Tensors, held: list[pipeline.Stage]
 ) -> int:
-    """As for a whole model, on the rank's stages: the loss's fp32 logits and their gradient on
-    the last stage (the compute-dtype logits are kept, with the activations), one checkpointed
-    block recomputed, FSDP's unsharded gradients of one block in flight."""
+    """As for a whole model, on the rank's stages: the loss's working buffers on the last stage (the
+    compute-dtype logits are kept, with the activations), one checkpointed block recomputed, FSDP's
+    next block gathered and its unsharded gradients in flight."""
     reg = regime(work, layout)
-    tokens = work.micro_batch_tokens
+    tokens = local_tokens(work, layout)
     last = any(stage.last for stage in held)
-    logits = (FP32 + FP32) * work.model.vocab_size * tokens if last else 0
+    logits = _loss_working_bytes(work, layout, reg, tokens) if last else 0
     recompute = 0
     if work.activation_checkpointing != "none":
-        recompute = int(BlockTrace(work, reg, layout.tensor, input_requires_grad=True).trace().bytes(tokens))
-    block = sum(tp_local_numel(p, layout.tensor) for p in tensors.all if p.layer == held[0].first_layer)
-    gathered = (reg.compute + FP32) * block if layout.fsdp_wrapped else 0
+        recompute = int(BlockTrace(work, reg, layout, input_requires_grad=True).trace().bytes(tokens))
+    block = [p for p in tensors.all if p.layer == held[0].first_layer]
+    gathered = 0
+    if layout.fsdp_wrapped:
+        gathered = sum((gathered_bytes(work, layout, reg, p) + FP32) * tp_local_numel(p, layout.tensor)
+                       for p in block)
     return int(logits + recompute + gathered)

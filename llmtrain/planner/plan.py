@@ -17,6 +17,8 @@ from llmtrain.instances import InstanceType, instance_type
 from llmtrain.planner import memory, prices, speed
 from llmtrain.planner.shapes import ModelShape
 from llmtrain.planner.workload import (
+    CURRENT,
+    Behaviour,
     Layout,
     PlanInputError,
     Workload,
@@ -153,6 +155,11 @@ class PlanOptions:
     price_table: prices.PriceTable | None = None
     program: ProgramContract | None = None
 
+    @property
+    def behaviour(self) -> Behaviour:
+        """What the version's code does (its contract's capability table), planned with."""
+        return CURRENT if self.program is None else Behaviour.of(self.program.capabilities)
+
 
 DEFAULT_OPTIONS = PlanOptions()
 
@@ -180,7 +187,8 @@ def plan(
     given = {**hyperparameters, **options.assume}
     given.setdefault("parallelism", template.distribution.strategy)
     work, layout = workload_and_layout(
-        given, instance.gpus, count, model=options.model, vocab_size=options.vocab_size
+        given, instance.gpus, count, model=options.model, vocab_size=options.vocab_size,
+        behaviour=options.behaviour,
     )
     table = options.price_table or prices.load()
     return build(template.ref, work, layout, instance, count, spot, table, settings or {})

@@ -1,22 +1,36 @@
-"""Speed: step time, tokens per second and MFU from FLOPs, the GPU's peak and the collectives.
+"""Speed: step time, tokens per second and MFU, from each GPU's physics and the collectives.
 
-A step is `grad_accum_steps` micro steps of compute at an achievable fraction of the GPU's dense
-peak, plus the communication the strategy does not hide behind compute, plus the optimizer's
-update. Compute per micro step is the model's FLOPs for the rank's tokens (6 per matmul weight and
-token, 12 x layers x hidden x sequence for attention; forward a third, backward two thirds) plus
-what activation checkpointing recomputes, divided over the tensor-parallel ranks.
+A step is `grad_accum_steps` micro steps of compute, plus the communication the strategy does not
+hide behind compute, plus the optimizer's update (docs/planning.md, "Speed").
+
+Compute per micro step and rank is three kinds of work, each at the rate its GPU runs it:
+
+- matmuls: 2 FLOPs per weight and token forward, 2 for the input gradient and 2 for the weight
+  gradient, plus what activation checkpointing recomputes, over the tensor-parallel ranks; at the
+  GPU's dense bf16 peak (FP8 peak for the layers FP8 converts) times `matmul_efficiency`;
+- attention: the causal half of the scores' 12 x hidden x sequence FLOPs per token and layer (4 of
+  them forward), at the GPU's FlashAttention-2 efficiency (`GpuModel.attention_efficiency`);
+- the rest (norms, rotary embeddings, activations, residual adds, casts, the loss): bytes moved
+  through the GPU's memory at its bandwidth, `elementwise_bytes_*` per element of the activations
+  those operations touch (fewer with `compile`, which fuses them), `loss_bytes_per_vocabulary` per
+  logit, `fp8_cast_bytes` per element an FP8 layer casts.
+
+So each GPU generation gets its own balance: an A100 spends most of a step in matmuls, an H100
+(three times the FLOPs, 1.6 times the bandwidth) a larger share in the memory-bound operations,
+which is where compile and an H200's bandwidth help.
 
 Collectives move `(n - 1) / n` of their buffer per GPU (all-gather, reduce-scatter; twice that
 for all-reduce) over the slowest link they cross: NVLink (or PCIe) inside an instance, the
-instance's network share per GPU between instances, each at a measured efficiency. FSDP's and
+instance's network share per GPU between instances, each at an assumed efficiency. FSDP's and
 ZeRO-3's gathers and reductions overlap the compute of their phase (forward, backward); what
 exceeds it is exposed, and so are the transfers with nothing to hide behind (the first gather of
 a step, the last reduction). DDP's all-reduce overlaps the last micro step's backward. Tensor
-parallel's all-reduces sit on the critical path.
+parallel's all-gathers and reduce-scatters (all-reduces without sequence parallel) and context
+parallel's key/value all-gathers sit on the critical path, the program's as torch runs them.
 
-The achievable fractions were calibrated on torchtitan's published Llama 3.1 8B runs on 8 H100s,
-and everything else is checked against other published runs (docs/planning.md, `python -m
-bench.plan`); `CALIBRATION` holds the values.
+`CALIBRATION` holds the constants; the four fitted ones are recomputed from published runs by
+`bench.plan.calibrate()`, everything else is checked against other published runs
+(docs/planning.md, `python -m bench.plan`).
 """
 
 from __future__ import annotations
@@ -25,26 +39,44 @@ from dataclasses import dataclass, field
 
 from llmtrain.instances import GpuModel, InstanceType
 from llmtrain.planner import memory
-from llmtrain.planner.memory import FP32, LOW, Tensors, parameter_tensors, tp_local_numel
+from llmtrain.planner.memory import FP32, Tensors, local_tokens, parameter_tensors, tp_local_numel
 from llmtrain.planner.pipeline import Stage
 from llmtrain.planner.workload import Layout, Workload
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """The measured constants of the speed model.
+    """The constants of the speed model.
 
-    achievable_eager / achievable_compiled: the fraction of the dense bf16 peak the program's
-    step reaches in compute (all of it: matmuls, attention, norms, the loss), without and with
-    torch.compile (calibrated: torchtitan's 8-GPU runs). link_efficiency / network_efficiency:
-    the fraction of the nominal bandwidth collectives reach inside an instance and between
-    instances (NCCL's bus bandwidth on NVLink and EFA; assumed, not fitted). fp32_peak_fraction:
-    the dense fp32 rate relative to bf16 (tensor cores unused: PyTorch keeps TF32 off for matmuls
-    by default).
+    Calibrated (bench.plan.calibrate(), i.e. bench.published.calibrate(), refits them; a test keeps
+    them equal):
+    matmul_efficiency_ampere / matmul_efficiency_hopper: the fraction of the data sheet's dense peak
+    a generation's training matmuls sustain (boost clocks are not sustained under full tensor-core
+    load, less so on Hopper); Ada GPUs (L4, L40S), of which no training run is published, get
+    Hopper's (the lower), Volta and Turing Ampere's;
+    elementwise_bytes_eager / elementwise_bytes_compiled: bytes the non-matmul operations move per
+    element of the activations they touch, forward and backward, per decoder layer, without and with
+    torch.compile.
+
+    Assumed (sourced or counted, not fitted): loss_bytes_per_vocabulary (the chunked loss reads and
+    writes each logit about 30 bytes' worth, forward and backward, counted op by op);
+    fp8_cast_bytes_eager / _compiled (torchao casts each converted layer's input twice, forward and
+    again for the weight gradient, and its output gradient twice, backward; eager, each cast reads
+    the bf16 tensor for its maximum and again to write the FP8 copy, 5 bytes per element, 10 per
+    element of input or output; compiled, the maximum and the cast fuse into the operation that
+    produced the tensor, leaving the FP8 copy's write, 2 bytes); link_efficiency / network_efficiency (the
+    fraction of nominal bandwidth NCCL's collectives reach on NVLink and EFA); fp32_peak_fraction
+    (the dense fp32 rate relative to bf16: PyTorch keeps TF32 off for matmuls by default); the
+    optimizer's bytes per parameter; offloading's PCIe rate and host AdamW rate.
     """
 
-    achievable_eager: float = 0.3706
-    achievable_compiled: float = 0.4295
+    matmul_efficiency_ampere: float = 0.7584
+    matmul_efficiency_hopper: float = 0.6662
+    elementwise_bytes_eager: float = 59.99
+    elementwise_bytes_compiled: float = 39.77
+    loss_bytes_per_vocabulary: float = 30.0
+    fp8_cast_bytes_eager: float = 10.0
+    fp8_cast_bytes_compiled: float = 2.0
     link_efficiency: float = 0.80
     network_efficiency: float = 0.80
     fp32_peak_fraction: float = 1 / 16
@@ -54,6 +86,17 @@ class Calibration:
     # Host-device copies for offloading (PCIe), and the host's AdamW rate, parameters per second.
     offload_bytes_per_second: float = 20e9
     host_optimizer_parameters_per_second: float = 1e9
+
+    def matmul_efficiency(self, gpu: GpuModel) -> float:
+        if gpu.generation in ("hopper", "ada"):
+            return self.matmul_efficiency_hopper
+        return self.matmul_efficiency_ampere
+
+    def elementwise_bytes(self, compiled: bool) -> float:
+        return self.elementwise_bytes_compiled if compiled else self.elementwise_bytes_eager
+
+    def fp8_cast_bytes(self, compiled: bool) -> float:
+        return self.fp8_cast_bytes_compiled if compiled else self.fp8_cast_bytes_eager
 
 
 CALIBRATION = Calibration()
@@ -102,6 +145,8 @@ class SpeedEstimate:
     peak_flops: float
     transfers: tuple[Transfer, ...] = field(default_factory=tuple)
     bubble_seconds: float = 0.0  # pipeline stages waiting while the pipeline fills and drains
+    # Of compute_seconds: the matmuls, attention and memory-bound operations (in that order).
+    compute_parts: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     @property
     def bubble_fraction(self) -> float:
@@ -121,12 +166,16 @@ class SpeedEstimate:
         return self.tokens_per_second_per_gpu * self.model_flops_per_token / self.peak_flops
 
     def to_dict(self) -> dict[str, object]:
+        matmuls, attention, memory_bound = self.compute_parts
         return {
             "tokens_per_second": self.tokens_per_second,
             "tokens_per_second_per_gpu": self.tokens_per_second_per_gpu,
             "step_seconds": self.step_seconds,
             "mfu": self.mfu,
             "compute_seconds": self.compute_seconds,
+            "compute_matmul_seconds": matmuls,
+            "compute_attention_seconds": attention,
+            "compute_memory_bound_seconds": memory_bound,
             "exposed_communication_seconds": self.exposed_communication_seconds,
             "optimizer_seconds": self.optimizer_seconds,
             "bubble_seconds": self.bubble_seconds,
@@ -142,33 +191,151 @@ class SpeedEstimate:
 # --- compute --------------------------------------------------------------------------------------
 
 
-def recompute_flops_per_token(work: Workload) -> float:
-    """Forward FLOPs activation checkpointing repeats in backward, per token: the whole forward
-    of a fully checkpointed block; under selective checkpointing the matmuls the policy recomputes."""
+def block_matmul_weights(m) -> int:
+    """Weights of one decoder block's linear layers."""
+    return sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer == 0)
+
+
+def selective_recompute(work: Workload) -> float:
+    """The share of a block's matmul FLOPs the code's selective policy recomputes: torchtitan's
+    op-level one (this program) every second matmul, of q, k, v, o, gate, up, down the k, o and up
+    projections (GPT-2: c_proj and the MLP's c_proj of c_attn, c_proj, c_fc, c_proj); older code's,
+    which kept every matmul's output, none."""
+    if work.behaviour.selective_policy == "every_matmul":
+        return 0.0
     m = work.model
-    blocks = work.checkpointed_layers
-    block_matmuls = sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer == 0)
-    if work.activation_checkpointing == "full":
-        return blocks * (2 * block_matmuls + 4 * m.hidden_size * work.seq_len)
-    if work.activation_checkpointing == "selective":
-        return blocks * 2 * block_matmuls * selective_recompute(m)
-    return 0.0
-
-
-def selective_recompute(m) -> float:
-    """The share of a block's matmul FLOPs the program's selective policy (torchtitan's op-level
-    one) recomputes: every second matmul, of q, k, v, o, gate, up, down the k, o and up
-    projections (GPT-2: c_proj and the MLP's c_proj of c_attn, c_proj, c_fc, c_proj)."""
     h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
     if m.family != "llama":
         return (h * h + i * h) / (3 * h * h + h * h + 2 * i * h)
     return (kv * h + h * h + i * h) / (2 * h * h + 2 * kv * h + 3 * i * h)
 
 
-def compute_rate(work: Workload, cluster: Cluster, calibration: Calibration) -> float:
-    fraction = calibration.achievable_compiled if work.compile else calibration.achievable_eager
-    peak = cluster.gpu.peak_flops * (calibration.fp32_peak_fraction if work.precision == "fp32" else 1.0)
-    return peak * fraction
+def recompute_flops_per_token(work: Workload) -> float:
+    """Forward FLOPs activation checkpointing repeats in backward, per token (whole model, one
+    rank without tensor parallel): the whole forward of a fully checkpointed block (its attention
+    at the model-FLOPs convention, 4 x hidden x sequence); under selective checkpointing the
+    matmuls the policy recomputes."""
+    m = work.model
+    blocks = work.checkpointed_layers
+    block = block_matmul_weights(m)
+    if work.activation_checkpointing == "full":
+        return blocks * (2 * block + 4 * m.hidden_size * work.seq_len)
+    if work.activation_checkpointing == "selective":
+        return blocks * 2 * block * selective_recompute(work)
+    return 0.0
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Seconds of one micro-batch on one rank's layers (a whole model or a pipeline stage): forward,
+    the input-gradient part of backward (with what checkpointing recomputes) and the
+    weight-gradient part; `parts` splits their sum into matmuls, attention and memory-bound work."""
+
+    forward: float
+    backward_input: float
+    backward_weight: float
+    parts: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward_input + self.backward_weight
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The GPU's rates for one run: FLOP/s of bf16 and FP8 matmuls and of attention, bytes/s of its
+    memory."""
+
+    matmul: float
+    fp8_matmul: float
+    attention: float
+    memory: float
+
+    @classmethod
+    def of(cls, work: Workload, gpu: GpuModel, calibration: Calibration) -> Rates:
+        precision = calibration.fp32_peak_fraction if work.precision == "fp32" else 1.0
+        efficiency = calibration.matmul_efficiency(gpu)
+        matmul = gpu.peak_flops * precision * efficiency
+        fp8 = gpu.fp8_peak_flops * efficiency if work.fp8 and gpu.has_fp8 else matmul
+        attention = gpu.peak_flops * precision * gpu.attention_efficiency
+        return cls(matmul, fp8, attention, gpu.memory_bytes_per_second)
+
+
+def _elementwise_elements(work: Workload, layout: Layout) -> float:
+    """Activation elements per token a decoder layer's non-matmul operations touch on one rank:
+    the residual stream's four (two norms, two adds) on 1 / tp of the tokens with sequence
+    parallel, and inside the tensor-parallel regions (split by heads and columns) q and k's rotary
+    embedding, v, and the MLP's three intermediates (GPT-2: q, k, v and the GELU's input)."""
+    m, t = work.model, layout.tensor
+    h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
+    region = (3 * h + i) if m.family != "llama" else (h + 2 * kv + 3 * i)
+    return 4 * h / layout.sequence_shards + region / t
+
+
+def _fp8_cast_elements(work: Workload, layout: Layout) -> float:
+    """Elements per token FP8 casts per decoder layer: each converted linear's input and output
+    (gradient), on one rank (q, k, v and gate, up each cast the region's input themselves)."""
+    if not work.fp8:
+        return 0.0
+    m, t = work.model, layout.tensor
+    h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
+    inputs = 5 * h + h / t + i / t
+    outputs = (h + 2 * kv + 2 * i) / t + 2 * h
+    return inputs + outputs
+
+
+def layer_times(
+    work: Workload,
+    layout: Layout,
+    gpu: GpuModel,
+    calibration: Calibration,
+    layers: list[int],
+    head: bool,
+) -> StageTimes:
+    """One micro-batch of `layers` (decoder layer indices) and, with `head`, the output head and the
+    loss, on one rank: matmuls, attention and memory-bound work, forward and backward, with what
+    checkpointing recomputes."""
+    m, t = work.model, layout.tensor
+    tokens = local_tokens(work, layout)
+    rates = Rates.of(work, gpu, calibration)
+    h, s = m.hidden_size, work.seq_len
+    checkpointed = sum(1 for layer in layers if work.activation_checkpointing != "none"
+                       and layer % work.checkpoint_every == 0)
+    block = block_matmul_weights(m) / t
+    head_weights = m.vocab_size * h / t if head else 0.0
+    # per token: one matmul pass (2 FLOPs per weight) of the blocks and of the head
+    block_pass = 2 * block * len(layers) * tokens / rates.fp8_matmul
+    head_pass = 2 * head_weights * tokens / rates.matmul
+    if work.activation_checkpointing == "full":
+        recompute_share = 1.0
+    elif work.activation_checkpointing == "selective":
+        recompute_share = selective_recompute(work)
+    else:
+        recompute_share = 0.0
+    recompute_matmul = block_pass * recompute_share * checkpointed / max(len(layers), 1)
+    # causal attention: 2 x hidden x sequence FLOPs per token forward, twice that backward
+    attention_pass = 2 * h * s / t * len(layers) * tokens / rates.attention
+    recompute_attention = attention_pass / len(layers) * checkpointed if layers and \
+        work.activation_checkpointing == "full" else 0.0
+    bytes_per_element = calibration.elementwise_bytes(work.compile)
+    elements = _elementwise_elements(work, layout) * len(layers) * tokens
+    elementwise = bytes_per_element * elements / rates.memory
+    casts = (calibration.fp8_cast_bytes(work.compile) * _fp8_cast_elements(work, layout) * len(layers)
+             * tokens / rates.memory)
+    loss = calibration.loss_bytes_per_vocabulary * m.vocab_size / t * tokens / rates.memory if head else 0.0
+    recompute_memory = (elementwise + casts) / 3 * checkpointed / max(len(layers), 1)
+    matmuls = block_pass + head_pass
+    memory_bound = elementwise + casts + loss
+    forward = matmuls + attention_pass + memory_bound / 3
+    backward_input = matmuls + 2 * attention_pass + memory_bound / 3 + recompute_matmul + \
+        recompute_attention + recompute_memory
+    backward_weight = matmuls + memory_bound / 3
+    parts = (
+        3 * matmuls + recompute_matmul,
+        3 * attention_pass + recompute_attention,
+        memory_bound + recompute_memory,
+    )
+    return StageTimes(forward, backward_input, backward_weight, parts)
 
 
 # --- communication --------------------------------------------------------------------------------
@@ -243,14 +410,19 @@ class Share:
         return cls(parameter_tensors(work), work.model.num_layers)
 
 
-def _unit_bytes(share: Share, layout: Layout, dtype_bytes: int) -> tuple[float, float, float]:
-    """Bytes of (all parameters, one block, the root's parameters) on one tensor-parallel rank."""
+def _gathered_bytes(work: Workload, layout: Layout, share: Share) -> tuple[float, float, float]:
+    """Bytes FSDP gathers on one rank of (all parameters, one block, the root's parameters): the
+    compute dtype, one byte for FP8 weights gathered in FP8."""
+    reg = memory.regime(work, layout)
     tensors = share.tensors.all
     first = min((p.layer for p in tensors if p.layer is not None), default=0)
-    total = sum(tp_local_numel(p, layout.tensor) for p in tensors) * dtype_bytes
-    block = sum(tp_local_numel(p, layout.tensor) for p in tensors if p.layer == first) * dtype_bytes
-    root = sum(p.numel for p in tensors if p.layer is None) * dtype_bytes
-    return total, block, root
+
+    def size(params) -> float:
+        return sum(memory.gathered_bytes(work, layout, reg, p) * tp_local_numel(p, layout.tensor)
+                   for p in params)
+
+    block = size(p for p in tensors if p.layer == first)
+    return size(tensors), block, size(p for p in tensors if p.layer is None)
 
 
 def _trainable_elements(share: Share, layout: Layout) -> float:
@@ -258,15 +430,22 @@ def _trainable_elements(share: Share, layout: Layout) -> float:
 
 
 def _fsdp_comm(work: Workload, layout: Layout, links: Links, comm: StepComm, share: Share) -> None:
-    """FSDP2: gather in the compute dtype before forward (and again before backward for resharded
-    blocks), reduce-scatter fp32 gradients after backward (grad_op: only in the last micro step);
-    hybrid all-reduces the shards across replicas once per step."""
-    compute = FP32 if work.precision == "fp32" else LOW
+    """FSDP2 over the shard and context ranks: gather in the compute dtype (FP8 weights in one byte)
+    before forward (and again before backward for resharded blocks), reduce-scatter fp32 gradients
+    after backward (grad_op: only in the last micro step); hybrid all-reduces the shards across
+    replicas once per step."""
     n, accum = layout.shard, work.grad_accum_steps
     span = layout.tensor  # the shard group's stride: tensor-parallel ranks are innermost
-    params, block, root = _unit_bytes(share, layout, compute)
-    trainable_fraction = _trainable_elements(share, layout) / max(params / compute, 1)
-    grads, grad_block, grad_root = (x / compute * FP32 * trainable_fraction for x in (params, block, root))
+    params, block, root = _gathered_bytes(work, layout, share)
+    trainable = _trainable_elements(share, layout)
+    everything = sum(tp_local_numel(p, layout.tensor) for p in share.tensors.all)
+    fraction = trainable / max(everything, 1)
+    grads = FP32 * trainable
+    grad_block = FP32 * fraction * sum(tp_local_numel(p, layout.tensor) for p in share.tensors.all
+                                       if p.layer == min((q.layer for q in share.tensors.all
+                                                          if q.layer is not None), default=0))
+    grad_root = FP32 * fraction * sum(tp_local_numel(p, layout.tensor) for p in share.tensors.all
+                                      if p.layer is None)
     comm.forward += comm.each_micro_step(
         "fsdp all-gather (forward)", links.seconds("all_gather", params, n, span), accum
     )
@@ -304,10 +483,9 @@ def _deepspeed_comm(work: Workload, layout: Layout, links: Links, comm: StepComm
     """ZeRO-1 reduce-scatters gradients at the step, ZeRO-2 every micro step (overlapping
     backward); both all-gather the updated compute-dtype weights after the step. ZeRO-3 gathers
     weights for forward and backward and reduce-scatters every micro step, like FSDP."""
-    compute = FP32 if work.precision == "fp32" else LOW
     n, accum = layout.shard, work.grad_accum_steps
-    params, block, root = _unit_bytes(share, layout, compute)
-    grads = compute * _trainable_elements(share, layout)
+    params, block, root = _gathered_bytes(work, layout, share)
+    grads = memory.regime(work, layout).compute * _trainable_elements(share, layout)
     if layout.zero_stage == 3:
         comm.forward += comm.each_micro_step(
             "zero-3 all-gather (forward)", links.seconds("all_gather", params, n), accum
@@ -329,16 +507,63 @@ def _deepspeed_comm(work: Workload, layout: Layout, links: Links, comm: StepComm
     comm.exposed += comm.add("zero all-gather of updated weights", links.seconds("all_gather", params, n))
 
 
+def _recomputed_region_passes(work: Workload, layout: Layout) -> tuple[float, float]:
+    """(region-opening collectives, region-closing collectives) that checkpointing repeats in
+    backward per layer, as a share of the forward's: full checkpointing repeats the whole forward;
+    torchtitan's selective policy keeps the reduce-scatters' outputs and recomputes the all-gathers
+    (without sequence parallel it keeps no all-reduce's output, so it repeats both)."""
+    if work.activation_checkpointing == "full":
+        return 1.0, 1.0
+    if work.activation_checkpointing == "selective" and work.behaviour.selective_policy != "every_matmul":
+        return 1.0, 0.0 if layout.sequence_parallel else 1.0
+    return 0.0, 0.0
+
+
 def _tensor_parallel_comm(work: Workload, layout: Layout, links: Links, comm: StepComm, share: Share) -> None:
-    """Two all-reduces of the block's activations in forward (after o_proj and down_proj) and two
-    in backward, per block and micro step, on the critical path."""
-    compute = FP32 if work.precision == "fp32" else LOW
-    activation = work.micro_batch_tokens * work.model.hidden_size * compute
-    t = layout.tensor
-    count = 4 * share.layers * work.grad_accum_steps
-    comm.exposed += comm.add(
-        "tensor-parallel all-reduce", links.seconds("all_reduce", activation, t), times=count
-    )
+    """Per block and micro step, on the critical path: with sequence parallel two all-gathers (the
+    region inputs; in FP8 with the tensorwise recipe) and two reduce-scatters forward, the mirror in
+    backward; without it two all-reduces each way. Checkpointing repeats the forward's that it
+    recomputes. The embedding and the head add one each way."""
+    t, accum = layout.tensor, work.grad_accum_steps
+    reg = memory.regime(work, layout)
+    tokens = local_tokens(work, layout)
+    activation = tokens * work.model.hidden_size * reg.compute
+    fp8_gather = work.fp8 and work.fp8_recipe == "tensorwise"
+    gathers, closings = _recomputed_region_passes(work, layout)
+    checkpointed = work.checkpointed_layers * share.layers / work.model.num_layers
+    layers = share.layers
+    if layout.sequence_parallel:
+        opening = activation / reg.compute if fp8_gather else activation
+        count = int(round(2 * layers * 2 + 2 * checkpointed * gathers))
+        seconds = comm.add("tensor-parallel all-gather", links.seconds("all_gather", opening, t),
+                           times=count * accum)
+        count = int(round(2 * layers * 2 + 2 * checkpointed * closings))
+        seconds += comm.add("tensor-parallel reduce-scatter", links.seconds("reduce_scatter", activation, t),
+                            times=count * accum)
+    else:
+        count = int(round(4 * layers + 2 * checkpointed * max(gathers, closings)))
+        seconds = comm.add("tensor-parallel all-reduce", links.seconds("all_reduce", activation, t),
+                           times=count * accum)
+    comm.exposed += seconds
+
+
+def _context_parallel_comm(work: Workload, layout: Layout, links: Links, comm: StepComm,
+                           share: Share) -> None:
+    """Per block and micro step, on the critical path: the keys' and the values' all-gather over
+    the context ranks (of the rank's kv heads) forward, their gradients' reduce-scatter backward;
+    checkpointing (full or selective) repeats the gathers."""
+    c, accum = layout.context, work.grad_accum_steps
+    reg = memory.regime(work, layout)
+    m = work.model
+    whole = work.micro_batch_tokens * m.kv_size / layout.tensor * reg.compute  # one tensor, all of S
+    checkpointed = work.checkpointed_layers * share.layers / work.model.num_layers
+    gathers = int(round(2 * share.layers + 2 * checkpointed))
+    stride = layout.tensor
+    comm.exposed += comm.add("context-parallel key/value all-gather",
+                             links.seconds("all_gather", whole, c, stride), times=gathers * accum)
+    comm.exposed += comm.add("context-parallel key/value reduce-scatter",
+                             links.seconds("reduce_scatter", whole, c, stride),
+                             times=2 * share.layers * accum)
 
 
 def _offload_seconds(work: Workload, layout: Layout, calibration: Calibration, share: Share) -> float:
@@ -354,6 +579,13 @@ def _offload_seconds(work: Workload, layout: Layout, calibration: Calibration, s
     )
 
 
+def _model_parallel_comm(work: Workload, layout: Layout, links: Links, comm: StepComm, share: Share) -> None:
+    if layout.tensor > 1:
+        _tensor_parallel_comm(work, layout, links, comm, share)
+    if layout.context > 1:
+        _context_parallel_comm(work, layout, links, comm, share)
+
+
 # --- the step ---------------------------------------------------------------------------------------
 
 
@@ -363,31 +595,27 @@ def estimate(
     if layout.pipelined:
         return _pipeline_estimate(work, layout, cluster, calibration)
     m = work.model
-    rate = compute_rate(work, cluster, calibration)
-    model_flops = m.flops_per_token(work.seq_len)
-    micro_tokens = work.micro_batch_tokens
-    forward = micro_tokens * model_flops / 3 / layout.tensor / rate
-    backward = micro_tokens * (2 * model_flops / 3 + recompute_flops_per_token(work)) / layout.tensor / rate
+    times = layer_times(work, layout, cluster.gpu, calibration, list(range(m.num_layers)), head=True)
+    forward, backward = times.forward, times.backward_input + times.backward_weight
     links = Links(cluster, calibration)
     share = Share.whole(work)
     comm = _data_parallel_comm(work, layout, links, share)
-    if layout.tensor > 1:
-        _tensor_parallel_comm(work, layout, links, comm, share)
+    _model_parallel_comm(work, layout, links, comm, share)
     accum = work.grad_accum_steps
     exposed = _exposed(comm, forward, backward, accum)
     optimizer = _optimizer_seconds(work, layout, cluster, calibration, share)
     compute = accum * (forward + backward)
-    tokens = micro_tokens * accum * layout.data_parallel
     return SpeedEstimate(
         step_seconds=compute + exposed + optimizer,
         compute_seconds=compute,
         exposed_communication_seconds=exposed,
         optimizer_seconds=optimizer,
-        tokens_per_step=tokens,
+        tokens_per_step=work.micro_batch_tokens * accum * layout.data_parallel,
         world_size=layout.world_size,
-        model_flops_per_token=model_flops,
+        model_flops_per_token=m.flops_per_token(work.seq_len),
         peak_flops=cluster.gpu.peak_flops,
         transfers=tuple(comm.transfers),
+        compute_parts=tuple(accum * part for part in times.parts),
     )
 
 
@@ -429,63 +657,46 @@ def _optimizer_seconds(
 # --- pipeline stages ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class StageTimes:
-    """Seconds of one micro-batch on one stage: forward, the input-gradient part of backward
-    (with what checkpointing recomputes) and the weight-gradient part."""
-
-    forward: float
-    backward_input: float
-    backward_weight: float
-
-    @property
-    def total(self) -> float:
-        return self.forward + self.backward_input + self.backward_weight
+def stage_times(work: Workload, layout: Layout, stage: Stage, gpu: GpuModel,
+                calibration: Calibration = CALIBRATION) -> StageTimes:
+    """One micro-batch of a stage: its layers, and the head and loss on the last."""
+    return layer_times(work, layout, gpu, calibration, list(stage.layers), head=stage.last)
 
 
-def stage_times(work: Workload, layout: Layout, stage: Stage, rate: float) -> StageTimes:
-    """Per token, a stage's matmuls cost 2 FLOPs per weight in forward, 2 more for the input
-    gradient and 2 for the weight gradient (its blocks' linears, and the head on the last stage);
-    attention 4 x hidden x sequence per block in forward and twice that in backward (all for the
-    input); full checkpointing repeats the forward of its checkpointed blocks."""
-    m, tokens = work.model, work.micro_batch_tokens
-    block = sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer == 0)
-    weights = stage.num_layers * block + (m.vocab_size * m.hidden_size if stage.last else 0)
-    attention = 4 * stage.num_layers * m.hidden_size * work.seq_len
-    recompute = 0.0
-    if work.activation_checkpointing == "full":
-        checkpointed = sum(1 for layer in stage.layers if layer % work.checkpoint_every == 0)
-        recompute = checkpointed * (2 * block + 4 * m.hidden_size * work.seq_len)
-    elif work.activation_checkpointing == "selective":
-        checkpointed = sum(1 for layer in stage.layers if layer % work.checkpoint_every == 0)
-        recompute = checkpointed * 2 * block * selective_recompute(m)
-    scale = tokens / layout.tensor / rate
-    return StageTimes(
-        forward=(2 * weights + attention) * scale,
-        backward_input=(2 * weights + 2 * attention + recompute) * scale,
-        backward_weight=2 * weights * scale,
-    )
-
-
-def pipeline_bubble(layout: Layout, times: list[StageTimes]) -> float:
+def pipeline_bubble(layout: Layout, times: list[StageTimes],
+                    communication: list[float] | None = None) -> float:
     """Seconds a rank idles while the pipeline fills and drains: (p - 1) times the slowest stage's
-    micro-batch (with v stages per rank a stage is 1/v of a rank's work, so the bubble shrinks by
-    v: the fraction (p - 1) / (v x m + p - 1)); zero bubble fills it with weight gradients, leaving
-    (p - 1) x (forward + input backward - 2 x weight backward) of the slowest stage."""
+    micro-batch, with the tensor- and context-parallel communication that lengthens it
+    (`communication`, per stage; with v stages per rank a stage is 1/v of a rank's work, so the
+    bubble shrinks by v: the fraction (p - 1) / (v x m + p - 1)); zero bubble fills it with weight
+    gradients, leaving (p - 1) x (forward + input backward - 2 x weight backward) of the slowest
+    stage."""
     p = layout.pipeline
+    extra = communication or [0.0] * len(times)
     if layout.schedule == "zero_bubble":
-        return (p - 1) * max(max(0.0, t.forward + t.backward_input - 2 * t.backward_weight) for t in times)
-    return (p - 1) * max(t.total for t in times)
+        return (p - 1) * max(max(0.0, t.forward + t.backward_input - 2 * t.backward_weight) + c
+                             for t, c in zip(times, extra, strict=True))
+    return (p - 1) * max(t.total + c for t, c in zip(times, extra, strict=True))
+
+
+def _stage_communication(work: Workload, layout: Layout, links: Links, stage: Stage) -> float:
+    """Seconds of tensor- and context-parallel collectives in one micro-batch of a stage."""
+    comm = StepComm()
+    share = Share(memory.stage_tensors(work, [stage]), stage.num_layers)
+    _model_parallel_comm(work, layout, links, comm, share)
+    return comm.exposed / work.grad_accum_steps
 
 
 def _pipeline_p2p(work: Workload, layout: Layout, links: Links, comm: StepComm, held: list[Stage]) -> None:
-    """Each micro-batch's activation goes to the next stage, its gradient back; pipeline neighbours
-    are data-parallel x tensor-parallel ranks apart (the outermost mesh dimension), so across
-    instances when an instance holds no more than one stage's ranks. torch's schedules wait for a
-    micro-batch's transfers before its next computation, so none is hidden; the first micro-batch's
-    activation crosses every boundary before the last stage starts, and its gradient back."""
-    hidden = memory.regime(work, layout).residual * work.model.hidden_size * work.micro_batch_tokens
-    stride = layout.data_parallel * layout.tensor
+    """Each micro-batch's activation goes to the next stage, its gradient back (the rank's sequence
+    shard under sequence parallel); pipeline neighbours are data-parallel x context x tensor ranks
+    apart (the outermost mesh dimension), so across instances when an instance holds no more than
+    one stage's ranks. torch's schedules wait for a micro-batch's transfers before its next
+    computation, so none is hidden; the first micro-batch's activation crosses every boundary
+    before the last stage starts, and its gradient back."""
+    reg = memory.regime(work, layout)
+    hidden = reg.residual * work.model.hidden_size * local_tokens(work, layout) / layout.sequence_shards
+    stride = layout.data_parallel * layout.context * layout.tensor
     one = hidden / links.bandwidth(2, stride)
     sends = work.grad_accum_steps * sum((not s.last) + (not s.first) for s in held)
     comm.exposed += comm.add("pipeline send (activations, gradients)", (hidden, one), times=sends)
@@ -498,10 +709,9 @@ def _pipeline_fsdp_comm(work: Workload, layout: Layout, links: Links, comm: Step
     reshards the blocks, so each micro-batch's backward gathers them again; with grad_op the stage
     is gathered once per step. The reduce-scatter (and hybrid's all-reduce across replicas) overlap
     the last micro-batch's backward."""
-    compute = FP32 if work.precision == "fp32" else LOW
     n, accum, span = layout.shard, work.grad_accum_steps, layout.tensor
-    params, block, root = _unit_bytes(share, layout, compute)
-    grads = params / compute * FP32
+    params, block, root = _gathered_bytes(work, layout, share)
+    grads = FP32 * sum(tp_local_numel(p, layout.tensor) for p in share.tensors.all)
     if layout.fsdp_sharding != "grad_op":
         resharded = params - root - block
         comm.backward += comm.each_micro_step(
@@ -518,13 +728,12 @@ def _pipeline_estimate(
     work: Workload, layout: Layout, cluster: Cluster, calibration: Calibration
 ) -> SpeedEstimate:
     """The step of the slowest pipeline rank: its stages' compute for every micro-batch, the
-    bubble, the communication it cannot hide (its stages' data-parallel collectives, tensor
-    parallel, the point-to-point transfers) and its optimizer update."""
-    rate = compute_rate(work, cluster, calibration)
+    bubble, the communication it cannot hide (its stages' data-parallel collectives, tensor and
+    context parallel, the point-to-point transfers) and its optimizer update."""
     stages = memory.pipeline_stages(work, layout)
-    times = [stage_times(work, layout, stage, rate) for stage in stages]
-    bubble = pipeline_bubble(layout, times)
+    times = [stage_times(work, layout, stage, cluster.gpu, calibration) for stage in stages]
     links = Links(cluster, calibration)
+    bubble = pipeline_bubble(layout, times, [_stage_communication(work, layout, links, s) for s in stages])
     accum = work.grad_accum_steps
     slowest = None
     for rank in range(layout.pipeline):
@@ -533,16 +742,16 @@ def _pipeline_estimate(
         forward = sum(times[s.index].forward for s in held)
         backward = sum(times[s.index].backward_input + times[s.index].backward_weight for s in held)
         comm = _data_parallel_comm(work, layout, links, share)
-        if layout.tensor > 1:
-            _tensor_parallel_comm(work, layout, links, comm, share)
+        _model_parallel_comm(work, layout, links, comm, share)
         _pipeline_p2p(work, layout, links, comm, held)
         exposed = _exposed(comm, forward, backward, accum)
         optimizer = _optimizer_seconds(work, layout, cluster, calibration, share)
         compute = accum * (forward + backward)
-        candidate = (compute + exposed + optimizer, compute, exposed, optimizer, comm)
+        parts = tuple(accum * sum(times[s.index].parts[k] for s in held) for k in range(3))
+        candidate = (compute + exposed + optimizer, compute, exposed, optimizer, comm, parts)
         if slowest is None or candidate[0] > slowest[0]:
             slowest = candidate
-    step, compute, exposed, optimizer, comm = slowest
+    step, compute, exposed, optimizer, comm, parts = slowest
     return SpeedEstimate(
         step_seconds=step + bubble,
         compute_seconds=compute,
@@ -554,4 +763,5 @@ def _pipeline_estimate(
         peak_flops=cluster.gpu.peak_flops,
         transfers=tuple(comm.transfers),
         bubble_seconds=bubble,
+        compute_parts=parts,
     )

@@ -4,7 +4,10 @@ The search varies only settings the template lists under `overridable`, within t
 instance type and count, micro batch size (with gradient accumulation so that the global batch,
 and so the recipe and the tokens per step, stay the same; a run with a global_batch_size keeps it
 and the program derives the accumulation), activation checkpointing, torch.compile, and the mesh:
-pipeline degree, schedule and stages per rank, and tensor-parallel degree. Every candidate is
+pipeline degree, schedule and stages per rank, tensor-parallel degree, and context-parallel degree for
+sequences of LONG_SEQUENCE tokens or more (sequence parallel comes with tensor parallel: the program
+turns it on with it; with an explicit shard_degree the search moves ranks between the shard and the
+context dimensions so that the mesh still covers every GPU). Every candidate is
 planned like the run itself; those that do not fit are dropped. Meshes are screened first (each
 with every checkpointing mode, on the run's instances), and the run's own and the best
 `MESHES_KEPT` (the fastest that fit there, else the smallest) are searched with everything else,
@@ -34,8 +37,12 @@ MESH_SETTINGS = (
     "pipeline_schedule",
     "pipeline_stages_per_rank",
     "tensor_parallel_degree",
+    "context_parallel_degree",
 )
 MESHES_KEPT = 3
+# Context parallel is searched from this sequence length on: below it each rank's attention is too
+# short a share of the step for splitting the sequence to pay for its key/value all-gathers.
+LONG_SEQUENCE = 16384
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,31 @@ def _mesh(plan: Plan) -> dict[str, Any]:
         "pipeline_schedule": layout.schedule,
         "pipeline_stages_per_rank": layout.stages_per_rank,
         "tensor_parallel_degree": layout.tensor,
+        "context_parallel_degree": layout.context,
     }
+
+
+def _mesh_choices(template: TemplateSpec, base: Plan, current: Mapping[str, Any]) -> list[list[Any]]:
+    """Each mesh setting's candidate values; context parallel only for long sequences."""
+    choices = []
+    for name in MESH_SETTINGS:
+        long = base.workload.seq_len >= LONG_SEQUENCE
+        searched = name != "context_parallel_degree" or long
+        choices.append(_choices(template, name, current[name]) if searched else [current[name]])
+    return choices
+
+
+def _shard_for_context(template: TemplateSpec, base: Plan, changes: dict[str, Any]) -> dict[str, Any] | None:
+    """`changes` with the shard degree that keeps the mesh's size when the context degree moves
+    (the program derives it unless the template sets it); None when no shard degree does."""
+    context = changes.get("context_parallel_degree")
+    explicit = template.distribution.shard_degree
+    if context is None or not explicit:
+        return changes
+    ranks = base.layout.dims.shard * base.layout.context
+    if ranks % context or _allowed(template, "shard_degree") is None:
+        return None
+    return {**changes, "shard_degree": ranks // context}
 
 
 def mesh_changes(template: TemplateSpec, base: Plan) -> list[dict[str, Any]]:
@@ -123,9 +154,7 @@ def mesh_changes(template: TemplateSpec, base: Plan) -> list[dict[str, Any]]:
     degree."""
     current = _mesh(base)
     found: list[dict[str, Any]] = [{}]
-    for pp, schedule, per_rank, tp in itertools.product(
-        *(_choices(template, name, current[name]) for name in MESH_SETTINGS)
-    ):
+    for pp, schedule, per_rank, tp, cp in itertools.product(*_mesh_choices(template, base, current)):
         if pp > 1 and (schedule in MULTI_STAGE_SCHEDULES) != (per_rank > 1):
             continue  # the program's rule: several stages per rank exactly for the interleaved ones
         if pp == 1 and (schedule, per_rank) != (
@@ -133,9 +162,12 @@ def mesh_changes(template: TemplateSpec, base: Plan) -> list[dict[str, Any]]:
             current["pipeline_stages_per_rank"],
         ):
             continue  # without pipeline stages the schedule does not matter
-        mesh = dict(zip(MESH_SETTINGS, (pp, schedule, per_rank, tp), strict=True))
+        mesh = dict(zip(MESH_SETTINGS, (pp, schedule, per_rank, tp, cp), strict=True))
         changes = {name: value for name, value in mesh.items() if value != current[name]}
-        if changes and all(_allowed(template, name) is not None for name in changes) and changes not in found:
+        if not changes or not all(_allowed(template, name) is not None for name in changes):
+            continue
+        changes = _shard_for_context(template, base, changes)
+        if changes is not None and changes not in found:
             found.append(changes)
     return found
 
@@ -153,8 +185,9 @@ def candidate_overrides(
     from llmtrain.instances import instance_type
 
     for mesh in meshes or [{}]:
-        model_parallel = {**_mesh(base), **mesh}
-        model_parallel = model_parallel["pipeline_parallel_degree"] * model_parallel["tensor_parallel_degree"]
+        chosen = {**_mesh(base), **mesh}
+        model_parallel = (chosen["pipeline_parallel_degree"] * chosen["tensor_parallel_degree"]
+                          * chosen["context_parallel_degree"])
         for kind, count, mode, compiled in itertools.product(types, counts, modes, compiles):
             gpus = instance_type(kind).processes_per_host * count
             for batch in _batch_settings(template, base, gpus, model_parallel, global_batch):
@@ -238,7 +271,8 @@ def _search(
     ranked = sorted(screened, key=lambda p: (not p.fits, p.training_seconds if p.fits else p.memory.per_gpu))
     kept: list[dict[str, Any]] = [{}]
     for plan in ranked:
-        mesh = {name: plan.settings[name] for name in MESH_SETTINGS if name in plan.settings}
+        names = (*MESH_SETTINGS, "shard_degree")
+        mesh = {name: plan.settings[name] for name in names if name in plan.settings}
         if mesh not in kept:
             kept.append(mesh)
         if len(kept) > MESHES_KEPT:
@@ -291,7 +325,7 @@ def single_changes(
                 yield {name: value}
     gpus = base.layout.world_size
     for batch in _batch_settings(
-        template, base, gpus, base.layout.pipeline * base.layout.tensor, global_batch
+        template, base, gpus, base.layout.pipeline * base.layout.tensor * base.layout.context, global_batch
     ):
         yield {name: value for name, value in batch.items() if _differs(base, name, value)}
     yield from mesh_changes(template, base)[1:]

@@ -16,6 +16,7 @@ from typing import Any
 from llmtrain.errors import LlmtrainError
 from llmtrain.planner.shapes import ALL_LINEAR, ModelShape, preset_shape
 from training_jobs.contract import ConfigError
+from training_jobs.contract.capabilities import CAPABILITIES
 from training_jobs.contract.hyperparameters import (
     MULTI_STAGE_SCHEDULES,
     TrainConfig,
@@ -29,6 +30,36 @@ from training_jobs.contract.parallel_dims import ParallelDims, resolve_cluster
 
 class PlanInputError(LlmtrainError):
     """The run's settings cannot be planned; the message names the setting and what to change."""
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """What the code a template version runs does, from its contract's capability table
+    (training_jobs/contract/capabilities.py; llmtrain.program_contract.LEGACY_CAPABILITIES for code
+    frozen before the table): the planner plans a run of a published version with its frozen
+    code's behaviour, not today's."""
+
+    sequence_parallel: bool  # tensor parallel may shard the residual stream on the sequence
+    loss_parallel: bool  # embedding and head split on the vocabulary, the loss on the shards
+    chunked_loss: bool  # no fp32 copy of the logits
+    context_parallel: bool
+    selective_policy: str  # "torchtitan_op" or "every_matmul"
+    fp8: bool  # the code ships torchao
+
+    @classmethod
+    def of(cls, capabilities: Mapping[str, object]) -> Behaviour:
+        return cls(
+            sequence_parallel=bool(capabilities.get("sequence_parallel")),
+            loss_parallel=bool(capabilities.get("loss_parallel")),
+            chunked_loss=bool(capabilities.get("chunked_loss")),
+            context_parallel=bool(capabilities.get("context_parallel")),
+            selective_policy=str(capabilities.get("selective_policy") or "every_matmul"),
+            fp8=bool(capabilities.get("fp8")),
+        )
+
+
+# The installed program's (the working tree's: code that is not frozen).
+CURRENT = Behaviour.of(CAPABILITIES)
 
 
 @dataclass(frozen=True)
@@ -49,6 +80,9 @@ class Layout:
     schedule: str = "1f1b"
     stages_per_rank: int = 1
     split: tuple[int, ...] = ()
+    # Tensor parallel shards the residual stream on the sequence (the run's sequence_parallel, where
+    # the code has it).
+    sequence_parallel: bool = False
 
     @property
     def world_size(self) -> int:
@@ -67,10 +101,23 @@ class Layout:
         return self.dims.data_parallel
 
     @property
+    def context(self) -> int:
+        return self.dims.context
+
+    @property
+    def sequence_shards(self) -> int:
+        """How many ranks split each token of a rank's sequence part between the tensor-parallel
+        regions: the tensor-parallel ranks with sequence parallel, else 1."""
+        return self.tensor if self.sequence_parallel else 1
+
+    @property
     def shard(self) -> int:
         """Ranks that partition one copy of the model's states: DeepSpeed ZeRO partitions over every
-        data-parallel rank (the program's mesh replicates it, DeepSpeed shards inside)."""
-        return self.data_parallel if self.strategy == "deepspeed" else self.dims.shard
+        data-parallel rank (the program's mesh replicates it, DeepSpeed shards inside); FSDP2 shards
+        over the shard and context ranks."""
+        if self.strategy == "deepspeed":
+            return self.data_parallel
+        return self.dims.shard * self.dims.context
 
     @property
     def replicate(self) -> int:
@@ -92,10 +139,11 @@ class Layout:
         stages are sharded with more than one data-parallel rank or with offloaded parameters."""
         if self.strategy == "smp":
             return True
+        sharded_ranks = self.data_parallel * self.context
         if self.pipelined:
-            return self.strategy == "fsdp" and (self.data_parallel > 1 or self.offload_params)
+            return self.strategy == "fsdp" and (sharded_ranks > 1 or self.offload_params)
         return self.strategy == "fsdp" and (
-            self.data_parallel > 1 or self.offload_params or self.offload_optimizer or self.world_size == 1
+            sharded_ranks > 1 or self.offload_params or self.offload_optimizer or self.world_size == 1
         )
 
     def describe(self) -> str:
@@ -103,8 +151,10 @@ class Layout:
             parts = [f"{self.strategy} {self.fsdp_sharding}", f"shard {self.shard}"]
             if self.replicate > 1:
                 parts.append(f"replicate {self.replicate}")
+            if self.context > 1:
+                parts.append(f"cp {self.context}")
             if self.tensor > 1:
-                parts.append(f"tp {self.tensor}")
+                parts.append(f"tp {self.tensor}" + (" sp" if self.sequence_parallel else ""))
             text = ", ".join(parts)
         elif self.strategy == "deepspeed":
             text = f"deepspeed zero-{self.zero_stage} over {self.shard}"
@@ -139,6 +189,9 @@ class Workload:
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = (ALL_LINEAR,)
     quantization: str = "none"
+    fp8: bool = False
+    fp8_recipe: str = "tensorwise"
+    behaviour: Behaviour = CURRENT
 
     @property
     def micro_batch_tokens(self) -> int:
@@ -178,14 +231,22 @@ def _program(rule: Callable[..., Any], *args: Any) -> Any:
 
 
 def workload_from_hyperparameters(
-    values: Mapping[str, Any], *, model: ModelShape | None = None, vocab_size: int | None = None
+    values: Mapping[str, Any],
+    *,
+    model: ModelShape | None = None,
+    vocab_size: int | None = None,
+    behaviour: Behaviour = CURRENT,
 ) -> Workload:
     """The workload of a run's hyperparameters; `model` replaces the preset (a --model-config)."""
-    return workload_of(program_config(values), model=model, vocab_size=vocab_size)
+    return workload_of(program_config(values), model=model, vocab_size=vocab_size, behaviour=behaviour)
 
 
 def workload_of(
-    config: TrainConfig, *, model: ModelShape | None = None, vocab_size: int | None = None
+    config: TrainConfig,
+    *,
+    model: ModelShape | None = None,
+    vocab_size: int | None = None,
+    behaviour: Behaviour = CURRENT,
 ) -> Workload:
     """The workload of the program's configuration; `model` replaces the preset."""
     data, par, lora, chosen = config.data, config.parallel, config.lora, config.model
@@ -212,18 +273,25 @@ def workload_of(
         lora_dropout=lora.lora_dropout,
         lora_targets=tuple(lora.lora_target_modules),
         quantization=lora.quantization,
+        fp8=par.fp8,
+        fp8_recipe=par.fp8_recipe,
+        behaviour=behaviour,
     )
 
 
-def resolve_layout(values: Mapping[str, Any], gpus_per_node: int, nodes: int) -> Layout:
+def resolve_layout(
+    values: Mapping[str, Any], gpus_per_node: int, nodes: int, behaviour: Behaviour = CURRENT
+) -> Layout:
     """The mesh the program builds for these hyperparameters on `nodes` instances of
     `gpus_per_node` processes (its ParallelDims.resolve)."""
     config = program_config(values)
     dims = _program(ParallelDims.resolve, config.parallel, nodes * gpus_per_node, nodes)
-    return layout_of(config, dims, gpus_per_node, nodes)
+    return layout_of(config, dims, gpus_per_node, nodes, behaviour)
 
 
-def layout_of(config: TrainConfig, dims: ParallelDims, gpus_per_node: int, nodes: int) -> Layout:
+def layout_of(
+    config: TrainConfig, dims: ParallelDims, gpus_per_node: int, nodes: int, behaviour: Behaviour = CURRENT
+) -> Layout:
     par = config.parallel
     return Layout(
         strategy=par.parallelism,
@@ -237,17 +305,39 @@ def layout_of(config: TrainConfig, dims: ParallelDims, gpus_per_node: int, nodes
         schedule=par.pipeline_schedule,
         stages_per_rank=pipeline_stages_per_rank(par),
         split=pipeline_split(par.pipeline_split),
+        sequence_parallel=dims.tensor > 1 and par.sequence_parallel and behaviour.sequence_parallel,
     )
 
 
-def check_pipeline(work: Workload, layout: Layout) -> None:
-    """The program's rules for pipeline stages that need the model (its check_splittable and stage
-    split) and torch's schedules' own, with the setting to change."""
-    if not layout.pipelined:
-        return
-    problem = _pipeline_problem(work, layout)
+def check_model(work: Workload, layout: Layout) -> None:
+    """The program's rules that need the model: for pipeline stages (its check_splittable and stage
+    split, and torch's schedules' own), for tensor and context parallel (its check_supported and
+    check_context_parallel), with the setting to change."""
+    problem = _model_parallel_problem(work, layout)
+    if problem is None and layout.pipelined:
+        problem = _pipeline_problem(work, layout)
     if problem:
         raise PlanInputError(problem)
+
+
+def _model_parallel_problem(work: Workload, layout: Layout) -> str | None:
+    """Tensor and context parallel split Llama-layout models only, by heads, columns and vocabulary
+    (trainer/tensor_parallel.py check_supported, trainer/parallel.py check_context_parallel)."""
+    m, t = work.model, layout.tensor
+    if m.family != "llama":
+        for name, degree in (("tensor_parallel_degree", t), ("context_parallel_degree", layout.context)):
+            if degree > 1:
+                return (f"invalid hyperparameter {name!r}: {m.family} models have no supported plan for "
+                        f"it (Llama-layout ones do); use {name}=1")
+        return None
+    if t <= 1:
+        return None
+    for name, value in (("num_attention_heads", m.num_heads), ("num_key_value_heads", m.num_kv_heads),
+                        ("intermediate_size", m.intermediate_size), ("vocab_size", m.vocab_size)):
+        if value % t:
+            return (f"invalid hyperparameter 'tensor_parallel_degree': {t} does not divide the model's "
+                    f"{name} ({value})")
+    return None
 
 
 def _pipeline_problem(work: Workload, layout: Layout) -> str | None:
@@ -290,11 +380,13 @@ def workload_and_layout(
     *,
     model: ModelShape | None = None,
     vocab_size: int | None = None,
+    behaviour: Behaviour = CURRENT,
 ) -> tuple[Workload, Layout]:
     """The workload and the mesh of a run's hyperparameters, checked as the program checks them
-    (grad_accum_steps derived from global_batch_size on this cluster)."""
+    (grad_accum_steps derived from global_batch_size on this cluster), planned with the behaviour
+    of the code that runs them."""
     config, dims = _program(resolve_cluster, program_config(values), nodes * gpus_per_node, nodes)
-    layout = layout_of(config, dims, gpus_per_node, nodes)
-    work = workload_of(config, model=model, vocab_size=vocab_size)
-    check_pipeline(work, layout)
+    layout = layout_of(config, dims, gpus_per_node, nodes, behaviour)
+    work = workload_of(config, model=model, vocab_size=vocab_size, behaviour=behaviour)
+    check_model(work, layout)
     return work, layout

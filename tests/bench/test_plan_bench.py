@@ -1,13 +1,16 @@
 """The planner against what it predicts (bench.plan): memory measured here, published speed.
 
 The memory test runs the training program on this CPU for a subset of bench.plan's configurations
-(QUICK_CONFIGS: every strategy and checkpointing mode, pipeline stages with 1F1B, GPipe, interleaved
-1F1B and FSDP; one torchrun launch per process count) and checks every part within 10% of what the
-ranks hold, each pipeline rank apart. The speed tests are arithmetic on published
-figures (no timing is measured here).
+(QUICK_CONFIGS: every strategy and checkpointing mode, tensor parallel with sequence parallel, context
+parallel, FP8, pipeline stages with 1F1B, GPipe, interleaved 1F1B and FSDP; one torchrun launch per
+process count) and checks every part within 10% of what the ranks hold, each pipeline rank apart.
+The speed tests are arithmetic on published figures (bench/published.py; no timing is measured
+here); the GPU check's (bench/plan_gpu.py) planning, dry run and measuring half run here too.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -21,9 +24,10 @@ from bench.plan import (
     calibrate,
     measure_memory,
     memory_rows,
+    published_rows,
     seeds_rows,
-    torchtitan_rows,
 )
+from bench.published import CALIBRATED, GAP_TOLERANCE, PUBLISHED_RUNS, RING_ATTENTION
 from llmtrain.planner import speed
 
 
@@ -45,17 +49,26 @@ def test_memory_predictions_match_what_the_program_holds():
 
 def test_calibration_is_what_the_calibrating_runs_give():
     fitted = calibrate()
-    assert (fitted.achievable_eager, fitted.achievable_compiled) == (
-        speed.CALIBRATION.achievable_eager,
-        speed.CALIBRATION.achievable_compiled,
-    )
+    for name in CALIBRATED:
+        assert getattr(fitted, name) == getattr(speed.CALIBRATION, name), name
+    assert fitted == speed.CALIBRATION  # nothing else moved
+    assert {run.calibrates for run in PUBLISHED_RUNS if run.calibrates} == set(CALIBRATED)
 
 
-def test_published_torchtitan_runs_within_tolerance():
-    rows = torchtitan_rows()
-    assert {row["role"] for row in rows} == {"calibrates", "checks"}
-    for row in rows:
-        assert abs(row["error"]) <= SPEED_TOLERANCE, row
+def test_published_runs_within_tolerance():
+    rows = published_rows()
+    roles = {row["role"] for row in rows}
+    assert "checks" in roles and any(role.startswith("calibrates") for role in roles)
+    compared = [row for row in rows if not row["not_compared"]]
+    assert len(compared) >= 20
+    for row in compared:
+        tolerance = GAP_TOLERANCE if row["outside_tolerance"] else SPEED_TOLERANCE
+        assert abs(row["error"]) <= tolerance, row
+    gaps = [row["name"] for row in compared if row["outside_tolerance"]]
+    assert len(gaps) <= 2, gaps  # each named in docs/planning.md
+    # not compared: only the runs of torch's ring attention, which the program does not run
+    assert {row["not_compared"] for row in rows if row not in compared} == {RING_ATTENTION}
+    assert all(row["layout"].count("cp ") for row in rows if row not in compared)
 
 
 def test_seeds_scaling_within_tolerance():
@@ -63,3 +76,52 @@ def test_seeds_scaling_within_tolerance():
     assert [row["instances"] for row in rows] == [1, 2, 4, 8]
     for row in rows:
         assert abs(row["error"]) <= SCALING_TOLERANCE, row
+
+
+# --- the GPU check (bench/plan_gpu.py): what runs without a GPU ------------------------------------------
+
+
+def test_gpu_check_plans_every_case_and_names_what_it_skips():
+    from bench.plan_gpu import CASES, GpuCase, planned, skip_reason
+    from llmtrain.instances import GPU_MODELS
+
+    h100, a100 = GPU_MODELS["H100-80GB"], GPU_MODELS["A100-80GB"]
+    plans = {case.name: planned(case, h100) for case in CASES}
+    speeds = {name: plan["tokens_per_second_per_gpu"] for name, plan in plans.items()}
+    assert speeds["llama-1b fp8"] > speeds["llama-1b bf16"]
+    sp, no_sp = plans["llama-1b tp 2, sequence parallel"], plans["llama-1b tp 2, no sequence parallel"]
+    assert sp["allocated_gib"] < no_sp["allocated_gib"]  # the residual stream on half the tokens
+    assert "tp 2 sp" in sp["layout"] and "sp" not in no_sp["layout"].split()
+    fp8 = next(case for case in CASES if case.settings.get("fp8"))
+    assert "compute capability 8.9+" in skip_reason(fp8, a100, 8)
+    assert skip_reason(GpuCase("two", 2, {}), h100, 1) == "needs 2 GPUs, the machine has 1"
+    assert skip_reason(fp8, h100, 1) is None
+
+
+@pytest.mark.slow
+def test_gpu_check_measures_the_programs_own_figures(tmp_path):
+    """The measuring half on this CPU: the real program, launched as on the GPU, for three steps of
+    a tiny model; its figures come back from its metrics lines."""
+    from bench.plan_gpu import GpuCase, measured
+
+    case = GpuCase("tiny", 1, {"model_preset": "llama-tiny", "seq_len": 64, "micro_batch_size": 2,
+                               "compile": False, "activation_checkpointing": "none",
+                               "mixed_precision": "fp32"})
+    figures = measured(case, 3, tmp_path)
+    assert "error" not in figures, figures.get("error")
+    assert figures["tokens_per_second_per_gpu"] > 0 and figures["allocated_gib"] > 0
+
+
+def test_gpu_check_dry_run_prints_each_command(capsys):
+    from bench.plan_gpu import CASES, main
+
+    assert main(["--dry-run", "--gpu", "A100-80GB"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["case"] for row in rows] == [case.name for case in CASES]
+    for row in rows:
+        assert ("skipped" in row) != ("command" in row), row
+        if "command" in row:
+            assert row["command"][-1].endswith("training_jobs/train.py")
+            assert row["hyperparameters"]["max_steps"] == 30
+    skipped = {row["case"] for row in rows if "skipped" in row}
+    assert skipped == {case.name for case in CASES if case.settings.get("fp8")}

@@ -20,6 +20,9 @@ TEMPLATE_NAMES = (
     "llama-pretrain-fsdp",
     "llama-pretrain-hsdp-tp",
     "llama-pretrain-smp",
+    "llama3-405b",
+    "llama3-70b",
+    "llama3-8b-long-context",
 )
 # The contract's example lines (docs/architecture.md, "Metric lines").
 METRIC_LINE = (

@@ -25,7 +25,7 @@ def repo_catalog() -> Catalog:
 def test_catalog_holds_every_template_and_the_default(repo_catalog):
     assert tuple(repo_catalog.names()) == TEMPLATE_NAMES
     assert DEFAULT_TEMPLATE == "llama-pretrain-fsdp"
-    assert repo_catalog.versions(DEFAULT_TEMPLATE) == ["1.0.0", "1.1.0", "1.2.0"]
+    assert repo_catalog.versions(DEFAULT_TEMPLATE) == ["1.0.0", "1.1.0", "1.2.0", "1.3.0"]
 
 
 @pytest.mark.parametrize(("ref", "version"), [("gpt2-ddp", "1.2.0"), ("gpt2-ddp@latest", "1.2.0"),

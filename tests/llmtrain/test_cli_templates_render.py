@@ -35,8 +35,9 @@ def test_templates_table_lists_every_version(capsys):
     fsdp = [line for line in lines if line.startswith("llama-pretrain-fsdp ")]
     assert [line.split()[1:5] for line in fsdp] == [["1.0.0", "fsdp", "ml.p4d.24xlarge", "2"],
                                                     ["1.1.0", "fsdp", "ml.p4d.24xlarge", "2"],
-                                                    ["1.2.0", "fsdp", "ml.p4d.24xlarge", "2"]]
-    assert fsdp[0].endswith(" default") and fsdp[2].endswith(" latest, default")
+                                                    ["1.2.0", "fsdp", "ml.p4d.24xlarge", "2"],
+                                                    ["1.3.0", "fsdp", "ml.p4d.24xlarge", "2"]]
+    assert fsdp[0].endswith(" default") and fsdp[3].endswith(" latest, default")
 
 
 def test_templates_json_is_a_list_of_objects(capsys):

@@ -311,19 +311,57 @@ def test_fits_against_the_gpu_with_overhead():
 # --- speed, by hand ---------------------------------------------------------------------------------
 
 
-def test_single_gpu_step_by_hand():
-    p5 = instance_type("ml.p5.48xlarge")
-    cluster = speed.Cluster(p5.gpu_model, 1, 1, p5.network_gbps * 1e9 / 8)
+def _compute_by_hand(work, gpu, tokens: int) -> tuple[float, float, float]:
+    """(matmuls, attention, memory-bound) seconds of one unsharded llama micro step without
+    checkpointing, bf16, eager: 6 FLOPs per weight and token at the generation's matmul rate, the
+    causal attention's 6 x hidden x sequence per token and layer at the flash kernel's rate, and
+    the bytes the other operations move (residual stream and region activations per layer, the
+    loss per logit) at the memory's bandwidth."""
+    m, c = work.model, speed.CALIBRATION
+    block = sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer == 0)
+    h, i, kv, layers = m.hidden_size, m.intermediate_size, m.kv_size, m.num_layers
+    matmuls = 6 * (layers * block + m.vocab_size * h) * tokens / (gpu.peak_flops * c.matmul_efficiency(gpu))
+    attention = 6 * h * work.seq_len * layers * tokens / (gpu.peak_flops * gpu.attention_efficiency)
+    elements = (4 * h + h + 2 * kv + 3 * i) * layers
+    memory_bound = (c.elementwise_bytes_eager * elements + c.loss_bytes_per_vocabulary * m.vocab_size)
+    memory_bound *= tokens
+    return matmuls, attention, memory_bound / gpu.memory_bytes_per_second
+
+
+@pytest.mark.parametrize("instance", ["ml.p5.48xlarge", "ml.p4de.24xlarge", "ml.g5.xlarge"])
+def test_single_gpu_step_by_hand(instance):
+    kind = instance_type(instance)
+    gpu = kind.gpu_model
+    cluster = speed.Cluster(gpu, 1, 1, kind.network_gbps * 1e9 / 8)
     work = _work(model=preset_shape("llama3-8b", 4096), seq_len=4096, micro_batch_size=1)
     estimate = speed.estimate(work, _layout("single"), cluster)
-    flops = 4096 * work.model.flops_per_token(4096)
-    compute = flops / (989e12 * speed.CALIBRATION.achievable_eager)
-    optimizer = work.model.num_parameters * 28 / 3350e9
-    assert estimate.compute_seconds == pytest.approx(compute)
-    assert estimate.step_seconds == pytest.approx(compute + optimizer)
+    parts = _compute_by_hand(work, gpu, 4096)
+    optimizer = work.model.num_parameters * 28 / gpu.memory_bytes_per_second
+    assert estimate.compute_parts == pytest.approx(parts)
+    assert estimate.compute_seconds == pytest.approx(sum(parts))
+    assert estimate.step_seconds == pytest.approx(sum(parts) + optimizer)
     assert estimate.mfu == pytest.approx(
-        4096 / estimate.step_seconds * work.model.flops_per_token(4096) / 989e12
+        4096 / estimate.step_seconds * work.model.flops_per_token(4096) / gpu.peak_flops
     )
+
+
+def test_each_generation_has_its_own_balance():
+    """The same step on an A100 is mostly matmuls; an H100 spends a larger share in the memory-bound
+    operations, which its faster HBM (H200) and compile shorten; FP8 shortens only the matmuls."""
+    work = _work(model=preset_shape("llama3-8b", 4096), seq_len=4096, micro_batch_size=1)
+
+    def share(gpu: str, **changes) -> tuple[float, float]:
+        estimate = speed.estimate(dataclasses.replace(work, **changes), _layout("single"),
+                                  speed.Cluster(GPU_MODELS[gpu], 1, 1, 0.0))
+        return estimate.compute_parts[2] / estimate.compute_seconds, estimate.compute_seconds
+
+    a100, h100, h200 = share("A100-80GB"), share("H100-80GB"), share("H200-141GB")
+    assert a100[0] < h100[0] and h200[1] < h100[1]
+    assert share("H100-80GB", compile=True)[1] < h100[1]
+    fp8 = speed.estimate(dataclasses.replace(work, fp8=True), _layout("single"),
+                         speed.Cluster(GPU_MODELS["H100-80GB"], 1, 1, 0.0))
+    bf16 = speed.estimate(work, _layout("single"), speed.Cluster(GPU_MODELS["H100-80GB"], 1, 1, 0.0))
+    assert fp8.compute_parts[0] < bf16.compute_parts[0] and fp8.compute_parts[1] == bf16.compute_parts[1]
 
 
 def test_collectives_by_hand():
@@ -346,7 +384,9 @@ def test_ddp_hides_its_all_reduce_behind_backward_until_it_cannot():
     network = 400e9 / 8 * 0.8
     grads = 4 * work.model.num_parameters
     all_reduce = 2 * 15 / 16 * grads / network
-    backward = 1024 * 2 * work.model.flops_per_token(1024) / 3 / (312e12 * speed.CALIBRATION.achievable_eager)
+    times = speed.layer_times(work, layout, p4d.gpu_model, speed.CALIBRATION,
+                              list(range(work.model.num_layers)), head=True)
+    backward = times.backward_input + times.backward_weight
     last_bucket = 2 * 15 / 16 * speed.DDP_BUCKET_BYTES / network
     assert all_reduce > backward
     assert estimate.exposed_communication_seconds == pytest.approx(all_reduce - backward + last_bucket)
@@ -457,15 +497,18 @@ def test_pipeline_step_by_hand():
     block = sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer == 0)
     counts = memory.stage_layer_counts(work, layout)
     assert sum(counts) == 32
-    rate = 989e12 * speed.CALIBRATION.achievable_eager
-    seconds = [
-        (6 * (layers * block + (m.vocab_size * 4096 if last else 0)) + 12 * layers * 4096 * 2048)
-        * 2048
-        / 4
-        / rate
-        for layers, last in zip(counts, (False, True), strict=True)
-    ]
-    assert estimate.bubble_seconds == pytest.approx(max(seconds))
+    c = speed.CALIBRATION
+    rate = 989e12 * c.matmul_efficiency(p5.gpu_model)
+    stages = memory.pipeline_stages(work, layout)
+    times = [speed.stage_times(work, layout, stage, p5.gpu_model) for stage in stages]
+    for stage, t, (layers, last) in zip(stages, times, zip(counts, (False, True), strict=True), strict=True):
+        matmuls = 6 * (layers * block + (m.vocab_size * 4096 if last else 0)) * 2048 / 4 / rate
+        assert t.parts[0] == pytest.approx(matmuls)
+        assert stage.num_layers == layers
+    links = speed.Links(speed.Cluster.of(p5, 1), c)
+    tp = [speed._stage_communication(work, layout, links, stage) for stage in stages]
+    seconds = [t.total for t in times]
+    assert estimate.bubble_seconds == pytest.approx(max(s + x for s, x in zip(seconds, tp, strict=True)))
     assert estimate.compute_seconds in (pytest.approx(8 * seconds[0]), pytest.approx(8 * seconds[1]))
     rest = estimate.exposed_communication_seconds + estimate.optimizer_seconds
     assert estimate.step_seconds == pytest.approx(estimate.compute_seconds + rest + estimate.bubble_seconds)
@@ -786,3 +829,69 @@ def test_plan_refuses_unknown_settings(capsys):
 def test_prices_show(capsys):
     assert main(["prices", "show", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["on_demand_per_hour"]["ml.p5.48xlarge"] > 0
+
+
+# --- FP8 and context parallel in plans -------------------------------------------------------------------
+
+
+def test_fp8_changes_the_plan(catalog):
+    """FP8 on the H100s: faster matmuls (the rest stays bf16) and weights gathered in one byte."""
+    template = catalog.resolve("llama-pretrain-hsdp-tp@1.3.0")
+    bf16 = plan_run(template, {"model_preset": "llama3-8b"})
+    fp8 = plan_run(template, {"model_preset": "llama3-8b", "fp8": True})
+    assert fp8.workload.fp8 and not bf16.workload.fp8
+    assert fp8.speed.compute_parts[0] < 0.8 * bf16.speed.compute_parts[0]
+    assert fp8.speed.compute_parts[1] == pytest.approx(bf16.speed.compute_parts[1])  # attention stays bf16
+    assert fp8.speed.tokens_per_second > bf16.speed.tokens_per_second
+    assert fp8.memory.per_gpu != bf16.memory.per_gpu
+
+
+def test_context_parallel_is_planned(catalog):
+    """context_parallel_degree 2 at 32K: each rank's tokens halve, the K/V all-gathers appear."""
+    template = catalog.resolve("llama-pretrain-hsdp-tp@1.3.0")
+    base = {"model_preset": "llama3-8b", "seq_len": 32768, "tensor_parallel_degree": 8, "shard_degree": 1}
+    plain = plan_run(template, base)
+    split = plan_run(template, {**base, "context_parallel_degree": 2, "micro_batch_size": 1})
+    assert split.layout.context == 2 and plain.layout.context == 1
+    names = {t.name for t in split.speed.transfers}
+    assert "context-parallel key/value all-gather" in names
+    assert split.memory.activations < plain.memory.activations
+
+
+def test_suggest_searches_context_parallel_for_long_sequences(catalog):
+    template = catalog.resolve("llama-pretrain-hsdp-tp@1.3.0")
+    long = plan_run(template, {"model_preset": "llama3-8b", "seq_len": 32768})
+    meshes = mesh_changes(template, long)
+    assert any(m.get("context_parallel_degree", 1) > 1 for m in meshes)
+    # moving ranks to the context dimension keeps the mesh's size (the template sets shard_degree)
+    assert all(m.get("shard_degree", 2) * m.get("context_parallel_degree", 1) == 2
+               for m in meshes if m.get("tensor_parallel_degree", 4) == 4)
+    short = plan_run(template, {"model_preset": "llama3-8b", "seq_len": 4096})
+    assert not any("context_parallel_degree" in m for m in mesh_changes(template, short))
+
+
+# --- the recipes at size ------------------------------------------------------------------------------
+
+RECIPES_AT_SIZE = {  # template: (instances, mesh (pp, shard x context, tp, context), sequence parallel)
+    "llama3-70b": (32, (1, 32, 8, 1)),
+    "llama3-405b": (64, (8, 8, 8, 1)),
+    "llama3-8b-long-context": (2, (1, 16, 1, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES_AT_SIZE))
+def test_recipes_at_size_are_planned_to_fit(catalog, name):
+    """Each large recipe fits its H100s with headroom, on the mesh its comments describe, in bf16 and
+    with fp8=true (docs/templates.md lists the predicted tokens/s per GPU)."""
+    count, (pp, shard, tp, cp) = RECIPES_AT_SIZE[name]
+    template = catalog.resolve(name)
+    for overrides in ({}, {"fp8": True}):
+        plan = plan_run(template, overrides)
+        layout = plan.layout
+        assert plan.instance.name == "ml.p5.48xlarge" and plan.instance_count == count
+        assert (layout.pipeline, layout.shard, layout.tensor, layout.context) == (pp, shard, tp, cp)
+        assert layout.sequence_parallel == (tp > 1)
+        assert plan.fits and plan.memory.per_gpu < 0.9 * plan.memory.capacity, plan.summary_line()
+        assert plan.workload.fp8 == bool(overrides)
+    faster = plan_run(template, {"fp8": True}).speed.tokens_per_second
+    assert faster > plan_run(template, {}).speed.tokens_per_second

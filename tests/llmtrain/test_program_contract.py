@@ -131,7 +131,8 @@ def test_no_import_circles_among_llmtrain_and_the_contract():
 # --- the contract of the code a version runs ------------------------------------------------------
 
 
-PLATFORM_CODES = sorted({CATALOG.published_entry(s).code for s in CATALOG.all() if s.code.is_platform})
+PLATFORM_CODES = sorted({CATALOG.published_entry(s).code for s in CATALOG.all()
+                         if s.code.is_platform and CATALOG.published_entry(s)})  # unpublished: none yet
 
 
 @pytest.mark.parametrize("code", PLATFORM_CODES)

@@ -110,10 +110,15 @@ def test_metric_definitions_parse_the_contract_lines(ref):
 @pytest.mark.parametrize("ref", [r for r in ALL_VERSIONS if not r.startswith("byo-script")])
 def test_every_platform_version_is_checked_with_the_program_of_its_own_code(ref):
     """A published version runs its frozen code: render checks it with that code's contract, which
-    accepts the version's defaults (what the program would refuse at start is refused before)."""
+    accepts the version's defaults (what the program would refuse at start is refused before). A
+    version not yet published (not in catalog.lock) runs the installed program."""
     spec = CATALOG.resolve(ref)
     program = CATALOG.program_contract(spec)
-    assert program.code_hash == CATALOG.published_entry(spec).code
+    published = CATALOG.published_entry(spec)
+    if published:
+        assert program.code_hash == published.code
+    else:
+        assert dict(program.capabilities) == dict(installed_contract().capabilities)
     request = _render(ref)
     hyperparameters = {
         k: v for k, v in _decoded_hyperparameters(request).items() if not k.startswith("sagemaker_")
@@ -488,7 +493,7 @@ def test_degrees_that_do_not_divide_the_world_size_are_refused_in_the_programs_w
         "pipeline_parallel_degree (1) x replicate_degree (1) x shard_degree (4) x tensor_parallel_degree "
         "(8) must equal the world size 8"
     )):
-        _render("llama-pretrain-hsdp-tp", overrides={"instance_count": 1, "shard_degree": 4,
+        _render("llama-pretrain-hsdp-tp@1.2.0", overrides={"instance_count": 1, "shard_degree": 4,
                                                      "tensor_parallel_degree": 8})
 
 
@@ -560,19 +565,19 @@ def test_run_input_from_dict_rejects_unknown_fields():
 
 
 def test_the_pipeline_degree_is_a_distribution_degree():
-    request = _render("llama-pretrain-3d")
+    request = _render("llama-pretrain-3d@1.0.0")
     hyperparameters = _decoded_hyperparameters(request)
     assert (hyperparameters["pipeline_parallel_degree"], hyperparameters["tensor_parallel_degree"],
             request["ResourceConfig"]["InstanceCount"]) == (4, 8, 16)
     # Versions without pipeline stages never send the name (their frozen code does not know it).
-    assert "pipeline_parallel_degree" not in _decoded_hyperparameters(_render("llama-pretrain-hsdp-tp"))
+    assert "pipeline_parallel_degree" not in _decoded_hyperparameters(_render("llama-pretrain-hsdp-tp@1.2.0"))
     with pytest.raises(ProgramSettingError, match=re.escape(
         "invalid hyperparameter 'pipeline_parallel_degree': got 8, expected pipeline_parallel_degree x "
         "tensor_parallel_degree (8 x 8) dividing the world size 48"
     )):
-        _render("llama-pretrain-3d", overrides={"instance_count": 6, "pipeline_parallel_degree": 8})
+        _render("llama-pretrain-3d@1.0.0", overrides={"instance_count": 6, "pipeline_parallel_degree": 8})
     # Another instance count only changes the data-parallel size (global_batch_size stays).
-    smaller = _decoded_hyperparameters(_render("llama-pretrain-3d", overrides={"instance_count": 8}))
+    smaller = _decoded_hyperparameters(_render("llama-pretrain-3d@1.0.0", overrides={"instance_count": 8}))
     assert smaller["global_batch_size"] == 256 and smaller["shard_degree"] == 0
 
 
@@ -615,3 +620,36 @@ def test_a_global_batch_the_cluster_cannot_split_is_refused_before_a_job_exists(
     )):
         _render("llama-pretrain-3d", overrides={"instance_count": 12})
     _render("llama-pretrain-3d", overrides={"instance_count": 8})
+
+
+# --- FP8: only where the GPU, the code and the image can run it ----------------------------------------
+
+
+def test_fp8_renders_on_fp8_gpus():
+    request = _render("llama-pretrain-hsdp-tp@1.3.0", overrides={"fp8": True})
+    assert _decoded_hyperparameters(request)["fp8"] is True
+    assert request["ResourceConfig"]["InstanceType"] == "ml.p5.48xlarge"
+
+
+def test_fp8_is_refused_on_gpus_without_fp8_naming_those_with_it():
+    with pytest.raises(RequestValidationError) as error:
+        _render("llama-pretrain-hsdp-tp@1.3.0", overrides={"fp8": True, "instance_type": "ml.p4de.24xlarge"})
+    message = str(error.value)
+    assert "fp8=true" in message and "A100-80GB" in message and "compute capability 8.0" in message
+    assert "ml.p5.48xlarge" in message and "ml.p5e.48xlarge" in message and "ml.p4d.24xlarge" not in message
+    # without FP8 the same run renders
+    _render("llama-pretrain-hsdp-tp@1.3.0", overrides={"instance_type": "ml.p4de.24xlarge"})
+
+
+def test_fp8_is_refused_for_code_without_torchao_and_old_images():
+    from llmtrain.program_contract import LEGACY_CAPABILITIES
+    from llmtrain.validate import fp8_problems
+
+    settings = {"fp8": True}
+    current = installed_contract().capabilities
+    assert fp8_problems("t@1.3.0", "ml.p5.48xlarge", settings, current, "2.8.0") == []
+    assert fp8_problems("t@1.3.0", "ml.p5.48xlarge", {"fp8": False}, LEGACY_CAPABILITIES, "2.8.0") == []
+    (legacy,) = fp8_problems("t@1.2.0", "ml.p5.48xlarge", settings, LEGACY_CAPABILITIES, "2.8.0")
+    assert "ships no torchao" in legacy and "fp8=false" in legacy
+    (old,) = fp8_problems("t@1.3.0", "ml.p5.48xlarge", settings, installed_contract().capabilities, "2.3.0")
+    assert "PyTorch 2.8.0 or newer" in old and "2.3.0" in old

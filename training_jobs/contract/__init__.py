@@ -14,6 +14,8 @@ on its own (llmtrain/program_contract.py):
 - `stage_split`: the pipeline's balanced stage split and each rank's stages;
 - `hardware`: the accelerators' dense peaks (MFU, the planner's speed);
 - `torch_versions`: the oldest torch the program runs on;
+- `capabilities`: what this version of the program does (sequence, loss and context parallel, its
+  selective checkpointing policy, FP8's torchao), which the planner plans a version's runs with;
 - `docs`: the hyperparameter tables of docs/ (`python -m training_jobs.contract.docs`).
 
 `check_run` is what the platform calls on a run's hyperparameters: the same checks the program runs
