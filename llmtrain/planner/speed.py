@@ -35,7 +35,7 @@ parallel's key/value all-gathers sit on the critical path, the program's as torc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmtrain.instances import GpuModel, InstanceType
 from llmtrain.planner import memory
@@ -596,9 +596,12 @@ def estimate(
         return _pipeline_estimate(work, layout, cluster, calibration)
     m = work.model
     times = layer_times(work, layout, cluster.gpu, calibration, list(range(m.num_layers)), head=True)
+    share = Share.whole(work)
+    accumulate = _accumulation_seconds(work, layout, cluster.gpu, share.tensors)
+    times = replace(times, backward_weight=times.backward_weight + accumulate,
+                    parts=(times.parts[0], times.parts[1], times.parts[2] + accumulate))
     forward, backward = times.forward, times.backward_input + times.backward_weight
     links = Links(cluster, calibration)
-    share = Share.whole(work)
     comm = _data_parallel_comm(work, layout, links, share)
     _model_parallel_comm(work, layout, links, comm, share)
     accum = work.grad_accum_steps
@@ -718,10 +721,28 @@ def _pipeline_fsdp_comm(work: Workload, layout: Layout, links: Links, comm: Step
             "fsdp all-gather (backward)", links.seconds("all_gather", resharded, n, span), accum
         )
     comm.exposed += comm.add("fsdp all-gather (step start)", links.seconds("all_gather", params, n, span))
-    comm.last_backward += comm.add("fsdp reduce-scatter", links.seconds("reduce_scatter", grads, n, span))
+    # torch's pipelining runs FSDP's post-backward for a stage itself, once its last micro-batch's
+    # backward has finished, and makes the compute stream wait for the reductions: nothing hides them.
+    comm.exposed += comm.add("fsdp reduce-scatter", links.seconds("reduce_scatter", grads, n, span))
     if layout.replicate > 1:
         replicas = links.seconds("all_reduce", grads / n, layout.replicate, n * layout.tensor)
-        comm.last_backward += comm.add("hsdp all-reduce across replicas", replicas)
+        comm.exposed += comm.add("hsdp all-reduce across replicas", replicas)
+
+
+# FSDP2 accumulating a micro-batch's bf16 gradient into its fp32 unsharded gradient (reduce_dtype
+# fp32, no reduction until the last micro-batch): read 2 and 4 bytes, write 4, per element.
+ACCUMULATE_BYTES_PER_ELEMENT = 10
+
+
+def _accumulation_seconds(work: Workload, layout: Layout, gpu: GpuModel, tensors: Tensors) -> float:
+    """Seconds one micro-batch's backward spends adding its gradients of `tensors` into FSDP2's fp32
+    unsharded gradients, where the program keeps them unsharded until the last micro-batch
+    (pipeline stages; grad_op sharding): memory-bound, on the critical path."""
+    unsharded = layout.pipelined or layout.fsdp_sharding == "grad_op"
+    if not (layout.fsdp_wrapped and unsharded) or work.grad_accum_steps <= 1:
+        return 0.0
+    elements = sum(tp_local_numel(p, layout.tensor) for p in tensors.trainable)
+    return ACCUMULATE_BYTES_PER_ELEMENT * elements / gpu.memory_bytes_per_second
 
 
 def _pipeline_estimate(
@@ -733,6 +754,10 @@ def _pipeline_estimate(
     stages = memory.pipeline_stages(work, layout)
     times = [stage_times(work, layout, stage, cluster.gpu, calibration) for stage in stages]
     links = Links(cluster, calibration)
+    accumulate = [_accumulation_seconds(work, layout, cluster.gpu, memory.stage_tensors(work, [s]))
+                  for s in stages]
+    times = [replace(t, backward_weight=t.backward_weight + a, parts=(t.parts[0], t.parts[1], t.parts[2] + a))
+             for t, a in zip(times, accumulate, strict=True)]
     bubble = pipeline_bubble(layout, times, [_stage_communication(work, layout, links, s) for s in stages])
     accum = work.grad_accum_steps
     slowest = None

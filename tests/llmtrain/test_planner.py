@@ -515,6 +515,36 @@ def test_pipeline_step_by_hand():
     assert estimate.tokens_per_step == 8 * 2048  # one model replica: pp 2 x tp 4 = 8 GPUs
 
 
+def test_pipeline_fsdp_accumulates_and_reduces_on_the_critical_path():
+    """FSDP2 stages keep fp32 unsharded gradients until their last micro-batch: each micro-batch's
+    backward adds its bf16 gradients into them (10 bytes per element at the GPU's bandwidth, which
+    lengthens the stage, so the bubble too), and the stage's reduce-scatter runs after the last
+    backward with nothing to hide it. Whole-model FSDP with full sharding reduces every micro step and
+    accumulates nothing."""
+    p5 = instance_type("ml.p5.48xlarge")
+    gpu = p5.gpu_model
+    work = _work(model=preset_shape("llama3-8b", 2048), seq_len=2048, micro_batch_size=1, grad_accum_steps=8)
+    layout = Layout("fsdp", 1, 8, ParallelDims(2, 1, 2, 2))
+    cluster = speed.Cluster.of(p5, 1)
+    estimate = speed.estimate(work, layout, cluster)
+    stages = memory.pipeline_stages(work, layout)
+    links = speed.Links(cluster, speed.CALIBRATION)
+    slowest = 0.0
+    for stage in stages:
+        elements = sum(memory.tp_local_numel(p, 2) for p in memory.stage_tensors(work, [stage]).trainable)
+        accumulate = speed._accumulation_seconds(work, layout, gpu, memory.stage_tensors(work, [stage]))
+        assert accumulate == pytest.approx(10 * elements / 3.35e12)
+        total = speed.stage_times(work, layout, stage, gpu).total + accumulate
+        slowest = max(slowest, total + speed._stage_communication(work, layout, links, stage))
+    assert estimate.bubble_seconds == pytest.approx(slowest)
+    reduce_scatter = next(t for t in estimate.transfers if t.name == "fsdp reduce-scatter")
+    assert estimate.exposed_communication_seconds > reduce_scatter.seconds > 0
+    whole = Layout("fsdp", 1, 8, ParallelDims(1, 1, 8, 1))
+    assert speed._accumulation_seconds(work, whole, gpu, memory.parameter_tensors(work)) == 0.0
+    grad_op = dataclasses.replace(whole, fsdp_sharding="grad_op")
+    assert speed._accumulation_seconds(work, grad_op, gpu, memory.parameter_tensors(work)) > 0.0
+
+
 def test_pipeline_sends_by_hand():
     """Per step each rank sends every micro-batch's activation on (all but the last stage) and its
     gradient back (all but the first): the residual stream, fp32 under autocast. Stages one
