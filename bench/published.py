@@ -117,8 +117,8 @@ def _meta_405b(seq_len: int, micro_batches: int, context: int = 1) -> dict:
     activation checkpointing"), parameters not resharded after forward (section 3.3.2's FSDP: the
     program's grad_op), eager, and its interleaved schedule as the program's interleaved 1F1B with 4
     stages per rank (the paper states no V; the drop from 32 to 16 micro-batches, 430 to 400
-    TFLOP/s, is what a bubble of (p - 1) / (v x m + p - 1) loses with v = 4, not v = 2: 7% against
-    15%)."""
+    TFLOP/s, 7%, is about what a bubble of (p - 1) / (v x m + p - 1) loses with v = 4, not v = 2: 9%
+    against 15%)."""
     return _llama("llama3-405b", seq_len, 1, "none", tensor_parallel_degree=8, pipeline_parallel_degree=16,
                   context_parallel_degree=context, grad_accum_steps=micro_batches,
                   pipeline_schedule="interleaved_1f1b", pipeline_stages_per_rank=4, fsdp_sharding="grad_op")
@@ -145,7 +145,8 @@ FLOP_CONVENTION = "the paper's FLOP count at 131K tokens is not stated (attentio
 # query chunk (training_jobs/trainer/context_parallel.py, the Llama 3 paper's way). The planner plans
 # the program, so torchtitan's context-parallel runs are shown and not compared: they run 10-60%
 # slower than the program is planned to, by an amount that is not one function of the ring's steps
-# (8B: +10% at degree 2, +51% at 4; 405B: +38% at 2 and 4; docs/planning.md).
+# (8B: +10% at degree 2, +51% at 4, +61% at 8; 405B: +36% at 2, +37% at 4, +59% at 8; the Llama 3
+# paper's all-gather run, the program's way, within 1%: docs/planning.md).
 RING_ATTENTION = "torch's ring attention (per-step kernels and merges), not the program's all-gather"
 # torchtitan's interleaved run (16 micro-batches of 2, torch's multi-stage runtime of December 2024)
 # was 28% faster than its 1F1B run where the schedules' bubbles alone give 54% (with the same work per

@@ -27,6 +27,9 @@ exceeds it is exposed, and so are the transfers with nothing to hide behind (the
 a step, the last reduction). DDP's all-reduce overlaps the last micro step's backward. Tensor
 parallel's all-gathers and reduce-scatters (all-reduces without sequence parallel) and context
 parallel's key/value all-gathers sit on the critical path, the program's as torch runs them.
+FSDP on pipeline stages adds what torch's pipelining does with it: each micro-batch's gradients
+added into fp32 unsharded ones (memory-bound, `ACCUMULATE_BYTES_PER_ELEMENT`), and the stage's
+reduce-scatter after its last backward, with nothing to hide it.
 
 `CALIBRATION` holds the constants; the four fitted ones are recomputed from published runs by
 `bench.plan.calibrate()`, everything else is checked against other published runs
