@@ -58,6 +58,7 @@ LEGACY_CAPABILITIES: Mapping[str, object] = MappingProxyType({
     "selective_policy": "every_matmul",
     "fp8": None,
     "fp8_min_torch": None,
+    "model_archive": False,
 })
 
 

@@ -53,6 +53,7 @@ from llmtrain.validate import (
     JOB_NAME_MAX,
     degree_problems,
     fp8_problems,
+    model_archive_problems,
     quantization_problems,
     smddp_problems,
     validate_request,
@@ -201,6 +202,7 @@ def render(
         contract = program or installed_contract()
         problems += fp8_problems(template.ref, settings.instance_type, settings.hyperparameters,
                                  contract.capabilities, template.image.framework_version)
+        problems += model_archive_problems(template.ref, settings.base_model, contract.capabilities)
     else:
         # The platform's program checks its own degrees (check_program); a template's own script
         # gets the distribution only through SMP's mp_parameters.

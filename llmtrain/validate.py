@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import cache
 from math import prod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import botocore.session
 import regex
@@ -31,6 +31,9 @@ from llmtrain.platform import PlatformContext
 from training_jobs.contract.hyperparameters import QUANTIZED_PARALLELISMS
 from training_jobs.contract.parallel_dims import reshards_checkpoints
 from training_jobs.contract.torch_versions import torch_release
+
+if TYPE_CHECKING:
+    from llmtrain.jumpstart import BaseModel
 
 JOB_NAME_PATTERN = regex.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
 JOB_NAME_MAX = 63
@@ -259,6 +262,17 @@ def fp8_problems(template: str, instance_type: str, hyperparameters: Mapping[str
             f"and its image runs PyTorch {framework_version}: set fp8=false"
         )
     return problems
+
+
+def model_archive_problems(template: str, base_model: BaseModel | None,
+                           capabilities: Mapping[str, object]) -> list[str]:
+    """A JumpStart base model whose weights are one .tar.gz, for code that reads only a folder from
+    the model channel (its contract's capability `model_archive`: False for code frozen before it)."""
+    if base_model is None or not base_model.is_archive or capabilities.get("model_archive"):
+        return []
+    return [f"base_model={base_model.reference}: its training weights are one archive "
+            f"({base_model.uri}), which {template}'s training program cannot unpack (its code predates "
+            "JumpStart base models); use a newer version of the template"]
 
 
 def warm_pool_problems(keep_alive_seconds: int, cap_seconds: int, spot: bool) -> list[str]:

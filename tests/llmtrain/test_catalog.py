@@ -28,7 +28,7 @@ def test_catalog_holds_every_template_and_the_default(repo_catalog):
     assert repo_catalog.versions(DEFAULT_TEMPLATE) == ["1.0.0", "1.1.0", "1.2.0", "1.3.0"]
 
 
-@pytest.mark.parametrize(("ref", "version"), [("gpt2-ddp", "1.2.0"), ("gpt2-ddp@latest", "1.2.0"),
+@pytest.mark.parametrize(("ref", "version"), [("gpt2-ddp", "1.3.0"), ("gpt2-ddp@latest", "1.3.0"),
                                               ("gpt2-ddp@1.0.0", "1.0.0"), ("gpt2-ddp@1.1.0", "1.1.0")])
 def test_references_resolve_to_the_version(repo_catalog, ref, version):
     spec = repo_catalog.resolve(ref)
@@ -68,7 +68,8 @@ def test_latest_is_the_highest_release_not_a_prerelease(tmp_path, repo_catalog):
     for version in ("1.10.0", "1.9.0", "2.0.0-rc.1"):
         _add_version(folder, "gpt2-ddp", version)
     extended = Catalog.load(folder)
-    assert extended.versions("gpt2-ddp") == ["1.0.0", "1.1.0", "1.2.0", "1.9.0", "1.10.0", "2.0.0-rc.1"]
+    assert extended.versions("gpt2-ddp") == ["1.0.0", "1.1.0", "1.2.0", "1.3.0", "1.9.0", "1.10.0",
+                                             "2.0.0-rc.1"]
     assert extended.resolve("gpt2-ddp@latest").version == "1.10.0"
     assert extended.resolve("gpt2-ddp@2.0.0-rc.1").version == "2.0.0-rc.1"
 
@@ -225,17 +226,18 @@ def test_formatting_and_comments_do_not_change_the_hash(tmp_path):
 
 def test_a_new_version_is_locked_and_published_ones_are_kept(tmp_path):
     folder = copy_catalog(tmp_path)
-    _add_version(folder, "gpt2-ddp", "1.3.0", max_runtime_seconds=7200)
+    _add_version(folder, "gpt2-ddp", "1.4.0", max_runtime_seconds=7200)
     extended = Catalog.load(folder)
-    with pytest.raises(LockError, match=r"gpt2-ddp@1\.3\.0 is not published: run `llmtrain templates lock "):
+    with pytest.raises(LockError, match=r"gpt2-ddp@1\.4\.0 is not published: run `llmtrain templates lock "):
         extended.check_lock()
 
-    assert extended.lock_new_versions() == ["gpt2-ddp@1.3.0"]
+    assert extended.lock_new_versions() == ["gpt2-ddp@1.4.0"]
 
     before = json.loads((REPO_ROOT / "templates" / "catalog.lock").read_text())["templates"]
     after = json.loads((folder / "catalog.lock").read_text())["templates"]
-    assert {v: after["gpt2-ddp"][v] for v in ("1.0.0", "1.1.0", "1.2.0")} == before["gpt2-ddp"]
-    assert set(after["gpt2-ddp"]) == {"1.0.0", "1.1.0", "1.2.0", "1.3.0"}
+    published = ("1.0.0", "1.1.0", "1.2.0", "1.3.0")
+    assert {v: after["gpt2-ddp"][v] for v in published} == before["gpt2-ddp"]
+    assert set(after["gpt2-ddp"]) == {*published, "1.4.0"}
     Catalog.load(folder).check_lock()
     assert Catalog.load(folder).lock_new_versions() == []
 

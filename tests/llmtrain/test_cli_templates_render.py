@@ -170,7 +170,7 @@ def test_render_with_a_platform_file(capsys, tmp_path):
         (["render", "gpt2-ddp@7.0.0", "--run-name", "r"], "has no version '7.0.0'"),
         (
             ["render", "gpt2-ddp", "--run-name", "r", "--set", "zero_stage=3"],
-            "override 'zero_stage': gpt2-ddp@1.2.0 does not allow overriding it",
+            "override 'zero_stage': gpt2-ddp@1.3.0 does not allow overriding it",
         ),
         (["render", "gpt2-ddp", "--run-name", "r", "--set", "max_steps=-5"], "is below the minimum 1"),
         (

@@ -16,7 +16,7 @@ from deployed_support import platform_context
 from moto import mock_aws
 
 from llmtrain.catalog import Catalog
-from llmtrain.errors import OverrideError
+from llmtrain.errors import OverrideError, RequestValidationError
 from llmtrain.jumpstart import JumpStartCatalog, content_bucket, resolve_base_model
 from llmtrain.render import RunInput, render
 from llmtrain.validate import shape_problems
@@ -170,6 +170,22 @@ def test_base_model_is_refused_where_it_cannot_apply(s3):
         )
     with pytest.raises(OverrideError, match="accept_eula.*also set base_model"):
         render(LORA, RunInput(run_name="r", overrides={"accept_eula": "true"}), platform_context())
+
+
+def test_an_archive_is_refused_for_code_that_reads_only_a_folder(s3):
+    """llama-finetune-lora@1.2.0 runs code frozen before the program unpacked a model archive."""
+    catalog = Catalog.load()
+    frozen = catalog.resolve("llama-finetune-lora@1.2.0")
+    program = catalog.program_contract(frozen)
+    assert program.capabilities["model_archive"] is False
+    overrides = {"base_model": LLAMA, "accept_eula": "true"}
+    run = RunInput(run_name="ft-1", overrides=overrides, base_model=resolve_base_model(overrides, s3, REGION))
+    refusal = rf"base_model={LLAMA}@4.3.0: its training weights are one archive .*cannot unpack .*newer"
+    with pytest.raises(RequestValidationError, match=refusal):
+        render(frozen, run, platform_context(), program)
+    folder = platform_context().datasets_uri + "models/my-llama/"
+    assert render(frozen, RunInput(run_name="ft-1", overrides={"base_model": folder}), platform_context(),
+                  program)
 
 
 def test_the_resolved_model_travels_in_the_run_state_as_json(s3):

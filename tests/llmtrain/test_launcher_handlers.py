@@ -114,13 +114,14 @@ def _resolve(run_name: str, **fields) -> dict:
 
 def test_resolve_renders_attempt_one_of_the_pinned_version(deployed):
     state = _resolve("fresh", overrides={"max_steps": "50"})
+    latest = CATALOG.latest("gpt2-ddp")
     assert state["request"] == render(
-        CATALOG.get("gpt2-ddp", "1.2.0"),
+        latest,
         RunInput(run_name="fresh", overrides={"max_steps": "50"}, owner="launcher"),
         PLATFORM,
     )
     run = state["run"]
-    assert (run["template"], run["version"], run["attempt"]) == ("gpt2-ddp", "1.2.0", 1)
+    assert (run["template"], run["version"], run["attempt"]) == ("gpt2-ddp", latest.version, 1)
     assert run["instance_types"] == ["ml.g5.12xlarge", "ml.g5.24xlarge"]
     assert run["checkpoint_s3_uri"] == "s3://checkpoints-bucket/teams/nlp/gpt2-ddp/fresh/"
     assert run["team"] == "nlp" and run["unusable_instance_types"] == []
@@ -176,7 +177,7 @@ def test_a_run_keeps_its_template_and_version_for_life(deployed):
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"version": "2.0.0"}, "has no version '2.0.0'; available: 1.0.0, 1.1.0, 1.2.0"),
+        ({"version": "2.0.0"}, "has no version '2.0.0'; available: 1.0.0, 1.1.0, 1.2.0, 1.3.0"),
         ({"overrides": {"max_steps": "lots"}}, "override 'max_steps': 'lots' is not a valid int"),
         ({"overrides": {"instance_type": "ml.t3.medium"}}, "override 'instance_type'"),
         ({"overrides": ["max_steps=1"]}, "'overrides' must be an object"),

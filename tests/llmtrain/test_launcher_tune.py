@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 from aws_cdk.assertions import Template
@@ -87,8 +88,12 @@ def test_a_tune_outside_the_teams_limits_or_budget_or_the_programs_rules_creates
     assert too_big.status == "FAILED" and too_big.error == "InvalidRunInput", too_big.cause
     assert "max_instance_count" in too_big.cause
     assert pricey.status == "FAILED" and pricey.error == "InvalidRunInput", pricey.cause
-    assert "6 trials x $49 per trial" in pricey.cause and "budget of $100" in pricey.cause
-    # Within the template's bounds (lr >= 1e-6), but the 1.2.0 program refuses an lr below min_lr.
+    # one trial's planned cost (the planner's speed for the template's GPUs) times the trials
+    total, trials, per_trial = map(int, re.search(
+        r"planned to cost up to \$(\d+) \((\d+) trials x \$(\d+) per trial", pricey.cause).groups())
+    assert trials == 6 and per_trial < 100 < total and abs(total - trials * per_trial) <= trials
+    assert "budget of $100" in pricey.cause
+    # Within the template's bounds (lr >= 1e-6), but the program refuses an lr below min_lr.
     assert refused.status == "FAILED" and refused.error == "InvalidRunInput", refused.cause
     assert "(lr=1e-05): the training program" in refused.cause and "'min_lr': got 3e-05" in refused.cause
     assert harness.jobs.tuning_requests == [] and harness.jobs.requests == []

@@ -140,7 +140,7 @@ def test_summarize_names_the_best_trial_and_the_start_of_a_full_run(deployed):
     assert summary["best"] == {"training_job": description["BestTrainingJob"]["TrainingJobName"],
                                "params": {"lr": "0.0004"}, "objective": 2.75}
     assert summary["best_run_command"] == (
-        "llmtrain start gpt2-ddp@1.2.0 --run-name lr-best --set max_steps=50 --set lr=0.0004"
+        "llmtrain start gpt2-ddp@1.3.0 --run-name lr-best --set max_steps=50 --set lr=0.0004"
     )
     assert "Run it in full: llmtrain start" in summary["message"]
 

@@ -21,6 +21,8 @@ Keys (plain values only: the table crosses into code that does not import this p
   "every_matmul" (every matmul's output);
 - `fp8`: the torchao requirement the code ships for `fp8: true` (training_jobs/requirements.txt), or
   None where FP8 cannot run (no torchao in the container);
+- `model_archive`: a model channel holding one `.tar.gz` (a JumpStart model's training weights) is
+  unpacked and trained from (trainer/model_channel.py); older code reads only a folder;
 - `fp8_min_torch`: the oldest PyTorch whose container that torchao runs on (torchao's compatibility
   table, pytorch/ao issue 2919: 0.16.0's Python API supports torch 2.8 to 2.10).
 """
@@ -35,4 +37,5 @@ CAPABILITIES: dict[str, object] = {
     "selective_policy": "torchtitan_op",
     "fp8": "torchao==0.16.0",
     "fp8_min_torch": "2.8.0",
+    "model_archive": True,
 }
