@@ -143,10 +143,10 @@ FLOP_CONVENTION = "the paper's FLOP count at 131K tokens is not stated (attentio
 # kernel once per ring step, merges the partial outputs and passes key/value gradients around the
 # ring; the program all-gathers the keys and values once per layer and calls the kernel once per
 # query chunk (training_jobs/trainer/context_parallel.py, the Llama 3 paper's way). The planner plans
-# the program, so torchtitan's context-parallel runs are shown and not compared: they run 10-60%
+# the program, so torchtitan's context-parallel runs are shown and not compared: they run 2-45%
 # slower than the program is planned to, by an amount that is not one function of the ring's steps
-# (8B: +10% at degree 2, +51% at 4, +61% at 8; 405B: +36% at 2, +37% at 4, +59% at 8; the Llama 3
-# paper's all-gather run, the program's way, within 1%: docs/planning.md).
+# (8B: +2% at degree 2, +38% at 4, +45% at 8; 405B: +29% at 2, +27% at 4, +45% at 8; the Llama 3
+# paper's all-gather run, the program's way, -8%: docs/planning.md).
 RING_ATTENTION = "torch's ring attention (per-step kernels and merges), not the program's all-gather"
 # torchtitan's interleaved run (16 micro-batches of 2, torch's multi-stage runtime of December 2024)
 # was 28% faster than its 1F1B run where the schedules' bubbles alone give 54% (with the same work per

@@ -8,8 +8,9 @@ Compute per micro step and rank is three kinds of work, each at the rate its GPU
 - matmuls: 2 FLOPs per weight and token forward, 2 for the input gradient and 2 for the weight
   gradient, plus what activation checkpointing recomputes, over the tensor-parallel ranks; at the
   GPU's dense bf16 peak (FP8 peak for the layers FP8 converts) times `matmul_efficiency`;
-- attention: the causal half of the scores' 12 x hidden x sequence FLOPs per token and layer (4 of
-  them forward), at the GPU's FlashAttention-2 efficiency (`GpuModel.attention_efficiency`);
+- attention: the causal half of the scores' 4 x hidden x sequence FLOPs per token and layer forward
+  and 2.5 times that backward (the kernel recomputes the scores), at the GPU's FlashAttention-2
+  efficiency (`GpuModel.attention_efficiency`, measured by the same count);
 - the rest (norms, rotary embeddings, activations, residual adds, casts, the loss): bytes moved
   through the GPU's memory at its bandwidth, `elementwise_bytes_*` per element of the activations
   those operations touch (fewer with `compile`, which fuses them), `loss_bytes_per_vocabulary` per
@@ -73,10 +74,10 @@ class Calibration:
     optimizer's bytes per parameter; offloading's PCIe rate and host AdamW rate.
     """
 
-    matmul_efficiency_ampere: float = 0.7584
+    matmul_efficiency_ampere: float = 0.762
     matmul_efficiency_hopper: float = 0.6662
-    elementwise_bytes_eager: float = 59.99
-    elementwise_bytes_compiled: float = 39.77
+    elementwise_bytes_eager: float = 56.54
+    elementwise_bytes_compiled: float = 36.32
     loss_bytes_per_vocabulary: float = 30.0
     fp8_cast_bytes_eager: float = 10.0
     fp8_cast_bytes_compiled: float = 2.0
@@ -103,6 +104,11 @@ class Calibration:
 
 
 CALIBRATION = Calibration()
+# FlashAttention's backward recomputes the attention scores (Q K^T) and computes dV, dP, dQ and dK:
+# 5 matmuls of the forward's size to its 2, 2.5 times the forward's FLOPs. The attention
+# efficiencies (GpuModel.attention_efficiency) are rates measured by that count (FlashAttention-2's
+# and -3's benchmarks: forward + backward = 3.5 x the forward's FLOPs), so the time counts it too.
+ATTENTION_BACKWARD_PASSES = 2.5
 # DDP's last gradient bucket (25 MB by default) is reduced after backward ends.
 DDP_BUCKET_BYTES = 25 * 1024**2
 
@@ -316,7 +322,8 @@ def layer_times(
     else:
         recompute_share = 0.0
     recompute_matmul = block_pass * recompute_share * checkpointed / max(len(layers), 1)
-    # causal attention: 2 x hidden x sequence FLOPs per token forward, twice that backward
+    # causal attention: 2 x hidden x sequence FLOPs per token forward; the flash kernel's backward
+    # recomputes the scores, 5 matmuls to the forward's 2 (ATTENTION_BACKWARD_PASSES)
     attention_pass = 2 * h * s / t * len(layers) * tokens / rates.attention
     recompute_attention = attention_pass / len(layers) * checkpointed if layers and \
         work.activation_checkpointing == "full" else 0.0
@@ -330,12 +337,12 @@ def layer_times(
     matmuls = block_pass + head_pass
     memory_bound = elementwise + casts + loss
     forward = matmuls + attention_pass + memory_bound / 3
-    backward_input = matmuls + 2 * attention_pass + memory_bound / 3 + recompute_matmul + \
-        recompute_attention + recompute_memory
+    backward_input = (matmuls + ATTENTION_BACKWARD_PASSES * attention_pass + memory_bound / 3
+                      + recompute_matmul + recompute_attention + recompute_memory)
     backward_weight = matmuls + memory_bound / 3
     parts = (
         3 * matmuls + recompute_matmul,
-        3 * attention_pass + recompute_attention,
+        (1 + ATTENTION_BACKWARD_PASSES) * attention_pass + recompute_attention,
         memory_bound + recompute_memory,
     )
     return StageTimes(forward, backward_input, backward_weight, parts)
