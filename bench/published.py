@@ -150,9 +150,9 @@ FLOP_CONVENTION = "the paper's FLOP count at 131K tokens is not stated (attentio
 RING_ATTENTION = "torch's ring attention (per-step kernels and merges), not the program's all-gather"
 # torchtitan's interleaved run (16 micro-batches of 2, torch's multi-stage runtime of December 2024)
 # was 28% faster than its 1F1B run where the schedules' bubbles alone give 54% (with the same work per
-# token, 39 against 15 stage slots of a quarter and of the whole work, and a lockstep replay of that
-# runtime's order within 2% of the formula): the planner is 32% optimistic on it and the cause is not
-# found (docs/planning.md).
+# token, 39 against 15 stage slots of a quarter and of the whole work; a lockstep replay of that
+# runtime's order, done by hand, comes within 2% of the formula): the planner is 32% optimistic on it
+# and the cause is not found (docs/planning.md).
 INTERLEAVED_2024 = ("torch's December 2024 interleaved runtime: 28% faster than its 1F1B where the bubble "
                     "gives 54%, cause not found")
 # Meta's pipeline (its own schedule and memory balancing) trained 8K sequences without activation
