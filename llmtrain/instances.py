@@ -30,7 +30,9 @@ class GpuModel:
     generation: the architecture, whose sustained matmul rate the planner calibrates
     (llmtrain.planner.speed.Calibration). attention_efficiency: the fraction of the bf16 peak
     PyTorch's flash attention (FlashAttention-2's kernels) reaches in forward and backward at head
-    dimension 128: on an A100 about 190 of 312 TFLOP/s (Dao 2023, FlashAttention-2, figure 4); on
+    dimension 128, counting the FLOPs as those kernels' benchmarks do (the backward, which recomputes
+    the scores, 2.5 times the forward; llmtrain.planner.speed.ATTENTION_BACKWARD_PASSES): on an A100 about
+    190 of 312 TFLOP/s (Dao 2023, FlashAttention-2, figure 4); on
     an H100 about 265 of 989 (PyTorch's SDPA forward measured at 287-304 TFLOP/s, pytorch/benchmark
     pull request 2296, and FlashAttention-2's backward a little slower than its forward there:
     Shah et al. 2024, FlashAttention-3, figures 4 and 6); the Ampere and Ada GPUs of the g5 and g6

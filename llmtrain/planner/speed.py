@@ -8,8 +8,9 @@ Compute per micro step and rank is three kinds of work, each at the rate its GPU
 - matmuls: 2 FLOPs per weight and token forward, 2 for the input gradient and 2 for the weight
   gradient, plus what activation checkpointing recomputes, over the tensor-parallel ranks; at the
   GPU's dense bf16 peak (FP8 peak for the layers FP8 converts) times `matmul_efficiency`;
-- attention: the causal half of the scores' 12 x hidden x sequence FLOPs per token and layer (4 of
-  them forward), at the GPU's FlashAttention-2 efficiency (`GpuModel.attention_efficiency`);
+- attention: the causal half of the scores' 4 x hidden x sequence FLOPs per token and layer forward
+  and 2.5 times that backward (the kernel recomputes the scores), at the GPU's FlashAttention-2
+  efficiency (`GpuModel.attention_efficiency`, measured by the same count);
 - the rest (norms, rotary embeddings, activations, residual adds, casts, the loss): bytes moved
   through the GPU's memory at its bandwidth, `elementwise_bytes_*` per element of the activations
   those operations touch (fewer with `compile`, which fuses them), `loss_bytes_per_vocabulary` per
@@ -27,6 +28,9 @@ exceeds it is exposed, and so are the transfers with nothing to hide behind (the
 a step, the last reduction). DDP's all-reduce overlaps the last micro step's backward. Tensor
 parallel's all-gathers and reduce-scatters (all-reduces without sequence parallel) and context
 parallel's key/value all-gathers sit on the critical path, the program's as torch runs them.
+FSDP on pipeline stages adds what torch's pipelining does with it: each micro-batch's gradients
+added into fp32 unsharded ones (memory-bound, `ACCUMULATE_BYTES_PER_ELEMENT`), and the stage's
+reduce-scatter after its last backward, with nothing to hide it.
 
 `CALIBRATION` holds the constants; the four fitted ones are recomputed from published runs by
 `bench.plan.calibrate()`, everything else is checked against other published runs
@@ -35,7 +39,7 @@ parallel's key/value all-gathers sit on the critical path, the program's as torc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmtrain.instances import GpuModel, InstanceType
 from llmtrain.planner import memory
@@ -70,10 +74,10 @@ class Calibration:
     optimizer's bytes per parameter; offloading's PCIe rate and host AdamW rate.
     """
 
-    matmul_efficiency_ampere: float = 0.7584
+    matmul_efficiency_ampere: float = 0.762
     matmul_efficiency_hopper: float = 0.6662
-    elementwise_bytes_eager: float = 59.99
-    elementwise_bytes_compiled: float = 39.77
+    elementwise_bytes_eager: float = 56.54
+    elementwise_bytes_compiled: float = 36.32
     loss_bytes_per_vocabulary: float = 30.0
     fp8_cast_bytes_eager: float = 10.0
     fp8_cast_bytes_compiled: float = 2.0
@@ -100,6 +104,11 @@ class Calibration:
 
 
 CALIBRATION = Calibration()
+# FlashAttention's backward recomputes the attention scores (Q K^T) and computes dV, dP, dQ and dK:
+# 5 matmuls of the forward's size to its 2, 2.5 times the forward's FLOPs. The attention
+# efficiencies (GpuModel.attention_efficiency) are rates measured by that count (FlashAttention-2's
+# and -3's benchmarks: forward + backward = 3.5 x the forward's FLOPs), so the time counts it too.
+ATTENTION_BACKWARD_PASSES = 2.5
 # DDP's last gradient bucket (25 MB by default) is reduced after backward ends.
 DDP_BUCKET_BYTES = 25 * 1024**2
 
@@ -313,7 +322,8 @@ def layer_times(
     else:
         recompute_share = 0.0
     recompute_matmul = block_pass * recompute_share * checkpointed / max(len(layers), 1)
-    # causal attention: 2 x hidden x sequence FLOPs per token forward, twice that backward
+    # causal attention: 2 x hidden x sequence FLOPs per token forward; the flash kernel's backward
+    # recomputes the scores, 5 matmuls to the forward's 2 (ATTENTION_BACKWARD_PASSES)
     attention_pass = 2 * h * s / t * len(layers) * tokens / rates.attention
     recompute_attention = attention_pass / len(layers) * checkpointed if layers and \
         work.activation_checkpointing == "full" else 0.0
@@ -327,12 +337,12 @@ def layer_times(
     matmuls = block_pass + head_pass
     memory_bound = elementwise + casts + loss
     forward = matmuls + attention_pass + memory_bound / 3
-    backward_input = matmuls + 2 * attention_pass + memory_bound / 3 + recompute_matmul + \
-        recompute_attention + recompute_memory
+    backward_input = (matmuls + ATTENTION_BACKWARD_PASSES * attention_pass + memory_bound / 3
+                      + recompute_matmul + recompute_attention + recompute_memory)
     backward_weight = matmuls + memory_bound / 3
     parts = (
         3 * matmuls + recompute_matmul,
-        3 * attention_pass + recompute_attention,
+        (1 + ATTENTION_BACKWARD_PASSES) * attention_pass + recompute_attention,
         memory_bound + recompute_memory,
     )
     return StageTimes(forward, backward_input, backward_weight, parts)
@@ -596,9 +606,12 @@ def estimate(
         return _pipeline_estimate(work, layout, cluster, calibration)
     m = work.model
     times = layer_times(work, layout, cluster.gpu, calibration, list(range(m.num_layers)), head=True)
+    share = Share.whole(work)
+    accumulate = _accumulation_seconds(work, layout, cluster.gpu, share.tensors)
+    times = replace(times, backward_weight=times.backward_weight + accumulate,
+                    parts=(times.parts[0], times.parts[1], times.parts[2] + accumulate))
     forward, backward = times.forward, times.backward_input + times.backward_weight
     links = Links(cluster, calibration)
-    share = Share.whole(work)
     comm = _data_parallel_comm(work, layout, links, share)
     _model_parallel_comm(work, layout, links, comm, share)
     accum = work.grad_accum_steps
@@ -718,10 +731,28 @@ def _pipeline_fsdp_comm(work: Workload, layout: Layout, links: Links, comm: Step
             "fsdp all-gather (backward)", links.seconds("all_gather", resharded, n, span), accum
         )
     comm.exposed += comm.add("fsdp all-gather (step start)", links.seconds("all_gather", params, n, span))
-    comm.last_backward += comm.add("fsdp reduce-scatter", links.seconds("reduce_scatter", grads, n, span))
+    # torch's pipelining runs FSDP's post-backward for a stage itself, once its last micro-batch's
+    # backward has finished, and makes the compute stream wait for the reductions: nothing hides them.
+    comm.exposed += comm.add("fsdp reduce-scatter", links.seconds("reduce_scatter", grads, n, span))
     if layout.replicate > 1:
         replicas = links.seconds("all_reduce", grads / n, layout.replicate, n * layout.tensor)
-        comm.last_backward += comm.add("hsdp all-reduce across replicas", replicas)
+        comm.exposed += comm.add("hsdp all-reduce across replicas", replicas)
+
+
+# FSDP2 accumulating a micro-batch's bf16 gradient into its fp32 unsharded gradient (reduce_dtype
+# fp32, no reduction until the last micro-batch): read 2 and 4 bytes, write 4, per element.
+ACCUMULATE_BYTES_PER_ELEMENT = 10
+
+
+def _accumulation_seconds(work: Workload, layout: Layout, gpu: GpuModel, tensors: Tensors) -> float:
+    """Seconds one micro-batch's backward spends adding its gradients of `tensors` into FSDP2's fp32
+    unsharded gradients, where the program keeps them unsharded until the last micro-batch
+    (pipeline stages; grad_op sharding): memory-bound, on the critical path."""
+    unsharded = layout.pipelined or layout.fsdp_sharding == "grad_op"
+    if not (layout.fsdp_wrapped and unsharded) or work.grad_accum_steps <= 1:
+        return 0.0
+    elements = sum(tp_local_numel(p, layout.tensor) for p in tensors.trainable)
+    return ACCUMULATE_BYTES_PER_ELEMENT * elements / gpu.memory_bytes_per_second
 
 
 def _pipeline_estimate(
@@ -733,6 +764,10 @@ def _pipeline_estimate(
     stages = memory.pipeline_stages(work, layout)
     times = [stage_times(work, layout, stage, cluster.gpu, calibration) for stage in stages]
     links = Links(cluster, calibration)
+    accumulate = [_accumulation_seconds(work, layout, cluster.gpu, memory.stage_tensors(work, [s]))
+                  for s in stages]
+    times = [replace(t, backward_weight=t.backward_weight + a, parts=(t.parts[0], t.parts[1], t.parts[2] + a))
+             for t, a in zip(times, accumulate, strict=True)]
     bubble = pipeline_bubble(layout, times, [_stage_communication(work, layout, links, s) for s in stages])
     accum = work.grad_accum_steps
     slowest = None

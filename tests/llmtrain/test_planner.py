@@ -314,14 +314,15 @@ def test_fits_against_the_gpu_with_overhead():
 def _compute_by_hand(work, gpu, tokens: int) -> tuple[float, float, float]:
     """(matmuls, attention, memory-bound) seconds of one unsharded llama micro step without
     checkpointing, bf16, eager: 6 FLOPs per weight and token at the generation's matmul rate, the
-    causal attention's 6 x hidden x sequence per token and layer at the flash kernel's rate, and
+    causal attention's 2 x hidden x sequence per token and layer forward and 2.5 times that backward
+    (7 in all) at the flash kernel's rate, and
     the bytes the other operations move (residual stream and region activations per layer, the
     loss per logit) at the memory's bandwidth."""
     m, c = work.model, speed.CALIBRATION
     block = sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer == 0)
     h, i, kv, layers = m.hidden_size, m.intermediate_size, m.kv_size, m.num_layers
     matmuls = 6 * (layers * block + m.vocab_size * h) * tokens / (gpu.peak_flops * c.matmul_efficiency(gpu))
-    attention = 6 * h * work.seq_len * layers * tokens / (gpu.peak_flops * gpu.attention_efficiency)
+    attention = 7 * h * work.seq_len * layers * tokens / (gpu.peak_flops * gpu.attention_efficiency)
     elements = (4 * h + h + 2 * kv + 3 * i) * layers
     memory_bound = (c.elementwise_bytes_eager * elements + c.loss_bytes_per_vocabulary * m.vocab_size)
     memory_bound *= tokens
@@ -486,9 +487,10 @@ def test_pipeline_bubble_by_hand():
 
 def test_pipeline_step_by_hand():
     """llama3-8b in 2 stages of 1F1B on one p5 (pp 2 x tp 4): each stage's FLOPs per token are 2
-    per weight forward, 4 backward (the head on the last), attention 4 and 8 x hidden x sequence
-    per layer; a step is the slowest rank's m micro-batches (with its communication) plus the
-    bubble, (p - 1) x the slowest stage."""
+    per weight forward, 4 backward (the head on the last), attention the causal half of 4 and 10 x
+    hidden x sequence per layer (the flash kernel's backward recomputes the scores); a step is the
+    slowest rank's m micro-batches (with its communication) plus the bubble, (p - 1) x the slowest
+    stage."""
     p5 = instance_type("ml.p5.48xlarge")
     work = _work(model=preset_shape("llama3-8b", 2048), seq_len=2048, micro_batch_size=1, grad_accum_steps=8)
     layout = Layout("fsdp", 1, 8, ParallelDims(2, 1, 1, 4))
@@ -513,6 +515,36 @@ def test_pipeline_step_by_hand():
     rest = estimate.exposed_communication_seconds + estimate.optimizer_seconds
     assert estimate.step_seconds == pytest.approx(estimate.compute_seconds + rest + estimate.bubble_seconds)
     assert estimate.tokens_per_step == 8 * 2048  # one model replica: pp 2 x tp 4 = 8 GPUs
+
+
+def test_pipeline_fsdp_accumulates_and_reduces_on_the_critical_path():
+    """FSDP2 stages keep fp32 unsharded gradients until their last micro-batch: each micro-batch's
+    backward adds its bf16 gradients into them (10 bytes per element at the GPU's bandwidth, which
+    lengthens the stage, so the bubble too), and the stage's reduce-scatter runs after the last
+    backward with nothing to hide it. Whole-model FSDP with full sharding reduces every micro step and
+    accumulates nothing."""
+    p5 = instance_type("ml.p5.48xlarge")
+    gpu = p5.gpu_model
+    work = _work(model=preset_shape("llama3-8b", 2048), seq_len=2048, micro_batch_size=1, grad_accum_steps=8)
+    layout = Layout("fsdp", 1, 8, ParallelDims(2, 1, 2, 2))
+    cluster = speed.Cluster.of(p5, 1)
+    estimate = speed.estimate(work, layout, cluster)
+    stages = memory.pipeline_stages(work, layout)
+    links = speed.Links(cluster, speed.CALIBRATION)
+    slowest = 0.0
+    for stage in stages:
+        elements = sum(memory.tp_local_numel(p, 2) for p in memory.stage_tensors(work, [stage]).trainable)
+        accumulate = speed._accumulation_seconds(work, layout, gpu, memory.stage_tensors(work, [stage]))
+        assert accumulate == pytest.approx(10 * elements / 3.35e12)
+        total = speed.stage_times(work, layout, stage, gpu).total + accumulate
+        slowest = max(slowest, total + speed._stage_communication(work, layout, links, stage))
+    assert estimate.bubble_seconds == pytest.approx(slowest)
+    reduce_scatter = next(t for t in estimate.transfers if t.name == "fsdp reduce-scatter")
+    assert estimate.exposed_communication_seconds > reduce_scatter.seconds > 0
+    whole = Layout("fsdp", 1, 8, ParallelDims(1, 1, 8, 1))
+    assert speed._accumulation_seconds(work, whole, gpu, memory.parameter_tensors(work)) == 0.0
+    grad_op = dataclasses.replace(whole, fsdp_sharding="grad_op")
+    assert speed._accumulation_seconds(work, grad_op, gpu, memory.parameter_tensors(work)) > 0.0
 
 
 def test_pipeline_sends_by_hand():
