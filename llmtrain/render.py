@@ -199,10 +199,7 @@ def render(
         + image_torch_problems(template)
     )
     if template.code.is_platform:
-        contract = program or installed_contract()
-        problems += fp8_problems(template.ref, settings.instance_type, settings.hyperparameters,
-                                 contract.capabilities, template.image.framework_version)
-        problems += model_archive_problems(template.ref, settings.base_model, contract.capabilities)
+        problems += capability_problems(template, settings, program)
     else:
         # The platform's program checks its own degrees (check_program); a template's own script
         # gets the distribution only through SMP's mp_parameters.
@@ -213,6 +210,18 @@ def render(
     request = build_request(template, settings, run, platform)
     validate_request(request, platform)
     return request
+
+
+def capability_problems(
+    template: TemplateSpec, settings: JobSettings, program: ProgramContract | None = None
+) -> list[str]:
+    """What the run asks of the training program that its code (`program`'s capability table) or
+    its instances cannot do: FP8 on GPUs without it or without torchao, a JumpStart archive for code
+    that reads only a folder. For a template that runs the platform's program."""
+    capabilities = (program or installed_contract()).capabilities
+    return (fp8_problems(template.ref, settings.instance_type, settings.hyperparameters, capabilities,
+                         template.image.framework_version)
+            + model_archive_problems(template.ref, settings.base_model, capabilities))
 
 
 def check_program(

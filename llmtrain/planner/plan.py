@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmtrain.errors import RequestValidationError
 from llmtrain.instances import InstanceType, instance_type
 from llmtrain.planner import memory, prices, speed
 from llmtrain.planner.shapes import ModelShape
@@ -259,7 +260,7 @@ def plan_run(
     Channels do not change a plan, and where they may read is the team's to say (its datasets
     prefix, which this stand-in context does not know): they are left out here."""
     from llmtrain.platform import PlatformContext
-    from llmtrain.render import RunInput, check_program, resolve_settings
+    from llmtrain.render import RunInput, capability_problems, check_program, resolve_settings
 
     platform = PlatformContext.placeholder(
         environment="plan",
@@ -271,6 +272,9 @@ def plan_run(
     planned = {k: v for k, v in overrides.items() if not k.startswith(CHANNEL_SETTING_PREFIX)}
     settings = resolve_settings(template, RunInput(run_name="plan", overrides=planned), platform)
     check_program(template, settings, options.program)
+    problems = capability_problems(template, settings, options.program) if template.code.is_platform else []
+    if problems:
+        raise RequestValidationError(problems)
     hyperparameters = dict(settings.hyperparameters)
     if template.code.is_platform:
         hyperparameters.update(parallelism=template.distribution.strategy, **settings.degrees)

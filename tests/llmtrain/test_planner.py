@@ -13,9 +13,10 @@ from botocore.stub import Stubber
 
 from llmtrain.catalog import Catalog
 from llmtrain.cli import main
+from llmtrain.errors import LlmtrainError, RequestValidationError
 from llmtrain.instances import GPU_MODELS, INSTANCE_TYPES, instance_type
 from llmtrain.planner import memory, pipeline, prices, speed
-from llmtrain.planner.plan import BILLED_STARTUP_SECONDS, plan_run
+from llmtrain.planner.plan import BILLED_STARTUP_SECONDS, PlanOptions, plan_run
 from llmtrain.planner.shapes import (
     PRESET_VOCAB,
     ModelShape,
@@ -876,6 +877,20 @@ def test_fp8_changes_the_plan(catalog):
     assert fp8.speed.compute_parts[1] == pytest.approx(bf16.speed.compute_parts[1])  # attention stays bf16
     assert fp8.speed.tokens_per_second > bf16.speed.tokens_per_second
     assert fp8.memory.per_gpu != bf16.memory.per_gpu
+
+
+def test_fp8_is_refused_where_it_cannot_run(catalog):
+    """An A100 instance has no FP8 tensor cores; frozen 1.2.0 code ships no torchao: plan refuses, as
+    render does, and names what works."""
+    a100 = catalog.resolve("llama-pretrain-fsdp@1.3.0")  # 2 x ml.p4d.24xlarge
+    with pytest.raises(RequestValidationError, match=r"ml.p4d.24xlarge has none: its A100-40GB GPUs "
+                                                     r".*use one of ml.p5.48xlarge, ml.p5e.48xlarge"):
+        plan_run(a100, {"fp8": True})
+    assert plan_run(a100, {"fp8": True, "instance_type": "ml.p5.48xlarge"}).workload.fp8
+    frozen = catalog.resolve("llama-pretrain-hsdp-tp@1.2.0")
+    options = PlanOptions(program=catalog.program_contract(frozen))
+    with pytest.raises(LlmtrainError, match="fp8"):
+        plan_run(frozen, {"fp8": True}, options)
 
 
 def test_context_parallel_is_planned(catalog):
