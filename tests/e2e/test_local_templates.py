@@ -226,7 +226,7 @@ def test_lora_template_fine_tunes_on_prompt_completion_examples(workdir):
     assert summary["TrainingJobStatus"] == "Completed"
     code = {a["Setting"]: a["Cloud"] for a in summary["LocalRun"]["Adjustments"]}
     assert code["HyperParameters.sagemaker_submit_directory"].endswith(
-        "/templates/llama-finetune-lora/1.2.0/sourcedir.tar.gz")
+        "/templates/llama-finetune-lora/1.3.0/sourcedir.tar.gz")
     final = {m["MetricName"]: m["Value"] for m in summary["FinalMetricDataList"]}
     assert {"train:loss", "eval:loss"} <= set(final)
     assert sorted(losses_by_step(workdir / "sft")) == [1, 2, 3]

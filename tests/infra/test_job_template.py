@@ -68,7 +68,7 @@ def test_cfn_lint_finds_nothing(template_json):
 
 def test_code_is_deployed_under_the_versions_prefix(template_json):
     template = Template.from_json(template_json)
-    for prefix in ("templates/byo-script/1.0.0/", "templates/llama-pretrain-fsdp/1.2.0/"):
+    for prefix in ("templates/byo-script/1.0.0/", "templates/llama-pretrain-fsdp/1.3.0/"):
         template.has_resource(
             "Custom::CDKBucketDeployment",
             {
@@ -135,11 +135,11 @@ def test_construct_exposes_what_the_launcher_registers(synthesized):
     _, templates = synthesized
     catalog = Catalog.load()
     fsdp = templates["llama-pretrain-fsdp@latest"]
-    assert (fsdp.name, fsdp.version) == ("llama-pretrain-fsdp", "1.2.0")
-    assert fsdp.code_key == "templates/llama-pretrain-fsdp/1.2.0/sourcedir.tar.gz"
+    assert (fsdp.name, fsdp.version) == ("llama-pretrain-fsdp", "1.3.0")
+    assert fsdp.code_key == "templates/llama-pretrain-fsdp/1.3.0/sourcedir.tar.gz"
     entry = fsdp.registry_entry
     assert entry["content_hash"] == catalog.published_entry(fsdp.spec).content
-    assert entry["spec"] == catalog.resolve("llama-pretrain-fsdp@1.2.0").to_dict()
+    assert entry["spec"] == catalog.resolve("llama-pretrain-fsdp@1.3.0").to_dict()
     resolved = cdk.Stack.of(fsdp).resolve(entry["code_s3_uri"])
     bucket_ref = cdk.Stack.of(fsdp).resolve(fsdp.code_bucket.bucket_name)
     assert resolved == {"Fn::Join": ["", ["s3://", bucket_ref, "/" + fsdp.code_key]]}
@@ -176,10 +176,10 @@ def test_invalid_version_fails_at_synth(ref, error, message):
 def test_unpublished_version_fails_at_synth(tmp_path):
     folder = tmp_path / "templates"
     shutil.copytree(ROOT / "templates", folder)
-    text = (folder / "gpt2-ddp" / "1.0.0.yaml").read_text().replace("version: 1.0.0", "version: 1.3.0")
-    (folder / "gpt2-ddp" / "1.3.0.yaml").write_text(text)
-    with pytest.raises(LockError, match=r"gpt2-ddp@1\.3\.0 is not published: run `llmtrain templates lock "):
-        _construct("gpt2-ddp@1.3.0", catalog=Catalog.load(folder))
+    text = (folder / "gpt2-ddp" / "1.0.0.yaml").read_text().replace("version: 1.0.0", "version: 1.4.0")
+    (folder / "gpt2-ddp" / "1.4.0.yaml").write_text(text)
+    with pytest.raises(LockError, match=r"gpt2-ddp@1\.4\.0 is not published: run `llmtrain templates lock "):
+        _construct("gpt2-ddp@1.4.0", catalog=Catalog.load(folder))
 
 
 def test_changed_published_version_fails_at_synth(tmp_path):
@@ -236,23 +236,23 @@ def test_an_instance_type_that_cannot_run_the_version_fails_at_synth(tmp_path):
     type without EFA, for a two-node job) was found only by a launcher at run time."""
     folder = tmp_path / "templates"
     shutil.copytree(ROOT / "templates", folder)
-    published = (folder / "llama-pretrain-fsdp" / "1.2.0.yaml").read_text()
-    text = published.replace("version: 1.2.0", "version: 1.3.0")
+    published = (folder / "llama-pretrain-fsdp" / "1.3.0.yaml").read_text()
+    text = published.replace("version: 1.3.0", "version: 1.4.0")
     bad = {"fallback": text.replace("fallback_instance_types: [ml.p5.48xlarge]",
                                     "fallback_instance_types: [ml.g5.12xlarge]"),
            "choice": text.replace("choices: [ml.p4d.24xlarge, ml.p4de.24xlarge, ml.p5.48xlarge]",
                                   "choices: [ml.p4d.24xlarge, ml.g5.12xlarge]")}
     for kind, changed in bad.items():
         assert changed != text, kind
-        (folder / "llama-pretrain-fsdp" / "1.3.0.yaml").write_text(changed)
+        (folder / "llama-pretrain-fsdp" / "1.4.0.yaml").write_text(changed)
         (folder / "catalog.lock").write_text((ROOT / "templates" / "catalog.lock").read_text())
         Catalog.load(folder).lock_new_versions()
         with pytest.raises(PropsError) as raised:
-            _construct("llama-pretrain-fsdp@1.3.0", catalog=Catalog.load(folder))
+            _construct("llama-pretrain-fsdp@1.4.0", catalog=Catalog.load(folder))
         where = {"fallback": "fallback ml.g5.12xlarge (retry.fallback_instance_types)",
                  "choice": "choice ml.g5.12xlarge (overridable.instance_type)"}[kind]
         assert str(raised.value).startswith(
-            f"JobTemplate(template=...): llama-pretrain-fsdp@1.3.0 {where} cannot run the version: "
+            f"JobTemplate(template=...): llama-pretrain-fsdp@1.4.0 {where} cannot run the version: "
         ), str(raised.value)
 
 
