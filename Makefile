@@ -42,8 +42,19 @@ synth: setup
 	npx cdk synth --quiet --app "$(PY) app.py"
 	@echo "Templates written to cdk.out/"
 
+# Most tests are one Python process each and run two at a time (pytest-xdist, one per core); the
+# others (training, end-to-end, benchmarks) start torchrun's ranks, which take both cores, and run one
+# at a time. Both parts always run; `make test PYTEST_ARGS="tests/x.py -k y"` runs what it names.
+PARALLEL_TESTS := tests/llmtrain tests/infra
 test: setup
+ifeq ($(strip $(PYTEST_ARGS)),)
+	@status=0; \
+	$(PY) -m pytest -n 2 $(PARALLEL_TESTS) || status=1; \
+	$(PY) -m pytest tests $(addprefix --ignore=,$(PARALLEL_TESTS)) || status=1; \
+	exit $$status
+else
 	$(PY) -m pytest $(PYTEST_ARGS)
+endif
 
 # The training program's tests under the torch of each platform template's container (a venv per
 # torch version, .venv-torch-<version>: about 7 GB and 8 minutes the first time, kept after). Required

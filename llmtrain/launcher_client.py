@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -45,6 +46,8 @@ _EXECUTIONS_SCANNED = 100
 # Execution names scanned for a run's `<run>-<n>` executions (ListExecutions returns 1000 a page).
 _NAMES_SCANNED = 10_000
 _START_TRIES = 5
+# How long `stop` waits for a stopped execution to end before it cancels the run's queued jobs.
+STOP_WAIT_SECONDS = 30.0
 _OWNER = re.compile(r"[\w .:/=+\-@]{1,256}")
 
 
@@ -471,11 +474,24 @@ class LauncherClient:
         except ClientError as error:
             raise _launcher_error(error, f"stopping run {run_name!r}") from error
         if self.queues is not None:
+            self._wait_until_ended(execution["executionArn"])
             with explained(f"cancelling run {run_name!r}'s queued job (its execution is stopped)"):
                 execution["cancelled"] = queue_jobs.cancel_run(
                     self.client("batch"), list(self.queues.queue_arns.values()),
                     attempt_name_stem(self.job_name_prefix, run_name), reason)
         return execution
+
+    def _wait_until_ended(self, execution_arn: str, seconds: float = STOP_WAIT_SECONDS) -> None:
+        """Until the stopped execution reports it has ended: Step Functions ends it at once, an
+        emulator once its step in flight returns (which must not see its job cancelled yet)."""
+        stepfunctions = self.client("stepfunctions")
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with explained("reading the stopped execution's status"):
+                status = stepfunctions.describe_execution(executionArn=execution_arn)["status"]
+            if status != "RUNNING":
+                return
+            time.sleep(0.2)
 
     def logs(self, run_name: str, *, attempt: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
         """The last `limit` log events of one attempt's job (default: the latest), oldest first."""
