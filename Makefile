@@ -42,7 +42,7 @@ synth: setup
 	npx cdk synth --quiet --app "$(PY) app.py"
 	@echo "Templates written to cdk.out/"
 
-# Most tests are one Python process each: these run two at a time (pytest-xdist, one per core); the
+# tests/llmtrain and tests/infra (mostly one Python process per test) run two at a time (xdist); the
 # others (training, end-to-end, benchmarks) start torchrun's ranks, which take both cores, and run one
 # at a time. Both parts always run; `make test PYTEST_ARGS="tests/x.py -k y"` runs what it names.
 PARALLEL_TESTS := tests/llmtrain tests/infra
