@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from training_jobs.contract.capabilities import CAPABILITIES
-
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "training_jobs" / "train.py"
 MULTIRUN = Path(__file__).resolve().parent / "multirun.py"
@@ -131,19 +129,25 @@ def base_model(tmp_path_factory):
     return folder
 
 
-# The torchao the program ships for fp8 (its capability table names the sourcedir's pin).
-TORCHAO = str(CAPABILITIES["fp8"])
+TORCHAO = "torchao==0.18.0"  # declares no torch dependency: the CPU build of torch stays
 NEEDS_TORCHAO = pytest.mark.skipif(
-    tuple(int(part) for part in __import__("torch").__version__.split(".")[:2]) < (2, 13),
-    reason="FP8 matmuls on the CPU need torch 2.13's kernel; in an older container's torch they run "
-           "on GPUs only (docs/training.md, FP8)")
+    tuple(int(part) for part in __import__("torch").__version__.split(".")[:2]) < (2, 11),
+    reason=f"{TORCHAO} needs torch 2.11 or newer; an older container pairs its torch with an older "
+           "torchao (docs/training.md, FP8)")
 
 
 @pytest.fixture(scope="session")
-def torchao_python() -> Path:
-    """The tests' Python, with the torchao the program ships (requirements.txt installs the same pin;
-    its compiled kernels do not load against this torch, which the float8 training path does not use)."""
-    from importlib.metadata import version
+def torchao_python(tmp_path_factory) -> Path:
+    """A Python with torchao, in a virtual environment of its own beside the project's (its compiled
+    kernels do not load against this torch and say so at every import), seeing the project's
+    packages."""
+    import site
 
-    assert f"torchao=={version('torchao')}" == TORCHAO, f"make setup installs {TORCHAO}"
-    return Path(sys.executable)
+    venv = tmp_path_factory.mktemp("torchao") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    packages = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+    (Path(packages) / "project.pth").write_text(site.getsitepackages()[0] + "\n")
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", TORCHAO], check=True)
+    return python

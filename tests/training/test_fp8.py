@@ -1,7 +1,7 @@
 """FP8 (torchao float8) up to the GPU: the conversion of the decoder layers, and on two CPU processes
 (FP8 matmuls have a CPU kernel in torch 2.13) FSDP2 with FP8 all-gathers and precomputed scales
-training like bf16, and the tensor-parallel plan with torchao's float8 styles, with the torchao the
-program ships (conftest.torchao_python). The program refuses fp8 on a CPU;
+training like bf16, and the tensor-parallel plan with torchao's float8 styles. torchao lives in a
+virtual environment of the tests' own (conftest.torchao_python). The program refuses fp8 on a CPU;
 its settings' rules are in test_pipeline_parts.py."""
 
 from __future__ import annotations
