@@ -217,7 +217,9 @@ def capability_problems(
 ) -> list[str]:
     """What the run asks of the training program that its code (`program`'s capability table) or
     its instances cannot do: FP8 on GPUs without it or without torchao, a JumpStart archive for code
-    that reads only a folder. For a template that runs the platform's program."""
+    that reads only a folder. Nothing for a template that runs its own code."""
+    if not template.code.is_platform:
+        return []
     capabilities = (program or installed_contract()).capabilities
     return (fp8_problems(template.ref, settings.instance_type, settings.hyperparameters, capabilities,
                          template.image.framework_version)

@@ -272,7 +272,7 @@ def plan_run(
     planned = {k: v for k, v in overrides.items() if not k.startswith(CHANNEL_SETTING_PREFIX)}
     settings = resolve_settings(template, RunInput(run_name="plan", overrides=planned), platform)
     check_program(template, settings, options.program)
-    problems = capability_problems(template, settings, options.program) if template.code.is_platform else []
+    problems = capability_problems(template, settings, options.program)
     if problems:
         raise RequestValidationError(problems)
     hyperparameters = dict(settings.hyperparameters)
