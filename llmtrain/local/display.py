@@ -8,7 +8,8 @@ launchers print after the training program's own error stays in the log file too
 torchrun's agent log lines, its traceback and its report of the failed processes, and the toolkit's
 restatement of the failure (ExecuteUserScriptError, with the whole torchrun command). The program's
 `[error]` line, its own tracebacks and the summary's failure reason (output/failure) say what failed.
-On a terminal, a progress bar sits below the log.
+The last line of such a traceback, which the toolkit can print in two pieces, is shown whole
+(`ExceptionLineMender`). On a terminal, a progress bar sits below the log.
 """
 
 from __future__ import annotations
@@ -48,6 +49,46 @@ _REPORT_RULE = re.compile(r"^={20,}$")
 _TOOLKIT_FAILURE = re.compile(r"sagemaker-training-toolkit ERROR\s+(Reporting training FAILURE|"
                               r"Encountered exit_code)")
 _TOOLKIT_RESTATEMENT = re.compile(r"sagemaker-training-toolkit ERROR\s+ExecuteUserScriptError:")
+# A traceback's last line: the exception's (dotted) name, then ": message" or nothing.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(:.*)?$")
+_EXCEPTION_NAME_ONLY = re.compile(r"^[A-Za-z_][\w.]*:?$")
+
+
+class ExceptionLineMender:
+    """Joins the last line of a traceback that the toolkit split in two.
+
+    The toolkit reads the program's output in fixed-size chunks and ends a line at the end of each
+    chunk. Unbuffered (PYTHONUNBUFFERED, as in the training images), Python writes that last line in
+    pieces: the exception's name, ": ", the message. So a chunk can end after the name, and
+    "ValueError: bad input" reaches the console as "ValueError" and ": bad input" (CloudWatch shows
+    the same; the log file keeps what the toolkit printed). `feed` takes one shown line and returns
+    the lines to show now: a lone exception name is held until the next line says whether it goes on.
+    """
+
+    def __init__(self) -> None:
+        self._in_traceback = False
+        self._held: str | None = None
+
+    def feed(self, line: str) -> list[str]:
+        if self._held is not None:
+            held, self._held = self._held, None
+            if line.startswith(":"):
+                return [held + line]
+            if held.endswith(":") and line.strip():
+                return [f"{held} {line.strip()}"]
+            return [held, *self.feed(line)]
+        if line.strip() == _TRACEBACK:
+            self._in_traceback = True
+        elif self._in_traceback and _EXCEPTION_LINE.match(line):
+            self._in_traceback = False
+            if _EXCEPTION_NAME_ONLY.match(line):
+                self._held = line
+                return []
+        return [line]
+
+    def flush(self) -> list[str]:
+        held, self._held = self._held, None
+        return [] if held is None else [held]
 
 
 class LauncherReport:
@@ -98,6 +139,7 @@ class JobDisplay:
         self.last_step: int | None = None
         self._after_noise = dict.fromkeys(hosts, False)
         self._reports = {host: LauncherReport() for host in hosts}
+        self._menders = {host: ExceptionLineMender() for host in hosts}
         self.hidden_lines = 0
         self.launcher_lines = 0
 
@@ -118,7 +160,9 @@ class JobDisplay:
     def __exit__(self, *exc) -> None:
         for host, report in self._reports.items():
             if report.held is not None:  # a traceback's first line, with nothing after it
-                self._print(Text(f"{host} | {report.held}"))
+                self._show(host, report.held)
+            for line in self._menders[host].flush():
+                self._print(Text(f"{host} | {line}"))
         if self._progress is not None:
             self._progress.stop()
 
@@ -143,11 +187,15 @@ class JobDisplay:
             self.launcher_lines += 1 + (held is not None) if report.held is None else 0
             return
         if held is not None:
-            self._print(Text(f"{host} | {held}"))
+            self._show(host, held)
         if self._is_noise(host, line):
             self.hidden_lines += 1
         elif line.strip():
-            self._print(Text(f"{host} | {line}"))
+            self._show(host, line)
+
+    def _show(self, host: str, line: str) -> None:
+        for mended in self._menders[host].feed(line):
+            self._print(Text(f"{host} | {mended}"))
 
     def _is_noise(self, host: str, line: str) -> bool:
         follows_noise, self._after_noise[host] = self._after_noise[host], False

@@ -78,3 +78,37 @@ def test_a_failed_job_shows_the_programs_error_and_keeps_torchruns_report_in_the
                  "failed (exitcode", "Reporting training FAILURE", "Command \"torchrun"):
         assert word not in shown, word
     assert display.launcher_lines == len(LAUNCHER_REPORT)
+
+
+def _shown(lines: list[str]) -> list[str]:
+    output = io.StringIO()
+    with JobDisplay(Console(file=output, width=300), max_steps=10, metric_names=["train:loss"],
+                    hosts=("algo-1",)) as display:
+        for line in LAUNCH + lines:
+            display.line("algo-1", line, [])
+    return [line.removeprefix("algo-1 | ") for line in output.getvalue().splitlines()[1:]]
+
+
+TRACEBACK_HEAD = PROGRAM_TRACEBACK[:3]
+
+
+def test_an_exception_line_the_toolkit_split_is_shown_whole():
+    """The toolkit ends a line at the end of each chunk it reads, and unbuffered Python writes the
+    exception's name and its message separately: either piece boundary is joined again."""
+    after_name = _shown([*TRACEBACK_HEAD, "ValueError", ": bad input: fix it", "a later line"])
+    after_colon = _shown([*TRACEBACK_HEAD, "mod.DataError:", "no manifest", "a later line"])
+
+    assert after_name == [*TRACEBACK_HEAD, "ValueError: bad input: fix it", "a later line"]
+    assert after_colon == [*TRACEBACK_HEAD, "mod.DataError: no manifest", "a later line"]
+
+
+def test_lines_that_only_look_split_are_shown_as_printed():
+    """An exception without a message, a name-like line outside a traceback, and a traceback that
+    ends the output keep their lines."""
+    no_message = _shown([*TRACEBACK_HEAD, "KeyboardInterrupt", "next: line"])
+    outside = _shown(["epoch", ": not a continuation"])
+    at_the_end = _shown([*TRACEBACK_HEAD, "SystemExit"])
+
+    assert no_message == [*TRACEBACK_HEAD, "KeyboardInterrupt", "next: line"]
+    assert outside == ["epoch", ": not a continuation"]
+    assert at_the_end == [*TRACEBACK_HEAD, "SystemExit"]
