@@ -28,13 +28,17 @@ _INVOCATION = "Invoking script with the following command"
 _ALWAYS_SHOWN = (" ERROR ", "Traceback", "Error:")
 # Lines only the log file gets: every rank repeating a library's deprecation warnings (DeepSpeed's
 # collectives, transformers' renamed attributes), torchrun's thread-count banner, the toolkit's INFO
-# chatter, bitsandbytes announcing that it has no GPU kernels (only QLoRA needs them), and
-# transformers' padding advice (packed samples have no padding).
+# chatter, bitsandbytes announcing that it has no GPU kernels (only QLoRA needs them), torchao
+# announcing that its C++ kernels do not match this torch (FP8 training, the only part the program
+# uses, is Python; a library imports torchao even when FP8 is off), MLflow creating a local store's
+# tables, and transformers' padding advice (packed samples have no padding).
 NOISE = re.compile("|".join((
     r"(Future|Deprecation)Warning: ",
     r"torch/distributed/run\.py:\d+\]",
     r"sagemaker-training-toolkit INFO ",
     r"bitsandbytes.*(without GPU support|GPU quantization are unavailable)",
+    r"Skipping import of cpp extensions due to incompatible torch version",
+    r"INFO mlflow\.store\.db\.utils: ",
     r"We strongly recommend passing in an `attention_mask`",
     r"You may ignore this warning if your `pad_token_id`",
 )))
