@@ -68,6 +68,7 @@ from training_constructs.operations_dashboard import (
     OperationsDashboardProps,
     TemplateMetrics,
 )
+from training_constructs.teams import ENVIRONMENT_TAG
 
 _NAME = "TrainingOperations"
 _ACKNOWLEDGED_MARKER = "TrainingOperationsNagAcknowledgments"
@@ -362,6 +363,15 @@ class TrainingOperations(Construct):
                 resources=[self._training_jobs_arn(f"{prefix}*")],
             )
         )
+        # A queued run's job is created, and named, by AWS Batch: it is the platform's by its tag.
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                sid="ReadPlatformTaggedTrainingJobs",
+                actions=["sagemaker:DescribeTrainingJob", "sagemaker:ListTags"],
+                resources=[self._training_jobs_arn("*")],
+                conditions={"StringEquals": {f"aws:ResourceTag/{ENVIRONMENT_TAG}": self.environment_name}},
+            )
+        )
         function.add_to_role_policy(
             self._put_metrics_statement(functions.JOB_NAMESPACE, functions.TRAINING_NAMESPACE)
         )
@@ -376,6 +386,8 @@ class TrainingOperations(Construct):
                 "PublishPlatformMetrics": WILDCARD_RESOURCE_ACTIONS["cloudwatch:PutMetricData"],
                 "ReadPlatformTrainingJobs": "The function reads this platform's jobs only: their names share "
                 "the prefix and differ per run",
+                "ReadPlatformTaggedTrainingJobs": "The function reads the jobs tagged with this environment "
+                "only (a queued run's job, which AWS Batch names)",
             },
         )
         return function
@@ -396,13 +408,18 @@ class TrainingOperations(Construct):
         return events.Rule(
             self,
             "JobEventsRule",
-            description=f"The platform's training jobs ({self.job_name_prefix}-*) reaching an end state",
+            description=f"The platform's training jobs ({self.job_name_prefix}-*, or tagged with the "
+            "environment) reaching an end state",
             event_pattern=events.EventPattern(
                 source=[functions.EVENT_SOURCE],
                 detail_type=[functions.EVENT_DETAIL_TYPE],
                 detail={
-                    "TrainingJobName": [{"prefix": f"{self.job_name_prefix}-"}],
                     "TrainingJobStatus": list(functions.END_STATES),
+                    "$or": [
+                        {"TrainingJobName": [{"prefix": f"{self.job_name_prefix}-"}]},
+                        # a queued run's job, which AWS Batch names
+                        {"Tags": {ENVIRONMENT_TAG: [self.environment_name]}},
+                    ],
                 },
             ),
             targets=[

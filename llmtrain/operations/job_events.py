@@ -54,6 +54,9 @@ LOGGER.setLevel(logging.INFO)
 # The tag `llmtrain.render` puts on every job it renders (its TAG_PREFIX + "template"). Not imported
 # from there: render needs the compiled `regex` package, which this function's code does not ship.
 TEMPLATE_TAG = "llmtrain:template"
+# The tag render puts on every job with its environment: how a queued run's job, which AWS Batch
+# creates and names, is known as the platform's.
+ENVIRONMENT_TAG = "llmtrain:environment"
 _SNS_SUBJECT_LIMIT = 100
 
 
@@ -182,14 +185,17 @@ def training_metrics(outcome: JobOutcome, environment: str, sagemaker: Any) -> l
     return [Metric(name, value, "None", dimensions) for name, value in sorted(final.items())]
 
 
-def outcome_of(event: Mapping[str, Any], job_name_prefix: str) -> JobOutcome | str:
-    """The job's outcome, or why the event is not one this function handles."""
+def outcome_of(event: Mapping[str, Any], job_name_prefix: str, environment: str) -> JobOutcome | str:
+    """The job's outcome, or why the event is not one this function handles. The platform's jobs are
+    named with its prefix, or (a queued run's, named by AWS Batch) tagged with its environment."""
     if event.get("source") != EVENT_SOURCE or event.get("detail-type") != EVENT_DETAIL_TYPE:
         return f"not a {EVENT_DETAIL_TYPE!r} event from {EVENT_SOURCE}"
     detail = event.get("detail") or {}
     name = detail.get("TrainingJobName", "")
-    if not name.startswith(job_name_prefix):
-        return f"training job {name!r} is not one of the platform's (prefix {job_name_prefix!r})"
+    tagged = _tags(detail.get("Tags")).get(ENVIRONMENT_TAG) == environment
+    if not (name.startswith(job_name_prefix) or tagged):
+        return (f"training job {name!r} is not one of the platform's (prefix {job_name_prefix!r}, "
+                f"tag {ENVIRONMENT_TAG}={environment!r})")
     if detail.get("TrainingJobStatus") not in END_STATES:
         return f"training job {name!r} is {detail.get('TrainingJobStatus')!r}, not an end state"
     return JobOutcome.from_detail(detail)
@@ -204,7 +210,7 @@ def handle_event(
     sagemaker: Any,
     region: str,
 ) -> dict[str, Any]:
-    outcome = outcome_of(event, settings.job_name_prefix)
+    outcome = outcome_of(event, settings.job_name_prefix, settings.environment)
     if isinstance(outcome, str):
         LOGGER.info("ignored: %s", outcome)
         return {"ignored": outcome}

@@ -176,8 +176,12 @@ def test_the_job_events_rule_sends_the_platform_s_ended_jobs_to_the_function(
         "source": ["aws.sagemaker"],
         "detail-type": ["SageMaker Training Job State Change"],
         "detail": {
-            "TrainingJobName": [{"prefix": f"{prefix}-"}],
             "TrainingJobStatus": ["Completed", "Failed", "Stopped"],
+            # the platform's jobs by name, and a queued run's job (AWS Batch names it) by its tag
+            "$or": [
+                {"TrainingJobName": [{"prefix": f"{prefix}-"}]},
+                {"Tags": {"llmtrain:environment": [environment]}},
+            ],
         },
     }
     [target] = rule["Targets"]

@@ -252,6 +252,11 @@ def test_completed_and_stopped_jobs_are_counted_and_notified_without_a_class(aws
     ("event", "why"),
     [
         (state_change("another-team-job", "Failed", CAPACITY), "not one of the platform's"),
+        (
+            state_change("AWSBatch-other-env-job", "Failed", CAPACITY,
+                         Tags={"llmtrain:environment": "prod", "llmtrain:template": "gpt2-ddp"}),
+            "not one of the platform's",
+        ),
         (state_change(f"{PREFIX}busy-1", "InProgress"), "not an end state"),
         (
             {"source": "aws.sagemaker", "detail-type": "SageMaker Endpoint State Change", "detail": {}},
@@ -272,6 +277,22 @@ def test_other_events_are_ignored(aws, event, why):
         ]
         == []
     )
+
+
+def test_a_queued_runs_job_named_by_batch_is_known_by_its_environment_tag(aws):
+    """AWS Batch creates and names a queued run's training job; the job carries the tags the launcher
+    rendered, and the environment's tag makes it one of the platform's."""
+    sqs, queue_url = aws
+    name = "AWSBatch-nightly-a1-4c7599ae"
+    tags = {"llmtrain:environment": "dev", "llmtrain:template": "gpt2-ddp", "llmtrain:run": "nightly"}
+
+    result = job_event_handler.handler(state_change(name, "Failed", CAPACITY, Tags=tags), None)
+
+    assert result["training_job_name"] == name and result["failure_class"] == "capacity"
+    assert metric_sum("JobFailures", Environment="dev", FailureClass="capacity") == 1
+    assert training_metric("train:loss", "gpt2-ddp") == 2.75
+    [notification] = received(sqs, queue_url)
+    assert notification["Subject"] == f"[dev] training job {name} Failed (capacity)"
 
 
 def test_without_a_topic_only_metrics_are_published(aws, monkeypatch):
@@ -338,6 +359,7 @@ def test_the_template_tag_is_the_one_render_sets():
     from llmtrain.render import TAG_PREFIX
 
     assert job_events.TEMPLATE_TAG == f"{TAG_PREFIX}template"
+    assert job_events.ENVIRONMENT_TAG == f"{TAG_PREFIX}environment"
 
 
 def test_a_long_subject_is_cut_to_the_sns_limit():
