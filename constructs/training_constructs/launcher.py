@@ -301,6 +301,16 @@ class TrainingLauncher(Construct):
         self.next_attempt_function = self._function(
             "NextAttemptFunction", code, "next_attempt", "Classifies a failed attempt and plans the retry"
         )
+        # A hung job's retry would reuse its warm pool, the instances that may have hung it: ended first.
+        self.next_attempt_function.add_to_role_policy(
+            iam.PolicyStatement(sid="EndHungJobsWarmPools", actions=["sagemaker:UpdateTrainingJob"],
+                                resources=[self._team_jobs()])
+        )
+        acknowledge_wildcards(
+            self.next_attempt_function.role,
+            {"EndHungJobsWarmPools": "the team's jobs, named per run and attempt under the team's "
+             "job-name prefix"},
+        )
         self.summarize_function = self._function("SummarizeFunction", code, "summarize", "Summarizes a run")
         self.functions = {
             "resolve": self.resolve_function,

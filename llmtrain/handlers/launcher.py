@@ -5,7 +5,7 @@
   ...}` (the attempt's state, `submission`), or `{"summary": ...}` of a run refused before any job
   (status `Rejected`).
 - `next_attempt`: `{"run", "request", "failure": {"Error", "Cause"}}` -> a retry plan or a failure
-  summary.
+  summary; before a hung job's retry it ends the hung job's warm pool.
 - `summarize`: `{"run", "job": DescribeTrainingJob output}` -> `{"summary": ...}` for a completed job
   (a tune's: DescribeHyperParameterTuningJob output).
 
@@ -19,6 +19,7 @@ templates bundled beside the `llmtrain` package in the function's code
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from functools import cache
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from botocore.exceptions import ClientError
 
 from llmtrain.catalog import Catalog
 from llmtrain.errors import LauncherStateError
@@ -35,9 +37,12 @@ from llmtrain.lifecycle.retries import plan_next_attempt
 from llmtrain.lifecycle.submission import Submission, TrainingJobSubmission
 from llmtrain.lifecycle.summaries import completed_summary, rejection_summary
 from llmtrain.lifecycle.tuning import TuningSubmission
+from llmtrain.operations.warm_pools import end_warm_pool
 from llmtrain.platform import PlatformContext
 from llmtrain.queues.submission import QueueSubmission
 from llmtrain.runs import RunState
+
+LOGGER = logging.getLogger(__name__)
 
 # In the Lambda bundle, templates/ sits next to llmtrain/ (see training_constructs.lambda_code).
 BUNDLED_TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -73,7 +78,16 @@ def next_attempt(event: Mapping[str, Any], context: Any = None) -> dict[str, Any
         settings.platform,
         submission(settings, run),
         catalog.program_contract(template),
+        end_warm_pool=lambda job_name: _end_warm_pool(settings.platform, job_name),
     )
+
+
+def _end_warm_pool(platform: PlatformContext, job_name: str) -> None:
+    try:
+        end_warm_pool(service_client("sagemaker", platform), job_name)
+    except ClientError as error:
+        # Ended, reused or never kept (a queued job, which Batch names): the retry goes on either way.
+        LOGGER.warning("the warm pool of %s was not ended: %s", job_name, error)
 
 
 def summarize(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:

@@ -4,7 +4,7 @@ the run's summary."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +83,12 @@ def plan_retry(retry: RetrySpec, run: RunState, failure: Failure) -> RetryPlan |
     return None
 
 
+def keeps_a_warm_pool(request: Mapping[str, Any]) -> bool:
+    """Whether the job this request created keeps its instances after it ends (SageMaker keeps them
+    after a failure by the algorithm too)."""
+    return int((request.get("ResourceConfig") or {}).get("KeepAlivePeriodInSeconds") or 0) > 0
+
+
 def plan_next_attempt(
     template: TemplateSpec,
     run: RunState,
@@ -91,14 +97,21 @@ def plan_next_attempt(
     platform: PlatformContext,
     submission: Submission,
     program: ProgramContract | None = None,
+    end_warm_pool: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """`{"decision": "retry", "wait_seconds", "run", **attempt state}`, or `{"decision": "fail",
-    "summary"}` when the run gives up."""
+    "summary"}` when the run gives up.
+
+    A hung job's retry starts at once with the same resources, so it would reuse the hung job's warm
+    pool: the very instances whose GPU or link may have hung it. `end_warm_pool(job_name)` ends that
+    pool first (the retry then gets fresh instances)."""
     failure = submission.classify(caught, request)
     plan = plan_retry(template.retry, run, failure)
     if plan is None or plan.new_attempt:
         job_name, instance_type = submission.started_job(request)
         run = run.with_attempt_ended(job_name, failure.kind, failure.reason, instance_type=instance_type)
+        if plan is not None and failure.kind == "hung" and end_warm_pool and keeps_a_warm_pool(request):
+            end_warm_pool(job_name)
     if plan is None:
         return {"decision": "fail", "summary": failure_summary(template, run, failure)}
     run = run.replace(

@@ -479,7 +479,13 @@ def test_functions_get_the_teams_platform_context_and_least_privilege(
         else:
             resolve |= {"sagemaker:ListHyperParameterTuningJobs"}
             assert '\\"queues\\"' not in context
-        assert actions == (resolve if handler == "resolve" else expected)
+        # NextAttempt ends a hung job's warm pool before its retry: the team's jobs only.
+        next_attempt = expected | {"sagemaker:UpdateTrainingJob"}
+        assert actions == {"resolve": resolve, "next_attempt": next_attempt}.get(handler, expected)
+        if handler == "next_attempt":
+            [update] = [s for p in role_policies for s in p["Properties"]["PolicyDocument"]["Statement"]
+                        if s["Action"] == "sagemaker:UpdateTrainingJob"]
+            assert f"training-job/{team_config.job_name_prefix}-*" in json.dumps(update["Resource"])
 
 
 @pytest.mark.parametrize(("environment", "team"), TEAM_CASES)

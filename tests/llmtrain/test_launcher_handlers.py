@@ -10,11 +10,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from datetime import UTC, datetime
 
 import boto3
 import pytest
 from moto import mock_aws
 from moto.sagemaker.models import sagemaker_backends
+from sagemaker_fleet_support import TrainingFleet, install_update_training_job
 
 from llmtrain.catalog import Catalog
 from llmtrain.errors import LauncherStateError, LlmtrainError
@@ -440,6 +442,28 @@ def test_a_hung_job_is_retried_as_a_new_job_from_the_same_checkpoints(deployed):
     assert summary["subject"] == "llmtrain: run hung Failed (TrainingJobHung)"
     assert "2 job(s) of this run hung; a run is retried 1 time(s) after a hang" in summary["advice"]
     assert "llmtrain logs hung" in summary["advice"]
+
+
+def test_a_hung_jobs_warm_pool_is_ended_before_its_retry(deployed, monkeypatch):
+    """The retry starts at once with the same resources: it would reuse the hung job's warm pool, the
+    instances that may have hung it. A pool already gone, or none kept, does not stop the retry."""
+    updates = install_update_training_job(monkeypatch)
+    fleet, now = TrainingFleet(deployed), datetime.now(UTC)
+    pooled = _resolve("pooled", overrides={"spot": "false", "keep_alive_seconds": "600"})
+    pooled_job = pooled["request"]["TrainingJobName"]
+    fleet.with_available_warm_pool(pooled_job, ended_at=now, now=now)
+    gone = _resolve("gone", overrides={"spot": "false", "keep_alive_seconds": "600"})
+    fleet.with_ended_warm_pool(gone["request"]["TrainingJobName"], ended_at=now)
+    no_pool = _resolve("no-pool")
+
+    planned = [launcher.next_attempt({**state, "failure": HANG}) for state in (pooled, gone, no_pool)]
+    capacity = launcher.next_attempt({**pooled, "failure": CAPACITY})
+
+    assert [p["decision"] for p in planned] == ["retry"] * 3 and capacity["decision"] == "retry"
+    assert fleet.warm_pool_status(pooled_job) == "Terminated"
+    ended = {"KeepAlivePeriodInSeconds": 0}
+    assert updates == [{"TrainingJobName": pooled_job, "ResourceConfig": ended},
+                       {"TrainingJobName": gone["request"]["TrainingJobName"], "ResourceConfig": ended}]
 
 
 def test_a_rule_stop_ends_the_run_with_what_the_rule_saw(deployed):
