@@ -84,6 +84,22 @@ def team_job_name_prefix(environment_prefix: str, team: str) -> str:
     return f"{environment_prefix}-{team}"
 
 
+# AWS Batch names a queued run's training job itself: "AWSBatch", the payload's TrainingJobName, an
+# attempt id (AWS's examples of service jobs; cut to SageMaker's 63 characters, the name keeps its
+# first 23 characters). The job's log streams are named after it.
+QUEUED_JOB_NAME_PREFIX = "AWSBatch"
+QUEUED_NAME_KEPT = 23
+
+
+def team_job_log_streams(job_name_prefix: str) -> tuple[str, ...]:
+    """The CloudWatch log-stream name patterns of a team's jobs: its own jobs', and its queued jobs'
+    (named by AWS Batch) where the team's prefix and its hyphen survive Batch's cut."""
+    streams = [f"{job_name_prefix}-*"]
+    if len(job_name_prefix) + 1 <= QUEUED_NAME_KEPT:
+        streams.append(f"{QUEUED_JOB_NAME_PREFIX}{job_name_prefix}-*")
+    return tuple(streams)
+
+
 def is_job_name_prefix(value: object, longest: int = MAX_JOB_NAME_PREFIX) -> bool:
     return (isinstance(value, str) and len(value) <= longest
             and bool(JOB_NAME_PREFIX_PATTERN.fullmatch(value)))

@@ -13,7 +13,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from llmtrain.jumpstart import MANIFEST_KEY, content_bucket, gated_content_bucket
-from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS
+from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, team_job_log_streams
 from training_constructs._props import checked_props, is_unresolved, is_whole_number, require
 from training_constructs.images import DLC_REGISTRY_ACCOUNTS, training_image_repositories
 from training_constructs.nag import acknowledge_wildcards, checked_reasons
@@ -423,6 +423,10 @@ class TeamAccess(Construct):
             ),
         ]
 
+    def _team_log_streams(self, log_group: str) -> list[str]:
+        patterns = team_job_log_streams(self.team.job_name_prefix)
+        return [f"{log_group}:log-stream:{pattern}" for pattern in patterns]
+
     def _observability_statements(self) -> list[iam.PolicyStatement]:
         log_group = _log_group_arn(self.stack)
         return [
@@ -434,7 +438,9 @@ class TeamAccess(Construct):
                     "logs:PutLogEvents",
                     "logs:DescribeLogStreams",
                 ],
-                resources=[log_group, f"{log_group}:log-stream:{self.team.job_name_prefix}-*"],
+                # SageMaker writes a job's log with its execution role: a queued job's too (Batch
+                # names it; llmtrain.platform.team_job_log_streams).
+                resources=[log_group, *self._team_log_streams(log_group)],
             ),
             iam.PolicyStatement(
                 sid="PublishTrainingMetrics",
@@ -554,7 +560,7 @@ class TeamAccess(Construct):
             iam.PolicyStatement(
                 sid="ReadTeamTrainingLogs",
                 actions=["logs:GetLogEvents"],
-                resources=[f"{log_group}:log-stream:{self.team.job_name_prefix}-*"],
+                resources=self._team_log_streams(log_group),
             ),
             self._list_team_prefix("ListTeamData", *data),
             iam.PolicyStatement(

@@ -30,7 +30,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 import llmtrain.queues.policy as policy
-from llmtrain.platform import ENVIRONMENT_NAME_PATTERN
+from llmtrain.platform import ENVIRONMENT_NAME_PATTERN, QUEUED_NAME_KEPT
 from training_constructs._props import checked_props, is_unresolved, is_whole_number, require
 from training_constructs.teams import TEAM_TAG, TeamSpec
 
@@ -374,6 +374,12 @@ def _validate(props: TrainingQueuesProps) -> None:
         too_large = team.max_instance_count is not None and team.max_instance_count > props.max_instances
         require(not too_large, _NAME, "teams", f"team {team.name!r} may run {team.max_instance_count} "
                 f"instances, more than max_instances ({props.max_instances}): its runs could never start")
+        longest = QUEUED_NAME_KEPT - 1
+        require(len(team.job_name_prefix) <= longest, _NAME, "teams",
+                f"team {team.name!r}: job-name prefix {team.job_name_prefix!r} is longer than {longest} "
+                f"characters; AWS Batch keeps the first {QUEUED_NAME_KEPT} characters of a queued job's "
+                "name, so the team's role could write none of its queued jobs' logs: shorten the team's "
+                "name or the environment's job_name_prefix")
     _validate_numbers(props)
     arn = props.existing_service_environment_arn
     require(arn is None or is_unresolved(arn) or (isinstance(arn, str) and ":service-environment/" in arn),

@@ -171,7 +171,9 @@ def test_a_teams_role_writes_its_jobs_logs_and_metrics(platform, environments, e
     logs = statements["WriteTrainingLogs"]
     arns = [arn["Fn::Join"][1][-1] for arn in logs["Resource"]]
     group = f":logs:{config.region}:{config.account}:log-group:/aws/sagemaker/TrainingJobs"
-    assert arns == [group, f"{group}:log-stream:{config.team(team).job_name_prefix}-*"]
+    prefix = config.team(team).job_name_prefix
+    # its own jobs' streams, and its queued jobs' (AWS Batch names them AWSBatch<name><attempt id>)
+    assert arns == [group, f"{group}:log-stream:{prefix}-*", f"{group}:log-stream:AWSBatch{prefix}-*"]
     metrics = statements["PublishTrainingMetrics"]
     assert metrics["Action"] == "cloudwatch:PutMetricData" and metrics["Resource"] == "*"
     assert metrics["Condition"] == {"StringEquals": {"cloudwatch:namespace": "/aws/sagemaker/TrainingJobs"}}
@@ -283,9 +285,8 @@ def test_a_teams_engineers_reach_only_its_jobs_logs_and_data(platform, environme
     # are read stream by stream (GetLogEvents), of the team's jobs only; the group only lists streams.
     logs = statements["ReadTeamTrainingLogs"]
     assert logs["Action"] == "logs:GetLogEvents"
-    assert logs["Resource"]["Fn::Join"][1][-1].endswith(
-        f"log-group:/aws/sagemaker/TrainingJobs:log-stream:{prefix}-*"
-    )
+    streams = [arn["Fn::Join"][1][-1].split("log-stream:")[1] for arn in logs["Resource"]]
+    assert streams == [f"{prefix}-*", f"AWSBatch{prefix}-*"]  # its jobs, and its queued jobs
     streams = statements["ListTrainingLogStreams"]
     assert streams["Action"] == "logs:DescribeLogStreams"
     assert streams["Resource"]["Fn::Join"][1][-1].endswith("log-group:/aws/sagemaker/TrainingJobs")

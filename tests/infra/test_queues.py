@@ -3,6 +3,7 @@ permissions around them; dev has none."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import aws_cdk as cdk
@@ -164,6 +165,9 @@ def test_an_existing_service_environment_is_queued_into_not_created():
         ({"teams": [_team("a"), _team("a")]}, "teams", "lists a team twice"),
         ({"teams": [_team("a", queues=("fast",))]}, "teams", "names queues ['fast']"),
         ({"teams": [_team("a", max_instance_count=17)]}, "teams", "more than max_instances (16)"),
+        # a queued job's name keeps 23 characters of the payload's (Batch's naming): its logs need them
+        ({"teams": [dataclasses.replace(_team("a"), job_name_prefix="acme-training-platform-a")]}, "teams",
+         "'acme-training-platform-a' is longer than 22 characters"),
         ({"max_instances": 0}, "max_instances", "at least 1"),
         ({"job_queues": []}, "job_queues", "at least one JobQueueSpec"),
         ({"job_queues": [JobQueueSpec(name="a"), JobQueueSpec(name="a")]}, "job_queues",

@@ -24,6 +24,7 @@ import ast
 import json
 import os
 import time
+import uuid
 from unittest import mock
 
 import boto3
@@ -386,18 +387,25 @@ def test_a_teams_engineers_read_only_its_jobs_logs(deployed, team):
     group = "/aws/sagemaker/TrainingJobs"  # SageMaker creates it with the account's first job
     if group not in [g["logGroupName"] for g in logs.describe_log_groups()["logGroups"]]:
         logs.create_log_group(logGroupName=group)
-    streams = {}
+    streams, queued = {}, {}
     for owner in TEAMS:
         request = _rendered(deployed, owner, f"{owner}-logs-for-{team}")
         sagemaker.create_training_job(**request)
         streams[owner] = f"{request['TrainingJobName']}/algo-1-1700000000"
-        logs.create_log_stream(logGroupName=group, logStreamName=streams[owner])
-        event = {"timestamp": int(time.time() * 1000), "message": f"secret of {owner}"}
-        logs.put_log_events(logGroupName=group, logStreamName=streams[owner], logEvents=[event])
+        # the stream of a queued run's job, which AWS Batch names (AWSBatch<name><attempt id>, 63 long)
+        batch_name = ("AWSBatch" + request["TrainingJobName"])[:31] + uuid.uuid4().hex
+        queued[owner] = f"{batch_name}/algo-1-1700000000"
+        for stream in (streams[owner], queued[owner]):
+            logs.create_log_stream(logGroupName=group, logStreamName=stream)
+            event = {"timestamp": int(time.time() * 1000), "message": f"secret of {owner}"}
+            logs.put_log_events(logGroupName=group, logStreamName=stream, logEvents=[event])
     engineer = deployed.client("engineer", team, "logs")
     with iam_enforced():
-        assert allowed(lambda: engineer.get_log_events(logGroupName=group, logStreamName=streams[team]))
-        assert not allowed(lambda: engineer.get_log_events(logGroupName=group, logStreamName=streams[other]))
+        def readable(stream: str) -> bool:
+            return allowed(lambda: engineer.get_log_events(logGroupName=group, logStreamName=stream))
+
+        assert [readable(s[team]) for s in (streams, queued)] == [True, True]
+        assert [readable(s[other]) for s in (streams, queued)] == [False, False]
         assert not allowed(lambda: engineer.filter_log_events(logGroupName=group))
         assert not allowed(
             lambda: engineer.filter_log_events(logGroupName=group, logStreamNames=[streams[team]])

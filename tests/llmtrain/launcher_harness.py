@@ -78,6 +78,7 @@ from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 from moto.stepfunctions.parser.utils import camel_to_snake_case
 
 from llmtrain.handlers import launcher as launcher_functions
+from llmtrain.platform import QUEUED_JOB_NAME_PREFIX, QUEUED_NAME_KEPT
 
 ACCOUNT = "123456789012"  # moto's default account: the stage is synthesized for it
 REGION = "us-east-1"
@@ -492,7 +493,7 @@ class SimulatedTrainingJobs:
     def create_for_batch(self, payload: Mapping[str, Any], tags: Mapping[str, str]) -> str:
         """CreateTrainingJob as Batch makes it for a service job leaving its queue: the payload under
         a name of Batch's (`AWSBatch<name><hash>`, cut to SageMaker's 63), with the service job's tags."""
-        name = ("AWSBatch" + payload["TrainingJobName"])[:31] + uuid.uuid4().hex
+        name = QUEUED_JOB_NAME_PREFIX + payload["TrainingJobName"][:QUEUED_NAME_KEPT] + uuid.uuid4().hex
         tag_list = [{"Key": key, "Value": value} for key, value in tags.items()]
         return self.create({**payload, "TrainingJobName": name, **({"Tags": tag_list} if tag_list else {})})
 

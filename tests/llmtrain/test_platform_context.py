@@ -8,7 +8,7 @@ import pytest
 from templates_support import platform_context
 
 from llmtrain.errors import PlatformContextError
-from llmtrain.platform import PlatformContext, is_job_name_prefix
+from llmtrain.platform import PlatformContext, is_job_name_prefix, team_job_log_streams
 
 
 def test_round_trip_through_json():
@@ -133,3 +133,10 @@ def test_bad_queues_are_named(changes, message):
         platform_context(queues={**QUEUES, **changes})
     with pytest.raises(PlatformContextError, match="queues must have exactly the fields"):
         platform_context(queues={**QUEUES, "extra": 1})
+
+
+def test_a_teams_log_streams_include_its_queued_jobs_where_batchs_name_keeps_the_prefix():
+    """AWS Batch names a queued job AWSBatch<the payload's name, cut to 23 characters><attempt id>."""
+    assert team_job_log_streams("llmtrain-prod-pretrain") == (
+        "llmtrain-prod-pretrain-*", "AWSBatchllmtrain-prod-pretrain-*")
+    assert team_job_log_streams("acme-training-platform-a") == ("acme-training-platform-a-*",)
