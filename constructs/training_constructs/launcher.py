@@ -98,6 +98,7 @@ from training_constructs.resources import NetworkResources, StorageResources, ch
 from training_constructs.teams import (
     CREATE_JOBS_SID,
     CREATE_TUNING_JOBS_SID,
+    TEAM_TAG,
     TeamSpec,
     job_creation_conditions,
 )
@@ -306,11 +307,20 @@ class TrainingLauncher(Construct):
             iam.PolicyStatement(sid="EndHungJobsWarmPools", actions=["sagemaker:UpdateTrainingJob"],
                                 resources=[self._team_jobs()])
         )
-        acknowledge_wildcards(
-            self.next_attempt_function.role,
-            {"EndHungJobsWarmPools": "the team's jobs, named per run and attempt under the team's "
-             "job-name prefix"},
-        )
+        end_pool_reasons = {"EndHungJobsWarmPools": "the team's jobs, named per run and attempt under the "
+                            "team's job-name prefix"}
+        if self.queues is not None:  # a queued run's job is named by Batch: the team's by its tag
+            self.next_attempt_function.add_to_role_policy(
+                iam.PolicyStatement(
+                    sid="EndHungQueuedJobsWarmPools", actions=["sagemaker:UpdateTrainingJob"],
+                    resources=[self.stack.format_arn(service="sagemaker", resource="training-job",
+                                                     resource_name="*")],
+                    conditions={"StringEquals": {f"aws:ResourceTag/{TEAM_TAG}": self.team.name}},
+                )
+            )
+            end_pool_reasons["EndHungQueuedJobsWarmPools"] = (
+                "Batch names a queued run's training job itself; only those tagged with the team (condition)")
+        acknowledge_wildcards(self.next_attempt_function.role, end_pool_reasons)
         self.summarize_function = self._function("SummarizeFunction", code, "summarize", "Summarizes a run")
         self.functions = {
             "resolve": self.resolve_function,

@@ -11,7 +11,7 @@ from typing import Any
 from llmtrain.errors import LlmtrainError
 from llmtrain.lifecycle.failures import QUEUE_CAPACITY, Failure
 from llmtrain.lifecycle.resolve import render_attempt
-from llmtrain.lifecycle.submission import Submission
+from llmtrain.lifecycle.submission import Submission, training_job_of
 from llmtrain.lifecycle.summaries import failure_summary
 from llmtrain.platform import PlatformContext
 from llmtrain.program_contract import ProgramContract
@@ -83,10 +83,15 @@ def plan_retry(retry: RetrySpec, run: RunState, failure: Failure) -> RetryPlan |
     return None
 
 
-def keeps_a_warm_pool(request: Mapping[str, Any]) -> bool:
-    """Whether the job this request created keeps its instances after it ends (SageMaker keeps them
-    after a failure by the algorithm too)."""
-    return int((request.get("ResourceConfig") or {}).get("KeepAlivePeriodInSeconds") or 0) > 0
+def pooled_job(failure: Failure, request: Mapping[str, Any]) -> str | None:
+    """The failed job's name where it keeps its instances after it ended (SageMaker keeps a warm pool
+    after a failure by the algorithm too), else None. The name is the one SageMaker gave it: a queued
+    run's job is named by AWS Batch, and its description (the failure's cause) says so."""
+    job = failure.job or {}
+    resources = job.get("ResourceConfig") or request.get("ResourceConfig") or {}
+    if int(resources.get("KeepAlivePeriodInSeconds") or 0) <= 0:
+        return None
+    return str(job.get("TrainingJobName") or training_job_of(request)[0])
 
 
 def plan_next_attempt(
@@ -110,8 +115,9 @@ def plan_next_attempt(
     if plan is None or plan.new_attempt:
         job_name, instance_type = submission.started_job(request)
         run = run.with_attempt_ended(job_name, failure.kind, failure.reason, instance_type=instance_type)
-        if plan is not None and failure.kind == "hung" and end_warm_pool and keeps_a_warm_pool(request):
-            end_warm_pool(job_name)
+        pooled = pooled_job(failure, request) if plan is not None and failure.kind == "hung" else None
+        if pooled and end_warm_pool:
+            end_warm_pool(pooled)
     if plan is None:
         return {"decision": "fail", "summary": failure_summary(template, run, failure)}
     run = run.replace(

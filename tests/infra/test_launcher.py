@@ -483,9 +483,12 @@ def test_functions_get_the_teams_platform_context_and_least_privilege(
         next_attempt = expected | {"sagemaker:UpdateTrainingJob"}
         assert actions == {"resolve": resolve, "next_attempt": next_attempt}.get(handler, expected)
         if handler == "next_attempt":
-            [update] = [s for p in role_policies for s in p["Properties"]["PolicyDocument"]["Statement"]
-                        if s["Action"] == "sagemaker:UpdateTrainingJob"]
-            assert f"training-job/{team_config.job_name_prefix}-*" in json.dumps(update["Resource"])
+            updates = [s for p in role_policies for s in p["Properties"]["PolicyDocument"]["Statement"]
+                       if s["Action"] == "sagemaker:UpdateTrainingJob"]
+            assert f"training-job/{team_config.job_name_prefix}-*" in json.dumps(updates[0]["Resource"])
+            # with queues, also the jobs Batch names, those tagged with the team only
+            tagged = [{"StringEquals": {"aws:ResourceTag/llmtrain:team": team}}]
+            assert [u.get("Condition") for u in updates[1:]] == (tagged if config.queues else [])
 
 
 @pytest.mark.parametrize(("environment", "team"), TEAM_CASES)

@@ -444,26 +444,38 @@ def test_a_hung_job_is_retried_as_a_new_job_from_the_same_checkpoints(deployed):
     assert "llmtrain logs hung" in summary["advice"]
 
 
+def _hang_of(job_name: str) -> dict:
+    """The hang as Step Functions (or a queued run's Watch step) reports it: the job's description."""
+    cause = json.loads(HANG["Cause"])
+    return {**HANG, "Cause": json.dumps({**cause, "TrainingJobName": job_name})}
+
+
 def test_a_hung_jobs_warm_pool_is_ended_before_its_retry(deployed, monkeypatch):
     """The retry starts at once with the same resources: it would reuse the hung job's warm pool, the
-    instances that may have hung it. A pool already gone, or none kept, does not stop the retry."""
+    instances that may have hung it. A queued run's job is named by AWS Batch: the failure's job
+    description names it. A pool already gone, or none kept, does not stop the retry."""
     updates = install_update_training_job(monkeypatch)
     fleet, now = TrainingFleet(deployed), datetime.now(UTC)
-    pooled = _resolve("pooled", overrides={"spot": "false", "keep_alive_seconds": "600"})
+    warm = {"spot": "false", "keep_alive_seconds": "600"}
+    pooled, queued, gone = (_resolve(name, overrides=warm) for name in ("pooled", "queued", "gone"))
     pooled_job = pooled["request"]["TrainingJobName"]
+    batch_job = f"AWSBatch{queued['request']['TrainingJobName'][:23]}{'7' * 32}"
+    gone_job = gone["request"]["TrainingJobName"]
     fleet.with_available_warm_pool(pooled_job, ended_at=now, now=now)
-    gone = _resolve("gone", overrides={"spot": "false", "keep_alive_seconds": "600"})
-    fleet.with_ended_warm_pool(gone["request"]["TrainingJobName"], ended_at=now)
+    fleet.with_available_warm_pool(batch_job, ended_at=now, now=now)
+    fleet.with_ended_warm_pool(gone_job, ended_at=now)
     no_pool = _resolve("no-pool")
 
-    planned = [launcher.next_attempt({**state, "failure": HANG}) for state in (pooled, gone, no_pool)]
+    planned = [launcher.next_attempt({**state, "failure": _hang_of(state["request"]["TrainingJobName"])})
+               for state in (pooled, gone, no_pool)]
+    planned.append(launcher.next_attempt({**queued, "failure": _hang_of(batch_job)}))
     capacity = launcher.next_attempt({**pooled, "failure": CAPACITY})
 
-    assert [p["decision"] for p in planned] == ["retry"] * 3 and capacity["decision"] == "retry"
-    assert fleet.warm_pool_status(pooled_job) == "Terminated"
+    assert [p["decision"] for p in planned] == ["retry"] * 4 and capacity["decision"] == "retry"
+    assert fleet.warm_pool_status(pooled_job) == fleet.warm_pool_status(batch_job) == "Terminated"
     ended = {"KeepAlivePeriodInSeconds": 0}
-    assert updates == [{"TrainingJobName": pooled_job, "ResourceConfig": ended},
-                       {"TrainingJobName": gone["request"]["TrainingJobName"], "ResourceConfig": ended}]
+    assert updates == [{"TrainingJobName": name, "ResourceConfig": ended}
+                       for name in (pooled_job, gone_job, batch_job)]
 
 
 def test_a_rule_stop_ends_the_run_with_what_the_rule_saw(deployed):
