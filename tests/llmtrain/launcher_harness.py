@@ -82,6 +82,7 @@ from llmtrain.platform import QUEUED_JOB_NAME_PREFIX, QUEUED_NAME_KEPT
 
 ACCOUNT = "123456789012"  # moto's default account: the stage is synthesized for it
 REGION = "us-east-1"
+PARK_SECONDS = 60
 
 
 # --- resolving the synthesized templates ---------------------------------------------------------
@@ -618,6 +619,11 @@ class LauncherHarness:
         self.jobs = jobs
         self.batch = batch
         self.waits: list[int] = []
+        # Wait states return at once; parked, they hold the execution until it is stopped (at most
+        # PARK_SECONDS), as a real Wait does: moto's StopExecution that lands while a Lambda task is
+        # being invoked breaks that task ("'dict' object has no attribute 'region'") and the
+        # execution ends FAILED, where AWS aborts it.
+        self.park_waits = False
         self.lambdas = InProcessLambda(launcher.functions)
         self.sfn = boto3.client("stepfunctions", region_name=REGION)
         self.sqs = boto3.client("sqs", region_name=REGION)
@@ -724,6 +730,9 @@ def launcher_in_moto(
 
         def record_wait(self, env, wait_seconds):
             harness.waits.append(wait_seconds)
+            deadline = time.monotonic() + PARK_SECONDS
+            while harness.park_waits and env.is_running() and time.monotonic() < deadline:
+                env.program_state_event.wait(0.05)
 
         with (
             mock.patch.object(state_task_factory, "state_task_service_for", service_for),

@@ -157,9 +157,10 @@ def test_bad_input_submits_nothing(launcher, execution_input, message):
 def test_llmtrain_stop_cancels_a_queued_run(launcher):
     held = threading.Event()
     with launcher([], [QueueOutcome(hold=held, ahead=1)]) as harness:
+        harness.park_waits = True  # the run waits in WaitInQueue, as a queued run does, when stopped
         execution_arn = harness.start({"template": "gpt2-ddp", "run_name": "waiting"}, name="waiting-1")
         deadline = time.monotonic() + 30
-        while not any(name == "DescribeServiceJob" for name, _ in harness.batch.calls):
+        while not harness.waits:
             assert time.monotonic() < deadline, "the run never reached its queue"
             time.sleep(0.05)
         platform = _platform(harness)
