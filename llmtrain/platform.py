@@ -89,13 +89,15 @@ def team_job_name_prefix(environment_prefix: str, team: str) -> str:
 # first 23 characters). The job's log streams are named after it.
 QUEUED_JOB_NAME_PREFIX = "AWSBatch"
 QUEUED_NAME_KEPT = 23
+# The longest team prefix whose hyphen survives that cut (its queued jobs' names keep the prefix).
+MAX_QUEUED_TEAM_JOB_NAME_PREFIX = QUEUED_NAME_KEPT - 1
 
 
 def team_job_log_streams(job_name_prefix: str) -> tuple[str, ...]:
     """The CloudWatch log-stream name patterns of a team's jobs: its own jobs', and its queued jobs'
     (named by AWS Batch) where the team's prefix and its hyphen survive Batch's cut."""
     streams = [f"{job_name_prefix}-*"]
-    if len(job_name_prefix) + 1 <= QUEUED_NAME_KEPT:
+    if len(job_name_prefix) <= MAX_QUEUED_TEAM_JOB_NAME_PREFIX:
         streams.append(f"{QUEUED_JOB_NAME_PREFIX}{job_name_prefix}-*")
     return tuple(streams)
 

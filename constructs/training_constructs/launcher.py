@@ -98,7 +98,6 @@ from training_constructs.resources import NetworkResources, StorageResources, ch
 from training_constructs.teams import (
     CREATE_JOBS_SID,
     CREATE_TUNING_JOBS_SID,
-    TEAM_TAG,
     TeamSpec,
     job_creation_conditions,
 )
@@ -310,16 +309,8 @@ class TrainingLauncher(Construct):
         end_pool_reasons = {"EndHungJobsWarmPools": "the team's jobs, named per run and attempt under the "
                             "team's job-name prefix"}
         if self.queues is not None:  # a queued run's job is named by Batch: the team's by its tag
-            self.next_attempt_function.add_to_role_policy(
-                iam.PolicyStatement(
-                    sid="EndHungQueuedJobsWarmPools", actions=["sagemaker:UpdateTrainingJob"],
-                    resources=[self.stack.format_arn(service="sagemaker", resource="training-job",
-                                                     resource_name="*")],
-                    conditions={"StringEquals": {f"aws:ResourceTag/{TEAM_TAG}": self.team.name}},
-                )
-            )
-            end_pool_reasons["EndHungQueuedJobsWarmPools"] = (
-                "Batch names a queued run's training job itself; only those tagged with the team (condition)")
+            end_pool_reasons.update(self.queues.grant_end_warm_pools(self.next_attempt_function,
+                                                                     self.team.name))
         acknowledge_wildcards(self.next_attempt_function.role, end_pool_reasons)
         self.summarize_function = self._function("SummarizeFunction", code, "summarize", "Summarizes a run")
         self.functions = {

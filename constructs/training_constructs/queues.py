@@ -30,7 +30,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 import llmtrain.queues.policy as policy
-from llmtrain.platform import ENVIRONMENT_NAME_PATTERN, QUEUED_NAME_KEPT
+from llmtrain.platform import ENVIRONMENT_NAME_PATTERN, MAX_QUEUED_TEAM_JOB_NAME_PREFIX, QUEUED_NAME_KEPT
 from training_constructs._props import checked_props, is_unresolved, is_whole_number, require
 from training_constructs.teams import TEAM_TAG, TeamSpec
 
@@ -44,6 +44,7 @@ READ_SERVICE_JOBS_SID = "ReadServiceJobs"
 READ_QUEUES_SID = "ReadTeamQueues"
 READ_QUEUED_TRAINING_JOBS_SID = "ReadTeamQueuedTrainingJobs"
 CANCEL_SERVICE_JOBS_SID = "CancelTeamServiceJobs"
+END_QUEUED_WARM_POOLS_SID = "EndHungQueuedJobsWarmPools"
 
 # Batch actions without resource-level permissions (the Service Authorization Reference lists no
 # resource type for them), with the reason.
@@ -280,6 +281,16 @@ class TrainingQueues(Construct):
         return read_reasons(team)
 
 
+    def grant_end_warm_pools(self, grantee: iam.IGrantable, team_name: str) -> dict[str, str]:
+        """Let ``grantee`` (the launcher's NextAttempt) end the warm pool of a training job Batch
+        created for the team (a hung job's, before its retry). Returns the wildcard reason."""
+        statement = queued_training_jobs_statement(self.stack, self.team(team_name),
+                                                   END_QUEUED_WARM_POOLS_SID, ["sagemaker:UpdateTrainingJob"])
+        grantee.grant_principal.add_to_principal_policy(statement)
+        return {END_QUEUED_WARM_POOLS_SID: "Batch names a queued run's training job itself; only those "
+                "tagged with the team (condition)"}
+
+
 def service_job_arns(stack: Stack) -> str:
     return stack.format_arn(service="batch", resource="service-job", resource_name="*",
                             arn_format=ArnFormat.SLASH_RESOURCE_NAME)
@@ -308,13 +319,22 @@ def queue_read_statements(
         iam.PolicyStatement(
             sid=READ_QUEUES_SID, actions=["batch:GetJobQueueSnapshot"], resources=list(queue_arns)
         ),
-        iam.PolicyStatement(
-            sid=READ_QUEUED_TRAINING_JOBS_SID,
-            actions=["sagemaker:DescribeTrainingJob", "sagemaker:ListTags"],
-            resources=[stack.format_arn(service="sagemaker", resource="training-job", resource_name="*")],
-            conditions={"StringEquals": {f"aws:ResourceTag/{TEAM_TAG}": team.name}},
-        ),
+        queued_training_jobs_statement(stack, team, READ_QUEUED_TRAINING_JOBS_SID,
+                                       ["sagemaker:DescribeTrainingJob", "sagemaker:ListTags"]),
     ]
+
+
+def queued_training_jobs_statement(
+    stack: Stack, team: TeamSpec, sid: str, actions: Sequence[str]
+) -> iam.PolicyStatement:
+    """``actions`` on the training jobs Batch creates for the team's service jobs: Batch names them
+    itself, so they are the team's by its tag."""
+    return iam.PolicyStatement(
+        sid=sid,
+        actions=list(actions),
+        resources=[stack.format_arn(service="sagemaker", resource="training-job", resource_name="*")],
+        conditions={"StringEquals": {f"aws:ResourceTag/{TEAM_TAG}": team.name}},
+    )
 
 
 def read_reasons(team: TeamSpec) -> dict[str, str]:
@@ -374,7 +394,7 @@ def _validate(props: TrainingQueuesProps) -> None:
         too_large = team.max_instance_count is not None and team.max_instance_count > props.max_instances
         require(not too_large, _NAME, "teams", f"team {team.name!r} may run {team.max_instance_count} "
                 f"instances, more than max_instances ({props.max_instances}): its runs could never start")
-        longest = QUEUED_NAME_KEPT - 1
+        longest = MAX_QUEUED_TEAM_JOB_NAME_PREFIX
         require(len(team.job_name_prefix) <= longest, _NAME, "teams",
                 f"team {team.name!r}: job-name prefix {team.job_name_prefix!r} is longer than {longest} "
                 f"characters; AWS Batch keeps the first {QUEUED_NAME_KEPT} characters of a queued job's "
