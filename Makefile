@@ -76,6 +76,7 @@ bench: setup
 
 lint: setup
 	$(VENV)/bin/ruff check llmtrain training_jobs stacks constructs app.py tests scripts examples/cdk_consumer
+	$(VENV)/bin/lint-imports --config pyproject.toml
 
 clean:
 	rm -rf cdk.out .pytest_cache

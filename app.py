@@ -17,8 +17,8 @@ from pathlib import Path
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
-from llmtrain.environments import EnvironmentConfig, EnvironmentConfigError, load_environments
-from llmtrain.errors import LlmtrainError
+from llmtrain.core.environments import EnvironmentConfig, EnvironmentConfigError, load_environments
+from llmtrain.core.errors import LlmtrainError
 from stacks import add_platform_stages
 from training_constructs import PropsError
 

@@ -4,7 +4,7 @@
 versions), the training program (`training_jobs/`, which local runs package and `llmtrain data
 prepare` runs) and the examples (`examples/`: the tiny corpus of the default local run, the
 bring-your-own-script template's code) into the package as `llmtrain/_bundle/`, laid out as in the
-repository; `llmtrain.sourcedir.repository_root` finds them there. An editable install (`pip install
+repository; `llmtrain.core.sourcedir.repository_root` finds them there. An editable install (`pip install
 -e .`, what `make setup` does) copies nothing: it reads the live tree.
 
 The training program's torch-free contract (`training_jobs/contract/`), which llmtrain imports, is

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import published
-from llmtrain.instances import instance_type
+from llmtrain.core.instances import instance_type
 from llmtrain.planner import memory, speed
 from llmtrain.planner.shapes import SHIPPED_TOKENIZER_VOCAB
 from llmtrain.planner.workload import (

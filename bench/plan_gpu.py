@@ -34,7 +34,7 @@ import numpy as np
 from bench.model import _tokenizer, tokenizer_vocab_size
 from bench.modes import MODES, BenchConfig
 from bench.ours import OursRun, write_train_channel
-from llmtrain.instances import GPU_MODELS, GpuModel
+from llmtrain.core.instances import GPU_MODELS, GpuModel
 from llmtrain.planner import memory, speed
 from llmtrain.planner.workload import hyperparameter_values, workload_and_layout
 
@@ -75,7 +75,7 @@ def gpu_model_of(device_name: str) -> GpuModel:
                           ("A100", "A100-80GB"), ("A10G", "A10G"), ("L40S", "L40S"), ("L4", "L4")):
         if fragment in device_name:
             return GPU_MODELS[key]
-    raise SystemExit(f"the planner has no GPU for {device_name!r}: add it to llmtrain/instances.py")
+    raise SystemExit(f"the planner has no GPU for {device_name!r}: add it to llmtrain/core/instances.py")
 
 
 def planned(case: GpuCase, gpu: GpuModel) -> dict:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, replace
 
-from llmtrain.instances import GPU_MODELS, HOPPER_ATTENTION_EFFICIENCY, GpuModel
+from llmtrain.core.instances import GPU_MODELS, HOPPER_ATTENTION_EFFICIENCY, GpuModel
 from llmtrain.planner import memory, speed
 from llmtrain.planner.memory import GIB
 from llmtrain.planner.shapes import preset_shape

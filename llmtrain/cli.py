@@ -8,7 +8,7 @@ A command that hands its remaining arguments to another program (`data prepare`)
 
 Exit statuses: 0 done; 1 the work failed, or AWS could not be used as asked (the message says
 why); 2 bad input (usage, template, override, run), detected before anything was started.
-Nothing ends in a traceback: botocore's errors are explained (llmtrain.aws).
+Nothing ends in a traceback: botocore's errors are explained (llmtrain.client.aws).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from importlib import metadata
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtrain.aws import AwsAccessError, explain
-from llmtrain.commands._common import DISTRIBUTION
-from llmtrain.errors import LlmtrainError
+from llmtrain import DISTRIBUTION
+from llmtrain.client.aws import AwsAccessError, explain
+from llmtrain.core.errors import LlmtrainError
 
 COMMAND_MODULES = (
     "llmtrain.commands.templates",
@@ -40,6 +40,8 @@ COMMAND_MODULES = (
     "llmtrain.commands.debug",
     "llmtrain.commands.queue",
 )
+# The packages of the distribution's [cli] extra (pyproject.toml): its core installs without them.
+CLI_PACKAGES = ("rich", "psutil", "packaging")
 FAILED = 1
 USAGE_ERROR = 2
 INTERRUPTED = 130
@@ -65,7 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except ModuleNotFoundError as error:
+        if error.name not in CLI_PACKAGES:
+            raise
+        print(f"llmtrain: the command line needs {error.name!r}, which comes with the CLI's extra: "
+              f"pip install '{DISTRIBUTION}[cli]' (or [data] / [local], which include it)", file=sys.stderr)
+        return FAILED
     args, rest = parser.parse_known_args(argv)
     if rest and not getattr(args, "passes_on_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

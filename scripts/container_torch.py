@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from llmtrain.catalog import Catalog  # noqa: E402
+from llmtrain.core.catalog import Catalog  # noqa: E402
 
 REQUIREMENTS = REPO / "training_jobs" / "requirements.txt"
 TEST_TOOLS = ("pytest", "psutil", "numpy")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from aws_cdk import Stack
 from constructs import Construct
 
-from llmtrain.environments import EnvironmentConfig, StackOutput
+from llmtrain.core.environments import EnvironmentConfig, StackOutput
 from stacks._outputs import output
 from training_constructs import TrainingAccess, TrainingAccessProps, TrainingNetwork, TrainingStorage
 from training_constructs.teams import TeamSpec

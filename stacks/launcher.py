@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from aws_cdk import ArnFormat, Stack
 from constructs import Construct
 
-from llmtrain.catalog import Catalog
-from llmtrain.environments import EnvironmentConfig, StackOutput
-from llmtrain.launcher_client import LAUNCHER_STACK_PART, LauncherOutput
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.deployed import LAUNCHER_STACK_PART, LauncherOutput
+from llmtrain.core.environments import EnvironmentConfig, StackOutput
 from stacks._outputs import output
 from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage
 from training_constructs.deployed_environment import DeployedEnvironmentProps, DeployedEnvironmentRecord

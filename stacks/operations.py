@@ -9,8 +9,8 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from llmtrain.catalog import Catalog
-from llmtrain.environments import EnvironmentConfig
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.environments import EnvironmentConfig
 from stacks._outputs import output
 from training_constructs.operations import TemplateMetrics, TrainingOperations, TrainingOperationsProps
 

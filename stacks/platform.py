@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from aws_cdk import Environment, Stage, Tags
 from constructs import Construct
 
-from llmtrain.catalog import Catalog
-from llmtrain.environments import EnvironmentConfig
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.environments import EnvironmentConfig
 from stacks.access import AccessStack
 from stacks.launcher import LauncherStack, state_machine_arn
 from stacks.network import NetworkStack

@@ -12,7 +12,7 @@ from __future__ import annotations
 from aws_cdk import Stack
 from constructs import Construct
 
-from llmtrain.environments import EnvironmentConfig
+from llmtrain.core.environments import EnvironmentConfig
 from stacks._outputs import output
 from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage, debugging, mlflow, packages
 from training_constructs.debugging import TrainingDebugging, TrainingDebuggingProps

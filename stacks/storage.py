@@ -5,7 +5,7 @@ from __future__ import annotations
 from aws_cdk import Stack
 from constructs import Construct
 
-from llmtrain.environments import EnvironmentConfig, StackOutput
+from llmtrain.core.environments import EnvironmentConfig, StackOutput
 from stacks._outputs import output, pin_logical_id
 from training_constructs import TrainingStorage, TrainingStorageProps
 

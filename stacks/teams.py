@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmtrain.catalog import Catalog
-from llmtrain.environments import EnvironmentConfig, TeamConfig
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.environments import EnvironmentConfig, TeamConfig
 from training_constructs.teams import TeamSpec
 
 

@@ -7,9 +7,9 @@ from typing import TypeVar
 
 from aws_cdk import Token
 
-from llmtrain.errors import did_you_mean
-from llmtrain.instances import KNOWN_INSTANCE_TYPES
-from llmtrain.platform import MAX_JOB_NAME_PREFIX, is_job_name_prefix
+from llmtrain.core.errors import did_you_mean
+from llmtrain.core.instances import KNOWN_INSTANCE_TYPES
+from llmtrain.core.platform import MAX_JOB_NAME_PREFIX, is_job_name_prefix
 
 T = TypeVar("T")
 
@@ -62,7 +62,7 @@ def check_cidr(construct: str, field: str, cidr: str) -> ipaddress.IPv4Network |
 
 
 def check_job_name_prefix(construct: str, prefix: str) -> None:
-    """The prefix of every job name the platform starts (one rule: llmtrain.platform)."""
+    """The prefix of every job name the platform starts (one rule: llmtrain.core.platform)."""
     require(
         is_job_name_prefix(prefix),
         construct,

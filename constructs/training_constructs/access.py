@@ -12,8 +12,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from llmtrain.jumpstart import MANIFEST_KEY, content_bucket, gated_content_bucket
-from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, team_job_log_streams
+from llmtrain.core.jumpstart import MANIFEST_KEY, content_bucket, gated_content_bucket
+from llmtrain.core.platform import MAX_KEEP_ALIVE_SECONDS, team_job_log_streams
 from training_constructs._props import checked_props, is_unresolved, is_whole_number, require
 from training_constructs.images import DLC_REGISTRY_ACCOUNTS, training_image_repositories
 from training_constructs.nag import acknowledge_wildcards, checked_reasons
@@ -23,7 +23,7 @@ from training_constructs.teams import TeamSpec
 _NAME = "TrainingAccess"
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TRAINING_METRIC_NAMESPACE = "/aws/sagemaker/TrainingJobs"
-# Where JobTemplate uploads every template version's code in the code bucket (llmtrain.render.code_key).
+# Where JobTemplate uploads every template version's code in the code bucket (llmtrain.core.render.code_key).
 TEMPLATE_CODE_PREFIX = "templates/"
 _REPOSITORY_ARN = re.compile(r"^arn:aws[a-z-]*:ecr:[a-z0-9-]+:\d{12}:repository/[a-z0-9._/-]+\*?$")
 
@@ -439,7 +439,7 @@ class TeamAccess(Construct):
                     "logs:DescribeLogStreams",
                 ],
                 # SageMaker writes a job's log with its execution role: a queued job's too (Batch
-                # names it; llmtrain.platform.team_job_log_streams).
+                # names it; llmtrain.core.platform.team_job_log_streams).
                 resources=[log_group, *self._team_log_streams(log_group)],
             ),
             iam.PolicyStatement(

@@ -23,7 +23,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from llmtrain.platform import REMOTE_DEBUG_TARGET_PREFIX
+from llmtrain.core.platform import REMOTE_DEBUG_TARGET_PREFIX
 from training_constructs._props import checked_props, is_unresolved, require
 from training_constructs.access import TeamAccess
 from training_constructs.network import endpoints_in_network

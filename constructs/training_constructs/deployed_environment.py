@@ -1,6 +1,6 @@
 """`DeployedEnvironmentRecord`: how the `llmtrain` CLI finds a deployed environment.
 
-Writes the environment's record (`llmtrain.deployed`: the environment, and per team its launcher,
+Writes the environment's record (`llmtrain.core.deployed`: the environment, and per team its launcher,
 notification topic and PlatformContext, whence its datasets prefix, templates and instance types;
 and every template version the launchers run from a catalog other than the platform's, which no
 CLI ships) as SSM String parameters under `/llmtrain/<env>/`, one JSON object each, so that the CLI
@@ -23,9 +23,9 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from llmtrain import deployed
-from llmtrain.catalog import Catalog
-from llmtrain.platform import ENVIRONMENT_NAME_PATTERN, TEAM_NAME_PATTERN
+from llmtrain.core import deployed
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.platform import ENVIRONMENT_NAME_PATTERN, TEAM_NAME_PATTERN
 from training_constructs._props import checked_props, is_unresolved, require
 from training_constructs.launcher import TrainingLauncher
 from training_constructs.nag import acknowledge_wildcards
@@ -38,7 +38,7 @@ _READ_SID = "ReadDeployedEnvironment"
 
 @dataclass(frozen=True)
 class TeamEntry:
-    """One team's part of the record (llmtrain.deployed.TeamAccess): its launcher's state machine and
+    """One team's part of the record (llmtrain.core.deployed.TeamAccess): its launcher's state machine and
     topic, and the PlatformContext its launcher's functions receive (as a dict; tokens allowed)."""
 
     name: str
@@ -88,7 +88,7 @@ class TeamEntry:
 class DeployedEnvironmentProps:
     """What the record holds: the environment, one entry per team (its launcher), and the template
     versions its launchers run from a team's own catalog (``own_templates``:
-    `llmtrain.deployed.template_parameter_value`s; `for_launchers` finds them)."""
+    `llmtrain.core.deployed.template_parameter_value`s; `for_launchers` finds them)."""
 
     environment_name: str
     job_name_prefix: str

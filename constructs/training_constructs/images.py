@@ -3,7 +3,7 @@
 AWS publishes the PyTorch training images (``pytorch-training``, ``huggingface-pytorch-training``)
 from one registry account per region, and the SageMaker model parallelism (SMP v2) images
 (``smdistributed-modelparallel``) from another, in fewer regions. The registry tables live once, in
-``llmtrain.images`` (which renders the image URIs), and match the SageMaker Python SDK's own
+``llmtrain.core.images`` (which renders the image URIs), and match the SageMaker Python SDK's own
 (``pytorch.json``, ``huggingface.json``, ``pytorch-smp.json``); a test checks them against the SDK.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from llmtrain.images import DLC_REGISTRY_ACCOUNTS, SMP_REGIONS, SMP_REGISTRY_ACCOUNT
+from llmtrain.core.images import DLC_REGISTRY_ACCOUNTS, SMP_REGIONS, SMP_REGISTRY_ACCOUNT
 
 DLC_REPOSITORIES = ("pytorch-training", "huggingface-pytorch-training")
 

@@ -5,7 +5,7 @@ unchanged (templates/catalog.lock), renders it with a dry-run platform context, 
 type and on each capacity fallback and instance-type choice, so an invalid template (multi-node on a
 non-EFA type, a hyperparameter the training program of its frozen code refuses, degrees that do not
 divide the world size, a warm pool over the cap, bad names) fails the synth with the reason, builds
-the deterministic `sourcedir.tar.gz` with llmtrain.sourcedir and uploads it to
+the deterministic `sourcedir.tar.gz` with llmtrain.core.sourcedir and uploads it to
 `templates/<name>/<version>/sourcedir.tar.gz`. The latest version of a template with its own code
 (not the platform's training program) warns when that code was edited after the version was
 published: the published snapshot is what deploys.
@@ -26,12 +26,14 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
-from llmtrain.catalog import Catalog, LockEntry
-from llmtrain.errors import LlmtrainError
-from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
-from llmtrain.render import RunInput, code_key, render
-from llmtrain.sourcedir import SOURCEDIR_NAME
-from llmtrain.spec import TemplateSpec
+from llmtrain.core.catalog import Catalog, LockEntry
+from llmtrain.core.errors import LlmtrainError
+from llmtrain.core.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
+from llmtrain.core.render import code_key, render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.sourcedir import SOURCEDIR_NAME
+from llmtrain.core.spec import TemplateSpec
+from llmtrain.core.team_context import placeholder_context
 from training_constructs._functions import stack_log_group
 from training_constructs._props import PropsError, checked_props, is_whole_number, require
 from training_constructs.nag import (
@@ -79,7 +81,7 @@ class JobTemplateProps:
                 f"must name a template version such as gpt2-ddp@1.1.0, got {self.template!r}")
         check_storage(_NAME, self.storage)
         require(self.catalog is None or isinstance(self.catalog, Catalog), _NAME, "catalog",
-                f"must be a llmtrain.catalog.Catalog or None, got {type(self.catalog).__name__}")
+                f"must be a llmtrain.core.catalog.Catalog or None, got {type(self.catalog).__name__}")
         cap = self.warm_pool_cap_seconds
         require(is_whole_number(cap) and 0 <= cap <= MAX_KEEP_ALIVE_SECONDS, _NAME, "warm_pool_cap_seconds",
                 f"must be whole seconds from 0 to {MAX_KEEP_ALIVE_SECONDS}, got {cap!r}")
@@ -156,7 +158,7 @@ class JobTemplate(Construct):
 
 def _synth_platform(warm_pool_cap_seconds: int) -> PlatformContext:
     """The dry-run context a version is rendered against at synth: only its shape matters."""
-    return PlatformContext.placeholder(
+    return placeholder_context(
         environment="synth",
         account=_SYNTH_ACCOUNT,
         region=_SYNTH_REGION,

@@ -3,8 +3,10 @@
 The handlers live in `llmtrain/handlers/` and need the standard library, boto3 (which the Lambda
 Python runtime provides) and a few packages it does not provide:
 
-    llmtrain/                 the llmtrain package, copied from where it is installed (pure Python;
-                              without the platform files a wheel bundles, llmtrain/_bundle/)
+    llmtrain/                 the layers of llmtrain the functions run (`LAMBDA_LAYERS`: core, planner,
+                              lifecycle, operations, handlers), copied from where it is installed
+                              (pure Python); never the CLI (cli.py, commands/, client/) nor the
+                              local runner (local/), nor the platform files a wheel bundles
     training_jobs/contract/   the training program's torch-free contract, which llmtrain imports
                               (with training_jobs/__init__.py; nothing else of the program)
     yaml/, regex/, ...        vendored packages, from wheels built for the Lambda runtime
@@ -44,7 +46,6 @@ from aws_cdk import aws_lambda as lambda_
 import llmtrain
 import training_jobs
 import training_jobs.contract
-from llmtrain.sourcedir import BUNDLE_FOLDER
 
 # Every function's runtime: the newest Python runtime Lambda offers, on Graviton (cheaper per GB-s).
 LAMBDA_RUNTIME = lambda_.Runtime.PYTHON_3_14
@@ -54,6 +55,9 @@ LAMBDA_WHEEL_PLATFORMS = ("manylinux_2_34_aarch64", "manylinux_2_28_aarch64", "m
 # Byte code is rebuilt by the runtime; caches and test suites are not needed at run time.
 _EXCLUDED_SUFFIXES = (".pyc", ".pyo")
 _EXCLUDED_DIRS = ("__pycache__", "tests")
+# The layers of llmtrain a function runs: its entry points (handlers) and what they stand on
+# (docs/architecture.md, "Layers"; import-linter keeps the handlers from importing anything else).
+LAMBDA_LAYERS = ("core", "planner", "lifecycle", "operations", "handlers")
 # The import name of a vendored package -> its distribution name.
 _DISTRIBUTIONS = {"yaml": "PyYAML"}
 _LICENCE_NAMES = ("LICENSE", "LICENCE", "COPYING")
@@ -120,7 +124,10 @@ def _collect_files(
     wheel_cache: Path,
 ) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
-    files.update(_package_files(Path(llmtrain.__file__).parent, "llmtrain"))
+    package = Path(llmtrain.__file__).parent
+    files["llmtrain/__init__.py"] = (package / "__init__.py").read_bytes()
+    for layer in LAMBDA_LAYERS:
+        files.update(_package_files(package / layer, f"llmtrain/{layer}"))
     files["training_jobs/__init__.py"] = Path(training_jobs.__file__).read_bytes()
     files.update(_package_files(Path(training_jobs.contract.__file__).parent, "training_jobs/contract"))
     for name in dict.fromkeys(vendored_packages):
@@ -159,10 +166,6 @@ def _package_files(package_dir: Path, name: str) -> dict[str, bytes]:
         if not path.is_file() or path.suffix in _EXCLUDED_SUFFIXES:
             continue
         if any(part in _EXCLUDED_DIRS for part in relative_parts[:-1]):
-            continue
-        # An installed llmtrain carries the platform's catalog, training program and examples as
-        # package data: the functions get only the registry they are given (templates/).
-        if relative_parts[0] == BUNDLE_FOLDER:
             continue
         files["/".join((name, *relative_parts))] = path.read_bytes()
     return files

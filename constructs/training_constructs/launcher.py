@@ -5,7 +5,7 @@ engineers' policy can be scoped to it by ARN (Step Functions does not tell a sta
 started it), and its role creates only the team's jobs, under SageMaker's IAM condition keys.
 
 An execution's input is `{"template": NAME, "version": SEMVER|"latest", "run_name": NAME,
-"overrides": {...}}` (`llmtrain.runs.ExecutionInput`). The state machine:
+"overrides": {...}}` (`llmtrain.core.runs.ExecutionInput`). The state machine:
 
     ReadInput ─> Resolve ─> Rejected? ─> ChooseRequestLayout ─> CreateTrainingJob .sync ─> Summarize
                               │ yes          ^                       │ any failure            │
@@ -23,7 +23,7 @@ An execution's input is `{"template": NAME, "version": SEMVER|"latest", "run_nam
   the rendered request; it waits for the job to end, and stopping the execution stops the job.
   Step Functions cannot splat an object into a task's parameters (JSONPath), so there is one such
   state per request layout: the sets of top-level fields the registered templates render, computed
-  at synth (`llmtrain.lifecycle.submission.request_layouts`) and picked by a Choice.
+  at synth (`llmtrain.core.request_layouts.request_layouts`) and picked by a Choice.
 - NextAttempt classifies a failure; capacity errors are retried with exponential backoff (a new
   job name per attempt, the run's checkpoint prefix shared so the job resumes), then on the
   template's fallback instance types; quota errors fail fast naming the quota and its numbers, or
@@ -79,14 +79,21 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-import llmtrain.queues.policy as queue_policy
-from llmtrain.catalog import LOCK_FILE, LockEntry, lock_text, snapshot_name
-from llmtrain.errors import LlmtrainError
-from llmtrain.functions import LauncherSettings, WatchSettings
-from llmtrain.jumpstart import MANIFEST_KEY, content_bucket
-from llmtrain.lifecycle.submission import TUNING_LAYOUTS, request_layouts
-from llmtrain.platform import FEATURE_FIELDS, PlatformContext
-from llmtrain.render import TAG_PREFIX, RunInput, render
+import llmtrain.core.queue_policy as queue_policy
+from llmtrain.core.catalog import LOCK_FILE, LockEntry, lock_text, snapshot_name
+from llmtrain.core.errors import LlmtrainError
+from llmtrain.core.function_settings import LauncherSettings, WatchSettings
+from llmtrain.core.jumpstart import MANIFEST_KEY, content_bucket
+from llmtrain.core.platform import FEATURE_FIELDS
+from llmtrain.core.render import TAG_PREFIX, render
+from llmtrain.core.request_layouts import TUNING_LAYOUTS, request_layouts
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.team_context import (
+    PlatformResources,
+    TeamSettings,
+    placeholder_context,
+    team_context_fields,
+)
 from training_constructs._functions import logged_function
 from training_constructs._props import PropsError, checked_props, require
 from training_constructs.job_template import JobTemplate
@@ -108,7 +115,7 @@ _STATE_MACHINE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 # managed EventBridge rule, which it creates in the account on first use.
 SYNC_EVENTS_RULE = "StepFunctionsGetEventsForSageMakerTrainingJobsRule"
 SYNC_TUNING_EVENTS_RULE = "StepFunctionsGetEventsForSageMakerTuningJobsRule"
-# The functions vendor `regex` (llmtrain.validate reads AWS's Java-style patterns with it).
+# The functions vendor `regex` (llmtrain.core.validate reads AWS's Java-style patterns with it).
 VENDORED_PACKAGES = ("yaml", "regex")
 LAUNCHER_ERROR_SUBJECT = "llmtrain: a run failed (launcher error)"
 # Where a tune's state holds the trials' role the definition fixes (merged into its TrainingJobDefinition).
@@ -157,7 +164,7 @@ class TrainingLauncherProps:
       use it.
     ``log_retention``: how long the state machine's and the functions' logs are kept.
     ``platform_features``: the environment's optional features, as PlatformContext fields
-      (``llmtrain.platform.FEATURE_FIELDS``: the CodeArtifact repository, the MLflow tracking server,
+      (``llmtrain.core.platform.FEATURE_FIELDS``: the CodeArtifact repository, the MLflow tracking server,
       the training plans runs may use, remote debugging); rendered into every request.
     ``queues``: the environment's queues (``TrainingQueues``, which ``team`` shares): runs are submitted
       to them instead of creating their training jobs. None: no queues.
@@ -189,9 +196,9 @@ class TrainingLauncher(Construct):
     ``resolve_function``, ``next_attempt_function``, ``summarize_function``, ``functions`` (by
     step), ``log_group`` (the state machine's), ``function_log_groups``, ``train_states`` (by
     layout), ``job_templates``, ``team``, ``platform_context`` (what the functions receive, with
-    tokens), ``settings`` (the functions' ``llmtrain.functions.LauncherSettings``), ``props``; with
-    queues also ``watch_function``, ``watch_settings`` (its ``llmtrain.functions.WatchSettings``) and
-    ``submit_state``.
+    tokens), ``settings`` (the functions' ``llmtrain.core.function_settings.LauncherSettings``),
+    ``props``; with queues also ``watch_function``, ``watch_settings`` (its
+    ``llmtrain.core.function_settings.WatchSettings``) and ``submit_state``.
     """
 
     def __init__(self, scope: Construct, construct_id: str, props: TrainingLauncherProps) -> None:
@@ -207,31 +214,34 @@ class TrainingLauncher(Construct):
         features = props.platform_features
         self.request_layouts = request_layouts([_synth_render(t, props) for t in self.job_templates])
         storage, network = props.storage, props.network
-        self.platform_context = {
-            "environment": props.environment_name,
-            "region": self.stack.region,
-            "account": self.stack.account,
-            "execution_role_arn": props.execution_role.role_arn,
-            "datasets_bucket": storage.datasets_bucket.bucket_name,
-            "checkpoints_bucket": storage.checkpoints_bucket.bucket_name,
-            "artifacts_bucket": storage.artifacts_bucket.bucket_name,
-            "code_bucket": storage.code_bucket.bucket_name,
-            "kms_key_arn": storage.data_key.key_arn,
-            "subnet_ids": [subnet.subnet_id for subnet in network.subnets],
-            "security_group_ids": [network.security_group.security_group_id],
-            "warm_pool_cap_seconds": team.max_keep_alive_seconds,
-            "job_name_prefix": team.job_name_prefix,
-            "team": team.name,
-            "allowed_templates": sorted(team.templates or {t.spec.name for t in self.job_templates}),
-            "allowed_instance_types": list(team.instance_types),
-            "max_instance_count": team.max_instance_count,
-            "inter_container_traffic_encryption": props.inter_container_traffic_encryption,
-            "run_budget_usd": team.max_run_cost_usd,
-            **features,
-        }
         self.queues = props.queues
-        if self.queues is not None:
-            self.platform_context["queues"] = self.queues.team_context(team.name)
+        self.platform_context = team_context_fields(
+            environment=props.environment_name,
+            region=self.stack.region,
+            account=self.stack.account,
+            resources=PlatformResources(
+                execution_role_arn=props.execution_role.role_arn,
+                datasets_bucket=storage.datasets_bucket.bucket_name,
+                checkpoints_bucket=storage.checkpoints_bucket.bucket_name,
+                artifacts_bucket=storage.artifacts_bucket.bucket_name,
+                code_bucket=storage.code_bucket.bucket_name,
+                kms_key_arn=storage.data_key.key_arn,
+                subnet_ids=[subnet.subnet_id for subnet in network.subnets],
+                security_group_ids=[network.security_group.security_group_id],
+            ),
+            team=TeamSettings(
+                name=team.name,
+                job_name_prefix=team.job_name_prefix,
+                warm_pool_cap_seconds=team.max_keep_alive_seconds,
+                allowed_templates=sorted(team.templates or {t.spec.name for t in self.job_templates}),
+                allowed_instance_types=list(team.instance_types),
+                max_instance_count=team.max_instance_count,
+                run_budget_usd=team.max_run_cost_usd,
+                queues=self.queues.team_context(team.name) if self.queues is not None else None,
+            ),
+            inter_container_traffic_encryption=props.inter_container_traffic_encryption,
+            features=features,
+        )
         # What the functions read from their environment (the records write the variables).
         self.settings = LauncherSettings(
             platform_context=self.platform_context, request_layouts=self.request_layouts
@@ -275,7 +285,7 @@ class TrainingLauncher(Construct):
             )
         )
         # A run's base_model=<JumpStart model id> resolves against JumpStart's manifest and model specs
-        # in the region (llmtrain.jumpstart): read-only, JumpStart's public catalogue.
+        # in the region (llmtrain.core.jumpstart): read-only, JumpStart's public catalogue.
         jumpstart = f"arn:{Aws.PARTITION}:s3:::{content_bucket(self.stack.region)}"
         self.resolve_function.add_to_role_policy(
             iam.PolicyStatement(sid="ReadJumpStartCatalogue", actions=["s3:GetObject"],
@@ -464,7 +474,7 @@ class TrainingLauncher(Construct):
             train.next(summarize)
             choose_layout.when(sfn.Condition.string_equals("$.layout", layout), train)
             self.train_states[layout] = train
-        # `llmtrain tune`: the attempt is a SageMaker tuning job (llmtrain.lifecycle.tuning), whose
+        # `llmtrain tune`: the attempt is a SageMaker tuning job (llmtrain.lifecycle.tuning_jobs), whose
         # trials the tuning job creates; one state per layout of its request.
         self.tune_states: dict[str, sfn.CustomState] = {}
         for layout, fields in TUNING_LAYOUTS.items():
@@ -876,8 +886,8 @@ def _validate_features(features: Mapping[str, Any]) -> None:
     unknown = sorted(set(features) - set(FEATURE_FIELDS))
     require(not unknown, _NAME, "platform_features", f"{unknown} are not features: {list(FEATURE_FIELDS)}")
     try:
-        PlatformContext.placeholder(environment="synth", account="123456789012", region="us-east-1",
-                                    resource_prefix="synth", warm_pool_cap_seconds=0, **features)
+        placeholder_context(environment="synth", account="123456789012", region="us-east-1",
+                                    resource_prefix="synth", warm_pool_cap_seconds=0, features=features)
     except LlmtrainError as error:
         raise PropsError(f"{_NAME}(platform_features=...): {error}") from error
 
@@ -886,7 +896,7 @@ def _synth_render(template: JobTemplate, props: TrainingLauncherProps) -> dict:
     """The version's request with its defaults and a placeholder platform of the team: its layout is
     what counts, and a version whose defaults the team cannot run fails the synth here."""
     team = props.team
-    platform = PlatformContext.placeholder(
+    platform = placeholder_context(
         environment="synth",
         account="123456789012",
         region="us-east-1",
@@ -895,7 +905,7 @@ def _synth_render(template: JobTemplate, props: TrainingLauncherProps) -> dict:
         team=team.name,
         job_name_prefix=team.job_name_prefix,
         inter_container_traffic_encryption=props.inter_container_traffic_encryption,
-        **props.platform_features,
+        features=props.platform_features,
     )
     try:
         program = template.catalog.program_contract(template.spec)

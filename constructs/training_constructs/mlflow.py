@@ -4,11 +4,11 @@ The training program logs parameters, metrics and the final model's location to 
 environment names a tracking server (the request's MlflowConfig and MLFLOW_TRACKING_URI, which the
 `sagemaker-mlflow` plugin resolves). The server keeps its artifacts under `mlflow/` in the artifacts
 bucket; jobs in isolated subnets reach it through the `sagemaker.experiments` interface endpoint.
-Its name is fixed by `llmtrain.platform.mlflow_tracking_server_name`, so rendering knows its ARN and
+Its name is fixed by `llmtrain.core.platform.mlflow_tracking_server_name`, so rendering knows its ARN and
 `grant_tracking` grants a team's execution role from the name alone.
 
 One server per environment, shared by its teams: each team's runs of a template go to the experiment
-`<team>-<template>` (llmtrain.render.mlflow_experiment_name). SageMaker's MLflow permissions are on the
+`<team>-<template>` (llmtrain.core.render.mlflow_experiment_name). SageMaker's MLflow permissions are on the
 tracking server as a whole (no experiment-level resource), so the teams see each other's experiments;
 what keeps them apart is their data, which the program never uploads to MLflow (it logs parameters,
 metrics and where the model is).
@@ -24,7 +24,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
-from llmtrain.platform import MLFLOW_SIZES, mlflow_tracking_server_name
+from llmtrain.core.platform import MLFLOW_SIZES, mlflow_tracking_server_name
 from training_constructs._props import checked_props, require
 from training_constructs.access import TeamAccess
 from training_constructs.nag import acknowledge_wildcards
@@ -58,8 +58,8 @@ TRACKING_ACTIONS = (
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingMlflowProps:
-    """``environment_name`` names the server (``llmtrain.platform.mlflow_tracking_server_name``);
-    ``size`` is its size (``llmtrain.platform.MLFLOW_SIZES``); ``storage`` holds its artifacts
+    """``environment_name`` names the server (``llmtrain.core.platform.mlflow_tracking_server_name``);
+    ``size`` is its size (``llmtrain.core.platform.MLFLOW_SIZES``); ``storage`` holds its artifacts
     (under ``mlflow/`` in the artifacts bucket, with the data key); ``network`` is where its endpoint
     goes."""
 

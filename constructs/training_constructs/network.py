@@ -13,7 +13,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from llmtrain.platform import (
+from llmtrain.core.platform import (
     PREFIX_LIST_ID_PATTERN,
     ROUTE_TABLE_ID_PATTERN,
     SUBNET_ID_PATTERN,

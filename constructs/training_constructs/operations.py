@@ -2,7 +2,7 @@
 
 ``TrainingOperations`` deploys three functions (their code is ``llmtrain.handlers`` and
 ``llmtrain.operations``, staged by ``lambda_code`` without Docker; their settings are the records of
-``llmtrain.functions``, which write the functions' environments):
+``llmtrain.core.function_settings``, which write the functions' environments):
 
 - the quota-usage function, on a schedule: instances in use per instance type and usage kind
   (training jobs, spot training jobs, warm pools) against their Service Quotas, as metrics in
@@ -37,9 +37,9 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
-from llmtrain import functions
-from llmtrain.functions import JobEventSettings, QuotaSettings, ReaperSettings, UsageKind
-from llmtrain.platform import (
+from llmtrain.core import function_settings as functions
+from llmtrain.core.function_settings import JobEventSettings, QuotaSettings, ReaperSettings, UsageKind
+from llmtrain.core.platform import (
     EMAIL_PATTERN,
     ENVIRONMENT_NAME_PATTERN,
     LOG_RETENTION_DAYS,
@@ -115,7 +115,7 @@ class TrainingOperationsProps:
       let CloudWatch Logs use it.
     ``training_log_retention_days``: how long SageMaker's log group of every training job of the
       account and region (``/aws/sagemaker/TrainingJobs``) keeps them, one of CloudWatch's periods
-      (``llmtrain.platform.LOG_RETENTION_DAYS``); set at deploy time, creating the group first if no
+      (``llmtrain.core.platform.LOG_RETENTION_DAYS``); set at deploy time, creating the group first if no
       job has yet. None leaves the group as it is (e.g. when another stack manages it).
     """
 

@@ -23,9 +23,9 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from llmtrain import functions
-from llmtrain.functions import UsageKind
-from llmtrain.lifecycle.failures import FailureClass
+from llmtrain.core import function_settings as functions
+from llmtrain.core.failures import FailureClass
+from llmtrain.core.function_settings import UsageKind
 
 SAGEMAKER_TRAINING_NAMESPACE = "/aws/sagemaker/TrainingJobs"
 # A metric line exactly as the training program prints it (docs/architecture.md, "Metric lines"):

@@ -9,7 +9,7 @@ then pip reads the repository). The repository has PyPI as its upstream (externa
 serves Python packages itself: unlike Maven's, their downloads do not go through S3, so the S3
 gateway endpoint's policy (the platform's buckets only) needs no CodeArtifact bucket.
 
-Names are fixed by `llmtrain.platform` (`package_domain_name`, `PACKAGE_REPOSITORY_NAME`), so the
+Names are fixed by `llmtrain.core.platform` (`package_domain_name`, `PACKAGE_REPOSITORY_NAME`), so the
 repository's ARN, which rendering puts into every request, is known without a deployment; and
 `grant_read` gives a team's execution role its permissions from the same names, without a
 reference across stacks.
@@ -25,7 +25,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from llmtrain.platform import PACKAGE_REPOSITORY_NAME, package_domain_name
+from llmtrain.core.platform import PACKAGE_REPOSITORY_NAME, package_domain_name
 from training_constructs._props import checked_props, require
 from training_constructs.access import TeamAccess
 from training_constructs.network import endpoints_in_network
@@ -50,7 +50,7 @@ WILDCARD_REASONS = {
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingPackagesProps:
-    """``environment_name`` names the domain (``llmtrain.platform.package_domain_name``); ``network``
+    """``environment_name`` names the domain (``llmtrain.core.platform.package_domain_name``); ``network``
     (``TrainingNetwork`` or ``ExistingNetwork``) is where the endpoints go."""
 
     environment_name: str

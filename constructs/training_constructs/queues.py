@@ -7,13 +7,13 @@ for capacity SageMaker does not have or for more instances than the service envi
 (job state time limits, action TERMINATE: the only one SAGEMAKER_TRAINING queues allow); and one
 fair-share scheduling policy, attached to every queue, gives each team a share identifier (its
 name) weighted by its ``share_weight`` (Batch's ``weightFactor`` is the inverse:
-``llmtrain.queues.policy.weight_factors``), decays usage over ``share_decay_seconds`` and keeps
+``llmtrain.core.queue_policy.weight_factors``), decays usage over ``share_decay_seconds`` and keeps
 ``compute_reservation`` percent for teams with nothing running.
 
 A team's launcher (``TrainingLauncherProps.queues``) submits its runs here instead of creating
 training jobs: ``grant_submit`` lets it submit to its queues only, with its own share identifier
 and at most its priority, and ``grant_follow`` lets its functions read its service jobs. The queues
-are named after the environment (``llmtrain.queues.policy``), so other stacks build their ARNs
+are named after the environment (``llmtrain.core.queue_policy``), so other stacks build their ARNs
 (``queue_arns_in``) without a reference, as the engineers' policies do
 (``grant_engineer_queue_access``).
 """
@@ -29,8 +29,8 @@ from aws_cdk import aws_batch as batch
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-import llmtrain.queues.policy as policy
-from llmtrain.platform import ENVIRONMENT_NAME_PATTERN, MAX_QUEUED_TEAM_JOB_NAME_PREFIX, QUEUED_NAME_KEPT
+import llmtrain.core.queue_policy as policy
+from llmtrain.core.platform import ENVIRONMENT_NAME_PATTERN, MAX_QUEUED_TEAM_JOB_NAME_PREFIX, QUEUED_NAME_KEPT
 from training_constructs._props import checked_props, is_unresolved, is_whole_number, require
 from training_constructs.teams import TEAM_TAG, TeamSpec
 
@@ -212,7 +212,8 @@ class TrainingQueues(Construct):
         return tuple(sorted(own, key=lambda queue: queue != self.default_queue))
 
     def team_context(self, name: str) -> dict[str, Any]:
-        """The team's queues as its launcher's functions receive them (``llmtrain.queues.context.TeamQueues``,
+        """The team's queues as its launcher's functions receive them
+        (``llmtrain.core.queue_context.TeamQueues``,
         with the queues' ARNs as deploy-time references)."""
         team = self.team(name)
         names = self.team_queue_names(name)

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import llmtrain.queues.policy as queue_policy
-from llmtrain.platform import (
+import llmtrain.core.queue_policy as queue_policy
+from llmtrain.core.platform import (
     EMAIL_PATTERN,
     MAX_KEEP_ALIVE_SECONDS,
     MAX_TEAM_JOB_NAME_PREFIX,
@@ -21,7 +21,7 @@ from llmtrain.platform import (
     is_job_name_prefix,
     team_data_prefix,
 )
-from llmtrain.render import TAG_PREFIX
+from llmtrain.core.render import TAG_PREFIX
 from training_constructs._props import check_instance_types, is_whole_number, require
 
 _NAME = "TeamSpec"

@@ -8,8 +8,8 @@ from pathlib import Path
 import aws_cdk as cdk
 from constructs import Construct
 
-from llmtrain.catalog import Catalog
-from llmtrain.platform import package_repository_arn
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.platform import package_repository_arn
 from training_constructs import (
     DeployedEnvironmentProps,
     DeployedEnvironmentRecord,

@@ -14,11 +14,17 @@ import boto3
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from llmtrain.aws import aws_session, caller_identity, explained, session_region
-from llmtrain.deployed import DeployedEnvironment, TeamAccess, read_deployed_environment, team_name_problem
-from llmtrain.environments import EnvironmentConfig, EnvironmentConfigError, load_environment
-from llmtrain.errors import LlmtrainError
-from llmtrain.sourcedir import repository_root
+from llmtrain import DISTRIBUTION
+from llmtrain.client.aws import aws_session, caller_identity, explained, session_region
+from llmtrain.core.deployed import (
+    DeployedEnvironment,
+    TeamAccess,
+    read_deployed_environment,
+    team_name_problem,
+)
+from llmtrain.core.environments import EnvironmentConfig, EnvironmentConfigError, load_environment
+from llmtrain.core.errors import LlmtrainError
+from llmtrain.core.sourcedir import repository_root
 
 DEFAULT_ENVIRONMENT = "dev"
 
@@ -53,7 +59,7 @@ class Cloud:
 
 
 def connect(args: argparse.Namespace) -> Cloud:
-    """Check the credentials, then read the environment `--env` from AWS (llmtrain.deployed) and pick
+    """Check the credentials, then read the environment `--env` from AWS (llmtrain.core.deployed) and pick
     the team: `--team`, or the environment's only team."""
     session, identity, deployed = connect_environment(args)
     return Cloud(session=session, identity=identity, deployed=deployed,
@@ -208,8 +214,6 @@ def unmet_requirement(line: str) -> str | None:
         return f"{requirement} (have {installed})"
     return None
 
-
-DISTRIBUTION = "llm-sagemaker-platform"
 
 
 def extra_requirements(extra: str) -> list[str]:

@@ -7,7 +7,7 @@
 `prepare` runs the training program's own `prepare_data` (the one the platform's jobs read the
 shards of) from the files shipped with llmtrain, in this Python environment, with its progress
 bar; every option after `prepare` is passed on to it. `upload` and `ls` use the team's prefix of
-the environment's datasets bucket (llmtrain.datasets).
+the environment's datasets bucket (llmtrain.client.datasets).
 """
 
 from __future__ import annotations
@@ -29,6 +29,14 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from llmtrain.client.datasets import (
+    channel_suggestions,
+    check_dataset_name,
+    list_datasets,
+    local_files,
+    upload_dataset,
+)
+from llmtrain.client.launcher import owner_from_identity
 from llmtrain.commands._common import (
     add_cloud_arguments,
     connect,
@@ -36,17 +44,9 @@ from llmtrain.commands._common import (
     print_table,
     require_extra,
 )
-from llmtrain.datasets import (
-    channel_suggestions,
-    check_dataset_name,
-    list_datasets,
-    local_files,
-    upload_dataset,
-)
-from llmtrain.errors import LlmtrainError
-from llmtrain.launcher_client import owner_from_identity
+from llmtrain.core.errors import LlmtrainError
+from llmtrain.core.sourcedir import program_environment, repository_root
 from llmtrain.local.data import PREPARE_MODULE, TINY_TOKENIZER
-from llmtrain.sourcedir import program_environment, repository_root
 
 MIB = 1 << 20
 DEFAULT_PART_MIB = 64

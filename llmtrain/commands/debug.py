@@ -5,7 +5,7 @@ A run started with `--set remote_debug=true` (in an environment with `remote_deb
 gets SageMaker remote debugging (`RemoteDebugConfig`): SageMaker starts the SSM agent in every
 container, and `aws ssm start-session --target sagemaker-training-job:<job>_<host>` opens a shell in
 one of them. This command reads the deployed environment's record like the other cloud commands
-(llmtrain.deployed: the team's job-name prefix, whether the environment allows remote debugging),
+(llmtrain.core.deployed: the team's job-name prefix, whether the environment allows remote debugging),
 finds the run's latest job, checks that it is running with remote debugging on and that the host
 exists, and opens that session (or prints the command with --print). Opening it needs the AWS CLI and
 its Session Manager plugin; a team's engineers' policy allows sessions into its own team's jobs only.
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtrain.aws import ENGINEER_POLICY_HINT, AwsAccessError
+from llmtrain.client.aws import ENGINEER_POLICY_HINT, AwsAccessError
 from llmtrain.commands._common import add_cloud_arguments, connect, follow_up_options
-from llmtrain.errors import LlmtrainError
+from llmtrain.core.errors import LlmtrainError
+from llmtrain.core.platform import REMOTE_DEBUG_TARGET_PREFIX
 from llmtrain.lifecycle.jobs import run_jobs
-from llmtrain.platform import REMOTE_DEBUG_TARGET_PREFIX
 
 _HOST = re.compile(r"algo-([1-9]\d*)")
 

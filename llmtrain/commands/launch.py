@@ -13,13 +13,13 @@ the template allows and within its bounds, and the request renders and validates
 to fix, with "did you mean" for a misspelled name). A template of a team's own catalog, which this
 llmtrain does not ship, is found in the deployed environment's record (read first, then checked the
 same way). Then against the deployed environment, read
-from AWS (llmtrain.deployed): the template is enabled, the request renders with the team's platform
+from AWS (llmtrain.core.deployed): the template is enabled, the request renders with the team's platform
 context (its templates, instance types and count, channels inside its datasets prefix), every
 channel holds data, and the run's plan (llmtrain.planner) fits its GPUs (unless --skip-plan-check)
 and its cost stays within the team's budget; the plan's one line is printed. Where the environment
 has queues, `--queue` and `--priority` must be the team's to use (its queues, at most its
 `max_priority`). Only then does it start an execution of the team's launcher
-(llmtrain.launcher_client), with the launcher's own input record (llmtrain.runs.ExecutionInput).
+(llmtrain.client.launcher), with the launcher's own input record (llmtrain.core.runs.ExecutionInput).
 `status` shows a queued run's place in its queue; `stop` cancels its queued job too.
 """
 
@@ -33,7 +33,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from llmtrain.catalog import Catalog, parse_ref
+from llmtrain.client.datasets import channel_problems
+from llmtrain.client.launcher import LauncherClient, owner_from_identity
+from llmtrain.client.run_views import FINISHED, RunStatus
 from llmtrain.commands._common import (
     Cloud,
     add_cloud_arguments,
@@ -42,20 +44,21 @@ from llmtrain.commands._common import (
     follow_up_options,
     parse_overrides,
 )
-from llmtrain.datasets import channel_problems
-from llmtrain.errors import LlmtrainError, OverrideError, TemplateNotFoundError, did_you_mean
-from llmtrain.jumpstart import resolve_base_model
-from llmtrain.launcher_client import FINISHED, LauncherClient, RunStatus, owner_from_identity
+from llmtrain.core.catalog import Catalog, parse_ref
+from llmtrain.core.errors import LlmtrainError, OverrideError, TemplateNotFoundError, did_you_mean
+from llmtrain.core.jumpstart import resolve_base_model
+from llmtrain.core.platform import MAX_KEEP_ALIVE_SECONDS
+from llmtrain.core.program_contract import ProgramContract
+from llmtrain.core.program_failures import meaning
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput, coerce_override
+from llmtrain.core.runs import ExecutionInput
+from llmtrain.core.spec import CHANNEL_SETTING_PREFIX, PLATFORM_RUN_OPTIONS, TemplateSpec
+from llmtrain.core.team_context import placeholder_context
+from llmtrain.core.tuning import Trial, TuneSpec, best_trial
+from llmtrain.core.tuning import start_command as best_start_command
 from llmtrain.lifecycle.resolve import check_queue_choice
 from llmtrain.planner.checks import check_run
-from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
-from llmtrain.program_contract import ProgramContract
-from llmtrain.program_failures import meaning
-from llmtrain.render import RunInput, coerce_override, render
-from llmtrain.runs import ExecutionInput
-from llmtrain.spec import CHANNEL_SETTING_PREFIX, PLATFORM_RUN_OPTIONS, TemplateSpec
-from llmtrain.tuning import Trial, TuneSpec, best_trial
-from llmtrain.tuning import start_command as best_start_command
 
 
 class RunRejected(LlmtrainError):
@@ -232,7 +235,7 @@ def _connect_for(args: argparse.Namespace, packaged: Catalog) -> Cloud:
 
 def environment_catalog(cloud: Cloud, packaged: Catalog) -> Catalog:
     """What `start` resolves in: the platform's templates this llmtrain ships and the versions the
-    deployed environment runs from its teams' own catalogs (llmtrain.deployed)."""
+    deployed environment runs from its teams' own catalogs (llmtrain.core.deployed)."""
     own = cloud.deployed.own_catalog()
     return Catalog.of([*packaged.all(), *own.all()], source=f"llmtrain's catalog and {own.source}")
 
@@ -252,7 +255,7 @@ def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[
                 f"it allows: {', '.join(sorted(accepted))}",
             )
         coerce_override(template, setting, value)
-    stand_in = PlatformContext.placeholder(
+    stand_in = placeholder_context(
         environment="check",
         account="000000000000",
         region="us-east-1",

@@ -1,7 +1,7 @@
 """`llmtrain models ls [--template NAME] [--env ENV] [--json]`: the base models a run can start from.
 
 A fine-tuning template (one with a `model` channel) starts from `base_model=<JumpStart model id>`
-(llmtrain.jumpstart) or from a Hugging Face folder in the team's datasets prefix. This lists
+(llmtrain.core.jumpstart) or from a Hugging Face folder in the team's datasets prefix. This lists
 JumpStart's text-generation models that can be trained, in the environment's region, with their
 latest version and whether their EULA must be accepted (`accept_eula=true`).
 """
@@ -12,10 +12,10 @@ import argparse
 import json
 import sys
 
-from llmtrain.catalog import Catalog
 from llmtrain.commands._common import add_cloud_arguments, connect, print_table
-from llmtrain.errors import LlmtrainError
-from llmtrain.jumpstart import JumpStartCatalog
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.errors import LlmtrainError
+from llmtrain.core.jumpstart import JumpStartCatalog
 
 
 def register(subparsers) -> None:

@@ -17,13 +17,13 @@ import argparse
 import json
 from pathlib import Path
 
-from llmtrain.catalog import Catalog
 from llmtrain.commands._common import add_overrides_argument, parse_overrides
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.program_contract import ProgramContract
 from llmtrain.planner import prices
 from llmtrain.planner.plan import GIB, Plan, PlanOptions, plan_run
 from llmtrain.planner.shapes import shape_from_file
 from llmtrain.planner.suggest import Suggestions, set_flags, suggest
-from llmtrain.program_contract import ProgramContract
 
 
 def register(subparsers) -> None:

@@ -3,7 +3,7 @@ capacity.
 
 A training plan is reserved capacity (instances of one type for a time window). The environment names
 the plans its runs may use in `config/<env>.yaml` (`training_plans:` name -> ARN); the deployed
-record (llmtrain.deployed) carries them in every team's platform context, and a run targets one with
+record (llmtrain.core.deployed) carries them in every team's platform context, and a run targets one with
 `--set training_plan=NAME`. This command reads the record like the other cloud commands, then lists,
 with the caller's credentials, every training plan of the account and region
 (`sagemaker:ListTrainingPlans`), marks which the environment offers, and shows the offered ones'
@@ -21,7 +21,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtrain.aws import ENGINEER_POLICY_HINT, AwsAccessError
+from llmtrain.client.aws import ENGINEER_POLICY_HINT, AwsAccessError
 from llmtrain.commands._common import add_cloud_arguments, connect, print_table
 
 _HEADERS = ("PLAN", "STATUS", "INSTANCES", "AVAILABLE", "IN USE", "START", "END", "")

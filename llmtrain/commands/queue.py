@@ -3,7 +3,7 @@
     llmtrain queue [--env ENV] [--team T] [--json]
 
 For each of the environment's AWS Batch queues (the deployed environment's record names them in
-each team's platform context, llmtrain.queues.context): the instances it runs and each team's share
+each team's platform context, llmtrain.core.queue_context): the instances it runs and each team's share
 of them, then every queued and running run: its queue, team, run name, status, instances, how long
 it has waited (queued) or run (running), and its place in the queue (1 = next). `--team` lists that
 team's runs only. Runs of every team are listed: the queue is shared, and so is its order.
@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from llmtrain.aws import explained
+from llmtrain.client.aws import explained
 from llmtrain.commands._common import add_cloud_arguments, connect_environment, print_table
-from llmtrain.deployed import DeployedEnvironment
-from llmtrain.errors import LlmtrainError
-from llmtrain.queues.jobs import QueueEntry, duration, queue_listing
+from llmtrain.core.deployed import DeployedEnvironment
+from llmtrain.core.errors import LlmtrainError
+from llmtrain.lifecycle.queue_jobs import QueueEntry, duration, queue_listing
 
 HEADERS = ("QUEUE", "TEAM", "RUN", "STATUS", "INSTANCES", "WAITING/RUNNING", "POSITION")
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtrain.catalog import Catalog
 from llmtrain.commands._common import account_session, environment_of, print_table
-from llmtrain.environments import EnvironmentConfig
-from llmtrain.errors import LlmtrainError
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.environments import EnvironmentConfig
+from llmtrain.core.errors import LlmtrainError
 from llmtrain.operations.quotas import QuotaCache, QuotaUsage, collect_usage
 
 _HEADERS = ("INSTANCE TYPE", "USAGE", "IN USE", "QUOTA", "UTILISATION", "")

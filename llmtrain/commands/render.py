@@ -20,7 +20,6 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from llmtrain.catalog import Catalog
 from llmtrain.commands._common import (
     DEFAULT_ENVIRONMENT,
     add_environment_arguments,
@@ -29,12 +28,15 @@ from llmtrain.commands._common import (
     environment_of,
     parse_overrides,
 )
-from llmtrain.deployed import team_name_problem
-from llmtrain.environments import EnvironmentConfig, EnvironmentConfigError, StackOutput, TeamConfig
-from llmtrain.errors import LlmtrainError, PlatformContextError
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.deployed import team_name_problem
+from llmtrain.core.environments import EnvironmentConfig, EnvironmentConfigError, StackOutput, TeamConfig
+from llmtrain.core.errors import LlmtrainError, PlatformContextError
+from llmtrain.core.platform import DEFAULT_TEAM, MAX_KEEP_ALIVE_SECONDS, PlatformContext
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.team_context import PlatformResources, configured_team_context, placeholder_context
 from llmtrain.planner.checks import plan_summary
-from llmtrain.platform import DEFAULT_TEAM, MAX_KEEP_ALIVE_SECONDS, PlatformContext
-from llmtrain.render import RunInput, render
 
 
 def register(subparsers) -> None:
@@ -127,7 +129,7 @@ def _platform_without_configuration(args: argparse.Namespace) -> PlatformContext
         return _given_platform(args)
     if args.outputs:
         raise LlmtrainError("--outputs needs the environment's file: pass --env and --config-dir")
-    return PlatformContext.placeholder(
+    return placeholder_context(
         environment=DEFAULT_ENVIRONMENT,
         account="111111111111",
         region="us-east-1",
@@ -142,13 +144,7 @@ def _platform(args: argparse.Namespace, env: EnvironmentConfig, team: TeamConfig
         return _given_platform(args)
     if args.outputs:
         return platform_from_outputs(_read_json(args.outputs), env, team)
-    return PlatformContext.placeholder(
-        environment=env.name,
-        account=env.account,
-        region=env.region,
-        resource_prefix=env.job_name_prefix,
-        **team_platform_fields(env, team),
-    )
+    return configured_team_context(env, team)
 
 
 def _given_platform(args: argparse.Namespace) -> PlatformContext:
@@ -158,23 +154,6 @@ def _given_platform(args: argparse.Namespace) -> PlatformContext:
             f"--team {args.team}: {args.platform} is the platform context of team {platform.team!r}"
         )
     return platform
-
-
-def team_platform_fields(env: EnvironmentConfig, team: TeamConfig) -> dict:
-    """What a team's PlatformContext takes from the environment file, as the stacks set it (a team
-    without `instance_types` may use every type its templates run on: no limit beyond theirs), with
-    the environment's features (package mirror, MLflow, training plans, remote debugging)."""
-    return {
-        "team": team.name,
-        "job_name_prefix": team.job_name_prefix,
-        "warm_pool_cap_seconds": team.max_keep_alive_seconds,
-        "allowed_templates": team.templates,
-        "allowed_instance_types": team.instance_types or (),
-        "max_instance_count": team.max_instance_count,
-        "inter_container_traffic_encryption": env.network.inter_container_traffic_encryption,
-        "run_budget_usd": team.max_run_cost_usd,
-        **env.platform_features(),
-    }
 
 
 def _read_json(path: Path) -> Mapping:
@@ -203,10 +182,7 @@ def platform_from_outputs(outputs: Mapping, env: EnvironmentConfig, team: TeamCo
     role_key = StackOutput.team_output(team.name, StackOutput.EXECUTION_ROLE_ARN)
     if role_key not in merged and len(env.teams) == 1:
         role_key = StackOutput.EXECUTION_ROLE_ARN
-    return PlatformContext(
-        environment=env.name,
-        region=env.region,
-        account=env.account,
+    return configured_team_context(env, team, PlatformResources(
         execution_role_arn=output(role_key),
         datasets_bucket=output(StackOutput.DATASETS_BUCKET),
         checkpoints_bucket=output(StackOutput.CHECKPOINTS_BUCKET),
@@ -215,5 +191,4 @@ def platform_from_outputs(outputs: Mapping, env: EnvironmentConfig, team: TeamCo
         kms_key_arn=output(StackOutput.KEY_ARN),
         subnet_ids=tuple(s.strip() for s in output(StackOutput.SUBNET_IDS).split(",") if s.strip()),
         security_group_ids=(output(StackOutput.SECURITY_GROUP_ID),),
-        **team_platform_fields(env, team),
-    )
+    ))

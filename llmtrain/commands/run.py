@@ -13,15 +13,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from llmtrain.catalog import DEFAULT_TEMPLATE, Catalog
 from llmtrain.commands._common import add_overrides_argument, parse_overrides, unmet_requirement
-from llmtrain.errors import LlmtrainError
+from llmtrain.core.catalog import DEFAULT_TEMPLATE, Catalog
+from llmtrain.core.errors import LlmtrainError
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.sourcedir import PLATFORM_PACKAGE, REQUIREMENTS, repository_root
+from llmtrain.core.team_context import local_context
 from llmtrain.local import EXIT_CODES, LocalRunOptions, RunAlreadyTrained, next_attempt, run_local
 from llmtrain.local.data import parse_data_option
 from llmtrain.planner.checks import plan_summary
-from llmtrain.platform import MAX_KEEP_ALIVE_SECONDS, PlatformContext
-from llmtrain.render import RunInput, render
-from llmtrain.sourcedir import PLATFORM_PACKAGE, REQUIREMENTS, repository_root
 
 # What a local run needs besides the training program's requirements.txt: the toolkit of the
 # SageMaker PyTorch container (the `local` extra) and torch, which the container brings.
@@ -30,29 +31,6 @@ from llmtrain.sourcedir import PLATFORM_PACKAGE, REQUIREMENTS, repository_root
 # What the [local] extra and the CPU torch add (the training program's pins are checked too).
 LOCAL_RUN_PACKAGES = ("torch", "sagemaker-training", "sagemaker-pytorch-training", "mlflow", "matplotlib")
 TORCH_CPU_INSTALL = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
-
-LOCAL_ACCOUNT = "000000000000"
-LOCAL_REGION = "us-east-1"
-
-
-def local_platform_context() -> PlatformContext:
-    """Where a local run's request points: obviously local names; nothing of it is contacted."""
-    return PlatformContext(
-        environment="local",
-        region=LOCAL_REGION,
-        account=LOCAL_ACCOUNT,
-        execution_role_arn=f"arn:aws:iam::{LOCAL_ACCOUNT}:role/local-run",
-        datasets_bucket="local-datasets",
-        checkpoints_bucket="local-checkpoints",
-        artifacts_bucket="local-artifacts",
-        code_bucket="local-code",
-        kms_key_arn=f"arn:aws:kms:{LOCAL_REGION}:{LOCAL_ACCOUNT}:key/local",
-        subnet_ids=("subnet-local",),
-        security_group_ids=("sg-local",),
-        warm_pool_cap_seconds=MAX_KEEP_ALIVE_SECONDS,
-        job_name_prefix="local",
-    )
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -103,7 +81,7 @@ def run_command(args: argparse.Namespace) -> int:
     run_input = RunInput(run_name=args.run_name, overrides=settings, attempt=next_attempt(options),
                          owner="local")
     program = catalog.program_contract(template)
-    request = render(template, run_input, local_platform_context(), program)
+    request = render(template, run_input, local_context(), program)
     console.print(f"[bold cyan]llmtrain[/] rendered {template.ref} for run {args.run_name!r} "
                   f"(the request the launcher would send)")
     console.print(f"[bold cyan]llmtrain[/] {plan_summary(template, request, program)} [dim](for the cloud "

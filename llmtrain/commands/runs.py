@@ -1,6 +1,6 @@
 """`llmtrain runs`: the latest runs, in the cloud (`--env ENV`) or on this machine (`--local`).
 
-Cloud runs come from the team's launcher (llmtrain.launcher_client.LauncherClient.runs); local
+Cloud runs come from the team's launcher (llmtrain.client.launcher.LauncherClient.runs); local
 runs from the run folders `llmtrain run --local` writes (`<workdir>/<run>/summary.json`, the
 latest job's summary, shaped like DescribeTrainingJob, beside its `request.json`).
 """
@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from llmtrain.client.launcher import LauncherClient
 from llmtrain.commands._common import add_cloud_arguments, connect, print_table
-from llmtrain.launcher_client import LauncherClient
+from llmtrain.core.render import TAG_PREFIX
 from llmtrain.local.report import SUMMARY_FILE
-from llmtrain.render import TAG_PREFIX
 
 HEADERS = ("RUN", "STATUS", "TEMPLATE", "INSTANCES", "STARTED", "BILLABLE S")
 

@@ -1,7 +1,7 @@
 """`llmtrain templates`: list the catalog, show one version, and lock newly published versions.
 
 With `--env ENV` the list is what that deployed environment offers your team (read from AWS,
-llmtrain.deployed): the enabled templates the team may run, with the versions this llmtrain knows,
+llmtrain.core.deployed): the enabled templates the team may run, with the versions this llmtrain knows,
 and the versions its launchers run from a team's own catalog (which the environment's record carries,
 marked `own catalog`).
 """
@@ -12,8 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
-from llmtrain.catalog import DEFAULT_TEMPLATE, Catalog
 from llmtrain.commands._common import connect, print_table
+from llmtrain.core.catalog import DEFAULT_TEMPLATE, Catalog
 
 
 def register(subparsers) -> None:

@@ -7,9 +7,9 @@ same template, overrides and guard rails as `llmtrain start` / `llmtrain run --l
         --trials 20 --parallel 4 --set channels.validation=s3://... --env dev --team nlp
     llmtrain tune --local llama-pretrain-fsdp --run-name lr-local --param lr=1e-4..1e-2:log --trials 8
 
-Locally, Optuna runs the trials as `llmtrain run --local` runs (llmtrain.local.tune); in the cloud,
+Locally, Optuna runs the trials as `llmtrain run --local` runs (llmtrain.local.trials); in the cloud,
 a SageMaker Automatic Model Tuning job runs them, started through the team's launcher
-(llmtrain.lifecycle.tuning plans it as the launcher does; `--dry-run --json` prints its
+(llmtrain.lifecycle.tuning_jobs plans it as the launcher does; `--dry-run --json` prints its
 CreateHyperParameterTuningJob request). Either way the ranges are checked against the template's
 bounds and the training program's contract of the code the version runs.
 """
@@ -24,7 +24,6 @@ from pathlib import Path
 
 from rich.console import Console
 
-from llmtrain.catalog import Catalog
 from llmtrain.commands._common import (
     add_cloud_arguments,
     add_overrides_argument,
@@ -32,14 +31,15 @@ from llmtrain.commands._common import (
     parse_overrides,
     print_table,
 )
-from llmtrain.errors import LlmtrainError
-from llmtrain.local.data import parse_data_option
-from llmtrain.program_contract import ProgramContract
-from llmtrain.render import RunInput, render
-from llmtrain.spec import TemplateSpec
-from llmtrain.tuning import (
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.errors import LlmtrainError
+from llmtrain.core.program_contract import ProgramContract
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.spec import TemplateSpec
+from llmtrain.core.tuning import (
     DEFAULT_STRATEGY,
-    STRATEGIES,
+    SEARCH_STRATEGIES,
     ParamRange,
     Trial,
     TuneError,
@@ -48,6 +48,7 @@ from llmtrain.tuning import (
     check_tune_program,
     start_command,
 )
+from llmtrain.local.data import parse_data_option
 
 INTERRUPTED = 130
 
@@ -90,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--parallel", type=int, default=1, help="how many trials run at once (default 1)")
     parser.add_argument(
         "--strategy",
-        choices=sorted(STRATEGIES),
+        choices=sorted(SEARCH_STRATEGIES),
         default=DEFAULT_STRATEGY,
         help=f"how values are chosen (default {DEFAULT_STRATEGY})",
     )
@@ -165,7 +166,7 @@ def tune_spec(args: argparse.Namespace, template: TemplateSpec) -> TuneSpec:
 
 
 def _default_objective(template: TemplateSpec) -> str:
-    from llmtrain.local.metrics import eval_loss_metric
+    from llmtrain.local.metric_lines import eval_loss_metric
 
     found = eval_loss_metric([m.name for m in template.metrics])
     if found is None:
@@ -187,19 +188,20 @@ def _local(
     tune: TuneSpec,
     settings: dict[str, str],
 ) -> int:
-    from llmtrain.commands.run import local_platform_context, require_local_run_packages
-    from llmtrain.local.tune import LocalTuneOptions, TuneInterrupted, run_local_tune
+    from llmtrain.commands.run import require_local_run_packages
+    from llmtrain.core.team_context import local_context
+    from llmtrain.local.trials import LocalTuneOptions, TuneInterrupted, run_local_tune
 
     program = catalog.program_contract(template)
     # Checked before anything runs: the ranges with the program's rules, and the first trial's
     # request (each trial renders its own).
     check_tune_program(template, tune, RunInput(run_name="t0", overrides=settings, owner="local"),
-                       local_platform_context(), program)
+                       local_context(), program)
     lows = {p.name: str(p.values[0] if p.kind == "categorical" else p.low) for p in tune.params}
     render(
         template,
         RunInput(run_name="t0", overrides={**settings, **lows}, owner="local"),
-        local_platform_context(),
+        local_context(),
         program,
     )
     require_local_run_packages()
@@ -211,7 +213,7 @@ def _local(
                                optional_data=data.optional, settings=settings)
     try:
         result = run_local_tune(
-            template, catalog.sourcedir(template), tune, options, local_platform_context(), program=program,
+            template, catalog.sourcedir(template), tune, options, local_context(), program=program,
             console=console,
         )
     except (TuneInterrupted, KeyboardInterrupt) as stop:
@@ -263,8 +265,8 @@ def _cell(value) -> str:
 
 
 def _cloud(args: argparse.Namespace, settings: dict[str, str]) -> int:
+    from llmtrain.client.launcher import LauncherClient, owner_from_identity
     from llmtrain.commands.launch import checked_template
-    from llmtrain.launcher_client import LauncherClient, owner_from_identity
 
     if args.data or args.workdir != Path("runs"):
         raise TuneError("--data and --workdir are for a local tune (--local)")
@@ -313,11 +315,11 @@ def check_tune_in_environment(
     program's rules, its trials together within the team's budget, the earlier tunes it warm-starts
     from); returns the CreateHyperParameterTuningJob request and the plan, as the launcher will build
     them. `program`: the training program's contract of the code the version runs."""
+    from llmtrain.client.launcher import owner_from_identity
     from llmtrain.commands.launch import check_in_environment
-    from llmtrain.jumpstart import resolve_base_model
-    from llmtrain.launcher_client import owner_from_identity
-    from llmtrain.lifecycle.tuning import check_tune_environment, parent_tuning_jobs, render_tune
-    from llmtrain.runs import DEFAULT_OWNER
+    from llmtrain.core.jumpstart import resolve_base_model
+    from llmtrain.core.runs import DEFAULT_OWNER
+    from llmtrain.lifecycle.tuning_jobs import check_tune_environment, parent_tuning_jobs, render_tune
 
     platform, region = cloud.team.platform, cloud.deployed.region
     check_tune_environment(platform)

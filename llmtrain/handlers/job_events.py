@@ -1,6 +1,6 @@
 """Entry point of the job-events function (EventBridge: a platform job reached an end state):
 metrics per outcome and failure class, a notification, the job's final metrics per template
-(llmtrain.operations.job_events; settings: llmtrain.functions.JobEventSettings)."""
+(llmtrain.operations.job_events; settings: llmtrain.core.function_settings.JobEventSettings)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import boto3
 
-from llmtrain.functions import JobEventSettings
+from llmtrain.core.function_settings import JobEventSettings
 from llmtrain.operations.job_events import handle_event
 
 

@@ -1,5 +1,5 @@
 """Entry points of the launcher state machine's three functions; the run's lifecycle is
-`llmtrain.lifecycle`, their settings `llmtrain.functions.LauncherSettings`.
+`llmtrain.lifecycle`, their settings `llmtrain.core.function_settings.LauncherSettings`.
 
 - `resolve`: `{"input": execution input, "execution_arn", "execution_name"}` -> `{"run", "request",
   ...}` (the attempt's state, `submission`), or `{"summary": ...}` of a run refused before any job
@@ -29,18 +29,18 @@ from typing import Any
 import boto3
 from botocore.exceptions import ClientError
 
-from llmtrain.catalog import Catalog
-from llmtrain.errors import LauncherStateError
-from llmtrain.functions import LauncherSettings
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.errors import LauncherStateError
+from llmtrain.core.function_settings import LauncherSettings
+from llmtrain.core.platform import PlatformContext
+from llmtrain.core.runs import RunState
+from llmtrain.lifecycle.queue_submission import QueueSubmission
 from llmtrain.lifecycle.resolve import REJECTIONS, resolve_run
 from llmtrain.lifecycle.retries import plan_next_attempt
 from llmtrain.lifecycle.submission import Submission, TrainingJobSubmission
 from llmtrain.lifecycle.summaries import completed_summary, rejection_summary
-from llmtrain.lifecycle.tuning import TuningSubmission
+from llmtrain.lifecycle.tuning_jobs import TuningSubmission
 from llmtrain.operations.warm_pools import end_warm_pool
-from llmtrain.platform import PlatformContext
-from llmtrain.queues.submission import QueueSubmission
-from llmtrain.runs import RunState
 
 LOGGER = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """Entry point of the launcher's Watch function, for a team whose environment has queues: between its
-waits, the state machine asks it what the run's service job is doing (llmtrain.queues.submission.watch;
-settings: llmtrain.functions.WatchSettings).
+waits, the state machine asks it what the run's service job is doing
+(llmtrain.lifecycle.queue_submission.watch;
+settings: llmtrain.core.function_settings.WatchSettings).
 
 `{"queue": {"job_id": ...}, ...}` -> `{"job_id", "phase", "position", "share_instances", ...,
 "message"}` with `"wait_seconds"` while the job waits or trains, `"job"` (the training job's
@@ -13,9 +14,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from llmtrain.functions import WatchSettings
+from llmtrain.core.function_settings import WatchSettings
 from llmtrain.handlers import launcher
-from llmtrain.queues.submission import watch as watch_run
+from llmtrain.lifecycle.queue_submission import watch as watch_run
 
 
 def watch(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:

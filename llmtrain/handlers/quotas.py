@@ -1,6 +1,6 @@
 """Entry point of the quota-usage function (scheduled): training instances in use against their
 Service Quotas, published as metrics (llmtrain.operations.quotas; settings:
-llmtrain.functions.QuotaSettings)."""
+llmtrain.core.function_settings.QuotaSettings)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import boto3
 
-from llmtrain.functions import QuotaSettings
+from llmtrain.core.function_settings import QuotaSettings
 from llmtrain.operations.quotas import QuotaCache, collect_usage, publish
 
 LOGGER = logging.getLogger(__name__)

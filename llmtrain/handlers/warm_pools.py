@@ -1,5 +1,5 @@
 """Entry point of the warm-pool reaper (scheduled): ends the platform's warm pools idle beyond the
-idle budget (llmtrain.operations.warm_pools; settings: llmtrain.functions.ReaperSettings). An
+idle budget (llmtrain.operations.warm_pools; settings: llmtrain.core.function_settings.ReaperSettings). An
 invocation event `{"dry_run": true}` previews a run on demand."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import boto3
 
-from llmtrain.functions import ReaperSettings
+from llmtrain.core.function_settings import ReaperSettings
 from llmtrain.operations.warm_pools import dry_run_from_event, reap_and_report
 
 

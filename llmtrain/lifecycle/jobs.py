@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmtrain.render import TAG_PREFIX
+from llmtrain.core.render import TAG_PREFIX
 
 ACTIVE_JOB_STATUSES = ("InProgress", "Stopping")
 TRAINING_JOB = "training job"
@@ -20,13 +20,13 @@ TUNING_JOB = "tuning job"
 
 def attempt_name_stem(job_name_prefix: str, run_name: str) -> str:
     """The job name of every attempt of a run without the attempt number; agrees with
-    `llmtrain.render.job_name` (tests check it)."""
+    `llmtrain.core.render.job_name` (tests check it)."""
     return f"{job_name_prefix}-{run_name}-a"
 
 
 def tuning_name_stem(job_name_prefix: str, run_name: str) -> str:
     """The name of every tuning job of a tune without the attempt number; agrees with
-    `llmtrain.tuning.tuning_job_name` (tests check it)."""
+    `llmtrain.core.tuning_request.tuning_job_name` (tests check it)."""
     return f"{job_name_prefix}-{run_name}-t"
 
 

@@ -1,6 +1,6 @@
 """Resolve: from an execution's input to the run's first attempt, or a refusal before any job exists.
 
-It checks the execution input (`llmtrain.runs.ExecutionInput`), resolves `template@version` in the
+It checks the execution input (`llmtrain.core.runs.ExecutionInput`), resolves `template@version` in the
 launcher's registry (a run with earlier jobs keeps the version they ran), refuses a run that is in
 progress or already completed or beyond its team's limits, renders attempt 1 (or the attempt after
 the run's last one, so a failed run started again resumes from its checkpoints) and checks the
@@ -10,7 +10,7 @@ jobs (the deployment's `Submission` finds them). It plans the run (llmtrain.plan
 one planned not to fit its GPUs (unless the input sets `skip_plan_check`) or to cost more than the
 team's budget (`run_budget_usd`). A run's JumpStart base model (`base_model=<model id>`) is resolved
 here, in the environment's region, once for every attempt. A tune (the input's `tune`) is started by
-`start_tune`: its attempts are tuning jobs (`llmtrain.lifecycle.tuning.TuningSubmission`). Refusals
+`start_tune`: its attempts are tuning jobs (`llmtrain.lifecycle.tuning_jobs.TuningSubmission`). Refusals
 are the `REJECTIONS`, whose messages say what to fix.
 """
 
@@ -19,19 +19,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmtrain.catalog import LATEST, Catalog
-from llmtrain.errors import LlmtrainError, OverrideError
-from llmtrain.jumpstart import BaseModel, resolve_base_model
+from llmtrain.core.catalog import LATEST, Catalog
+from llmtrain.core.errors import LlmtrainError, OverrideError
+from llmtrain.core.jumpstart import BaseModel, resolve_base_model
+from llmtrain.core.platform import PlatformContext
+from llmtrain.core.program_contract import ProgramContract
+from llmtrain.core.render import check_team_template, max_run_name_length, render
+from llmtrain.core.run_settings import MAX_ATTEMPTS, RunInput
+from llmtrain.core.runs import DEFAULT_OWNER, ExecutionInput, InvalidRunInput, RunState, UnusableInstanceType
+from llmtrain.core.spec import TemplateSpec
+from llmtrain.core.validate import reshape_problems
 from llmtrain.lifecycle.jobs import ACTIVE_JOB_STATUSES, TRAINING_JOB, TUNING_JOB, pinned_template, run_jobs
 from llmtrain.lifecycle.submission import Submission
-from llmtrain.lifecycle.tuning import TuningSubmission, plan_tune
+from llmtrain.lifecycle.tuning_jobs import TuningSubmission, plan_tune
 from llmtrain.planner.checks import check_run
-from llmtrain.platform import PlatformContext
-from llmtrain.program_contract import ProgramContract
-from llmtrain.render import MAX_ATTEMPTS, RunInput, check_team_template, max_run_name_length, render
-from llmtrain.runs import DEFAULT_OWNER, ExecutionInput, InvalidRunInput, RunState, UnusableInstanceType
-from llmtrain.spec import TemplateSpec
-from llmtrain.validate import reshape_problems
 
 
 class RunAlreadyInProgress(LlmtrainError):
@@ -206,7 +207,7 @@ def start_tune(
     execution_arn: str | None = None,
 ) -> dict[str, Any]:
     """A tune's attempt: its tuning job runs trials of the run as rendered here (the ranges checked,
-    its trials together planned within the team's budget: `llmtrain.lifecycle.tuning.plan_tune`).
+    its trials together planned within the team's budget: `llmtrain.lifecycle.tuning_jobs.plan_tune`).
     No capacity fallbacks: a tuning job's trials run on one instance type, and SageMaker retries them."""
     attempt = next_attempt_number(run_input.run_name, previous)
     owner = run_input.owner or DEFAULT_OWNER

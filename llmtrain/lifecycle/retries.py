@@ -8,17 +8,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmtrain.errors import LlmtrainError
-from llmtrain.lifecycle.failures import QUEUE_CAPACITY, Failure
+from llmtrain.core.errors import LlmtrainError
+from llmtrain.core.failures import QUEUE_CAPACITY, Failure
+from llmtrain.core.platform import PlatformContext
+from llmtrain.core.program_contract import ProgramContract
+from llmtrain.core.program_failures import HUNG_COLLECTIVE, RETRIES
+from llmtrain.core.run_settings import MAX_ATTEMPTS
+from llmtrain.core.runs import RunState
+from llmtrain.core.spec import RetrySpec, TemplateSpec
 from llmtrain.lifecycle.resolve import render_attempt
 from llmtrain.lifecycle.submission import Submission, training_job_of
 from llmtrain.lifecycle.summaries import failure_summary
-from llmtrain.platform import PlatformContext
-from llmtrain.program_contract import ProgramContract
-from llmtrain.program_failures import HUNG_COLLECTIVE, RETRIES
-from llmtrain.render import MAX_ATTEMPTS
-from llmtrain.runs import RunState
-from llmtrain.spec import RetrySpec, TemplateSpec
 
 MAX_THROTTLE_RETRIES = 5
 THROTTLE_BACKOFF_SECONDS = 10

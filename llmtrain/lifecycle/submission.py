@@ -1,6 +1,6 @@
 """How an attempt starts: the one seam between a rendered request and the service that runs it.
 
-Resolve and NextAttempt render an attempt's request (`llmtrain.render`); a `Submission` says whether
+Resolve and NextAttempt render an attempt's request (`llmtrain.core.render`); a `Submission` says whether
 the deployed state machine can start it (`check`), turns it into what the state machine's start
 step reads (`attempt_state`), reads back what that step caught when the attempt failed
 (`classify`), and finds the run's earlier attempts where it started them (`attempts`,
@@ -8,14 +8,14 @@ step reads (`attempt_state`), reads back what that step caught when the attempt 
 
 - `TrainingJobSubmission` (here): a SageMaker CreateTrainingJob `.sync` state per request layout
   (the launcher construct builds those states from `request_layouts`).
-- `llmtrain.queues.submission.QueueSubmission`: where the environment has queues, an AWS Batch
+- `llmtrain.lifecycle.queue_submission.QueueSubmission`: where the environment has queues, an AWS Batch
   service job in the team's queue (SubmitServiceJob, then the Watch function until it ends).
 
-A tune's attempt is a third: `llmtrain.lifecycle.tuning.TuningSubmission`, a SageMaker tuning job
+A tune's attempt is a third: `llmtrain.lifecycle.tuning_jobs.TuningSubmission`, a SageMaker tuning job
 (CreateHyperParameterTuningJob `.sync`, one state per `TUNING_LAYOUTS` entry) whose trials are runs
 of the rendered request; the lifecycle around it (resolve, retries, summaries) stays the same. The
 launcher's entry point picks the deployment's one (`llmtrain.handlers.launcher.submission`), and a
-tune's (`llmtrain.lifecycle.tuning.run_submission`).
+tune's (`llmtrain.lifecycle.tuning_jobs.run_submission`).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from llmtrain.errors import LlmtrainError
-from llmtrain.lifecycle.failures import Failure, classify_failure
+from llmtrain.core.failures import Failure, classify_failure
+from llmtrain.core.request_layouts import request_layout
 
-if TYPE_CHECKING:  # llmtrain.runs imports the renderer; the functions' settings import this module
-    from llmtrain.runs import RunState
+if TYPE_CHECKING:  # llmtrain.core.runs imports the renderer; the functions' settings import this module
+    from llmtrain.core.runs import RunState
 
 
 class Submission(Protocol):
@@ -96,43 +96,3 @@ def training_job_of(request: Mapping[str, Any]) -> tuple[str, str | None]:
     return request.get("TrainingJobName", ""), (request.get("ResourceConfig") or {}).get("InstanceType")
 
 
-# The layouts of a tune's CreateHyperParameterTuningJob request (llmtrain.tuning.tuning_request): its
-# fields are fixed, but for the warm start's. The launcher builds one state per layout.
-_TUNING_FIELDS = ("HyperParameterTuningJobName", "HyperParameterTuningJobConfig", "TrainingJobDefinition")
-TUNING_LAYOUTS: Mapping[str, Sequence[str]] = {
-    "tune": (*_TUNING_FIELDS, "Tags"),
-    "tune-warm-start": (*_TUNING_FIELDS, "WarmStartConfig", "Tags"),
-}
-
-
-def request_layouts(requests: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
-    """The layouts (sets of top-level fields) of some rendered requests, named for the state machine.
-
-    Step Functions (JSONPath) cannot splat an object into a task's parameters, and a path to a
-    missing field fails the state, so the state machine has one CreateTrainingJob state per
-    layout, passing every field of it. The construct computes the layouts at synth from the
-    registered templates' requests; `request_layout` picks a run's at run time. A layout is named
-    after the fields it lacks from their union: "all", or e.g. "without-CheckpointConfig".
-    """
-    union = list(dict.fromkeys(field for request in requests for field in request))
-    layouts: dict[str, list[str]] = {}
-    for request in requests:
-        missing = [field for field in union if field not in request]
-        name = "without-" + "-".join(missing) if missing else "all"
-        layouts[name] = [field for field in union if field in request]
-    return dict(sorted(layouts.items()))
-
-
-def request_layout(request: Mapping[str, Any], layouts: Mapping[str, Sequence[str]]) -> str:
-    """The name of the layout whose fields are exactly the request's; LlmtrainError when none is."""
-    fields = set(request)
-    for name, layout in layouts.items():
-        if fields == set(layout):
-            return name
-    known = set().union(*map(set, layouts.values())) if layouts else set()
-    raise LlmtrainError(
-        f"these settings produce a CreateTrainingJob request with fields "
-        f"{sorted(fields - known) or sorted(fields)} "
-        "in a combination the deployed launcher cannot pass (it was built for the layouts "
-        f"{sorted(layouts)}); redeploy the platform with this template enabled, or change the overrides"
-    )

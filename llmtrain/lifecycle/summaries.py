@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from llmtrain.lifecycle.failures import QUEUE_CAPACITY, QUEUE_MISCONFIGURED, TUNE_FAILED, Failure
+from llmtrain.core.failures import QUEUE_CAPACITY, QUEUE_MISCONFIGURED, TUNE_FAILED, Failure
+from llmtrain.core.program_failures import HUNG_COLLECTIVE, RETRIES
+from llmtrain.core.runs import RunState
+from llmtrain.core.spec import TemplateSpec
+from llmtrain.core.tuning import TuneSpec, start_command
 from llmtrain.planner.checks import actual_cost
-from llmtrain.program_failures import HUNG_COLLECTIVE, RETRIES
-from llmtrain.runs import RunState
-from llmtrain.spec import TemplateSpec
-from llmtrain.tuning import TuneSpec, start_command
 
 _SUBJECT_MAX = 100
 
@@ -35,7 +35,7 @@ FAILURE_ERRORS = {
     QUEUE_CAPACITY: "QueueCapacityTimeLimit",
     QUEUE_MISCONFIGURED: "QueueMisconfigured",
 }
-# A tune's: its attempt is a tuning job (llmtrain.lifecycle.tuning).
+# A tune's: its attempt is a tuning job (llmtrain.lifecycle.tuning_jobs).
 TUNE_FAILURE_ERRORS = {
     **FAILURE_ERRORS,
     TUNE_FAILED: "TuningJobFailed",

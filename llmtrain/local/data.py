@@ -22,9 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmtrain.local.plan import LocalPlan, LocalRunError
-from llmtrain.sourcedir import repository_root
-from llmtrain.token_data import (
+from llmtrain.core.sourcedir import repository_root
+from llmtrain.core.token_data import (
     PREPARE_HINT,
     RunShape,
     ShardsManifest,
@@ -36,6 +35,7 @@ from llmtrain.token_data import (
     split_folders_hint,
     tokenizer_facts,
 )
+from llmtrain.local.job import LocalJob, LocalRunError
 from training_jobs.contract.token_data import SPLITS
 
 TINY_CORPUS = Path("examples") / "data" / "tiny_corpus"
@@ -89,10 +89,10 @@ def dataset_parts(folder: Path) -> dict[str, Path]:
     return {"train": train, **{name: folder / name for name in DATASET_PARTS[1:] if (folder / name).is_dir()}}
 
 
-def check_token_channels(plan: LocalPlan, channels: Mapping[str, Path]) -> None:
+def check_token_channels(plan: LocalJob, channels: Mapping[str, Path]) -> None:
     """Refuse, before anything starts, train and validation folders the training program would fail
     on: no manifest, missing or short shards, too few samples for the run's seq_len or one evaluation
-    batch, or another tokenizer than the one the job reads them with (llmtrain.token_data)."""
+    batch, or another tokenizer than the one the job reads them with (llmtrain.core.token_data)."""
     problems: list[str] = []
     manifests: dict[str, ShardsManifest] = {}
     for name in SPLITS:

@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from llmtrain.local.metrics import MetricPoint, loss_metric, throughput_metric
+from llmtrain.local.metric_lines import MetricPoint, loss_metric, throughput_metric
 
 # The toolkit prints this, a blank line, then the command it runs (torchrun ...).
 _INVOCATION = "Invoking script with the following command"

@@ -31,7 +31,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmtrain.local.plan import LocalChannel, LocalPlan, LocalRunError
+from llmtrain.local.job import LocalChannel, LocalJob, LocalRunError
 
 # SageMaker's name for the single instance group of a homogeneous cluster.
 INSTANCE_GROUP = "homogeneousCluster"
@@ -73,7 +73,7 @@ class HostRoot:
         return self.output_dir / "success"
 
 
-def resource_config(plan: LocalPlan, host: str) -> dict:
+def resource_config(plan: LocalJob, host: str) -> dict:
     """resourceconfig.json as SageMaker writes it for a homogeneous cluster."""
     hosts = list(plan.hosts)
     return {
@@ -89,7 +89,7 @@ def resource_config(plan: LocalPlan, host: str) -> dict:
 
 
 def write_host_roots(
-    plan: LocalPlan,
+    plan: LocalJob,
     job_dir: Path,
     *,
     channel_dirs: dict[str, Path],

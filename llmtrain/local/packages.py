@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from llmtrain.local.plan import Adjustment, LocalPlan
-from llmtrain.render import CODEARTIFACT_ENV
+from llmtrain.core.render import CODEARTIFACT_ENV
+from llmtrain.local.job import Adjustment, LocalJob
 
 # Nothing listens on the discard port of the loopback address: any download pip tries fails at once.
 UNREACHABLE_PROXY = "http://127.0.0.1:9"
@@ -49,7 +49,7 @@ def offline_install_environment(parent_env: Mapping[str, str]) -> dict[str, str]
     return env
 
 
-def with_local_packages(plan: LocalPlan) -> LocalPlan:
+def with_local_packages(plan: LocalJob) -> LocalJob:
     """The plan without the cloud's package repository: locally the toolkit must not ask CodeArtifact
     for a token (it would need AWS credentials and a network)."""
     environment = dict(plan.environment)

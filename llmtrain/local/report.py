@@ -21,8 +21,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from llmtrain.local.metrics import MetricExtractor, eval_loss_metric, loss_metric, throughput_metric
-from llmtrain.local.plan import DEFAULT_CHECKPOINT_PATH, DEFAULT_TENSORBOARD_PATH, LocalPlan
+from llmtrain.local.job import DEFAULT_CHECKPOINT_PATH, DEFAULT_TENSORBOARD_PATH, LocalJob
+from llmtrain.local.metric_lines import MetricExtractor, eval_loss_metric, loss_metric, throughput_metric
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.json"
@@ -104,7 +104,7 @@ def package_model(model_dir: Path, destination: Path) -> Path | None:
 def build_summary(
     *,
     request: Mapping[str, Any],
-    plan: LocalPlan,
+    plan: LocalJob,
     outcome: Outcome,
     metrics: MetricExtractor,
     times: JobTimes,

@@ -37,18 +37,18 @@ from rich.text import Text
 
 from llmtrain.local import data as local_data
 from llmtrain.local.display import JobDisplay
-from llmtrain.local.jobroot import HostRoot, upload_from_hosts, write_host_roots
-from llmtrain.local.metrics import MetricExtractor, MetricPoint
-from llmtrain.local.packages import explain_failure, with_local_packages
-from llmtrain.local.plan import (
+from llmtrain.local.job import (
     SUBMIT_DIRECTORY_HP,
     Adjustment,
     LocalChannel,
+    LocalJob,
     LocalLimits,
-    LocalPlan,
     LocalRunError,
-    plan_local_job,
+    local_job,
 )
+from llmtrain.local.jobroot import HostRoot, upload_from_hosts, write_host_roots
+from llmtrain.local.metric_lines import MetricExtractor, MetricPoint
+from llmtrain.local.packages import explain_failure, with_local_packages
 from llmtrain.local.report import (
     FAILURE_REASON_CHARS,
     METRICS_FILE,
@@ -128,7 +128,7 @@ def next_attempt(options: LocalRunOptions) -> int:
 
 @dataclass(frozen=True)
 class _PreparedJob:
-    plan: LocalPlan
+    plan: LocalJob
     job_dir: Path
     roots: list[HostRoot]
     channel_dirs: dict[str, Path]
@@ -152,7 +152,7 @@ def run_local(
     catalog version, `Catalog.sourcedir`: a published version's frozen code); `template_channels`
     are the channels the template declares. With `token_channels` (the platform's training program)
     the train and validation channels are checked as the program will load them before anything
-    starts (llmtrain.token_data). `watcher` may stop the job as its metrics arrive (the job then
+    starts (llmtrain.core.token_data). `watcher` may stop the job as its metrics arrive (the job then
     ends Stopped, with the watcher's reason as its status message)."""
     console = console or Console(soft_wrap=True)
     created = _now()
@@ -192,7 +192,7 @@ def _prepare(
         raise LocalRunError(f"{job_dir} already exists: a job name is used once (run again for a new "
                             "attempt)")
     sourcedir = job_dir / "sourcedir.tar.gz"
-    plan = plan_local_job(request, limits=options.limits, user_settings=options.user_settings)
+    plan = local_job(request, limits=options.limits, user_settings=options.user_settings)
     plan = _with_local_code(plan, request, sourcedir)
     plan = with_local_tracking(with_local_packages(plan), request, run_dir=options.run_dir,
                                model_artifact=job_dir / "output" / "model.tar.gz", parent_env=os.environ)
@@ -229,7 +229,7 @@ def latest_checkpoint_step(checkpoints_dir: Path | None) -> int | None:
     return max(steps, default=None)
 
 
-def _check_steps_left(plan: LocalPlan, run_name: str, checkpoints_dir: Path | None) -> None:
+def _check_steps_left(plan: LocalJob, run_name: str, checkpoints_dir: Path | None) -> None:
     trained = latest_checkpoint_step(checkpoints_dir)
     max_steps = plan.hyperparameter("max_steps")
     if trained is not None and isinstance(max_steps, int) and trained >= max_steps:
@@ -239,7 +239,7 @@ def _check_steps_left(plan: LocalPlan, run_name: str, checkpoints_dir: Path | No
             "a new --run-name starts over")
 
 
-def _sync_record(plan: LocalPlan, checkpoints_dir: Path | None, tensorboard_dir: Path | None, *,
+def _sync_record(plan: LocalJob, checkpoints_dir: Path | None, tensorboard_dir: Path | None, *,
                  synced: bool) -> dict[str, Any]:
     pairs = [(plan.checkpoint_subpath, checkpoints_dir), (plan.tensorboard_subpath, tensorboard_dir)]
     return {"synced": synced, "hosts": list(plan.hosts),
@@ -247,7 +247,7 @@ def _sync_record(plan: LocalPlan, checkpoints_dir: Path | None, tensorboard_dir:
                         if sub is not None and folder is not None]}
 
 
-def _upload_job_outputs(roots: list[HostRoot], plan: LocalPlan, job_dir: Path, checkpoints_dir: Path | None,
+def _upload_job_outputs(roots: list[HostRoot], plan: LocalJob, job_dir: Path, checkpoints_dir: Path | None,
                         tensorboard_dir: Path | None) -> None:
     """What SageMaker syncs to S3 during the job (checkpoints, TensorBoard events), into the run's
     folders; then the job is marked synced."""
@@ -279,7 +279,7 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _with_local_code(plan: LocalPlan, request: Mapping[str, Any], sourcedir: Path) -> LocalPlan:
+def _with_local_code(plan: LocalJob, request: Mapping[str, Any], sourcedir: Path) -> LocalJob:
     """The toolkit downloads sagemaker_submit_directory from S3; it also takes a local tarball."""
     hps = dict(plan.hyperparameters)
     cloud = json.loads(request["HyperParameters"][SUBMIT_DIRECTORY_HP])
@@ -290,12 +290,12 @@ def _with_local_code(plan: LocalPlan, request: Mapping[str, Any], sourcedir: Pat
 
 
 def _with_channels(
-    plan: LocalPlan,
+    plan: LocalJob,
     request: Mapping[str, Any],
     options: LocalRunOptions,
     template_channels: Iterable[str],
     console: Console,
-) -> tuple[LocalPlan, dict[str, Path]]:
+) -> tuple[LocalJob, dict[str, Path]]:
     """Local folders for the request's channels, plus channels the template declares that the user
     supplied with --data (a cloud run would supply them with --set channels.NAME=s3://...)."""
     requested = [c.name for c in plan.channels]
@@ -342,7 +342,7 @@ def _drop_channel(name: str, request: Mapping[str, Any]) -> Adjustment:
                       f"{reason}; --data {name}=DIR provides it")
 
 
-def _print_plan(console: Console, plan: LocalPlan, run_dir: Path, checkpoints_dir: Path | None) -> None:
+def _print_plan(console: Console, plan: LocalJob, run_dir: Path, checkpoints_dir: Path | None) -> None:
     console.print(f"[bold cyan]llmtrain[/] local training job [bold]{plan.job_name}[/] in {run_dir}")
     console.print(
         f"[bold cyan]llmtrain[/] {len(plan.hosts)} emulated host(s) ({', '.join(plan.hosts)}) x "
@@ -361,7 +361,7 @@ def _print_plan(console: Console, plan: LocalPlan, run_dir: Path, checkpoints_di
         console.print(f"[bold cyan]llmtrain[/] checkpoints: {checkpoints_dir} ({state})")
 
 
-def _start(plan: LocalPlan, roots: list[HostRoot], job_dir: Path) -> ToolkitProcesses:
+def _start(plan: LocalJob, roots: list[HostRoot], job_dir: Path) -> ToolkitProcesses:
     port = free_port() if len(roots) > 1 else None
     # The toolkit subprocesses inherit this process's environment (PATH, HOME, ...), minus any
     # SageMaker or torchrun variables of an outer job; see toolkit.host_environment.
@@ -398,7 +398,7 @@ class _StopRequests:
 
 
 def _supervise(
-    processes: ToolkitProcesses, plan: LocalPlan, metrics: MetricExtractor, console: Console, grace: float,
+    processes: ToolkitProcesses, plan: LocalJob, metrics: MetricExtractor, console: Console, grace: float,
     watcher: JobWatcher | None = None,
 ) -> str | None:
     """Stream the logs until every host ends; returns why the job was stopped, or None."""
@@ -501,7 +501,7 @@ def _failed(reason: str) -> Outcome:
 
 def _report(
     request: Mapping[str, Any],
-    plan: LocalPlan,
+    plan: LocalJob,
     outcome: Outcome,
     metrics: MetricExtractor,
     times: JobTimes,

@@ -5,7 +5,7 @@ request's MlflowConfig and Environment name the environment's SageMaker tracking
 runner points it at `<run folder>/mlflow.db`, an SQLite store (MLflow's own local default; `mlflow ui
 --backend-store-uri sqlite:///<run folder>/mlflow.db` shows the run's jobs and nothing else), or at
 the tracking URI the user set in their own MLFLOW_TRACKING_URI (a local `mlflow server`, say). The
-experiment is `<team>-<template>`, as in the cloud (llmtrain.render.mlflow_experiment_name); each job
+experiment is `<team>-<template>`, as in the cloud (llmtrain.core.render.mlflow_experiment_name); each job
 (attempt) is one MLflow run named after the job.
 """
 
@@ -16,10 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from llmtrain.local.plan import Adjustment, LocalPlan
-from llmtrain.render import MLFLOW_EXPERIMENT_ENV as EXPERIMENT_ENV
-from llmtrain.render import MLFLOW_TRACKING_URI_ENV as TRACKING_URI_ENV
-from llmtrain.render import MODEL_ARTIFACT_ENV, TAG_PREFIX, mlflow_experiment_name
+from llmtrain.core.render import MLFLOW_EXPERIMENT_ENV as EXPERIMENT_ENV
+from llmtrain.core.render import MLFLOW_TRACKING_URI_ENV as TRACKING_URI_ENV
+from llmtrain.core.render import MODEL_ARTIFACT_ENV, TAG_PREFIX, mlflow_experiment_name
+from llmtrain.local.job import Adjustment, LocalJob
 
 STORE_FILE = "mlflow.db"
 
@@ -30,9 +30,9 @@ def local_tracking_uri(run_dir: Path, parent_env: Mapping[str, str]) -> str:
 
 
 def with_local_tracking(
-    plan: LocalPlan, request: Mapping[str, Any], *, run_dir: Path, model_artifact: Path,
+    plan: LocalJob, request: Mapping[str, Any], *, run_dir: Path, model_artifact: Path,
     parent_env: Mapping[str, str],
-) -> LocalPlan:
+) -> LocalJob:
     """The plan with the program's MLflow environment pointing at the local tracking URI."""
     uri = local_tracking_uri(run_dir, parent_env)
     environment = dict(plan.environment)

@@ -5,7 +5,7 @@ prefix) that Completed, Failed or Stopped. This function classifies failures fro
 FailureReason, publishes a metric per outcome and per failure class, and sends a notification to the
 platform's topic. It sees every job of the platform, also those started outside the launcher.
 
-Failure classes (`llmtrain.lifecycle.failures.classify_job_failure`, the table the launcher reads too):
+Failure classes (`llmtrain.core.failures.classify_job_failure`, the table the launcher reads too):
 
 - `capacity`: SageMaker could not provision the instances (CapacityError, InsufficientInstanceCapacity);
   retrying later or on another instance type helps.
@@ -13,7 +13,7 @@ Failure classes (`llmtrain.lifecycle.failures.classify_job_failure`, the table t
   of its plan: a capacity failure, or its pending time (`MaxPendingTimeInSeconds`) ran out. Retrying
   elsewhere would leave the reserved capacity; the plan's instances are what to look at.
 - `quota`: a Service Quota was exceeded (ResourceLimitExceeded); ask for an increase or wait.
-- `rule`: a rule of the training program stopped it (`RuleTriggered: ...`, llmtrain.program_failures).
+- `rule`: a rule of the training program stopped it (`RuleTriggered: ...`, llmtrain.core.program_failures).
 - `hang`: the training program's hang watchdog ended it (`HungCollective: ...`); a launcher run is
   retried once.
 - `algorithm`: the training code or its input failed (AlgorithmError, ClientError); fix the job.
@@ -27,9 +27,9 @@ Per-template training metrics: SageMaker publishes a job's metric definitions un
 name does not carry the template. So this function also republishes each ended job's final metric
 values (`FinalMetricDataList`, e.g. the last loss and tokens/s) under `TRAINING_METRIC_NAMESPACE`
 (default `LLMTrain/Training`), by their metric-definition names, with the dimensions `Environment`
-and `Template` (from the job's `llmtrain:template` tag, which `llmtrain.render` sets).
+and `Template` (from the job's `llmtrain:template` tag, which `llmtrain.core.render` sets).
 
-The function's settings are `llmtrain.functions.JobEventSettings` (an empty `topic_arn`: no
+The function's settings are `llmtrain.core.function_settings.JobEventSettings` (an empty `topic_arn`: no
 notification); its entry point is `llmtrain.handlers.job_events.handler`.
 """
 
@@ -43,15 +43,15 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from llmtrain.functions import END_STATES, EVENT_DETAIL_TYPE, EVENT_SOURCE, JobEventSettings
-from llmtrain.lifecycle.failures import FailureClass, classify_job_failure
+from llmtrain.core.failures import FailureClass, classify_job_failure
+from llmtrain.core.function_settings import END_STATES, EVENT_DETAIL_TYPE, EVENT_SOURCE, JobEventSettings
+from llmtrain.core.program_failures import HUNG_COLLECTIVE, MEANING, RULE_TRIGGERED
 from llmtrain.operations.metrics import Metric, put_metrics
-from llmtrain.program_failures import HUNG_COLLECTIVE, MEANING, RULE_TRIGGERED
 
 LOGGER = logging.getLogger(__name__)
 LOGGER.setLevel(logging.INFO)
 
-# The tag `llmtrain.render` puts on every job it renders (its TAG_PREFIX + "template"). Not imported
+# The tag `llmtrain.core.render` puts on every job it renders (its TAG_PREFIX + "template"). Not imported
 # from there: render needs the compiled `regex` package, which this function's code does not ship.
 TEMPLATE_TAG = "llmtrain:template"
 # The tag render puts on every job with its environment: how a queued run's job, which AWS Batch

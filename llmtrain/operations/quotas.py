@@ -15,7 +15,7 @@ could not be read), and, without dimensions, `UnreadableQuotas` (how many could 
 unreadable quota is reported in the metrics, the log and the result; it never stops the others from
 being published.
 
-The function's settings are `llmtrain.functions.QuotaSettings`; its entry point is
+The function's settings are `llmtrain.core.function_settings.QuotaSettings`; its entry point is
 `llmtrain.handlers.quotas.handler`.
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from llmtrain.functions import UsageKind
+from llmtrain.core.function_settings import UsageKind
 from llmtrain.operations import fleet
 from llmtrain.operations.metrics import Metric, put_metrics
 

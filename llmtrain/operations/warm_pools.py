@@ -14,7 +14,8 @@ Metrics (namespace `METRIC_NAMESPACE`, default `LLMTrain/WarmPools`), per `Envir
 (the pools' retained billable time multiplied by their instance count, i.e. what is billed); per
 `Environment`: the same `RetainedBillableSeconds` total, `WarmPoolsOverBudget`, `WarmPoolsEnded`.
 
-The function's settings are `llmtrain.functions.ReaperSettings` (its `instance_types` are published
+The function's settings are `llmtrain.core.function_settings.ReaperSettings` (its `instance_types` are
+published
 as 0 when they hold no pool); its entry point is `llmtrain.handlers.warm_pools.handler`.
 """
 
@@ -29,7 +30,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from llmtrain.functions import ReaperSettings
+from llmtrain.core.function_settings import ReaperSettings
 from llmtrain.operations import fleet
 from llmtrain.operations.metrics import Metric, put_metrics
 

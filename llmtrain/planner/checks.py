@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from llmtrain.errors import LlmtrainError, where_set
+from llmtrain.core.errors import LlmtrainError, where_set
+from llmtrain.core.program_contract import ProgramContract
+from llmtrain.core.spec import TemplateSpec
 from llmtrain.planner import prices
 from llmtrain.planner.plan import Plan, PlanOptions, plan_request
 from llmtrain.planner.suggest import fit_advice
 from llmtrain.planner.workload import PlanInputError
-from llmtrain.program_contract import ProgramContract
-from llmtrain.spec import TemplateSpec
 
 
 class PlanRefused(LlmtrainError):

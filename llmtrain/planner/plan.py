@@ -8,14 +8,16 @@ cost, `summary_line()` for one-line reports and `to_dict()` for `--json`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmtrain.errors import RequestValidationError
-from llmtrain.instances import InstanceType, instance_type
-from llmtrain.planner import memory, prices, speed
+from llmtrain.core.errors import RequestValidationError
+from llmtrain.core.instances import InstanceType, instance_type
+from llmtrain.core.program_contract import ProgramContract, request_hyperparameters
+from llmtrain.core.spec import CHANNEL_SETTING_PREFIX, TemplateSpec
+from llmtrain.core.team_context import placeholder_context
+from llmtrain.planner import memory, pipeline_memory, prices, speed
 from llmtrain.planner.shapes import ModelShape
 from llmtrain.planner.workload import (
     CURRENT,
@@ -25,8 +27,6 @@ from llmtrain.planner.workload import (
     Workload,
     workload_and_layout,
 )
-from llmtrain.program_contract import ProgramContract
-from llmtrain.spec import CHANNEL_SETTING_PREFIX, TemplateSpec
 
 GIB = 1024**3
 # SageMaker bills a job from its start (image download, data download) to the upload of its
@@ -89,7 +89,7 @@ class Plan:
             "degree": layout.pipeline,
             "schedule": layout.schedule,
             "stages_per_rank": layout.stages_per_rank,
-            "layers_per_stage": list(memory.stage_layer_counts(self.workload, layout)),
+            "layers_per_stage": list(pipeline_memory.stage_layer_counts(self.workload, layout)),
             "micro_batches": self.workload.grad_accum_steps,
             "bubble_seconds": self.speed.bubble_seconds,
             "bubble_fraction": self.speed.bubble_fraction,
@@ -223,20 +223,6 @@ def build(
     )
 
 
-def request_hyperparameters(request: Mapping[str, Any]) -> dict[str, Any]:
-    """The training program's hyperparameters in a rendered request (JSON-encoded, as SageMaker
-    passes them), without the container's own sagemaker_* ones."""
-    decoded = {}
-    for name, value in (request.get("HyperParameters") or {}).items():
-        if name.startswith("sagemaker_") or name == "mp_parameters":
-            continue
-        try:
-            decoded[name] = json.loads(value) if isinstance(value, str) else value
-        except ValueError:
-            decoded[name] = value
-    return decoded
-
-
 def plan_request(
     template: TemplateSpec, request: Mapping[str, Any], options: PlanOptions = DEFAULT_OPTIONS
 ) -> Plan:
@@ -259,10 +245,10 @@ def plan_run(
 
     Channels do not change a plan, and where they may read is the team's to say (its datasets
     prefix, which this stand-in context does not know): they are left out here."""
-    from llmtrain.platform import PlatformContext
-    from llmtrain.render import RunInput, capability_problems, check_program, resolve_settings
+    from llmtrain.core.render import capability_problems, check_program
+    from llmtrain.core.run_settings import RunInput, resolve_settings
 
-    platform = PlatformContext.placeholder(
+    platform = placeholder_context(
         environment="plan",
         account="000000000000",
         region="us-east-1",

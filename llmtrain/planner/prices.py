@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmtrain.errors import LlmtrainError
+from llmtrain.core.errors import LlmtrainError
 
 PRICE_TABLE = Path(__file__).resolve().parent / "prices.json"
 SERVICE_CODE = "AmazonSageMaker"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmtrain.errors import LlmtrainError
+from llmtrain.core.errors import LlmtrainError
 from training_jobs.contract.presets import PRESETS, padded_vocab_size
 
 FAMILIES = ("llama", "gpt2")

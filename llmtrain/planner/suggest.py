@@ -23,10 +23,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmtrain.errors import LlmtrainError
+from llmtrain.core.errors import LlmtrainError
+from llmtrain.core.run_settings import coerce_override
+from llmtrain.core.spec import OverrideRule, TemplateSpec
 from llmtrain.planner.plan import DEFAULT_OPTIONS, Plan, PlanOptions, plan_run
-from llmtrain.render import coerce_override
-from llmtrain.spec import OverrideRule, TemplateSpec
 from training_jobs.contract.hyperparameters import MULTI_STAGE_SCHEDULES
 
 AC_MODES = ("none", "selective", "full")
@@ -182,7 +182,7 @@ def candidate_overrides(
     counts = _choices(template, "instance_count", base.instance_count)
     modes = _choices(template, "activation_checkpointing", work.activation_checkpointing)
     compiles = _choices(template, "compile", work.compile)
-    from llmtrain.instances import instance_type
+    from llmtrain.core.instances import instance_type
 
     for mesh in meshes or [{}]:
         chosen = {**_mesh(base), **mesh}

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmtrain.errors import LlmtrainError
+from llmtrain.core.errors import LlmtrainError
 from llmtrain.planner.shapes import ALL_LINEAR, ModelShape, preset_shape
 from training_jobs.contract import ConfigError
 from training_jobs.contract.capabilities import CAPABILITIES
@@ -35,7 +35,7 @@ class PlanInputError(LlmtrainError):
 @dataclass(frozen=True)
 class Behaviour:
     """What the code a template version runs does, from its contract's capability table
-    (training_jobs/contract/capabilities.py; llmtrain.program_contract.LEGACY_CAPABILITIES for code
+    (training_jobs/contract/capabilities.py; llmtrain.core.program_contract.LEGACY_CAPABILITIES for code
     frozen before the table): the planner plans a run of a published version with its frozen
     code's behaviour, not today's."""
 

@@ -119,7 +119,7 @@ def test_seeds_scaling_within_tolerance():
 
 def test_gpu_check_plans_every_case_and_names_what_it_skips():
     from bench.plan_gpu import CASES, GpuCase, planned, skip_reason
-    from llmtrain.instances import GPU_MODELS
+    from llmtrain.core.instances import GPU_MODELS
 
     h100, a100 = GPU_MODELS["H100-80GB"], GPU_MODELS["A100-80GB"]
     plans = {case.name: planned(case, h100) for case in CASES}

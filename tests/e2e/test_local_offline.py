@@ -33,15 +33,16 @@ _JOB = textwrap.dedent("""
     sys.path.insert(0, {e2e!r})
     from local_e2e_support import toy_template
     from rich.console import Console
-    from llmtrain.commands.run import local_platform_context
+    from llmtrain.core.team_context import local_context
     from dataclasses import replace
     from llmtrain.local import LocalRunOptions, run_local
-    from llmtrain.render import RunInput, render
-    from llmtrain.sourcedir import package_code
+    from llmtrain.core.render import render
+    from llmtrain.core.run_settings import RunInput
+    from llmtrain.core.sourcedir import package_code
 
     code_root, workdir = Path(sys.argv[1]), Path(sys.argv[2])
     template = toy_template()
-    platform = replace(local_platform_context(), package_repository_arn={arn!r})
+    platform = replace(local_context(), package_repository_arn={arn!r})
     request = render(template, RunInput(run_name="offline"), platform)
     options = LocalRunOptions(run_name="offline", workdir=workdir, data={{"train": code_root / "data"}})
     summary = run_local(request, package_code(template.code, code_root), options,

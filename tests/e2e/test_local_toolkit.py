@@ -12,10 +12,11 @@ import pytest
 from local_e2e_support import E2E_DIR, toy_template
 from rich.console import Console
 
-from llmtrain.commands.run import local_platform_context
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.sourcedir import package_code
+from llmtrain.core.team_context import local_context
 from llmtrain.local import LocalRunOptions, next_attempt, run_local
-from llmtrain.render import RunInput, render
-from llmtrain.sourcedir import package_code
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,7 @@ def run_toy(tmp_path: Path, run_name: str, template=None, **overrides):
     (data / "part-0.txt").write_text("toy data\n")
     options = LocalRunOptions(run_name=run_name, workdir=tmp_path / "runs", data={"train": data})
     run = RunInput(run_name=run_name, overrides=overrides, attempt=next_attempt(options))
-    request = render(template, run, local_platform_context())
+    request = render(template, run, local_context())
     console = Console(record=True, width=200)
     code = package_code(template.code, E2E_DIR)
     summary = run_local(request, code, options, template_channels=template.inputs.channels, console=console)

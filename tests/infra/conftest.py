@@ -10,7 +10,7 @@ import aws_cdk as cdk
 import pytest
 from infra_helpers import CONFIG_DIR, PARTS, SynthesizedApp, synthesize
 
-from llmtrain.environments import EnvironmentConfig, load_environments
+from llmtrain.core.environments import EnvironmentConfig, load_environments
 from stacks import add_platform_stages
 
 

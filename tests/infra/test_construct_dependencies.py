@@ -10,13 +10,15 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from llmtrain.functions import (
+from llmtrain.core.function_settings import (
     ALL_SETTINGS,
     JobEventSettings,
     LauncherSettings,
@@ -27,37 +29,29 @@ from llmtrain.functions import (
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSTRUCTS = ROOT / "constructs" / "training_constructs"
-# The documented surface (constructs/README.md): the modules the construct library may import.
-SURFACE = {
-    "llmtrain",
-    "llmtrain.platform",
-    "llmtrain.catalog",
-    "llmtrain.spec",
-    "llmtrain.render",
-    "llmtrain.sourcedir",
-    "llmtrain.functions",
-    "llmtrain.lifecycle.submission",
-    "llmtrain.lifecycle.failures",
-    "llmtrain.queues.policy",
-    "llmtrain.jumpstart",
-    "llmtrain.deployed",
-    "llmtrain.images",
-    "llmtrain.instances",
-    "llmtrain.errors",
-}
+# The construct library imports llmtrain's torch-free core only (constructs/README.md, "What it depends
+# on"; import-linter's `constructs-on-core` contract checks the same at `make lint`).
+CORE = "llmtrain.core"
 # What the CLI, the local runner and the functions' own modules are: never loaded by a synth.
 NOT_LOADED = (
     "llmtrain.cli",
     "llmtrain.commands",
-    "llmtrain.launcher_client",
+    "llmtrain.client.launcher",
+    "llmtrain.client.run_views",
+    "llmtrain.client.job_telemetry",
     "llmtrain.local",
-    "llmtrain.datasets",
-    "llmtrain.aws",
-    "llmtrain.environments",
+    "llmtrain.client.datasets",
+    "llmtrain.client.aws",
+    "llmtrain.core.environments",
+    "llmtrain.core.environment_model",
+    "llmtrain.core.environment_sections",
+    "llmtrain.core.environment_teams",
+    "llmtrain.core.config_reader",
+    "llmtrain.core.stack_outputs",
     "llmtrain.planner",
     "llmtrain.handlers",
     "llmtrain.operations",
-    "llmtrain.runs",
+    "llmtrain.core.runs",
 )
 
 
@@ -76,14 +70,31 @@ def _imported_modules(path: Path) -> set[str]:
     return {name for name in found if name == "llmtrain" or name.startswith("llmtrain.")}
 
 
-def test_the_constructs_import_only_the_documented_part_of_llmtrain():
+def test_the_constructs_import_only_the_core_of_llmtrain():
     imported = {path.name: _imported_modules(path) for path in sorted(CONSTRUCTS.glob("*.py"))}
-    outside = {name: sorted(modules - SURFACE) for name, modules in imported.items() if modules - SURFACE}
-    assert outside == {}
-    # The table in constructs/README.md names exactly these modules.
+    outside = {name: sorted(m for m in modules if m not in ("llmtrain", CORE) and not m.startswith(CORE + "."))
+               for name, modules in imported.items()}
+    assert {name: modules for name, modules in outside.items() if modules} == {}
+    # The table in constructs/README.md names every core module they import.
     readme = (ROOT / "constructs" / "README.md").read_text()
     table = readme.split("## What it depends on", 1)[1].split("## ", 1)[0]
-    assert all(f"`{module}`" in table for module in SURFACE if module != "llmtrain"), table
+    used = set().union(*imported.values()) - {"llmtrain", CORE}
+    assert [module for module in sorted(used) if f"`{module}`" not in table] == [], table
+
+
+def _requirements(pyproject: Path, extra: str | None = None) -> set[str]:
+    project = tomllib.loads(pyproject.read_text())["project"]
+    listed = project["dependencies"] if extra is None else project["optional-dependencies"][extra]
+    return {re.split(r"[<>=!~\[ @;]", requirement, maxsplit=1)[0].lower() for requirement in listed}
+
+
+def test_the_construct_library_depends_on_what_the_core_needs_and_the_cdk():
+    """What `pip install llmtrain-constructs` brings: the CDK, and of the platform's distribution only
+    its core's dependencies (the CLI's come with its extras)."""
+    assert _requirements(ROOT / "pyproject.toml") == {"boto3", "botocore", "pyyaml", "regex"}
+    assert {"rich", "psutil"} <= _requirements(ROOT / "pyproject.toml", "cli")
+    assert _requirements(ROOT / "constructs" / "pyproject.toml") == {
+        "llm-sagemaker-platform", "aws-cdk-lib", "constructs", "pyyaml", "packaging"}
 
 
 def test_a_synth_loads_none_of_the_cli_and_no_training_packages():

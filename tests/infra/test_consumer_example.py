@@ -24,7 +24,7 @@ from infra_helpers import cfn_lint_unexplained, checkov_report
 from packaging.requirements import Requirement
 from wheel_install import CONSTRUCTS_SOURCES, LLMTRAIN_SOURCES, build_wheel, install
 
-from llmtrain.catalog import Catalog
+from llmtrain.core.catalog import Catalog
 from training_constructs.lambda_code import LAMBDA_RUNTIME, stage_lambda_code
 from training_constructs.launcher import VENDORED_PACKAGES
 

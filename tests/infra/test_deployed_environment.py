@@ -14,8 +14,8 @@ import pytest
 from aws_cdk.assertions import Template
 from infra_helpers import ENV, resources_of_type, statements_by_sid
 
-from llmtrain.catalog import Catalog
-from llmtrain.deployed import STANDARD_PARAMETER_LIMIT, template_parameter_value
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.deployed import STANDARD_PARAMETER_LIMIT, template_parameter_value
 from training_constructs import PropsError
 from training_constructs.deployed_environment import (
     DeployedEnvironmentProps,
@@ -99,7 +99,7 @@ def _own(name: str = "acme-charlm", content: str = "sha256:1") -> dict:
 
 def test_a_team_s_own_templates_are_written_for_the_cli():
     """One parameter per version, compressed (specs run to SSM's limit), read back by the CLI's
-    `llmtrain.deployed` (end to end: tests/llmtrain/test_cli_own_catalog.py)."""
+    `llmtrain.core.deployed` (end to end: tests/llmtrain/test_cli_own_catalog.py)."""
     stack = cdk.Stack(cdk.App(), "Record", env=ENV)
     DeployedEnvironmentRecord(stack, "Record", props=_props(own_templates=(_own(),)))
     parameters = {

@@ -1,4 +1,4 @@
-"""llmtrain.environments: the committed files load, and every invalid field is named in the error."""
+"""llmtrain.core.environments: the committed files load, and every invalid field is named in the error."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import yaml
 from infra_helpers import CONFIG_DIR
 
 import app as cdk_app
-from llmtrain.environments import (
+from llmtrain.core.environments import (
     MAX_WARM_POOL_KEEP_ALIVE_SECONDS,
     EnvironmentConfigError,
     load_environment,

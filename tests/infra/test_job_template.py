@@ -15,9 +15,9 @@ from aws_cdk.assertions import Annotations, Match, Template
 from cfnlint.api import ManualArgs, lint
 from infra_helpers import ENV, ROOT, SynthesizedApp, resources_of_type, synthesize
 
-from llmtrain.catalog import Catalog
-from llmtrain.errors import LockError, RequestValidationError, TemplateNotFoundError
-from llmtrain.sourcedir import archive_code_hash, collect_files, tarball_bytes
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.errors import LockError, RequestValidationError, TemplateNotFoundError
+from llmtrain.core.sourcedir import archive_code_hash, collect_files, tarball_bytes
 from training_constructs import JobTemplate, JobTemplateProps, PropsError, TrainingStorage
 
 TEMPLATES = ("byo-script@1.0.0", "llama-pretrain-fsdp@latest")
@@ -91,7 +91,7 @@ def test_code_is_deployed_under_the_versions_prefix(template_json):
 
 
 def test_uploaded_asset_is_the_deterministic_sourcedir(synthesized, template_json):
-    """The asset CDK uploads holds exactly sourcedir.tar.gz, byte-identical to llmtrain.sourcedir's."""
+    """The asset CDK uploads holds exactly sourcedir.tar.gz, byte-identical to llmtrain.core.sourcedir's."""
     app, templates = synthesized
     catalog = Catalog.load()
     deployments = resources_of_type(template_json, "Custom::CDKBucketDeployment").values()

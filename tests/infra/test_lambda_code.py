@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_lambda as lambda_
 from infra_helpers import resources_of_type
 
-from llmtrain.catalog import Catalog
+from llmtrain.core.catalog import Catalog
 from training_constructs.lambda_code import (
     LAMBDA_ARCHITECTURE,
     LAMBDA_RUNTIME,
@@ -125,3 +127,35 @@ def test_every_python_function_of_the_platform_runs_on_the_newest_runtime(platfo
                 runtimes[f"{scope}/{part}/{logical_id}"] = (props["Runtime"], tuple(props["Architectures"]))
     assert len(runtimes) >= 8, json.dumps(runtimes)
     assert set(runtimes.values()) == {(getattr(lambda_.Runtime, newest).name, ("arm64",))}
+
+
+def test_the_asset_carries_the_functions_layers_and_no_cli_or_local_runner(tmp_path):
+    files = _files(stage_lambda_code(staging_root=tmp_path))
+    llmtrain_files = {name for name in files if name.startswith("llmtrain/")}
+    layers = {name.split("/")[1] for name in llmtrain_files if name.count("/") > 1}
+    assert layers == {"core", "planner", "lifecycle", "operations", "handlers"}
+    assert "llmtrain/planner/prices.json" in files
+    for outside in ("llmtrain/cli.py", "llmtrain/commands/", "llmtrain/local/", "llmtrain/client/"):
+        assert not any(name.startswith(outside) for name in files), outside
+
+
+def test_every_handler_imports_from_the_asset_alone(tmp_path):
+    """The functions' entry points import with llmtrain taken from the asset only: nothing they need
+    was left out. Compiled vendored packages are built for the Lambda runtime, so this interpreter's
+    own copies of them are imported first."""
+    folder = stage_lambda_code(staging_root=tmp_path, vendored_packages=("yaml", "regex"))
+    script = (
+        "import sys, yaml, regex\n"
+        f"sys.path.insert(0, {str(folder)!r})\n"
+        "import llmtrain\n"
+        f"assert llmtrain.__file__.startswith({str(folder)!r}), llmtrain.__file__\n"
+        "import llmtrain.handlers.launcher, llmtrain.handlers.queue, llmtrain.handlers.quotas\n"
+        "import llmtrain.handlers.warm_pools, llmtrain.handlers.job_events\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('llmtrain.'))\n"
+        "print(' '.join(loaded))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    loaded = result.stdout.split()
+    assert "llmtrain.handlers.launcher" in loaded
+    assert not [m for m in loaded if m.split(".")[1] in ("commands", "local", "client", "cli")]

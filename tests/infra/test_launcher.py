@@ -24,11 +24,11 @@ from aws_cdk import aws_s3 as s3
 from cfnlint.api import ManualArgs, lint
 from infra_helpers import ENV, as_list, resources_of_type
 
-from llmtrain.catalog import Catalog
-from llmtrain.environments import StackOutput, load_environment
-from llmtrain.functions import ENV_PLATFORM_CONTEXT, ENV_REQUEST_LAYOUTS
-from llmtrain.launcher_client import LauncherOutput
-from llmtrain.lifecycle.submission import TUNING_LAYOUTS
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.deployed import LauncherOutput
+from llmtrain.core.environments import StackOutput, load_environment
+from llmtrain.core.function_settings import ENV_PLATFORM_CONTEXT, ENV_REQUEST_LAYOUTS
+from llmtrain.core.request_layouts import TUNING_LAYOUTS
 from training_constructs import PropsError
 from training_constructs.job_template import JobTemplate, JobTemplateProps
 from training_constructs.lambda_code import LAMBDA_RUNTIME
@@ -558,7 +558,7 @@ def test_the_code_asset_loads_the_handlers_with_vendored_packages_and_the_regist
     shutil.copytree(asset, probed, ignore=shutil.ignore_patterns("regex", "regex-*"))
     probe = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); import yaml; "
-        "from llmtrain.handlers import launcher, queue; from llmtrain.catalog import Catalog; "
+        "from llmtrain.handlers import launcher, queue; from llmtrain.core.catalog import Catalog; "
         "from llmtrain.planner import prices; table = prices.load(); "
         "root = launcher.BUNDLED_TEMPLATES_DIR; "
         "refs = [t.ref for t in Catalog.load(root=root, repo_root=root.parent).all()]; "

@@ -23,10 +23,10 @@ from aws_cdk.assertions import Template
 from cdk_nag import AwsSolutionsChecks
 from infra_helpers import as_list, cfn_lint_unexplained, resources_of_type
 
-from llmtrain import functions as function_settings
-from llmtrain.catalog import Catalog
-from llmtrain.functions import JobEventSettings, QuotaSettings, ReaperSettings, UsageKind
-from llmtrain.lifecycle.failures import FailureClass
+from llmtrain.core import function_settings
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.failures import FailureClass
+from llmtrain.core.function_settings import JobEventSettings, QuotaSettings, ReaperSettings, UsageKind
 from training_constructs import PropsError
 from training_constructs.lambda_code import stage_lambda_code
 from training_constructs.operations import (

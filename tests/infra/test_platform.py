@@ -13,7 +13,7 @@ import pytest
 from aws_cdk import aws_iam as iam
 from infra_helpers import ENV, as_list, cfn_lint_unexplained, checkov_report, synthesize
 
-from llmtrain.environments import StackOutput
+from llmtrain.core.environments import StackOutput
 from training_constructs.nag import acknowledge, acknowledge_wildcards, flatten_reference
 
 # Allow statements may use Resource "*" only for these actions: AWS offers no narrower resource.

@@ -11,7 +11,7 @@ import pytest
 from aws_cdk.assertions import Match, Template
 from infra_helpers import ENV, as_list, cfn_lint_unexplained, resources_of_type, statements_by_sid
 
-from llmtrain.queues import policy
+from llmtrain.core import queue_policy as policy
 from training_constructs import PropsError, TeamSpec
 from training_constructs.queues import (
     CANCEL_SERVICE_JOBS_SID,

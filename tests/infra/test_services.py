@@ -14,8 +14,8 @@ import pytest
 from cfnlint.api import ManualArgs, lint
 from infra_helpers import CONFIG_DIR, checkov_report, resources_of_type, statements_by_sid, synthesize
 
-from llmtrain.environments import load_environment, parse_environment
-from llmtrain.functions import ENV_PLATFORM_CONTEXT
+from llmtrain.core.environments import load_environment, parse_environment
+from llmtrain.core.function_settings import ENV_PLATFORM_CONTEXT
 from stacks.platform import PlatformStage
 
 ACCOUNT = "333333333333"

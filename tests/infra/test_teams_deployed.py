@@ -34,13 +34,14 @@ from moto import mock_aws
 from moto.iam.access_control import IAMPolicy, PermissionResult
 from moto_cloudformation import deploy_stage, iam_enforced
 
-from llmtrain.catalog import Catalog
 from llmtrain.cli import main
-from llmtrain.errors import LlmtrainError
-from llmtrain.functions import ENV_PLATFORM_CONTEXT
-from llmtrain.launcher_client import LauncherClient
-from llmtrain.platform import PlatformContext
-from llmtrain.render import RunInput, render
+from llmtrain.client.launcher import LauncherClient
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.errors import LlmtrainError
+from llmtrain.core.function_settings import ENV_PLATFORM_CONTEXT
+from llmtrain.core.platform import PlatformContext
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
 from training_constructs.teams import TEAM_TAG
 
 ENVIRONMENT = "prod"

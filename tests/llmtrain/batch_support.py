@@ -4,7 +4,7 @@ SAGEMAKER_TRAINING queue, so the tests supply them here.
 `SimulatedBatch` answers the five calls a queued run makes (SubmitServiceJob, DescribeServiceJob,
 ListServiceJobs, TerminateServiceJob, GetJobQueueSnapshot) with the shapes botocore's Batch model
 gives them. Every request is validated against botocore's model first (types, required members,
-and the max/pattern/enum constraints, `llmtrain.validate.input_problems`), a SubmitServiceJob's
+and the max/pattern/enum constraints, `llmtrain.core.validate.input_problems`), a SubmitServiceJob's
 payload against CreateTrainingJob's, and an invalid one raises botocore's ParamValidationError as a
 client would. What a job does after submission is scripted per submission (`QueueOutcome`): how
 many times it is seen waiting, then whether Batch hands it to SageMaker (where the harness's
@@ -23,8 +23,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError, ParamValidationError
 
-from llmtrain.queues import policy
-from llmtrain.validate import input_problems
+from llmtrain.core import queue_policy as policy
+from llmtrain.core.validate import input_problems
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 

@@ -1,17 +1,19 @@
 """A deployed environment in moto, as the stacks leave it for the CLI: the record in SSM Parameter
-Store (llmtrain.deployed.parameter_values, the layout DeployedEnvironmentRecord writes), a launcher
+Store (llmtrain.core.deployed.parameter_values, the layout DeployedEnvironmentRecord writes), a launcher
 state machine per team and the datasets bucket with a dataset of team `default`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 
 import boto3
 
-from llmtrain.catalog import Catalog
-from llmtrain.deployed import TeamAccess, parameter_values
-from llmtrain.platform import DEFAULT_TEAM, PlatformContext, team_data_prefix, team_job_name_prefix
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.deployed import TeamAccess, parameter_values
+from llmtrain.core.platform import DEFAULT_TEAM, PlatformContext, team_data_prefix, team_job_name_prefix
+from llmtrain.core.team_context import PlatformResources, TeamSettings, team_context
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 ENVIRONMENT = "dev"
@@ -32,24 +34,28 @@ def platform_context(
     team: str = DEFAULT_TEAM, allowed_templates: Sequence[str] = (), **limits
 ) -> PlatformContext:
     """Team `team`'s context, as its launcher's functions receive it."""
-    return PlatformContext(
+    context = team_context(
         environment=ENVIRONMENT,
         region=REGION,
         account=ACCOUNT,
-        execution_role_arn=f"arn:aws:iam::{ACCOUNT}:role/llmtrain-dev-{team}-execution",
-        datasets_bucket=f"llmtrain-dev-datasets-{ACCOUNT}",
-        checkpoints_bucket=f"llmtrain-dev-checkpoints-{ACCOUNT}",
-        artifacts_bucket=f"llmtrain-dev-artifacts-{ACCOUNT}",
-        code_bucket=f"llmtrain-dev-code-{ACCOUNT}",
-        kms_key_arn=f"arn:aws:kms:{REGION}:{ACCOUNT}:key/11111111-2222-3333-4444-555555555555",
-        subnet_ids=("subnet-0a1b2c3d4e5f60001", "subnet-0a1b2c3d4e5f60002"),
-        security_group_ids=("sg-0a1b2c3d4e5f60001",),
-        warm_pool_cap_seconds=3600,
-        job_name_prefix=team_job_name_prefix(ENVIRONMENT_PREFIX, team),
-        team=team,
-        allowed_templates=tuple(allowed_templates) or tuple(Catalog.load().names()),
-        **limits,
+        resources=PlatformResources(
+            execution_role_arn=f"arn:aws:iam::{ACCOUNT}:role/llmtrain-dev-{team}-execution",
+            datasets_bucket=f"llmtrain-dev-datasets-{ACCOUNT}",
+            checkpoints_bucket=f"llmtrain-dev-checkpoints-{ACCOUNT}",
+            artifacts_bucket=f"llmtrain-dev-artifacts-{ACCOUNT}",
+            code_bucket=f"llmtrain-dev-code-{ACCOUNT}",
+            kms_key_arn=f"arn:aws:kms:{REGION}:{ACCOUNT}:key/11111111-2222-3333-4444-555555555555",
+            subnet_ids=("subnet-0a1b2c3d4e5f60001", "subnet-0a1b2c3d4e5f60002"),
+            security_group_ids=("sg-0a1b2c3d4e5f60001",),
+        ),
+        team=TeamSettings(
+            name=team,
+            job_name_prefix=team_job_name_prefix(ENVIRONMENT_PREFIX, team),
+            warm_pool_cap_seconds=3600,
+            allowed_templates=tuple(allowed_templates) or tuple(Catalog.load().names()),
+        ),
     )
+    return dataclasses.replace(context, **limits)
 
 
 def team_access(state_machine_arn: str, team: str = DEFAULT_TEAM, **limits) -> TeamAccess:

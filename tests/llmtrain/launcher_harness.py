@@ -77,8 +77,8 @@ from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_funct
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 from moto.stepfunctions.parser.utils import camel_to_snake_case
 
+from llmtrain.core.platform import QUEUED_JOB_NAME_PREFIX, QUEUED_NAME_KEPT
 from llmtrain.handlers import launcher as launcher_functions
-from llmtrain.platform import QUEUED_JOB_NAME_PREFIX, QUEUED_NAME_KEPT
 
 ACCOUNT = "123456789012"  # moto's default account: the stage is synthesized for it
 REGION = "us-east-1"

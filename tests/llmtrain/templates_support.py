@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
-from llmtrain.catalog import Catalog
-from llmtrain.platform import PlatformContext
-from llmtrain.sourcedir import SNAPSHOT_FOLDER
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.platform import PlatformContext
+from llmtrain.core.sourcedir import SNAPSHOT_FOLDER
+from llmtrain.core.team_context import PlatformResources, TeamSettings, team_context
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_NAMES = (
@@ -33,23 +35,23 @@ EVAL_LINE = "[eval] step=100 eval_loss=3.987654"
 
 
 def platform_context(**changes) -> PlatformContext:
-    values = dict(
+    context = team_context(
         environment="test",
         region="us-east-1",
         account="123456789012",
-        execution_role_arn="arn:aws:iam::123456789012:role/llmtrain-test-execution",
-        datasets_bucket="llmtrain-test-datasets",
-        checkpoints_bucket="llmtrain-test-checkpoints",
-        artifacts_bucket="llmtrain-test-artifacts",
-        code_bucket="llmtrain-test-code",
-        kms_key_arn="arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
-        subnet_ids=("subnet-0aaaaaaaaaaaaaaa1", "subnet-0aaaaaaaaaaaaaaa2"),
-        security_group_ids=("sg-0bbbbbbbbbbbbbbb1",),
-        warm_pool_cap_seconds=3600,
-        job_name_prefix="llmtrain-test",
+        resources=PlatformResources(
+            execution_role_arn="arn:aws:iam::123456789012:role/llmtrain-test-execution",
+            datasets_bucket="llmtrain-test-datasets",
+            checkpoints_bucket="llmtrain-test-checkpoints",
+            artifacts_bucket="llmtrain-test-artifacts",
+            code_bucket="llmtrain-test-code",
+            kms_key_arn="arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+            subnet_ids=("subnet-0aaaaaaaaaaaaaaa1", "subnet-0aaaaaaaaaaaaaaa2"),
+            security_group_ids=("sg-0bbbbbbbbbbbbbbb1",),
+        ),
+        team=TeamSettings(job_name_prefix="llmtrain-test", warm_pool_cap_seconds=3600),
     )
-    values.update(changes)
-    return PlatformContext(**values)
+    return dataclasses.replace(context, **changes)
 
 
 def catalog() -> Catalog:

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from templates_support import REPO_ROOT, TEMPLATE_NAMES, catalog, copy_catalog
 
-from llmtrain.catalog import DEFAULT_TEMPLATE, Catalog, SemVer, parse_ref
 from llmtrain.cli import main
-from llmtrain.errors import LockError, TemplateNotFoundError, TemplateSpecError
+from llmtrain.core.catalog import DEFAULT_TEMPLATE, Catalog, SemVer, parse_ref
+from llmtrain.core.errors import LockError, TemplateNotFoundError, TemplateSpecError
 
 
 @pytest.fixture(scope="module")

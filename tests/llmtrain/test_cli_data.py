@@ -16,9 +16,9 @@ import pytest
 from deployed_support import ACCOUNT, BUCKET, REGION, TEAM_URI, deploy_environment, moto_credentials
 from moto import mock_aws
 
-from llmtrain import datasets
 from llmtrain.cli import main
-from llmtrain.sourcedir import repository_root
+from llmtrain.client import datasets
+from llmtrain.core.sourcedir import repository_root
 
 MIB = 1 << 20
 TEXT = (repository_root() / "README.md").read_text()

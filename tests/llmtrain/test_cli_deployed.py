@@ -15,8 +15,8 @@ import test_launcher_state_machine
 from launcher_harness import ACCOUNT, REGION, CloudFormationResolver, JobOutcome, launcher_in_moto
 
 from llmtrain.cli import main
-from llmtrain.deployed import STANDARD_PARAMETER_LIMIT, from_parameters
-from llmtrain.platform import PlatformContext
+from llmtrain.core.deployed import STANDARD_PARAMETER_LIMIT, from_parameters
+from llmtrain.core.platform import PlatformContext
 
 pytestmark = pytest.mark.slow
 # The fixture of test_launcher_state_machine.py: the dev stage synthesized for moto's account.

@@ -21,8 +21,8 @@ import pytest
 from launcher_harness import ACCOUNT, REGION, JobOutcome, launcher_in_moto
 from test_cli_deployed import _deploy_record, llmtrain
 
-from llmtrain.catalog import Catalog
-from llmtrain.deployed import from_parameters
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.deployed import from_parameters
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

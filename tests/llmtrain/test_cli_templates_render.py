@@ -16,8 +16,8 @@ import yaml
 from templates_support import REPO_ROOT, TEMPLATE_NAMES, catalog, copy_catalog, platform_context
 
 from llmtrain.cli import main
-from llmtrain.environments import StackOutput
-from llmtrain.errors import LlmtrainError
+from llmtrain.core.environments import StackOutput
+from llmtrain.core.errors import LlmtrainError
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -76,7 +76,7 @@ def test_the_installed_cli_works_from_an_empty_folder(installed, tmp_path):
         [
             "python",
             "-c",
-            "import importlib.util, llmtrain, llmtrain.sourcedir as s, training_jobs.contract as c; "
+            "import importlib.util, llmtrain, llmtrain.core.sourcedir as s, training_jobs.contract as c; "
             "print(llmtrain.__file__); print(s.repository_root()); print(c.__file__); "
             "print(importlib.util.find_spec('training_jobs.trainer'))",
         ],

@@ -14,11 +14,11 @@ import pytest
 from moto import mock_aws
 from sagemaker_fleet_support import TrainingFleet
 
-from llmtrain.functions import JOB_NAMESPACE, TRAINING_NAMESPACE, JobEventSettings
+from llmtrain.core import failures
+from llmtrain.core.failures import FailureClass
+from llmtrain.core.failures import classify_job_failure as classify_failure
+from llmtrain.core.function_settings import JOB_NAMESPACE, TRAINING_NAMESPACE, JobEventSettings
 from llmtrain.handlers import job_events as job_event_handler
-from llmtrain.lifecycle import failures
-from llmtrain.lifecycle.failures import FailureClass
-from llmtrain.lifecycle.failures import classify_job_failure as classify_failure
 from llmtrain.operations import job_events
 
 REGION = "us-east-1"
@@ -356,7 +356,7 @@ def test_jobs_without_a_template_tag_publish_no_training_metrics(aws):
 
 
 def test_the_template_tag_is_the_one_render_sets():
-    from llmtrain.render import TAG_PREFIX
+    from llmtrain.core.render import TAG_PREFIX
 
     assert job_events.TEMPLATE_TAG == f"{TAG_PREFIX}template"
     assert job_events.ENVIRONMENT_TAG == f"{TAG_PREFIX}environment"

@@ -1,4 +1,4 @@
-"""Base models from SageMaker JumpStart (llmtrain.jumpstart), offline: a recorded JumpStart manifest
+"""Base models from SageMaker JumpStart (llmtrain.core.jumpstart), offline: a recorded JumpStart manifest
 and model specs (tests/llmtrain/data/jumpstart: a gated Llama 2 in two versions, a Falcon whose
 weights are a prefix, GPT-2, a model without training weights and an image classifier) in moto's S3
 as JumpStart's content bucket of the region. The resolution agrees with the SageMaker Python SDK's
@@ -15,11 +15,12 @@ import pytest
 from deployed_support import platform_context
 from moto import mock_aws
 
-from llmtrain.catalog import Catalog
-from llmtrain.errors import OverrideError, RequestValidationError
-from llmtrain.jumpstart import JumpStartCatalog, content_bucket, resolve_base_model
-from llmtrain.render import RunInput, render
-from llmtrain.validate import shape_problems
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.errors import OverrideError, RequestValidationError
+from llmtrain.core.jumpstart import JumpStartCatalog, content_bucket, resolve_base_model
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.validate import shape_problems
 
 DATA = Path(__file__).parent / "data" / "jumpstart"
 REGION = "us-east-1"

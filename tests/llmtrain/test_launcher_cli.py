@@ -29,11 +29,13 @@ from deployed_support import (
 from moto import mock_aws
 from moto.sagemaker.models import sagemaker_backends
 
-from llmtrain.catalog import Catalog
 from llmtrain.cli import main
-from llmtrain.launcher_client import TRAINING_LOG_GROUP, TRAINING_METRIC_NAMESPACE, LauncherClient
-from llmtrain.platform import PlatformContext
-from llmtrain.render import RunInput, render
+from llmtrain.client.job_telemetry import TRAINING_LOG_GROUP, TRAINING_METRIC_NAMESPACE
+from llmtrain.client.launcher import LauncherClient
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.team_context import placeholder_context
 
 GPT2 = Catalog.load().latest("gpt2-ddp").ref  # what `gpt2-ddp` (no version) resolves to
 GPT2_VERSIONS = ", ".join(Catalog.load().versions("gpt2-ddp"))
@@ -115,7 +117,7 @@ def _job(
     name: str, status: str, *, final_metrics: bool, template: str = "gpt2-ddp", billable: int = 0,
     failure_reason: str | None = None,
 ) -> None:
-    platform = PlatformContext.placeholder(
+    platform = placeholder_context(
         environment="dev",
         account=ACCOUNT,
         region=REGION,

@@ -18,36 +18,38 @@ from moto import mock_aws
 from moto.sagemaker.models import sagemaker_backends
 from sagemaker_fleet_support import TrainingFleet, install_update_training_job
 
-from llmtrain.catalog import Catalog
-from llmtrain.errors import LauncherStateError, LlmtrainError
-from llmtrain.functions import ENV_PLATFORM_CONTEXT, LauncherSettings
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.errors import LauncherStateError, LlmtrainError
+from llmtrain.core.failures import Failure, classify_failure
+from llmtrain.core.function_settings import ENV_PLATFORM_CONTEXT, LauncherSettings
+from llmtrain.core.render import job_name, render
+from llmtrain.core.request_layouts import request_layout, request_layouts
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.runs import ExecutionInput, InvalidRunInput, RunState
+from llmtrain.core.team_context import PlatformResources, TeamSettings, team_context
 from llmtrain.handlers import launcher
-from llmtrain.lifecycle.failures import Failure, classify_failure
 from llmtrain.lifecycle.jobs import attempt_name_stem
 from llmtrain.lifecycle.resolve import RunAlreadyCompleted, RunAlreadyInProgress, check_fallbacks, resolve_run
 from llmtrain.lifecycle.retries import backoff_seconds, plan_retry
-from llmtrain.lifecycle.submission import TrainingJobSubmission, request_layout, request_layouts
-from llmtrain.platform import PlatformContext
-from llmtrain.render import RunInput, job_name, render
-from llmtrain.runs import ExecutionInput, InvalidRunInput, RunState
+from llmtrain.lifecycle.submission import TrainingJobSubmission
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 CATALOG = Catalog.load()
-PLATFORM = PlatformContext(
+PLATFORM = team_context(
     environment="test",
     region=REGION,
     account=ACCOUNT,
-    execution_role_arn=f"arn:aws:iam::{ACCOUNT}:role/execution",
-    datasets_bucket="datasets-bucket",
-    checkpoints_bucket="checkpoints-bucket",
-    artifacts_bucket="artifacts-bucket",
-    code_bucket="code-bucket",
-    kms_key_arn=f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab",
-    subnet_ids=("subnet-0123456789abcdef0",),
-    security_group_ids=("sg-0123456789abcdef0",),
-    warm_pool_cap_seconds=3600,
-    job_name_prefix="llmtrain-test",
-    team="nlp",
+    resources=PlatformResources(
+        execution_role_arn=f"arn:aws:iam::{ACCOUNT}:role/execution",
+        datasets_bucket="datasets-bucket",
+        checkpoints_bucket="checkpoints-bucket",
+        artifacts_bucket="artifacts-bucket",
+        code_bucket="code-bucket",
+        kms_key_arn=f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+        subnet_ids=("subnet-0123456789abcdef0",),
+        security_group_ids=("sg-0123456789abcdef0",),
+    ),
+    team=TeamSettings(name="nlp", job_name_prefix="llmtrain-test", warm_pool_cap_seconds=3600),
 )
 LAYOUTS = request_layouts([render(t, RunInput(run_name="layout"), PLATFORM) for t in CATALOG.all()])
 CAPACITY = {
@@ -214,7 +216,7 @@ def test_a_fallback_with_another_gpu_count_holds_a_run_whose_checkpoints_reshard
 
 
 def test_a_fallback_with_another_gpu_count_cannot_hold_a_deepspeed_run():
-    from llmtrain.spec import TemplateSpec
+    from llmtrain.core.spec import TemplateSpec
 
     data = CATALOG.resolve("llama-finetune-deepspeed").to_dict()
     data["retry"]["fallback_instance_types"] = ["ml.p5.48xlarge", "ml.g5.12xlarge"]

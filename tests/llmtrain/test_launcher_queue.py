@@ -22,13 +22,14 @@ import pytest
 from batch_support import QueueOutcome
 from launcher_harness import ACCOUNT, REGION, JobOutcome, launcher_in_moto
 
-from llmtrain.catalog import Catalog
-from llmtrain.environments import JobQueueConfig, QueuesConfig, load_environment
-from llmtrain.launcher_client import LauncherClient
-from llmtrain.platform import PlatformContext
-from llmtrain.queues import policy
-from llmtrain.render import RunInput, render
-from llmtrain.validate import input_problems
+from llmtrain.client.launcher import LauncherClient
+from llmtrain.core import queue_policy as policy
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.environments import JobQueueConfig, QueuesConfig, load_environment
+from llmtrain.core.platform import PlatformContext
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.validate import input_problems
 from stacks.platform import PlatformStage
 
 ROOT = Path(__file__).resolve().parents[2]

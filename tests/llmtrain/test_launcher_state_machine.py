@@ -24,10 +24,11 @@ import aws_cdk as cdk
 import pytest
 from launcher_harness import ACCOUNT, CloudFormationResolver, JobOutcome, launcher_in_moto
 
-from llmtrain.catalog import Catalog
-from llmtrain.environments import load_environment
-from llmtrain.platform import PlatformContext
-from llmtrain.render import RunInput, render
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.environments import load_environment
+from llmtrain.core.platform import PlatformContext
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
 from stacks.platform import PlatformStage
 
 ROOT = Path(__file__).resolve().parents[2]

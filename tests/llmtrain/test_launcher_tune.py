@@ -16,10 +16,10 @@ from aws_cdk.assertions import Template
 from launcher_harness import JobOutcome, launcher_in_moto
 from test_launcher_state_machine import _dev_config, _platform, _synthesize
 
-from llmtrain.catalog import Catalog
-from llmtrain.lifecycle.tuning import render_tune
-from llmtrain.render import RunInput
-from llmtrain.tuning import ParamRange, TuneSpec
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.tuning import ParamRange, TuneSpec
+from llmtrain.lifecycle.tuning_jobs import render_tune
 
 TEMPLATE = "llama-pretrain-fsdp"
 # lr from 5e-5: the template's min_lr is 3e-5, and the program refuses an lr below it.

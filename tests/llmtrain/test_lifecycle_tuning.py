@@ -1,4 +1,4 @@
-"""A tune's lifecycle (llmtrain.lifecycle.tuning) through the launcher's functions, called directly as
+"""A tune's lifecycle (llmtrain.lifecycle.tuning_jobs) through the launcher's functions, called directly as
 test_launcher_handlers.py calls them; the tunes' tuning jobs live in moto's SageMaker. Resolve starts a
 tune's attempt as a tuning job (`TuningSubmission`), refuses a duplicate tune as it refuses a duplicate
 run, and NextAttempt and Summarize give a tune's summary. The state machine around them runs in
@@ -14,15 +14,17 @@ import test_launcher_handlers as handlers_test
 from moto.sagemaker.models import sagemaker_backends
 from test_launcher_handlers import ACCOUNT, CATALOG, PLATFORM, REGION, _resolve
 
-from llmtrain.functions import LauncherSettings
+from llmtrain.core.function_settings import LauncherSettings
+from llmtrain.core.platform import PlatformContext
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.runs import InvalidRunInput, RunState
+from llmtrain.core.tuning import ParamRange, TuneError, TuneSpec
+from llmtrain.core.tuning_request import tuning_job_name
 from llmtrain.handlers import launcher
 from llmtrain.lifecycle.jobs import tuning_name_stem
 from llmtrain.lifecycle.resolve import RunAlreadyCompleted, RunAlreadyInProgress
-from llmtrain.lifecycle.tuning import TuningSubmission, render_tune
-from llmtrain.platform import PlatformContext
-from llmtrain.render import RunInput, render
-from llmtrain.runs import InvalidRunInput, RunState
-from llmtrain.tuning import ParamRange, TuneError, TuneSpec, tuning_job_name
+from llmtrain.lifecycle.tuning_jobs import TuningSubmission, render_tune
 
 deployed = handlers_test.deployed  # moto, and the functions' environment as the construct writes it
 TUNE = TuneSpec(params=(ParamRange.parse("lr=1e-5..1e-3:log"),), objective="train:loss", trials=4)

@@ -8,7 +8,7 @@ import pytest
 
 from llmtrain.cli import main
 from llmtrain.local.data import parse_data_option
-from llmtrain.local.plan import LocalRunError
+from llmtrain.local.job import LocalRunError
 
 
 def test_without_local_it_points_at_the_launcher(capsys):

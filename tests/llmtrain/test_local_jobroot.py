@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from llmtrain.catalog import Catalog
-from llmtrain.commands.run import local_platform_context
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.team_context import local_context
+from llmtrain.local.job import LocalChannel, LocalRunError, local_job
 from llmtrain.local.jobroot import upload_from_hosts, write_host_roots
-from llmtrain.local.plan import LocalChannel, LocalRunError, plan_local_job
 from llmtrain.local.toolkit import host_environment
-from llmtrain.render import RunInput, render
 
 # What the toolkit makes of a job root: the same object the PyTorch container builds at start-up.
 READ_WITH_TOOLKIT = """
@@ -34,8 +35,8 @@ print(json.dumps({
 @pytest.fixture(scope="module")
 def plan():
     template = Catalog.load().resolve("llama-pretrain-fsdp")
-    request = render(template, RunInput(run_name="roots"), local_platform_context())
-    return plan_local_job(request)
+    request = render(template, RunInput(run_name="roots"), local_context())
+    return local_job(request)
 
 
 @pytest.fixture

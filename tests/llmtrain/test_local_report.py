@@ -10,11 +10,13 @@ import botocore.session
 import pytest
 from rich.console import Console
 
-from llmtrain.catalog import Catalog
-from llmtrain.commands.run import local_platform_context
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.team_context import local_context
+from llmtrain.local.job import local_job
 from llmtrain.local.jobroot import HostRoot
-from llmtrain.local.metrics import MetricDefinition, MetricExtractor
-from llmtrain.local.plan import plan_local_job
+from llmtrain.local.metric_lines import MetricDefinition, MetricExtractor
 from llmtrain.local.report import (
     JobRecord,
     JobTimes,
@@ -25,7 +27,6 @@ from llmtrain.local.report import (
     save_metrics,
 )
 from llmtrain.local.runner import decide_outcome
-from llmtrain.render import RunInput, render
 
 LINES = [
     "2026-01-01 sagemaker-training-toolkit INFO     Invoking user training script.",
@@ -38,8 +39,8 @@ LINES = [
 @pytest.fixture(scope="module")
 def request_and_plan():
     template = Catalog.load().resolve("llama-pretrain-fsdp")
-    request = render(template, RunInput(run_name="report"), local_platform_context())
-    return request, plan_local_job(request)
+    request = render(template, RunInput(run_name="report"), local_context())
+    return request, local_job(request)
 
 
 def extractor(request) -> MetricExtractor:

@@ -11,11 +11,22 @@ import json
 import pytest
 from botocore.stub import Stubber
 
-from llmtrain.catalog import Catalog
 from llmtrain.cli import main
-from llmtrain.errors import LlmtrainError, RequestValidationError
-from llmtrain.instances import GPU_MODELS, INSTANCE_TYPES, instance_type
-from llmtrain.planner import memory, pipeline, prices, speed
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.errors import LlmtrainError, RequestValidationError
+from llmtrain.core.instances import GPU_MODELS, INSTANCE_TYPES, instance_type
+from llmtrain.planner import (
+    activation_memory,
+    collectives,
+    compute_times,
+    memory,
+    model_states,
+    pipeline,
+    pipeline_memory,
+    prices,
+    sharding,
+    speed,
+)
 from llmtrain.planner.plan import BILLED_STARTUP_SECONDS, PlanOptions, plan_run
 from llmtrain.planner.shapes import (
     PRESET_VOCAB,
@@ -232,7 +243,7 @@ def test_single_fp32_activations_by_hand():
     rotary = 2 * 32 * 16 * 4
     expected = 2 * block * tokens + head * tokens + rotary
     work = _work(precision="fp32")
-    assert memory.activation_bytes(work, _layout("single"))[0] == expected == 877_120
+    assert activation_memory.activation_bytes(work, _layout("single"))[0] == expected == 877_120
 
 
 def test_fsdp_memory_by_hand():
@@ -256,8 +267,8 @@ def test_fsdp_memory_by_hand():
 def test_fsdp_shards_pad_the_first_dimension():
     odd = dataclasses.replace(TINY, vocab_size=650)  # 650 rows over 4 ranks: 163 each, padded
     embedding = odd.parameters()[0]
-    assert memory.shard_numel(embedding, 1, 4, padded=True) == 163 * 64
-    assert memory.shard_numel(embedding, 1, 5, padded=True) == 130 * 64
+    assert sharding.shard_numel(embedding, 1, 4, padded=True) == 163 * 64
+    assert sharding.shard_numel(embedding, 1, 5, padded=True) == 130 * 64
 
 
 def test_deepspeed_memory_by_hand():
@@ -268,7 +279,7 @@ def test_deepspeed_memory_by_hand():
     assert (zero1.parameters, zero1.gradients) == (2 * TINY_PARAMETERS, 2 * TINY_PARAMETERS)
     assert zero1.optimizer == 4 * half + 8 * half + 4 * TINY_TENSORS
     zero2 = memory.estimate(_work(), _layout("deepspeed", 2, zero_stage=2), capacity=0, on_gpu=False)
-    assert zero2.gradients == 2 * (half + memory.DEEPSPEED_REDUCE_BUCKET_ELEMENTS)
+    assert zero2.gradients == 2 * (half + model_states.DEEPSPEED_REDUCE_BUCKET_ELEMENTS)
     zero3 = memory.estimate(_work(), _layout("deepspeed", 2, zero_stage=3), capacity=0, on_gpu=False)
     # Every tiny tensor is below the persistence threshold: whole on each rank, nothing gathered.
     assert zero3.parameters == 2 * TINY_PARAMETERS
@@ -276,7 +287,7 @@ def test_deepspeed_memory_by_hand():
 
 def test_lora_trains_only_the_adapters():
     work = _work(lora_r=4, lora_targets=("q_proj", "v_proj"))
-    tensors = memory.parameter_tensors(work)
+    tensors = sharding.parameter_tensors(work)
     # per block: q (64 in, 64 out) and v (64 in, 32 out): A is r x in, B out x r
     assert sum(p.numel for p in tensors.trainable) == 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4)
     estimate = memory.estimate(work, _layout("ddp", 2), capacity=0, on_gpu=False)
@@ -286,10 +297,10 @@ def test_lora_trains_only_the_adapters():
 
 
 def test_checkpointing_keeps_only_block_inputs():
-    full = memory.activation_bytes(
+    full = activation_memory.activation_bytes(
         _work(activation_checkpointing="full", precision="fp32"), _layout("single")
     )[0]
-    none = memory.activation_bytes(_work(precision="fp32"), _layout("single"))[0]
+    none = activation_memory.activation_bytes(_work(precision="fp32"), _layout("single"))[0]
     head = (4 * (3 * 64 + 1) + 4 * 640 + 4 + 1 + 16) * 64
     assert full == 2 * 4 * 64 * 64 + head  # two blocks keep their fp32 input; no cos/sin
     assert full < none
@@ -368,7 +379,7 @@ def test_each_generation_has_its_own_balance():
 
 def test_collectives_by_hand():
     p4d = instance_type("ml.p4d.24xlarge")
-    links = speed.Links(speed.Cluster.of(p4d, 2), speed.CALIBRATION)
+    links = collectives.Links(speed.Cluster.of(p4d, 2), speed.CALIBRATION)
     inside, network = 300e9 * 0.8, 400e9 / 8 * 0.8
     assert links.bandwidth(8, 1) == inside
     assert links.bandwidth(16, 1) == network  # a ring over both instances: their whole network
@@ -386,10 +397,10 @@ def test_ddp_hides_its_all_reduce_behind_backward_until_it_cannot():
     network = 400e9 / 8 * 0.8
     grads = 4 * work.model.num_parameters
     all_reduce = 2 * 15 / 16 * grads / network
-    times = speed.layer_times(work, layout, p4d.gpu_model, speed.CALIBRATION,
+    times = compute_times.layer_times(work, layout, p4d.gpu_model, speed.CALIBRATION,
                               list(range(work.model.num_layers)), head=True)
     backward = times.backward_input + times.backward_weight
-    last_bucket = 2 * 15 / 16 * speed.DDP_BUCKET_BYTES / network
+    last_bucket = 2 * 15 / 16 * collectives.DDP_BUCKET_BYTES / network
     assert all_reduce > backward
     assert estimate.exposed_communication_seconds == pytest.approx(all_reduce - backward + last_bucket)
 
@@ -407,7 +418,7 @@ def test_tensor_parallel_all_reduces_are_exposed():
 def test_full_checkpointing_recomputes_the_forward():
     work = _work(model=preset_shape("llama3-8b", 2048), seq_len=2048, activation_checkpointing="full")
     block = sum(p.numel for p in work.model.parameters() if p.kind == "linear" and p.layer == 0)
-    assert speed.recompute_flops_per_token(work) == 32 * (2 * block + 4 * 4096 * 2048)
+    assert compute_times.recompute_flops_per_token(work) == 32 * (2 * block + 4 * 4096 * 2048)
 
 
 # --- pipeline stages, by hand ------------------------------------------------------------------------
@@ -474,7 +485,7 @@ def test_pipeline_bubble_by_hand():
     of the step; zero bubble fills it but for forward + input backward - 2 x weight backward."""
     assert pipeline.bubble_fraction(4, 1, 8) == 3 / 11
     assert pipeline.bubble_fraction(4, 2, 8) == 3 / 19
-    equal = [speed.StageTimes(1.0, 1.0, 1.0)] * 8
+    equal = [compute_times.StageTimes(1.0, 1.0, 1.0)] * 8
     one_f_one_b = _pipelined(pipeline=4)
     assert speed.pipeline_bubble(one_f_one_b, equal[:4]) == 3 * 3.0
     interleaved = _pipelined(pipeline=4, schedule="interleaved_1f1b", stages_per_rank=2)
@@ -482,7 +493,7 @@ def test_pipeline_bubble_by_hand():
     assert bubble / (8 * 2 * 3.0 + bubble) == pytest.approx(3 / 19)
     zero_bubble = _pipelined(pipeline=4, schedule="zero_bubble", stages_per_rank=2)
     assert speed.pipeline_bubble(zero_bubble, equal) == 0.0
-    recomputing = [speed.StageTimes(1.0, 2.0, 1.0)] * 8  # checkpointing adds a forward to backward
+    recomputing = [compute_times.StageTimes(1.0, 2.0, 1.0)] * 8  # checkpointing adds a forward to backward
     assert speed.pipeline_bubble(zero_bubble, recomputing) == 3 * 1.0
 
 
@@ -498,18 +509,18 @@ def test_pipeline_step_by_hand():
     estimate = speed.estimate(work, layout, speed.Cluster.of(p5, 1))
     m = work.model
     block = sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer == 0)
-    counts = memory.stage_layer_counts(work, layout)
+    counts = pipeline_memory.stage_layer_counts(work, layout)
     assert sum(counts) == 32
     c = speed.CALIBRATION
     rate = 989e12 * c.matmul_efficiency(p5.gpu_model)
-    stages = memory.pipeline_stages(work, layout)
-    times = [speed.stage_times(work, layout, stage, p5.gpu_model) for stage in stages]
+    stages = pipeline_memory.pipeline_stages(work, layout)
+    times = [compute_times.stage_times(work, layout, stage, p5.gpu_model) for stage in stages]
     for stage, t, (layers, last) in zip(stages, times, zip(counts, (False, True), strict=True), strict=True):
         matmuls = 6 * (layers * block + (m.vocab_size * 4096 if last else 0)) * 2048 / 4 / rate
         assert t.parts[0] == pytest.approx(matmuls)
         assert stage.num_layers == layers
-    links = speed.Links(speed.Cluster.of(p5, 1), c)
-    tp = [speed._stage_communication(work, layout, links, stage) for stage in stages]
+    links = collectives.Links(speed.Cluster.of(p5, 1), c)
+    tp = [collectives.stage_communication(work, layout, links, stage) for stage in stages]
     seconds = [t.total for t in times]
     assert estimate.bubble_seconds == pytest.approx(max(s + x for s, x in zip(seconds, tp, strict=True)))
     assert estimate.compute_seconds in (pytest.approx(8 * seconds[0]), pytest.approx(8 * seconds[1]))
@@ -530,22 +541,23 @@ def test_pipeline_fsdp_accumulates_and_reduces_on_the_critical_path():
     layout = Layout("fsdp", 1, 8, ParallelDims(2, 1, 2, 2))
     cluster = speed.Cluster.of(p5, 1)
     estimate = speed.estimate(work, layout, cluster)
-    stages = memory.pipeline_stages(work, layout)
-    links = speed.Links(cluster, speed.CALIBRATION)
+    stages = pipeline_memory.pipeline_stages(work, layout)
+    links = collectives.Links(cluster, speed.CALIBRATION)
     slowest = 0.0
     for stage in stages:
-        elements = sum(memory.tp_local_numel(p, 2) for p in memory.stage_tensors(work, [stage]).trainable)
-        accumulate = speed._accumulation_seconds(work, layout, gpu, memory.stage_tensors(work, [stage]))
+        tensors = pipeline_memory.stage_tensors(work, [stage])
+        elements = sum(sharding.tp_local_numel(p, 2) for p in tensors.trainable)
+        accumulate = compute_times.accumulation_seconds(work, layout, gpu, tensors)
         assert accumulate == pytest.approx(10 * elements / 3.35e12)
-        total = speed.stage_times(work, layout, stage, gpu).total + accumulate
-        slowest = max(slowest, total + speed._stage_communication(work, layout, links, stage))
+        total = compute_times.stage_times(work, layout, stage, gpu).total + accumulate
+        slowest = max(slowest, total + collectives.stage_communication(work, layout, links, stage))
     assert estimate.bubble_seconds == pytest.approx(slowest)
     reduce_scatter = next(t for t in estimate.transfers if t.name == "fsdp reduce-scatter")
     assert estimate.exposed_communication_seconds > reduce_scatter.seconds > 0
     whole = Layout("fsdp", 1, 8, ParallelDims(1, 1, 8, 1))
-    assert speed._accumulation_seconds(work, whole, gpu, memory.parameter_tensors(work)) == 0.0
+    assert compute_times.accumulation_seconds(work, whole, gpu, sharding.parameter_tensors(work)) == 0.0
     grad_op = dataclasses.replace(whole, fsdp_sharding="grad_op")
-    assert speed._accumulation_seconds(work, grad_op, gpu, memory.parameter_tensors(work)) > 0.0
+    assert compute_times.accumulation_seconds(work, grad_op, gpu, sharding.parameter_tensors(work)) > 0.0
 
 
 def test_pipeline_sends_by_hand():
@@ -603,7 +615,7 @@ def test_pipeline_settings_are_checked_as_the_program_does():
     work, layout = workload_and_layout(alone, 2, 1)
     assert layout.data_parallel == 1  # GPipe without data-parallel replicas runs
     work, layout = resolve(grad_accum_steps=4, pipeline_split="5,1")
-    assert memory.stage_layer_counts(work, layout) == (5, 1)
+    assert pipeline_memory.stage_layer_counts(work, layout) == (5, 1)
 
 
 # --- mesh -------------------------------------------------------------------------------------------
@@ -644,7 +656,7 @@ def test_cost_is_hours_times_price(catalog):
 
 
 def test_overrides_are_validated_as_the_launcher_does(catalog):
-    from llmtrain.errors import OverrideError
+    from llmtrain.core.errors import OverrideError
 
     with pytest.raises(OverrideError, match="micro_batch_size"):
         plan_run(catalog.resolve("llama-pretrain-fsdp"), {"micro_batch_size": 0})

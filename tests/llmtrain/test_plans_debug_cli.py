@@ -19,8 +19,8 @@ from moto import mock_aws
 from llmtrain.cli import main
 from llmtrain.commands.debug import find_session
 from llmtrain.commands.plans import PlanScope, list_plans, print_plans
-from llmtrain.deployed import parameter_values
-from llmtrain.errors import LlmtrainError
+from llmtrain.core.deployed import parameter_values
+from llmtrain.core.errors import LlmtrainError
 
 ACCOUNT = "111111111111"
 PLAN_ARN = f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:training-plan/p5-week"

@@ -7,8 +7,9 @@ import json
 import pytest
 from templates_support import platform_context
 
-from llmtrain.errors import PlatformContextError
-from llmtrain.platform import PlatformContext, is_job_name_prefix, team_job_log_streams
+from llmtrain.core.errors import PlatformContextError
+from llmtrain.core.platform import PlatformContext, is_job_name_prefix, team_job_log_streams
+from llmtrain.core.team_context import placeholder_context
 
 
 def test_round_trip_through_json():
@@ -53,7 +54,7 @@ def test_from_dict_names_unknown_and_missing_fields():
 
 
 def test_placeholder_is_marked_as_a_dry_run():
-    context = PlatformContext.placeholder(
+    context = placeholder_context(
         environment="dev",
         account="111111111111",
         region="eu-west-1",
@@ -140,3 +141,20 @@ def test_a_teams_log_streams_include_its_queued_jobs_where_batchs_name_keeps_the
     assert team_job_log_streams("llmtrain-prod-pretrain") == (
         "llmtrain-prod-pretrain-*", "AWSBatchllmtrain-prod-pretrain-*")
     assert team_job_log_streams("acme-training-platform-a") == ("acme-training-platform-a-*",)
+
+
+def test_a_context_is_put_together_in_one_place():
+    """Every team's context comes from llmtrain.core.team_context (the CLI, the local runner, the
+    planner, the constructs and the tests): nothing else calls PlatformContext(...) by its fields."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    callers = []
+    for folder in ("llmtrain", "constructs/training_constructs", "stacks", "tests", "bench", "scripts"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                        and node.func.id == "PlatformContext"):
+                    callers.append(str(path.relative_to(root)))
+    assert callers == []

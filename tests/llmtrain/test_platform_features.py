@@ -10,16 +10,17 @@ import json
 import pytest
 from templates_support import REPO_ROOT, catalog, platform_context
 
-from llmtrain.environments import load_environment, parse_environment
-from llmtrain.errors import OverrideError, RequestValidationError, TemplateSpecError
-from llmtrain.lifecycle.failures import classify_failure
+from llmtrain.core.environments import load_environment, parse_environment
+from llmtrain.core.errors import OverrideError, RequestValidationError, TemplateSpecError
+from llmtrain.core.failures import classify_failure
+from llmtrain.core.platform import PlatformContext
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.runs import RunState
+from llmtrain.core.spec import TemplateSpec
+from llmtrain.core.validate import shape_problems
 from llmtrain.lifecycle.retries import plan_next_attempt
 from llmtrain.lifecycle.submission import TrainingJobSubmission
-from llmtrain.platform import PlatformContext
-from llmtrain.render import RunInput, render
-from llmtrain.runs import RunState
-from llmtrain.spec import TemplateSpec
-from llmtrain.validate import shape_problems
 from training_jobs.contract.torch_versions import MIN_TORCH
 
 CATALOG = catalog()

@@ -19,14 +19,15 @@ from templates_support import REPO_ROOT, copy_catalog, platform_context
 
 import llmtrain
 import training_jobs.contract
-from llmtrain.catalog import Catalog
 from llmtrain.cli import main
-from llmtrain.environments import load_environment
-from llmtrain.errors import ProgramSettingError
-from llmtrain.instances import GPU_MODELS, INSTANCE_TYPES
-from llmtrain.planner import memory, shapes, workload
-from llmtrain.program_contract import archive_contract, folder_contract, installed_contract
-from llmtrain.render import RunInput, render
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.environments import load_environment
+from llmtrain.core.errors import ProgramSettingError
+from llmtrain.core.instances import GPU_MODELS, INSTANCE_TYPES
+from llmtrain.core.program_contract import archive_contract, folder_contract, installed_contract
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.planner import pipeline_memory, shapes, workload
 from training_jobs.contract import hardware, hyperparameters, parallel_dims, presets, stage_split
 
 CONTRACT = Path(training_jobs.contract.__file__).parent
@@ -54,7 +55,7 @@ def test_the_contract_imports_only_the_standard_library_and_itself():
 
 def test_llmtrain_and_the_contract_load_without_torch():
     probe = (
-        "import sys, training_jobs.contract, llmtrain.render, llmtrain.planner.plan, "
+        "import sys, training_jobs.contract, llmtrain.core.render, llmtrain.planner.plan, "
         "llmtrain.handlers.launcher, llmtrain.cli\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'transformers'))\n"
         "assert not heavy, heavy\n"
@@ -68,13 +69,13 @@ def test_llmtrain_holds_the_programs_tables_not_copies():
     """Identity, not equality: each of these is the contract's own object."""
     assert shapes.PRESETS is presets.PRESETS
     assert shapes.padded_vocab_size is presets.padded_vocab_size
-    assert memory.balanced_split is stage_split.balanced_split
-    assert memory.stage_indices is stage_split.stage_indices
+    assert pipeline_memory.balanced_split is stage_split.balanced_split
+    assert pipeline_memory.stage_indices is stage_split.stage_indices
     assert workload.resolve_cluster is parallel_dims.resolve_cluster
     assert {f.type for f in dataclasses.fields(workload.Layout) if f.name == "dims"} == {"ParallelDims"}
-    assert llmtrain.spec.STRATEGIES is hyperparameters.PARALLELISMS
-    assert llmtrain.spec.PIPELINE_STRATEGIES is parallel_dims.PIPELINE_DATA_PARALLELISMS
-    assert llmtrain.validate.QUANTIZED_PARALLELISMS is hyperparameters.QUANTIZED_PARALLELISMS
+    assert llmtrain.core.distribution.PARALLELISMS is hyperparameters.PARALLELISMS
+    assert llmtrain.core.distribution.PIPELINE_STRATEGIES is parallel_dims.PIPELINE_DATA_PARALLELISMS
+    assert llmtrain.core.validate.QUANTIZED_PARALLELISMS is hyperparameters.QUANTIZED_PARALLELISMS
     for kind in INSTANCE_TYPES.values():
         if kind.gpu is not None:
             assert kind.gpu_model.peak_flops == hardware.instance_peak_tflops(kind.name) * 1e12, kind.name

@@ -1,11 +1,11 @@
-"""The training program's failure reasons the platform acts on (llmtrain.program_failures) are the
+"""The training program's failure reasons the platform acts on (llmtrain.core.program_failures) are the
 ones the program writes: llmtrain never imports the program, so this test holds the two together."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from llmtrain.program_failures import HUNG_COLLECTIVE, RULE_TRIGGERED, meaning, program_failure
+from llmtrain.core.program_failures import HUNG_COLLECTIVE, RULE_TRIGGERED, meaning, program_failure
 from training_jobs.trainer.errors import RuleTriggered
 from training_jobs.trainer.watchdog import FAILURE_PREFIX, HangWatchdog
 

@@ -1,4 +1,4 @@
-"""`llmtrain queue` and the Batch calls a queued run makes (llmtrain.queues.jobs), against an
+"""`llmtrain queue` and the Batch calls a queued run makes (llmtrain.lifecycle.queue_jobs), against an
 environment record in moto's SSM and a simulated Batch (tests/llmtrain/batch_support.py: moto
 implements no service job): every request the code sends is checked against botocore's model."""
 
@@ -21,14 +21,16 @@ from deployed_support import (
 )
 from moto import mock_aws
 
-from llmtrain.catalog import Catalog
 from llmtrain.cli import main
-from llmtrain.errors import RequestValidationError
+from llmtrain.core import queue_policy as policy
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.errors import RequestValidationError
+from llmtrain.core.queue_context import TeamQueues
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.lifecycle import queue_jobs as jobs
+from llmtrain.lifecycle.queue_submission import SERVICE_JOB_FAILED, QueueSubmission
 from llmtrain.lifecycle.summaries import FAILURE_ERRORS
-from llmtrain.queues import jobs, policy
-from llmtrain.queues.context import TeamQueues
-from llmtrain.queues.submission import SERVICE_JOB_FAILED, QueueSubmission
-from llmtrain.render import RunInput, render
 
 STANDARD, URGENT = queue_arn(ENVIRONMENT, "standard"), queue_arn(ENVIRONMENT, "urgent")
 GPT2 = Catalog.load().latest("gpt2-ddp")

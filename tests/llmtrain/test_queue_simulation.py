@@ -1,4 +1,4 @@
-"""The fair-share model of the queues (llmtrain.queues.simulate): a week of three teams' bursty
+"""The fair-share model of the queues (llmtrain.lifecycle.queue_simulation): a week of three teams' bursty
 submissions gives each team its weight's share under contention, within 10%, and starves no team;
 and each documented rule of the model (usage over weight, compute reservation, priority within a
 share, the head of the queue waiting for room) acts as documented."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmtrain.queues import policy
-from llmtrain.queues.simulate import (
+from llmtrain.core import queue_policy as policy
+from llmtrain.lifecycle.queue_simulation import (
     DEMO_PROFILES,
     DEMO_WEIGHTS,
     HOUR,

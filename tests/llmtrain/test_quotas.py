@@ -19,7 +19,7 @@ from botocore.stub import Stubber
 from moto import mock_aws
 from sagemaker_fleet_support import REGION, TrainingFleet, minutes_ago
 
-from llmtrain.functions import QUOTA_NAMESPACE, QuotaSettings, UsageKind
+from llmtrain.core.function_settings import QUOTA_NAMESPACE, QuotaSettings, UsageKind
 from llmtrain.handlers import quotas as quota_handler
 from llmtrain.operations import quotas
 from llmtrain.operations.quotas import QuotaCache, collect_usage
@@ -319,9 +319,9 @@ def route_service_quotas(monkeypatch, client) -> None:
 
 
 def dev_instance_types() -> tuple[str, ...]:
-    from llmtrain.catalog import Catalog
-    from llmtrain.environments import load_environment
-    from llmtrain.sourcedir import repository_root
+    from llmtrain.core.catalog import Catalog
+    from llmtrain.core.environments import load_environment
+    from llmtrain.core.sourcedir import repository_root
 
     enabled = load_environment(repository_root() / "config" / "dev.yaml").enabled_templates
     return Catalog.load().instance_types(enabled)

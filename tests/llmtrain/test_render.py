@@ -11,17 +11,18 @@ import pytest
 from botocore.validate import ParamValidator
 from templates_support import EVAL_LINE, METRIC_LINE, catalog, platform_context
 
-from llmtrain.errors import (
+from llmtrain.core.errors import (
     OverrideError,
     ProgramSettingError,
     RequestValidationError,
     RunInputError,
     TeamLimitError,
 )
-from llmtrain.instances import instance_type
-from llmtrain.program_contract import archive_contract, installed_contract
-from llmtrain.render import RunInput, render
-from llmtrain.validate import create_training_job_shape, shape_problems
+from llmtrain.core.instances import instance_type
+from llmtrain.core.program_contract import archive_contract, installed_contract
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.validate import create_training_job_shape, shape_problems
 
 CATALOG = catalog()
 ALL_VERSIONS = [spec.ref for spec in CATALOG.all()]
@@ -582,8 +583,8 @@ def test_the_pipeline_degree_is_a_distribution_degree():
 
 
 def test_distributions_the_program_cannot_run_are_refused_at_load():
-    from llmtrain.errors import TemplateSpecError
-    from llmtrain.spec import TemplateSpec
+    from llmtrain.core.errors import TemplateSpecError
+    from llmtrain.core.spec import TemplateSpec
 
     smp = CATALOG.resolve("llama-pretrain-smp").to_dict()
     smp["distribution"]["pipeline_parallel_degree"] = 2
@@ -598,8 +599,8 @@ def test_distributions_the_program_cannot_run_are_refused_at_load():
 def test_smddp_runs_only_on_the_instance_types_that_support_it():
     import sagemaker.fw_utils
 
-    from llmtrain.spec import TemplateSpec
-    from llmtrain.validate import SMDDP_INSTANCE_TYPES
+    from llmtrain.core.spec import TemplateSpec
+    from llmtrain.core.validate import SMDDP_INSTANCE_TYPES
 
     assert set(SMDDP_INSTANCE_TYPES) == set(sagemaker.fw_utils.SM_DATAPARALLEL_SUPPORTED_INSTANCE_TYPES) \
         - {"local_gpu"}
@@ -642,8 +643,8 @@ def test_fp8_is_refused_on_gpus_without_fp8_naming_those_with_it():
 
 
 def test_fp8_is_refused_for_code_without_torchao_and_old_images():
-    from llmtrain.program_contract import LEGACY_CAPABILITIES
-    from llmtrain.validate import fp8_problems
+    from llmtrain.core.program_contract import LEGACY_CAPABILITIES
+    from llmtrain.core.validate import fp8_problems
 
     settings = {"fp8": True}
     current = installed_contract().capabilities

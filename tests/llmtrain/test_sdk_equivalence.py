@@ -21,8 +21,9 @@ import pytest
 from moto import mock_aws
 from templates_support import catalog, platform_context
 
-from llmtrain.render import RunInput, code_uri, render
-from llmtrain.spec import TemplateSpec
+from llmtrain.core.render import code_uri, render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.spec import TemplateSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*SageMaker Python SDK v2")
 PLATFORM = platform_context()

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from llmtrain.errors import SourceDirError
-from llmtrain.sourcedir import archive_code_hash, code_hash, collect_files, package_code, tarball_bytes
-from llmtrain.spec import CodeSpec
+from llmtrain.core.errors import SourceDirError
+from llmtrain.core.sourcedir import archive_code_hash, code_hash, collect_files, package_code, tarball_bytes
+from llmtrain.core.spec import CodeSpec
 
 PLATFORM_CODE = CodeSpec(source="platform", entry_point="training_jobs/train.py")
 

@@ -8,8 +8,8 @@ import pytest
 import yaml
 from templates_support import REPO_ROOT
 
-from llmtrain.errors import TemplateSpecError
-from llmtrain.spec import TemplateSpec
+from llmtrain.core.errors import TemplateSpecError
+from llmtrain.core.spec import TemplateSpec
 
 
 def _data(name: str = "llama-pretrain-fsdp") -> dict:
@@ -167,3 +167,38 @@ def test_smp_parameters_may_not_shadow_the_degrees():
         TemplateSpecError, match="must not set hybrid_shard_degree: they come from shard_degree"
     ):
         TemplateSpec.from_dict(data, "smp.yaml")
+
+
+def _long_context(version: str) -> dict:
+    return yaml.safe_load((REPO_ROOT / "templates" / "llama3-8b-long-context" / f"{version}.yaml").read_text())
+
+
+def test_every_parallel_degree_is_declared_under_distribution():
+    spec = TemplateSpec.from_dict(_long_context("1.1.0"))
+    assert spec.distribution.degrees == {
+        "shard_degree": 0, "replicate_degree": 1, "tensor_parallel_degree": 1,
+        "pipeline_parallel_degree": 1, "context_parallel_degree": 2, "expert_parallel_degree": 1,
+    }
+    assert "context_parallel_degree" not in spec.hyperparameters
+
+
+def test_a_published_version_that_set_a_degree_as_a_hyperparameter_reads_the_same():
+    """llama3-8b-long-context@1.0.0 set context_parallel_degree under hyperparameters; its YAML stays as
+    written and its spec holds the degree where every later step reads it."""
+    old, new = TemplateSpec.from_dict(_long_context("1.0.0")), TemplateSpec.from_dict(_long_context("1.1.0"))
+    assert old.distribution.degrees == new.distribution.degrees
+    assert old.hyperparameters == new.hyperparameters
+    assert old.to_dict()["hyperparameters"]["context_parallel_degree"] == 2  # the data is unchanged
+
+
+def test_a_degree_set_in_both_places_is_refused():
+    data = _set(_long_context("1.1.0"), "hyperparameters.context_parallel_degree", 2)
+    with pytest.raises(TemplateSpecError, match="'context_parallel_degree' is set under both"):
+        TemplateSpec.from_dict(data)
+
+
+@pytest.mark.parametrize("name", ["context_parallel_degree", "expert_parallel_degree"])
+def test_a_degree_that_cannot_be_derived_is_at_least_one(name):
+    data = _set(_data(), f"distribution.{name}", 0)
+    with pytest.raises(TemplateSpecError, match=f"'distribution.{name}' must be >= 1"):
+        TemplateSpec.from_dict(data)

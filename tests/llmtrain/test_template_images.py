@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from llmtrain.images import (
+from llmtrain.core.images import (
     ImageNotAvailableError,
     supported_framework_versions,
     supported_regions,
     training_image_uri,
 )
-from llmtrain.instances import EFA_INSTANCE_TYPES, INSTANCE_TYPES
+from llmtrain.core.instances import EFA_INSTANCE_TYPES, INSTANCE_TYPES
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -148,7 +148,7 @@ def test_efa_types_are_those_the_training_toolkit_enables_efa_on():
 
 
 def test_instance_types_are_sagemaker_training_types():
-    from llmtrain.validate import create_training_job_shape
+    from llmtrain.core.validate import create_training_job_shape
 
     allowed = set(create_training_job_shape().members["ResourceConfig"].members["InstanceType"].enum)
     assert set(INSTANCE_TYPES) <= allowed

@@ -1,4 +1,4 @@
-"""Token shards checked before a job starts (llmtrain.token_data): `llmtrain run --local` refuses
+"""Token shards checked before a job starts (llmtrain.core.token_data): `llmtrain run --local` refuses
 data the training program would fail on, naming the fix, and starts nothing; a bare `--data DIR` of a
 prepared dataset gives its splits and tokenizer as the channels. The manifest format the checks read
 is the program's (kept equal here)."""
@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from llmtrain.cli import main
-from llmtrain.local.data import parse_data_option
-from llmtrain.sourcedir import repository_root
-from llmtrain.token_data import (
+from llmtrain.core.sourcedir import repository_root
+from llmtrain.core.token_data import (
     FORMAT,
     MANIFEST,
     SHIPPED_TOKENIZER,
@@ -25,6 +24,7 @@ from llmtrain.token_data import (
     parse_manifest,
     tokenizer_facts,
 )
+from llmtrain.local.data import parse_data_option
 from training_jobs import prepare_data
 from training_jobs.trainer import models, shards
 

@@ -25,12 +25,12 @@ from moto import mock_aws
 from test_jumpstart import put_jumpstart_catalogue
 
 from llmtrain.cli import main
+from llmtrain.client.run_views import RunStatus
 from llmtrain.commands.launch import format_status
-from llmtrain.launcher_client import RunStatus
-from llmtrain.lifecycle.tuning import tune_trials
-from llmtrain.queues.context import TeamQueues
-from llmtrain.tuning import ParamRange, TuneSpec
-from llmtrain.validate import input_problems, shape_problems
+from llmtrain.core.queue_context import TeamQueues
+from llmtrain.core.tuning import ParamRange, TuneSpec
+from llmtrain.core.validate import input_problems, shape_problems
+from llmtrain.lifecycle.tuning_jobs import tune_trials
 
 VALIDATION = f"channels.validation={TEAM_URI}tiny/validation/"
 TUNE = (

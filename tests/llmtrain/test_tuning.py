@@ -1,4 +1,4 @@
-"""`llmtrain tune`'s search and its SageMaker request (llmtrain.tuning): ranges parsed and checked
+"""`llmtrain tune`'s search and its SageMaker request (llmtrain.core.tuning): ranges parsed and checked
 against the template's bounds and metrics, the CreateHyperParameterTuningJob request built from the
 rendered run and valid against botocore's model, the budget of a tune, and the tuned values as
 SageMaker passes them (plain strings) read by the training program's config."""
@@ -10,10 +10,11 @@ import json
 import pytest
 from deployed_support import platform_context
 
-from llmtrain.catalog import Catalog
-from llmtrain.errors import OverrideError, RequestValidationError
-from llmtrain.render import RunInput, render
-from llmtrain.tuning import (
+from llmtrain.core.catalog import Catalog
+from llmtrain.core.errors import OverrideError, RequestValidationError
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.tuning import (
     ParamRange,
     Trial,
     TuneError,
@@ -24,11 +25,9 @@ from llmtrain.tuning import (
     check_tune_budget,
     check_tune_program,
     start_command,
-    tuning_problems_for_request,
-    tuning_request,
-    validate_tuning_request,
 )
-from llmtrain.validate import input_problems
+from llmtrain.core.tuning_request import tuning_problems_for_request, tuning_request, validate_tuning_request
+from llmtrain.core.validate import input_problems
 
 CATALOG = Catalog.load()
 FSDP = CATALOG.resolve("llama-pretrain-fsdp")

@@ -8,9 +8,10 @@ import pytest
 from botocore.validate import ParamValidator
 from templates_support import catalog, platform_context
 
-from llmtrain.errors import RequestValidationError
-from llmtrain.render import RunInput, render
-from llmtrain.validate import (
+from llmtrain.core.errors import RequestValidationError
+from llmtrain.core.render import render
+from llmtrain.core.run_settings import RunInput
+from llmtrain.core.validate import (
     create_training_job_shape,
     degree_problems,
     efa_problems,

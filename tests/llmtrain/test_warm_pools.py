@@ -16,7 +16,7 @@ from botocore.stub import Stubber
 from moto import mock_aws
 from sagemaker_fleet_support import REGION, TrainingFleet, install_update_training_job, minutes_ago
 
-from llmtrain.functions import WARM_POOL_NAMESPACE, ReaperSettings
+from llmtrain.core.function_settings import WARM_POOL_NAMESPACE, ReaperSettings
 from llmtrain.handlers import warm_pools as reaper_handler
 from llmtrain.operations import warm_pools
 

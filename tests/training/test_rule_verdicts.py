@@ -194,7 +194,7 @@ def test_a_once_fault_fires_once_and_a_loss_fault_keeps_the_gradient():
 
 def test_no_templates_metric_definition_matches_a_rule_line(tmp_path, capsys):
     """A [rule] line is not a metric: SageMaker (and the local runner) must not read one as a loss."""
-    from llmtrain.catalog import Catalog
+    from llmtrain.core.catalog import Catalog
     from training_jobs.trainer.metrics import MetricsLogger
 
     rules = _rules(rule_loss_spike_action="rollback")

@@ -3,7 +3,7 @@
 Standard library only, and only relative imports inside this package, so that the training program
 (training_jobs/trainer) and the platform (llmtrain: render, validation, the planner, the launcher's
 functions) share one copy, and the platform can load the contract of a template version's frozen code
-on its own (llmtrain/program_contract.py):
+on its own (llmtrain/core/program_contract.py):
 
 - `hyperparameters`: every hyperparameter as a typed field with its default, bounds and help, their
   parsing (`from_hyperparameters`) and the rules between them;

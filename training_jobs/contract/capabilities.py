@@ -3,9 +3,9 @@
 The platform plans a run (llmtrain/planner) with the behaviour of the code the run's template
 version runs. A published version runs its frozen code (templates/_code/<hash>.tar.gz), which may
 predate a feature or do it differently, so the planner reads this table from the version's own
-contract (llmtrain/program_contract.py loads it in isolation, like the rest of the contract); code
+contract (llmtrain/core/program_contract.py loads it in isolation, like the rest of the contract); code
 frozen before the table existed gets the platform's description of that older program
-(`llmtrain.program_contract.LEGACY_CAPABILITIES`).
+(`llmtrain.core.program_contract.LEGACY_CAPABILITIES`).
 
 Keys (plain values only: the table crosses into code that does not import this package):
 

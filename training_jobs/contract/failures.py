@@ -3,7 +3,7 @@
 The program writes why it failed into output/failure as `<Kind>: <message>`; SageMaker reports it as
 the job's FailureReason, after "AlgorithmError: ". Two kinds say more than "the job failed"
 (docs/training.md, "Rules"); the program raises and writes them by these names, and the platform
-(llmtrain.program_failures, llmtrain.lifecycle.failures) reads them by the same objects.
+(llmtrain.core.program_failures, llmtrain.core.failures) reads them by the same objects.
 """
 
 # A rule of the program (trainer/rules.py) stopped the run: the class name of trainer/errors.py's

@@ -2,7 +2,7 @@
 
 One table by the name CUDA reports for the device, and the accelerator of each SageMaker instance
 family: the program reports MFU against it (training_jobs/trainer/metrics.py), the platform's
-instance table takes its GPUs' peaks from it (llmtrain/instances.py).
+instance table takes its GPUs' peaks from it (llmtrain/core/instances.py).
 """
 
 from __future__ import annotations

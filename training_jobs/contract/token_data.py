@@ -1,6 +1,6 @@
 """The on-disk format of the token shards a run's `train` and `validation` channels hold: what
 prepare_data writes, what the program loads (trainer/shards.py) and what the platform checks before a
-job starts (llmtrain.token_data). The full description is in trainer/shards.py.
+job starts (llmtrain.core.token_data). The full description is in trainer/shards.py.
 """
 
 FORMAT = "llmtrain-token-shards"

@@ -4,7 +4,7 @@ The versions are the oldest container torch the program's tests pass under (`mak
 docs/templates.md "Publishing a version"). SMP jobs run in the SMP image, built on an older torch;
 the program's SMP path and the parts it shares are tested there. The program refuses an older torch
 at start-up (training_jobs/trainer/torch_support.py: also for images the platform cannot see into),
-and the platform refuses to render a template whose container is older (llmtrain/images.py).
+and the platform refuses to render a template whose container is older (llmtrain/core/images.py).
 """
 
 from __future__ import annotations
