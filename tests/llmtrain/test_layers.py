@@ -91,7 +91,8 @@ def test_the_cli_without_its_extra_says_which_to_install():
         "from llmtrain.cli import main\n"
         "sys.exit(main(['templates']))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
+                            timeout=120)
     assert result.returncode == 1
     assert "pip install 'llm-sagemaker-platform[cli]'" in result.stderr
     assert "Traceback" not in result.stderr

@@ -170,7 +170,8 @@ def test_smp_parameters_may_not_shadow_the_degrees():
 
 
 def _long_context(version: str) -> dict:
-    return yaml.safe_load((REPO_ROOT / "templates" / "llama3-8b-long-context" / f"{version}.yaml").read_text())
+    path = REPO_ROOT / "templates" / "llama3-8b-long-context" / f"{version}.yaml"
+    return yaml.safe_load(path.read_text())
 
 
 def test_every_parallel_degree_is_declared_under_distribution():
