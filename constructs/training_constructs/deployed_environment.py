@@ -26,7 +26,7 @@ from constructs import Construct
 from llmtrain import deployed
 from llmtrain.catalog import Catalog
 from llmtrain.platform import ENVIRONMENT_NAME_PATTERN, TEAM_NAME_PATTERN
-from training_constructs._props import checked_props, is_unresolved, require
+from training_constructs._props import checked_props, freeze_sequences, is_unresolved, require
 from training_constructs.launcher import TrainingLauncher
 from training_constructs.nag import acknowledge_wildcards
 
@@ -97,8 +97,7 @@ class DeployedEnvironmentProps:
     own_templates: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "enabled_templates", tuple(self.enabled_templates))
-        object.__setattr__(self, "teams", tuple(self.teams))
+        freeze_sequences(_NAME, self)
         object.__setattr__(self, "own_templates", tuple(dict(t) for t in self.own_templates))
         _check_own_templates(self.own_templates)
         require(

@@ -123,6 +123,40 @@ def _imported(stack: cdk.Stack, *, endpoint_group: bool) -> tuple[ExistingStorag
     return ExistingStorage(data_key=key, **buckets), network
 
 
+# A field typed as several of something, as its annotation spells it.
+SEQUENCE_TYPE = re.compile(r"^(Sequence|tuple|list)\[")
+
+
+def _sequence_fields() -> list[tuple[type, str]]:
+    """Every sequence-typed field of every record the library exports or a construct takes."""
+    exported = {value for name, value in vars(training_constructs).items()
+                if name in training_constructs.__all__ and dataclasses.is_dataclass(value)}
+    records = exported | {_props_type(construct) for construct in CONSTRUCTS.values()}
+    return sorted(((record, field.name) for record in records for field in dataclasses.fields(record)
+                   if SEQUENCE_TYPE.match(field.type)), key=lambda pair: (pair[0].__name__, pair[1]))
+
+
+@pytest.mark.parametrize(("record", "field"), _sequence_fields(), ids=lambda x: getattr(x, "__name__", x))
+def test_a_string_where_a_sequence_is_expected_is_refused_naming_the_field(record, field):
+    """`availability_zones="us-west-2a,us-west-2b"` is refused by name, never taken apart into
+    characters (issue 36, item 12): for every sequence-typed field of every record."""
+    required = {
+        f.name: () if SEQUENCE_TYPE.match(f.type) else None
+        for f in dataclasses.fields(record)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    with pytest.raises(PropsError, match=rf"\({field}=\.\.\.\): must be a list or tuple, got the str "
+                                         r"'us-west-2a,us-west-2b' \(one item per element"):
+        record(**{**required, field: "us-west-2a,us-west-2b"})
+
+
+def test_the_network_refuses_zones_given_as_one_string():
+    with pytest.raises(PropsError, match=r"^TrainingNetwork\(availability_zones=\.\.\.\): must be a list or "
+                                         r"tuple, got the str 'us-west-2a,us-west-2b'"):
+        TrainingNetworkProps(availability_zones="us-west-2a,us-west-2b")
+    assert TrainingNetworkProps(availability_zones=["us-east-1a", "us-east-1b"]).availability_zones == ZONES
+
+
 def test_constructs_take_existing_resources_a_caller_brings():
     stack = cdk.Stack(cdk.App(), "Imported", env=ENV)
     storage, network = _imported(stack, endpoint_group=True)
