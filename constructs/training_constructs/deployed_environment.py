@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,7 +86,7 @@ class TeamEntry:
 
 
 @dataclass(frozen=True)
-class DeployedEnvironmentProps:
+class DeployedEnvironmentRecordProps:
     """What the record holds: the environment, one entry per team (its launcher), and the template
     versions its launchers run from a team's own catalog (``own_templates``:
     `llmtrain.deployed.template_parameter_value`s; `for_launchers` finds them)."""
@@ -127,7 +128,7 @@ class DeployedEnvironmentProps:
         environment_name: str,
         job_name_prefix: str,
         enabled_templates: Sequence[str],
-    ) -> DeployedEnvironmentProps:
+    ) -> DeployedEnvironmentRecordProps:
         """The record of an environment whose teams are served by `launchers` (one per team), with the
         versions their registries hold from a catalog other than the platform's."""
         own = {
@@ -171,9 +172,9 @@ class DeployedEnvironmentRecord(Construct):
     (``/llmtrain/<env>``), ``props``. ``grant_read(policy)`` lets a managed policy (the engineers') read it.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, props: DeployedEnvironmentProps) -> None:
+    def __init__(self, scope: Construct, construct_id: str, props: DeployedEnvironmentRecordProps) -> None:
         super().__init__(scope, construct_id)
-        self.props = checked_props(_NAME, props, DeployedEnvironmentProps)
+        self.props = checked_props(_NAME, props, DeployedEnvironmentRecordProps)
         self.path = deployed.environment_path(props.environment_name)
         stack = Stack.of(self)
         values = deployed.parameter_values(
@@ -264,3 +265,17 @@ def _construct_id(relative_name: str) -> str:
     """`teams/default` -> `Teams-default` (`templates/t/1.0.0` -> `Templates-t-1.0.0`): a construct id
     per parameter, stable across deploys."""
     return "-".join(part[:1].upper() + part[1:] for part in re.split(r"/", relative_name))
+
+
+def __getattr__(name: str) -> Any:
+    """``DeployedEnvironmentProps``: the record's props before they were named after the construct
+    (``<Construct>Props``); deprecated in 1.2.0, to be removed in 2.0.0."""
+    if name == "DeployedEnvironmentProps":
+        warnings.warn(
+            "training_constructs.DeployedEnvironmentProps is deprecated: use DeployedEnvironmentRecordProps "
+            "(the props of DeployedEnvironmentRecord; same fields, same for_launchers)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return DeployedEnvironmentRecordProps
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,8 +5,10 @@ brings, and one name for one thing."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import json
+import pkgutil
 import re
 
 import aws_cdk as cdk
@@ -21,8 +23,8 @@ from infra_helpers import ENV, ROOT, resources_of_type
 
 import training_constructs
 from training_constructs import (
-    DeployedEnvironmentProps,
     DeployedEnvironmentRecord,
+    DeployedEnvironmentRecordProps,
     ExistingNetwork,
     ExistingStorage,
     JobTemplate,
@@ -69,8 +71,8 @@ RETIRED_FIELDS = {
 def _props_type(construct: type) -> type:
     parameters = list(inspect.signature(construct.__init__).parameters)
     assert parameters == ["self", "scope", "construct_id", "props"], (construct.__name__, parameters)
-    props_name = f"{construct.__name__.removesuffix('Record')}Props"
-    return getattr(inspect.getmodule(construct), props_name)
+    # `<Construct>Props`, the README's rule (constructs/README.md, "Conventions"), with no exception.
+    return getattr(inspect.getmodule(construct), f"{construct.__name__}Props")
 
 
 def test_the_library_exports_its_constructs():
@@ -313,7 +315,7 @@ def one_of_each() -> dict[str, Construct]:
         "DeployedEnvironmentRecord": DeployedEnvironmentRecord(
             stack,
             "Record",
-            DeployedEnvironmentProps.for_launchers(
+            DeployedEnvironmentRecordProps.for_launchers(
                 [launcher], environment_name="each", job_name_prefix="each-a", enabled_templates=["gpt2-ddp"]
             ),
         ),
@@ -336,3 +338,33 @@ def test_the_readmes_whole_environment_example_synthesizes(tmp_path):
     exec(compile(code, "constructs/README.md", "exec"), {})  # noqa: S102 (our own documentation)
     template = json.loads((tmp_path / "MlTraining.template.json").read_text())
     assert resources_of_type(template, "AWS::StepFunctions::StateMachine")
+
+
+def test_the_records_props_keep_their_old_name_with_a_deprecation_warning():
+    """`DeployedEnvironmentProps` became `DeployedEnvironmentRecordProps` (`<Construct>Props`) in 1.2.0:
+    an app written before still synthesizes, warned (constructs/CHANGELOG.md)."""
+    with pytest.warns(DeprecationWarning, match="use DeployedEnvironmentRecordProps"):
+        old = training_constructs.DeployedEnvironmentProps
+    assert old is DeployedEnvironmentRecordProps
+    assert "DeployedEnvironmentProps" not in training_constructs.__all__
+    with pytest.raises(AttributeError):
+        training_constructs.NoSuchProps  # noqa: B018
+
+
+def test_the_readme_says_which_module_each_function_it_names_lives_in():
+    """A function is named with its module ("Functions (`training_constructs.queues`): ..."), and a
+    snippet calling one that `training_constructs` does not export imports it."""
+    clauses = re.findall(r"Functions( \(`[\w.]+`[^)]*\))?: (.*)", README)
+    assert len(clauses) >= 2
+    for module, text in clauses:
+        assert module, f"Functions of no module: {text[:80]}"
+        where = importlib.import_module(module.split("`")[1])
+        assert [name for name in re.findall(r"`(\w+)\(", text) if not hasattr(where, name)] == [], module
+    modules = [importlib.import_module(f"training_constructs.{m.name}")
+               for m in pkgutil.iter_modules(training_constructs.__path__)]
+    functions = {name: module.__name__ for module in modules for name, value in vars(module).items()
+                 if inspect.isfunction(value) and value.__module__ == module.__name__ and name[0] != "_"}
+    unexported = set(functions) - set(training_constructs.__all__)
+    for snippet in re.findall(r"```python\n(.*?)```", README, flags=re.S):
+        for name in set(re.findall(r"(?<![\w.])([a-z_]\w*)\(", snippet)) & unexported:
+            assert re.search(rf"from {functions[name]} import [^\n]*\b{name}\b", snippet), (name, snippet)
