@@ -269,11 +269,12 @@ def _construct_id(relative_name: str) -> str:
 
 def __getattr__(name: str) -> Any:
     """``DeployedEnvironmentProps``: the record's props before they were named after the construct
-    (``<Construct>Props``); deprecated in 1.2.0, to be removed in 2.0.0."""
+    (``<Construct>Props``); deprecated (CHANGELOG.md, Unreleased), removed in 2.0.0."""
     if name == "DeployedEnvironmentProps":
         warnings.warn(
             "training_constructs.DeployedEnvironmentProps is deprecated: use DeployedEnvironmentRecordProps "
-            "(the props of DeployedEnvironmentRecord; same fields, same for_launchers)",
+            "(the props of DeployedEnvironmentRecord; same fields, same for_launchers); "
+            "the old name goes in 2.0.0",
             DeprecationWarning,
             stacklevel=2,
         )

@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+# jsii (and the CDK CLI the tests run) on the Node.js the project installs (package.json, `make setup`:
+# a release they support), first on the PATH as the Makefile puts it, whatever node the system has.
+PROJECT_NODE_BIN = Path(__file__).resolve().parents[2] / "node_modules" / ".bin"
+os.environ["PATH"] = f"{PROJECT_NODE_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 os.environ.setdefault("CDK_DISABLE_VERSION_CHECK", "1")
 
 import aws_cdk as cdk  # noqa: E402  (after the environment above, which jsii reads at import)

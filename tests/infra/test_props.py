@@ -341,7 +341,7 @@ def test_the_readmes_whole_environment_example_synthesizes(tmp_path):
 
 
 def test_the_records_props_keep_their_old_name_with_a_deprecation_warning():
-    """`DeployedEnvironmentProps` became `DeployedEnvironmentRecordProps` (`<Construct>Props`) in 1.2.0:
+    """`DeployedEnvironmentProps` became `DeployedEnvironmentRecordProps` (`<Construct>Props`):
     an app written before still synthesizes, warned (constructs/CHANGELOG.md)."""
     with pytest.warns(DeprecationWarning, match="use DeployedEnvironmentRecordProps"):
         old = training_constructs.DeployedEnvironmentProps
