@@ -7,7 +7,12 @@ NPM_STAMP := node_modules/.npm-done
 # checkov pins an older boto3 than the platform: it gets a virtual environment of its own.
 CHECKOV_VENV := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.setup-done
-export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+# The Node.js package.json pins (node_modules/.bin/node: a release the CDK CLI and jsii support, 22 or
+# 24; both call 20 end-of-life) runs them, whatever node the system has: first on every target's PATH
+# (`npx` puts it first too). npm itself may run on any Node.
+NODE_BIN := $(CURDIR)/node_modules/.bin
+SYSTEM_PATH := $(PATH)
+export PATH := $(NODE_BIN):$(SYSTEM_PATH)
 export CDK_DISABLE_VERSION_CHECK := 1
 export DS_BUILD_OPS := 0
 export DS_ACCELERATOR := cpu
@@ -29,7 +34,11 @@ $(CHECKOV_STAMP): requirements-checkov.txt
 	touch $@
 
 $(NPM_STAMP): package.json package-lock.json
-	npm ci --no-audit --no-fund --loglevel=error
+	# npm on the system's Node: `npm ci` replaces node_modules/, the pinned Node's binary included.
+	PATH="$(SYSTEM_PATH)" npm ci --no-audit --no-fund --loglevel=error
+	@version=$$($(NODE_BIN)/node --version); case $$version in v22.*|v24.*) ;; *) \
+	  echo "node_modules/.bin/node is Node $$version: the CDK CLI and jsii need 22 or 24 (package.json pins it)"; \
+	  exit 1;; esac
 	touch $@
 
 # The two wheels a release attaches (constructs/README.md, "Install"): llm-sagemaker-platform and

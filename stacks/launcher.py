@@ -12,7 +12,7 @@ from llmtrain.core.deployed import LAUNCHER_STACK_PART, LauncherOutput
 from llmtrain.core.environments import EnvironmentConfig, StackOutput
 from stacks._outputs import output
 from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage
-from training_constructs.deployed_environment import DeployedEnvironmentProps, DeployedEnvironmentRecord
+from training_constructs.deployed_environment import DeployedEnvironmentRecord, DeployedEnvironmentRecordProps
 from training_constructs.job_template import JobTemplate, JobTemplateProps
 from training_constructs.launcher import TrainingLauncher, TrainingLauncherProps
 from training_constructs.queues import JobQueueSpec, TrainingQueues, TrainingQueuesProps
@@ -89,7 +89,7 @@ class LauncherStack(Stack):
         self.launchers = {
             team.name: self._launcher(config, team, network, storage, access) for team in teams
         }
-        record = DeployedEnvironmentProps.for_launchers(
+        record = DeployedEnvironmentRecordProps.for_launchers(
             list(self.launchers.values()),
             environment_name=config.name,
             job_name_prefix=config.job_name_prefix,

@@ -16,8 +16,8 @@ from training_constructs.access import (
 )
 from training_constructs.debugging import TrainingDebugging, TrainingDebuggingProps
 from training_constructs.deployed_environment import (
-    DeployedEnvironmentProps,
     DeployedEnvironmentRecord,
+    DeployedEnvironmentRecordProps,
     TeamEntry,
 )
 from training_constructs.job_template import JobTemplate, JobTemplateProps
@@ -32,8 +32,8 @@ from training_constructs.storage import TrainingStorage, TrainingStorageProps
 from training_constructs.teams import TeamSpec
 
 __all__ = [
-    "DeployedEnvironmentProps",
     "DeployedEnvironmentRecord",
+    "DeployedEnvironmentRecordProps",
     "ExistingNetwork",
     "ExistingStorage",
     "ExistingVpcAttributes",
@@ -68,3 +68,12 @@ __all__ = [
     "guardrail_statements",
     "warm_pool_cap_statement",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Deprecated names, each with its warning (``deployed_environment.DeployedEnvironmentProps``)."""
+    if name == "DeployedEnvironmentProps":
+        from training_constructs import deployed_environment
+
+        return getattr(deployed_environment, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

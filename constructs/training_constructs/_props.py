@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import collections.abc
+import dataclasses
+import functools
 import ipaddress
-from typing import TypeVar
+import types
+import typing
+from typing import Any, TypeVar
 
 from aws_cdk import Token
 
@@ -29,6 +34,45 @@ def checked_props(construct: str, props: object, expected: type[T]) -> T:
     got = type(props).__name__
     require(isinstance(props, expected), construct, "props", f"must be a {expected.__name__}, got {got}")
     return props
+
+
+# The annotations that mean "several of something": a field typed so holds a tuple once validated.
+_SEQUENCE_ORIGINS = (collections.abc.Sequence, tuple, list)
+
+
+def freeze_sequences(construct: str, record: Any) -> None:
+    """Store every sequence-typed field of the frozen dataclass ``record`` (``Sequence[...]``,
+    ``tuple[...]``, ``list[...]``, optionally ``| None``) as a tuple, first refusing a value that is
+    not a list or tuple of items: a str would otherwise be taken apart character by character
+    (``availability_zones="us-west-2a,us-west-2b"`` becoming ``('u', 's', ...)``)."""
+    for name, optional in _sequence_fields(type(record)).items():
+        value = getattr(record, name)
+        if value is None and optional:
+            continue
+        hint = ' (one item per element: ["a", "b"], not "a,b")' if isinstance(value, str) else ""
+        require(
+            isinstance(value, collections.abc.Iterable)
+            and not isinstance(value, str | bytes | collections.abc.Mapping),
+            construct,
+            name,
+            f"must be a list or tuple, got the {type(value).__name__} {value!r}{hint}",
+        )
+        object.__setattr__(record, name, tuple(value))
+
+
+@functools.cache
+def _sequence_fields(record_type: type) -> dict[str, bool]:
+    """The record's sequence-typed fields, each with whether it may be None."""
+    hints = typing.get_type_hints(record_type)
+    found = {}
+    for field in dataclasses.fields(record_type):
+        hint = hints[field.name]
+        is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        members = typing.get_args(hint) if is_union else (hint,)
+        kinds = [typing.get_origin(member) or member for member in members if member is not type(None)]
+        if kinds and all(kind in _SEQUENCE_ORIGINS for kind in kinds):
+            found[field.name] = type(None) in members
+    return found
 
 
 def is_whole_number(value: object) -> bool:

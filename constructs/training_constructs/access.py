@@ -14,7 +14,13 @@ from constructs import Construct
 
 from llmtrain.core.jumpstart import MANIFEST_KEY, content_bucket, gated_content_bucket
 from llmtrain.core.platform import MAX_KEEP_ALIVE_SECONDS, team_job_log_streams
-from training_constructs._props import checked_props, is_unresolved, is_whole_number, require
+from training_constructs._props import (
+    checked_props,
+    freeze_sequences,
+    is_unresolved,
+    is_whole_number,
+    require,
+)
 from training_constructs.images import DLC_REGISTRY_ACCOUNTS, training_image_repositories
 from training_constructs.nag import acknowledge_wildcards, checked_reasons
 from training_constructs.resources import NetworkResources, StorageResources, check_network, check_storage
@@ -142,9 +148,7 @@ class TrainingAccessProps:
     image_repository_arns: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "teams", tuple(self.teams))
-        if self.image_repository_arns is not None:
-            object.__setattr__(self, "image_repository_arns", tuple(self.image_repository_arns))
+        freeze_sequences(_NAME, self)
         check_storage(_NAME, self.storage)
         check_network(_NAME, self.network)
         _check_cap("max_keep_alive_seconds", self.max_keep_alive_seconds)
@@ -247,6 +251,7 @@ class TeamAccessProps:
     guardrail_statements: Sequence[iam.PolicyStatement]
 
     def __post_init__(self) -> None:
+        freeze_sequences("TeamAccess", self)
         require(isinstance(self.team, TeamSpec), "TeamAccess", "team",
                 f"must be a TeamSpec, got {type(self.team).__name__}")
         check_storage("TeamAccess", self.storage)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from constructs import Construct
 from llmtrain.core import deployed
 from llmtrain.core.catalog import Catalog
 from llmtrain.core.platform import ENVIRONMENT_NAME_PATTERN, TEAM_NAME_PATTERN
-from training_constructs._props import checked_props, is_unresolved, require
+from training_constructs._props import checked_props, freeze_sequences, is_unresolved, require
 from training_constructs.launcher import TrainingLauncher
 from training_constructs.nag import acknowledge_wildcards
 
@@ -85,7 +86,7 @@ class TeamEntry:
 
 
 @dataclass(frozen=True)
-class DeployedEnvironmentProps:
+class DeployedEnvironmentRecordProps:
     """What the record holds: the environment, one entry per team (its launcher), and the template
     versions its launchers run from a team's own catalog (``own_templates``:
     `llmtrain.core.deployed.template_parameter_value`s; `for_launchers` finds them)."""
@@ -97,8 +98,7 @@ class DeployedEnvironmentProps:
     own_templates: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "enabled_templates", tuple(self.enabled_templates))
-        object.__setattr__(self, "teams", tuple(self.teams))
+        freeze_sequences(_NAME, self)
         object.__setattr__(self, "own_templates", tuple(dict(t) for t in self.own_templates))
         _check_own_templates(self.own_templates)
         require(
@@ -128,7 +128,7 @@ class DeployedEnvironmentProps:
         environment_name: str,
         job_name_prefix: str,
         enabled_templates: Sequence[str],
-    ) -> DeployedEnvironmentProps:
+    ) -> DeployedEnvironmentRecordProps:
         """The record of an environment whose teams are served by `launchers` (one per team), with the
         versions their registries hold from a catalog other than the platform's."""
         own = {
@@ -172,9 +172,9 @@ class DeployedEnvironmentRecord(Construct):
     (``/llmtrain/<env>``), ``props``. ``grant_read(policy)`` lets a managed policy (the engineers') read it.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, props: DeployedEnvironmentProps) -> None:
+    def __init__(self, scope: Construct, construct_id: str, props: DeployedEnvironmentRecordProps) -> None:
         super().__init__(scope, construct_id)
-        self.props = checked_props(_NAME, props, DeployedEnvironmentProps)
+        self.props = checked_props(_NAME, props, DeployedEnvironmentRecordProps)
         self.path = deployed.environment_path(props.environment_name)
         stack = Stack.of(self)
         values = deployed.parameter_values(
@@ -265,3 +265,18 @@ def _construct_id(relative_name: str) -> str:
     """`teams/default` -> `Teams-default` (`templates/t/1.0.0` -> `Templates-t-1.0.0`): a construct id
     per parameter, stable across deploys."""
     return "-".join(part[:1].upper() + part[1:] for part in re.split(r"/", relative_name))
+
+
+def __getattr__(name: str) -> Any:
+    """``DeployedEnvironmentProps``: the record's props before they were named after the construct
+    (``<Construct>Props``); deprecated in 2.0.0 (CHANGELOG.md), removed in 3.0.0."""
+    if name == "DeployedEnvironmentProps":
+        warnings.warn(
+            "training_constructs.DeployedEnvironmentProps is deprecated: use DeployedEnvironmentRecordProps "
+            "(the props of DeployedEnvironmentRecord; same fields, same for_launchers); "
+            "the old name goes in 3.0.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return DeployedEnvironmentRecordProps
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

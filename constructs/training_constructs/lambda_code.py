@@ -18,9 +18,13 @@ Python runtime provides) and a few packages it does not provide:
 Every function runs on `LAMBDA_RUNTIME` (the newest Python runtime Lambda offers) on
 `LAMBDA_ARCHITECTURE`, whatever Python synthesizes: the vendored packages are not copied from the
 synthesizing environment (whose compiled modules fit only its own interpreter) but unpacked from
-the wheels PyPI publishes for that runtime and architecture, of the version installed here (so
-requirements.txt pins both). pip fetches them (`pip download --platform ... --python-version ...`,
-no Docker) into a wheel cache once; later synths read the cache without the network.
+the wheels PyPI publishes for that runtime and architecture. The packages the platform's functions
+vendor come at the version this release of the construct library pins (`VENDORED_VERSIONS`),
+whatever version the synthesizing environment has installed: every app on one release deploys the
+same code asset (the same hash: no redeploy because one machine has another `regex`). A package
+outside that table comes at the version installed here: pin it in your requirements. pip fetches
+the wheels (`pip download --platform ... --python-version ...`, no Docker) into a wheel cache once;
+later synths read the cache without the network.
 
 The folder is staged under a directory named after the SHA-256 of its content, so the same
 inputs always give the same folder and the same asset hash (no spurious redeploys), and a
@@ -58,8 +62,14 @@ _EXCLUDED_DIRS = ("__pycache__", "tests")
 # The layers of llmtrain a function runs: its entry points (handlers) and what they stand on
 # (docs/architecture.md, "Layers"; import-linter keeps the handlers from importing anything else).
 LAMBDA_LAYERS = ("core", "planner", "lifecycle", "operations", "handlers")
-# The import name of a vendored package -> its distribution name.
-_DISTRIBUTIONS = {"yaml": "PyYAML"}
+# The packages the platform's functions vendor, by import name: (distribution, version) of the wheel
+# for the Lambda runtime. Pinned by this release of the construct library (a new pin is a new
+# release), not taken from the synthesizing environment; the platform's requirements.txt pins the
+# same versions, which its tests run with (tests/infra/test_lambda_code.py checks both agree).
+VENDORED_VERSIONS: Mapping[str, tuple[str, str]] = {
+    "yaml": ("PyYAML", "6.0.4"),
+    "regex": ("regex", "2026.11.15"),
+}
 _LICENCE_NAMES = ("LICENSE", "LICENCE", "COPYING")
 
 DEFAULT_STAGING_ROOT = Path(tempfile.gettempdir()) / "llmtrain-lambda-code"
@@ -83,8 +93,9 @@ def lambda_code(
     template_files: job-template files laid out as `<anything>/<name>/<version>.yaml`; each is
         placed at `templates/<name>/<version>.yaml` in the asset.
     extra_files: more files to add, by relative path inside the asset (e.g. a registry index).
-    vendored_packages: import names of the packages to vendor, at the version installed here, from
-        their wheels for `LAMBDA_RUNTIME` ("yaml" always comes along).
+    vendored_packages: import names of the packages to vendor, from their wheels for `LAMBDA_RUNTIME`
+        ("yaml" always comes along): those of `VENDORED_VERSIONS` at the version it pins, any other
+        at the version installed here.
     staging_root: where the content-addressed folders are written (default: the system temp dir).
     wheel_cache: where the fetched wheels are kept (default: ~/.cache/llmtrain/lambda-wheels).
     """
@@ -131,7 +142,7 @@ def _collect_files(
     files["training_jobs/__init__.py"] = Path(training_jobs.__file__).read_bytes()
     files.update(_package_files(Path(training_jobs.contract.__file__).parent, "training_jobs/contract"))
     for name in dict.fromkeys(vendored_packages):
-        distribution, version = _installed_distribution(name)
+        distribution, version = _vendored_distribution(name)
         files.update(_wheel_files(distribution, version, wheel_cache, name))
     for template_file in template_files:
         path = Path(template_file)
@@ -147,10 +158,12 @@ def _collect_files(
     return files
 
 
-def _installed_distribution(name: str) -> tuple[str, str]:
-    distribution = _DISTRIBUTIONS.get(name, name)
+def _vendored_distribution(name: str) -> tuple[str, str]:
+    """The distribution and version of the wheel to vendor for the import name ``name``."""
+    if name in VENDORED_VERSIONS:
+        return VENDORED_VERSIONS[name]
     try:
-        return distribution, importlib.metadata.version(distribution)
+        return name, importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         raise LambdaCodeError(
             f"lambda_code vendored_packages: {name!r} is not an installed package in this environment; "

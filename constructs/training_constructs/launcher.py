@@ -95,7 +95,7 @@ from llmtrain.core.team_context import (
     team_context_fields,
 )
 from training_constructs._functions import logged_function
-from training_constructs._props import PropsError, checked_props, require
+from training_constructs._props import PropsError, checked_props, freeze_sequences, require
 from training_constructs.job_template import JobTemplate
 from training_constructs.lambda_code import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, lambda_code
 from training_constructs.nag import acknowledge_wildcards
@@ -184,7 +184,7 @@ class TrainingLauncherProps:
     queues: TrainingQueues | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "job_templates", tuple(self.job_templates))
+        freeze_sequences(_NAME, self)
         object.__setattr__(self, "platform_features", dict(self.platform_features or {}))
         _validate(self)
 

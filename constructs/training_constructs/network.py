@@ -20,7 +20,14 @@ from llmtrain.core.platform import (
     VPC_ID_PATTERN,
 )
 from training_constructs._functions import stack_log_group
-from training_constructs._props import check_cidr, checked_props, is_unresolved, is_whole_number, require
+from training_constructs._props import (
+    check_cidr,
+    checked_props,
+    freeze_sequences,
+    is_unresolved,
+    is_whole_number,
+    require,
+)
 from training_constructs.encryption import create_encryption_key
 from training_constructs.nag import FUNCTION_CHECKOV_REASONS, acknowledge_checkov
 from training_constructs.resources import (
@@ -90,6 +97,9 @@ class ExistingVpcAttributes:
     route_table_ids: Sequence[str]
     create_endpoints: bool = True
 
+    def __post_init__(self) -> None:
+        freeze_sequences("ExistingVpcAttributes", self)
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingNetworkProps:
@@ -120,7 +130,7 @@ class TrainingNetworkProps:
     existing_flow_log_key: kms.IKey | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "availability_zones", tuple(self.availability_zones))
+        freeze_sequences(_NAME, self)
         _validate(self)
 
 

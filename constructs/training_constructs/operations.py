@@ -50,6 +50,7 @@ from training_constructs._props import (
     check_instance_types,
     check_job_name_prefix,
     checked_props,
+    freeze_sequences,
     is_whole_number,
     require,
 )
@@ -139,8 +140,7 @@ class TrainingOperationsProps:
     training_log_retention_days: int | None = 365
 
     def __post_init__(self) -> None:
-        for name in ("instance_types", "state_machines", "template_metrics"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
+        freeze_sequences(_NAME, self)
         _validate(self)
 
 

@@ -31,7 +31,13 @@ from constructs import Construct
 
 import llmtrain.core.queue_policy as policy
 from llmtrain.core.platform import ENVIRONMENT_NAME_PATTERN, MAX_QUEUED_TEAM_JOB_NAME_PREFIX, QUEUED_NAME_KEPT
-from training_constructs._props import checked_props, is_unresolved, is_whole_number, require
+from training_constructs._props import (
+    checked_props,
+    freeze_sequences,
+    is_unresolved,
+    is_whole_number,
+    require,
+)
 from training_constructs.teams import TEAM_TAG, TeamSpec
 
 _NAME = "TrainingQueues"
@@ -102,8 +108,7 @@ class TrainingQueuesProps:
     existing_service_environment_arn: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "teams", tuple(self.teams))
-        object.__setattr__(self, "job_queues", tuple(self.job_queues))
+        freeze_sequences(_NAME, self)
         _validate(self)
 
     @property
@@ -256,11 +261,13 @@ class TrainingQueues(Construct):
                     },
                 },
             ),
+            # Tagging as a job is submitted: the new job has no tags yet (IfExists), and a job that has
+            # them (another team's) cannot be re-tagged as this team's, which its engineers may cancel.
             iam.PolicyStatement(
                 sid=TAG_SERVICE_JOBS_SID,
                 actions=["batch:TagResource"],
                 resources=[service_job_arns(self.stack)],
-                conditions=tagged,
+                conditions={**tagged, "StringEqualsIfExists": {f"aws:ResourceTag/{TEAM_TAG}": team.name}},
             ),
         ):
             grantee.grant_principal.add_to_principal_policy(statement)
@@ -268,7 +275,7 @@ class TrainingQueues(Construct):
             SUBMIT_SERVICE_JOBS_SID: f"Batch names service jobs by an id it chooses; team {team.name}'s "
             "launcher creates them only with its own share identifier, tag and priority (conditions)",
             TAG_SERVICE_JOBS_SID: f"service jobs are tagged as they are submitted, with team {team.name}'s "
-            "tag only (condition); their ids are Batch's",
+            "tag only, and never one already tagged with another team's (conditions); their ids are Batch's",
         }
 
     def grant_follow(self, grantee: iam.IGrantable, team_name: str) -> dict[str, str]:

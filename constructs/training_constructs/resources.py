@@ -18,7 +18,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
-from training_constructs._props import require
+from training_constructs._props import freeze_sequences, require
 
 # SageMaker's VpcConfig limits.
 MAX_SUBNETS = 16
@@ -91,7 +91,7 @@ class ExistingNetwork:
     endpoint_security_group: ec2.ISecurityGroup | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "subnets", tuple(self.subnets))
+        freeze_sequences("ExistingNetwork", self)
         require(
             1 <= len(self.subnets) <= MAX_SUBNETS,
             "ExistingNetwork",

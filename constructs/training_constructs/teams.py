@@ -22,7 +22,7 @@ from llmtrain.core.platform import (
     team_data_prefix,
 )
 from llmtrain.core.render import TAG_PREFIX
-from training_constructs._props import check_instance_types, is_whole_number, require
+from training_constructs._props import check_instance_types, freeze_sequences, is_whole_number, require
 
 _NAME = "TeamSpec"
 
@@ -64,9 +64,7 @@ class TeamSpec:
     queues: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "instance_types", tuple(self.instance_types))
-        object.__setattr__(self, "templates", tuple(self.templates))
-        object.__setattr__(self, "queues", tuple(self.queues))
+        freeze_sequences(_NAME, self)
         object.__setattr__(self, "tags", dict(self.tags))
         _validate(self)
 

@@ -11,8 +11,8 @@ from constructs import Construct
 from llmtrain.core.catalog import Catalog
 from llmtrain.core.platform import package_repository_arn
 from training_constructs import (
-    DeployedEnvironmentProps,
     DeployedEnvironmentRecord,
+    DeployedEnvironmentRecordProps,
     JobTemplate,
     JobTemplateProps,
     TeamSpec,
@@ -151,7 +151,7 @@ class AcmeTrainingStack(cdk.Stack):
         record = DeployedEnvironmentRecord(
             self,
             "Record",
-            DeployedEnvironmentProps.for_launchers(
+            DeployedEnvironmentRecordProps.for_launchers(
                 [launcher],
                 environment_name=env.name,
                 job_name_prefix=team.job_name_prefix,

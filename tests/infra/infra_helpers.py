@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+# jsii (and the CDK CLI the tests run) on the Node.js the project installs (package.json, `make setup`:
+# a release they support), first on the PATH as the Makefile puts it, whatever node the system has.
+PROJECT_NODE_BIN = Path(__file__).resolve().parents[2] / "node_modules" / ".bin"
+os.environ["PATH"] = f"{PROJECT_NODE_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 os.environ.setdefault("CDK_DISABLE_VERSION_CHECK", "1")
 
 import aws_cdk as cdk  # noqa: E402  (after the environment above, which jsii reads at import)
@@ -138,19 +141,54 @@ CHECKOV = Path(
 )
 
 
-def checkov_report(directories: list[Path]) -> list[dict]:
-    """checkov over CloudFormation templates, offline (no Prisma Cloud download): its JSON reports."""
+@dataclass(frozen=True)
+class CheckovReport:
+    """checkov's report on one folder of templates (a cloud assembly)."""
+
+    folder: Path
+    report: dict[str, Any]
+
+    @property
+    def failed(self) -> list[str]:
+        return [f"{self.folder.name}{r['file_path']} {r['resource']} {r['check_id']} {r['check_name']}"
+                for r in self.report["results"]["failed_checks"]]
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        return self.report["results"]["skipped_checks"]
+
+    @property
+    def passed(self) -> int:
+        return self.report["summary"]["passed"]
+
+    @property
+    def scanned(self) -> list[str]:
+        """The templates with a check's result, by file name (not those with no resource checkov checks)."""
+        results = self.report["results"]
+        checks = [*results["passed_checks"], *results["failed_checks"], *results["skipped_checks"]]
+        return sorted({Path(check["file_abs_path"]).name for check in checks})
+
+    @property
+    def read_every_resource(self) -> bool:
+        """Whether checkov read as many resources as the folder's templates hold (and some)."""
+        held = sum(len(json.loads(path.read_text()).get("Resources", {}))
+                   for path in self.folder.glob("*.template.json"))
+        return held > 0 and self.report["summary"]["resource_count"] == held
+
+
+def checkov_reports(folders: list[Path]) -> list[CheckovReport]:
+    """checkov over each folder of CloudFormation templates in a run of its own, offline (no Prisma
+    Cloud download). One run per folder: given several `--directory` flags, checkov 3.3.30 scans only
+    the first and reports it once per flag, so the other folders were never read (issue 36)."""
     assert CHECKOV.exists(), f"{CHECKOV} is missing: `make setup` installs checkov into .venv-checkov"
-    command = [str(CHECKOV), "--framework", "cloudformation", "--output", "json", "--skip-download"]
-    command.append("--compact")
-    for directory in directories:
-        command += ["--directory", str(directory)]
+    return [CheckovReport(folder, _checkov(folder)) for folder in folders]
+
+
+def _checkov(folder: Path) -> dict[str, Any]:
+    command = [str(CHECKOV), "--framework", "cloudformation", "--output", "json", "--skip-download",
+               "--compact", "--directory", str(folder)]
     result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
-    assert result.returncode in (0, 1), result.stderr[-2000:]  # 1: checks failed (asserted below)
-    # One JSON document per directory scanned, one after the other.
-    reports, decoder, text, at = [], json.JSONDecoder(), result.stdout, 0
-    while text[at:].strip():
-        at += len(text[at:]) - len(text[at:].lstrip())
-        report, at = decoder.raw_decode(text, at)
-        reports += report if isinstance(report, list) else [report]
-    return reports
+    assert result.returncode in (0, 1), result.stderr[-2000:]  # 1: checks failed (asserted by the caller)
+    report = json.loads(result.stdout)
+    [report] = report if isinstance(report, list) else [report]  # the cloudformation framework only
+    return report

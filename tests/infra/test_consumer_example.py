@@ -11,6 +11,8 @@ llmtrain wheel ships. Then cfn-lint and checkov read what it synthesized.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -20,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from infra_helpers import cfn_lint_unexplained, checkov_report
+from infra_helpers import cfn_lint_unexplained, checkov_reports
 from packaging.requirements import Requirement
-from wheel_install import CONSTRUCTS_SOURCES, LLMTRAIN_SOURCES, build_wheel, install
+from packaging.utils import canonicalize_name
+from wheel_install import CONSTRUCTS_SOURCES, LLMTRAIN_SOURCES, Wheel, build_wheel, provide
 
 from llmtrain.core.catalog import Catalog
 from training_constructs.lambda_code import LAMBDA_RUNTIME, stage_lambda_code
@@ -30,7 +33,6 @@ from training_constructs.launcher import VENDORED_PACKAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cdk_consumer"
-CDK_CLI = ROOT / "node_modules" / ".bin" / "cdk"  # the CLI package.json pins
 REGION = "eu-west-1"
 slow = pytest.mark.slow
 
@@ -66,53 +68,168 @@ def test_the_examples_catalog_is_published_and_its_program_trains_and_resumes(tm
     assert (tmp_path / "model" / "model.pt").is_file()
 
 
+def documented_commands() -> list[str]:
+    """The commands of the example's README (its bash block), without their comments."""
+    block = (EXAMPLE / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def documented(prefix: str) -> str:
+    [command] = [command for command in documented_commands() if command.startswith(prefix)]
+    return command
+
+
+def test_the_readme_documents_every_step_from_a_new_folder():
+    """A new virtual environment, the wheels and PyPI (not `--no-index`: the wheels require aws-cdk-lib
+    and more, which no release holds), the CLI and its Node, the synth, torch to train here, a run."""
+    assert [command.split()[0:2] for command in documented_commands()] == [
+        ["python3", "-m"], ["pip", "install"], ["npm", "ci"], ["npx", "cdk"], ["llmtrain", "templates"],
+        ["pip", "install"], ["SM_CHANNEL_TRAIN=data/", "SM_MODEL_DIR=out/"],
+    ]
+    assert "--no-index" not in documented("pip install --find-links")
+
+
+def test_the_construct_readme_shows_the_examples_cdk_json_and_its_pinned_cli_and_node():
+    """constructs/README.md shows the consumer's cdk.json (its app on the venv's python3) and the
+    package.json pins of the CDK CLI and of a supported Node (issue 36), as the example has them."""
+    readme = (ROOT / "constructs" / "README.md").read_text()
+    shown = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", readme, flags=re.S)]
+    assert json.loads((EXAMPLE / "cdk.json").read_text()) in shown
+    pins = json.loads((EXAMPLE / "package.json").read_text())["devDependencies"]
+    assert {"devDependencies": pins, "private": True} in shown
+    assert pins == json.loads((ROOT / "package.json").read_text())["devDependencies"]
+    assert int(pins["node"].split(".")[0]) in (22, 24)
+
+
 @dataclass(frozen=True)
 class Installed:
     place: Path
     env: dict[str, str]
+    app: Path
 
     def run(self, *argv: str, cwd: Path | None = None, **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(list(argv), cwd=cwd or self.place, env=self.env, capture_output=True, text=True,
                               **kwargs)
 
+    def documented(self, prefix: str, **kwargs) -> subprocess.CompletedProcess:
+        """The README's command that starts with `prefix`, as a shell runs it in the app's folder."""
+        return self.run("bash", "-c", documented(prefix), cwd=self.app, **kwargs)
+
+
+@dataclass(frozen=True)
+class Example:
+    """The example copied out of the checkout, with both wheels of this repository in its `wheels/`."""
+
+    place: Path
+    app: Path
+    llmtrain: Wheel
+    constructs: Wheel
+
 
 @pytest.fixture(scope="module")
-def consumer(tmp_path_factory) -> Installed:
-    """The construct library installed as constructs/README.md says (its wheel with the [nag] extra,
-    llmtrain only because it requires it) into a new virtual environment outside the checkout."""
+def example(tmp_path_factory) -> Example:
     place = tmp_path_factory.mktemp("consumer")
+    app = place / "acme"
+    shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__", "cdk.out", "node_modules"))
     llmtrain = build_wheel(ROOT, LLMTRAIN_SOURCES, place)
     constructs = build_wheel(ROOT / "constructs", CONSTRUCTS_SOURCES, place, extras=("nag",))
-    # llmtrain is installed only because llmtrain-constructs requires it, at a version it accepts.
-    return Installed(place, install(place, [constructs], available=[llmtrain]))
+    (app / "wheels").mkdir()
+    for wheel in (llmtrain, constructs):
+        shutil.copy2(wheel.path, app / "wheels")
+    return Example(place, app, llmtrain, constructs)
+
+
+@slow
+def test_the_documented_install_resolves_from_the_wheels_and_pypi(example):
+    """The README's `pip install` line in a new virtual environment holding nothing: pip finds the two
+    wheels in `wheels/` and every package they require on PyPI (resolved, not downloaded: --dry-run)."""
+    bare = example.place / "bare"
+    subprocess.run([sys.executable, "-m", "venv", str(bare)], check=True)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))},
+           "PATH": f"{bare / 'bin'}{os.pathsep}/usr/bin:/bin"}
+    report = example.place / "resolved.json"
+    command = f"{documented('pip install --find-links')} --dry-run --quiet --report {report}"
+    resolved = subprocess.run(["bash", "-c", command], cwd=example.app, env=env, capture_output=True,
+                              text=True, timeout=600)
+    assert resolved.returncode == 0, resolved.stderr[-3000:]
+    found = {canonicalize_name(item["metadata"]["name"]): item["download_info"]["url"]
+             for item in json.loads(report.read_text())["install"]}
+    wheels = (example.app / "wheels").as_uri()
+    ours = {name for name, url in found.items() if url.startswith(wheels)}
+    assert ours == {"llmtrain-constructs", "llm-sagemaker-platform"}, found
+    assert {"aws-cdk-lib", "constructs", "cdk-nag", "boto3", "pyyaml"} <= set(found) - ours
+    assert "torch" not in found
+
+
+@pytest.fixture(scope="module")
+def consumer(example) -> Installed:
+    """The README's `pip install` line run in a new virtual environment outside the checkout that
+    already holds what the wheels require (linked from this project's environment, so that nothing is
+    downloaded: tests/support/wheel_install.py): it installs the two wheels from `wheels/`."""
+    env = provide(example.place, [example.constructs], available=[example.llmtrain])
+    installed = Installed(example.place, env, example.app)
+    pip = installed.documented("pip install --find-links", timeout=600)
+    assert pip.returncode == 0, pip.stdout[-3000:] + pip.stderr[-3000:]
+    assert "Successfully installed llm-sagemaker-platform-0.2.0 llmtrain-constructs-1.1.0" in pip.stdout, (
+        pip.stdout[-3000:]
+    )
+    return installed
 
 
 @pytest.fixture(scope="module")
 def synthesized(consumer) -> Path:
-    """The example synthesized in the new virtual environment, outside the checkout: its cdk.out."""
-    app = consumer.place / "acme"
-    shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__", "cdk.out"))
+    """The example synthesized with the README's `npx cdk synth` in the new virtual environment,
+    outside the checkout: its cdk.out."""
+    app = consumer.app
     where = ("import importlib.util as u\n"
              "for name in ('training_constructs', 'llmtrain'): print(u.find_spec(name).origin)")
     located = consumer.run("python", "-c", where, cwd=app, check=True)
     assert all(origin.startswith(str(consumer.place / "venv")) for origin in located.stdout.split()), (
         located.stdout
     )
-    outdir = app / "cdk.out"
+    # `npm ci` would install what package-lock.json pins, which is what this project's lock pins: its
+    # node_modules (the CDK CLI and Node 24) stands in for the download.
+    example_lock, platform_lock = (json.loads(path.read_text())["packages"]
+                                   for path in (app / "package-lock.json", ROOT / "package-lock.json"))
+    assert example_lock[""]["devDependencies"] == platform_lock[""]["devDependencies"]
+    assert {k: v for k, v in example_lock.items() if k} == {k: v for k, v in platform_lock.items() if k}
+    (app / "node_modules").symlink_to(ROOT / "node_modules")
     # The functions' packages come from their wheels for the Lambda runtime, which a first synth fetches
     # into the wheel cache (constructs/README.md, "Install"): fetched here, with this checkout's network,
-    # so that the synth below needs none (the installed wheels link the same package versions).
+    # so that the synth below needs none (the installed wheels pin the same package versions).
     stage_lambda_code(vendored_packages=VENDORED_PACKAGES, staging_root=consumer.place / "staging")
-    # `npx cdk synth` as its platform engineer runs it (the pinned CLI, which runs cdk.json's app), with
-    # no AWS credentials and no network: the CLI would look up what the app left missing (issue 25:
-    # the stack's availability zones) and fail without credentials.
+    # `npx cdk synth` as its platform engineer runs it (the pinned CLI on the pinned Node, which runs
+    # cdk.json's app), with no AWS credentials and no network: the CLI would look up what the app left
+    # missing (issue 25: the stack's availability zones) and fail without credentials.
     offline = offline_without_credentials(consumer.env, consumer.place)
-    synth = subprocess.run([str(CDK_CLI), "synth", "--quiet", "--no-notices", "-o", str(outdir)], cwd=app,
-                           env=offline, capture_output=True, text=True, timeout=600)
+    synth = subprocess.run(["bash", "-c", documented("npx cdk synth")], cwd=app, env=offline,
+                           capture_output=True, text=True, timeout=900)
     # cdk-nag runs in the app: an unacknowledged finding fails the synth.
     assert synth.returncode == 0, synth.stdout[-3000:] + synth.stderr[-3000:]
+    # The CLI and jsii run on the Node package.json pins (issue 36): neither calls it end-of-life.
+    assert "end-of-life" not in synth.stdout + synth.stderr, synth.stderr[-3000:]
+    outdir = app / "cdk.out"
     assert "missing" not in json.loads((outdir / "manifest.json").read_text())
     return outdir
+
+
+@slow
+def test_the_documented_training_command_runs_with_the_documented_torch(example):
+    """The README's torch line, in a new virtual environment holding this project's torch (2.13.0, the
+    CPU build; PyTorch's CPU index is out of the test machine's reach), finds it installed; then the
+    README's run of training/train_lm.py trains its 20 steps on a folder of text."""
+    env = provide(example.place / "trainer", [], also=["torch==2.13.0"])
+    trainer = Installed(example.place / "trainer", env, example.app)
+    torch = trainer.documented("pip install torch", timeout=600)
+    assert torch.returncode == 0 and "Requirement already satisfied: torch==2.13.0" in torch.stdout, (
+        torch.stdout + torch.stderr
+    )
+    (example.app / "data").mkdir()
+    (example.app / "data" / "notes.txt").write_text((ROOT / "README.md").read_text()[:20000])
+    run = trainer.documented("SM_CHANNEL_TRAIN=", timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-1].startswith("[metrics] step=20 "), run.stdout[-2000:]
+    assert (example.app / "out" / "model.pt").is_file() and (example.app / "ckpt").is_dir()
 
 
 def offline_without_credentials(env: dict[str, str], place: Path) -> dict[str, str]:
@@ -195,10 +312,11 @@ def test_the_example_synthesizes_nag_and_cfn_lint_clean_on_the_installed_wheels(
 
 @slow
 def test_checkov_finds_nothing_left_unacknowledged(synthesized):
-    reports = checkov_report([synthesized])
-    failed = [f"{r['resource']} {r['check_id']}" for rep in reports for r in rep["results"]["failed_checks"]]
-    assert failed == []
-    assert sum(report["summary"]["skipped"] for report in reports) > 0  # the constructs' acknowledgments
+    [report] = checkov_reports([synthesized])
+    assert report.read_every_resource
+    assert report.scanned == ["AcmeTraining.template.json", "AcmeTrainingData.template.json"]
+    assert report.failed == []
+    assert report.skipped  # the constructs' acknowledgments
 
 
 @slow

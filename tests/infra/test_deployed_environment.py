@@ -18,8 +18,8 @@ from llmtrain.core.catalog import Catalog
 from llmtrain.core.deployed import STANDARD_PARAMETER_LIMIT, template_parameter_value
 from training_constructs import PropsError
 from training_constructs.deployed_environment import (
-    DeployedEnvironmentProps,
     DeployedEnvironmentRecord,
+    DeployedEnvironmentRecordProps,
     TeamEntry,
 )
 
@@ -79,14 +79,14 @@ def _entry(name: str = "default", templates=("gpt2-ddp",), **context) -> TeamEnt
     )
 
 
-def _props(**changes) -> DeployedEnvironmentProps:
+def _props(**changes) -> DeployedEnvironmentRecordProps:
     values = {
         "environment_name": "dev",
         "job_name_prefix": "llmtrain-dev",
         "enabled_templates": ("gpt2-ddp",),
         "teams": (_entry(),),
     }
-    return DeployedEnvironmentProps(**(values | changes))
+    return DeployedEnvironmentRecordProps(**(values | changes))
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cdk_consumer"

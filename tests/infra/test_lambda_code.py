@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_lambda as lambda_
-from infra_helpers import resources_of_type
+from infra_helpers import ROOT, resources_of_type
 
 from llmtrain.core.catalog import Catalog
 from training_constructs.lambda_code import (
     LAMBDA_ARCHITECTURE,
     LAMBDA_RUNTIME,
+    VENDORED_VERSIONS,
     LambdaCodeError,
     lambda_code,
     stage_lambda_code,
@@ -61,6 +63,43 @@ def test_a_fetched_wheel_is_reused_without_the_network(tmp_path):
     again = stage_lambda_code(vendored_packages=("regex",), staging_root=tmp_path / "b", wheel_cache=cache)
     assert sorted(path.name for path in cache.iterdir()) == wheels
     assert first.name == again.name
+
+
+def test_the_vendored_packages_are_the_versions_the_library_pins_whatever_is_installed(tmp_path):
+    """Two apps on one release of the library deploy the same code asset even where one has another
+    `regex` installed (issue 36): here a Python whose installed regex is 2024.4.16 stages the folder
+    this one does, holding the pinned regex."""
+    older = tmp_path / "older"
+    (older / "regex-2024.4.16.dist-info").mkdir(parents=True)
+    (older / "regex-2024.4.16.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: regex\n"
+                                                                   "Version: 2024.4.16\n")
+    stage = ("import importlib.metadata, sys; sys.path.insert(0, sys.argv[1]); "
+             "from training_constructs.lambda_code import stage_lambda_code; "
+             "print(importlib.metadata.version('regex')); "
+             "print(stage_lambda_code(vendored_packages=('regex',), staging_root=sys.argv[2]).name)")
+    other = subprocess.run([sys.executable, "-c", stage, str(older), str(tmp_path / "other")],
+                           capture_output=True, text=True, timeout=300, env=_importable_here())
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.split() == ["2024.4.16", stage_lambda_code(vendored_packages=("regex",),
+                                                                    staging_root=tmp_path / "here").name]
+    folder = tmp_path / "here" / other.stdout.split()[1]
+    distribution, version = VENDORED_VERSIONS["regex"]
+    assert (folder / f"{distribution}-{version}.dist-info").is_dir()
+    pyyaml, pyyaml_version = VENDORED_VERSIONS["yaml"]
+    assert (folder / f"{pyyaml.lower()}-{pyyaml_version}.dist-info").is_dir()
+
+
+def test_the_pinned_versions_are_those_the_platform_is_tested_with():
+    """requirements.txt pins what the functions vendor: the tests run the code the functions run."""
+    pins = {line.split("==")[0].lower(): line.split("==")[1].strip()
+            for line in (ROOT / "requirements.txt").read_text().splitlines() if "==" in line}
+    assert {d.lower(): v for d, v in VENDORED_VERSIONS.values()} == {
+        d.lower(): pins.get(d.lower()) for d, _ in VENDORED_VERSIONS.values()}
+
+
+def _importable_here() -> dict[str, str]:
+    """This process's environment, with its import path (the checkout's packages) for a child."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
 
 
 def test_staging_is_content_addressed(tmp_path):

@@ -332,8 +332,11 @@ def test_with_queues_the_role_submits_to_the_teams_queues_only_and_creates_no_jo
         **priority,
         "StringEquals": {"batch:ShareIdentifier": team, "aws:RequestTag/llmtrain:team": team},
     }
+    # A job is tagged as it is submitted (no tags yet) and never re-tagged: a job another team's launcher
+    # submitted carries that team's tag, and whoever holds the team's tag may cancel it (issue 36).
     assert statements[TAG_SERVICE_JOBS_SID]["Condition"] == {
-        "StringEquals": {"aws:RequestTag/llmtrain:team": team}
+        "StringEquals": {"aws:RequestTag/llmtrain:team": team},
+        "StringEqualsIfExists": {"aws:ResourceTag/llmtrain:team": team},
     }
     # Batch needs the submitter's PassRole of the payload's role: the team's execution role only.
     passing = statements["PassTeamExecutionRoleToSageMaker"]

@@ -5,8 +5,10 @@ brings, and one name for one thing."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import json
+import pkgutil
 import re
 
 import aws_cdk as cdk
@@ -21,8 +23,8 @@ from infra_helpers import ENV, ROOT, resources_of_type
 
 import training_constructs
 from training_constructs import (
-    DeployedEnvironmentProps,
     DeployedEnvironmentRecord,
+    DeployedEnvironmentRecordProps,
     ExistingNetwork,
     ExistingStorage,
     JobTemplate,
@@ -69,8 +71,8 @@ RETIRED_FIELDS = {
 def _props_type(construct: type) -> type:
     parameters = list(inspect.signature(construct.__init__).parameters)
     assert parameters == ["self", "scope", "construct_id", "props"], (construct.__name__, parameters)
-    props_name = f"{construct.__name__.removesuffix('Record')}Props"
-    return getattr(inspect.getmodule(construct), props_name)
+    # `<Construct>Props`, the README's rule (constructs/README.md, "Conventions"), with no exception.
+    return getattr(inspect.getmodule(construct), f"{construct.__name__}Props")
 
 
 def test_the_library_exports_its_constructs():
@@ -121,6 +123,40 @@ def _imported(stack: cdk.Stack, *, endpoint_group: bool) -> tuple[ExistingStorag
     buckets = {f"{name}_bucket": s3.Bucket.from_bucket_name(stack, name, f"acme-{name}") for name in names}
     key = kms.Key.from_key_arn(stack, "Key", f"arn:aws:kms:us-east-1:111111111111:key/{KEY_ID}")
     return ExistingStorage(data_key=key, **buckets), network
+
+
+# A field typed as several of something, as its annotation spells it.
+SEQUENCE_TYPE = re.compile(r"^(Sequence|tuple|list)\[")
+
+
+def _sequence_fields() -> list[tuple[type, str]]:
+    """Every sequence-typed field of every record the library exports or a construct takes."""
+    exported = {value for name, value in vars(training_constructs).items()
+                if name in training_constructs.__all__ and dataclasses.is_dataclass(value)}
+    records = exported | {_props_type(construct) for construct in CONSTRUCTS.values()}
+    return sorted(((record, field.name) for record in records for field in dataclasses.fields(record)
+                   if SEQUENCE_TYPE.match(field.type)), key=lambda pair: (pair[0].__name__, pair[1]))
+
+
+@pytest.mark.parametrize(("record", "field"), _sequence_fields(), ids=lambda x: getattr(x, "__name__", x))
+def test_a_string_where_a_sequence_is_expected_is_refused_naming_the_field(record, field):
+    """`availability_zones="us-west-2a,us-west-2b"` is refused by name, never taken apart into
+    characters (issue 36, item 12): for every sequence-typed field of every record."""
+    required = {
+        f.name: () if SEQUENCE_TYPE.match(f.type) else None
+        for f in dataclasses.fields(record)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    with pytest.raises(PropsError, match=rf"\({field}=\.\.\.\): must be a list or tuple, got the str "
+                                         r"'us-west-2a,us-west-2b' \(one item per element"):
+        record(**{**required, field: "us-west-2a,us-west-2b"})
+
+
+def test_the_network_refuses_zones_given_as_one_string():
+    with pytest.raises(PropsError, match=r"^TrainingNetwork\(availability_zones=\.\.\.\): must be a list or "
+                                         r"tuple, got the str 'us-west-2a,us-west-2b'"):
+        TrainingNetworkProps(availability_zones="us-west-2a,us-west-2b")
+    assert TrainingNetworkProps(availability_zones=["us-east-1a", "us-east-1b"]).availability_zones == ZONES
 
 
 def test_constructs_take_existing_resources_a_caller_brings():
@@ -279,7 +315,7 @@ def one_of_each() -> dict[str, Construct]:
         "DeployedEnvironmentRecord": DeployedEnvironmentRecord(
             stack,
             "Record",
-            DeployedEnvironmentProps.for_launchers(
+            DeployedEnvironmentRecordProps.for_launchers(
                 [launcher], environment_name="each", job_name_prefix="each-a", enabled_templates=["gpt2-ddp"]
             ),
         ),
@@ -302,3 +338,33 @@ def test_the_readmes_whole_environment_example_synthesizes(tmp_path):
     exec(compile(code, "constructs/README.md", "exec"), {})  # noqa: S102 (our own documentation)
     template = json.loads((tmp_path / "MlTraining.template.json").read_text())
     assert resources_of_type(template, "AWS::StepFunctions::StateMachine")
+
+
+def test_the_records_props_keep_their_old_name_with_a_deprecation_warning():
+    """`DeployedEnvironmentProps` became `DeployedEnvironmentRecordProps` (`<Construct>Props`):
+    an app written before still synthesizes, warned (constructs/CHANGELOG.md)."""
+    with pytest.warns(DeprecationWarning, match="use DeployedEnvironmentRecordProps"):
+        old = training_constructs.DeployedEnvironmentProps
+    assert old is DeployedEnvironmentRecordProps
+    assert "DeployedEnvironmentProps" not in training_constructs.__all__
+    with pytest.raises(AttributeError):
+        training_constructs.NoSuchProps  # noqa: B018
+
+
+def test_the_readme_says_which_module_each_function_it_names_lives_in():
+    """A function is named with its module ("Functions (`training_constructs.queues`): ..."), and a
+    snippet calling one that `training_constructs` does not export imports it."""
+    clauses = re.findall(r"Functions( \(`[\w.]+`[^)]*\))?: (.*)", README)
+    assert len(clauses) >= 2
+    for module, text in clauses:
+        assert module, f"Functions of no module: {text[:80]}"
+        where = importlib.import_module(module.split("`")[1])
+        assert [name for name in re.findall(r"`(\w+)\(", text) if not hasattr(where, name)] == [], module
+    modules = [importlib.import_module(f"training_constructs.{m.name}")
+               for m in pkgutil.iter_modules(training_constructs.__path__)]
+    functions = {name: module.__name__ for module in modules for name, value in vars(module).items()
+                 if inspect.isfunction(value) and value.__module__ == module.__name__ and name[0] != "_"}
+    unexported = set(functions) - set(training_constructs.__all__)
+    for snippet in re.findall(r"```python\n(.*?)```", README, flags=re.S):
+        for name in set(re.findall(r"(?<![\w.])([a-z_]\w*)\(", snippet)) & unexported:
+            assert re.search(rf"from {functions[name]} import [^\n]*\b{name}\b", snippet), (name, snippet)

@@ -12,7 +12,7 @@ from pathlib import Path
 import aws_cdk as cdk
 import pytest
 from cfnlint.api import ManualArgs, lint
-from infra_helpers import CONFIG_DIR, checkov_report, resources_of_type, statements_by_sid, synthesize
+from infra_helpers import CONFIG_DIR, checkov_reports, resources_of_type, statements_by_sid, synthesize
 
 from llmtrain.core.environments import load_environment, parse_environment
 from llmtrain.core.function_settings import ENV_PLATFORM_CONTEXT
@@ -69,11 +69,12 @@ def test_every_feature_passes_checkov(featured):
     """The MLflow server, its role and the SSM endpoints exist only where a switch is on: checkov reads
     them here (config/'s environments are checked in test_platform.py)."""
     synthesized, _ = featured
-    reports = checkov_report(sorted(synthesized.outdir.glob("assembly-*")))
-    failed = [f"{r['resource']} {r['check_id']} {r['check_name']}"
-              for report in reports for r in report["results"]["failed_checks"]]
-    assert failed == []
-    assert sum(report["summary"]["passed"] for report in reports) > 100
+    assemblies = sorted(synthesized.outdir.glob("assembly-*"))
+    assert assemblies
+    for report in checkov_reports(assemblies):
+        assert report.read_every_resource, report.folder.name
+        assert report.failed == []
+        assert report.passed > 100, report.folder.name
 
 
 def test_services_stack_holds_the_mirror_the_tracking_server_and_their_endpoints(featured):

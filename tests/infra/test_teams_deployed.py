@@ -32,6 +32,7 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 from moto.iam.access_control import IAMPolicy, PermissionResult
+from moto.iam.policy_conditions import CONDITION_OPERATIONS
 from moto_cloudformation import deploy_stage, iam_enforced
 
 from llmtrain.cli import main
@@ -241,6 +242,13 @@ def role_allows(role_name: str, action: str, resource: str, conditions: dict | N
         for name in iam.list_role_policies(RoleName=role_name)["PolicyNames"]
     ]
     return PermissionResult.PERMITTED in results and PermissionResult.DENIED not in results
+
+
+def if_exists_evaluated():
+    """moto's policy evaluator knows StringEquals only (other operators pass) and passes a key absent
+    from the request: StringEqualsIfExists' meaning. It is taught that operator as StringEquals."""
+    string_equals = CONDITION_OPERATIONS["StringEquals"]
+    return mock.patch.dict(CONDITION_OPERATIONS, {"StringEqualsIfExists": string_equals})
 
 
 @pytest.mark.parametrize("team", TEAMS)
@@ -464,6 +472,15 @@ def test_a_teams_launcher_submits_only_to_its_queues_with_its_share_and_creates_
     assert not role_allows(role, "batch:SubmitServiceJob", service_job, theirs)
     untagged = {"batch:ShareIdentifier": team, f"aws:RequestTag/{TEAM_TAG}": other}
     assert not role_allows(role, "batch:SubmitServiceJob", service_job, untagged)
+    # Batch tags the job as it is submitted (it has no tags yet); a job another team's launcher submitted
+    # (tagged as that team's, whose engineers may cancel it) is never re-tagged as this team's.
+    with if_exists_evaluated():
+        assert role_allows(role, "batch:TagResource", service_job, {f"aws:RequestTag/{TEAM_TAG}": team})
+        assert not role_allows(role, "batch:TagResource", service_job, {f"aws:RequestTag/{TEAM_TAG}": other})
+        retagged = {f"aws:RequestTag/{TEAM_TAG}": team, f"aws:ResourceTag/{TEAM_TAG}": other}
+        assert not role_allows(role, "batch:TagResource", service_job, retagged)
+        assert role_allows(role, "batch:TagResource", service_job,
+                           {f"aws:RequestTag/{TEAM_TAG}": team, f"aws:ResourceTag/{TEAM_TAG}": team})
     # Batch passes the payload's role only if the submitter may: the team's execution role, no other.
     own_role, their_role = (deployed.outputs[f"Team{t.capitalize()}ExecutionRoleArn"] for t in (team, other))
     to_sagemaker = {"iam:PassedToService": "sagemaker.amazonaws.com"}

@@ -330,7 +330,7 @@ def test_an_invalid_environment_file_fails_cdk_synth_with_its_message_only(tmp_p
         "vpc_cidr: 10.40.0.0/16", "vpc_cidr: 10.40.0.0/33"))
     env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({"config_dir": str(tmp_path)}),
            "CDK_OUTDIR": str(tmp_path / "out")}
-    env.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    env["PATH"] = f"{REPO_ROOT / 'node_modules' / '.bin'}{os.pathsep}{env['PATH']}"  # the pinned Node
     result = subprocess.run([sys.executable, "app.py"], cwd=REPO_ROOT, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 1

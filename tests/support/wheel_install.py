@@ -100,6 +100,26 @@ def install(
 
     `available`: wheels pip may install only where a wheel requires them (by name and version).
     `also`: requirements to provide besides what the wheels declare (what a user installs first)."""
+    env = provide(place, wheels, available=available, also=also)
+    result = subprocess.run(
+        [str(place / "venv" / "bin" / "python"), "-m", "pip", "install", "--no-index",
+         *(f"--find-links={wheel.path}" for wheel in available),
+         *(wheel.install_argument for wheel in wheels)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return env
+
+
+def provide(
+    place: Path, wheels: Sequence[Wheel], *, available: Sequence[Wheel] = (), also: Iterable[str] = ()
+) -> dict[str, str]:
+    """A new virtual environment under `place` that already holds what `wheels` (and `available`)
+    require, and `also`, linked from this project's environment, but not the wheels themselves: a
+    pip command (a user's, as documented) installs them. Returns the process environment to run its
+    programs in (its `bin/` first on PATH)."""
     venv = place / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -124,15 +144,6 @@ def install(
             "COLUMNS": "200",
         }
     )
-    result = subprocess.run(
-        [str(python), "-m", "pip", "install", "--no-index",
-         *(f"--find-links={wheel.path}" for wheel in available),
-         *(wheel.install_argument for wheel in wheels)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
     return env
 
 
