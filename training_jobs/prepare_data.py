@@ -38,9 +38,7 @@ import csv
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -52,12 +50,13 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from training_jobs.contract.token_data import SPLITS, TOKENIZER_FOLDER  # noqa: E402
+from training_jobs.contract.token_data import SPLITS  # noqa: E402
+from training_jobs.data_pipeline.arguments import add_pipeline_arguments  # noqa: E402
+from training_jobs.data_pipeline.plan import lines_in_range  # noqa: E402
 from training_jobs.sft_examples import (  # noqa: E402
     Example,
     check_messages,
     document_separators,
-    require_chat_template,
     tokenize_examples,
 )
 from training_jobs.trainer.errors import DataError  # noqa: E402
@@ -165,12 +164,14 @@ def find_inputs(inputs: list[str]) -> list[Path]:
     return files
 
 
-def _jsonl_documents(path: Path, fields: Fields) -> Iterator[Document]:
+def _jsonl_documents(path: Path, fields: Fields, start: int = 0,
+                     end: int | None = None) -> Iterator[Document]:
+    """The records of the lines that begin in bytes [start, end) (a work unit's range)."""
     with path.open("rb") as handle:
-        for number, line in enumerate(handle, start=1):
+        for number, (offset, line) in enumerate(lines_in_range(handle, start, end), start=1):
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
+            where = f"{path}:{number}" if start == 0 else f"{path}:byte {offset}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
@@ -411,28 +412,11 @@ def _tokenized(args: argparse.Namespace, dtype: str, tasks: Iterator[Task]):
 
 
 def prepare(args: argparse.Namespace) -> dict[str, int]:
-    """Write the dataset to a temporary folder beside --output and rename it at the end; a failure
-    removes it, so nothing half-written is ever left (and the same command can simply be retried)."""
-    inputs = Inputs(find_inputs(args.input))
-    output = Path(args.output)
-    _check_output(output)
-    tokenizer = load_tokenizer(args.tokenizer)
-    if tokenizer.eos_token_id is None:
-        raise DataError(f"tokenizer {args.tokenizer} has no end-of-sequence token")
-    if args.messages_key is not None:
-        require_chat_template(tokenizer)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
-    try:
-        counts = _write_dataset(args, inputs, tokenizer, scratch)
-        tokenizer.save_pretrained(str(scratch / TOKENIZER_FOLDER))
-        if output.exists():
-            output.rmdir()  # empty (_check_output): a folder the user made for it
-        scratch.rename(output)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    return counts
+    """Prepare the dataset in work units over --workers processes (data_pipeline): the output
+    appears whole at the end or not at all, and an interrupted run resumes where it stopped."""
+    from training_jobs.data_pipeline.pipeline import prepare_dataset
+
+    return prepare_dataset(args)
 
 
 def _check_output(output: Path) -> None:
@@ -541,6 +525,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "loss is computed on the assistant turns only")
     parser.add_argument("--validation-fraction", type=float, default=0.0)
     parser.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard file")
+    add_pipeline_arguments(parser)
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")

@@ -72,11 +72,16 @@ class Manifest:
 
 def write_manifest(folder: Path, *, dtype: str, vocab_size: int, eos_token_id: int,
                    num_documents: int, shards: list[tuple[str, int]], tokenizer: str,
-                   loss_mask: bool = False) -> Path:
+                   loss_mask: bool = False, checksums: dict[str, str] | None = None) -> Path:
     """Write the manifest last, atomically, so a half-written dataset has none.
 
-    With `loss_mask`, each shard's mask file (`mask_name`) must already be written beside it."""
-    entries = [{"path": name, "num_tokens": count, **({"mask": mask_name(name)} if loss_mask else {})}
+    With `loss_mask`, each shard's mask file (`mask_name`) must already be written beside it. With
+    `checksums` (file name -> SHA-256), each entry records its files' SHA-256 (`sha256`,
+    `mask_sha256`); readers need not check them."""
+    sums = checksums or {}
+    entries = [{"path": name, "num_tokens": count, **({"mask": mask_name(name)} if loss_mask else {}),
+                **({"sha256": sums[name]} if name in sums else {}),
+                **({"mask_sha256": sums[mask_name(name)]} if loss_mask and mask_name(name) in sums else {})}
                for name, count in shards]
     body = {
         "format": FORMAT, "version": MASKED_VERSION if loss_mask else VERSION, "dtype": dtype,

@@ -1,0 +1,194 @@
+"""prepare_data's pipeline (training_jobs/data_pipeline): work units over N workers give one dataset,
+an interrupted preparation resumes with only the missing units, and datatrove's deduplication and
+filters remove what they should across units."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from training_jobs import prepare_data
+from training_jobs.sft_examples import document_separators
+from training_jobs.trainer.shards import read_manifest
+
+from .conftest import REPO, TOKENIZER, child_env
+from .test_sft import CHAT_TEMPLATE
+
+WORDS = ("the and of to that with have be river stone garden window morning letter bridge music "
+         "quiet bright small green open old long road house light water paper table story night "
+         "walks finds keeps builds reads writes carries opens follows remembers across under over "
+         "near beside slowly often never always almost gently").split()
+
+
+def _sentence(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "."
+
+
+def _document(rng: random.Random, words: int = 200) -> str:
+    return " ".join(_sentence(rng, 10) for _ in range(words // 10))
+
+
+def _prepare(*args: str) -> int:
+    return prepare_data.main(list(args))
+
+
+def _stream(folder: Path) -> tuple[list[tuple[int, ...]], list[bytes]]:
+    """The documents of a split, in order, as token id tuples (split at end-of-sequence ids), and
+    the bytes of its files."""
+    manifest = read_manifest(folder)
+    ids = np.concatenate([np.fromfile(s.path, dtype=manifest.numpy_dtype) for s in manifest.shards])
+    documents, start = [], 0
+    for end in np.flatnonzero(ids == manifest.eos_token_id):
+        documents.append(tuple(int(i) for i in ids[start:end + 1]))
+        start = end + 1
+    files = [s.path.read_bytes() for s in manifest.shards]
+    files += [s.mask_path.read_bytes() for s in manifest.shards if s.mask_path]
+    return documents, files
+
+
+def _reference(texts: list[str]) -> list[tuple[int, ...]]:
+    """Each document tokenized on its own, with its separators: what the dataset must hold."""
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    prefix, eos = document_separators(tokenizer)
+    return [tuple(prefix + tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]) for text in texts]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[list[Path], list[str]]:
+    """Text files and two JSONL files, one large enough to be cut into several byte ranges."""
+    folder = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(7)
+    files, texts = [], []
+    for index in range(3):
+        path = folder / f"note{index}.txt"
+        text = "\n\n".join(_sentence(rng, 12) for _ in range(5))
+        path.write_text(text)
+        files.append(path)
+        texts.append(text)
+    for name, count in (("big.jsonl", 240), ("small.jsonl", 7)):
+        records = [_sentence(rng, rng.randint(3, 30)) for _ in range(count)]
+        (folder / name).write_text("".join(json.dumps({"text": r}) + "\n" for r in records))
+        files.append(folder / name)
+        texts += records
+    return files, texts
+
+
+def test_one_two_and_four_workers_write_the_same_dataset_document_for_document(corpus, tmp_path):
+    files, texts = corpus
+    datasets = {}
+    for workers in (1, 2, 4):
+        output = tmp_path / f"w{workers}"
+        assert _prepare("--input", *map(str, files), "--tokenizer", str(TOKENIZER), "--output", str(output),
+                        "--workers", str(workers), "--unit-bytes", "2000", "--shard-tokens", "700") == 0
+        datasets[workers] = _stream(output)
+    report = json.loads((tmp_path / "w1" / "preparation.json").read_text())
+    assert report["units"] >= 6  # the large JSONL file was cut into ranges: real work for 4 workers
+    assert datasets[1][0] == _reference(texts)  # every record once, in input order, across the cuts
+    assert datasets[2] == datasets[1] and datasets[4] == datasets[1]  # and the same files, byte for byte
+    assert not list(tmp_path.glob(".*.partial"))
+
+
+def test_the_validation_split_does_not_depend_on_the_workers(corpus, tmp_path):
+    files, texts = corpus
+    streams = []
+    for workers in (1, 2):
+        output = tmp_path / f"w{workers}"
+        assert _prepare("--input", *map(str, files), "--tokenizer", str(TOKENIZER), "--output", str(output),
+                        "--workers", str(workers), "--unit-bytes", "2000",
+                        "--validation-fraction", "0.2") == 0
+        streams.append({split: _stream(output / split) for split in ("train", "validation")})
+    assert streams[0] == streams[1]
+    train, validation = (streams[0][s][0] for s in ("train", "validation"))
+    reference = _reference(texts)
+    # The text files give their ends to validation; every JSONL record goes to exactly one split.
+    assert set(reference[3:]) <= set(train) | set(validation) and 20 < len(validation) < 120
+
+
+def test_conversations_are_the_same_with_any_number_of_workers(tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(str(tmp_path / "chat"))
+    rng = random.Random(3)
+    records = [{"messages": [{"role": "user", "content": _sentence(rng, 6)},
+                             {"role": "assistant", "content": _sentence(rng, rng.randint(2, 12))}]}
+               for _ in range(80)]
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    datasets = []
+    for workers in (1, 2, 4):
+        output = tmp_path / f"w{workers}"
+        assert _prepare("--input", str(tmp_path / "chats.jsonl"), "--tokenizer", str(tmp_path / "chat"),
+                        "--output", str(output), "--messages-key", "messages", "--workers", str(workers),
+                        "--unit-bytes", "1500") == 0
+        datasets.append(_stream(output))
+    manifest = read_manifest(tmp_path / "w1")
+    assert manifest.loss_mask and manifest.num_documents == 80
+    assert json.loads((tmp_path / "w1" / "preparation.json").read_text())["units"] >= 4
+    assert datasets[1] == datasets[0] and datasets[2] == datasets[0]  # tokens and masks alike
+
+
+def test_manifest_lists_each_shard_with_its_checksum(corpus, tmp_path):
+    import hashlib
+
+    files, _ = corpus
+    output = tmp_path / "out"
+    assert _prepare("--input", *map(str, files), "--tokenizer", str(TOKENIZER), "--output", str(output),
+                    "--workers", "1", "--unit-bytes", "4000") == 0
+    body = json.loads((output / "manifest.json").read_text())
+    for entry in body["shards"]:
+        assert hashlib.sha256((output / entry["path"]).read_bytes()).hexdigest() == entry["sha256"]
+    assert sorted(p.name for p in output.iterdir() if not p.name.startswith("shard_")) == [
+        "manifest.json", "preparation.json", "tokenizer"]  # no work files left in the dataset
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_a_killed_worker_is_redone_alone_when_the_command_is_run_again(tmp_path):
+    rng = random.Random(11)
+    (tmp_path / "data.jsonl").write_text(
+        "".join(json.dumps({"text": _document(rng, 60)}) + "\n" for _ in range(600)))
+    output = tmp_path / "out"
+    command = [sys.executable, "-m", "training_jobs.prepare_data", "--input", str(tmp_path / "data.jsonl"),
+               "--tokenizer", str(TOKENIZER), "--output", str(output), "--workers", "2",
+               "--unit-bytes", "4000"]
+    work = tmp_path / ".out.partial"
+    process = subprocess.Popen(command, cwd=REPO, env=child_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((work / "units").glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    workers = [pid for pid in _children(process.pid)]
+    for pid in [process.pid, *workers]:
+        os.kill(pid, signal.SIGSTOP)  # hold everything still while we pick a worker to kill
+    os.kill(workers[-1], signal.SIGKILL)
+    for pid in [process.pid, *workers[:-1]]:
+        os.kill(pid, signal.SIGCONT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 2 and "a worker process died" in err and "run the same command again" in err
+    assert not output.exists()
+    done = sorted(work.glob("units/*.json"))
+    units = len(json.loads((work / "plan.json").read_text())["units"])
+    assert 0 < len(done) < units
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in work.glob("shard_*.bin")}
+
+    rerun = subprocess.run(command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"{len(done)} of {units} work units already complete" in rerun.stderr
+    for name, (inode, mtime) in before.items():
+        unit = name.split("_")[1]
+        if (f"{unit}.json") in {p.name for p in done}:  # a complete unit's shards were not rewritten
+            assert ((output / name).stat().st_ino, (output / name).stat().st_mtime_ns) == (inode, mtime)
+    whole = tmp_path / "whole"
+    assert _prepare("--input", str(tmp_path / "data.jsonl"), "--tokenizer", str(TOKENIZER), "--output",
+                    str(whole), "--workers", "1", "--unit-bytes", "4000") == 0
+    assert _stream(output) == _stream(whole)
