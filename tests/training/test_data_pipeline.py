@@ -192,3 +192,92 @@ def test_a_killed_worker_is_redone_alone_when_the_command_is_run_again(tmp_path)
     assert _prepare("--input", str(tmp_path / "data.jsonl"), "--tokenizer", str(TOKENIZER), "--output",
                     str(whole), "--workers", "1", "--unit-bytes", "4000") == 0
     assert _stream(output) == _stream(whole)
+
+
+# -- quality steps ---------------------------------------------------------------------------------
+
+
+def _changed_word(rng: random.Random, text: str) -> str:
+    words = text.split(" ")
+    at = rng.randrange(10, len(words) - 10)
+    words[at] = "zebra" if words[at] != "zebra" else "lantern"
+    return " ".join(words)
+
+
+@pytest.fixture(scope="module")
+def duplicated(tmp_path_factory) -> dict:
+    """50 distinct documents; exact copies of 5 of them (one copied twice) and a one-word variant
+    of 4 others, each far from its original (another file, another work unit)."""
+    folder = tmp_path_factory.mktemp("dups")
+    rng = random.Random(2024)
+    uniques = [_document(rng) for _ in range(50)]
+    copies = [uniques[i] for i in (2, 9, 17, 25, 20, 9)]
+    variants = {i: _changed_word(rng, uniques[i]) for i in (5, 14, 22, 27)}
+    # Originals in order; each copy or variant lands at least 12 documents after its original.
+    records = list(uniques)
+    for text in [*copies, *variants.values()]:
+        source = text if text in uniques else uniques[next(i for i, v in variants.items() if v == text)]
+        records.insert(rng.randrange(records.index(source) + 12, len(records) + 1), text)
+    files = []
+    for index, part in enumerate((records[:20], records[20:40], records[40:])):
+        path = folder / f"part{index}.jsonl"
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in part))
+        files.append(path)
+    return {"files": files, "uniques": uniques, "copies": copies, "variants": variants,
+            "records": records}
+
+
+def _deduplicated(tmp_path: Path, files: list[Path], name: str, *options: str) -> tuple[list, dict]:
+    output = tmp_path / name
+    assert _prepare("--input", *map(str, files), "--tokenizer", str(TOKENIZER), "--output", str(output),
+                    "--unit-bytes", "6000", *options) == 0
+    report = json.loads((output / "preparation.json").read_text())
+    return _stream(output)[0], report
+
+
+def _removed(report: dict, step: str) -> tuple[int, int]:
+    entry = next(s for s in report["steps"] if s["step"] == step)
+    return entry["removed_documents"], entry["removed_tokens"]
+
+
+def test_exact_deduplication_removes_exactly_the_copies_across_units(duplicated, tmp_path, capsys):
+    kept, report = _deduplicated(tmp_path, duplicated["files"], "exact", "--dedup", "exact",
+                                 "--workers", "2")
+    assert report["units"] >= 6
+    expected = _reference(duplicated["uniques"] + list(duplicated["variants"].values()))
+    assert sorted(kept) == sorted(expected)  # every distinct text once; the variants are not copies
+    copies = _reference(duplicated["copies"])
+    assert _removed(report, "dedup-exact") == (len(copies), sum(map(len, copies)))
+    assert f"dedup-exact removed {len(copies)} document(s) ({sum(map(len, copies))} tokens)" \
+        in capsys.readouterr().err
+
+
+def test_minhash_deduplication_removes_copies_and_near_copies_the_same_with_any_workers(duplicated, tmp_path):
+    kept, report = _deduplicated(tmp_path, duplicated["files"], "one", "--dedup", "minhash", "--workers", "1")
+    kept_two, _ = _deduplicated(tmp_path, duplicated["files"], "two", "--dedup", "minhash", "--workers", "2")
+    assert kept_two == kept
+    uniques = _reference(duplicated["uniques"])
+    variants = dict(zip(duplicated["variants"], _reference(list(duplicated["variants"].values())),
+                        strict=True))
+    assert len(kept) == len(uniques) and len(set(kept)) == len(kept)
+    for index, original in enumerate(uniques):  # each group keeps one member: the original or its variant
+        assert (original in kept) != (variants.get(index) in kept) if index in variants else original in kept
+    everything = _reference(duplicated["records"])
+    assert _removed(report, "dedup-minhash") == (len(everything) - len(kept),
+                                                 sum(map(len, everything)) - sum(map(len, kept)))
+
+
+def test_a_quality_filter_removes_what_it_fails_before_deduplication(tmp_path, capsys):
+    rng = random.Random(5)
+    long_documents = [_document(rng) for _ in range(12)]
+    short = [_sentence(rng, 8) for _ in range(4)]  # Gopher: fewer than 50 words
+    texts = long_documents[:6] + short[:2] + long_documents[6:] + short[2:] + [long_documents[0], short[0]]
+    (tmp_path / "mixed.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    kept, report = _deduplicated(tmp_path, [tmp_path / "mixed.jsonl"], "out", "--filter", "gopher-quality",
+                                 "--dedup", "exact", "--workers", "1")
+    assert kept == _reference(long_documents)
+    removed_short = _reference(short + [short[0]])
+    assert _removed(report, "gopher-quality") == (5, sum(map(len, removed_short)))
+    assert _removed(report, "dedup-exact") == (1, len(_reference([long_documents[0]])[0]))
+    err = capsys.readouterr().err
+    assert "gopher-quality removed 5 document(s)" in err and "dedup-exact removed 1 document(s)" in err
