@@ -65,15 +65,34 @@ class Read:
     documents: list[prepare_data.Document] = field(default_factory=list)
 
 
-class UnitShardWriter(prepare_data.ShardWriter):
-    """prepare_data's shard writer under the unit's names, each file written whole then renamed,
-    with its SHA-256."""
+class UnitShardWriter:
+    """Appends a unit's documents of one split (and their loss masks) to fixed-size shard files
+    named after the unit, each written whole to a temporary name and renamed, with its SHA-256."""
 
     def __init__(self, unit: WorkUnit, split: str, folder: Path, dtype: str, shard_tokens: int,
                  loss_mask: bool) -> None:
-        super().__init__(split, folder, dtype, shard_tokens, loss_mask)
-        self.unit = unit
+        folder.mkdir(parents=True, exist_ok=True)
+        self.unit, self.split, self.folder, self.shard_tokens = unit, split, folder, shard_tokens
+        self.loss_mask = loss_mask
+        self.shards: list[tuple[str, int]] = []
         self.checksums: dict[str, str] = {}
+        self.buffer: list[np.ndarray] = []
+        self.mask_buffer: list[np.ndarray] = []
+        self.buffered = 0
+        self.documents = 0
+        self.answer_tokens = 0  # trained tokens besides each example's closing end-of-sequence id
+
+    def add(self, tokens: np.ndarray, mask: np.ndarray | None = None) -> None:
+        if (mask is not None) != self.loss_mask:
+            raise ValueError("a loss-masked dataset needs a mask for every document, and only it")
+        self.buffer.append(tokens)
+        if mask is not None:
+            self.mask_buffer.append(mask)
+            self.answer_tokens += int(np.count_nonzero(mask[:-1]))
+        self.buffered += len(tokens)
+        self.documents += 1
+        while self.buffered >= self.shard_tokens:
+            self._flush(self.shard_tokens)
 
     def _flush(self, count: int) -> None:
         name = f"shard_{self.unit.name}_{len(self.shards):05d}.bin"
@@ -84,6 +103,7 @@ class UnitShardWriter(prepare_data.ShardWriter):
         self.buffered -= count
 
     def _write(self, buffer: list[np.ndarray], count: int, name: str) -> list[np.ndarray]:
+        """Write the first `count` values; return the rest as the new buffer."""
         joined = np.concatenate(buffer)
         data = joined[:count].tobytes()
         temporary = self.folder / f"{name}.tmp"

@@ -1,13 +1,14 @@
 """The on-disk format of pre-tokenized data: flat token shards plus a manifest.
 
-A dataset folder holds `manifest.json` and one or more `shard_NNNNN.bin` files. Each shard is the
+A dataset folder holds `manifest.json` and one or more shard files (prepare_data names them
+`shard_UUUUU_NNNNN.bin`, shard N of work unit U; readers go by the manifest's list). Each shard is the
 raw little-endian token ids of whole documents back to back, each document followed by the
 tokenizer's end-of-sequence id (and preceded by its begin-of-sequence id when it has a distinct
 one), so the loader can pack fixed-length samples with plain slicing of a memory map. The manifest
 is written last: a folder without one was never finished.
 
 A loss-masked dataset (supervised fine-tuning: prompt/completion pairs) also holds, per shard,
-`shard_NNNNN.mask`: one byte per token, 1 where the token is a training target (completions and
+a `.mask` file beside it: one byte per token, 1 where the token is a training target (completions and
 their end-of-sequence id) and 0 where it is only context (prompts). Its manifest has version 2, so
 a reader that knows nothing of masks (a template version published before them) refuses it rather
 than training on the prompts. A masked dataset must train some token besides the end-of-sequence
