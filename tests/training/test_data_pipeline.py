@@ -281,3 +281,53 @@ def test_a_quality_filter_removes_what_it_fails_before_deduplication(tmp_path, c
     assert _removed(report, "dedup-exact") == (1, len(_reference([long_documents[0]])[0]))
     err = capsys.readouterr().err
     assert "gopher-quality removed 5 document(s)" in err and "dedup-exact removed 1 document(s)" in err
+
+
+# -- errors before any work ------------------------------------------------------------------------
+
+
+def _refused(capsys, tmp_path: Path, *args: str) -> str:
+    code = _prepare(*args, "--workers", "2")
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert not list(tmp_path.glob(".*.partial"))  # refused before any work folder exists
+    return err
+
+
+def test_bad_input_tokenizer_and_output_are_named_before_any_work(tmp_path, capsys):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"text": "The red door opens."}\n')
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    common = ["--tokenizer", str(TOKENIZER), "--output", str(tmp_path / "out")]
+    err = _refused(capsys, tmp_path, "--input", str(good), str(latin), *common)
+    assert f"{latin}: not UTF-8 text (byte 28)" in err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert f"no text to train on in {empty}: every input file is empty" in _refused(
+        capsys, tmp_path, "--input", str(empty), *common)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "tokenizer.json").write_text("{not json")
+    err = _refused(capsys, tmp_path, "--input", str(good), "--tokenizer", str(tmp_path / "broken"),
+                   "--output", str(tmp_path / "out"))
+    assert f"--tokenizer {tmp_path / 'broken'}: not a tokenizer folder transformers can load" in err
+    err = _refused(capsys, tmp_path, "--input", str(good), "--tokenizer", str(tmp_path / "nowhere"),
+                   "--output", str(tmp_path / "out"))
+    assert f"--tokenizer {tmp_path / 'nowhere'}: no such folder" in err
+    assert _prepare("--input", str(good), *common, "--workers", "4") == 0
+    assert "1 work unit(s), so 1 worker(s) instead of --workers 4" in capsys.readouterr().err
+    assert "already holds a dataset" in _refused(capsys, tmp_path, "--input", str(good), *common)
+
+
+def test_a_work_folder_of_other_inputs_is_not_resumed(tmp_path, capsys):
+    records = tmp_path / "records.jsonl"
+    records.write_text('{"text": "The red door opens."}\n' * 30)
+    stale = tmp_path / ".out.partial"
+    stale.mkdir()
+    (stale / "plan.json").write_text('{"files": [], "units": [], "settings": {}}')
+    (stale / "shard_00000_00000.bin").write_bytes(b"\0" * 8)
+    assert _prepare("--input", str(records), "--tokenizer", str(TOKENIZER), "--output", str(tmp_path / "out"),
+                    "--workers", "1") == 0
+    assert "holds an interrupted preparation of other inputs or options; starting anew" in \
+        capsys.readouterr().err
+    assert read_manifest(tmp_path / "out").num_documents == 30 and not stale.exists()
