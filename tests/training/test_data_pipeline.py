@@ -167,12 +167,17 @@ def test_a_killed_worker_is_redone_alone_when_the_command_is_run_again(tmp_path)
     deadline = time.monotonic() + 120
     while not list((work / "units").glob("*.json")) and time.monotonic() < deadline:
         time.sleep(0.01)
-    workers = [pid for pid in _children(process.pid)]
-    for pid in [process.pid, *workers]:
-        os.kill(pid, signal.SIGSTOP)  # hold everything still while we pick a worker to kill
+    # The workers are forked by multiprocessing's fork server, a child of the command.
+    helpers = _children(process.pid)
+    workers = [pid for helper in helpers for pid in _children(helper)]
+    assert len(workers) == 2
+    everyone = [process.pid, *helpers, *workers]
+    for pid in everyone:
+        os.kill(pid, signal.SIGSTOP)  # hold everything still while a worker is killed
     os.kill(workers[-1], signal.SIGKILL)
-    for pid in [process.pid, *workers[:-1]]:
-        os.kill(pid, signal.SIGCONT)
+    for pid in everyone:
+        if pid != workers[-1]:
+            os.kill(pid, signal.SIGCONT)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 2 and "a worker process died" in err and "run the same command again" in err
     assert not output.exists()

@@ -23,7 +23,7 @@ import numpy as np
 
 from training_jobs import prepare_data
 from training_jobs.contract.token_data import SPLITS
-from training_jobs.data_pipeline.plan import Plan, WorkUnit, write_json_atomically
+from training_jobs.data_pipeline.plan import WorkUnit, write_json_atomically
 from training_jobs.data_pipeline.quality import Judge, QualitySettings, content_text, write_signatures
 from training_jobs.trainer.errors import DataError
 from training_jobs.trainer.shards import DTYPES, mask_name
@@ -35,10 +35,11 @@ DOCUMENTS_PER_UNIT_BITS = 32  # a unit holds fewer than 2^32 documents (datatrov
 
 @dataclass(frozen=True)
 class UnitJob:
-    """Everything a worker needs to run one unit (sent to worker processes)."""
+    """Everything a worker needs to run one unit (sent to worker processes): the unit and the path
+    of each of its pieces, not the whole plan."""
 
-    plan: Plan
     unit: WorkUnit
+    paths: tuple[Path, ...]  # of the unit's pieces, in order
     work: Path
     fields: prepare_data.Fields
     validation_fraction: float
@@ -126,8 +127,7 @@ class UnitShardWriter:
 
 def unit_documents(job: UnitJob, inputs: prepare_data.Inputs) -> Iterator[prepare_data.Document]:
     """The unit's documents, in input order, read as prepare_data reads them."""
-    for piece in job.unit.pieces:
-        path = Path(job.plan.files[piece.file].path)
+    for piece, path in zip(job.unit.pieces, job.paths, strict=True):
         if piece.whole:
             yield from prepare_data.iter_documents([path], job.fields, inputs, job.validation_fraction)
             continue
@@ -139,7 +139,7 @@ def unit_documents(job: UnitJob, inputs: prepare_data.Inputs) -> Iterator[prepar
 
 
 def _filtered_texts(job: UnitJob, judge: Judge) -> Iterator[str]:
-    inputs = prepare_data.Inputs(job.plan.paths(job.unit))
+    inputs = prepare_data.Inputs(list(job.paths))
     for document in unit_documents(job, inputs):
         if _blank(document):
             continue
@@ -165,7 +165,7 @@ def _blank(document: prepare_data.Document) -> bool:
 def run_unit(job: UnitJob) -> dict:
     """Tokenize and write one unit; returns (and writes last) its manifest."""
     remove_unit_files(job)
-    inputs = prepare_data.Inputs(job.plan.paths(job.unit))
+    inputs = prepare_data.Inputs(list(job.paths))
     judge = Judge(job.quality, job.work, job.unit.index)
     writers = {split: UnitShardWriter(job.unit, split, folder, job.dtype, job.shard_tokens,
                                       job.fields.loss_mask)
