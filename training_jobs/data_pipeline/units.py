@@ -166,43 +166,11 @@ def run_unit(job: UnitJob) -> dict:
     """Tokenize and write one unit; returns (and writes last) its manifest."""
     remove_unit_files(job)
     inputs = prepare_data.Inputs(list(job.paths))
-    judge = Judge(job.quality, job.work, job.unit.index)
+    documents, fates = _judged_documents(job, inputs)
     writers = {split: UnitShardWriter(job.unit, split, folder, job.dtype, job.shard_tokens,
                                       job.fields.loss_mask)
                for split, folder in job.split_folders.items()}
-    removed: dict[str, Counter] = {step: Counter() for step in job.quality.steps}
-    fates: list[str | None] = []
-    position = signed = 0
-    kept_by_filters: list[int] = []  # positions in `batch` order of documents datatrove signed
-    documents = []
-    for document in unit_documents(job, inputs):
-        if _blank(document):
-            inputs.blank.append(document.where)
-            continue
-        failed = judge.failed_filter(content_text(document.content)) if judge.filters else None
-        fates.append(failed)
-        if failed is None:
-            kept_by_filters.append(position)
-            signed += 1
-        documents.append(document)
-        position += 1
-    duplicates = judge.duplicates(signed)
-    for rank, at in enumerate(kept_by_filters):
-        if rank in duplicates:
-            fates[at] = f"dedup-{job.quality.dedup}"
-    for start in range(0, len(documents), prepare_data.DOCUMENTS_PER_TASK):
-        batch = documents[start:start + prepare_data.DOCUMENTS_PER_TASK]
-        task = prepare_data.Task([(d.where, d.content) for d in batch], [d.split for d in batch],
-                                 sum(d.num_bytes for d in batch))
-        tokenized, forced, _ = prepare_data.tokenize_task(task)
-        for offset, ((tokens, mask), split) in enumerate(zip(tokenized, forced, strict=True)):
-            number = start + offset
-            if fates[number] is not None:
-                removed[fates[number]].update(documents=1, tokens=len(tokens))
-                continue
-            draw = (job.unit.index << DOCUMENTS_PER_UNIT_BITS) + number
-            drawn = "validation" if prepare_data.is_validation(draw, job.validation_fraction) else "train"
-            writers[split or drawn].add(tokens, mask)
+    removed = _tokenize_and_write(job, documents, fates, writers)
     manifest = {
         "unit": job.unit.index, "num_bytes": job.unit.num_bytes, "documents_read": len(documents),
         "blank": len(inputs.blank), "blank_example": inputs.blank[0] if inputs.blank else None,
@@ -214,6 +182,46 @@ def run_unit(job: UnitJob) -> dict:
     job.manifest_path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomically(job.manifest_path, manifest)
     return manifest
+
+
+def _judged_documents(job: UnitJob, inputs: prepare_data.Inputs) -> tuple[list, list[str | None]]:
+    """The unit's documents that are not blank, and each one's fate: None (kept) or the step that
+    removes it. The deduplication numbers the documents the filters kept, as sign_unit signed them."""
+    judge = Judge(job.quality, job.work, job.unit.index)
+    documents: list[prepare_data.Document] = []
+    fates: list[str | None] = []
+    signed: list[int] = []  # positions of the documents the filters kept
+    for document in unit_documents(job, inputs):
+        if _blank(document):
+            inputs.blank.append(document.where)
+            continue
+        failed = judge.failed_filter(content_text(document.content))
+        if failed is None:
+            signed.append(len(documents))
+        fates.append(failed)
+        documents.append(document)
+    for number in judge.duplicates(len(signed)):
+        fates[signed[number]] = f"dedup-{job.quality.dedup}"
+    return documents, fates
+
+
+def _tokenize_and_write(job: UnitJob, documents: list[prepare_data.Document], fates: list[str | None],
+                        writers: dict[str, UnitShardWriter]) -> dict[str, Counter]:
+    """Tokenize in batches; write the kept documents to their splits, count the removed ones."""
+    removed: dict[str, Counter] = {step: Counter() for step in job.quality.steps}
+    for start in range(0, len(documents), prepare_data.DOCUMENTS_PER_TASK):
+        batch = documents[start:start + prepare_data.DOCUMENTS_PER_TASK]
+        task = prepare_data.Task([(d.where, d.content) for d in batch], [d.split for d in batch],
+                                 sum(d.num_bytes for d in batch))
+        tokenized, forced, _ = prepare_data.tokenize_task(task)
+        for number, ((tokens, mask), split) in enumerate(zip(tokenized, forced, strict=True), start):
+            if fates[number] is not None:
+                removed[fates[number]].update(documents=1, tokens=len(tokens))
+                continue
+            draw = (job.unit.index << DOCUMENTS_PER_UNIT_BITS) + number
+            drawn = "validation" if prepare_data.is_validation(draw, job.validation_fraction) else "train"
+            writers[split or drawn].add(tokens, mask)
+    return removed
 
 
 def remove_unit_files(job: UnitJob) -> None:
