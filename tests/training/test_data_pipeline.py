@@ -18,6 +18,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from training_jobs import prepare_data
+from training_jobs.data_pipeline.plan import InputFile, lines_in_range, make_plan
 from training_jobs.sft_examples import document_separators
 from training_jobs.trainer.shards import read_manifest
 
@@ -61,6 +62,26 @@ def _reference(texts: list[str]) -> list[tuple[int, ...]]:
     tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
     prefix, eos = document_separators(tokenizer)
     return [tuple(prefix + tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]) for text in texts]
+
+
+def test_the_plan_groups_small_files_and_cuts_large_jsonl_into_ranges_that_hold_each_line_once(tmp_path):
+    files = (InputFile("a.txt", 300), InputFile("b.txt", 500), InputFile("big.jsonl", 2500),
+             InputFile("c.csv", 1500), InputFile("d.md", 100))
+    plan = make_plan(files, {}, unit_bytes=1000)
+    assert [[(p.file, p.start, p.end) for p in u.pieces] for u in plan.units] == [
+        [(0, 0, None), (1, 0, None)], [(2, 0, 1000)], [(2, 1000, 2000)], [(2, 2000, None)],
+        [(3, 0, None)], [(4, 0, None)]]  # a large CSV stays whole: its rows may span lines
+    assert make_plan(files, {}, unit_bytes=1000) == plan and plan.fingerprint != make_plan(
+        files, {"validation_fraction": 0.1}, unit_bytes=1000).fingerprint
+    rng = random.Random(1)
+    lines = [("x" * rng.randint(0, 40) + "\n").encode() for _ in range(200)]
+    (tmp_path / "lines").write_bytes(b"".join(lines))
+    size = len(b"".join(lines))
+    for cut in (1, 7, 41, 42, 500, size):
+        with (tmp_path / "lines").open("rb") as handle:
+            read = [line for start in range(0, size, cut)
+                    for _, line in lines_in_range(handle, start, start + cut if start + cut < size else None)]
+        assert read == lines, cut
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from typing import Any
 from training_jobs import prepare_data
 from training_jobs.contract.token_data import TOKENIZER_FOLDER
 from training_jobs.data_pipeline.merge import merge
-from training_jobs.data_pipeline.plan import Plan, make_plan
+from training_jobs.data_pipeline.plan import Plan, local_inputs, make_plan
 from training_jobs.data_pipeline.quality import (
     DUPLICATES,
     REMOVALS,
@@ -70,7 +70,7 @@ def prepare_dataset(args: argparse.Namespace) -> dict[str, int]:
                 "shard_tokens": args.shard_tokens, "unit_bytes": args.unit_bytes,
                 "quality": asdict(quality), "tokenizer": str(args.tokenizer),
                 "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id}
-    plan = make_plan(files, settings, args.unit_bytes)
+    plan = make_plan(local_inputs(files), settings, args.unit_bytes)
     work = output.parent / f".{output.name}.partial"
     output.parent.mkdir(parents=True, exist_ok=True)
     _open_work(work, plan)

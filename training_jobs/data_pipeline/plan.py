@@ -97,9 +97,14 @@ class Plan:
             return None
 
 
-def make_plan(files: list[Path], settings: dict[str, Any], unit_bytes: int = DEFAULT_UNIT_BYTES) -> Plan:
-    """Units of at most about `unit_bytes` input bytes each, in input order."""
-    inputs = tuple(InputFile(str(path), path.stat().st_size) for path in files)
+def local_inputs(files: list[Path]) -> tuple[InputFile, ...]:
+    return tuple(InputFile(str(path), path.stat().st_size) for path in files)
+
+
+def make_plan(inputs: tuple[InputFile, ...], settings: dict[str, Any],
+              unit_bytes: int = DEFAULT_UNIT_BYTES) -> Plan:
+    """Units of at most about `unit_bytes` input bytes each, in input order. Only names and sizes
+    are read, so a plan of files in object storage is made from their listing alike."""
     units: list[WorkUnit] = []
     group: list[Piece] = []
     group_bytes = 0
