@@ -26,8 +26,13 @@ DEFAULT_UNIT_BYTES = 64 << 20
 
 @dataclass(frozen=True)
 class InputFile:
+    """An input file: its path, size, and version (a local file's modification time, an object's
+    ETag), so that a changed file makes another plan and an interrupted preparation is not resumed
+    with it."""
+
     path: str
     size: int
+    version: str = ""
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,7 @@ class Plan:
 
 
 def local_inputs(files: list[Path]) -> tuple[InputFile, ...]:
-    return tuple(InputFile(str(path), path.stat().st_size) for path in files)
+    return tuple(InputFile(str(path), path.stat().st_size, str(path.stat().st_mtime_ns)) for path in files)
 
 
 def make_plan(inputs: tuple[InputFile, ...], settings: dict[str, Any],
