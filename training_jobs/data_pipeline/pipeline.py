@@ -76,21 +76,9 @@ def prepare_dataset(args: argparse.Namespace) -> dict[str, int]:
     _open_work(work, plan)
     jobs = [UnitJob(unit, tuple(plan.paths(unit)), work, fields, args.validation_fraction, args.shard_tokens,
                     dtype, quality) for unit in plan.units]
-    workers = _worker_count(args.workers, len(jobs))
-    pool = WorkerPool(workers, str(args.tokenizer), dtype)
+    pool = WorkerPool(_worker_count(args.workers, len(jobs)), str(args.tokenizer), dtype)
     try:
-        try:
-            if quality.dedup:
-                _deduplicate(jobs, pool, work, quality.dedup)
-            manifests = _tokenize(jobs, pool, plan)
-            counts = merge(plan, manifests, work, jobs[0].split_folders, dtype=dtype, tokenizer=tokenizer,
-                           tokenizer_name=str(args.tokenizer), loss_mask=fields.loss_mask,
-                           validation_fraction=args.validation_fraction)
-            tokenizer.save_pretrained(str(work / TOKENIZER_FOLDER))
-            _publish(work, output)
-        except DataError:
-            shutil.rmtree(work, ignore_errors=True)
-            raise
+        return _run(plan, jobs, pool, tokenizer, args, output)
     except BrokenProcessPool as error:
         done = sum(complete_manifest(job) is not None for job in jobs)
         raise DataError(f"a worker process died (killed, or out of memory) with {done} of {len(jobs)} "
@@ -99,6 +87,24 @@ def prepare_dataset(args: argparse.Namespace) -> dict[str, int]:
     except KeyboardInterrupt:
         print(f"prepare_data: interrupted; run the same command again to resume from {work}",
               file=sys.stderr)
+        raise
+
+
+def _run(plan: Plan, jobs: list[UnitJob], pool: WorkerPool, tokenizer, args: argparse.Namespace,
+         output: Path) -> dict[str, int]:
+    """The steps after the plan, in the work folder; bad input (a DataError) removes it."""
+    work, quality = jobs[0].work, jobs[0].quality
+    try:
+        if quality.dedup:
+            _deduplicate(jobs, pool, work, quality.dedup)
+        manifests = _tokenize(jobs, pool)
+        counts = merge(plan, manifests, work, jobs[0].split_folders, dtype=jobs[0].dtype, tokenizer=tokenizer,
+                       tokenizer_name=str(args.tokenizer), loss_mask=jobs[0].fields.loss_mask,
+                       validation_fraction=args.validation_fraction)
+        tokenizer.save_pretrained(str(work / TOKENIZER_FOLDER))
+        _publish(work, output)
+    except DataError:
+        shutil.rmtree(work, ignore_errors=True)
         raise
     return counts
 
@@ -210,7 +216,7 @@ def _deduplicate(jobs: list[UnitJob], pool: WorkerPool, work: Path, method: str)
         found.touch()
 
 
-def _tokenize(jobs: list[UnitJob], pool: WorkerPool, plan: Plan) -> list[dict]:
+def _tokenize(jobs: list[UnitJob], pool: WorkerPool) -> list[dict]:
     manifests: dict[int, dict] = {}
     for job in jobs:
         manifest = complete_manifest(job)
