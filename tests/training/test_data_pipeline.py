@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 
 from training_jobs import prepare_data
 from training_jobs.data_pipeline.plan import InputFile, lines_in_range, make_plan
+from training_jobs.data_pipeline.quality import FILTER_NAMES, Judge, QualitySettings
 from training_jobs.sft_examples import document_separators
 from training_jobs.trainer.shards import read_manifest
 
@@ -307,6 +308,15 @@ def test_a_quality_filter_removes_what_it_fails_before_deduplication(tmp_path, c
     assert _removed(report, "dedup-exact") == (1, len(_reference([long_documents[0]])[0]))
     err = capsys.readouterr().err
     assert "gopher-quality removed 5 document(s)" in err and "dedup-exact removed 1 document(s)" in err
+
+
+@pytest.mark.parametrize("name", FILTER_NAMES)
+def test_each_filter_keeps_prose_and_fails_a_page_of_one_repeated_line(name, tmp_path):
+    rng = random.Random(5)
+    prose = "\n".join(" ".join(_sentence(rng, 12) for _ in range(3)) for _ in range(8))
+    judge = Judge(QualitySettings((name,)), tmp_path, 0)
+    assert judge.failed_filter(prose) is None
+    assert judge.failed_filter("\n".join(["buy now"] * 30)) == name
 
 
 # -- errors before any work ------------------------------------------------------------------------
