@@ -3,23 +3,26 @@
     python -m training_jobs.prepare_data --input FILES_OR_DIR... --tokenizer DIR --output DIR
         [--workers N] [--text-key text | --completion-key completion [--prompt-key prompt]
                        | --messages-key messages]
-        [--validation-fraction 0.01] [--shard-tokens N]
+        [--validation-fraction 0.01] [--shard-tokens N] [--dedup exact|minhash] [--filter NAME]...
+        [--unit-bytes N]
 
 Inputs: `.jsonl`/`.json` files hold one JSON object per line (the document is its `--text-key`
 field); `.csv`/`.tsv` files have a header row (the document is the `--text-key` column of each row);
 any other file (`.txt`, `.md`, ...) is one UTF-8 document. Binary and compressed formats (Parquet,
 Arrow, gzip, ...) are refused with what to convert them to. Folders are searched recursively.
-Documents are tokenized in parallel worker processes; the output is identical whatever the number
-of workers (results are written in input order). With `--validation-fraction`, a deterministic
-share of the documents goes to OUTPUT/validation and the rest to OUTPUT/train; upload each folder as
-its own channel. A plain-text file is one document, so it gives its own end instead: the text after
-the first paragraph boundary (else line, else word boundary) at which at most that fraction of its
-characters is left is a validation document, the text before it a training document.
+The input is cut into work units (whole files, or byte ranges of large JSONL files) that --workers
+processes tokenize (data_pipeline/); the output is identical whatever the number of workers. With
+`--validation-fraction`, a deterministic share of the documents goes to OUTPUT/validation and the
+rest to OUTPUT/train; upload each folder as its own channel. A plain-text file is one document, so
+it gives its own end instead: the text after the first paragraph boundary (else line, else word
+boundary) at which at most that fraction of its characters is left is a validation document, the
+text before it a training document.
 
-The output is written to a temporary folder beside OUTPUT and renamed to OUTPUT at the end: a run
-that fails leaves nothing behind, and OUTPUT must not exist yet (or be empty). OUTPUT/tokenizer holds
-the tokenizer the shards were made with (a run's `tokenizer` channel, so that the job reads the data
-with the same vocabulary).
+The output is written to a work folder beside OUTPUT (.OUTPUT.partial) and renamed to OUTPUT at the
+end: bad input leaves nothing behind; a run that stops (a killed worker, Ctrl-C) leaves the work
+folder, and the same command resumes it. OUTPUT must not exist yet (or be empty). OUTPUT/tokenizer
+holds the tokenizer the shards were made with (a run's `tokenizer` channel, so that the job reads
+the data with the same vocabulary).
 
 Supervised fine-tuning: with `--completion-key`, each JSONL record or CSV/TSV row is one example, a
 prompt (`--prompt-key`, default `prompt`) and its completion. The two are tokenized as one text and
@@ -33,40 +36,35 @@ every assistant turn is trained (sft_examples.py).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
+from typing import Protocol
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from training_jobs.contract.token_data import SPLITS, TOKENIZER_FOLDER  # noqa: E402
+from training_jobs.contract.token_data import SPLITS  # noqa: E402
+from training_jobs.data_pipeline.arguments import add_pipeline_arguments  # noqa: E402
+from training_jobs.data_pipeline.plan import lines_in_range  # noqa: E402
 from training_jobs.sft_examples import (  # noqa: E402
     Example,
     check_messages,
     document_separators,
-    require_chat_template,
     tokenize_examples,
 )
 from training_jobs.trainer.errors import DataError  # noqa: E402
 from training_jobs.trainer.shards import (  # noqa: E402
     DTYPES,
     MANIFEST,
-    dtype_for_vocab,
-    mask_name,
-    write_manifest,
 )
 
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -150,6 +148,15 @@ class Inputs:
     too_short: list[tuple[Path, float]] = field(default_factory=list)
 
 
+class SplitContents(Protocol):
+    """What the checks of a whole dataset read of each split (data_pipeline's merge sums it)."""
+
+    split: str
+    documents: int
+    loss_mask: bool
+    answer_tokens: int  # trained tokens besides each example's closing end-of-sequence id
+
+
 def find_inputs(inputs: list[str]) -> list[Path]:
     files: list[Path] = []
     for item in inputs:
@@ -165,12 +172,14 @@ def find_inputs(inputs: list[str]) -> list[Path]:
     return files
 
 
-def _jsonl_documents(path: Path, fields: Fields) -> Iterator[Document]:
+def _jsonl_documents(path: Path, fields: Fields, start: int = 0,
+                     end: int | None = None) -> Iterator[Document]:
+    """The records of the lines that begin in bytes [start, end) (a work unit's range)."""
     with path.open("rb") as handle:
-        for number, line in enumerate(handle, start=1):
+        for number, (offset, line) in enumerate(lines_in_range(handle, start, end), start=1):
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
+            where = f"{path}:{number}" if start == 0 else f"{path}:byte {offset}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
@@ -279,26 +288,6 @@ def iter_documents(files: list[Path], fields: Fields, inputs: Inputs | None = No
             raise DataError(f"{path}: not UTF-8 text ({error.reason}); {CONVERT_HINT}") from error
 
 
-def iter_tasks(inputs: Inputs, fields: Fields, validation_fraction: float = 0.0) -> Iterator[Task]:
-    """Documents in batches for the workers; blank text documents are left out (an end-of-sequence
-    token alone teaches nothing) and their locations recorded in `inputs.blank`."""
-    batch: list[tuple[str, Content]] = []
-    splits: list[str | None] = []
-    size = 0
-    for document in iter_documents(inputs.files, fields, inputs, validation_fraction):
-        if isinstance(document.content, str) and not document.content.strip():
-            inputs.blank.append(document.where)
-            continue
-        batch.append((document.where, document.content))
-        splits.append(document.split)
-        size += document.num_bytes
-        if len(batch) == DOCUMENTS_PER_TASK:
-            yield Task(batch, splits, size)
-            batch, splits, size = [], [], 0
-    if batch:
-        yield Task(batch, splits, size)
-
-
 # --- worker side ---------------------------------------------------------------------------------
 
 _TOKENIZER = None
@@ -336,58 +325,6 @@ def tokenize_task(task: Task) -> tuple[list[Tokenized], list[str | None], int]:
 
 # --- output side ---------------------------------------------------------------------------------
 
-class ShardWriter:
-    """Appends documents to fixed-size shard files (and their loss masks) and writes the manifest
-    at the end."""
-
-    def __init__(self, split: str, folder: Path, dtype: str, shard_tokens: int,
-                 loss_mask: bool = False) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        self.split, self.folder, self.shard_tokens = split, folder, shard_tokens
-        self.dtype_name, self.loss_mask = dtype, loss_mask
-        self.shards: list[tuple[str, int]] = []
-        self.buffer: list[np.ndarray] = []
-        self.mask_buffer: list[np.ndarray] = []
-        self.buffered = 0
-        self.documents = 0
-        self.answer_tokens = 0  # trained tokens besides each example's closing end-of-sequence id
-
-    def add(self, tokens: np.ndarray, mask: np.ndarray | None = None) -> None:
-        if (mask is not None) != self.loss_mask:
-            raise ValueError("a loss-masked dataset needs a mask for every document, and only it")
-        self.buffer.append(tokens)
-        if mask is not None:
-            self.mask_buffer.append(mask)
-            self.answer_tokens += int(np.count_nonzero(mask[:-1]))
-        self.buffered += len(tokens)
-        self.documents += 1
-        while self.buffered >= self.shard_tokens:
-            self._flush(self.shard_tokens)
-
-    def _flush(self, count: int) -> None:
-        name = f"shard_{len(self.shards):05d}.bin"
-        self.buffer = self._write(self.buffer, count, name)
-        if self.loss_mask:
-            self.mask_buffer = self._write(self.mask_buffer, count, mask_name(name))
-        self.shards.append((name, count))
-        self.buffered -= count
-
-    def _write(self, buffer: list[np.ndarray], count: int, name: str) -> list[np.ndarray]:
-        """Write the first `count` values; return the rest as the new buffer."""
-        joined = np.concatenate(buffer)
-        joined[:count].tofile(self.folder / name)
-        rest = joined[count:]
-        return [rest] if len(rest) else []
-
-    def close(self, vocab_size: int, eos_token_id: int, tokenizer: str) -> int:
-        if self.buffered:
-            self._flush(self.buffered)
-        write_manifest(self.folder, dtype=self.dtype_name, vocab_size=vocab_size,
-                       eos_token_id=eos_token_id, num_documents=self.documents,
-                       shards=self.shards, tokenizer=tokenizer, loss_mask=self.loss_mask)
-        return sum(count for _, count in self.shards)
-
-
 def is_validation(index: int, fraction: float) -> bool:
     """A stable per-document coin flip, the same for any number of workers."""
     return fraction > 0 and zlib.crc32(index.to_bytes(8, "little")) / 2**32 < fraction
@@ -399,40 +336,12 @@ def _progress(total_bytes: int):
     return tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", file=sys.stderr)
 
 
-@contextlib.contextmanager
-def _tokenized(args: argparse.Namespace, dtype: str, tasks: Iterator[Task]):
-    """Tokenized tasks in input order: in worker processes, or here with --workers 1."""
-    if args.workers == 1:
-        _init_worker(args.tokenizer, dtype)
-        yield map(tokenize_task, tasks)
-        return
-    with get_context("spawn").Pool(args.workers, _init_worker, (args.tokenizer, dtype)) as pool:
-        yield pool.imap(tokenize_task, tasks)
-
-
 def prepare(args: argparse.Namespace) -> dict[str, int]:
-    """Write the dataset to a temporary folder beside --output and rename it at the end; a failure
-    removes it, so nothing half-written is ever left (and the same command can simply be retried)."""
-    inputs = Inputs(find_inputs(args.input))
-    output = Path(args.output)
-    _check_output(output)
-    tokenizer = load_tokenizer(args.tokenizer)
-    if tokenizer.eos_token_id is None:
-        raise DataError(f"tokenizer {args.tokenizer} has no end-of-sequence token")
-    if args.messages_key is not None:
-        require_chat_template(tokenizer)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
-    try:
-        counts = _write_dataset(args, inputs, tokenizer, scratch)
-        tokenizer.save_pretrained(str(scratch / TOKENIZER_FOLDER))
-        if output.exists():
-            output.rmdir()  # empty (_check_output): a folder the user made for it
-        scratch.rename(output)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    return counts
+    """Prepare the dataset in work units over --workers processes (data_pipeline): the output
+    appears whole at the end or not at all, and an interrupted run resumes where it stopped."""
+    from training_jobs.data_pipeline.pipeline import prepare_dataset
+
+    return prepare_dataset(args)
 
 
 def _check_output(output: Path) -> None:
@@ -447,42 +356,7 @@ def _check_output(output: Path) -> None:
                         "the whole folder)")
 
 
-def _write_dataset(args: argparse.Namespace, inputs: Inputs, tokenizer, folder: Path) -> dict[str, int]:
-    vocab_size = len(tokenizer)
-    dtype = dtype_for_vocab(vocab_size)
-    fraction = args.validation_fraction
-    splits = {name: folder / name for name in SPLITS} if fraction > 0 else {"train": folder}
-    fields = Fields(args.text_key, args.prompt_key, args.completion_key, args.messages_key)
-    writers = {name: ShardWriter(name, path, dtype, args.shard_tokens, fields.loss_mask)
-               for name, path in splits.items()}
-    index = 0
-    with _tokenized(args, dtype, iter_tasks(inputs, fields, fraction)) as results, \
-            _progress(sum(f.stat().st_size for f in inputs.files)) as bar:
-        for documents, forced, num_bytes in results:
-            for (tokens, mask), split in zip(documents, forced, strict=True):
-                drawn = "validation" if is_validation(index, fraction) else "train"
-                writers[split or drawn].add(tokens, mask)
-                index += 1
-            bar.update(num_bytes)
-    inputs.documents = index
-    _check_not_blank(inputs)
-    for writer in writers.values():
-        _check_filled(writer, inputs, fraction)
-    return {name: writer.close(vocab_size, tokenizer.eos_token_id, str(args.tokenizer))
-            for name, writer in writers.items()}
-
-
-def _check_not_blank(inputs: Inputs) -> None:
-    blank, files = inputs.blank, inputs.files
-    if inputs.documents == 0:
-        what = f"{len(blank)} empty document(s), e.g. {blank[0]}" if blank else "no documents"
-        raise DataError(f"no text to train on in {', '.join(map(str, files))}: the input holds {what}; "
-                        "check the file, or --text-key if the text is in another field")
-    if blank:
-        print(f"prepare_data: left out {len(blank)} empty document(s), e.g. {blank[0]}", file=sys.stderr)
-
-
-def _check_filled(writer: ShardWriter, inputs: Inputs, fraction: float) -> None:
+def _check_filled(writer: SplitContents, inputs: Inputs, fraction: float) -> None:
     """Each split holds documents, and a loss-masked one an answer to train on; else say what helps."""
     if writer.documents == 0 and writer.split == "validation":
         raise DataError(_empty_validation(inputs, fraction))
@@ -541,6 +415,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "loss is computed on the assistant turns only")
     parser.add_argument("--validation-fraction", type=float, default=0.0)
     parser.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard file")
+    add_pipeline_arguments(parser)
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")

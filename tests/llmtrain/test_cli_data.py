@@ -87,6 +87,18 @@ def test_prepare_passes_on_errors_and_help(tmp_path, capfd):
     assert "llmtrain data prepare --input" in shown and "--validation-fraction" in shown
 
 
+def test_prepare_passes_on_workers_and_the_quality_steps(tmp_path, capfd):
+    records = [f"Record {i}: the red door opens onto the long road." for i in range(12)]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in records * 2))
+    output = tmp_path / "tokens"
+    options = ["--output", str(output), "--workers", "2", "--unit-bytes", "300", "--dedup", "exact"]
+    code = main(["data", "prepare", "--input", str(tmp_path / "records.jsonl"), *options])
+    assert code == 0, capfd.readouterr().err
+    report = json.loads((output / "preparation.json").read_text())
+    assert report["units"] > 2 and json.loads((output / "manifest.json").read_text())["num_documents"] == 12
+    assert report["steps"][0]["step"] == "dedup-exact" and report["steps"][0]["removed_documents"] == 12
+
+
 def test_upload_sends_every_file_verified_and_prints_the_channels(environment, prepared, capsys):
     code, out, _ = llmtrain(capsys, "data", "upload", str(prepared), "--name", "notes")
     assert code == 0

@@ -116,10 +116,10 @@ def test_data_made_with_another_tokenizer_than_the_jobs_is_refused(tmp_path, cap
     assert "629 tokens (end-of-sequence id 0): give the run the tokenizer the data was made with" in err
     # With the dataset's own tokenizer folder (what a bare --data DIR adds) the check passes on to the
     # next one: here the corrupted shard.
-    shard = tokens / "shard_00000.bin"
+    shard = tokens / json.loads((tokens / "manifest.json").read_text())["shards"][0]["path"]
     shard.write_bytes(shard.read_bytes()[:-2])
     err = _refused(capsys, tmp_path / "runs", "--data", str(tokens))
-    assert f"{tokens}/shard_00000.bin has" in err and "truncated" in err
+    assert f"{shard} has" in err and "truncated" in err
     assert "tokenizer" not in err.split("truncated")[0]
 
 

@@ -83,7 +83,7 @@ def bad_channels(tmp_path_factory, tiny_data):
     base = tmp_path_factory.mktemp("bad")
     truncated = base / "truncated"
     shutil.copytree(tiny_data / "train", truncated)
-    shard = truncated / "shard_00001.bin"
+    shard = read_manifest(truncated).shards[1].path
     shard.write_bytes(shard.read_bytes()[:1001])
     not_json = base / "not_json"
     not_json.mkdir()
@@ -91,7 +91,7 @@ def bad_channels(tmp_path_factory, tiny_data):
     (base / "no_manifest").mkdir()
     return {
         "empty": (_dataset(base / "empty", np.array([5, 6, 7, 0])), "not enough for one sample"),
-        "truncated": (truncated, "shard_00001.bin has 1001 bytes but the manifest says"),
+        "truncated": (truncated, f"{shard.name} has 1001 bytes but the manifest says"),
         "not_json": (not_json, "manifest.json is not valid JSON"),
         "no_manifest": (base / "no_manifest", "no manifest.json in"),
         "foreign_tokens": (_dataset(base / "foreign", np.full(200, 60000)), "token id 60000 outside"),

@@ -274,12 +274,13 @@ def test_a_masked_dataset_with_a_missing_or_short_mask_is_refused(examples_data,
 
     broken = tmp_path / "broken"
     shutil.copytree(examples_data, broken)
-    (broken / "shard_00001.mask").write_bytes(b"\x01" * 10)
-    with pytest.raises(DataError, match=r"mask shard_00001.mask has 10 bytes but the manifest says "
+    mask = read_manifest(broken).shards[1].mask_path.name
+    (broken / mask).write_bytes(b"\x01" * 10)
+    with pytest.raises(DataError, match=rf"mask {mask} has 10 bytes but the manifest says "
                                         r"100 tokens of 1 bytes"):
         read_manifest(broken)
-    (broken / "shard_00001.mask").unlink()
-    with pytest.raises(DataError, match="mask shard_00001.mask listed in the manifest does not exist"):
+    (broken / mask).unlink()
+    with pytest.raises(DataError, match=f"mask {mask} listed in the manifest does not exist"):
         read_manifest(broken)
 
 

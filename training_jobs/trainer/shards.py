@@ -1,13 +1,14 @@
 """The on-disk format of pre-tokenized data: flat token shards plus a manifest.
 
-A dataset folder holds `manifest.json` and one or more `shard_NNNNN.bin` files. Each shard is the
+A dataset folder holds `manifest.json` and one or more shard files (prepare_data names them
+`shard_UUUUU_NNNNN.bin`, shard N of work unit U; readers go by the manifest's list). Each shard is the
 raw little-endian token ids of whole documents back to back, each document followed by the
 tokenizer's end-of-sequence id (and preceded by its begin-of-sequence id when it has a distinct
 one), so the loader can pack fixed-length samples with plain slicing of a memory map. The manifest
 is written last: a folder without one was never finished.
 
 A loss-masked dataset (supervised fine-tuning: prompt/completion pairs) also holds, per shard,
-`shard_NNNNN.mask`: one byte per token, 1 where the token is a training target (completions and
+a `.mask` file beside it: one byte per token, 1 where the token is a training target (completions and
 their end-of-sequence id) and 0 where it is only context (prompts). Its manifest has version 2, so
 a reader that knows nothing of masks (a template version published before them) refuses it rather
 than training on the prompts. A masked dataset must train some token besides the end-of-sequence
@@ -72,11 +73,16 @@ class Manifest:
 
 def write_manifest(folder: Path, *, dtype: str, vocab_size: int, eos_token_id: int,
                    num_documents: int, shards: list[tuple[str, int]], tokenizer: str,
-                   loss_mask: bool = False) -> Path:
+                   loss_mask: bool = False, checksums: dict[str, str] | None = None) -> Path:
     """Write the manifest last, atomically, so a half-written dataset has none.
 
-    With `loss_mask`, each shard's mask file (`mask_name`) must already be written beside it."""
-    entries = [{"path": name, "num_tokens": count, **({"mask": mask_name(name)} if loss_mask else {})}
+    With `loss_mask`, each shard's mask file (`mask_name`) must already be written beside it. With
+    `checksums` (file name -> SHA-256), each entry records its files' SHA-256 (`sha256`,
+    `mask_sha256`); readers need not check them."""
+    sums = checksums or {}
+    entries = [{"path": name, "num_tokens": count, **({"mask": mask_name(name)} if loss_mask else {}),
+                **({"sha256": sums[name]} if name in sums else {}),
+                **({"mask_sha256": sums[mask_name(name)]} if loss_mask and mask_name(name) in sums else {})}
                for name, count in shards]
     body = {
         "format": FORMAT, "version": MASKED_VERSION if loss_mask else VERSION, "dtype": dtype,
