@@ -80,7 +80,8 @@ def test_input_without_text_is_refused_and_blank_documents_are_left_out(tmp_path
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     code, err = _prepare_here(capsys, "--input", str(empty), *common, "--output", str(tmp_path / "a"))
-    assert code == 2 and f"no text to train on in {empty}: every input file is empty" in err  # before any work
+    # refused before any work
+    assert code == 2 and f"no text to train on in {empty}: every input file is empty" in err
     blank_records = tmp_path / "blank.jsonl"
     blank_records.write_text('{"text": ""}\n{"text": "   "}\n')
     code, err = _prepare_here(capsys, "--input", str(blank_records), *common, "--output", str(tmp_path / "b"))
