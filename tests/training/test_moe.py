@@ -214,3 +214,23 @@ def test_expert_degree_must_divide_the_data_sharding_ranks():
     assert ParallelDims.resolve(config.parallel, 8, 1).expert_data_parallel == 2
     with pytest.raises(ConfigError, match="a divisor of the data-sharding ranks \\(2 of the world size 2\\)"):
         ParallelDims.resolve(config.parallel, 2, 1)
+
+
+def test_moe_metric_line_and_its_json_line(tmp_path, capsys):
+    import json
+    import re
+
+    from training_jobs.trainer.metrics import MetricsLogger
+    from training_jobs.trainer.moe.signals import LayerBalance, WindowBalance
+
+    balance = WindowBalance([LayerBalance(1, 1.25, 0.3125, 2.0104), LayerBalance(2, 1.5, 0.375, 2.0208)])
+    logger = MetricsLogger(tmp_path, enabled=True, tensorboard=False)
+    logger.moe(balance.metrics(step=10))
+    logger.close()
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line == ("[moe] step=10 moe_aux_loss=2.015600 moe_load_balance=1.5000 moe_max_expert_share=0.3750 "
+                    "moe_dropped_tokens=0 moe_load_balance_layer1=1.2500 moe_aux_loss_layer1=2.010400 "
+                    "moe_load_balance_layer2=1.5000 moe_aux_loss_layer2=2.020800")
+    assert re.search(r"\[moe\].* moe_load_balance=([0-9.eE+-]+)", line)[1] == "1.5000"
+    (record,) = map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+    assert record["kind"] == "moe" and record["moe_load_balance_layer2"] == 1.5

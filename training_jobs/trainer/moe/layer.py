@@ -67,8 +67,11 @@ class Router(nn.Module):
 
 def grouped_mm_runs(tokens: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether torch's grouped matmul runs these operands on their device: it needs 16-byte aligned
-    rows, and on CUDA bf16 on compute capability 8.0 or newer (the CPU kernel takes fp32 and bf16)."""
+    rows, and on CUDA bf16 on compute capability 8.0 or newer (the CPU kernel takes fp32 and bf16,
+    but torch.compile's shape functions only bf16)."""
     if not hasattr(F, "grouped_mm"):
+        return False
+    if torch.compiler.is_compiling() and tokens.dtype != torch.bfloat16:
         return False
     size = tokens.element_size()
     if any(dim * size % 16 for dim in (tokens.shape[-1], weight.shape[-1], weight.shape[-2])):
