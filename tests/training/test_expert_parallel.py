@@ -1,7 +1,8 @@
 """Mixture-of-experts training across processes (gloo, CPU): expert parallel 2 on 2 ranks and 2 x 2
 copies on 4 ranks against a single process, a checkpoint written at expert degree 2 resumed at 1
 and at 4, and Hugging Face folders of each family loaded from the `model` channel, trained a step,
-exported and loaded back by transformers.
+exported and loaded back by transformers, and a model whose routers send every token to the same
+experts stopped by the router_collapse rule.
 
 The 4-rank expert-parallel run also checkpoints its activations (the all-to-alls run again in the
 recomputation), and a compiled run with selective checkpointing trains 3 steps in one process.
@@ -31,8 +32,9 @@ SAVED_AT = 5
 FOLDER_FAMILIES = ("qwen3-moe-tiny", "mixtral-tiny", "deepseek-moe-tiny")
 
 
-def _hf_folder(base, preset: str):
-    """A 'pretrained' model of the preset's family saved by transformers, with its tokenizer."""
+def _hf_folder(base, preset: str, *, collapsed: bool = False):
+    """A 'pretrained' model of the preset's family saved by transformers, with its tokenizer;
+    `collapsed`: its routers' weights zero, so every token's equal scores pick the first experts."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from training_jobs.contract.presets import PRESETS
@@ -42,8 +44,13 @@ def _hf_folder(base, preset: str):
     config = AutoConfig.for_model(family, **architecture, vocab_size=640, max_position_embeddings=64,
                                   eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(7)
-    folder = base / f"{preset}-folder"
-    AutoModelForCausalLM.from_config(config).save_pretrained(str(folder))
+    folder = base / f"{preset}-folder{'-collapsed' if collapsed else ''}"
+    model = AutoModelForCausalLM.from_config(config)
+    if collapsed:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.mlp.gate.weight.zero_()
+    model.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return folder
 
@@ -67,10 +74,13 @@ def runs(tmp_path_factory, tiny_data):
     for preset, folder in folders.items():
         roots[f"folder {preset}"] = job_root(base / f"folder-{preset}", tiny_data, model=folder)
     roots["compiled"] = job_root(base / "compiled", tiny_data)
+    roots["collapsed"] = job_root(base / "collapsed", tiny_data,
+                                  model=_hf_folder(base, "qwen3-moe-tiny", collapsed=True))
     run_jobs(1, [(roots["single"], {**MOE, "parallelism": "single"}),
                  (roots["resumed_ep1"], MOE),
                  (roots["compiled"], {**MOE, "max_steps": 3, "compile": True,
                                       "activation_checkpointing": "selective"}),
+                 (roots["collapsed"], {**MOE, "model_preset": "", "rule_warmup_steps": 0}),
                  *[(roots[f"folder {preset}"], {**MOE, "model_preset": "", "max_steps": 1,
                                                 "lr_decay_steps": 0, "lr": 1e-2})
                    for preset in FOLDER_FAMILIES]], base)
@@ -120,6 +130,13 @@ def test_moe_lines_show_every_layers_balance_and_no_dropped_tokens(runs):
                                                         record["moe_load_balance_layer1"])
         assert 0.25 <= record["moe_max_expert_share"] < 1.0  # k / E = 0.25 when balanced
     assert "[moe] step=10 moe_aux_loss=" in runs["two ranks output"]
+
+
+def test_collapsed_router_is_stopped_by_its_rule(runs):
+    result = outcome(runs["collapsed"])
+    assert result["error"] == "RuleTriggered"
+    assert "router_collapse at step 1: one expert took 1 of a layer's tokens" in result["message"]
+    assert len(train_records(runs["collapsed"])) == 1
 
 
 @pytest.mark.parametrize("preset", FOLDER_FAMILIES)
