@@ -25,6 +25,7 @@ SECTIONS = (
     ("Model and data", ("model", "data", "run")),
     ("Optimizer and schedule", ("optim",)),
     ("Parallelism and memory", ("parallel",)),
+    ("Mixture of experts", ("moe",)),
     ("LoRA", ("lora",)),
     ("Checkpoints, logging and evaluation", ("checkpoint", "logging")),
     ("Rules", ("rules",)),

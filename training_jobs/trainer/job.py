@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..contract import moe as moe_contract
 from ..contract.hyperparameters import TrainConfig
 from ..contract.parallel_dims import reshards_checkpoints, resolve_cluster
 from . import checkpoint, health, tracking
@@ -28,6 +29,7 @@ from .metrics import (
 )
 from .model_channel import model_folder
 from .models import attention_implementation, load_tokenizer, model_source
+from .moe.signals import router_signals
 from .parallel import COMPUTE_DTYPES
 from .rules import Rules
 from .strategies import SetupContext, Strategy, build_strategy
@@ -136,7 +138,8 @@ def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device
                                                               params=config.flat())),
         throughput=_throughput(config, strategy, summary, env, device),
         output_dir=env.output_data_dir, device=device, rules=Rules(config.rules),
-        faults=Faults.from_environment(os.environ), watchdog=_watchdog(config, env))
+        faults=Faults.from_environment(os.environ), watchdog=_watchdog(config, env),
+        router=router_signals(strategy.hf_model, config.moe, topo.batch_group))
 
 
 def _watchdog(config: TrainConfig, env: JobEnvironment) -> HangWatchdog | None:
@@ -156,6 +159,7 @@ def build(config: TrainConfig, env: JobEnvironment, device: torch.device,
     attention = attention_implementation(config.model.attention, compiled=config.parallel.compile,
                                          device_type=device.type)
     source = model_source(config.model, model_channel, tokenizer, config.data.seq_len, attention)
+    moe_contract.check_model(config, source.config.model_type, source.config.to_dict(), source.description)
     vocab = source.config.vocab_size
     samples = (_channel_samples(env, "train", config.data.seq_len, vocab),
                _channel_samples(env, "validation", config.data.seq_len, vocab))

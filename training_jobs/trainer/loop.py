@@ -25,6 +25,7 @@ from .errors import DivergenceError, RuleTriggered
 from .faults import Faults
 from .loss import causal_lm_loss, causal_lm_loss_sum, trained_targets
 from .metrics import MetricsLogger, log, peak_memory_gb
+from .moe.signals import RouterSignals
 from .rules import Rules, Verdict, withholds_update
 from .strategies import Strategy
 from .strategies.protocol import LossFn, MicroBatch, UpdateGate
@@ -68,6 +69,7 @@ class LoopContext:
     rules: Rules
     faults: Faults = field(default_factory=Faults)
     watchdog: HangWatchdog | None = None  # started and stopped by run()
+    router: RouterSignals | None = None  # a mixture of experts' router losses, metrics and biases
     step: int = 0
 
     def trainer_state(self) -> dict:
@@ -88,6 +90,11 @@ def train_step(ctx: LoopContext) -> torch.Tensor:
 
 
 def _micro_batch_loss(ctx: LoopContext, micro_batches: list[MicroBatch]) -> LossFn:
+    loss_fn = _next_token_loss(ctx, micro_batches)
+    return ctx.router.with_router_losses(loss_fn) if ctx.router is not None else loss_fn
+
+
+def _next_token_loss(ctx: LoopContext, micro_batches: list[MicroBatch]) -> LossFn:
     token_weight = _trained_token_weight(ctx, micro_batches)
     if token_weight is None:
         return causal_lm_loss
@@ -171,6 +178,16 @@ def report(ctx: LoopContext, window: Window) -> None:
                        "grad_norm": grad_norms[-1], "tokens_per_sec": tokens_per_sec, "mfu": mfu,
                        "step_time": elapsed / steps, "memory_gb": peak_memory_gb(ctx.device)})
     _judge_window(ctx, window, losses, grad_norms, tokens_per_sec)
+    if ctx.router is not None:
+        _report_routing(ctx)
+
+
+def _report_routing(ctx: LoopContext) -> None:
+    """The window's `[moe]` line, and the router_collapse rule's verdict on it."""
+    balance = ctx.router.window_balance()
+    ctx.metrics.moe(balance.metrics(ctx.step))
+    share, = same_on_every_rank([balance.max_expert_share])
+    _record_verdicts(ctx, ctx.rules.judge_routing(ctx.step, share, ctx.router.balanced_share))
 
 
 def _judge_window(ctx: LoopContext, window: Window, losses: list[float], grad_norms: list[float],
@@ -338,6 +355,8 @@ def run(ctx: LoopContext) -> str:
             loss = train_step(ctx)
             window.losses.append(loss)
             window.grad_norms.append(ctx.strategy.step(_update_gate(ctx, loss)))
+            if ctx.router is not None:
+                ctx.router.after_update()
             ctx.step += 1
             _beat(ctx, f"step {ctx.step}")
             profiler.after(ctx.step)
