@@ -28,6 +28,11 @@ marks the completion and its end-of-sequence id as the only training targets: th
 answer and to stop, not to reproduce prompts. With `--messages-key`, each JSONL record holds a
 conversation (a list of {"role", "content"} messages) rendered with the tokenizer's chat template;
 every assistant turn is trained (sft_examples.py).
+
+Preference pairs (DPO): with `--preference`, each JSONL record holds a prompt (`--prompt-key`) and a
+chosen and a rejected completion (`--chosen-key`, `--rejected-key`, default `chosen` and `rejected`),
+as plain text or chat messages; each sequence is cut to `--max-length` tokens, and the output is a
+preference dataset (preference_examples.py).
 """
 
 from __future__ import annotations
@@ -424,7 +429,12 @@ def prepare(args: argparse.Namespace) -> dict[str, int]:
     output.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
     try:
-        counts = _write_dataset(args, inputs, tokenizer, scratch)
+        if args.preference:
+            from training_jobs.preference_examples import write_preference_dataset
+
+            counts = write_preference_dataset(args, inputs.files, tokenizer, scratch, is_validation)
+        else:
+            counts = _write_dataset(args, inputs, tokenizer, scratch)
         tokenizer.save_pretrained(str(scratch / TOKENIZER_FOLDER))
         if output.exists():
             output.rmdir()  # empty (_check_output): a folder the user made for it
@@ -539,6 +549,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="supervised fine-tuning on conversations: the JSONL field holding each "
                              "record's messages, rendered with the tokenizer's chat template; the "
                              "loss is computed on the assistant turns only")
+    parser.add_argument("--preference", action="store_true",
+                        help="preference pairs (DPO): JSONL records with a prompt, a chosen and a "
+                             "rejected completion (text or chat messages)")
+    parser.add_argument("--chosen-key", default=None,
+                        help="with --preference (implied): the field holding the chosen completion "
+                             "(default: chosen)")
+    parser.add_argument("--rejected-key", default=None,
+                        help="with --preference (implied): the field holding the rejected completion "
+                             "(default: rejected)")
+    parser.add_argument("--max-length", type=int, default=1024,
+                        help="with --preference: tokens each sequence (prompt and completion) is cut "
+                             "to, keeping its start; set the run's seq_len to at least this")
     parser.add_argument("--validation-fraction", type=float, default=0.0)
     parser.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard file")
     args = parser.parse_args(argv)
@@ -548,6 +570,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--validation-fraction must be in [0, 1)")
     if args.shard_tokens < 1:
         parser.error("--shard-tokens must be at least 1")
+    if _check_preference_args(parser, args):
+        return args
     if args.prompt_key is not None and args.completion_key is None:
         parser.error("--prompt-key needs --completion-key (an example is a prompt and its completion)")
     if args.text_key != "text" and (args.completion_key or args.messages_key):
@@ -560,6 +584,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.prompt_key == args.completion_key:
             parser.error("--prompt-key and --completion-key name the same field")
     return args
+
+
+def _check_preference_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
+    """Whether the run prepares preference pairs (with their options checked and defaulted)."""
+    args.preference = args.preference or args.chosen_key is not None or args.rejected_key is not None
+    if not args.preference:
+        return False
+    if args.completion_key or args.messages_key or args.text_key != "text":
+        parser.error("--preference (or --chosen-key/--rejected-key) reads pairs: leave out --text-key, "
+                     "--completion-key and --messages-key")
+    if args.max_length < 2:
+        parser.error("--max-length must be at least 2")
+    args.prompt_key = args.prompt_key or "prompt"
+    args.chosen_key, args.rejected_key = args.chosen_key or "chosen", args.rejected_key or "rejected"
+    if len({args.prompt_key, args.chosen_key, args.rejected_key}) < 3:
+        parser.error("--prompt-key, --chosen-key and --rejected-key must name three different fields")
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

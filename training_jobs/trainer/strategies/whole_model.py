@@ -82,6 +82,21 @@ class WholeModelStrategy:
             total += loss.detach()
         return total / len(micro_batches)
 
+    @torch.no_grad()
+    def inference_logits(self, inputs: torch.Tensor, model: nn.Module | None = None) -> torch.Tensor:
+        """The logits of `inputs` under `model` (default: the policy), without gradients: a
+        post-training objective's reference or evaluation forward (objectives/protocol.PolicyModel)."""
+        cast = contextlib.nullcontext() if self.accumulation == "fsdp2" else \
+            parallel.autocast_context(self.device, self.config.parallel.mixed_precision)
+        topology = self.topology
+        with cast:
+            return topology.vocabulary_logits(forward_logits(model if model is not None else self.hf_model,
+                                                             inputs, topology.positions(inputs)))
+
+    def adapters_off(self) -> contextlib.AbstractContextManager:
+        """The policy's LoRA adapters switched off inside the context (peft's disable_adapter)."""
+        return self.hf_model.disable_adapter()
+
     def evaluate(self, batches: list[MicroBatch]) -> torch.Tensor:
         total = torch.zeros(2, device=self.device)
         for inputs, targets in batches:
