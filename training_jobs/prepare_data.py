@@ -32,7 +32,9 @@ every assistant turn is trained (sft_examples.py).
 Preference pairs (DPO): with `--preference`, each JSONL record holds a prompt (`--prompt-key`) and a
 chosen and a rejected completion (`--chosen-key`, `--rejected-key`, default `chosen` and `rejected`),
 as plain text or chat messages; each sequence is cut to `--max-length` tokens, and the output is a
-preference dataset (preference_examples.py).
+preference dataset (preference_examples.py). Prompts with answers (GRPO): with `--prompts`, each JSONL
+record's `--prompt-key` field is a prompt and its other fields are kept for the reward functions
+(prompt_examples.py).
 """
 
 from __future__ import annotations
@@ -433,6 +435,10 @@ def prepare(args: argparse.Namespace) -> dict[str, int]:
             from training_jobs.preference_examples import write_preference_dataset
 
             counts = write_preference_dataset(args, inputs.files, tokenizer, scratch, is_validation)
+        elif args.prompts:
+            from training_jobs.prompt_examples import write_prompt_dataset
+
+            counts = write_prompt_dataset(args, inputs.files, tokenizer, scratch, is_validation)
         else:
             counts = _write_dataset(args, inputs, tokenizer, scratch)
         tokenizer.save_pretrained(str(scratch / TOKENIZER_FOLDER))
@@ -552,6 +558,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--preference", action="store_true",
                         help="preference pairs (DPO): JSONL records with a prompt, a chosen and a "
                              "rejected completion (text or chat messages)")
+    parser.add_argument("--prompts", action="store_true",
+                        help="prompts with reference answers (GRPO): JSONL records whose --prompt-key "
+                             "field (text or chat messages) is the prompt; every other field is kept "
+                             "for the reward functions")
     parser.add_argument("--chosen-key", default=None,
                         help="with --preference (implied): the field holding the chosen completion "
                              "(default: chosen)")
@@ -560,7 +570,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "(default: rejected)")
     parser.add_argument("--max-length", type=int, default=1024,
                         help="with --preference: tokens each sequence (prompt and completion) is cut "
-                             "to, keeping its start; set the run's seq_len to at least this")
+                             "to, keeping its start; set the run's seq_len to at least this. With "
+                             "--prompts: tokens a prompt is cut to, keeping its end")
     parser.add_argument("--validation-fraction", type=float, default=0.0)
     parser.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard file")
     args = parser.parse_args(argv)
@@ -571,6 +582,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.shard_tokens < 1:
         parser.error("--shard-tokens must be at least 1")
     if _check_preference_args(parser, args):
+        return args
+    if args.prompts:
+        if args.completion_key or args.messages_key or args.text_key != "text":
+            parser.error("--prompts reads prompts (--prompt-key) and keeps every other field: leave out "
+                         "--text-key, --completion-key and --messages-key")
+        args.prompt_key = args.prompt_key or "prompt"
         return args
     if args.prompt_key is not None and args.completion_key is None:
         parser.error("--prompt-key needs --completion-key (an example is a prompt and its completion)")
@@ -591,9 +608,9 @@ def _check_preference_args(parser: argparse.ArgumentParser, args: argparse.Names
     args.preference = args.preference or args.chosen_key is not None or args.rejected_key is not None
     if not args.preference:
         return False
-    if args.completion_key or args.messages_key or args.text_key != "text":
+    if args.completion_key or args.messages_key or args.text_key != "text" or args.prompts:
         parser.error("--preference (or --chosen-key/--rejected-key) reads pairs: leave out --text-key, "
-                     "--completion-key and --messages-key")
+                     "--completion-key, --messages-key and --prompts")
     if args.max_length < 2:
         parser.error("--max-length must be at least 2")
     args.prompt_key = args.prompt_key or "prompt"

@@ -131,7 +131,8 @@ def _trl_loss(trainer, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
 
 def _ours(strategy, objective, pairs) -> tuple[float, dict[str, float]]:
     micro_batch = pairs.batch(BATCH, CPU)
-    loss = strategy.forward_backward([micro_batch], objective.step_loss([micro_batch], [BATCH]))
+    micro_batches, loss_fn = objective.prepare_step([micro_batch], [BATCH])
+    loss = strategy.forward_backward(micro_batches, loss_fn)
     return float(loss), objective.window_metrics()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,8 +10,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..contract.hyperparameters import TrainConfig
-from ..contract.objectives import data_kind_problem
+from ..contract.hyperparameters import RulesConfig, TrainConfig
+from ..contract.objectives import JUDGES_LOSS_SPIKES, data_kind_problem
 from ..contract.parallel_dims import reshards_checkpoints, resolve_cluster
 from . import checkpoint, health, tracking
 from .checkpoint import CheckpointStore, StopSignal, Triggers
@@ -32,6 +33,7 @@ from .models import attention_implementation, load_tokenizer, model_source
 from .objectives import ObjectiveContext, build_objective
 from .parallel import COMPUTE_DTYPES
 from .preference_data import PreferencePairs
+from .prompt_data import PromptSet
 from .rules import Rules
 from .shards import read_manifest
 from .strategies import SetupContext, Strategy, build_strategy
@@ -53,7 +55,7 @@ class Job:
 
 # The reader of each kind of token data (contract/token_data.DATA_KINDS).
 SAMPLE_READERS: dict[str, type[Samples]] = {"text": TokenSamples, "loss_masked": TokenSamples,
-                                            "preference": PreferencePairs}
+                                            "preference": PreferencePairs, "prompts": PromptSet}
 
 
 def _channel_samples(env: JobEnvironment, name: str, config: TrainConfig, vocab: int) -> Samples | None:
@@ -128,7 +130,7 @@ def _preflight(device: torch.device, env: JobEnvironment) -> None:
 
 def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device, strategy: Strategy,
                   samples: tuple[Samples, Samples | None], stop: StopSignal,
-                  summary: ModelSummary) -> LoopContext:
+                  summary: ModelSummary, tokenizer) -> LoopContext:
     train_samples, eval_samples = samples
     topo = strategy.topology
     layout = BatchLayout(topo.data_parallel_size, topo.data_parallel_rank,
@@ -137,7 +139,7 @@ def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device
                              together=strategy.eval_micro_batches,
                              sequence=topo.sequence_split) if eval_samples else None
     train = TrainBatches(train_samples, layout, config.run.seed, device, topo.sequence_split)
-    objective = build_objective(ObjectiveContext(config, strategy, train, evaluation, device))
+    objective = build_objective(ObjectiveContext(config, strategy, train, evaluation, device, tokenizer))
     return LoopContext(
         config=config, strategy=strategy, train=train, evaluation=evaluation, objective=objective,
         store=CheckpointStore(env.checkpoint_dir, config.checkpoint.keep_checkpoints, env.rank,
@@ -150,8 +152,15 @@ def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device
                                                               job_name=tracking.job_name(),
                                                               params=config.flat())),
         throughput=_throughput(config, strategy, summary, env, device),
-        output_dir=env.output_data_dir, device=device, rules=Rules(config.rules),
+        output_dir=env.output_data_dir, device=device, rules=Rules(_rules(config)),
         faults=Faults.from_environment(os.environ), watchdog=_watchdog(config, env))
+
+
+def _rules(config: TrainConfig) -> RulesConfig:
+    """The rules' settings, without the loss-spike rule for an objective whose loss it cannot judge."""
+    if JUDGES_LOSS_SPIKES[config.objective.objective]:
+        return config.rules
+    return dataclasses.replace(config.rules, rule_loss_spike_action="off")
 
 
 def _watchdog(config: TrainConfig, env: JobEnvironment) -> HangWatchdog | None:
@@ -178,7 +187,7 @@ def build(config: TrainConfig, env: JobEnvironment, device: torch.device,
     check_tokenizer(samples, tokenizer, tokenizer_path)
     strategy = build_strategy(SetupContext(config, source, device, dims))
     summary = strategy.model_summary()
-    loop = _loop_context(config, env, device, strategy, samples, stop, summary)
+    loop = _loop_context(config, env, device, strategy, samples, stop, summary, tokenizer)
     if env.is_main:
         log(f"model {source.description}: {summary.parameters:,} parameters, {source.attention} "
             f"attention, tokenizer {tokenizer_path}, {dims}, {samples[0].num_samples} training "

@@ -83,8 +83,8 @@ def train_step(ctx: LoopContext) -> torch.Tensor:
     that its mean over the data-parallel ranks (topology.mean_loss) is the step's loss."""
     step, rank = ctx.step + 1, dist.get_rank()
     ctx.faults.before_step(step, rank, ctx.train.next_step)
-    micro_batches = ctx.train.next_step()
-    loss_fn = ctx.faults.loss(step, rank, ctx.objective.step_loss(micro_batches, ctx.train.step_samples))
+    micro_batches, loss_fn = ctx.objective.prepare_step(ctx.train.next_step(), ctx.train.step_samples)
+    loss_fn = ctx.faults.loss(step, rank, loss_fn)
     return ctx.strategy.forward_backward(micro_batches, loss_fn)
 
 

@@ -19,6 +19,9 @@ way, its sequences (prompt + chosen, prompt + rejected) written back to back, an
 pair index, `shard_NNNNN.pairs`: int64 rows (chosen start, rejected start, rejected end) in tokens.
 Its manifest has version 3, which readers of versions 1 and 2 refuse by number.
 
+A prompts dataset (GRPO: prompts with their reference answers) holds no shards: `prompts.jsonl`, one
+JSON line per example ({"where", "prompt", "prompt_ids", "fields"}), beside a manifest of version 4.
+
 numpy only, so prepare_data and tests can use it without torch.
 """
 
@@ -41,6 +44,8 @@ from ..contract.token_data import (
     MASKED_VERSION,
     PAIRS_SUFFIX,
     PREFERENCE_VERSION,
+    PROMPTS_FILE,
+    PROMPTS_VERSION,
     VERSION,
 )
 from .errors import DataError
@@ -94,6 +99,19 @@ class Manifest:
     @property
     def numpy_dtype(self) -> np.dtype:
         return DTYPES[self.dtype]
+
+
+def write_prompts_manifest(folder: Path, *, vocab_size: int, eos_token_id: int, num_documents: int,
+                           num_tokens: int, tokenizer: str) -> Path:
+    """The manifest of a prompts dataset (PROMPTS_FILE already written), written last."""
+    body = {"format": FORMAT, "version": PROMPTS_VERSION, "dtype": dtype_for_vocab(vocab_size),
+            "vocab_size": vocab_size, "eos_token_id": eos_token_id, "num_documents": num_documents,
+            "num_tokens": num_tokens, "loss_mask": False, "shards": [], "prompts": PROMPTS_FILE,
+            "tokenizer": tokenizer}
+    temporary = folder / (MANIFEST + ".tmp")
+    temporary.write_text(json.dumps(body, indent=2) + "\n")
+    os.replace(temporary, folder / MANIFEST)
+    return folder / MANIFEST
 
 
 def write_manifest(folder: Path, *, dtype: str, vocab_size: int, eos_token_id: int,
@@ -193,9 +211,11 @@ def read_manifest(folder: Path) -> Manifest:
     version = body.get("version")
     if version not in DATA_KINDS:
         raise _fail(folder, f"manifest version {version!r} is not supported (expected {VERSION}, "
-                            f"{MASKED_VERSION} for a loss-masked dataset or {PREFERENCE_VERSION} for "
-                            "preference pairs)")
-    loss_mask = version != VERSION
+                            f"{MASKED_VERSION} for a loss-masked dataset, {PREFERENCE_VERSION} for "
+                            f"preference pairs or {PROMPTS_VERSION} for prompts)")
+    loss_mask = version in (MASKED_VERSION, PREFERENCE_VERSION)
+    if version == PROMPTS_VERSION and not (folder / PROMPTS_FILE).is_file():
+        raise _fail(folder, f"{PROMPTS_FILE} of a prompts dataset is missing")
     if body.get("loss_mask", False) is not loss_mask:
         raise _fail(folder, f"manifest version {version} and 'loss_mask' {body.get('loss_mask')!r} "
                             "disagree")

@@ -1,5 +1,5 @@
 """The training objectives, registered by the `objective` hyperparameter's names
-(contract/objectives.py): next_token (pretraining and supervised fine-tuning) and dpo."""
+(contract/objectives.py): next_token (pretraining and supervised fine-tuning), dpo and grpo."""
 
 from __future__ import annotations
 
@@ -20,7 +20,14 @@ def _dpo(ctx: ObjectiveContext) -> Objective:
     return DpoObjective(ctx)
 
 
-OBJECTIVES: dict[str, Callable[[ObjectiveContext], Objective]] = {"next_token": _next_token, "dpo": _dpo}
+def _grpo(ctx: ObjectiveContext) -> Objective:
+    from .grpo import GrpoObjective
+
+    return GrpoObjective(ctx)
+
+
+OBJECTIVES: dict[str, Callable[[ObjectiveContext], Objective]] = {"next_token": _next_token, "dpo": _dpo,
+                                                                  "grpo": _grpo}
 
 __all__ = ["OBJECTIVES", "Objective", "ObjectiveContext", "build_objective"]
 

@@ -74,7 +74,8 @@ class DpoObjective:
         self.reference = build_reference(ctx)
         self._window: list[torch.Tensor] = []
 
-    def step_loss(self, micro_batches: list[MicroBatch], samples: list[np.ndarray]) -> LossFn:
+    def prepare_step(self, micro_batches: list[MicroBatch],
+                     samples: list[np.ndarray]) -> tuple[list[MicroBatch], LossFn]:
         # The reference's log-probabilities of every micro batch, before the policy's forwards.
         references = iter([self.reference.log_probs(inputs, targets, indices, "train")
                            for (inputs, targets), indices in zip(micro_batches, samples, strict=True)])
@@ -85,7 +86,7 @@ class DpoObjective:
                                                    self.settings)
             self._window.append(pair_metrics(policy, chosen, rejected))
             return losses.mean()
-        return loss
+        return micro_batches, loss
 
     def window_metrics(self) -> dict[str, float]:
         if not self._window:

@@ -18,11 +18,12 @@ class NextTokenObjective:
         self.strategy = ctx.strategy
         self.loss_masked = ctx.train.samples.manifest.loss_mask
 
-    def step_loss(self, micro_batches: list[MicroBatch], samples: list[np.ndarray]) -> LossFn:
+    def prepare_step(self, micro_batches: list[MicroBatch],
+                     samples: list[np.ndarray]) -> tuple[list[MicroBatch], LossFn]:
         token_weight = self._trained_token_weight(micro_batches)
         if token_weight is None:
-            return causal_lm_loss
-        return lambda logits, targets: causal_lm_loss_sum(logits, targets) * token_weight
+            return micro_batches, causal_lm_loss
+        return micro_batches, lambda logits, targets: causal_lm_loss_sum(logits, targets) * token_weight
 
     def _trained_token_weight(self, micro_batches: list[MicroBatch]) -> torch.Tensor | None:
         """With a loss-masked dataset, the factor of a micro batch's summed loss that makes the step's

@@ -23,9 +23,11 @@ from ..strategies.protocol import LossFn, MicroBatch
 
 
 class Objective(Protocol):
-    def step_loss(self, micro_batches: list[MicroBatch], samples: list[np.ndarray]) -> LossFn:
-        """The loss function of one step's micro batches (whose sample indices are `samples`); the
-        strategy calls it once per micro batch, in order."""
+    def prepare_step(self, micro_batches: list[MicroBatch],
+                     samples: list[np.ndarray]) -> tuple[list[MicroBatch], LossFn]:
+        """The micro batches to train one step on (those read, or what the objective makes of them:
+        GRPO's sampled completions) and the loss function the strategy calls once per micro batch,
+        in order; `samples` are the read micro batches' sample indices."""
         ...
 
     def window_metrics(self) -> dict[str, float]:
@@ -51,6 +53,11 @@ class PolicyModel(Protocol):
         """The logits of `inputs` under `model` (default: the policy), without gradients."""
         ...
 
+    def sample(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
+               temperature: float) -> torch.Tensor:
+        """Completions sampled from the policy after left-padded prompts, full length."""
+        ...
+
     def adapters_off(self) -> contextlib.AbstractContextManager:
         """The policy's LoRA adapters switched off inside the context (the base model)."""
         ...
@@ -70,3 +77,4 @@ class ObjectiveContext:
     train: TrainBatches
     evaluation: EvalBatches | None
     device: torch.device
+    tokenizer: object = None  # the job's tokenizer (GRPO decodes its completions for the rewards)
