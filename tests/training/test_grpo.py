@@ -254,3 +254,44 @@ def test_a_seeded_run_raises_its_reward(prompts_folder, rewards_module, tmp_path
     assert len(records) == 4
     assert records[-1]["reward"] > records[0]["reward"] + 0.2, [r["reward"] for r in records]
     assert all(r["completions/mean_length"] <= 8 and r["clip_ratio/region_mean"] == 0 for r in records)
+
+
+def test_a_reward_that_returns_no_number_stops_the_job_before_training(prompts_folder, rewards_module,
+                                                                       group_of_one):
+    with pytest.raises(DataError, match=r"reward function toy_rewards:words returned 'many' for the example "
+                                        r".*tiny_grpo/train.jsonl:1: a reward must be a finite number"):
+        _program(prompts_folder, {"grpo_reward": "toy_rewards:words"})
+
+
+def test_clipping_equals_trl_where_the_samples_came_from_older_weights(prompts_folder, group_of_one,
+                                                                       tmp_path):
+    """The surrogate's clipping (inactive when the program samples and trains once) against TRL with
+    log-probabilities of the sampling policy that differ from the current ones."""
+    from training_jobs.trainer.loss import token_cross_entropy
+    from training_jobs.trainer.objectives.grpo_loss import averaged, token_loss
+
+    strategy, _, prompts = _program(prompts_folder, {})
+    generator = torch.Generator().manual_seed(5)
+    prompt_ids = [prompts.examples[2].prompt_ids] * GROUP
+    completions = [torch.randint(1, 600, (length,), generator=generator).tolist() for length in (4, 2, 5, 3)]
+    advantages, _ = group_advantages(torch.tensor([1.0, 0.0, 0.3, 0.8]), GROUP)
+    inputs, targets = completion_batch(prompt_ids, completions, prompts.manifest.eos_token_id, CPU)
+    mask = targets != -100
+    logps = -token_cross_entropy(strategy.hf_model(input_ids=inputs).logits, targets)
+    old = (logps.detach() + torch.randn(logps.shape, generator=generator) * 0.3) * mask
+    terms = token_loss(logps, old, None, advantages, 0.2, 0.0)
+    ours = averaged(terms.loss, mask, "dapo", mask.sum().float())
+    clipped = float((terms.clipped & mask).sum() / mask.sum())
+
+    trainer = _trl(copy.deepcopy(strategy.hf_model), {}, tmp_path)
+    width = max(map(len, completions))
+    start = len(prompt_ids[0]) - 1
+    completion_mask = mask[:, start:start + width].long()
+    prompt_tensor = torch.tensor(prompt_ids)
+    expected = trainer._compute_loss(trainer.model, {
+        "prompt_ids": prompt_tensor, "prompt_mask": torch.ones_like(prompt_tensor),
+        "completion_ids": torch.tensor([c + [0] * (width - len(c)) for c in completions]),
+        "completion_mask": completion_mask, "advantages": advantages,
+        "old_per_token_logps": old[:, start:start + width], "num_items_in_batch": completion_mask.sum()})
+    assert float(ours) == pytest.approx(float(expected), abs=1e-5)
+    assert 0 < clipped == pytest.approx(trainer._metrics["train"]["clip_ratio/region_mean"][-1], abs=1e-6)
