@@ -28,7 +28,7 @@ SECTIONS = (
     ("LoRA", ("lora",)),
     ("Checkpoints, logging and evaluation", ("checkpoint", "logging")),
     ("Rules", ("rules",)),
-    ("Objective: preference tuning", ("objective",)),
+    ("Objective: preference tuning and reinforcement learning", ("objective",)),
 )
 COMMAND = "python -m training_jobs.contract.docs"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
