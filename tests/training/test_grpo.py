@@ -244,6 +244,7 @@ def test_a_seeded_run_raises_its_reward(prompts_folder, rewards_module, tmp_path
     (root / "input" / "data" / "train").symlink_to(prompts_folder, target_is_directory=True)
     hps = {**TINY, "objective": "grpo", "parallelism": "single", "seq_len": 64, "micro_batch_size": 4,
            "grad_accum_steps": 1, "max_steps": 20, "log_every_steps": 5, "lr": 1e-2, "warmup_steps": 0,
+           "lr_schedule": "constant",
            "grpo_group_size": 8, "grpo_max_new_tokens": 8, "grpo_reward": "toy_rewards:digits"}
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps([{"root": str(root), "hyperparameters": hps, "environment": {}}]))
