@@ -296,3 +296,26 @@ def test_clipping_equals_trl_where_the_samples_came_from_older_weights(prompts_f
         "old_per_token_logps": old[:, start:start + width], "num_items_in_batch": completion_mask.sum()})
     assert float(ours) == pytest.approx(float(expected), abs=1e-5)
     assert 0 < clipped == pytest.approx(trainer._metrics["train"]["clip_ratio/region_mean"][-1], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_ddp_with_lora_and_a_kl_penalty_trains_resumes_and_exports(prompts_folder, tmp_path):
+    """2 ranks, LoRA adapters, the KL to the base (adapters off), a built-in reward: the job runs,
+    reports its KL, resumes from its checkpoint and exports the adapter."""
+    from .conftest import outcome, run_jobs, train_records
+
+    root = tmp_path / "ddp"
+    (root / "input" / "data").mkdir(parents=True)
+    (root / "input" / "data" / "train").symlink_to(prompts_folder, target_is_directory=True)
+    hps = {**TINY, "objective": "grpo", "parallelism": "ddp", "seq_len": 64, "micro_batch_size": 2,
+           "grad_accum_steps": 2, "max_steps": 2, "checkpoint_every_steps": 2, "lr": 1e-2,
+           "grpo_group_size": 4, "grpo_max_new_tokens": 6, "grpo_reward": "regex",
+           "grpo_reward_regex": r"\d", "grpo_beta": 0.05, "lora_r": 4, "lora_alpha": 8}
+    run_jobs(2, [(root, hps)], tmp_path)
+    run_jobs(2, [(root, {**hps, "max_steps": 4})], tmp_path)  # resumes at step 2
+    assert outcome(root)["ok"]
+    records = train_records(root)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert records[0]["kl"] == 0 and records[-1]["kl"] > 0  # the adapters move the policy off the base
+    assert all(r["completions/mean_length"] <= 6 for r in records)
+    assert (root / "model" / "adapter_model.safetensors").is_file()

@@ -5,7 +5,8 @@ their group-relative advantages (grpo_loss.py).
 A micro batch of `micro_batch_size` prompts becomes micro_batch_size x grpo_group_size rows: each
 prompt followed by one sampled completion, cut after its first end-of-sequence id (which is trained:
 the model learns to stop), right-padded. Sampling runs with the KV cache (transformers' generate)
-for the full grpo_max_new_tokens, seeded by (seed, step, rank), in evaluation mode.
+for the full grpo_max_new_tokens, seeded by (seed, samples consumed, micro batch, rank), in
+evaluation mode.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class GrpoObjective:
         self._reference_model = self.policy.frozen_copy() \
             if self.settings.grpo_beta and not self._adapters_off else None
         self.tokenizer = ctx.tokenizer
-        self._steps = 0
+        self.train = ctx.train
         self._window: list[torch.Tensor] = []
 
     def _check_rewards(self, example: PromptExample) -> None:
@@ -74,7 +75,9 @@ class GrpoObjective:
 
     def _completions(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
         group = self.settings.grpo_group_size
-        torch.manual_seed(self.config.run.seed * 1_000_003 + self._steps * 7_919 + dist.get_rank())
+        # Seeded by the samples consumed (the same after a resume), the micro batch and the rank.
+        torch.manual_seed(self.config.run.seed * 1_000_003 + self.train.consumed_samples * 7_919
+                          + int(prompt_ids[0].sum()) * 31 + dist.get_rank())
         self.strategy.train(False)
         sampled = self.policy.sample(prompt_ids.repeat_interleave(group, dim=0),
                                      attention_mask.repeat_interleave(group, dim=0),
@@ -105,7 +108,6 @@ class GrpoObjective:
 
     def prepare_step(self, micro_batches: list[MicroBatch],
                      samples: list[np.ndarray]) -> tuple[list[MicroBatch], LossFn]:
-        self._steps += 1
         rollouts = [self._rollout(indices, prompt_ids, mask)
                     for (prompt_ids, mask), indices in zip(micro_batches, samples, strict=True)]
         batches = [batch for batch, _, _ in rollouts]
