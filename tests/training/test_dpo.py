@@ -55,6 +55,28 @@ def group_of_one(tmp_path_factory):
     dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("settings, message", [
+    ({"parallelism": "deepspeed"}, "'parallelism': got 'deepspeed', expected one of single, ddp, fsdp with "
+                                   "objective=dpo"),
+    ({"parallelism": "fsdp", "pipeline_parallel_degree": 2, "grad_accum_steps": 2},
+     "'pipeline_parallel_degree': got 2, expected 1 with objective=dpo"),
+    ({"parallelism": "fsdp", "context_parallel_degree": 2}, "'context_parallel_degree': got 2, expected 1"),
+    ({"dpo_reference": "adapters_off"}, "copy or precomputed unless lora_r > 0"),
+    ({"dpo_loss": "ipo", "dpo_label_smoothing": 0.1}, "0 with dpo_loss=ipo"),
+    ({"dpo_label_smoothing": 0.5}, "'dpo_label_smoothing': got 0.5, expected a value < 0.5"),
+    ({"dpo_beta": 0}, "'dpo_beta': got 0.0, expected a value > 0.0"),
+    ({"objective": "next_token", "dpo_beta": 0.5}, "'dpo_beta': got 0.5, expected its default (0.1) unless "
+                                                   "objective=dpo"),
+])
+def test_bad_dpo_settings_are_refused_naming_them(settings, message):
+    import re
+
+    from training_jobs.contract.hyperparameters import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        from_hyperparameters({"objective": "dpo", "parallelism": "single", **settings})
+
+
 def _program(pairs_folder: Path, settings: dict):
     """The program's strategy and DPO objective for `settings`, with the policy moved away from
     its initial weights (so that policy and reference differ)."""
