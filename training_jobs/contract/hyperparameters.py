@@ -20,19 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from .errors import ConfigError
+from .fields import hp as _hp
+from .objectives import ObjectiveConfig, validate_objective
 from .presets import MODEL_PRESETS
 
 __all__ = ["ConfigError", "TrainConfig", "from_hyperparameters"]
-
-
-def _hp(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None,
-        exclusive_minimum: bool = False) -> Any:
-    """A hyperparameter field: its default, its documentation and its numeric range."""
-    metadata = {"help": help, "minimum": minimum, "maximum": maximum,
-                "exclusive_minimum": exclusive_minimum}
-    if isinstance(default, dict | list):
-        return field(default_factory=lambda: type(default)(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 Parallelism = Literal["single", "ddp", "fsdp", "deepspeed", "smp"]
@@ -310,7 +302,7 @@ class RulesConfig:
 GROUPS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
           "parallel": ParallelConfig, "moe": MoeConfig, "lora": LoraConfig,
           "checkpoint": CheckpointConfig,
-          "logging": LoggingConfig, "run": RunConfig, "rules": RulesConfig}
+          "logging": LoggingConfig, "run": RunConfig, "rules": RulesConfig, "objective": ObjectiveConfig}
 
 
 @dataclass(frozen=True)
@@ -325,6 +317,7 @@ class TrainConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     run: RunConfig = field(default_factory=RunConfig)
     rules: RulesConfig = field(default_factory=RulesConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
 
     @property
     def decay_steps(self) -> int:
@@ -466,8 +459,9 @@ def _check_range(name: str, value: Any, spec: dataclasses.Field) -> None:
     if low is not None and (value < low or (meta.get("exclusive_minimum") and value == low)):
         bound = f"> {low}" if meta.get("exclusive_minimum") else f">= {low}"
         raise _invalid(name, value, f"a value {bound}")
-    if high is not None and value > high:
-        raise _invalid(name, value, f"a value <= {high}")
+    if high is not None and (value > high or (meta.get("exclusive_maximum") and value == high)):
+        bound = f"< {high}" if meta.get("exclusive_maximum") else f"<= {high}"
+        raise _invalid(name, value, f"a value {bound}")
 
 
 def from_hyperparameters(raw: dict[str, Any]) -> TrainConfig:
@@ -548,6 +542,10 @@ def validate(config: TrainConfig) -> None:
     _validate_context_parallel(config)
     _validate_experts(config)
     _validate_rules(config)
+    validate_objective(config.objective, parallelism=par.parallelism,
+                       pipeline_degree=par.pipeline_parallel_degree,
+                       context_degree=par.context_parallel_degree, lora_rank=lora.lora_r,
+                       quantization=lora.quantization)
     if config.data.global_batch_size and config.data.grad_accum_steps != 1:
         raise _invalid("grad_accum_steps", config.data.grad_accum_steps,
                        "1 when global_batch_size is set (the accumulation steps are derived from it)")

@@ -126,7 +126,8 @@ class MetricsLogger:
     def _emit(self, tag: str, values: dict[str, float], formats: dict[str, str]) -> None:
         if not self.enabled:
             return
-        fields = " ".join(f"{key}={formats.get(key, '{}').format(value)}" for key, value in values.items())
+        fields = " ".join(f"{key}={formats.get(key, _default_format(value)).format(value)}"
+                          for key, value in values.items())
         print(f"[{tag}] {fields}", flush=True)
         kind = {"metrics": "train"}.get(tag, tag)
         self.jsonl.write(json.dumps({"kind": kind, **values}) + "\n")
@@ -144,6 +145,11 @@ class MetricsLogger:
             self.writer.close()
         if self.jsonl is not None:
             self.jsonl.close()
+
+
+def _default_format(value) -> str:
+    """An objective's metrics (e.g. DPO's rewards/margins) to 6 significant digits; counts as is."""
+    return "{:.6g}" if isinstance(value, float) else "{}"
 
 
 def log(message: str) -> None:

@@ -3,8 +3,11 @@ whole model on every rank's data-parallel slice."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import nn
 
+from ...contract.hyperparameters import LoraConfig
 from .. import parallel
 from ..expert_parallel import expert_parameters, reduce_expert_gradients
 from ..float8 import precompute_scales, precomputes_scales
@@ -36,6 +39,20 @@ class TorchStrategy(WholeModelStrategy):
                          clip=self._clip_with_experts if ctx.dims.expert > 1 else None)
         if precomputes_scales(par, sharded):
             self.optimization.after_update.append(lambda: precompute_scales([hf_model]))
+        self._setup, self._sharded = ctx, sharded
+
+    def frozen_copy(self) -> nn.Module:
+        """The initial model again, without LoRA adapters and never trained (DPO's reference copy),
+        built and spread like the policy: sharded with the same mesh under fsdp, replicated else.
+        Its activations are not kept (no backward), so it needs no activation checkpointing."""
+        config = self._setup.config
+        quiet = dataclasses.replace(config.parallel, activation_checkpointing="none",
+                                    activation_offloading=False)
+        ctx = dataclasses.replace(self._setup, config=dataclasses.replace(config, lora=LoraConfig(),
+                                                                          parallel=quiet))
+        model = _build_sharded(ctx, self.topology, self._sharded) if self.kind == "fsdp" else \
+            _build_replicated(ctx, self.topology)
+        return model.requires_grad_(False).eval()
 
 
     def _clip_with_experts(self, max_norm: float):
