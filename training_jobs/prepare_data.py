@@ -60,6 +60,10 @@ if __package__ in (None, ""):
 import numpy as np  # noqa: E402
 
 from training_jobs.contract.token_data import SPLITS, TOKENIZER_FOLDER  # noqa: E402
+from training_jobs.preference_examples import (  # noqa: E402
+    add_post_training_arguments,
+    check_post_training_arguments,
+)
 from training_jobs.sft_examples import (  # noqa: E402
     Example,
     check_messages,
@@ -555,23 +559,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="supervised fine-tuning on conversations: the JSONL field holding each "
                              "record's messages, rendered with the tokenizer's chat template; the "
                              "loss is computed on the assistant turns only")
-    parser.add_argument("--preference", action="store_true",
-                        help="preference pairs (DPO): JSONL records with a prompt, a chosen and a "
-                             "rejected completion (text or chat messages)")
-    parser.add_argument("--prompts", action="store_true",
-                        help="prompts with reference answers (GRPO): JSONL records whose --prompt-key "
-                             "field (text or chat messages) is the prompt; every other field is kept "
-                             "for the reward functions")
-    parser.add_argument("--chosen-key", default=None,
-                        help="with --preference (implied): the field holding the chosen completion "
-                             "(default: chosen)")
-    parser.add_argument("--rejected-key", default=None,
-                        help="with --preference (implied): the field holding the rejected completion "
-                             "(default: rejected)")
-    parser.add_argument("--max-length", type=int, default=1024,
-                        help="with --preference: tokens each sequence (prompt and completion) is cut "
-                             "to, keeping its start; set the run's seq_len to at least this. With "
-                             "--prompts: tokens a prompt is cut to, keeping its end")
+    add_post_training_arguments(parser)
     parser.add_argument("--validation-fraction", type=float, default=0.0)
     parser.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard file")
     args = parser.parse_args(argv)
@@ -581,13 +569,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--validation-fraction must be in [0, 1)")
     if args.shard_tokens < 1:
         parser.error("--shard-tokens must be at least 1")
-    if _check_preference_args(parser, args):
-        return args
-    if args.prompts:
-        if args.completion_key or args.messages_key or args.text_key != "text":
-            parser.error("--prompts reads prompts (--prompt-key) and keeps every other field: leave out "
-                         "--text-key, --completion-key and --messages-key")
-        args.prompt_key = args.prompt_key or "prompt"
+    if check_post_training_arguments(parser, args):  # preference pairs or prompts: checked there
         return args
     if args.prompt_key is not None and args.completion_key is None:
         parser.error("--prompt-key needs --completion-key (an example is a prompt and its completion)")
@@ -601,23 +583,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.prompt_key == args.completion_key:
             parser.error("--prompt-key and --completion-key name the same field")
     return args
-
-
-def _check_preference_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
-    """Whether the run prepares preference pairs (with their options checked and defaulted)."""
-    args.preference = args.preference or args.chosen_key is not None or args.rejected_key is not None
-    if not args.preference:
-        return False
-    if args.completion_key or args.messages_key or args.text_key != "text" or args.prompts:
-        parser.error("--preference (or --chosen-key/--rejected-key) reads pairs: leave out --text-key, "
-                     "--completion-key, --messages-key and --prompts")
-    if args.max_length < 2:
-        parser.error("--max-length must be at least 2")
-    args.prompt_key = args.prompt_key or "prompt"
-    args.chosen_key, args.rejected_key = args.chosen_key or "chosen", args.rejected_key or "rejected"
-    if len({args.prompt_key, args.chosen_key, args.rejected_key}) < 3:
-        parser.error("--prompt-key, --chosen-key and --rejected-key must name three different fields")
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:
