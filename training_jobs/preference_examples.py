@@ -13,6 +13,7 @@ of whose completions is empty after the cut, teaches nothing: it is left out and
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -128,6 +129,52 @@ def iter_lines(files: list[Path]) -> Iterator[tuple[str, bytes]]:
             for number, line in enumerate(handle, start=1):
                 if line.strip():
                     yield f"{path}:{number}", line
+
+
+# --- command line (prepare_data's options for preference pairs and prompts) ---------------------
+
+def add_post_training_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preference", action="store_true",
+                        help="preference pairs (DPO): JSONL records with a prompt, a chosen and a "
+                             "rejected completion (text or chat messages)")
+    parser.add_argument("--prompts", action="store_true",
+                        help="prompts with reference answers (GRPO): JSONL records whose --prompt-key "
+                             "field (text or chat messages) is the prompt; every other field is kept "
+                             "for the reward functions")
+    parser.add_argument("--chosen-key", default=None,
+                        help="with --preference (implied): the field holding the chosen completion "
+                             "(default: chosen)")
+    parser.add_argument("--rejected-key", default=None,
+                        help="with --preference (implied): the field holding the rejected completion "
+                             "(default: rejected)")
+    parser.add_argument("--max-length", type=int, default=1024,
+                        help="with --preference: tokens each sequence (prompt and completion) is cut "
+                             "to, keeping its start; set the run's seq_len to at least this. With "
+                             "--prompts: tokens a prompt is cut to, keeping its end")
+
+
+def check_post_training_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
+    """Whether the run prepares preference pairs or prompts (with their options checked and
+    defaulted); prepare_data then skips its checks of documents and examples."""
+    if args.prompts and not (args.preference or args.chosen_key or args.rejected_key):
+        if args.completion_key or args.messages_key or args.text_key != "text":
+            parser.error("--prompts reads prompts (--prompt-key) and keeps every other field: leave out "
+                         "--text-key, --completion-key and --messages-key")
+        args.prompt_key = args.prompt_key or "prompt"
+        return True
+    args.preference = args.preference or args.chosen_key is not None or args.rejected_key is not None
+    if not args.preference:
+        return False
+    if args.completion_key or args.messages_key or args.text_key != "text" or args.prompts:
+        parser.error("--preference (or --chosen-key/--rejected-key) reads pairs: leave out --text-key, "
+                     "--completion-key, --messages-key and --prompts")
+    if args.max_length < 2:
+        parser.error("--max-length must be at least 2")
+    args.prompt_key = args.prompt_key or "prompt"
+    args.chosen_key, args.rejected_key = args.chosen_key or "chosen", args.rejected_key or "rejected"
+    if len({args.prompt_key, args.chosen_key, args.rejected_key}) < 3:
+        parser.error("--prompt-key, --chosen-key and --rejected-key must name three different fields")
+    return True
 
 
 # --- worker side ---------------------------------------------------------------------------------

@@ -64,6 +64,10 @@ import numpy as np  # noqa: E402
 from training_jobs.contract.token_data import SPLITS, TOKENIZER_FOLDER  # noqa: E402
 from training_jobs.data_pipeline.arguments import add_pipeline_arguments  # noqa: E402
 from training_jobs.data_pipeline.plan import lines_in_range  # noqa: E402
+from training_jobs.preference_examples import (  # noqa: E402
+    add_post_training_arguments,
+    check_post_training_arguments,
+)
 from training_jobs.sft_examples import (  # noqa: E402
     Example,
     check_messages,
@@ -446,7 +450,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--input", nargs="+", required=True, help="files or folders")
     parser.add_argument("--tokenizer", required=True, help="an HF tokenizer folder")
     parser.add_argument("--output", required=True, help="folder to write (must not hold a dataset)")
-    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    parser.add_argument("--workers", type=int, default=None,
+                        help="worker processes (default: the cores but one)")
     parser.add_argument("--text-key", default="text",
                         help="JSONL field or CSV/TSV column holding the text")
     parser.add_argument("--completion-key", default=None,
@@ -459,40 +464,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="supervised fine-tuning on conversations: the JSONL field holding each "
                              "record's messages, rendered with the tokenizer's chat template; the "
                              "loss is computed on the assistant turns only")
-    parser.add_argument("--preference", action="store_true",
-                        help="preference pairs (DPO): JSONL records with a prompt, a chosen and a "
-                             "rejected completion (text or chat messages)")
-    parser.add_argument("--prompts", action="store_true",
-                        help="prompts with reference answers (GRPO): JSONL records whose --prompt-key "
-                             "field (text or chat messages) is the prompt; every other field is kept "
-                             "for the reward functions")
-    parser.add_argument("--chosen-key", default=None,
-                        help="with --preference (implied): the field holding the chosen completion "
-                             "(default: chosen)")
-    parser.add_argument("--rejected-key", default=None,
-                        help="with --preference (implied): the field holding the rejected completion "
-                             "(default: rejected)")
-    parser.add_argument("--max-length", type=int, default=1024,
-                        help="with --preference: tokens each sequence (prompt and completion) is cut "
-                             "to, keeping its start; set the run's seq_len to at least this. With "
-                             "--prompts: tokens a prompt is cut to, keeping its end")
+    add_post_training_arguments(parser)
     parser.add_argument("--validation-fraction", type=float, default=0.0)
     parser.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard file")
     add_pipeline_arguments(parser)
     args = parser.parse_args(argv)
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         parser.error("--workers must be at least 1")
     if not 0.0 <= args.validation_fraction < 1.0:
         parser.error("--validation-fraction must be in [0, 1)")
     if args.shard_tokens < 1:
         parser.error("--shard-tokens must be at least 1")
-    if _check_preference_args(parser, args):
-        return args
-    if args.prompts:
-        if args.completion_key or args.messages_key or args.text_key != "text":
-            parser.error("--prompts reads prompts (--prompt-key) and keeps every other field: leave out "
-                         "--text-key, --completion-key and --messages-key")
-        args.prompt_key = args.prompt_key or "prompt"
+    if args.workers is None:
+        args.workers = max(1, (os.cpu_count() or 2) - 1)
+    if check_post_training_arguments(parser, args):  # preference pairs or prompts: checked there
+        if args.dedup or args.filters:
+            parser.error("--dedup and --filter are steps of text and SFT data; preference pairs and "
+                         "prompts are not deduplicated or filtered: leave them out")
         return args
     if args.prompt_key is not None and args.completion_key is None:
         parser.error("--prompt-key needs --completion-key (an example is a prompt and its completion)")
@@ -506,23 +494,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.prompt_key == args.completion_key:
             parser.error("--prompt-key and --completion-key name the same field")
     return args
-
-
-def _check_preference_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
-    """Whether the run prepares preference pairs (with their options checked and defaulted)."""
-    args.preference = args.preference or args.chosen_key is not None or args.rejected_key is not None
-    if not args.preference:
-        return False
-    if args.completion_key or args.messages_key or args.text_key != "text" or args.prompts:
-        parser.error("--preference (or --chosen-key/--rejected-key) reads pairs: leave out --text-key, "
-                     "--completion-key, --messages-key and --prompts")
-    if args.max_length < 2:
-        parser.error("--max-length must be at least 2")
-    args.prompt_key = args.prompt_key or "prompt"
-    args.chosen_key, args.rejected_key = args.chosen_key or "chosen", args.rejected_key or "rejected"
-    if len({args.prompt_key, args.chosen_key, args.rejected_key}) < 3:
-        parser.error("--prompt-key, --chosen-key and --rejected-key must name three different fields")
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -134,3 +134,11 @@ def test_template_code_from_before_preference_data_refuses_it_by_version(tmp_pat
     result = subprocess.run([sys.executable, "-c", probe, str(output)], capture_output=True, text=True,
                             env=child_env(PYTHONPATH=str(tmp_path / "old")), cwd=tmp_path, timeout=60)
     assert result.returncode != 0 and "manifest version 3 is not supported" in result.stderr
+
+
+@pytest.mark.parametrize("option", [["--dedup", "exact"], ["--filter", "gopher-quality"]])
+def test_quality_steps_are_refused_for_preference_pairs(option):
+    from training_jobs.prepare_data import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--input", "x.jsonl", "--tokenizer", "t", "--output", "o", "--preference", *option])

@@ -39,21 +39,36 @@ def completion_lengths(targets: torch.Tensor) -> torch.Tensor:
     return (targets != IGNORE_INDEX).sum(dim=-1).float()
 
 
+def _sigmoid(chosen: torch.Tensor, rejected: torch.Tensor, lengths: torch.Tensor,
+             settings: ObjectiveConfig) -> torch.Tensor:
+    margin, smoothing = settings.dpo_beta * (chosen - rejected), settings.dpo_label_smoothing
+    return -(1 - smoothing) * F.logsigmoid(margin) - smoothing * F.logsigmoid(-margin)
+
+
+def _robust(chosen: torch.Tensor, rejected: torch.Tensor, lengths: torch.Tensor,
+            settings: ObjectiveConfig) -> torch.Tensor:
+    margin, smoothing = settings.dpo_beta * (chosen - rejected), settings.dpo_label_smoothing
+    return (-(1 - smoothing) * F.logsigmoid(margin) + smoothing * F.logsigmoid(-margin)) / (1 - 2 * smoothing)
+
+
+def _ipo(chosen: torch.Tensor, rejected: torch.Tensor, lengths: torch.Tensor,
+         settings: ObjectiveConfig) -> torch.Tensor:
+    """Per-token log-ratios, as the IPO authors normalise them."""
+    chosen_tokens, rejected_tokens = lengths.clamp(min=1).chunk(2)
+    return (chosen / chosen_tokens - rejected / rejected_tokens - 1 / (2 * settings.dpo_beta)) ** 2
+
+
+# dpo_loss -> the loss of each pair from its log-ratios (chosen, rejected) and its rows' lengths.
+DPO_LOSSES = {"sigmoid": _sigmoid, "robust": _robust, "ipo": _ipo}
+
+
 def pair_losses(policy: torch.Tensor, reference: torch.Tensor, lengths: torch.Tensor,
                 settings: ObjectiveConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, chosen reward, rejected reward) of each pair, from the rows' summed log-probabilities
     under the policy and the reference and their completion lengths ([2B] each: chosen, rejected)."""
     chosen_ratio, rejected_ratio = (policy - reference).chunk(2)
-    beta, smoothing = settings.dpo_beta, settings.dpo_label_smoothing
-    margin = beta * (chosen_ratio - rejected_ratio)
-    if settings.dpo_loss == "sigmoid":
-        losses = -(1 - smoothing) * F.logsigmoid(margin) - smoothing * F.logsigmoid(-margin)
-    elif settings.dpo_loss == "robust":
-        losses = (-(1 - smoothing) * F.logsigmoid(margin) + smoothing * F.logsigmoid(-margin)) \
-            / (1 - 2 * smoothing)
-    else:  # ipo: per-token log-ratios, as the IPO authors normalise them
-        chosen_tokens, rejected_tokens = lengths.clamp(min=1).chunk(2)
-        losses = (chosen_ratio / chosen_tokens - rejected_ratio / rejected_tokens - 1 / (2 * beta)) ** 2
+    losses = DPO_LOSSES[settings.dpo_loss](chosen_ratio, rejected_ratio, lengths, settings)
+    beta = settings.dpo_beta
     return losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
 
 
