@@ -4,6 +4,7 @@ configured environment of `render` and `quotas`, `--set KEY=VALUE` overrides, an
 from __future__ import annotations
 
 import argparse
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -144,6 +145,27 @@ def environment_of(args: argparse.Namespace) -> EnvironmentConfig:
         return load_environment(path)
     except EnvironmentConfigError as error:
         raise LlmtrainError(str(error)) from error
+
+
+# -- folders a command writes ----------------------------------------------------------------------------
+
+
+def writable_folder(folder: Path, option: str) -> Path:
+    """`folder`, created if missing, once a file could be written in it; otherwise a one-line error
+    naming `option` and the path. Every command that writes calls it before any work, so an unusable
+    --workdir or --output is refused at once, not by a traceback after the work."""
+    if folder.exists() and not folder.is_dir():
+        raise LlmtrainError(f"{option} {folder}: is a file, not a folder: name a folder (new or existing)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise LlmtrainError(
+            f"{option} {folder}: cannot write there ({reason}): name a folder you can create and write to"
+        ) from None
+    return folder
 
 
 # -- overrides ------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from llmtrain.commands._common import (
     follow_up_options,
     parse_overrides,
     print_table,
+    writable_folder,
 )
 from llmtrain.core.catalog import Catalog
 from llmtrain.core.errors import LlmtrainError
@@ -142,6 +143,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def tune_command(args: argparse.Namespace) -> int:
     settings = parse_overrides(args.settings)
     if args.local:
+        writable_folder(args.workdir, "--workdir")
         catalog = Catalog.load()
         template = catalog.resolve(args.ref)
         tune = tune_spec(args, template)
