@@ -47,7 +47,7 @@ from llmtrain.core.tuning import (
     TuneSpec,
     check_tune,
     check_tune_program,
-    start_command,
+    full_run_command,
 )
 from llmtrain.local.data import parse_data_option
 
@@ -238,7 +238,11 @@ def _local(
         f"best: trial {best.number}, {tune.objective}={best.objective:g} with "
         + ", ".join(f"{k}={v}" for k, v in best.params.items())
     )
-    print("run it in full: " + start_command(template.ref, f"{args.run_name}-best", settings, best.params))
+    command, dropped = full_run_command(template.ref, f"{args.run_name}-best", settings, best.params)
+    print("run it in full: " + command)
+    if dropped:
+        print("  (without the trials' " + " ".join(f"--set {k}={v}" for k, v in dropped.items())
+              + ": the full run takes the template's values; add them back to change them)")
     return 0
 
 
