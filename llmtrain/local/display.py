@@ -29,7 +29,7 @@ _ALWAYS_SHOWN = (" ERROR ", "Traceback", "Error:")
 # Lines only the log file gets: every rank repeating a library's deprecation warnings (DeepSpeed's
 # collectives, transformers' renamed attributes), torchrun's thread-count banner, the toolkit's INFO
 # chatter, bitsandbytes announcing that it has no GPU kernels (only QLoRA needs them) nor the optional
-`kernels` package's CPU 4-bit kernel (QLoRA on CPU falls back to its own), torchao
+# `kernels` package's CPU 4-bit kernel (QLoRA on CPU falls back to its own), torchao
 # announcing that its C++ kernels do not match this torch (FP8 training, the only part the program
 # uses, is Python; a library imports torchao even when FP8 is off), MLflow creating a local store's
 # tables, and transformers' padding advice (packed samples have no padding).
