@@ -260,7 +260,9 @@ def test_a_local_tunes_full_run_line_leaves_out_the_trials_length_and_hosts():
     command keeps the tune's other overrides and the best values, not the trial-only ones."""
     settings = {"instance_count": "1", "max_steps": "12", "grad_accum_steps": "1", "eval_every_steps": "4"}
     command, dropped = full_run_command("gpt2-ddp@1.2.0", "lr-best", settings, {"lr": 0.002})
-    assert command == "llmtrain start gpt2-ddp@1.2.0 --run-name lr-best --set grad_accum_steps=1 --set lr=0.002"
+    assert command == (
+        "llmtrain start gpt2-ddp@1.2.0 --run-name lr-best --set grad_accum_steps=1 --set lr=0.002"
+    )
     assert dropped == {"instance_count": "1", "max_steps": "12", "eval_every_steps": "4"}
     # A tuned value is the best trial's, never left out.
     command, dropped = full_run_command("gpt2-ddp@1.2.0", "s-best", {"max_steps": "12"}, {"max_steps": 40})
