@@ -25,7 +25,7 @@ from llmtrain.core.deployed import (
 )
 from llmtrain.core.environments import EnvironmentConfig, EnvironmentConfigError, load_environment
 from llmtrain.core.errors import LlmtrainError
-from llmtrain.core.sourcedir import repository_root
+from llmtrain.core.sourcedir import BUNDLE_FOLDER, repository_root
 
 DEFAULT_ENVIRONMENT = "dev"
 
@@ -105,15 +105,31 @@ def add_environment_arguments(
     parser.add_argument(
         "--env",
         default=default,
-        help=f"environment: config/<ENV>.yaml of the platform's repository (default: {default or 'none'})",
+        help=f"environment: <ENV>.yaml of the environments folder (default: {default or 'none'})",
     )
     parser.add_argument(
-        "--config-dir", type=Path, default=None, help="folder of environment files (default: config/)"
+        "--config-dir",
+        type=Path,
+        default=None,
+        help="folder of environment files (default: ./config of the working folder)",
     )
 
 
-def config_folder(args: argparse.Namespace) -> Path:
-    return args.config_dir or repository_root() / "config"
+def config_folder(args: argparse.Namespace) -> Path | None:
+    """Where environment files are read: --config-dir, else ./config of the working folder, else, in a
+    checkout of the platform's repository, its config/. None where there is none (llmtrain installed
+    from its wheel, run outside such a folder): the wheel ships no environment files."""
+    if args.config_dir is not None:
+        return args.config_dir
+    for folder in (Path("config"), _checkout_config()):
+        if folder is not None and folder.is_dir():
+            return folder
+    return None
+
+
+def _checkout_config() -> Path | None:
+    root = repository_root()
+    return None if root.name == BUNDLE_FOLDER else root / "config"
 
 
 def account_session(environment: EnvironmentConfig, profile: str | None = None) -> boto3.Session:
@@ -134,12 +150,16 @@ def environment_of(args: argparse.Namespace) -> EnvironmentConfig:
     """The environment named by `--env` (and `--config-dir`), or an error listing the known ones."""
     folder = config_folder(args)
     name = args.env or DEFAULT_ENVIRONMENT
+    if folder is None:
+        raise LlmtrainError(
+            f"--env {name}: no environment files here (no ./config folder): run from the folder that "
+            f"holds config/{name}.yaml (the platform's repository), or pass --config-dir DIR"
+        )
     path = folder / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in folder.glob("*.yaml"))) or "none"
         raise LlmtrainError(
-            f"--env {name}: no {path}; environments: {known} (environment files live in the platform's "
-            "repository: pass --config-dir)"
+            f"--env {name}: no {path}; environments there: {known} (pass --config-dir for another folder)"
         )
     try:
         return load_environment(path)
