@@ -8,8 +8,9 @@ network) comes from the deployed stacks' outputs when given (`--outputs`, the fi
 Without them the request is a dry run: placeholder ARNs and ids built from `<env>.yaml` of the
 environments folder (--config-dir, ./config, a checkout's config/) or, where there is none (the wheel
 ships no environment files), from a stand-in environment of that name; correct in shape and
-validated, but not launchable; a note on stderr says which. `llmtrain start --dry-run` renders against a deployed environment instead. The
-run's plan (llmtrain.planner: fits, speed, hours, cost) follows on stderr in one line.
+validated, but not launchable; a note on stderr says which. `llmtrain start --dry-run` renders
+against a deployed environment instead. The run's plan (llmtrain.planner: fits, speed, hours,
+cost) follows on stderr in one line.
 """
 
 from __future__ import annotations
