@@ -31,6 +31,13 @@ marks the completion and its end-of-sequence id as the only training targets: th
 answer and to stop, not to reproduce prompts. With `--messages-key`, each JSONL record holds a
 conversation (a list of {"role", "content"} messages) rendered with the tokenizer's chat template;
 every assistant turn is trained (sft_examples.py).
+
+Preference pairs (DPO): with `--preference`, each JSONL record holds a prompt (`--prompt-key`) and a
+chosen and a rejected completion (`--chosen-key`, `--rejected-key`, default `chosen` and `rejected`),
+as plain text or chat messages; each sequence is cut to `--max-length` tokens, and the output is a
+preference dataset (preference_examples.py). Prompts with answers (GRPO): with `--prompts`, each JSONL
+record's `--prompt-key` field is a prompt and its other fields are kept for the reward functions
+(prompt_examples.py).
 """
 
 from __future__ import annotations
@@ -40,7 +47,9 @@ import csv
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -52,13 +61,14 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from training_jobs.contract.token_data import SPLITS  # noqa: E402
+from training_jobs.contract.token_data import SPLITS, TOKENIZER_FOLDER  # noqa: E402
 from training_jobs.data_pipeline.arguments import add_pipeline_arguments  # noqa: E402
 from training_jobs.data_pipeline.plan import lines_in_range  # noqa: E402
 from training_jobs.sft_examples import (  # noqa: E402
     Example,
     check_messages,
     document_separators,
+    require_chat_template,
     tokenize_examples,
 )
 from training_jobs.trainer.errors import DataError  # noqa: E402
@@ -338,10 +348,46 @@ def _progress(total_bytes: int):
 
 def prepare(args: argparse.Namespace) -> dict[str, int]:
     """Prepare the dataset in work units over --workers processes (data_pipeline): the output
-    appears whole at the end or not at all, and an interrupted run resumes where it stopped."""
+    appears whole at the end or not at all, and an interrupted run resumes where it stopped.
+    Preference and prompt datasets are written by one process (`_prepare_examples`)."""
+    if args.preference or args.prompts:
+        return _prepare_examples(args)
     from training_jobs.data_pipeline.pipeline import prepare_dataset
 
     return prepare_dataset(args)
+
+
+def _prepare_examples(args: argparse.Namespace) -> dict[str, int]:
+    """A preference (DPO) or prompts (GRPO) dataset, written by one process to a temporary folder
+    beside --output and renamed at the end; a failure removes it, so nothing half-written is ever
+    left (and the same command can simply be retried)."""
+    inputs = Inputs(find_inputs(args.input))
+    output = Path(args.output)
+    _check_output(output)
+    tokenizer = load_tokenizer(args.tokenizer)
+    if tokenizer.eos_token_id is None:
+        raise DataError(f"tokenizer {args.tokenizer} has no end-of-sequence token")
+    if args.messages_key is not None:
+        require_chat_template(tokenizer)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent))
+    try:
+        if args.preference:
+            from training_jobs.preference_examples import write_preference_dataset
+
+            counts = write_preference_dataset(args, inputs.files, tokenizer, scratch, is_validation)
+        else:
+            from training_jobs.prompt_examples import write_prompt_dataset
+
+            counts = write_prompt_dataset(args, inputs.files, tokenizer, scratch, is_validation)
+        tokenizer.save_pretrained(str(scratch / TOKENIZER_FOLDER))
+        if output.exists():
+            output.rmdir()  # empty (_check_output): a folder the user made for it
+        scratch.rename(output)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return counts
 
 
 def _check_output(output: Path) -> None:
@@ -413,6 +459,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="supervised fine-tuning on conversations: the JSONL field holding each "
                              "record's messages, rendered with the tokenizer's chat template; the "
                              "loss is computed on the assistant turns only")
+    parser.add_argument("--preference", action="store_true",
+                        help="preference pairs (DPO): JSONL records with a prompt, a chosen and a "
+                             "rejected completion (text or chat messages)")
+    parser.add_argument("--prompts", action="store_true",
+                        help="prompts with reference answers (GRPO): JSONL records whose --prompt-key "
+                             "field (text or chat messages) is the prompt; every other field is kept "
+                             "for the reward functions")
+    parser.add_argument("--chosen-key", default=None,
+                        help="with --preference (implied): the field holding the chosen completion "
+                             "(default: chosen)")
+    parser.add_argument("--rejected-key", default=None,
+                        help="with --preference (implied): the field holding the rejected completion "
+                             "(default: rejected)")
+    parser.add_argument("--max-length", type=int, default=1024,
+                        help="with --preference: tokens each sequence (prompt and completion) is cut "
+                             "to, keeping its start; set the run's seq_len to at least this. With "
+                             "--prompts: tokens a prompt is cut to, keeping its end")
     parser.add_argument("--validation-fraction", type=float, default=0.0)
     parser.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard file")
     add_pipeline_arguments(parser)
@@ -423,6 +486,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--validation-fraction must be in [0, 1)")
     if args.shard_tokens < 1:
         parser.error("--shard-tokens must be at least 1")
+    if _check_preference_args(parser, args):
+        return args
+    if args.prompts:
+        if args.completion_key or args.messages_key or args.text_key != "text":
+            parser.error("--prompts reads prompts (--prompt-key) and keeps every other field: leave out "
+                         "--text-key, --completion-key and --messages-key")
+        args.prompt_key = args.prompt_key or "prompt"
+        return args
     if args.prompt_key is not None and args.completion_key is None:
         parser.error("--prompt-key needs --completion-key (an example is a prompt and its completion)")
     if args.text_key != "text" and (args.completion_key or args.messages_key):
@@ -435,6 +506,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.prompt_key == args.completion_key:
             parser.error("--prompt-key and --completion-key name the same field")
     return args
+
+
+def _check_preference_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
+    """Whether the run prepares preference pairs (with their options checked and defaulted)."""
+    args.preference = args.preference or args.chosen_key is not None or args.rejected_key is not None
+    if not args.preference:
+        return False
+    if args.completion_key or args.messages_key or args.text_key != "text" or args.prompts:
+        parser.error("--preference (or --chosen-key/--rejected-key) reads pairs: leave out --text-key, "
+                     "--completion-key, --messages-key and --prompts")
+    if args.max_length < 2:
+        parser.error("--max-length must be at least 2")
+    args.prompt_key = args.prompt_key or "prompt"
+    args.chosen_key, args.rejected_key = args.chosen_key or "chosen", args.rejected_key or "rejected"
+    if len({args.prompt_key, args.chosen_key, args.rejected_key}) < 3:
+        parser.error("--prompt-key, --chosen-key and --rejected-key must name three different fields")
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

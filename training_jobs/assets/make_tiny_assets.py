@@ -5,7 +5,10 @@
 Writes examples/data/tiny_corpus/{train,validation}.jsonl (deterministic, a few hundred KB),
 examples/data/tiny_sft/{train,validation}.jsonl (prompt/completion pairs for supervised fine-tuning:
 list three things, answer with them in reverse order), examples/data/tiny_chat/{train,validation}.jsonl
-(the same task as conversations, for `prepare_data --messages-key messages`) and
+(the same task as conversations, for `prepare_data --messages-key messages`),
+examples/data/tiny_preference/{train,validation}.jsonl (preference pairs for DPO on the same task: the
+reversed list chosen, a wrong order rejected), examples/data/tiny_grpo/{train,validation}.jsonl
+(prompts of a verifiable task for GRPO: the sum of two digits, with its answer) and
 training_jobs/assets/tokenizer/ (a byte-level BPE trained on the corpus, saved as an HF tokenizer
 folder, with a chat template in its tokenizer_config.json). Nothing is downloaded:
 the text comes from a small seeded grammar, so tests and examples run offline and the files are
@@ -23,6 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 CORPUS_DIR = REPO / "examples" / "data" / "tiny_corpus"
 SFT_DIR = REPO / "examples" / "data" / "tiny_sft"
 CHAT_DIR = REPO / "examples" / "data" / "tiny_chat"
+PREFERENCE_DIR = REPO / "examples" / "data" / "tiny_preference"
+GRPO_DIR = REPO / "examples" / "data" / "tiny_grpo"
 TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer"
 EOS = "<|endoftext|>"
 VOCAB_SIZE = 1024
@@ -93,6 +98,7 @@ def write_sft(path: Path, examples: int, seed: int) -> None:
 
 
 def write_chat(path: Path, examples: int, seed: int) -> None:
+    """Conversations on the SFT task: a system message, the user's list, the assistant's answer."""
     rng = random.Random(seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as out:
@@ -114,6 +120,32 @@ def add_chat_template(tokenizer_dir: Path) -> None:
     config["chat_template"] = CHAT_TEMPLATE
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     (tokenizer_dir / "chat_template.jinja").unlink(missing_ok=True)
+
+
+def write_preferences(path: Path, pairs: int, seed: int) -> None:
+    """Preference pairs: three things; chosen, the three in reverse order; rejected, another order."""
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for _ in range(pairs):
+            things = rng.sample(OBJECTS, 3)
+            reverse = list(reversed(things))
+            wrong = rng.choice([order for order in (things, things[1:] + things[:1], things[2:] + things[:2],
+                                                    [things[1], things[0], things[2]])
+                                if order != reverse])
+            out.write(json.dumps({"prompt": f"List in reverse order: {', '.join(things)}.\nAnswer:",
+                                  "chosen": f" {', '.join(reverse)}.",
+                                  "rejected": f" {', '.join(wrong)}."}) + "\n")
+
+
+def write_prompts(path: Path, examples: int, seed: int) -> None:
+    """Prompts of a verifiable task with their answers (GRPO): the sum of two single digits."""
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for _ in range(examples):
+            a, b = rng.randint(0, 9), rng.randint(0, 9)
+            out.write(json.dumps({"prompt": f"Add: {a} + {b} =", "answer": str(a + b)}) + "\n")
 
 
 def train_tokenizer(texts: list[str], output: Path) -> None:
@@ -140,15 +172,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--validation-documents", type=int, default=50)
     parser.add_argument("--sft-examples", type=int, default=2000)
     parser.add_argument("--chat-examples", type=int, default=200)
+    parser.add_argument("--preference-pairs", type=int, default=1000)
+    parser.add_argument("--grpo-prompts", type=int, default=500)
     args = parser.parse_args(argv)
     texts = write_corpus(CORPUS_DIR / "train.jsonl", args.train_documents, seed=1)
     write_corpus(CORPUS_DIR / "validation.jsonl", args.validation_documents, seed=2)
     write_sft(SFT_DIR / "train.jsonl", args.sft_examples, seed=3)
     write_sft(SFT_DIR / "validation.jsonl", args.sft_examples // 10, seed=4)
-    write_chat(CHAT_DIR / "train.jsonl", args.chat_examples, seed=5)
-    write_chat(CHAT_DIR / "validation.jsonl", args.chat_examples // 10, seed=6)
+    write_preferences(PREFERENCE_DIR / "train.jsonl", args.preference_pairs, seed=5)
+    write_preferences(PREFERENCE_DIR / "validation.jsonl", args.preference_pairs // 10, seed=6)
+    write_prompts(GRPO_DIR / "train.jsonl", args.grpo_prompts, seed=7)
+    write_prompts(GRPO_DIR / "validation.jsonl", args.grpo_prompts // 10, seed=8)
+    write_chat(CHAT_DIR / "train.jsonl", args.chat_examples, seed=9)
+    write_chat(CHAT_DIR / "validation.jsonl", args.chat_examples // 10, seed=10)
     train_tokenizer(texts, TOKENIZER_DIR)
-    print(f"wrote {CORPUS_DIR}, {SFT_DIR}, {CHAT_DIR} and {TOKENIZER_DIR}")
+    print(f"wrote {CORPUS_DIR}, {SFT_DIR}, {CHAT_DIR}, {PREFERENCE_DIR}, {GRPO_DIR} and {TOKENIZER_DIR}")
 
 
 if __name__ == "__main__":

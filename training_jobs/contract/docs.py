@@ -25,9 +25,11 @@ SECTIONS = (
     ("Model and data", ("model", "data", "run")),
     ("Optimizer and schedule", ("optim",)),
     ("Parallelism and memory", ("parallel",)),
+    ("Mixture of experts", ("moe",)),
     ("LoRA", ("lora",)),
     ("Checkpoints, logging and evaluation", ("checkpoint", "logging")),
     ("Rules", ("rules",)),
+    ("Objective: preference tuning and reinforcement learning", ("objective",)),
 )
 COMMAND = "python -m training_jobs.contract.docs"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -51,7 +53,7 @@ def _allowed(field: dataclasses.Field, hint: Any) -> str:
     if low is not None:
         bounds.append(f"> {low}" if meta.get("exclusive_minimum") else f">= {low}")
     if high is not None:
-        bounds.append(f"<= {high}")
+        bounds.append(f"< {high}" if meta.get("exclusive_maximum") else f"<= {high}")
     return ", ".join(bounds)
 
 

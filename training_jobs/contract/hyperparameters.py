@@ -20,19 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from .errors import ConfigError
+from .fields import hp as _hp
+from .objectives import ObjectiveConfig, validate_objective
 from .presets import MODEL_PRESETS
 
 __all__ = ["ConfigError", "TrainConfig", "from_hyperparameters"]
-
-
-def _hp(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None,
-        exclusive_minimum: bool = False) -> Any:
-    """A hyperparameter field: its default, its documentation and its numeric range."""
-    metadata = {"help": help, "minimum": minimum, "maximum": maximum,
-                "exclusive_minimum": exclusive_minimum}
-    if isinstance(default, dict | list):
-        return field(default_factory=lambda: type(default)(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 Parallelism = Literal["single", "ddp", "fsdp", "deepspeed", "smp"]
@@ -145,6 +137,11 @@ class ParallelConfig:
     pipeline_split: str = _hp("", 'Decoder layers per stage in stage order, e.g. "7,9,9,7" (the '
                                   'first stage also holds the embedding, the last the norm and head); '
                                   "empty = balanced by compute.")
+    expert_parallel_degree: int = _hp(1, "Ranks each mixture-of-experts layer's experts are split over "
+                                         "(fsdp; a divisor of the number of experts and of the "
+                                         "data-sharding ranks, which it borrows from: tokens travel to "
+                                         "their experts' rank and back by all-to-all); 0 or 1 = none "
+                                         "(docs/training.md, Mixture of experts).", minimum=0)
     collective_backend: CollectiveBackend = _hp(
         "nccl", "GPU collectives: nccl, or smddp (SageMaker's distributed data parallel library for "
                 "FSDP2's collectives, on the instance types it supports; docs/training.md, SMDDP and "
@@ -186,6 +183,23 @@ class ParallelConfig:
     mp_parameters: dict = _hp({}, "SMP v2 settings passed through to torch.sagemaker.init (set by "
                                   "the SageMaker SDK's `distribution`; docs/training.md, SMP v2); a "
                                   "named degree, when set, must agree with it.")
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """The router of mixture-of-experts models (docs/training.md, Mixture of experts)."""
+
+    moe_aux_loss_coef: float = _hp(0.001, "Weight of the load-balancing auxiliary loss added to the "
+                                          "training loss: Switch Transformer's (Qwen3-MoE, Mixtral, as "
+                                          "transformers computes it over every MoE layer's tokens) or "
+                                          "DeepSeek-V3's sequence-wise one; 0 = none.", minimum=0.0)
+    moe_z_loss_coef: float = _hp(0.0, "Weight of the router z-loss (ST-MoE: the mean squared "
+                                      "log-sum-exp of the router logits); 0 = none.", minimum=0.0)
+    moe_bias_update_rate: float = _hp(0.0, "DeepSeek-V3's auxiliary-loss-free balancing: after each "
+                                           "step every expert's score-correction bias moves by this "
+                                           "much towards balance (up when it took fewer than the mean "
+                                           "tokens, down when more); deepseek_v3 models only; 0 = "
+                                           "off (DeepSeek-V3 used 0.001).", minimum=0.0, maximum=1.0)
 
 
 @dataclass(frozen=True)
@@ -273,14 +287,22 @@ class RulesConfig:
     rule_window: int = _hp(50, "Values the running statistics hold: the last N healthy steps' loss "
                                "and gradient norm, the last N logging windows' tokens/s. A rule "
                                "checks once it holds 5.", minimum=5)
+    rule_router_collapse_fraction: float = _hp(
+        0.9, "Mixture-of-experts models: a logging window in which one expert of a layer took at least "
+             "this fraction of the layer's tokens is a router collapse.", minimum=0.0,
+        exclusive_minimum=True, maximum=1.0)
+    rule_router_collapse_action: RuleAction = _hp("stop", "What a router collapse does: off, log or "
+                                                          "stop (the router does not recover by "
+                                                          "skipping a step).")
     rule_max_rollbacks: int = _hp(3, "Roll-backs in a row (no new checkpoint written in between) "
                                      "after which a rule whose action is rollback stops the run.",
                                   minimum=1)
 
 
 GROUPS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
-          "parallel": ParallelConfig, "lora": LoraConfig, "checkpoint": CheckpointConfig,
-          "logging": LoggingConfig, "run": RunConfig, "rules": RulesConfig}
+          "parallel": ParallelConfig, "moe": MoeConfig, "lora": LoraConfig,
+          "checkpoint": CheckpointConfig,
+          "logging": LoggingConfig, "run": RunConfig, "rules": RulesConfig, "objective": ObjectiveConfig}
 
 
 @dataclass(frozen=True)
@@ -289,11 +311,13 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    moe: MoeConfig = field(default_factory=MoeConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     run: RunConfig = field(default_factory=RunConfig)
     rules: RulesConfig = field(default_factory=RulesConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
 
     @property
     def decay_steps(self) -> int:
@@ -435,8 +459,9 @@ def _check_range(name: str, value: Any, spec: dataclasses.Field) -> None:
     if low is not None and (value < low or (meta.get("exclusive_minimum") and value == low)):
         bound = f"> {low}" if meta.get("exclusive_minimum") else f">= {low}"
         raise _invalid(name, value, f"a value {bound}")
-    if high is not None and value > high:
-        raise _invalid(name, value, f"a value <= {high}")
+    if high is not None and (value > high or (meta.get("exclusive_maximum") and value == high)):
+        bound = f"< {high}" if meta.get("exclusive_maximum") else f"<= {high}"
+        raise _invalid(name, value, f"a value {bound}")
 
 
 def from_hyperparameters(raw: dict[str, Any]) -> TrainConfig:
@@ -515,7 +540,12 @@ def validate(config: TrainConfig) -> None:
                                               "parallel is not supported; use fsdp sharding)")
     _validate_pipeline(config)
     _validate_context_parallel(config)
+    _validate_experts(config)
     _validate_rules(config)
+    validate_objective(config.objective, parallelism=par.parallelism,
+                       pipeline_degree=par.pipeline_parallel_degree,
+                       context_degree=par.context_parallel_degree, lora_rank=lora.lora_r,
+                       quantization=lora.quantization)
     if config.data.global_batch_size and config.data.grad_accum_steps != 1:
         raise _invalid("grad_accum_steps", config.data.grad_accum_steps,
                        "1 when global_batch_size is set (the accumulation steps are derived from it)")
@@ -588,8 +618,23 @@ def default_stages_per_rank(schedule: str) -> int:
     return 2 if schedule in MULTI_STAGE_SCHEDULES else 1
 
 
+def _validate_experts(config: TrainConfig) -> None:
+    from . import moe
+    from .presets import PRESETS
+
+    moe.check_parallelism(config)
+    if config.model.model_preset:
+        family, architecture = PRESETS[config.model.model_preset]
+        moe.check_model(config, family, {**architecture, **config.model.model_overrides},
+                        f"model_preset {config.model.model_preset}")
+
+
 def _validate_rules(config: TrainConfig) -> None:
     rules = config.rules
+    if rules.rule_router_collapse_action in ("skip", "rollback"):
+        raise _invalid("rule_router_collapse_action", rules.rule_router_collapse_action,
+                       "off, log or stop (a collapsed router stays collapsed after a skipped step or a "
+                       "roll-back to the weights that led to it)")
     if rules.rule_throughput_action in ("skip", "rollback"):
         raise _invalid("rule_throughput_action", rules.rule_throughput_action,
                        "off, log or stop (a slow step is neither its batch's fault nor the weights': "

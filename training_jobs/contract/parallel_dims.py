@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 from .hyperparameters import ParallelConfig, TrainConfig
+from .moe import check_shard_dimension
 
 MESH_DIMS = ("pp", "replicate", "shard", "cp", "tp")
 # Parallelisms that wrap each pipeline stage for data parallelism (DeepSpeed and SMP v2 own the
@@ -51,10 +52,18 @@ class ParallelDims:
     shard: int
     tensor: int
     context: int = 1
+    # Ranks each MoE layer's experts are split over: borrowed from `shard` (a divisor of it), so no
+    # dimension of the mesh; the ranks of one shard group with the same expert slice hold copies.
+    expert: int = 1
 
     @property
     def data_parallel(self) -> int:
         return self.replicate * self.shard
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """Ranks holding the same experts (whose expert gradients are averaged together)."""
+        return self.data_parallel // self.expert
 
     @property
     def world_size(self) -> int:
@@ -92,7 +101,9 @@ class ParallelDims:
                               f"replicate_degree ({replicate}) x shard_degree ({shard}) x "
                               f"context_parallel_degree ({cp}) x tensor_parallel_degree ({tp}) must equal "
                               f"the world size {world_size}")
-        return cls(pipeline=pp, replicate=replicate, shard=shard, tensor=tp, context=cp)
+        expert = max(par.expert_parallel_degree, 1)
+        check_shard_dimension(expert, shard, world_size)
+        return cls(pipeline=pp, replicate=replicate, shard=shard, tensor=tp, context=cp, expert=expert)
 
     @classmethod
     def _smp(cls, par: ParallelConfig, data_parallel: int, tp: int) -> ParallelDims:
@@ -128,7 +139,7 @@ class ParallelDims:
 
     def state(self) -> dict:
         return {"pipeline": self.pipeline, "data_parallel": self.data_parallel, "tensor": self.tensor,
-                "context": self.context}
+                "context": self.context, "expert": self.expert}
 
 
 def _data_parallel_split(par: ParallelConfig, data_parallel: int, num_hosts: int) -> tuple[int, int]:

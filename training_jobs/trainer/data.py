@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -108,6 +108,19 @@ class TokenSamples:
         return out
 
 
+class Samples(Protocol):
+    """What the batch streams read: packed token samples (TokenSamples) or preference pairs
+    (preference_data.PreferencePairs), addressed by sample index."""
+
+    channel: str
+    seq_len: int
+    num_samples: int
+    manifest: Manifest
+
+    def batch(self, indices: np.ndarray, device: torch.device,
+              sequence: SequenceSplit | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 @dataclass(frozen=True)
 class BatchLayout:
     """How one global batch is split: per micro step, per data-parallel rank."""
@@ -168,19 +181,23 @@ def _on(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
 class TrainBatches:
     """The training stream for one rank. `consumed_samples` is its whole resumable state."""
 
-    def __init__(self, samples: TokenSamples, layout: BatchLayout, seed: int,
+    def __init__(self, samples: Samples, layout: BatchLayout, seed: int,
                  device: torch.device, sequence: SequenceSplit | None = None) -> None:
         self.samples, self.layout, self.device, self.sequence = samples, layout, device, sequence
         self.order = ShuffledOrder(samples.num_samples, seed)
         self.seed = seed
         self.consumed_samples = 0
+        # The sample indices of each micro batch of the last step (an objective may look up what it
+        # stored per sample, such as precomputed reference log-probabilities).
+        self.step_samples: list[np.ndarray] = []
 
     def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The micro batches of the next optimizer step for this rank."""
         first = self.consumed_samples
-        micro_batches = [self.samples.batch(self.order[self.layout.positions(first, m)], self.device,
-                                            self.sequence)
-                         for m in range(self.layout.grad_accum_steps)]
+        self.step_samples = [self.order[self.layout.positions(first, m)]
+                             for m in range(self.layout.grad_accum_steps)]
+        micro_batches = [self.samples.batch(indices, self.device, self.sequence)
+                         for indices in self.step_samples]
         self.consumed_samples += self.layout.global_batch_size
         return micro_batches
 
@@ -209,7 +226,7 @@ class EvalBatches:
     number of batches is a multiple of `together` (a pipeline evaluates a round of micro-batches
     at once)."""
 
-    def __init__(self, samples: TokenSamples, layout: BatchLayout, steps: int,
+    def __init__(self, samples: Samples, layout: BatchLayout, steps: int,
                  device: torch.device, *, together: int = 1, sequence: SequenceSplit | None = None) -> None:
         per_batch = layout.data_parallel_size * layout.micro_batch_size
         available = min(steps, samples.num_samples // per_batch)
@@ -224,9 +241,12 @@ class EvalBatches:
                             "add validation data")
         self.samples, self.layout, self.device, self.sequence = samples, layout, device, sequence
 
-    def __iter__(self):
+    def sample_indices(self) -> list[np.ndarray]:
+        """The sample indices of this rank's batches, in order (the same at every evaluation)."""
         single = BatchLayout(self.layout.data_parallel_size, self.layout.data_parallel_rank,
                              self.layout.micro_batch_size, 1)
-        for step in range(self.steps):
-            positions = single.positions(step * single.global_batch_size, 0)
-            yield self.samples.batch(positions, self.device, self.sequence)
+        return [single.positions(step * single.global_batch_size, 0) for step in range(self.steps)]
+
+    def __iter__(self):
+        for indices in self.sample_indices():
+            yield self.samples.batch(indices, self.device, self.sequence)

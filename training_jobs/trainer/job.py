@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,11 +10,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..contract.hyperparameters import TrainConfig
+from ..contract import moe as moe_contract
+from ..contract.hyperparameters import RulesConfig, TrainConfig
+from ..contract.objectives import JUDGES_LOSS_SPIKES, data_kind_problem
 from ..contract.parallel_dims import reshards_checkpoints, resolve_cluster
 from . import checkpoint, health, tracking
 from .checkpoint import CheckpointStore, StopSignal, Triggers
-from .data import BatchLayout, EvalBatches, TokenSamples, TrainBatches
+from .data import BatchLayout, EvalBatches, Samples, TokenSamples, TrainBatches
 from .environment import JobEnvironment
 from .errors import DataError
 from .faults import Faults
@@ -28,8 +31,13 @@ from .metrics import (
 )
 from .model_channel import model_folder
 from .models import attention_implementation, load_tokenizer, model_source
+from .moe.signals import router_signals
+from .objectives import ObjectiveContext, build_objective
 from .parallel import COMPUTE_DTYPES
+from .preference_data import PreferencePairs
+from .prompt_data import PromptSet
 from .rules import Rules
+from .shards import read_manifest
 from .strategies import SetupContext, Strategy, build_strategy
 from .strategies.protocol import ModelSummary
 from .watchdog import HangWatchdog
@@ -47,17 +55,28 @@ class Job:
         self.loop.strategy.close()
 
 
-def _channel_samples(env: JobEnvironment, name: str, seq_len: int, vocab: int) -> TokenSamples | None:
+# The reader of each kind of token data (contract/token_data.DATA_KINDS).
+SAMPLE_READERS: dict[str, type[Samples]] = {"text": TokenSamples, "loss_masked": TokenSamples,
+                                            "preference": PreferencePairs, "prompts": PromptSet}
+
+
+def _channel_samples(env: JobEnvironment, name: str, config: TrainConfig, vocab: int) -> Samples | None:
+    """The channel's samples, read as its manifest's kind of data, which must be what the objective
+    trains on."""
     path = env.channel(name)
     if path is None:
         if name == "train":
             raise DataError("no `train` channel: the job needs pre-tokenized shards in "
                             "SM_CHANNEL_TRAIN (see `python -m training_jobs.prepare_data`)")
         return None
-    return TokenSamples(path, seq_len, name, vocab)
+    manifest = read_manifest(path)
+    problem = data_kind_problem(config.objective.objective, manifest.version, name)
+    if problem:
+        raise DataError(problem)
+    return SAMPLE_READERS[manifest.kind](path, config.data.seq_len, name, vocab)
 
 
-def check_tokenizer(samples: tuple[TokenSamples, TokenSamples | None], tokenizer, where: Path) -> None:
+def check_tokenizer(samples: tuple[Samples, Samples | None], tokenizer, where: Path) -> None:
     """The data must have been made with the tokenizer the job reads it with: a vocabulary larger
     than the model's is refused by TokenSamples; another end-of-sequence id means another tokenizer."""
     for channel in filter(None, samples):
@@ -69,7 +88,7 @@ def check_tokenizer(samples: tuple[TokenSamples, TokenSamples | None], tokenizer
                             "writes it as tokenizer/ beside the splits)")
 
 
-def _check_same_loss(train: TokenSamples, validation: TokenSamples | None) -> None:
+def _check_same_loss(train: Samples, validation: Samples | None) -> None:
     """Evaluation must measure what training optimizes: both loss-masked, or neither."""
     if validation is not None and validation.manifest.loss_mask != train.manifest.loss_mask:
         masked = "train" if train.manifest.loss_mask else "validation"
@@ -112,8 +131,8 @@ def _preflight(device: torch.device, env: JobEnvironment) -> None:
 
 
 def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device, strategy: Strategy,
-                  samples: tuple[TokenSamples, TokenSamples | None], stop: StopSignal,
-                  summary: ModelSummary) -> LoopContext:
+                  samples: tuple[Samples, Samples | None], stop: StopSignal,
+                  summary: ModelSummary, tokenizer) -> LoopContext:
     train_samples, eval_samples = samples
     topo = strategy.topology
     layout = BatchLayout(topo.data_parallel_size, topo.data_parallel_rank,
@@ -121,10 +140,10 @@ def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device
     evaluation = EvalBatches(eval_samples, layout, config.logging.eval_steps, device,
                              together=strategy.eval_micro_batches,
                              sequence=topo.sequence_split) if eval_samples else None
+    train = TrainBatches(train_samples, layout, config.run.seed, device, topo.sequence_split)
+    objective = build_objective(ObjectiveContext(config, strategy, train, evaluation, device, tokenizer))
     return LoopContext(
-        config=config, strategy=strategy,
-        train=TrainBatches(train_samples, layout, config.run.seed, device, topo.sequence_split),
-        evaluation=evaluation,
+        config=config, strategy=strategy, train=train, evaluation=evaluation, objective=objective,
         store=CheckpointStore(env.checkpoint_dir, config.checkpoint.keep_checkpoints, env.rank,
                               env.is_local_main, background_writes=config.checkpoint.checkpoint_async
                               and strategy.saves_asynchronously),
@@ -135,8 +154,16 @@ def _loop_context(config: TrainConfig, env: JobEnvironment, device: torch.device
                                                               job_name=tracking.job_name(),
                                                               params=config.flat())),
         throughput=_throughput(config, strategy, summary, env, device),
-        output_dir=env.output_data_dir, device=device, rules=Rules(config.rules),
-        faults=Faults.from_environment(os.environ), watchdog=_watchdog(config, env))
+        output_dir=env.output_data_dir, device=device, rules=Rules(_rules(config)),
+        faults=Faults.from_environment(os.environ), watchdog=_watchdog(config, env),
+        router=router_signals(strategy.hf_model, config.moe, topo.batch_group))
+
+
+def _rules(config: TrainConfig) -> RulesConfig:
+    """The rules' settings, without the loss-spike rule for an objective whose loss it cannot judge."""
+    if JUDGES_LOSS_SPIKES[config.objective.objective]:
+        return config.rules
+    return dataclasses.replace(config.rules, rule_loss_spike_action="off")
 
 
 def _watchdog(config: TrainConfig, env: JobEnvironment) -> HangWatchdog | None:
@@ -156,14 +183,15 @@ def build(config: TrainConfig, env: JobEnvironment, device: torch.device,
     attention = attention_implementation(config.model.attention, compiled=config.parallel.compile,
                                          device_type=device.type)
     source = model_source(config.model, model_channel, tokenizer, config.data.seq_len, attention)
+    moe_contract.check_model(config, source.config.model_type, source.config.to_dict(), source.description)
     vocab = source.config.vocab_size
-    samples = (_channel_samples(env, "train", config.data.seq_len, vocab),
-               _channel_samples(env, "validation", config.data.seq_len, vocab))
+    samples = (_channel_samples(env, "train", config, vocab),
+               _channel_samples(env, "validation", config, vocab))
     _check_same_loss(*samples)
     check_tokenizer(samples, tokenizer, tokenizer_path)
     strategy = build_strategy(SetupContext(config, source, device, dims))
     summary = strategy.model_summary()
-    loop = _loop_context(config, env, device, strategy, samples, stop, summary)
+    loop = _loop_context(config, env, device, strategy, samples, stop, summary, tokenizer)
     if env.is_main:
         log(f"model {source.description}: {summary.parameters:,} parameters, {source.attention} "
             f"attention, tokenizer {tokenizer_path}, {dims}, {samples[0].num_samples} training "

@@ -23,11 +23,12 @@ from .checkpoint import CheckpointStore, Triggers, read_trainer_state
 from .data import EvalBatches, TrainBatches
 from .errors import DivergenceError, RuleTriggered
 from .faults import Faults
-from .loss import causal_lm_loss, causal_lm_loss_sum, trained_targets
 from .metrics import MetricsLogger, log, peak_memory_gb
+from .moe.signals import RouterSignals
+from .objectives import Objective
 from .rules import Rules, Verdict, withholds_update
 from .strategies import Strategy
-from .strategies.protocol import LossFn, MicroBatch, UpdateGate
+from .strategies.protocol import UpdateGate
 from .watchdog import HangWatchdog
 
 
@@ -66,8 +67,10 @@ class LoopContext:
     output_dir: Path
     device: torch.device
     rules: Rules
+    objective: Objective
     faults: Faults = field(default_factory=Faults)
     watchdog: HangWatchdog | None = None  # started and stopped by run()
+    router: RouterSignals | None = None  # a mixture of experts' router losses, metrics and biases
     step: int = 0
 
     def trainer_state(self) -> dict:
@@ -82,31 +85,11 @@ def train_step(ctx: LoopContext) -> torch.Tensor:
     that its mean over the data-parallel ranks (topology.mean_loss) is the step's loss."""
     step, rank = ctx.step + 1, dist.get_rank()
     ctx.faults.before_step(step, rank, ctx.train.next_step)
-    micro_batches = ctx.train.next_step()
-    loss_fn = ctx.faults.loss(step, rank, _micro_batch_loss(ctx, micro_batches))
+    micro_batches, loss_fn = ctx.objective.prepare_step(ctx.train.next_step(), ctx.train.step_samples)
+    if ctx.router is not None:  # a mixture of experts: its router losses join the objective's
+        loss_fn = ctx.router.with_router_losses(loss_fn)
+    loss_fn = ctx.faults.loss(step, rank, loss_fn)
     return ctx.strategy.forward_backward(micro_batches, loss_fn)
-
-
-def _micro_batch_loss(ctx: LoopContext, micro_batches: list[MicroBatch]) -> LossFn:
-    token_weight = _trained_token_weight(ctx, micro_batches)
-    if token_weight is None:
-        return causal_lm_loss
-    return lambda logits, targets: causal_lm_loss_sum(logits, targets) * token_weight
-
-
-def _trained_token_weight(ctx: LoopContext, micro_batches) -> torch.Tensor | None:
-    """With a loss-masked dataset, the factor of a micro batch's summed loss that makes the step's
-    gradient (divided by the accumulation steps in backward, averaged over the batch ranks: data and
-    context parallel)
-    the mean over every trained token of the global batch, however unevenly they fall into micro
-    batches: accumulation steps x ranks / trained targets. None for packed text, where every micro
-    batch holds the same number of targets and its mean is the right loss."""
-    if not ctx.train.samples.manifest.loss_mask:
-        return None
-    group = ctx.strategy.topology.batch_group()
-    count = sum(trained_targets(targets) for _, targets in micro_batches)
-    dist.all_reduce(count, group=group)
-    return len(micro_batches) * dist.get_world_size(group) / count.clamp(min=1)
 
 
 def _global_losses(ctx: LoopContext, losses: list[torch.Tensor]) -> list[float]:
@@ -169,8 +152,19 @@ def report(ctx: LoopContext, window: Window) -> None:
         if ctx.throughput.peak_flops_total else 0.0
     ctx.metrics.train({"step": ctx.step, "loss": sum(losses) / steps, "lr": ctx.strategy.current_lr(),
                        "grad_norm": grad_norms[-1], "tokens_per_sec": tokens_per_sec, "mfu": mfu,
-                       "step_time": elapsed / steps, "memory_gb": peak_memory_gb(ctx.device)})
+                       "step_time": elapsed / steps, "memory_gb": peak_memory_gb(ctx.device),
+                       **ctx.objective.window_metrics()})
     _judge_window(ctx, window, losses, grad_norms, tokens_per_sec)
+    if ctx.router is not None:
+        _report_routing(ctx)
+
+
+def _report_routing(ctx: LoopContext) -> None:
+    """The window's `[moe]` line, and the router_collapse rule's verdict on it."""
+    balance = ctx.router.window_balance()
+    ctx.metrics.moe(balance.metrics(ctx.step))
+    share, = same_on_every_rank([balance.max_expert_share])
+    _record_verdicts(ctx, ctx.rules.judge_routing(ctx.step, share, ctx.router.balanced_share))
 
 
 def _judge_window(ctx: LoopContext, window: Window, losses: list[float], grad_norms: list[float],
@@ -188,17 +182,11 @@ def _judge_window(ctx: LoopContext, window: Window, losses: list[float], grad_no
 
 @torch.no_grad()
 def evaluate(ctx: LoopContext) -> float:
-    strategy = ctx.strategy
-    strategy.train(False)
-    total = torch.zeros(2, device=ctx.device)  # summed loss over the trained targets, their number
-    batches = list(ctx.evaluation)
-    for start in range(0, len(batches), strategy.eval_micro_batches):
-        total += strategy.evaluate(batches[start:start + strategy.eval_micro_batches])
-    strategy.train(True)
-    strategy.topology.sum_loss(total)
-    value = float(total[0] / total[1].clamp(min=1))
-    ctx.metrics.eval({"step": ctx.step, "eval_loss": value})
-    return value
+    ctx.strategy.train(False)
+    values = ctx.objective.evaluate(ctx.evaluation)
+    ctx.strategy.train(True)
+    ctx.metrics.eval({"step": ctx.step, **values})
+    return values["eval_loss"]
 
 
 class Profiler:
@@ -338,6 +326,8 @@ def run(ctx: LoopContext) -> str:
             loss = train_step(ctx)
             window.losses.append(loss)
             window.grad_norms.append(ctx.strategy.step(_update_gate(ctx, loss)))
+            if ctx.router is not None:
+                ctx.router.after_update()
             ctx.step += 1
             _beat(ctx, f"step {ctx.step}")
             profiler.after(ctx.step)

@@ -31,8 +31,9 @@ def _chunk_rows(columns: int) -> int:
 
 
 class _ShardedCrossEntropy(torch.autograd.Function):
-    """Summed cross-entropy of `logits` [tokens, vocab shard] whose columns are vocabulary ids
-    `first` .. first + shard - 1, over `group` (None: the whole vocabulary is here)."""
+    """Per-token cross-entropy [tokens] (0 at ignored targets) of `logits` [tokens, vocab shard] whose
+    columns are vocabulary ids `first` .. first + shard - 1, over `group` (None: the whole vocabulary
+    is here)."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, first: int, group) -> torch.Tensor:
@@ -55,14 +56,14 @@ class _ShardedCrossEntropy(torch.autograd.Function):
         log_normalizer = maxima + sums.log()
         trained = targets != IGNORE_INDEX
         ctx.save_for_backward(logits, local, log_normalizer, trained)
-        return ((log_normalizer - picked) * trained).sum()
+        return (log_normalizer - picked) * trained
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         logits, local, log_normalizer, trained = ctx.saved_tensors
         rows, columns = logits.shape
         grad = torch.empty_like(logits)
-        scale = grad_output.float() * trained  # ignored targets get no gradient
+        scale = grad_output.float().expand(rows) * trained  # ignored targets get no gradient
         step = _chunk_rows(columns)
         for start in range(0, rows, step):
             stop = min(start + step, rows)
@@ -92,9 +93,21 @@ def _vocabulary_shard(logits: torch.Tensor) -> tuple[torch.Tensor, int, object]:
 def causal_lm_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Summed next-token cross-entropy over the trained targets (for means over several batches);
     `logits` may be sharded on the vocabulary (loss parallel)."""
+    return token_cross_entropy(logits, targets).sum()
+
+
+def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy of every target, shaped like `targets` (0 where a target is
+    IGNORE_INDEX); `logits` may be sharded on the vocabulary (loss parallel)."""
     local, first, group = _vocabulary_shard(logits)
     return _ShardedCrossEntropy.apply(local.reshape(-1, local.shape[-1]), targets.reshape(-1), first,
-                                      group)
+                                      group).view(targets.shape)
+
+
+def sequence_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[rows]: each row's summed log-probability of its trained targets (a completion's log-likelihood
+    under the model, as DPO and GRPO take it)."""
+    return -token_cross_entropy(logits, targets).sum(dim=-1)
 
 
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

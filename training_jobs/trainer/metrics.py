@@ -5,8 +5,12 @@ Rank 0 prints one line per logging step (one line in the output, wrapped here), 
     [metrics] step=10 loss=4.123456 lr=3.000e-04 grad_norm=1.2345 tokens_per_sec=12345.6 mfu=0.4123
         step_time=0.532 memory_gb=1.23
     [eval] step=100 eval_loss=3.987654
+    [moe] step=10 moe_aux_loss=2.012345 moe_load_balance=1.4210 moe_max_expert_share=0.3550
+        moe_dropped_tokens=0 moe_load_balance_layer0=1.3120 moe_aux_loss_layer0=2.010001 ...
 
-which the template's MetricDefinitions (and `llmtrain run --local`) parse; the same values go to
+(the `[moe]` line only for mixture-of-experts models, with one load_balance and aux_loss per MoE
+layer, named by its decoder layer's index) which the template's MetricDefinitions (and `llmtrain run
+--local`) parse; the same values go to
 SM_OUTPUT_DATA_DIR/metrics.jsonl. Keys are stable: new ones are appended, never renamed.
 
 MFU = achieved model FLOPs / peak FLOPs. Model FLOPs per token are 6 x non-embedding parameters
@@ -104,6 +108,11 @@ class MetricsLogger:
     def eval(self, values: dict[str, float]) -> None:
         self._emit("eval", values, {"eval_loss": "{:.6f}"})
 
+    def moe(self, values: dict[str, float]) -> None:
+        """A mixture of experts' routing over the logging window (trainer/moe/signals.py)."""
+        self._emit("moe", values, {key: "{:.6f}" if key.startswith("moe_aux_loss") else "{:.4f}"
+                                   for key in values if key not in ("step", "moe_dropped_tokens")})
+
     def rule(self, values: dict) -> None:
         """What a rule saw or did (trainer/rules.py): a `[rule]` line and a JSON line of kind "rule";
         not a metric (no template regex matches it)."""
@@ -117,9 +126,11 @@ class MetricsLogger:
     def _emit(self, tag: str, values: dict[str, float], formats: dict[str, str]) -> None:
         if not self.enabled:
             return
-        fields = " ".join(f"{key}={formats.get(key, '{}').format(value)}" for key, value in values.items())
+        fields = " ".join(f"{key}={formats.get(key, _default_format(value)).format(value)}"
+                          for key, value in values.items())
         print(f"[{tag}] {fields}", flush=True)
-        self.jsonl.write(json.dumps({"kind": "train" if tag == "metrics" else "eval", **values}) + "\n")
+        kind = {"metrics": "train"}.get(tag, tag)
+        self.jsonl.write(json.dumps({"kind": kind, **values}) + "\n")
         if self.writer is not None:
             for key, value in values.items():
                 if key != "step":
@@ -134,6 +145,11 @@ class MetricsLogger:
             self.writer.close()
         if self.jsonl is not None:
             self.jsonl.close()
+
+
+def _default_format(value) -> str:
+    """An objective's metrics (e.g. DPO's rewards/margins) to 6 significant digits; counts as is."""
+    return "{:.6g}" if isinstance(value, float) else "{}"
 
 
 def log(message: str) -> None:

@@ -19,11 +19,30 @@ from ..contract import token_data
 from ..contract.hyperparameters import ConfigError, ModelConfig
 from ..contract.presets import PRESETS, padded_vocab_size
 from .errors import ContainerError
+from .moe import families as moe_families
 
 SHIPPED_TOKENIZER = Path(__file__).resolve().parents[2].joinpath(*token_data.SHIPPED_TOKENIZER)
 
 # Pretraining from scratch: no dropout (the modern recipe, and exactly reproducible).
 _GPT2_NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+
+
+@dataclass(frozen=True)
+class PresetFamily:
+    """How a preset family's HF config takes the context length, and what it adds to a preset."""
+
+    positions_field: str
+    fixed: dict[str, Any]
+
+
+# The presets' families (contract/presets.py), by HF model_type.
+PRESET_FAMILIES: dict[str, PresetFamily] = {
+    "llama": PresetFamily("max_position_embeddings", {}),
+    "gpt2": PresetFamily("n_positions", _GPT2_NO_DROPOUT),
+    "qwen3_moe": PresetFamily("max_position_embeddings", {}),
+    "mixtral": PresetFamily("max_position_embeddings", {}),
+    "deepseek_v3": PresetFamily("max_position_embeddings", {}),
+}
 
 
 @dataclass(frozen=True)
@@ -72,20 +91,15 @@ def _has_tokenizer(path: Path | None) -> bool:
 
 def preset_config(model: ModelConfig, tokenizer, seq_len: int):
     """The HF config of a preset, sized to the tokenizer and the sequence length."""
-    from transformers import GPT2Config, LlamaConfig
+    from transformers import AutoConfig
 
     family, architecture = PRESETS[model.model_preset]
     special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
                "pad_token_id": tokenizer.pad_token_id}
-    vocab = padded_vocab_size(len(tokenizer))
-    if family == "llama":
-        values = {**architecture, "vocab_size": vocab, "max_position_embeddings": seq_len, **special}
-        config_class = LlamaConfig
-    else:
-        values = {**architecture, **_GPT2_NO_DROPOUT, "vocab_size": vocab, "n_positions": seq_len,
-                  **special}
-        config_class = GPT2Config
-    config = config_class(**values)
+    form = PRESET_FAMILIES[family]
+    values = {**architecture, **form.fixed, "vocab_size": padded_vocab_size(len(tokenizer)),
+              form.positions_field: seq_len, **special}
+    config = AutoConfig.for_model(family, **values)
     _apply_overrides(config, model.model_overrides)
     return config
 
@@ -147,6 +161,14 @@ def build_model(source: ModelSource, *, materialize: bool, seed: int, load_weigh
     Only rank 0 needs to read pretrained weights (`load_weights`); the other ranks receive them
     after the model is sharded or replicated, so a large model is read once per job.
     """
+    model = _hf_model(source, materialize=materialize, seed=seed, load_weights=load_weights,
+                      quantization=quantization)
+    moe_families.install(model)  # a mixture of experts trains with the program's MoE blocks
+    return model
+
+
+def _hf_model(source: ModelSource, *, materialize: bool, seed: int, load_weights: bool,
+              quantization) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     attention = {"attn_implementation": source.attention}

@@ -23,6 +23,7 @@ from ..contract.parallel_dims import MESH_DIMS, ParallelDims
 from .context_parallel import SequenceSplit, apply_context_parallel
 from .cpu_collectives import prefetch_forward, use_fast_cpu_collectives
 from .errors import ConfigError, ContainerError
+from .expert_parallel import apply_expert_parallel, expert_mesh, expert_parameters
 from .models import decoder_layers
 from .tensor_parallel import apply_tensor_parallel
 
@@ -88,6 +89,7 @@ class Topology:
     device: torch.device
     pipeline_rank: int = 0
     context_rank: int = 0
+    expert_mesh: object | None = None  # (copies, expert ranks) under expert parallelism
 
     @property
     def data_parallel_size(self) -> int:
@@ -160,7 +162,8 @@ def build_topology(dims: ParallelDims, device: torch.device, needs_mesh: bool) -
 
     mesh = init_device_mesh(device.type, dims.mesh_shape, mesh_dim_names=MESH_DIMS)
     pipeline, replicate, shard, context, _ = mesh.get_coordinate()
-    return Topology(dims, mesh, replicate * dims.shard + shard, device, pipeline, context)
+    experts = expert_mesh(dims, device) if dims.expert > 1 else None
+    return Topology(dims, mesh, replicate * dims.shard + shard, device, pipeline, context, experts)
 
 
 def _size(dims: ParallelDims, names: tuple[str, ...]) -> int:
@@ -272,12 +275,16 @@ def transform(model: nn.Module, config: TrainConfig, topology: Topology, device:
     if dims.context > 1:
         check_context_parallel(model)
         apply_context_parallel(model, topology.sequence_split, mesh["cp"].get_group(), config.data.seq_len)
+    if dims.expert > 1:
+        apply_expert_parallel(model, topology.expert_mesh)
     apply_activation_checkpointing(model, par.activation_checkpointing, par.activation_checkpointing_every)
     if par.compile:
         apply_compile(model, compile_mode(config, device))
     if with_fsdp:
+        # split experts are DTensors of the expert mesh, averaged by reduce_expert_gradients
         apply_fsdp(model, fsdp_mesh(mesh, dims, par), par,
-                   offload=par.offload_params or par.offload_optimizer)
+                   offload=par.offload_params or par.offload_optimizer,
+                   ignored=set(expert_parameters(model)) if dims.expert > 1 else None)
 
 
 def check_context_parallel(model: nn.Module) -> None:
@@ -305,8 +312,10 @@ def activation_offload(par: ParallelConfig, device: torch.device):
     return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
 
 
-def apply_fsdp(model: nn.Module, mesh, par: ParallelConfig, offload: bool) -> None:
-    """fully_shard every decoder layer, then the root (embeddings, final norm, head)."""
+def apply_fsdp(model: nn.Module, mesh, par: ParallelConfig, offload: bool,
+               ignored: set[nn.Parameter] | None = None) -> None:
+    """fully_shard every decoder layer, then the root (embeddings, final norm, head); `ignored`
+    parameters stay as they are."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     compute = COMPUTE_DTYPES[par.mixed_precision]
@@ -315,6 +324,7 @@ def apply_fsdp(model: nn.Module, mesh, par: ParallelConfig, offload: bool) -> No
         "mp_policy": MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32),
         "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload
         else OffloadPolicy(),
+        "ignored_params": ignored,
     }
     reshard = par.fsdp_sharding != "grad_op"
     layers = decoder_layers(model)

@@ -1,13 +1,17 @@
 """Rules that watch a run and act on it (the place SageMaker Debugger's rules take, in the program).
 
 Three rules judge each step or logging window against running statistics of the healthy ones before
-it; the fourth, the hang watchdog, is trainer/watchdog.py:
+it, a fourth judges a mixture of experts' routing; the fifth, the hang watchdog, is
+trainer/watchdog.py:
 
 - `loss_spike`: a step's loss above `rule_loss_spike_factor` x the running mean of recent losses;
 - `grad_norm_explosion`: a step's global gradient norm above `rule_grad_norm_factor` x the running
   median of recent norms;
 - `throughput_drop`: a logging window's tokens/s below `rule_throughput_fraction` x the running
-  median of recent windows' (evaluation and checkpoint time are already left out of tokens/s).
+  median of recent windows' (evaluation and checkpoint time are already left out of tokens/s);
+- `router_collapse` (mixture-of-experts models): in a logging window, one expert of a layer took at
+  least `rule_router_collapse_fraction` of that layer's tokens (an absolute threshold: a collapsed
+  router is no deviation from its own history).
 
 The first `rule_warmup_steps` steps of each job (the loss falls fast, the first steps compile) are
 neither judged nor counted; a rule judges once its statistics hold `MIN_HISTORY` values; a value that
@@ -110,6 +114,22 @@ class ThresholdRule:
         return Verdict(self.name, step, value, threshold, baseline, self.action, explanation)
 
 
+@dataclass
+class CollapseRule:
+    """Fires when the busiest expert's share of a layer's tokens reaches `fraction`."""
+
+    fraction: float
+    action: str
+
+    def judge(self, step: int, share: float, balanced_share: float) -> Verdict | None:
+        if self.action == "off" or not math.isfinite(share) or share < self.fraction:
+            return None
+        explanation = (f"one expert took {share:.4g} of a layer's tokens, at or above "
+                       f"{self.fraction:g} (a balanced router gives each {balanced_share:.4g})")
+        return Verdict("router_collapse", step, share, self.fraction, balanced_share, self.action,
+                       explanation)
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
@@ -134,6 +154,8 @@ class Rules:
         self.throughput = ThresholdRule("throughput_drop", "tokens/s", "median",
                                         config.rule_throughput_fraction, config.rule_throughput_action,
                                         RunningStatistic(window, statistics.median), above=False)
+        self.router = CollapseRule(config.rule_router_collapse_fraction,
+                                   config.rule_router_collapse_action)
         self.steps_judged = 0  # steps of this job, roll-backs included (they train steps again)
         self.pending: Verdict | None = None
         self.rollbacks_in_a_row = 0
@@ -160,6 +182,16 @@ class Rules:
         if not measured_alone or self.steps_judged - steps < self.config.rule_warmup_steps:
             return []
         verdict = self.throughput.judge(step, tokens_per_sec)
+        verdicts = [verdict] if verdict else []
+        self._hold(verdicts)
+        return verdicts
+
+    def judge_routing(self, step: int, max_expert_share: float, balanced_share: float) -> list[Verdict]:
+        """A logging window's routing (the busiest expert's share of its layer's tokens, over the
+        worst layer), after the warm-up."""
+        if self.steps_judged < self.config.rule_warmup_steps:
+            return []
+        verdict = self.router.judge(step, max_expert_share, balanced_share)
         verdicts = [verdict] if verdict else []
         self._hold(verdicts)
         return verdicts

@@ -15,6 +15,14 @@ than training on the prompts. A masked dataset must train some token besides the
 ids that close its examples (`trains_an_answer`): masks that train nothing else would train at a loss
 near 0 and export an unchanged model.
 
+A preference dataset (DPO: a prompt with a chosen and a rejected completion) is loss-masked the same
+way, its sequences (prompt + chosen, prompt + rejected) written back to back, and holds per shard a
+pair index, `shard_NNNNN.pairs`: int64 rows (chosen start, rejected start, rejected end) in tokens.
+Its manifest has version 3, which readers of versions 1 and 2 refuse by number.
+
+A prompts dataset (GRPO: prompts with their reference answers) holds no shards: `prompts.jsonl`, one
+JSON line per example ({"where", "prompt", "prompt_ids", "fields"}), beside a manifest of version 4.
+
 numpy only, so prepare_data and tests can use it without torch.
 """
 
@@ -28,10 +36,22 @@ from pathlib import Path
 
 import numpy as np
 
-from ..contract.token_data import DTYPE_BYTES, FORMAT, MANIFEST, MASK_SUFFIX, MASKED_VERSION, VERSION
+from ..contract.token_data import (
+    DATA_KINDS,
+    DTYPE_BYTES,
+    FORMAT,
+    MANIFEST,
+    MASK_SUFFIX,
+    MASKED_VERSION,
+    PAIRS_SUFFIX,
+    PREFERENCE_VERSION,
+    PROMPTS_FILE,
+    PROMPTS_VERSION,
+    VERSION,
+)
 from .errors import DataError
 
-__all__ = ["DTYPES", "FORMAT", "MANIFEST", "MASKED_VERSION", "MASK_SUFFIX", "VERSION"]
+__all__ = ["DTYPES", "FORMAT", "MANIFEST", "MASKED_VERSION", "MASK_SUFFIX", "PREFERENCE_VERSION", "VERSION"]
 
 DTYPES = {name: np.dtype(f"<u{size}") for name, size in DTYPE_BYTES.items()}
 
@@ -45,10 +65,15 @@ class ShardInfo:
     path: Path
     num_tokens: int
     mask_path: Path | None = None  # loss-masked datasets only
+    pairs_path: Path | None = None  # preference datasets only
 
 
 def mask_name(shard_name: str) -> str:
     return Path(shard_name).with_suffix(MASK_SUFFIX).name
+
+
+def pairs_name(shard_name: str) -> str:
+    return Path(shard_name).with_suffix(PAIRS_SUFFIX).name
 
 
 @dataclass(frozen=True)
@@ -61,6 +86,12 @@ class Manifest:
     shards: tuple[ShardInfo, ...]
     fingerprint: str
     loss_mask: bool = False
+    version: int = VERSION
+
+    @property
+    def kind(self) -> str:
+        """text, loss_masked or preference (token_data.DATA_KINDS)."""
+        return DATA_KINDS[self.version]
 
     @property
     def num_tokens(self) -> int:
@@ -71,21 +102,38 @@ class Manifest:
         return DTYPES[self.dtype]
 
 
+def write_prompts_manifest(folder: Path, *, vocab_size: int, eos_token_id: int, num_documents: int,
+                           num_tokens: int, tokenizer: str) -> Path:
+    """The manifest of a prompts dataset (PROMPTS_FILE already written), written last."""
+    body = {"format": FORMAT, "version": PROMPTS_VERSION, "dtype": dtype_for_vocab(vocab_size),
+            "vocab_size": vocab_size, "eos_token_id": eos_token_id, "num_documents": num_documents,
+            "num_tokens": num_tokens, "loss_mask": False, "shards": [], "prompts": PROMPTS_FILE,
+            "tokenizer": tokenizer}
+    temporary = folder / (MANIFEST + ".tmp")
+    temporary.write_text(json.dumps(body, indent=2) + "\n")
+    os.replace(temporary, folder / MANIFEST)
+    return folder / MANIFEST
+
+
 def write_manifest(folder: Path, *, dtype: str, vocab_size: int, eos_token_id: int,
                    num_documents: int, shards: list[tuple[str, int]], tokenizer: str,
-                   loss_mask: bool = False, checksums: dict[str, str] | None = None) -> Path:
+                   loss_mask: bool = False, checksums: dict[str, str] | None = None,
+                   pairs: bool = False) -> Path:
     """Write the manifest last, atomically, so a half-written dataset has none.
 
-    With `loss_mask`, each shard's mask file (`mask_name`) must already be written beside it. With
+    With `loss_mask`, each shard's mask file (`mask_name`) must already be written beside it; with
+    `pairs` (a preference dataset, loss-masked), also its pair index (`pairs_name`). With
     `checksums` (file name -> SHA-256), each entry records its files' SHA-256 (`sha256`,
     `mask_sha256`); readers need not check them."""
     sums = checksums or {}
     entries = [{"path": name, "num_tokens": count, **({"mask": mask_name(name)} if loss_mask else {}),
+                **({"pairs": pairs_name(name)} if pairs else {}),
                 **({"sha256": sums[name]} if name in sums else {}),
                 **({"mask_sha256": sums[mask_name(name)]} if loss_mask and mask_name(name) in sums else {})}
                for name, count in shards]
+    version = PREFERENCE_VERSION if pairs else MASKED_VERSION if loss_mask else VERSION
     body = {
-        "format": FORMAT, "version": MASKED_VERSION if loss_mask else VERSION, "dtype": dtype,
+        "format": FORMAT, "version": version, "dtype": dtype,
         "vocab_size": vocab_size, "eos_token_id": eos_token_id, "num_documents": num_documents,
         "num_tokens": sum(count for _, count in shards), "loss_mask": loss_mask,
         "shards": entries, "tokenizer": tokenizer,
@@ -121,7 +169,22 @@ def _checked_file(folder: Path, name: str, count: int, itemsize: int, what: str)
     return path
 
 
-def _shard_infos(body: dict, folder: Path, itemsize: int, loss_mask: bool) -> tuple[ShardInfo, ...]:
+def _pairs_file(folder: Path, name: str, count: int) -> Path:
+    """A pair index: int64 rows of three offsets, each inside the shard's `count` tokens."""
+    path = folder / name
+    if not path.is_file() or path.stat().st_size % 24:
+        raise _fail(folder, f"pair index {name} listed in the manifest is missing or not rows of three "
+                            "int64 offsets")
+    rows = np.fromfile(path, dtype="<i8").reshape(-1, 3)
+    if len(rows) and (rows.min() < 0 or rows.max() > count or np.any(rows[:, 0] >= rows[:, 1])
+                      or np.any(rows[:, 1] >= rows[:, 2])):
+        raise _fail(folder, f"pair index {name} holds offsets outside its shard's {count} tokens or out "
+                            "of order")
+    return path
+
+
+def _shard_infos(body: dict, folder: Path, itemsize: int, loss_mask: bool,
+                 pairs: bool = False) -> tuple[ShardInfo, ...]:
     entries = body.get("shards")
     if not isinstance(entries, list):
         raise _fail(folder, "manifest field 'shards' is missing or not a list")
@@ -134,7 +197,8 @@ def _shard_infos(body: dict, folder: Path, itemsize: int, loss_mask: bool) -> tu
         path = _checked_file(folder, name, count, itemsize, "shard")
         mask = _checked_file(folder, _field(entry, "mask", str, folder), count, 1, "mask") \
             if loss_mask else None
-        infos.append(ShardInfo(path=path, num_tokens=count, mask_path=mask))
+        pair_index = _pairs_file(folder, _field(entry, "pairs", str, folder), count) if pairs else None
+        infos.append(ShardInfo(path=path, num_tokens=count, mask_path=mask, pairs_path=pair_index))
     return tuple(infos)
 
 
@@ -152,10 +216,13 @@ def read_manifest(folder: Path) -> Manifest:
     if not isinstance(body, dict) or body.get("format") != FORMAT:
         raise _fail(folder, f"{MANIFEST} is not a {FORMAT} manifest")
     version = body.get("version")
-    if version not in (VERSION, MASKED_VERSION):
-        raise _fail(folder, f"manifest version {version!r} is not supported (expected {VERSION}, or "
-                            f"{MASKED_VERSION} for a loss-masked dataset)")
-    loss_mask = version == MASKED_VERSION
+    if version not in DATA_KINDS:
+        raise _fail(folder, f"manifest version {version!r} is not supported (expected {VERSION}, "
+                            f"{MASKED_VERSION} for a loss-masked dataset, {PREFERENCE_VERSION} for "
+                            f"preference pairs or {PROMPTS_VERSION} for prompts)")
+    loss_mask = version in (MASKED_VERSION, PREFERENCE_VERSION)
+    if version == PROMPTS_VERSION and not (folder / PROMPTS_FILE).is_file():
+        raise _fail(folder, f"{PROMPTS_FILE} of a prompts dataset is missing")
     if body.get("loss_mask", False) is not loss_mask:
         raise _fail(folder, f"manifest version {version} and 'loss_mask' {body.get('loss_mask')!r} "
                             "disagree")
@@ -167,9 +234,10 @@ def read_manifest(folder: Path) -> Manifest:
         vocab_size=_field(body, "vocab_size", int, folder),
         eos_token_id=_field(body, "eos_token_id", int, folder),
         num_documents=_field(body, "num_documents", int, folder),
-        shards=_shard_infos(body, folder, DTYPES[dtype].itemsize, loss_mask),
+        shards=_shard_infos(body, folder, DTYPES[dtype].itemsize, loss_mask,
+                            pairs=version == PREFERENCE_VERSION),
         fingerprint=hashlib.sha256(raw).hexdigest()[:16],
-        loss_mask=loss_mask,
+        loss_mask=loss_mask, version=version,
     )
 
 

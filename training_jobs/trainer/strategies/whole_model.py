@@ -82,6 +82,39 @@ class WholeModelStrategy:
             total += loss.detach()
         return total / len(micro_batches)
 
+    @torch.no_grad()
+    def inference_logits(self, inputs: torch.Tensor, model: nn.Module | None = None) -> torch.Tensor:
+        """The logits of `inputs` under `model` (default: the policy), without gradients: a
+        post-training objective's reference or evaluation forward (objectives/protocol.PolicyModel)."""
+        cast = contextlib.nullcontext() if self.accumulation == "fsdp2" else \
+            parallel.autocast_context(self.device, self.config.parallel.mixed_precision)
+        topology = self.topology
+        with cast:
+            return topology.vocabulary_logits(forward_logits(model if model is not None else self.hf_model,
+                                                             inputs, topology.positions(inputs)))
+
+    @torch.no_grad()
+    def sample(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
+               temperature: float) -> torch.Tensor:
+        """[rows, max_new_tokens]: tokens sampled from the policy after each left-padded prompt, with
+        its KV cache (transformers' generate). Every row runs the full length (no early stop at the
+        end-of-sequence id), so every rank makes the same number of forwards."""
+        from transformers import GenerationConfig
+
+        settings = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                                    max_new_tokens=max_new_tokens, eos_token_id=None,
+                                    pad_token_id=int(prompt_ids[0, 0]), use_cache=True)
+        cast = contextlib.nullcontext() if self.accumulation == "fsdp2" else \
+            parallel.autocast_context(self.device, self.config.parallel.mixed_precision)
+        with cast:
+            out = self.hf_model.generate(input_ids=prompt_ids, attention_mask=attention_mask,
+                                         generation_config=settings)
+        return out[:, prompt_ids.shape[1]:]
+
+    def adapters_off(self) -> contextlib.AbstractContextManager:
+        """The policy's LoRA adapters switched off inside the context (peft's disable_adapter)."""
+        return self.hf_model.disable_adapter()
+
     def evaluate(self, batches: list[MicroBatch]) -> torch.Tensor:
         total = torch.zeros(2, device=self.device)
         for inputs, targets in batches:
