@@ -4,6 +4,7 @@ configured environment of `render` and `quotas`, `--set KEY=VALUE` overrides, an
 from __future__ import annotations
 
 import argparse
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -24,7 +25,7 @@ from llmtrain.core.deployed import (
 )
 from llmtrain.core.environments import EnvironmentConfig, EnvironmentConfigError, load_environment
 from llmtrain.core.errors import LlmtrainError
-from llmtrain.core.sourcedir import repository_root
+from llmtrain.core.sourcedir import BUNDLE_FOLDER, repository_root
 
 DEFAULT_ENVIRONMENT = "dev"
 
@@ -104,15 +105,31 @@ def add_environment_arguments(
     parser.add_argument(
         "--env",
         default=default,
-        help=f"environment: config/<ENV>.yaml of the platform's repository (default: {default or 'none'})",
+        help=f"environment: <ENV>.yaml of the environments folder (default: {default or 'none'})",
     )
     parser.add_argument(
-        "--config-dir", type=Path, default=None, help="folder of environment files (default: config/)"
+        "--config-dir",
+        type=Path,
+        default=None,
+        help="folder of environment files (default: ./config of the working folder)",
     )
 
 
-def config_folder(args: argparse.Namespace) -> Path:
-    return args.config_dir or repository_root() / "config"
+def config_folder(args: argparse.Namespace) -> Path | None:
+    """Where environment files are read: --config-dir, else ./config of the working folder, else, in a
+    checkout of the platform's repository, its config/. None where there is none (llmtrain installed
+    from its wheel, run outside such a folder): the wheel ships no environment files."""
+    if args.config_dir is not None:
+        return args.config_dir
+    for folder in (Path("config"), _checkout_config()):
+        if folder is not None and folder.is_dir():
+            return folder
+    return None
+
+
+def _checkout_config() -> Path | None:
+    root = repository_root()
+    return None if root.name == BUNDLE_FOLDER else root / "config"
 
 
 def account_session(environment: EnvironmentConfig, profile: str | None = None) -> boto3.Session:
@@ -133,17 +150,42 @@ def environment_of(args: argparse.Namespace) -> EnvironmentConfig:
     """The environment named by `--env` (and `--config-dir`), or an error listing the known ones."""
     folder = config_folder(args)
     name = args.env or DEFAULT_ENVIRONMENT
+    if folder is None:
+        raise LlmtrainError(
+            f"--env {name}: no environment files here (no ./config folder): run from the folder that "
+            f"holds config/{name}.yaml (the platform's repository), or pass --config-dir DIR"
+        )
     path = folder / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in folder.glob("*.yaml"))) or "none"
         raise LlmtrainError(
-            f"--env {name}: no {path}; environments: {known} (environment files live in the platform's "
-            "repository: pass --config-dir)"
+            f"--env {name}: no {path}; environments there: {known} (pass --config-dir for another folder)"
         )
     try:
         return load_environment(path)
     except EnvironmentConfigError as error:
         raise LlmtrainError(str(error)) from error
+
+
+# -- folders a command writes ----------------------------------------------------------------------------
+
+
+def writable_folder(folder: Path, option: str) -> Path:
+    """`folder`, created if missing, once a file could be written in it; otherwise a one-line error
+    naming `option` and the path. Every command that writes calls it before any work, so an unusable
+    --workdir or --output is refused at once, not by a traceback after the work."""
+    if folder.exists() and not folder.is_dir():
+        raise LlmtrainError(f"{option} {folder}: is a file, not a folder: name a folder (new or existing)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise LlmtrainError(
+            f"{option} {folder}: cannot write there ({reason}): name a folder you can create and write to"
+        ) from None
+    return folder
 
 
 # -- overrides ------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from llmtrain.commands._common import (
     follow_up_options,
     print_table,
     require_extra,
+    writable_folder,
 )
 from llmtrain.core.errors import LlmtrainError
 from llmtrain.core.sourcedir import program_environment, repository_root
@@ -124,6 +125,9 @@ class _PrepareHelp(argparse.Action):
 
 def prepare_command(args: argparse.Namespace) -> int:
     require_extra("data", "llmtrain data prepare")
+    output = _output_of(args.passed_on)
+    if output:  # prepare_data writes beside it (OUTPUT.partial), then renames: its folder must take files
+        writable_folder(Path(output).absolute().parent, f"--output {output}: its folder")
     tokenizer = args.tokenizer
     if tokenizer is None:
         tokenizer = str(repository_root() / TINY_TOKENIZER)
@@ -134,7 +138,6 @@ def prepare_command(args: argparse.Namespace) -> int:
         )
     command = [sys.executable, "-m", PREPARE_MODULE, *args.passed_on, "--tokenizer", tokenizer]
     status = subprocess.run(command, env=program_environment(), check=False).returncode
-    output = _output_of(args.passed_on)
     if status == 0 and output:
         print(f"next: try it here, `llmtrain run --local TEMPLATE --run-name RUN --data {output}`; then "
               f"`llmtrain data upload {output} --name NAME --env ENV` for a cloud run")

@@ -17,8 +17,9 @@ import argparse
 import json
 from pathlib import Path
 
-from llmtrain.commands._common import add_overrides_argument, parse_overrides
+from llmtrain.commands._common import add_overrides_argument, parse_overrides, writable_folder
 from llmtrain.core.catalog import Catalog
+from llmtrain.core.errors import LlmtrainError
 from llmtrain.core.program_contract import ProgramContract
 from llmtrain.planner import prices
 from llmtrain.planner.plan import GIB, Plan, PlanOptions, plan_run
@@ -220,6 +221,9 @@ def prices_show_command(args: argparse.Namespace) -> int:
 def prices_refresh_command(args: argparse.Namespace) -> int:
     import boto3
 
+    if args.out.is_dir():
+        raise LlmtrainError(f"--out {args.out}: is a folder: name the price table's file")
+    writable_folder(args.out.absolute().parent, f"--out {args.out}: its folder")
     client = boto3.client("pricing", region_name=prices.PRICING_API_REGION)
     table, missing = prices.refresh(
         client, prices.load(args.out if args.out.exists() else prices.PRICE_TABLE), region=args.region

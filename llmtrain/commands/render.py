@@ -5,17 +5,19 @@ team's job-name prefix, limits (templates, instance types and count, warm-pool c
 `teams/<team>/`, where a template's default channels resolve. The platform context (role, buckets,
 network) comes from the deployed stacks' outputs when given (`--outputs`, the file
 `cdk deploy --outputs-file` writes; or `--platform`, a PlatformContext JSON, whose team it is).
-Without them the request is a dry run: placeholder ARNs and ids built from `config/<env>.yaml`
-(in the platform's repository) or, where there is no environment file (llmtrain installed with
-pip), from a stand-in environment; correct in shape and validated, but not launchable; a note on
-stderr says so. `llmtrain start --dry-run` renders against a deployed environment instead. The
-run's plan (llmtrain.planner: fits, speed, hours, cost) follows on stderr in one line.
+Without them the request is a dry run: placeholder ARNs and ids built from `<env>.yaml` of the
+environments folder (--config-dir, ./config, a checkout's config/) or, where there is none (the wheel
+ships no environment files), from a stand-in environment of that name; correct in shape and
+validated, but not launchable; a note on stderr says which. `llmtrain start --dry-run` renders
+against a deployed environment instead. The run's plan (llmtrain.planner: fits, speed, hours,
+cost) follows on stderr in one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,6 +39,9 @@ from llmtrain.core.render import render
 from llmtrain.core.run_settings import RunInput
 from llmtrain.core.team_context import PlatformResources, configured_team_context, placeholder_context
 from llmtrain.planner.checks import plan_summary
+
+# The name of a stand-in environment (it names placeholder resources): as config/<env>.yaml's files are.
+STAND_IN_NAME = re.compile(r"[a-z][a-z0-9-]{0,30}")
 
 
 def register(subparsers) -> None:
@@ -90,7 +95,10 @@ def render_command(args: argparse.Namespace) -> int:
     program = catalog.program_contract(template)
     request = render(template, run, platform, program)
     if platform.dry_run:
-        source = environment.source if environment else "a stand-in environment (no config/ folder here)"
+        source = environment.source if environment else (
+            f"a stand-in environment {platform.environment!r} (team {platform.team!r}; no ./config folder "
+            "here, so none of your environment's limits: run where config/ is, or pass --config-dir)"
+        )
         print(
             f"llmtrain render: dry run: role, buckets, key and network ids are placeholders built from "
             f"{source}; pass --outputs or --platform, or use `llmtrain start --dry-run`, for a launchable "
@@ -103,8 +111,9 @@ def render_command(args: argparse.Namespace) -> int:
 
 
 def _configured_environment(args: argparse.Namespace) -> EnvironmentConfig | None:
-    """config/<env>.yaml when there is an environments folder (or --env asks for one), else None."""
-    if args.env is None and args.config_dir is None and not config_folder(args).is_dir():
+    """<env>.yaml of the environments folder (--config-dir, ./config, a checkout's config/), or None
+    where there is none: then a stand-in environment is rendered (docs/templates.md)."""
+    if config_folder(args) is None:
         return None
     return environment_of(args)
 
@@ -129,11 +138,17 @@ def _platform_without_configuration(args: argparse.Namespace) -> PlatformContext
         return _given_platform(args)
     if args.outputs:
         raise LlmtrainError("--outputs needs the environment's file: pass --env and --config-dir")
+    name = args.env or DEFAULT_ENVIRONMENT
+    if not STAND_IN_NAME.fullmatch(name):
+        raise LlmtrainError(
+            f"--env {name!r} is not an environment name: lowercase letters, digits and hyphens, starting "
+            "with a letter"
+        )
     return placeholder_context(
-        environment=DEFAULT_ENVIRONMENT,
+        environment=name,
         account="111111111111",
         region="us-east-1",
-        resource_prefix=f"llmtrain-{DEFAULT_ENVIRONMENT}",
+        resource_prefix=f"llmtrain-{name}",
         warm_pool_cap_seconds=MAX_KEEP_ALIVE_SECONDS,
         team=args.team or DEFAULT_TEAM,
     )

@@ -13,7 +13,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from llmtrain.commands._common import add_overrides_argument, parse_overrides, unmet_requirement
+from llmtrain.commands._common import (
+    add_overrides_argument,
+    parse_overrides,
+    unmet_requirement,
+    writable_folder,
+)
 from llmtrain.core.catalog import DEFAULT_TEMPLATE, Catalog
 from llmtrain.core.errors import LlmtrainError
 from llmtrain.core.render import render
@@ -67,6 +72,7 @@ def run_command(args: argparse.Namespace) -> int:
             "Cloud runs are started through the launcher with `llmtrain start`."
         )
         return 2
+    writable_folder(args.workdir, "--workdir")
     settings = parse_overrides(args.settings)
     data = parse_data_option(args.data)
     options = LocalRunOptions(

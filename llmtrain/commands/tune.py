@@ -30,6 +30,7 @@ from llmtrain.commands._common import (
     follow_up_options,
     parse_overrides,
     print_table,
+    writable_folder,
 )
 from llmtrain.core.catalog import Catalog
 from llmtrain.core.errors import LlmtrainError
@@ -46,7 +47,7 @@ from llmtrain.core.tuning import (
     TuneSpec,
     check_tune,
     check_tune_program,
-    start_command,
+    full_run_command,
 )
 from llmtrain.local.data import parse_data_option
 
@@ -142,6 +143,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def tune_command(args: argparse.Namespace) -> int:
     settings = parse_overrides(args.settings)
     if args.local:
+        writable_folder(args.workdir, "--workdir")
         catalog = Catalog.load()
         template = catalog.resolve(args.ref)
         tune = tune_spec(args, template)
@@ -236,7 +238,11 @@ def _local(
         f"best: trial {best.number}, {tune.objective}={best.objective:g} with "
         + ", ".join(f"{k}={v}" for k, v in best.params.items())
     )
-    print("run it in full: " + start_command(template.ref, f"{args.run_name}-best", settings, best.params))
+    command, dropped = full_run_command(template.ref, f"{args.run_name}-best", settings, best.params)
+    print("run it in full: " + command)
+    if dropped:
+        print("  (without the trials' " + " ".join(f"--set {k}={v}" for k, v in dropped.items())
+              + ": the full run takes the template's values; add them back to change them)")
     return 0
 
 

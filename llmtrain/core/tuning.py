@@ -447,6 +447,21 @@ def start_command(
     return f"llmtrain start {template_ref} --run-name {run_name}{options}{where}"
 
 
+# What a local tune's --set values usually shrink the trials with (their length, their hosts, the
+# evaluation cadence scaled to that length): a full run takes the template's own values instead.
+TRIAL_ONLY_SETTINGS = ("max_steps", "instance_count", "eval_every_steps", "eval_steps")
+
+
+def full_run_command(
+    template_ref: str, run_name: str, overrides: Mapping[str, Any], params: Mapping[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """The `llmtrain start` of a full run after a local tune: the best trial's values and the tune's
+    overrides less TRIAL_ONLY_SETTINGS; returns it with the overrides it left out."""
+    dropped = {k: v for k, v in overrides.items() if k in TRIAL_ONLY_SETTINGS and k not in params}
+    kept = {k: v for k, v in overrides.items() if k not in dropped}
+    return start_command(template_ref, run_name, kept, params), dropped
+
+
 def _plain(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

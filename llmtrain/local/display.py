@@ -28,7 +28,8 @@ _INVOCATION = "Invoking script with the following command"
 _ALWAYS_SHOWN = (" ERROR ", "Traceback", "Error:")
 # Lines only the log file gets: every rank repeating a library's deprecation warnings (DeepSpeed's
 # collectives, transformers' renamed attributes), torchrun's thread-count banner, the toolkit's INFO
-# chatter, bitsandbytes announcing that it has no GPU kernels (only QLoRA needs them), torchao
+# chatter, bitsandbytes announcing that it has no GPU kernels (only QLoRA needs them) nor the optional
+# `kernels` package's CPU 4-bit kernel (QLoRA on CPU falls back to its own), torchao
 # announcing that its C++ kernels do not match this torch (FP8 training, the only part the program
 # uses, is Python; a library imports torchao even when FP8 is off), MLflow creating a local store's
 # tables, and transformers' padding advice (packed samples have no padding).
@@ -37,6 +38,7 @@ NOISE = re.compile("|".join((
     r"torch/distributed/run\.py:\d+\]",
     r"sagemaker-training-toolkit INFO ",
     r"bitsandbytes.*(without GPU support|GPU quantization are unavailable)",
+    r"Failed to load CPU gemm_4bit_forward from kernels-community: ",
     r"Skipping import of cpp extensions due to incompatible torch version",
     r"INFO mlflow\.store\.db\.utils: ",
     r"We strongly recommend passing in an `attention_mask`",

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import boto3
+import numpy as np
 import pytest
 from deployed_support import ACCOUNT, BUCKET, REGION, TEAM_URI, deploy_environment, moto_credentials
 from moto import mock_aws
@@ -72,6 +73,28 @@ def test_prepare_writes_shards_with_the_shipped_tokenizer(prepared, capsys):
         assert manifest["num_documents"] == 2 and manifest["shards"]  # each text file's two halves
         assert manifest["tokenizer"].endswith("training_jobs/assets/tokenizer")
     assert (prepared / "tokenizer" / "tokenizer.json").is_file()
+
+
+def test_the_shipped_tokenizer_prepares_the_shipped_conversations(tmp_path, capfd):
+    """Issue 36 item 6: `--messages-key` works with the platform's own tokenizer (its chat template)
+    on the shipped tiny conversations; the assistant's answers are what the masks train."""
+    from transformers import AutoTokenizer
+
+    chats = Path(__file__).resolve().parents[2] / "examples" / "data" / "tiny_chat" / "validation.jsonl"
+    output = tmp_path / "chat-tokens"
+    code = main(["data", "prepare", "--input", str(chats), "--messages-key", "messages", "--output",
+                 str(output), "--workers", "1"])
+    assert code == 0, capfd.readouterr().err[-2000:]
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert manifest["loss_mask"] is True and manifest["num_documents"] == 20
+    shards = manifest["shards"]
+    tokens = np.concatenate([np.fromfile(output / s["path"], dtype=manifest["dtype"]) for s in shards])
+    mask = np.concatenate([np.fromfile(output / s["mask"], dtype=np.uint8) for s in shards])
+    tokenizer = AutoTokenizer.from_pretrained(output / "tokenizer")
+    trained = tokenizer.decode(tokens[mask == 1])
+    answers = [json.loads(line)["messages"][-1]["content"] for line in chats.read_text().splitlines()]
+    assert all(answer + "<|endoftext|>" in trained for answer in answers), trained[:300]
+    assert "List in reverse order" not in trained and "<|user|>" not in trained
 
 
 def test_prepare_passes_on_errors_and_help(tmp_path, capfd):

@@ -241,3 +241,51 @@ def test_chat_examples_are_prepared_with_the_data_extras_packages(installed_data
     assert prepared.returncode == 0, prepared.stderr[-3000:]
     manifest = json.loads((tmp_path / "chat-tokens" / "manifest.json").read_text())
     assert manifest["loss_mask"] is True and manifest["num_documents"] == 20
+
+
+# -- `render --env` from the wheel (issue 36 item 4) ------------------------------------------------------
+
+
+def documented_render_lines() -> list[list[str]]:
+    """Every `llmtrain render ... --env ...` line of the README's and docs/templates.md's code blocks
+    (the synopsis, with its [options], is no command)."""
+    found = []
+    for page in (ROOT / "README.md", ROOT / "docs" / "templates.md"):
+        blocks = page.read_text().split("```")[1::2]
+        for line in "\n".join(blocks).replace("\\\n", " ").splitlines():
+            if line.startswith("llmtrain render ") and " --env " in line and "[" not in line:
+                found.append(shlex.split(line, comments=True))
+    return found
+
+
+def test_the_documented_render_env_lines_run_from_an_empty_folder(installed_data, tmp_path):
+    """From an empty folder (no config/): a clearly marked stand-in of the named environment and team,
+    whose errors never point inside site-packages; from a folder with config/, its environment file."""
+    lines = [argv for argv in documented_render_lines() if "--config-dir" not in argv]
+    assert len(lines) >= 2 and any("prod" in argv for argv in lines), lines
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for argv in lines:
+        rendered = _llmtrain(installed_data, empty, *argv[1:])
+        assert rendered.returncode == 0, (argv, rendered.stderr)
+        env = argv[argv.index("--env") + 1]
+        team = argv[argv.index("--team") + 1] if "--team" in argv else "default"
+        request = json.loads(rendered.stdout)
+        assert request["TrainingJobName"].startswith(f"llmtrain-{env}-{team}-r1"), request["TrainingJobName"]
+        assert f"a stand-in environment {env!r} (team {team!r}" in rendered.stderr
+        assert "site-packages" not in rendered.stderr
+    unknown = _llmtrain(installed_data, empty, "quotas", "--env", "dev")
+    assert unknown.returncode == 2 and "site-packages" not in unknown.stderr
+    assert "no environment files here" in unknown.stderr and "--config-dir" in unknown.stderr
+
+    # A ./config of the working folder is the environments folder.
+    mine = tmp_path / "mine"
+    (mine / "config").mkdir(parents=True)
+    (mine / "config" / "dev.yaml").write_text((ROOT / "config" / "dev.yaml").read_text())
+    configured = _llmtrain(installed_data, mine, "render", "gpt2-ddp", "--run-name", "r1", "--env", "dev")
+    assert configured.returncode == 0, configured.stderr
+    assert "placeholders built from config/dev.yaml" in configured.stderr, configured.stderr
+    missing = _llmtrain(installed_data, mine, "render", "gpt2-ddp", "--run-name", "r1", "--env", "prod")
+    assert missing.returncode == 2
+    assert "--env prod: no config/prod.yaml; environments there: dev" in missing.stderr
+    assert "site-packages" not in missing.stderr

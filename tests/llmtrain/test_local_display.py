@@ -52,6 +52,27 @@ def test_library_noise_stays_in_the_log_and_useful_lines_are_shown():
         assert word not in shown
 
 
+# bitsandbytes on a CPU with AVX512-BF16 and no `kernels` package, once per rank of a LoRA run.
+BITSANDBYTES_KERNELS = (
+    "Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'. Please make "
+    "sure you already `pip install kernels` and the kernels >= 0.11.1"
+)
+
+
+def test_bitsandbytes_missing_cpu_kernels_stay_in_the_log():
+    """Issue 36 item 7: only QLoRA's 4-bit layers would use the kernel; a LoRA run's console does not
+    need the line (twice, one per rank)."""
+    output = io.StringIO()
+    console = Console(file=output, width=300)
+    with JobDisplay(console, max_steps=10, metric_names=["train:loss"], hosts=("algo-1",)) as display:
+        for line in [*LAUNCH, BITSANDBYTES_KERNELS, BITSANDBYTES_KERNELS, USEFUL[0]]:
+            display.line("algo-1", line, [])
+    shown = output.getvalue()
+    assert display.hidden_lines == 2
+    assert "gemm_4bit_forward" not in shown and "pip install kernels" not in shown
+    assert f"algo-1 | {USEFUL[0]}" in shown
+
+
 # What one host of a failed job prints after the program's error (torch 2.13's torchrun, the toolkit).
 PROGRAM_ERROR = "[error] DataError: no manifest.json in /job/algo-1/input/data/train: prepare it"
 # (A file: the lines are long and end in spaces, as torchrun prints them.)

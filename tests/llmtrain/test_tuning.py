@@ -24,6 +24,7 @@ from llmtrain.core.tuning import (
     check_tune,
     check_tune_budget,
     check_tune_program,
+    full_run_command,
     start_command,
 )
 from llmtrain.core.tuning_request import tuning_problems_for_request, tuning_request, validate_tuning_request
@@ -252,6 +253,20 @@ def test_best_trial_and_the_start_line():
         start_command("gpt2-ddp@1.2.0", "r-best", {"max_steps": "100"}, {"lr": 0.0030000001})
         == "llmtrain start gpt2-ddp@1.2.0 --run-name r-best --set max_steps=100 --set lr=0.003"
     )
+
+
+def test_a_local_tunes_full_run_line_leaves_out_the_trials_length_and_hosts():
+    """Issue 36 item 8: the trials ran shortened (`--set max_steps=12 instance_count=1`); the full run's
+    command keeps the tune's other overrides and the best values, not the trial-only ones."""
+    settings = {"instance_count": "1", "max_steps": "12", "grad_accum_steps": "1", "eval_every_steps": "4"}
+    command, dropped = full_run_command("gpt2-ddp@1.2.0", "lr-best", settings, {"lr": 0.002})
+    assert command == (
+        "llmtrain start gpt2-ddp@1.2.0 --run-name lr-best --set grad_accum_steps=1 --set lr=0.002"
+    )
+    assert dropped == {"instance_count": "1", "max_steps": "12", "eval_every_steps": "4"}
+    # A tuned value is the best trial's, never left out.
+    command, dropped = full_run_command("gpt2-ddp@1.2.0", "s-best", {"max_steps": "12"}, {"max_steps": 40})
+    assert command.endswith("--set max_steps=40") and dropped == {}
 
 
 def test_the_program_reads_the_plain_strings_sagemaker_tuning_passes():

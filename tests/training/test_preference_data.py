@@ -96,7 +96,10 @@ def test_chat_pairs_are_rendered_with_the_chat_template(tmp_path):
     assert [tokenizer.decode(row[row != IGNORE_INDEX]) for row in targets] == \
         [f"This.{eos}\n{eos}", f"That.{eos}\n{eos}"]
     assert tokenizer.decode(inputs[0]) == f"<|user|>\nPick one.{eos}\n<|assistant|>\nThis.{eos}\n"
-    code, err, _ = _prepare(tmp_path, records, "--preference", name="plain")
+    plain = tmp_path / "plain_tokenizer"  # the shipped tokenizer has a chat template: one without
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(str(plain))
+    code, err, _ = _prepare(tmp_path, records, "--preference", name="plain", tokenizer=plain)
     assert code == 2 and "the tokenizer has no chat template" in err
 
 

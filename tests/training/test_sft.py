@@ -200,8 +200,6 @@ def test_examples_are_tokenized_as_the_model_reads_them(word_start_tokenizer, tm
     assert tokens.tolist() == expected_tokens and mask.astype(int).tolist() == expected_mask
 
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|endoftext|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 CONVERSATIONS = [
     {"messages": [{"role": "system", "content": "Be brief."},
                   {"role": "user", "content": "Name a colour."},
@@ -215,12 +213,20 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def chat_tokenizer(tmp_path_factory) -> Path:
-    """The shipped tokenizer with a chat template, as instruction-tuned models ship theirs."""
-    folder = tmp_path_factory.mktemp("chat") / "tokenizer"
+def chat_tokenizer() -> Path:
+    """The shipped tokenizer: it has a chat template, as instruction-tuned models ship theirs."""
+    return TOKENIZER
+
+
+@pytest.fixture(scope="module")
+def plain_tokenizer(tmp_path_factory) -> Path:
+    """The shipped tokenizer without its chat template, as base checkpoints ship theirs."""
+    folder = tmp_path_factory.mktemp("plain") / "tokenizer"
     tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = None
     tokenizer.save_pretrained(str(folder))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert config.get("chat_template") is None and not (folder / "chat_template.jinja").exists()
     return folder
 
 
@@ -243,7 +249,7 @@ def test_conversations_train_on_every_assistant_turn(chat_tokenizer, tmp_path, c
     assert tokenizer.decode(tokens) == rendered
 
 
-def test_bad_conversations_are_refused_naming_the_fix(chat_tokenizer, tmp_path, capsys):
+def test_bad_conversations_are_refused_naming_the_fix(chat_tokenizer, plain_tokenizer, tmp_path, capsys):
     cases = [
         ({"messages": [{"role": "user", "content": "hi"}]}, "no 'assistant' message in 'messages'"),
         ({"messages": "hi"}, "field 'messages' must be a non-empty list of messages"),
@@ -257,7 +263,7 @@ def test_bad_conversations_are_refused_naming_the_fix(chat_tokenizer, tmp_path, 
                        "messages")
         assert f"bad{index}.jsonl:1: {message}" in err, err
     good = _write_jsonl(tmp_path / "good.jsonl", CONVERSATIONS)
-    err = _refused(capsys, good, TOKENIZER, tmp_path / "plain", "--messages-key", "messages")
+    err = _refused(capsys, good, plain_tokenizer, tmp_path / "plain", "--messages-key", "messages")
     assert "the tokenizer has no chat template" in err
     table = tmp_path / "chats.csv"
     table.write_text("messages\nhi\n")

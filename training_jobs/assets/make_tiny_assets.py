@@ -4,11 +4,13 @@
 
 Writes examples/data/tiny_corpus/{train,validation}.jsonl (deterministic, a few hundred KB),
 examples/data/tiny_sft/{train,validation}.jsonl (prompt/completion pairs for supervised fine-tuning:
-list three things, answer with them in reverse order), examples/data/tiny_preference/{train,
-validation}.jsonl (preference pairs for DPO on the same task: the reversed list chosen, a wrong order
-rejected), examples/data/tiny_grpo/{train,validation}.jsonl (prompts of a verifiable task for GRPO:
-the sum of two digits, with its answer) and training_jobs/assets/tokenizer/ (a
-byte-level BPE trained on the corpus, saved as an HF tokenizer folder). Nothing is downloaded:
+list three things, answer with them in reverse order), examples/data/tiny_chat/{train,validation}.jsonl
+(the same task as conversations, for `prepare_data --messages-key messages`),
+examples/data/tiny_preference/{train,validation}.jsonl (preference pairs for DPO on the same task: the
+reversed list chosen, a wrong order rejected), examples/data/tiny_grpo/{train,validation}.jsonl
+(prompts of a verifiable task for GRPO: the sum of two digits, with its answer) and
+training_jobs/assets/tokenizer/ (a byte-level BPE trained on the corpus, saved as an HF tokenizer
+folder, with a chat template in its tokenizer_config.json). Nothing is downloaded:
 the text comes from a small seeded grammar, so tests and examples run offline and the files are
 reproducible byte for byte.
 """
@@ -23,11 +25,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CORPUS_DIR = REPO / "examples" / "data" / "tiny_corpus"
 SFT_DIR = REPO / "examples" / "data" / "tiny_sft"
+CHAT_DIR = REPO / "examples" / "data" / "tiny_chat"
 PREFERENCE_DIR = REPO / "examples" / "data" / "tiny_preference"
 GRPO_DIR = REPO / "examples" / "data" / "tiny_grpo"
 TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer"
 EOS = "<|endoftext|>"
 VOCAB_SIZE = 1024
+# Each message as `<|role|>`, a newline, its content and the end-of-sequence token; the generation
+# prompt is the assistant's header. It renders turn by turn (a later message never changes the text
+# of an earlier one), which prepare_data's --messages-key needs to tell the assistant's text apart.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 SUBJECTS = ["the cat", "a small dog", "the old farmer", "my sister", "the teacher", "a young bird",
             "the captain", "our neighbour", "the baker", "a quiet child", "the river", "the wind",
@@ -87,6 +97,31 @@ def write_sft(path: Path, examples: int, seed: int) -> None:
                                   "completion": f" {', '.join(reversed(things))}."}) + "\n")
 
 
+def write_chat(path: Path, examples: int, seed: int) -> None:
+    """Conversations on the SFT task: a system message, the user's list, the assistant's answer."""
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for _ in range(examples):
+            things = rng.sample(OBJECTS, 3)
+            messages = [
+                {"role": "system", "content": "Answer with the things listed, in reverse order."},
+                {"role": "user", "content": f"List in reverse order: {', '.join(things)}."},
+                {"role": "assistant", "content": f"{', '.join(reversed(things))}."},
+            ]
+            out.write(json.dumps({"messages": messages}) + "\n")
+
+
+def add_chat_template(tokenizer_dir: Path) -> None:
+    """Write CHAT_TEMPLATE into the folder's tokenizer_config.json (where instruction-tuned checkpoints
+    keep theirs, and every transformers version reads it)."""
+    config_path = tokenizer_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    (tokenizer_dir / "chat_template.jinja").unlink(missing_ok=True)
+
+
 def write_preferences(path: Path, pairs: int, seed: int) -> None:
     """Preference pairs: three things; chosen, the three in reverse order; rejected, another order."""
     rng = random.Random(seed)
@@ -128,6 +163,7 @@ def train_tokenizer(texts: list[str], output: Path) -> None:
                                       unk_token=EOS, pad_token=EOS, model_max_length=1 << 20)
     output.mkdir(parents=True, exist_ok=True)
     wrapped.save_pretrained(output)
+    add_chat_template(output)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -135,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-documents", type=int, default=500)
     parser.add_argument("--validation-documents", type=int, default=50)
     parser.add_argument("--sft-examples", type=int, default=2000)
+    parser.add_argument("--chat-examples", type=int, default=200)
     parser.add_argument("--preference-pairs", type=int, default=1000)
     parser.add_argument("--grpo-prompts", type=int, default=500)
     args = parser.parse_args(argv)
@@ -146,8 +183,10 @@ def main(argv: list[str] | None = None) -> None:
     write_preferences(PREFERENCE_DIR / "validation.jsonl", args.preference_pairs // 10, seed=6)
     write_prompts(GRPO_DIR / "train.jsonl", args.grpo_prompts, seed=7)
     write_prompts(GRPO_DIR / "validation.jsonl", args.grpo_prompts // 10, seed=8)
+    write_chat(CHAT_DIR / "train.jsonl", args.chat_examples, seed=9)
+    write_chat(CHAT_DIR / "validation.jsonl", args.chat_examples // 10, seed=10)
     train_tokenizer(texts, TOKENIZER_DIR)
-    print(f"wrote {CORPUS_DIR}, {SFT_DIR}, {PREFERENCE_DIR}, {GRPO_DIR} and {TOKENIZER_DIR}")
+    print(f"wrote {CORPUS_DIR}, {SFT_DIR}, {CHAT_DIR}, {PREFERENCE_DIR}, {GRPO_DIR} and {TOKENIZER_DIR}")
 
 
 if __name__ == "__main__":
