@@ -48,7 +48,7 @@ from llmtrain.core.catalog import Catalog, parse_ref
 from llmtrain.core.errors import LlmtrainError, OverrideError, TemplateNotFoundError, did_you_mean
 from llmtrain.core.jumpstart import resolve_base_model
 from llmtrain.core.platform import MAX_KEEP_ALIVE_SECONDS
-from llmtrain.core.program_contract import ProgramContract
+from llmtrain.core.program_contract import ProgramContract, installed_contract
 from llmtrain.core.program_failures import meaning
 from llmtrain.core.render import render
 from llmtrain.core.run_settings import RunInput, coerce_override
@@ -313,6 +313,7 @@ def check_in_environment(
         team,
         own_data,
         token_channels=template.code.is_platform,
+        manifest_versions=(program or installed_contract()).manifest_versions,
     )
     if problems:
         raise RunRejected(

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.text import Text
 
+from llmtrain.core.program_contract import contract_files_of_archive, manifest_versions
 from llmtrain.local import data as local_data
 from llmtrain.local.display import JobDisplay
 from llmtrain.local.job import (
@@ -198,7 +199,8 @@ def _prepare(
                                model_artifact=job_dir / "output" / "model.tar.gz", parent_env=os.environ)
     plan, channel_dirs = _with_channels(plan, request, options, template_channels, console)
     if token_channels:
-        local_data.check_token_channels(plan, channel_dirs)
+        local_data.check_token_channels(plan, channel_dirs,
+                                        manifest_versions(contract_files_of_archive(code_archive)))
     checkpoints_dir = options.run_dir / CHECKPOINTS_DIR if plan.checkpoint_subpath else None
     tensorboard_dir = options.run_dir / TENSORBOARD_DIR if plan.tensorboard_subpath else None
     for recovered in recover_unsynced_jobs(options.run_dir):
