@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from llmtrain.commands._common import add_action, add_overrides_argument, parse_overrides
+from llmtrain.commands.launch import check_locally
 from llmtrain.core.catalog import Catalog
 from llmtrain.core.errors import LlmtrainError
 from llmtrain.core.program_contract import ProgramContract
@@ -102,6 +103,10 @@ def _options(args: argparse.Namespace, program: ProgramContract | None) -> PlanO
     )
 
 
+# The run name the request is checked under (a plan has none; it names nothing that is created).
+PLAN_RUN_NAME = "plan"
+
+
 def _positive_hours(value: str) -> float:
     try:
         hours = float(value)
@@ -118,8 +123,10 @@ def plan_command(args: argparse.Namespace) -> int:
         raise LlmtrainError("--max-hours bounds the plans --suggest searches: add --suggest, or leave "
                             "--max-hours out to plan the run as given")
     catalog = Catalog.load(args.catalog)
-    template = catalog.resolve(args.ref)
     overrides = parse_overrides(args.overrides)
+    # What `render` and `start` refuse (the overrides, the request's rules: e.g. several nodes without
+    # EFA) is refused here too, by the same checks, before any plan is made.
+    template = check_locally(catalog, args.ref, PLAN_RUN_NAME, overrides)
     options = _options(args, catalog.program_contract(template))
     if args.suggest:
         found = suggest(template, overrides, options, max_hours=args.max_hours)

@@ -1,4 +1,5 @@
-"""Issue 36, items 9 (part) and 11: the verbs people type by habit (ls/list, show/describe) in every
+"""Issue 36, items 9, 10 and 11: plan refuses what render refuses, "did you mean" for a misspelled
+--set key in every command, the verbs people type by habit (ls/list, show/describe) in every
 command group, one repeated --set key refused in every command that takes --set, an empty version
 after '@' refused, and `plan --max-hours` only positive and only with --suggest."""
 
@@ -68,3 +69,23 @@ def test_plan_max_hours_without_suggest_is_refused(capsys):
     code, out, err = _run(capsys, "plan", "gpt2-ddp", "--max-hours", "5")
     assert code == 2 and not out
     assert "--max-hours bounds the plans --suggest searches: add --suggest" in err
+
+
+def test_plan_refuses_what_render_refuses(capsys):
+    efa = "instance_count 2 on ml.g5.12xlarge: more than one node needs an EFA-capable instance type"
+    code, out, err = _run(capsys, "plan", "gpt2-ddp", "--set", "instance_count=2")
+    assert code == 2 and "fits" not in out and efa in err
+    code, _, err = _run(capsys, "render", "gpt2-ddp", "--run-name", "r1", "--set", "instance_count=2")
+    assert code == 2 and efa in err
+    code, out, _ = _run(capsys, "plan", "gpt2-ddp", "--set", "instance_count=1")
+    assert code == 0 and "\nplan: fits" in out
+
+
+@pytest.mark.parametrize("command", [["plan", "gpt2-ddp"], ["render", "gpt2-ddp", "--run-name", "r1"],
+                                     ["start", "gpt2-ddp", "--run-name", "r1"],
+                                     ["tune", "gpt2-ddp", "--run-name", "r1", "--param", "lr=1e-4..1e-3"]])
+def test_a_misspelled_setting_gets_did_you_mean_in_every_command(capsys, command):
+    code, _, err = _run(capsys, *command, "--set", "max_stpes=3")
+    assert code == 2
+    assert "override 'max_stpes': gpt2-ddp@1.3.0 does not allow overriding it (did you mean " \
+        "'max_steps'?)" in err
