@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.text import Text
 
 from llmtrain.core.program_contract import contract_files_of_archive, manifest_versions
+from llmtrain.core.render import TAG_PREFIX
 from llmtrain.local import data as local_data
 from llmtrain.local.display import JobDisplay
 from llmtrain.local.job import (
@@ -125,6 +126,22 @@ def next_attempt(options: LocalRunOptions) -> int:
     """Jobs of a run are its attempts: each gets a new job name, all share the checkpoints."""
     jobs = options.run_dir / JOBS_DIR
     return 1 + (sum(1 for p in jobs.iterdir() if p.is_dir()) if jobs.is_dir() else 0)
+
+
+def run_owner(options: LocalRunOptions) -> tuple[str, str] | None:
+    """The template and version a local run's earlier jobs ran (their requests' llmtrain tags), or
+    None for a new run."""
+    jobs = options.run_dir / JOBS_DIR
+    requests = sorted(jobs.glob("*/request.json"), key=lambda path: path.stat().st_mtime) \
+        if jobs.is_dir() else []
+    for path in reversed(requests):
+        try:
+            tags = {tag["Key"]: tag["Value"] for tag in json.loads(path.read_text()).get("Tags", [])}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if f"{TAG_PREFIX}template" in tags:
+            return tags[f"{TAG_PREFIX}template"], tags.get(f"{TAG_PREFIX}template-version", "")
+    return None
 
 
 @dataclass(frozen=True)
