@@ -55,6 +55,7 @@ from training_jobs.trainer import float8  # noqa: E402
 from training_jobs.trainer.faults import Faults  # noqa: E402
 from training_jobs.trainer.loop import train_step  # noqa: E402
 from training_jobs.trainer.models import load_tokenizer, model_source  # noqa: E402
+from training_jobs.trainer.objectives.next_token import NextTokenObjective  # noqa: E402
 from training_jobs.trainer.parallel import init_distributed  # noqa: E402
 from training_jobs.trainer.strategies import SetupContext, build_strategy  # noqa: E402
 
@@ -490,7 +491,10 @@ def measure(hyperparameters: dict, tokenizer) -> dict[str, int]:
             dp_group=strategy.topology.data_parallel_group(),
             step=0,
             faults=Faults(),  # none injected
+            router=None,  # dense models
         )
+        ctx.objective = NextTokenObjective(SimpleNamespace(strategy=strategy, train=batches))
+        batches.step_samples = []
         strategy.train(True)
         batches.next_step = lambda: _batches(config, source.config.vocab_size, generator,
                                              strategy.topology.sequence_split)

@@ -271,7 +271,8 @@ def _listing(s3, bucket: str, folder: str, team: TeamAccess) -> DatasetListing:
 
 
 def channel_problems(
-    s3, team: TeamAccess, request: Mapping[str, Any], *, token_channels: bool = False
+    s3, team: TeamAccess, request: Mapping[str, Any], *, token_channels: bool = False,
+    manifest_versions: tuple[int, ...] = (1, 2),
 ) -> list[str]:
     """The request's channels that hold no data. Rendering with the team's platform context has
     already refused a channel outside the team's datasets prefix.
@@ -279,7 +280,8 @@ def channel_problems(
     With `token_channels` (a template of the platform's training program) the train and validation
     channels are also checked as the job will load them (llmtrain.core.token_data): their manifests are
     read, the shards' sizes taken from the listing (no shard is read), and a tokenizer channel must
-    hold a tokenizer."""
+    hold a tokenizer. `manifest_versions`: the manifest versions the code the template version runs
+    reads (ProgramContract.manifest_versions)."""
     bucket = team.datasets_bucket
     problems: list[str] = []
     manifests: dict[str, ShardsManifest] = {}
@@ -304,7 +306,8 @@ def channel_problems(
                 except TokenDataError as problem:
                     problems.append(str(problem))
     if manifests and not problems:
-        problems = data_problems(manifests, _cloud_shape(request), _cloud_tokenizer(channels))
+        problems = data_problems(manifests, _cloud_shape(request), _cloud_tokenizer(channels),
+                                 manifest_versions)
     return problems
 
 

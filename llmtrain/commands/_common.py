@@ -188,6 +188,18 @@ def writable_folder(folder: Path, option: str) -> Path:
     return folder
 
 
+# -- actions ---------------------------------------------------------------------------------------------
+
+# The verbs people type by habit for an action (`ls` after `kubectl`, `list` after `aws`), accepted
+# by every command group that has the action.
+HABIT_ALIASES: dict[str, tuple[str, ...]] = {"ls": ("list",), "show": ("describe",)}
+
+
+def add_action(actions: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A group's action `name`, also reachable by its habitual aliases (HABIT_ALIASES)."""
+    return actions.add_parser(name, aliases=list(HABIT_ALIASES.get(name, ())), **kwargs)
+
+
 # -- overrides ------------------------------------------------------------------------------------------
 
 
@@ -203,6 +215,12 @@ class _OverrideAction(argparse.Action):
                 f"e.g. --set {key.strip() or 'max_steps'}=100",
             )
         items = list(getattr(namespace, self.dest, None) or [])
+        given = [item for item in items if item.partition("=")[0].strip() == key.strip()]
+        if given:
+            raise argparse.ArgumentError(
+                self,
+                f"{key.strip()!r} is set twice ({given[0]!r} and {value!r}): give each setting once",
+            )
         items.append(value)
         setattr(namespace, self.dest, items)
 

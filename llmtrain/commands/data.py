@@ -38,6 +38,7 @@ from llmtrain.client.datasets import (
 )
 from llmtrain.client.launcher import owner_from_identity
 from llmtrain.commands._common import (
+    add_action,
     add_cloud_arguments,
     connect,
     follow_up_options,
@@ -94,7 +95,8 @@ def register(subparsers) -> None:
     add_cloud_arguments(upload)
     upload.set_defaults(handler=upload_command)
 
-    listing = actions.add_parser(
+    listing = add_action(
+        actions,
         "ls", help="list your team's datasets", description="List your team's datasets."
     )
     listing.add_argument("--json", action="store_true", help="print a JSON list instead of a table")

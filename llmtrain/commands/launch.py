@@ -45,10 +45,10 @@ from llmtrain.commands._common import (
     parse_overrides,
 )
 from llmtrain.core.catalog import Catalog, parse_ref
-from llmtrain.core.errors import LlmtrainError, OverrideError, TemplateNotFoundError, did_you_mean
+from llmtrain.core.errors import LlmtrainError, TemplateNotFoundError, did_you_mean
 from llmtrain.core.jumpstart import resolve_base_model
 from llmtrain.core.platform import MAX_KEEP_ALIVE_SECONDS
-from llmtrain.core.program_contract import ProgramContract
+from llmtrain.core.program_contract import ProgramContract, installed_contract
 from llmtrain.core.program_failures import meaning
 from llmtrain.core.render import render
 from llmtrain.core.run_settings import RunInput, coerce_override
@@ -246,15 +246,8 @@ def check_locally(catalog: Catalog, ref: str, run_name: str, overrides: Mapping[
     Where a channel may read (the team's datasets prefix) is the environment's to say: channels are
     checked here for their form (an S3 URI), then against the team in `check_in_environment`."""
     template = catalog.resolve(ref)
-    accepted = {*template.overridable, *PLATFORM_RUN_OPTIONS}
     for setting, value in overrides.items():
-        if setting not in accepted:
-            raise OverrideError(
-                setting,
-                f"{template.ref} does not allow overriding it{did_you_mean(setting, accepted)}; "
-                f"it allows: {', '.join(sorted(accepted))}",
-            )
-        coerce_override(template, setting, value)
+        coerce_override(template, setting, value)  # an unknown setting is refused with "did you mean"
     stand_in = placeholder_context(
         environment="check",
         account="000000000000",
@@ -313,6 +306,7 @@ def check_in_environment(
         team,
         own_data,
         token_channels=template.code.is_platform,
+        manifest_versions=(program or installed_contract()).manifest_versions,
     )
     if problems:
         raise RunRejected(

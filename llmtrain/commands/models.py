@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from llmtrain.commands._common import add_cloud_arguments, connect, print_table
+from llmtrain.commands._common import add_action, add_cloud_arguments, connect, print_table
 from llmtrain.core.catalog import Catalog
 from llmtrain.core.errors import LlmtrainError
 from llmtrain.core.jumpstart import JumpStartCatalog
@@ -25,7 +25,7 @@ def register(subparsers) -> None:
         description=__doc__.split("\n\n")[1],
     )
     actions = parser.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    ls = actions.add_parser("ls", help="list JumpStart's trainable text-generation models in the region")
+    ls = add_action(actions, "ls", help="list JumpStart's trainable text-generation models in the region")
     ls.add_argument(
         "--template",
         default=None,

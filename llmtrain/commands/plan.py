@@ -17,7 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
-from llmtrain.commands._common import add_overrides_argument, parse_overrides, writable_folder
+from llmtrain.commands._common import add_action, add_overrides_argument, parse_overrides, writable_folder
+from llmtrain.commands.launch import check_locally
 from llmtrain.core.catalog import Catalog
 from llmtrain.core.errors import LlmtrainError
 from llmtrain.core.program_contract import ProgramContract
@@ -68,7 +69,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--max-hours",
-        type=float,
+        type=_positive_hours,
         default=None,
         help="with --suggest: the cheapest plan must finish within this many hours",
     )
@@ -81,7 +82,7 @@ def register(subparsers) -> None:
         description="The planner's dated table of SageMaker training prices per instance-hour.",
     )
     actions = price_parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    show = actions.add_parser("show", help="print the price table")
+    show = add_action(actions, "show", help="print the price table")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(handler=prices_show_command)
     refresh = actions.add_parser("refresh", help="rewrite the table from the AWS Price List API")
@@ -102,10 +103,30 @@ def _options(args: argparse.Namespace, program: ProgramContract | None) -> PlanO
     )
 
 
+# The run name the request is checked under (a plan has none; it names nothing that is created).
+PLAN_RUN_NAME = "plan"
+
+
+def _positive_hours(value: str) -> float:
+    try:
+        hours = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of hours (e.g. 48)") from None
+    if not 0 < hours < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: the hours a plan must finish within are more than 0 "
+                                         "(e.g. 48)")
+    return hours
+
+
 def plan_command(args: argparse.Namespace) -> int:
+    if args.max_hours is not None and not args.suggest:
+        raise LlmtrainError("--max-hours bounds the plans --suggest searches: add --suggest, or leave "
+                            "--max-hours out to plan the run as given")
     catalog = Catalog.load(args.catalog)
-    template = catalog.resolve(args.ref)
     overrides = parse_overrides(args.overrides)
+    # What `render` and `start` refuse (the overrides, the request's rules: e.g. several nodes without
+    # EFA) is refused here too, by the same checks, before any plan is made.
+    template = check_locally(catalog, args.ref, PLAN_RUN_NAME, overrides)
     options = _options(args, catalog.program_contract(template))
     if args.suggest:
         found = suggest(template, overrides, options, max_hours=args.max_hours)

@@ -24,9 +24,11 @@ from llmtrain.core.errors import LlmtrainError
 from llmtrain.core.render import render
 from llmtrain.core.run_settings import RunInput
 from llmtrain.core.sourcedir import PLATFORM_PACKAGE, REQUIREMENTS, repository_root
+from llmtrain.core.spec import TemplateSpec
 from llmtrain.core.team_context import local_context
 from llmtrain.local import EXIT_CODES, LocalRunOptions, RunAlreadyTrained, next_attempt, run_local
 from llmtrain.local.data import parse_data_option
+from llmtrain.local.runner import run_owner
 from llmtrain.planner.checks import plan_summary
 
 # What a local run needs besides the training program's requirements.txt: the toolkit of the
@@ -84,6 +86,7 @@ def run_command(args: argparse.Namespace) -> int:
     )
     catalog = Catalog.load()
     template = catalog.resolve(args.template)
+    _check_run_owner(options, template, explicit_version="@" in args.template)
     run_input = RunInput(run_name=args.run_name, overrides=settings, attempt=next_attempt(options),
                          owner="local")
     program = catalog.program_contract(template)
@@ -105,6 +108,20 @@ def run_command(args: argparse.Namespace) -> int:
         console.print("[yellow]llmtrain[/] interrupted before the job started; nothing ran")
         return EXIT_CODES["Stopped"]
     return EXIT_CODES[summary["TrainingJobStatus"]]
+
+
+def _check_run_owner(options: LocalRunOptions, template: TemplateSpec, *, explicit_version: bool) -> None:
+    """A run keeps its template for life: its checkpoints belong to that program and model (as the
+    launcher's Resolve keeps a cloud run's)."""
+    owner = run_owner(options)
+    if owner is None:
+        return
+    name, version = owner
+    if name != template.name or (explicit_version and version != template.version):
+        raise LlmtrainError(
+            f"run {options.run_name!r} in {options.workdir} belongs to {name}@{version} (its earlier jobs "
+            f"and checkpoints), not {template.ref}: continue it with {name}@{version}, or start fresh "
+            f"with another --run-name")
 
 
 def require_local_run_packages() -> None:

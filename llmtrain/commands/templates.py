@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from llmtrain.commands._common import connect, print_table
+from llmtrain.commands._common import add_action, connect, print_table
 from llmtrain.core.catalog import DEFAULT_TEMPLATE, Catalog
 
 
@@ -33,7 +33,14 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=list_templates)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
 
-    show = actions.add_parser("show", help="print one template version as JSON")
+    listing = add_action(actions, "ls", help="list the catalog (as `llmtrain templates` does)")
+    listing.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    for option in ("--catalog", "--env", "--team", "--region", "--profile"):
+        listing.add_argument(option, type=Path if option == "--catalog" else str, default=argparse.SUPPRESS,
+                             help=argparse.SUPPRESS)
+    listing.set_defaults(handler=list_templates)
+
+    show = add_action(actions, "show", help="print one template version as JSON")
     show.add_argument("ref", metavar="NAME[@VERSION]")
     show.add_argument("--catalog", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     show.set_defaults(handler=show_template)

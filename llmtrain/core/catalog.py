@@ -74,9 +74,12 @@ class SemVer:
 
 def parse_ref(ref: str) -> tuple[str, str]:
     """'name', 'name@latest' or 'name@1.2.3' -> (name, version or 'latest')."""
-    name, _, version = ref.partition("@")
+    name, at, version = ref.partition("@")
     if not name:
         raise TemplateNotFoundError(f"template reference {ref!r} lacks a name; write NAME or NAME@VERSION")
+    if at and not version:
+        raise TemplateNotFoundError(f"template reference {ref!r} has an empty version after '@': write "
+                                    f"{name}@VERSION (e.g. {name}@{LATEST}), or {name} for the latest")
     return name, version or LATEST
 
 

@@ -26,6 +26,8 @@ container).
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import hashlib
 import importlib
 import importlib.abc
@@ -46,6 +48,10 @@ from llmtrain.core.errors import ProgramSettingError, SourceDirError
 CONTRACT_FOLDER = "training_jobs/contract/"
 LEGACY_FILES = ("training_jobs/trainer/config.py", "training_jobs/trainer/errors.py",
                 "training_jobs/trainer/parallel_dims.py")
+# Where a version's code names the token-shard manifest versions it reads (`VERSION`, and
+# `MASKED_VERSION` once it reads loss-masked data): read as text, never executed (the shard reader
+# imports numpy).
+TOKEN_FORMAT_FILES = ("training_jobs/contract/token_data.py", "training_jobs/trainer/shards.py")
 _PACKAGE_PREFIX = "_llmtrain_program_"
 # What the training program did before its contract had a capability table (code frozen up to
 # template release 1.2.0): tensor parallel with a replicated residual stream, a replicated output
@@ -72,6 +78,8 @@ class ProgramContract:
     error_type: type[Exception]
     # What the program does (its contract's capability table; LEGACY_CAPABILITIES without one).
     capabilities: Mapping[str, object] = field(default_factory=lambda: LEGACY_CAPABILITIES)
+    # The token-shard manifest versions the program loads (1: plain; 2: loss-masked).
+    manifest_versions: tuple[int, ...] = (1,)
 
     def check(self, hyperparameters: Mapping[str, Any], *, world_size: int, num_hosts: int) -> None:
         """ProgramSettingError, with the program's own message, when the program would refuse these
@@ -87,9 +95,10 @@ def installed_contract() -> ProgramContract:
     in llmtrain's wheel): the rules of code that is not frozen."""
     from training_jobs import contract
     from training_jobs.contract.capabilities import CAPABILITIES
+    from training_jobs.contract.token_data import LOSS_MASKED
 
     return ProgramContract("installed", contract.check_run, contract.ConfigError,
-                           MappingProxyType(dict(CAPABILITIES)))
+                           MappingProxyType(dict(CAPABILITIES)), tuple(sorted(LOSS_MASKED)))
 
 
 _LOADED: dict[str, ProgramContract] = {}
@@ -110,7 +119,8 @@ def archive_contract(archive: bytes, code_hash: str) -> ProgramContract:
 def folder_contract(code_folder: Path) -> ProgramContract:
     """The contract of a working tree's `training_jobs/` folder (code that is not frozen)."""
     base = code_folder.parent
-    paths = sorted((code_folder / "contract").glob("*.py")) or [base / name for name in LEGACY_FILES]
+    paths = (sorted((code_folder / "contract").glob("*.py")) or [base / name for name in LEGACY_FILES]) + [
+        base / TOKEN_FORMAT_FILES[1]]
     files = {path.relative_to(base).as_posix(): path.read_bytes() for path in paths if path.is_file()}
     digest = hashlib.sha256()
     for name in sorted(files):
@@ -137,15 +147,45 @@ def contract_files_of_archive(archive: bytes) -> dict[str, bytes]:
 
 def _is_contract_file(name: str) -> bool:
     folder, _, file = name.rpartition("/")
-    return (folder + "/" == CONTRACT_FOLDER and file.endswith(".py")) or name in LEGACY_FILES
+    return (folder + "/" == CONTRACT_FOLDER and file.endswith(".py")) or name in LEGACY_FILES \
+        or name in TOKEN_FORMAT_FILES
+
+
+def manifest_versions(files: Mapping[str, bytes]) -> tuple[int, ...]:
+    """The token-shard manifest versions the code in `files` loads: the integer `VERSION` and
+    `MASKED_VERSION` its shard format module assigns (the contract's, else the older shard reader's)."""
+    for path in TOKEN_FORMAT_FILES:
+        if path in files:
+            names = _integer_constants(files[path])
+            versions = {names[name] for name in ("VERSION", "MASKED_VERSION") if name in names}
+            if versions:
+                return tuple(sorted(versions))
+    return (1,)
+
+
+def _integer_constants(source: bytes) -> dict[str, int]:
+    constants = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
+                and type(node.value.value) is int:
+            constants.update({target.id: node.value.value for target in node.targets
+                              if isinstance(target, ast.Name)})
+    return constants
 
 
 # --- loading in isolation -----------------------------------------------------------------------
 
 
 def _load(files: Mapping[str, bytes], code_hash: str) -> ProgramContract:
+    contract = _load_rules(files, code_hash)
+    return dataclasses.replace(contract, manifest_versions=manifest_versions(files))
+
+
+def _load_rules(files: Mapping[str, bytes], code_hash: str) -> ProgramContract:
     root = _PACKAGE_PREFIX + code_hash.removeprefix("sha256:")[:16]
-    sources = {_module_name(root, path): content for path, content in files.items()}
+    # The shard reader is read as text only (manifest_versions): it imports numpy.
+    sources = {_module_name(root, path): content for path, content in files.items()
+               if path != TOKEN_FORMAT_FILES[1]}
     if f"{root}.contract" in sources or f"{root}.trainer.config" in sources:
         # Stays installed: it answers only for its own private root, which a function of the
         # contract may still import from later.

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmtrain.core.distribution import DEGREE_NAMES
-from llmtrain.core.errors import OverrideError, RunInputError, shown_value, where_set
+from llmtrain.core.errors import OverrideError, RunInputError, did_you_mean, shown_value, where_set
 from llmtrain.core.instances import instance_type as lookup_instance_type
 from llmtrain.core.jumpstart import (
     BaseModel,
@@ -249,8 +249,10 @@ def coerce_override(template: TemplateSpec, setting: str, raw: Any) -> Any:
     """The override's value in its declared type and bounds (strings from the CLI are parsed)."""
     rule = template.overridable.get(setting) or PLATFORM_RUN_OPTIONS.get(setting)
     if rule is None:
-        allowed = ", ".join(sorted([*template.overridable, *PLATFORM_RUN_OPTIONS]))
-        raise OverrideError(setting, f"{template.ref} does not allow overriding it; it allows: {allowed}")
+        accepted = [*template.overridable, *PLATFORM_RUN_OPTIONS]
+        raise OverrideError(setting, f"{template.ref} does not allow overriding it"
+                                     f"{did_you_mean(setting, accepted)}; it allows: "
+                                     f"{', '.join(sorted(accepted))}")
     value = _parse_typed(setting, raw, rule)
     _check_bounds(setting, value, rule)
     return value

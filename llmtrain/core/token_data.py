@@ -12,6 +12,14 @@ minute (or an hour of provisioning) into its job is refused before anything star
 - a channel holds a manifest, and every shard (and loss mask) it lists with the size it says;
 - `train` holds at least one sample of seq_len + 1 tokens within one shard, `validation` at least
   one evaluation batch (data-parallel ranks x micro_batch_size samples);
+- each manifest's version is one the code the template version runs reads (version 2, loss-masked
+  data, is read by code published from release 1.1.0 on), its vocab_size holds its end-of-sequence
+  id, and a loss-masked one that records its trained answer tokens (`answer_tokens`, written by
+  prepare_data) has some;
+- the shards' content agrees with the manifest (no token id at or beyond vocab_size) and a
+  loss-masked dataset's masks train some answer token: read by the program's own check
+  (`python -m training_jobs.data_info`) for local folders; in S3 only the manifest's `answer_tokens`
+  is checked (the job checks the rest when it loads the shards);
 - both splits were made by one tokenizer (vocabulary size, end-of-sequence id) with the same loss
   (both loss-masked or neither);
 - the tokenizer the job reads them with (its `tokenizer` channel, else its `model` channel's, else
@@ -50,6 +58,7 @@ from training_jobs.contract.token_data import SHIPPED_TOKENIZER as CONTRACT_SHIP
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 SHIPPED_TOKENIZER = Path(*CONTRACT_SHIPPED_TOKENIZER)
 TOKENIZER_INFO_MODULE = "training_jobs.tokenizer_info"
+DATA_INFO_MODULE = "training_jobs.data_info"
 PREPARE_HINT = "prepare it with `llmtrain data prepare --input FILES --output DIR`"
 
 
@@ -69,6 +78,8 @@ class ShardsManifest:
     dtype: str
     shards: tuple[tuple[str, int], ...]
     masks: tuple[str, ...] = ()
+    version: int = 1
+    answer_tokens: int | None = None  # loss-masked data by prepare_data: trained non-EOS tokens
 
     @property
     def num_tokens(self) -> int:
@@ -133,10 +144,16 @@ def parse_manifest(raw: bytes, where: str) -> ShardsManifest:
     for name in ("vocab_size", "eos_token_id"):
         if not isinstance(body.get(name), int) or isinstance(body.get(name), bool):
             raise TokenDataError(f"{where}{MANIFEST} has no integer {name!r}; {PREPARE_HINT}")
+    if not 0 <= body["eos_token_id"] < body["vocab_size"]:
+        raise TokenDataError(f"{where}{MANIFEST} says vocab_size {body['vocab_size']} and eos_token_id "
+                             f"{body['eos_token_id']}: a vocabulary holds at least one token and its "
+                             f"end-of-sequence id; {PREPARE_HINT}")
+    answer_tokens = body.get("answer_tokens")
     return ShardsManifest(
         where=where, vocab_size=body["vocab_size"], eos_token_id=body["eos_token_id"], loss_mask=loss_mask,
         dtype=body["dtype"], shards=tuple((entry["path"], entry["num_tokens"]) for entry in entries),
-        masks=tuple(entry["mask"] for entry in entries) if loss_mask else ())
+        masks=tuple(entry["mask"] for entry in entries) if loss_mask else (), version=body["version"],
+        answer_tokens=answer_tokens if type(answer_tokens) is int else None)
 
 
 def _valid_entry(entry: Any, loss_mask: bool) -> bool:
@@ -167,9 +184,17 @@ def split_folders_hint(channel: str, where: str, splits: list[str]) -> str:
 
 
 def data_problems(manifests: Mapping[str, ShardsManifest], shape: RunShape,
-                  tokenizer: TokenizerFacts | None) -> list[str]:
-    """What would stop the job when it loads these channels (see the module's rules)."""
-    problems = []
+                  tokenizer: TokenizerFacts | None, manifest_versions: tuple[int, ...] = (1, 2)) -> list[str]:
+    """What would stop the job when it loads these channels (see the module's rules);
+    `manifest_versions`: those the code the template version runs reads (ProgramContract's)."""
+    problems = [_version_problem(name, m, manifest_versions) for name, m in manifests.items()
+                if m.version not in manifest_versions]
+    if problems:
+        return problems
+    problems += [f"channel {name} ({m.where}) trains no answer token (its manifest records answer_tokens "
+                 "0): its loss masks mark only prompts and end-of-sequence ids; prepare it again with "
+                 "--completion-key naming the answers' field (or --messages-key with assistant messages)"
+                 for name, m in manifests.items() if m.loss_mask and m.answer_tokens == 0]
     train, validation = manifests.get("train"), manifests.get("validation")
     if train is not None and train.samples(shape.seq_len) == 0:
         problems.append(f"channel train ({train.where}) holds {train.num_tokens} tokens, not one sample "
@@ -188,6 +213,14 @@ def data_problems(manifests: Mapping[str, ShardsManifest], shape: RunShape,
         problems += [_tokenizer_problem(m, name, tokenizer) for name, m in manifests.items()
                      if _tokenizer_problem(m, name, tokenizer)]
     return problems
+
+
+def _version_problem(channel: str, manifest: ShardsManifest, versions: tuple[int, ...]) -> str:
+    kind = "a loss-masked dataset" if manifest.loss_mask else "a dataset"
+    return (f"channel {channel} ({manifest.where}) is {kind} of manifest version {manifest.version}, but "
+            f"the code this template version runs reads manifest version {' and '.join(map(str, versions))} "
+            "only (it predates the format): run a newer version of the template (`llmtrain templates` "
+            "lists them), or prepare the data for it (without --completion-key/--messages-key)")
 
 
 def _split_disagreements(train: ShardsManifest, validation: ShardsManifest) -> list[str]:
@@ -248,3 +281,16 @@ def tokenizer_facts(folder: Path, described_as: str | None = None) -> TokenizerF
 def shipped_tokenizer_facts() -> TokenizerFacts:
     return tokenizer_facts(repository_root() / SHIPPED_TOKENIZER,
                            "the training program's shipped tokenizer (the run has no tokenizer channel)")
+
+
+def content_problems(channels: Mapping[str, Path]) -> list[str]:
+    """What the program refuses in the shards' content of these local channels (a token id beyond
+    vocab_size, masks that train no answer token), checked by the shipped program itself in a
+    subprocess (`python -m training_jobs.data_info`): it reads every shard, as the job's loader does."""
+    result = subprocess.run([sys.executable, "-m", DATA_INFO_MODULE,
+                             *(f"{name}={folder}" for name, folder in channels.items())],
+                            env=program_environment(), capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        reason = " ".join(result.stderr.split()[-60:]) or "(no message)"
+        raise TokenDataError(f"cannot check the shards of {', '.join(map(str, channels.values()))}: {reason}")
+    return result.stdout.splitlines()

@@ -28,6 +28,7 @@ from llmtrain.core.token_data import (
     RunShape,
     ShardsManifest,
     TokenDataError,
+    content_problems,
     data_problems,
     file_problems,
     job_tokenizer,
@@ -89,10 +90,13 @@ def dataset_parts(folder: Path) -> dict[str, Path]:
     return {"train": train, **{name: folder / name for name in DATASET_PARTS[1:] if (folder / name).is_dir()}}
 
 
-def check_token_channels(plan: LocalJob, channels: Mapping[str, Path]) -> None:
+def check_token_channels(plan: LocalJob, channels: Mapping[str, Path],
+                         manifest_versions: tuple[int, ...] = (1, 2)) -> None:
     """Refuse, before anything starts, train and validation folders the training program would fail
-    on: no manifest, missing or short shards, too few samples for the run's seq_len or one evaluation
-    batch, or another tokenizer than the one the job reads them with (llmtrain.core.token_data)."""
+    on: no manifest, missing or short shards, a manifest version the code the template version runs
+    (`manifest_versions`) does not read, too few samples for the run's seq_len or one evaluation
+    batch, another tokenizer than the one the job reads them with, or shards whose content the
+    program refuses (llmtrain.core.token_data)."""
     problems: list[str] = []
     manifests: dict[str, ShardsManifest] = {}
     for name in SPLITS:
@@ -104,7 +108,10 @@ def check_token_channels(plan: LocalJob, channels: Mapping[str, Path]) -> None:
     if manifests and not problems:
         shape = RunShape.of(plan.hyperparameters, hosts=len(plan.hosts),
                             processes_per_host=plan.processes_per_host)
-        problems = data_problems(manifests, shape, tokenizer_facts(job_tokenizer(channels)))
+        problems = data_problems(manifests, shape, tokenizer_facts(job_tokenizer(channels)),
+                                 manifest_versions)
+    if manifests and not problems:
+        problems = content_problems({name: channels[name] for name in manifests})
     if problems:
         raise LocalRunError("the job would fail on its data, so nothing was started:\n" +
                             "\n".join(f"  - {problem}" for problem in problems))

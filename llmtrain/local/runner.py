@@ -35,6 +35,8 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.text import Text
 
+from llmtrain.core.program_contract import contract_files_of_archive, manifest_versions
+from llmtrain.core.render import TAG_PREFIX
 from llmtrain.local import data as local_data
 from llmtrain.local.display import JobDisplay
 from llmtrain.local.job import (
@@ -126,6 +128,22 @@ def next_attempt(options: LocalRunOptions) -> int:
     return 1 + (sum(1 for p in jobs.iterdir() if p.is_dir()) if jobs.is_dir() else 0)
 
 
+def run_owner(options: LocalRunOptions) -> tuple[str, str] | None:
+    """The template and version a local run's earlier jobs ran (their requests' llmtrain tags), or
+    None for a new run."""
+    jobs = options.run_dir / JOBS_DIR
+    requests = sorted(jobs.glob("*/request.json"), key=lambda path: path.stat().st_mtime) \
+        if jobs.is_dir() else []
+    for path in reversed(requests):
+        try:
+            tags = {tag["Key"]: tag["Value"] for tag in json.loads(path.read_text()).get("Tags", [])}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if f"{TAG_PREFIX}template" in tags:
+            return tags[f"{TAG_PREFIX}template"], tags.get(f"{TAG_PREFIX}template-version", "")
+    return None
+
+
 @dataclass(frozen=True)
 class _PreparedJob:
     plan: LocalJob
@@ -198,7 +216,8 @@ def _prepare(
                                model_artifact=job_dir / "output" / "model.tar.gz", parent_env=os.environ)
     plan, channel_dirs = _with_channels(plan, request, options, template_channels, console)
     if token_channels:
-        local_data.check_token_channels(plan, channel_dirs)
+        local_data.check_token_channels(plan, channel_dirs,
+                                        manifest_versions(contract_files_of_archive(code_archive)))
     checkpoints_dir = options.run_dir / CHECKPOINTS_DIR if plan.checkpoint_subpath else None
     tensorboard_dir = options.run_dir / TENSORBOARD_DIR if plan.tensorboard_subpath else None
     for recovered in recover_unsynced_jobs(options.run_dir):

@@ -428,7 +428,8 @@ def test_resource_overrides_reach_the_request():
         (
             "llama-finetune-lora",
             {"instance_count": 2},
-            "override 'instance_count': llama-finetune-lora@1.3.0 does not allow overriding it; it allows: ",
+            "override 'instance_count': llama-finetune-lora@1.3.0 does not allow overriding it (did you mean "
+            "'instance_type'?); it allows: ",
         ),
         ("llama-pretrain-fsdp", {"sagemaker_program": "evil.py"}, "does not allow overriding it"),
         ("llama-pretrain-fsdp", {"max_steps": 0}, "override 'max_steps': 0 is below the minimum 1"),

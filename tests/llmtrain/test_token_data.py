@@ -6,11 +6,13 @@ is the program's (kept equal here)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from llmtrain.cli import main
+from llmtrain.core.catalog import Catalog
 from llmtrain.core.sourcedir import repository_root
 from llmtrain.core.token_data import (
     FORMAT,
@@ -139,3 +141,75 @@ def test_a_channel_without_a_manifest_and_a_masked_train_with_unmasked_validatio
     (problem,) = data_problems({"train": masked, "validation": plain}, shape, None)
     assert problem.startswith("only the train channel is loss-masked")
 
+
+
+# -- issue 36: the format version against the version's code, the masks, vocab_size --------------------
+
+QA = "".join(json.dumps({"prompt": f"Question {i}: what does the cat see?", "answer": f"The red door {i}."})
+             + "\n" for i in range(300))
+
+
+def _masked(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "qa.jsonl").write_text(QA)
+    assert prepare_data.main(["--input", str(folder / "qa.jsonl"), "--tokenizer", str(TOKENIZER),
+                              "--output", str(folder / "tokens"), "--workers", "1", "--prompt-key", "prompt",
+                              "--completion-key", "answer"]) == 0
+    return folder / "tokens"
+
+
+def _edit_manifest(folder: Path, **fields) -> None:
+    body = json.loads((folder / MANIFEST).read_text())
+    (folder / MANIFEST).write_text(json.dumps({**body, **fields}))
+
+
+def test_a_loss_masked_dataset_for_a_version_whose_code_reads_only_version_1_is_refused(tmp_path, capsys):
+    tokens = _masked(tmp_path / "qa")
+    assert json.loads((tokens / MANIFEST).read_text())["answer_tokens"] > 0  # recorded by prepare_data
+    code = main(["run", "--local", "llama-pretrain-fsdp@1.0.0", "--run-name", "r1", "--workdir",
+                 str(tmp_path / "runs"), "--set", "instance_count=1", "--data", str(tokens)])
+    err = capsys.readouterr().err
+    assert code == 2 and not (tmp_path / "runs" / "r1" / "jobs").exists()
+    assert f"channel train ({tokens}/) is a loss-masked dataset of manifest version 2, but the code this " \
+        "template version runs reads manifest version 1 only" in err
+    assert "run a newer version of the template" in err
+    # `llmtrain start` checks with the same rule, the versions read from the version's contract.
+    catalog = Catalog.load()
+    assert catalog.program_contract(catalog.get("llama-pretrain-fsdp", "1.0.0")).manifest_versions == (1,)
+    assert catalog.program_contract(catalog.get("llama-pretrain-fsdp", "1.1.0")).manifest_versions == (1, 2)
+    manifest = parse_manifest((tokens / MANIFEST).read_bytes(), "s3://b/teams/t/qa/")
+    assert data_problems({"train": manifest}, RunShape(seq_len=8, eval_batch=1), None, (1, 2)) == []
+    (problem,) = data_problems({"train": manifest}, RunShape(seq_len=8, eval_batch=1), None, (1,))
+    assert "manifest version 2" in problem
+
+
+def test_masks_that_train_no_answer_token_are_refused_before_the_job(tmp_path, capsys):
+    tokens = _masked(tmp_path / "qa")
+    for mask in tokens.glob("*.mask"):
+        mask.write_bytes(bytes(mask.stat().st_size))  # nothing trained
+    err = _refused(capsys, tmp_path / "runs", "--data", str(tokens))
+    assert f"the train channel ({tokens}) trains no answer token" in err and "--completion-key" in err
+    # In S3 the masks are not read: the manifest's answer_tokens (prepare_data's count) is.
+    manifest = parse_manifest(json.dumps({**json.loads((tokens / MANIFEST).read_text()),
+                                          "answer_tokens": 0}).encode(), "s3://b/teams/t/qa/")
+    (problem,) = data_problems({"train": manifest}, RunShape(seq_len=8, eval_batch=1), None)
+    assert "channel train (s3://b/teams/t/qa/) trains no answer token (its manifest records " \
+        "answer_tokens 0)" in problem
+
+
+@pytest.mark.parametrize("vocab_size", [-1, 0])
+def test_a_vocab_size_without_room_for_its_end_of_sequence_id_is_refused(tmp_path, vocab_size):
+    body = {"format": FORMAT, "version": 1, "dtype": "uint16", "vocab_size": vocab_size, "eos_token_id": 0,
+            "shards": [{"path": "s.bin", "num_tokens": 100}]}
+    with pytest.raises(TokenDataError, match=f"says vocab_size {vocab_size} and eos_token_id 0: a "
+                                             "vocabulary holds at least one token"):
+        parse_manifest(json.dumps(body).encode(), "a/")
+
+
+def test_a_vocab_size_its_shards_contradict_is_refused_before_the_job(tmp_path, capsys):
+    tokens = _prepared(tmp_path)
+    _edit_manifest(tokens, vocab_size=100)
+    err = _refused(capsys, tmp_path / "runs", "--data", f"train={tokens}", "--data",
+                   f"tokenizer={tokens / TOKENIZER_FOLDER}")
+    assert re.search(f"the train channel: {re.escape(str(tokens))}/manifest.json says vocab_size 100, "
+                     r"but its shards hold token id \d{3} outside that vocabulary", err)

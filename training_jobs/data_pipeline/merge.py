@@ -66,7 +66,8 @@ def merge(plan: Plan, manifests: list[dict], root: Path, folders: dict[str, Path
         write_manifest(folder, dtype=dtype, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
                        num_documents=totals[split].documents,
                        shards=[(e["path"], e["num_tokens"]) for e in entries], tokenizer=tokenizer_name,
-                       loss_mask=loss_mask, checksums=_checksums(entries))
+                       loss_mask=loss_mask, checksums=_checksums(entries),
+                       answer_tokens=totals[split].answer_tokens)
         counts[split] = sum(e["num_tokens"] for e in entries)
     report = {"plan": plan.fingerprint, "units": len(plan.units), "input_bytes": plan.num_bytes,
               "documents_read": read, "blank_documents": blank,

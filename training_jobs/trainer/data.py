@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .errors import DataError
-from .shards import Manifest, read_manifest, trains_an_answer
+from .shards import Manifest, content_problem, read_manifest
 
 if TYPE_CHECKING:
     from .context_parallel import SequenceSplit
@@ -51,12 +51,9 @@ class TokenSamples:
                             f"{self.manifest.vocab_size} tokens, larger than the model's "
                             f"{model_vocab_size}: use the same tokenizer for data and model")
         self.vocab_size = model_vocab_size
-        if self.manifest.loss_mask and not trains_an_answer(self.manifest):
-            raise DataError(f"the {channel} channel ({self.manifest.folder}) trains no answer token: "
-                            "its loss mask marks only prompts and end-of-sequence ids, so the job "
-                            "would train at a loss near 0; prepare it again with --completion-key "
-                            "naming the field that holds the answers (or --messages-key with assistant "
-                            "messages)")
+        problem = content_problem(self.manifest, channel)
+        if problem:
+            raise DataError(problem)
         self.maps = [np.memmap(shard.path, dtype=self.manifest.numpy_dtype, mode="r")
                      for shard in self.manifest.shards]
         per_shard = [max(len(tokens) - 1, 0) // seq_len for tokens in self.maps]

@@ -118,11 +118,13 @@ def write_prompts_manifest(folder: Path, *, vocab_size: int, eos_token_id: int, 
 def write_manifest(folder: Path, *, dtype: str, vocab_size: int, eos_token_id: int,
                    num_documents: int, shards: list[tuple[str, int]], tokenizer: str,
                    loss_mask: bool = False, checksums: dict[str, str] | None = None,
-                   pairs: bool = False) -> Path:
+                   pairs: bool = False, answer_tokens: int | None = None) -> Path:
     """Write the manifest last, atomically, so a half-written dataset has none.
 
-    With `loss_mask`, each shard's mask file (`mask_name`) must already be written beside it; with
-    `pairs` (a preference dataset, loss-masked), also its pair index (`pairs_name`). With
+    With `loss_mask`, each shard's mask file (`mask_name`) must already be written beside it, and
+    `answer_tokens` (trained tokens besides each example's closing end-of-sequence id) is recorded, so
+    a check that cannot read the masks (the platform's, of a dataset in S3) can refuse one that trains
+    nothing; with `pairs` (a preference dataset, loss-masked), also its pair index (`pairs_name`). With
     `checksums` (file name -> SHA-256), each entry records its files' SHA-256 (`sha256`,
     `mask_sha256`); readers need not check them."""
     sums = checksums or {}
@@ -137,6 +139,7 @@ def write_manifest(folder: Path, *, dtype: str, vocab_size: int, eos_token_id: i
         "vocab_size": vocab_size, "eos_token_id": eos_token_id, "num_documents": num_documents,
         "num_tokens": sum(count for _, count in shards), "loss_mask": loss_mask,
         "shards": entries, "tokenizer": tokenizer,
+        **({"answer_tokens": answer_tokens} if loss_mask and answer_tokens is not None else {}),
     }
     target = folder / MANIFEST
     temporary = folder / (MANIFEST + ".tmp")
@@ -229,10 +232,13 @@ def read_manifest(folder: Path) -> Manifest:
     dtype = _field(body, "dtype", str, folder)
     if dtype not in DTYPES:
         raise _fail(folder, f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    vocab_size = _field(body, "vocab_size", int, folder)
+    eos_token_id = _field(body, "eos_token_id", int, folder)
+    if not 0 <= eos_token_id < vocab_size:
+        raise _fail(folder, f"manifest says vocab_size {vocab_size} and eos_token_id {eos_token_id}: a "
+                            "vocabulary holds at least one token and its end-of-sequence id")
     return Manifest(
-        folder=folder, dtype=dtype,
-        vocab_size=_field(body, "vocab_size", int, folder),
-        eos_token_id=_field(body, "eos_token_id", int, folder),
+        folder=folder, dtype=dtype, vocab_size=vocab_size, eos_token_id=eos_token_id,
         num_documents=_field(body, "num_documents", int, folder),
         shards=_shard_infos(body, folder, DTYPES[dtype].itemsize, loss_mask,
                             pairs=version == PREFERENCE_VERSION),
@@ -242,6 +248,28 @@ def read_manifest(folder: Path) -> Manifest:
 
 
 _SCAN_TOKENS = 1 << 20
+
+
+def largest_token(manifest: Manifest) -> int | None:
+    """The largest token id in the shards (None for a dataset without tokens), scanned in chunks."""
+    largest = None
+    for shard in manifest.shards:
+        tokens = np.memmap(shard.path, dtype=manifest.numpy_dtype, mode="r") if shard.num_tokens else ()
+        for start in range(0, shard.num_tokens, _SCAN_TOKENS):
+            chunk_max = int(tokens[start:start + _SCAN_TOKENS].max())
+            largest = chunk_max if largest is None else max(largest, chunk_max)
+    return largest
+
+
+def token_range_problem(manifest: Manifest) -> str | None:
+    """A manifest whose vocab_size its shards contradict (a token id at or above it): the embedding
+    is sized from the vocabulary, so such a token would index past it."""
+    largest = largest_token(manifest)
+    if largest is None or largest < manifest.vocab_size:
+        return None
+    return (f"{manifest.folder}/{MANIFEST} says vocab_size {manifest.vocab_size}, but its shards hold token "
+            f"id {largest} outside that vocabulary: the manifest does not describe these shards; prepare "
+            "the data again with `llmtrain data prepare` (it records the tokenizer's size)")
 
 
 def trains_an_answer(manifest: Manifest) -> bool:
@@ -255,3 +283,19 @@ def trains_an_answer(manifest: Manifest) -> bool:
             if np.any(mask[start:end].astype(bool) & (tokens[start:end] != manifest.eos_token_id)):
                 return True
     return False
+
+
+def content_problem(manifest: Manifest, channel: str) -> str | None:
+    """What the shards' content (not their manifest's form) would make the job fail on or train
+    nothing from: a token id beyond the manifest's vocab_size, or masks that train no answer token.
+    The job checks it when it loads a channel; the platform runs it before a job starts
+    (training_jobs.data_info)."""
+    contradiction = token_range_problem(manifest)
+    if contradiction:
+        return f"the {channel} channel: {contradiction}"
+    if manifest.loss_mask and not trains_an_answer(manifest):
+        return (f"the {channel} channel ({manifest.folder}) trains no answer token: its loss mask marks "
+                "only prompts and end-of-sequence ids, so the job would train at a loss near 0; prepare "
+                "it again with --completion-key naming the field that holds the answers (or "
+                "--messages-key with assistant messages)")
+    return None
