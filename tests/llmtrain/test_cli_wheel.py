@@ -204,7 +204,8 @@ def test_the_readmes_train_commands_run_as_written(installed, cloud, tmp_path):
         assert done.returncode == 0, f"{shlex.join(argv)}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
         outputs.append(done.stdout)
 
-    assert sorted(p.name for p in (work / "tokens").iterdir()) == ["tokenizer", "train", "validation"]
+    prepared = sorted(p.name for p in (work / "tokens").iterdir())
+    assert prepared == ["preparation.json", "tokenizer", "train", "validation"]
     job = work / "runs" / "notes-local" / "jobs" / "local-notes-local-a1"
     summary = json.loads((job / "summary.json").read_text())
     assert summary["TrainingJobStatus"] == "Completed"

@@ -93,7 +93,10 @@ def llmtrain(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def start(capsys, run_name: str, *sets: str, ref: str = "gpt2-ddp", options=()) -> tuple[int, str, str]:
-    settings = [item for setting in (TRAIN, *sets) for item in ("--set", setting)]
+    # The default train channel stands unless the test gives its own (a --set key is given once).
+    given = {setting.partition("=")[0] for setting in sets}
+    defaults = [] if "channels.train" in given else [TRAIN]
+    settings = [item for setting in (*defaults, *sets) for item in ("--set", setting)]
     return llmtrain(capsys, "start", ref, "--run-name", run_name, *settings, *options)
 
 

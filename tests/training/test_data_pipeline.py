@@ -24,7 +24,6 @@ from training_jobs.sft_examples import document_separators
 from training_jobs.trainer.shards import read_manifest
 
 from .conftest import REPO, TOKENIZER, child_env
-from .test_sft import CHAT_TEMPLATE
 
 WORDS = ("the and of to that with have be river stone garden window morning letter bridge music "
          "quiet bright small green open old long road house light water paper table story night "
@@ -137,9 +136,6 @@ def test_the_validation_split_does_not_depend_on_the_workers(corpus, tmp_path):
 
 
 def test_conversations_are_the_same_with_any_number_of_workers(tmp_path):
-    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(str(tmp_path / "chat"))
     rng = random.Random(3)
     records = [{"messages": [{"role": "user", "content": _sentence(rng, 6)},
                              {"role": "assistant", "content": _sentence(rng, rng.randint(2, 12))}]}
@@ -148,7 +144,7 @@ def test_conversations_are_the_same_with_any_number_of_workers(tmp_path):
     datasets = []
     for workers in (1, 2, 4):
         output = tmp_path / f"w{workers}"
-        assert _prepare("--input", str(tmp_path / "chats.jsonl"), "--tokenizer", str(tmp_path / "chat"),
+        assert _prepare("--input", str(tmp_path / "chats.jsonl"), "--tokenizer", str(TOKENIZER),
                         "--output", str(output), "--messages-key", "messages", "--workers", str(workers),
                         "--unit-bytes", "1500") == 0
         datasets.append(_stream(output))
