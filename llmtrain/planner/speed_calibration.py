@@ -36,6 +36,12 @@ class Calibration:
     fraction of nominal bandwidth NCCL's collectives reach on NVLink and EFA); fp32_peak_fraction
     (the dense fp32 rate relative to bf16: PyTorch keeps TF32 off for matmuls by default); the
     optimizer's bytes per parameter; offloading's PCIe rate and host AdamW rate.
+    grouped_matmul_fraction (assumed, then checked against published MoE runs, docs/planning.md):
+    the rate of a mixture of experts' grouped expert matmuls (torch._grouped_mm over the experts'
+    uneven token groups, each a narrow matrix) relative to a dense training matmul's.
+    all_to_all_network_efficiency: the fraction of an instance's EFA bandwidth NCCL's all-to-all
+    reaches between instances (many small point-to-point messages, below a ring's
+    network_efficiency).
     """
 
     matmul_efficiency_ampere: float = 0.762
@@ -48,6 +54,8 @@ class Calibration:
     link_efficiency: float = 0.80
     network_efficiency: float = 0.80
     fp32_peak_fraction: float = 1 / 16
+    grouped_matmul_fraction: float = 0.6
+    all_to_all_network_efficiency: float = 0.5
     # Bytes the AdamW update reads and writes per trainable fp32 parameter (p, grad, m, v in; p, m,
     # v out), which bound it by the GPU's memory bandwidth.
     optimizer_bytes_per_parameter: int = 28

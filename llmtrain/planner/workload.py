@@ -192,6 +192,8 @@ class Workload:
     fp8: bool = False
     fp8_recipe: str = "tensorwise"
     behaviour: Behaviour = CURRENT
+    # Ranks each mixture-of-experts layer's experts are split over (expert_parallel_degree).
+    expert_parallel: int = 1
 
     @property
     def micro_batch_tokens(self) -> int:
@@ -276,6 +278,7 @@ def workload_of(
         fp8=par.fp8,
         fp8_recipe=par.fp8_recipe,
         behaviour=behaviour,
+        expert_parallel=max(par.expert_parallel_degree, 1),
     )
 
 
