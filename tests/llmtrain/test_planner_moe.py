@@ -175,3 +175,24 @@ def test_planner_refuses_experts_a_model_config_cannot_take():
     with pytest.raises(ModelShapeError, match="multi-head latent attention"):
         shape_from_hf_config({**PRESETS["deepseek-moe-tiny"][1], "model_type": "deepseek_v3",
                               "vocab_size": 640})
+
+
+@pytest.mark.parametrize(
+    ("ref", "overrides", "message"),
+    [
+        ("qwen3-moe-pretrain", {"model_preset": "qwen3-moe-tiny", "expert_parallel_degree": 16},
+         "'expert_parallel_degree': got 16, expected a divisor of the 8 experts"),
+        ("qwen3-moe-pretrain", {"expert_parallel_degree": 16, "instance_count": 1},
+         "'expert_parallel_degree': got 16, expected a divisor of the data-sharding ranks"),
+        ("qwen3-moe-finetune", {"lora_r": 16}, "expected 1 with lora_r > 0"),
+    ],
+)
+def test_render_refuses_bad_expert_settings_before_any_job(ref, overrides, message):
+    from llmtrain.core.errors import LlmtrainError
+    from llmtrain.core.render import render
+    from llmtrain.core.run_settings import RunInput
+    from llmtrain.core.team_context import local_context
+
+    template = Catalog.load().resolve(ref)
+    with pytest.raises(LlmtrainError, match=message):
+        render(template, RunInput(run_name="r", overrides=overrides), local_context())
