@@ -23,6 +23,7 @@ from llmtrain.core.catalog import Catalog
 from llmtrain.core.errors import LlmtrainError
 from llmtrain.core.program_contract import ProgramContract
 from llmtrain.planner import prices
+from llmtrain.planner.experts import expert_report
 from llmtrain.planner.plan import GIB, Plan, PlanOptions, plan_run
 from llmtrain.planner.shapes import shape_from_file
 from llmtrain.planner.suggest import Suggestions, set_flags, suggest
@@ -141,6 +142,22 @@ def _gib(value: float) -> str:
     return f"{value / GIB:8.2f} GiB"
 
 
+def _expert_lines(plan: Plan) -> list[str]:
+    """A mixture of experts' line: active and total parameters, the experts each GPU holds and what
+    their states take, the step's all-to-all."""
+    report = expert_report(plan.workload, plan.layout, plan.speed)
+    if report is None:
+        return []
+    m = plan.workload.model
+    return [
+        f"experts: {m.active_parameters / 1e9:.2f}B of {m.num_parameters / 1e9:.2f}B parameters active per "
+        f"token; {report['num_experts']} experts, top-{report['experts_per_token']}, expert parallel "
+        f"{report['expert_parallel_degree']} ({report['experts_per_gpu']} experts per GPU); expert weights, "
+        f"gradients and moments {_gib(report['expert_state_bytes_per_gpu']).strip()} per GPU; all-to-all "
+        f"{report['all_to_all_seconds']:.3f} s per step",
+    ]
+
+
 def format_plan(plan: Plan) -> str:
     m, s, w = plan.memory, plan.speed, plan.workload
     lines = [
@@ -149,6 +166,7 @@ def format_plan(plan: Plan) -> str:
         f"model: {w.model.num_parameters / 1e9:.2f}B parameters, {w.model.num_layers} layers, vocabulary "
         f"{w.model.vocab_size:,}; seq_len {w.seq_len}, micro batch {w.micro_batch_size}, accumulation "
         f"{w.grad_accum_steps}, {w.precision}, activation checkpointing {w.activation_checkpointing}",
+        *_expert_lines(plan),
         "",
         "memory per GPU",
         f"  parameters   {_gib(m.parameters)}",

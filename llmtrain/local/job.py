@@ -27,8 +27,12 @@ DEFAULT_TENSORBOARD_PATH = "/opt/ml/output/tensorboard"  # SageMaker's default L
 DEGREE_HPS = ("replicate_degree", "shard_degree", "tensor_parallel_degree", "pipeline_parallel_degree")
 
 # Model presets that train at a useful speed on a few CPU cores, and what bigger ones become.
-LOCAL_PRESETS = frozenset({"llama-tiny", "llama-20m", "gpt2-tiny"})
-PRESET_FAMILY_TINY = {"llama": "llama-tiny", "gpt2": "gpt2-tiny"}
+LOCAL_PRESETS = frozenset({"llama-tiny", "llama-20m", "gpt2-tiny", "qwen3-moe-tiny", "mixtral-tiny",
+                           "deepseek-moe-tiny"})
+# A preset's name prefix -> its tiny preset of the same family (a mixture of experts stays one).
+PRESET_FAMILY_TINY = {"llama": "llama-tiny", "gpt2": "gpt2-tiny", "qwen3": "qwen3-moe-tiny",
+                      "mixtral": "mixtral-tiny", "deepseek": "deepseek-moe-tiny"}
+EXPERT_HP = "expert_parallel_degree"
 
 
 class LocalRunError(LlmtrainError):
@@ -127,6 +131,7 @@ def local_job(
         "local runs train on CPU",
     ))
     _rescale_degrees(hps, processes, len(hosts) * processes, adjustments)
+    _rescale_expert_degree(hps, len(hosts) * processes, adjustments)
     cloud_hps = dict(hps)
     _scale_hyperparameters(hps, limits, user_settings, adjustments, notes)
     notes.extend(schedule_notes(cloud_hps, hps, cloud_world=cloud_hosts * cloud_processes,
@@ -226,6 +231,17 @@ def _rescale_degrees(hps: dict[str, str], processes: int, world: int, adjustment
                 f"HyperParameters.{name}", str(present[name]), str(value),
                 f"the degrees must multiply to the local world size {world} (0 = derived)",
             ))
+
+
+def _rescale_expert_degree(hps: dict[str, str], world: int, adjustments: list[Adjustment]) -> None:
+    """Expert parallel borrows its ranks from the shard ranks: at most the local world size."""
+    degree = int(_decode(hps[EXPERT_HP])) if EXPERT_HP in hps else 1
+    if degree <= 1 or world % degree == 0:
+        return
+    local = math.gcd(degree, world)
+    _set_hp(hps, EXPERT_HP, local)
+    adjustments.append(Adjustment(f"HyperParameters.{EXPERT_HP}", str(degree), str(local),
+                                  f"expert parallel splits the local world size {world}'s shard ranks"))
 
 
 def _degrees_fit(degrees: Mapping[str, int], world: int) -> bool:

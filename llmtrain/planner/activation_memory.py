@@ -11,6 +11,7 @@ recomputed, the next block gathered ahead of use (llmtrain.planner.memory, parts
 
 from __future__ import annotations
 
+from llmtrain.planner.experts import dispatch_bytes_per_token
 from llmtrain.planner.precision import FP32, LOW, Regime, gathered_bytes, regime
 from llmtrain.planner.sharding import Tensors, lora_targets, tp_local_numel
 from llmtrain.planner.workload import Layout, Workload
@@ -115,15 +116,15 @@ class BlockTrace:
 
     def trace(self) -> BlockTrace:
         m, t, e = self.work.model, self.t, self.reg.compute
-        h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
+        h, i, kv, q = m.hidden_size, m.token_intermediate_size, m.kv_size, m.attention_width
         region_bytes = (FP32 if self.reg.autocast else self.reg.residual) * h
         self.norm("norm1", "input")
-        for module, d_out in (("q_proj", h // t), ("k_proj", kv // t), ("v_proj", kv // t)):
+        for module, d_out in (("q_proj", q // t), ("k_proj", kv // t), ("v_proj", kv // t)):
             self.linear(module, "norm1", h, d_out, region_bytes, self.region_input("norm1"))
         self.grad["attn"] = self.grad["q_proj"] or self.grad["k_proj"] or self.grad["v_proj"]
         if self.grad["attn"]:
             self._attention()
-        self.linear("o_proj", "attn", h // t, h, e * h / t, "attn" if self.c == 1 else "attn.contiguous")
+        self.linear("o_proj", "attn", q // t, h, e * q / t, "attn" if self.c == 1 else "attn.contiguous")
         self.grad["mid"] = self.grad["input"] or self.grad["o_proj"]
         self.norm("norm2", "mid")
         for module in ("gate_proj", "up_proj"):
@@ -135,6 +136,9 @@ class BlockTrace:
             self.save("up", e * i / t)
         self.grad["prod"] = self.grad["gate_proj"] or self.grad["up_proj"]
         self.linear("down_proj", "prod", i // t, h, e * i / t)
+        if m.moe:
+            # a mixture of experts' dispatch and combine buffers, averaged over the layers
+            self.save("moe_dispatch", dispatch_bytes_per_token(m, e) * m.moe_layers / m.num_layers)
         return self
 
     def _attention(self) -> None:
@@ -143,7 +147,7 @@ class BlockTrace:
         the query heads, and the output once more as o_proj's contiguous input (the two query
         chunks' outputs are concatenated and transposed)."""
         m, t, e, c = self.work.model, self.t, self.reg.compute, self.c
-        h, kv = m.hidden_size, m.kv_size
+        h, kv = m.attention_width, m.kv_size
         if c == 1:
             widths = (("q_rotary", h / t), ("k_rotary", kv / t), ("v", kv / t), ("attn", h / t))
         else:
@@ -183,7 +187,7 @@ def _matmul_widths(work: Workload, layout: Layout) -> list[float]:
     per adapted projection after their base's); o and down write the full width (partial sums
     under tensor parallel)."""
     m, t = work.model, layout.tensor
-    h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
+    h, i, kv = m.hidden_size, m.token_intermediate_size, m.kv_size
     adapted = _adapted_modules(work)
     outputs = {
         "q_proj": h / t,
@@ -335,7 +339,8 @@ def working_bytes(work: Workload, layout: Layout, tensors: Tensors) -> int:
     recompute = 0
     if work.activation_checkpointing != "none" and m.family == "llama":
         recompute = int(_block_traces(work, layout, reg)[1].bytes(tokens))
-    block = [p for p in tensors.all if p.layer == 0]
+    # the last block: a mixture of experts' leading layers are dense, its last has experts
+    block = [p for p in tensors.all if p.layer == m.num_layers - 1]
     gathered = 0
     if layout.fsdp_wrapped:
         # prefetched block (FP8 weights gathered in one byte) + its unsharded fp32 gradients

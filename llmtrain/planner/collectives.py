@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from llmtrain.core.instances import GpuModel, InstanceType
 from llmtrain.planner.activation_memory import local_tokens
+from llmtrain.planner.experts import all_to_all, all_to_alls_per_micro_batch, token_buffer_bytes
 from llmtrain.planner.pipeline import Stage
 from llmtrain.planner.pipeline_memory import stage_tensors
 from llmtrain.planner.precision import FP32, gathered_bytes, regime
@@ -281,6 +282,8 @@ def _context_parallel_comm(work: Workload, layout: Layout, links: Links, comm: S
 
 
 def model_parallel_comm(work: Workload, layout: Layout, links: Links, comm: StepComm, share: Share) -> None:
+    if work.expert_parallel > 1 and work.model.moe:
+        _expert_parallel_comm(work, layout, links, comm, share)
     if layout.tensor > 1:
         _tensor_parallel_comm(work, layout, links, comm, share)
     if layout.context > 1:
@@ -298,6 +301,21 @@ def data_parallel_comm(work: Workload, layout: Layout, links: Links, share: Shar
     elif layout.strategy == "deepspeed":
         _deepspeed_comm(work, layout, links, comm, share)
     return comm
+
+
+def _expert_parallel_comm(work: Workload, layout: Layout, links: Links, comm: StepComm, share: Share) -> None:
+    """The MoE layers' dispatch and combine all-to-alls (llmtrain.planner.experts), on the critical
+    path, split by the links they cross."""
+    cluster, calibration = links.cluster, links.calibration
+    buffer = token_buffer_bytes(work, layout, local_tokens(work, layout))
+    one = all_to_all(buffer, work.expert_parallel, cluster.gpus_per_node,
+                     cluster.gpu.link_bytes_per_second * calibration.link_efficiency,
+                     cluster.network_bytes_per_second * calibration.all_to_all_network_efficiency)
+    count = int(round(all_to_alls_per_micro_batch(work, share.layers) * work.grad_accum_steps))
+    # NVLink and EFA parts run side by side: the slower is on the critical path
+    comm.add("expert all-to-all (NVLink)", (one.nvlink_bytes, one.nvlink_seconds), times=count)
+    comm.add("expert all-to-all (EFA)", (one.network_bytes, one.network_seconds), times=count)
+    comm.exposed += one.seconds * count
 
 
 # --- pipeline stages ---------------------------------------------------------------------------------

@@ -32,9 +32,19 @@ from llmtrain.planner.workload import Layout, Workload
 ATTENTION_BACKWARD_PASSES = 2.5
 
 
-def block_matmul_weights(m) -> int:
-    """Weights of one decoder block's linear layers."""
-    return sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer == 0)
+def block_matmul_weights(m) -> float:
+    """Weights one token multiplies in an average decoder block (a mixture of experts: its router,
+    shared experts and top-k routed experts)."""
+    return dense_block_weights(m) + expert_block_weights(m)
+
+
+def dense_block_weights(m) -> float:
+    return sum(p.numel for p in m.parameters() if p.kind == "linear" and p.layer is not None) / m.num_layers
+
+
+def expert_block_weights(m) -> float:
+    """The routed experts' share of block_matmul_weights: grouped matmuls."""
+    return sum(p.active_numel for p in m.parameters() if p.kind == "expert") / m.num_layers
 
 
 def selective_recompute(work: Workload) -> float:
@@ -45,7 +55,7 @@ def selective_recompute(work: Workload) -> float:
     if work.behaviour.selective_policy == "every_matmul":
         return 0.0
     m = work.model
-    h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
+    h, i, kv = m.hidden_size, m.token_intermediate_size, m.kv_size
     if m.family != "llama":
         return (h * h + i * h) / (3 * h * h + h * h + 2 * i * h)
     return (kv * h + h * h + i * h) / (2 * h * h + 2 * kv * h + 3 * i * h)
@@ -108,7 +118,7 @@ def _elementwise_elements(work: Workload, layout: Layout) -> float:
     parallel, and inside the tensor-parallel regions (split by heads and columns) q and k's rotary
     embedding, v, and the MLP's three intermediates (GPT-2: q, k, v and the GELU's input)."""
     m, t = work.model, layout.tensor
-    h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
+    h, i, kv = m.hidden_size, m.token_intermediate_size, m.kv_size
     region = (3 * h + i) if m.family != "llama" else (h + 2 * kv + 3 * i)
     return 4 * h / layout.sequence_shards + region / t
 
@@ -119,7 +129,7 @@ def _fp8_cast_elements(work: Workload, layout: Layout) -> float:
     if not work.fp8:
         return 0.0
     m, t = work.model, layout.tensor
-    h, i, kv = m.hidden_size, m.intermediate_size, m.kv_size
+    h, i, kv = m.hidden_size, m.token_intermediate_size, m.kv_size
     inputs = 5 * h + h / t + i / t
     outputs = (h + 2 * kv + 2 * i) / t + 2 * h
     return inputs + outputs
@@ -142,7 +152,8 @@ def layer_times(
     h, s = m.hidden_size, work.seq_len
     checkpointed = sum(1 for layer in layers if work.activation_checkpointing != "none"
                        and layer % work.checkpoint_every == 0)
-    block = block_matmul_weights(m) / t
+    # the routed experts' grouped matmuls run at a fraction of a dense matmul's rate
+    block = (dense_block_weights(m) + expert_block_weights(m) / calibration.grouped_matmul_fraction) / t
     head_weights = m.vocab_size * h / t if head else 0.0
     # per token: one matmul pass (2 FLOPs per weight) of the blocks and of the head
     block_pass = 2 * block * len(layers) * tokens / rates.fp8_matmul
@@ -156,7 +167,7 @@ def layer_times(
     recompute_matmul = block_pass * recompute_share * checkpointed / max(len(layers), 1)
     # causal attention: 2 x hidden x sequence FLOPs per token forward; the flash kernel's backward
     # recomputes the scores, 5 matmuls to the forward's 2 (ATTENTION_BACKWARD_PASSES)
-    attention_pass = 2 * h * s / t * len(layers) * tokens / rates.attention
+    attention_pass = 2 * m.attention_width * s / t * len(layers) * tokens / rates.attention
     recompute_attention = attention_pass / len(layers) * checkpointed if layers and \
         work.activation_checkpointing == "full" else 0.0
     bytes_per_element = calibration.elementwise_bytes(work.compile)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from llmtrain.planner.precision import FP32, LOW, gathered_bytes, regime
 from llmtrain.planner.shapes import ParameterTensor
-from llmtrain.planner.sharding import Tensors, shard_numel, tp_local_numel
+from llmtrain.planner.sharding import Tensors, expert_shard, shard_numel, tp_local_numel
 from llmtrain.planner.workload import Layout, Workload
 
 ADAM_MOMENTS = 2
@@ -88,12 +88,17 @@ def _fsdp_states(work: Workload, layout: Layout, tensors: Tensors) -> ModelState
     copies of the modules not resharded after forward (the root and the last block; every block
     with grad_op); grad_op with accumulation keeps unsharded fp32 gradients between micro steps."""
     n, t = layout.shard, layout.tensor
-    sharded = sum(FP32 * shard_numel(p, t, n, padded=True) for p in tensors.all)
+    ep = work.expert_parallel
+
+    def piece(p: ParameterTensor, padded: bool) -> int:
+        return shard_numel(p, t, expert_shard(p, n, ep), padded=padded)
+
+    sharded = sum(FP32 * piece(p, True) for p in tensors.all)
     kept = _unsharded_after_forward(work, layout, tensors)
     reg = regime(work, layout)
     gathered = sum(gathered_bytes(work, layout, reg, p) * shard_numel(p, t, 1, padded=True) for p in kept)
-    trainable_shard = sum(shard_numel(p, t, n, padded=False) for p in tensors.trainable)
-    grads = FP32 * sum(shard_numel(p, t, n, padded=True) for p in tensors.trainable)
+    trainable_shard = sum(piece(p, False) for p in tensors.trainable)
+    grads = FP32 * sum(piece(p, True) for p in tensors.trainable)
     if (layout.fsdp_sharding == "grad_op" or layout.pipelined) and work.grad_accum_steps > 1:
         # fp32 unsharded gradients accumulate between micro steps (no reduction until the last;
         # pipeline stages always defer it to their last micro-batch)

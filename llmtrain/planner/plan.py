@@ -18,6 +18,7 @@ from llmtrain.core.program_contract import ProgramContract, request_hyperparamet
 from llmtrain.core.spec import CHANNEL_SETTING_PREFIX, TemplateSpec
 from llmtrain.core.team_context import placeholder_context
 from llmtrain.planner import memory, pipeline_memory, prices, speed
+from llmtrain.planner.experts import expert_report
 from llmtrain.planner.shapes import ModelShape
 from llmtrain.planner.workload import (
     CURRENT,
@@ -108,6 +109,7 @@ class Plan:
             "layout": self.layout.describe(),
             "model": {
                 "parameters": work.model.num_parameters,
+                "active_parameters": work.model.active_parameters,
                 "layers": work.model.num_layers,
                 "hidden_size": work.model.hidden_size,
                 "vocab_size": work.model.vocab_size,
@@ -125,6 +127,7 @@ class Plan:
                 "compile": work.compile,
                 "lora_r": work.lora_r,
             },
+            "experts": expert_report(work, self.layout, self.speed),
             "pipeline": self.pipeline_dict(),
             "memory": self.memory.to_dict(),
             "throughput": self.speed.to_dict(),

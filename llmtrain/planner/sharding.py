@@ -34,7 +34,7 @@ class Tensors:
 
 
 def parameter_tensors(work: Workload) -> Tensors:
-    base = work.model.parameters()
+    base = _expert_slices(work.model.parameters(), work.expert_parallel)
     if not work.behaviour.loss_parallel:
         # older code kept the embedding and the output head whole on every tensor-parallel rank
         base = tuple(replace(p, tp=None) if p.layer is None else p for p in base)
@@ -51,6 +51,26 @@ def parameter_tensors(work: Workload) -> Tensors:
             ParameterTensor(f"{prefix}.lora_B.weight", (out_dim, work.lora_r), "linear", weight.layer),
         ]
     return Tensors(base, tuple(adapters))
+
+
+def _expert_slices(params: tuple[ParameterTensor, ...], degree: int) -> tuple[ParameterTensor, ...]:
+    """One rank's experts under expert parallelism: dim 0 of each stacked expert tensor split in
+    `degree` (the program's expert degree divides the experts). The rest of the data-sharding ranks
+    (shard / degree, those with the same experts) shard that slice as FSDP shards the others, so an
+    expert's weights, gradients and moments end split over every shard rank; what it gathers for
+    compute is the slice."""
+    if degree <= 1:
+        return params
+    return tuple(
+        replace(p, shape=(p.shape[0] // degree, *p.shape[1:]), experts=p.experts // degree,
+                active=p.active) if p.experts else p
+        for p in params
+    )
+
+
+def expert_shard(param: ParameterTensor, shard: int, expert_degree: int) -> int:
+    """The FSDP group an expert slice is sharded over (the shard ranks holding the same experts)."""
+    return max(shard // expert_degree, 1) if param.experts and expert_degree > 1 else shard
 
 
 def _linear_dims(model: ModelShape, weight: ParameterTensor) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """The constants of the speed model (llmtrain.planner.speed): fitted ones and assumed ones.
 
-`CALIBRATION` holds them; the four fitted ones are recomputed from published runs by
+`CALIBRATION` holds them; the five fitted ones are recomputed from published runs by
 `bench.plan.calibrate()`, everything else is checked against other published runs
 (docs/planning.md, `python -m bench.plan`).
 """
@@ -17,7 +17,7 @@ class Calibration:
     """The constants of the speed model.
 
     Calibrated (bench.plan.calibrate(), i.e. bench.published.calibrate(), refits them; a test keeps
-    them equal):
+    them equal; grouped_matmul_fraction is the fifth, below):
     matmul_efficiency_ampere / matmul_efficiency_hopper: the fraction of the data sheet's dense peak
     a generation's training matmuls sustain (boost clocks are not sustained under full tensor-core
     load, less so on Hopper); Ada GPUs (L4, L40S), of which no training run is published, get
@@ -36,6 +36,14 @@ class Calibration:
     fraction of nominal bandwidth NCCL's collectives reach on NVLink and EFA); fp32_peak_fraction
     (the dense fp32 rate relative to bf16: PyTorch keeps TF32 off for matmuls by default); the
     optimizer's bytes per parameter; offloading's PCIe rate and host AdamW rate.
+    grouped_matmul_fraction (calibrated last, on torchtitan's Qwen3-30B-A3B EP 4 run on H200; two
+    other runs of it check it, docs/planning.md): the rate of a mixture of experts' routed expert
+    matmuls (torch._grouped_mm over the experts' uneven token groups, each a narrow matrix) relative
+    to a dense training matmul's. It also absorbs what the planner does not count separately: the
+    router, the token permutation and the all-to-all's token-count exchange with its host sync.
+    all_to_all_network_efficiency: the fraction of an instance's EFA bandwidth NCCL's all-to-all
+    reaches between instances (many small point-to-point messages, below a ring's
+    network_efficiency).
     """
 
     matmul_efficiency_ampere: float = 0.762
@@ -48,6 +56,8 @@ class Calibration:
     link_efficiency: float = 0.80
     network_efficiency: float = 0.80
     fp32_peak_fraction: float = 1 / 16
+    grouped_matmul_fraction: float = 0.264
+    all_to_all_network_efficiency: float = 0.5
     # Bytes the AdamW update reads and writes per trainable fp32 parameter (p, grad, m, v in; p, m,
     # v out), which bound it by the GPU's memory bandwidth.
     optimizer_bytes_per_parameter: int = 28

@@ -5,7 +5,8 @@ instance type and count, micro batch size (with gradient accumulation so that th
 and so the recipe and the tokens per step, stay the same; a run with a global_batch_size keeps it
 and the program derives the accumulation), activation checkpointing, torch.compile, and the mesh:
 pipeline degree, schedule and stages per rank, tensor-parallel degree, and context-parallel degree for
-sequences of LONG_SEQUENCE tokens or more (sequence parallel comes with tensor parallel: the program
+sequences of LONG_SEQUENCE tokens or more, and the expert-parallel degree of a mixture of experts
+(sequence parallel comes with tensor parallel: the program
 turns it on with it; with an explicit shard_degree the search moves ranks between the shard and the
 context dimensions so that the mesh still covers every GPU). Every candidate is
 planned like the run itself; those that do not fit are dropped. Meshes are screened first (each
@@ -38,6 +39,9 @@ MESH_SETTINGS = (
     "pipeline_stages_per_rank",
     "tensor_parallel_degree",
     "context_parallel_degree",
+    # borrowed from the data-sharding ranks (the data-parallel size stays), searched for a mixture
+    # of experts only: more ranks per expert set gather fewer experts but send more tokens
+    "expert_parallel_degree",
 )
 MESHES_KEPT = 3
 # Context parallel is searched from this sequence length on: below it each rank's attention is too
@@ -122,6 +126,7 @@ def _mesh(plan: Plan) -> dict[str, Any]:
         "pipeline_stages_per_rank": layout.stages_per_rank,
         "tensor_parallel_degree": layout.tensor,
         "context_parallel_degree": layout.context,
+        "expert_parallel_degree": layout.dims.expert,
     }
 
 
@@ -130,7 +135,8 @@ def _mesh_choices(template: TemplateSpec, base: Plan, current: Mapping[str, Any]
     choices = []
     for name in MESH_SETTINGS:
         long = base.workload.seq_len >= LONG_SEQUENCE
-        searched = name != "context_parallel_degree" or long
+        searched = ((name != "context_parallel_degree" or long)
+                    and (name != "expert_parallel_degree" or base.workload.model.moe))
         choices.append(_choices(template, name, current[name]) if searched else [current[name]])
     return choices
 
@@ -151,10 +157,10 @@ def _shard_for_context(template: TemplateSpec, base: Plan, changes: dict[str, An
 def mesh_changes(template: TemplateSpec, base: Plan) -> list[dict[str, Any]]:
     """Every mesh the template lets a run choose, as the settings that differ from the run's
     (the run's own first, as {}): pipeline degree, schedule with its stages per rank, tensor
-    degree."""
+    degree, context degree (long sequences), expert degree (mixtures of experts)."""
     current = _mesh(base)
     found: list[dict[str, Any]] = [{}]
-    for pp, schedule, per_rank, tp, cp in itertools.product(*_mesh_choices(template, base, current)):
+    for pp, schedule, per_rank, tp, cp, ep in itertools.product(*_mesh_choices(template, base, current)):
         if pp > 1 and (schedule in MULTI_STAGE_SCHEDULES) != (per_rank > 1):
             continue  # the program's rule: several stages per rank exactly for the interleaved ones
         if pp == 1 and (schedule, per_rank) != (
@@ -162,7 +168,7 @@ def mesh_changes(template: TemplateSpec, base: Plan) -> list[dict[str, Any]]:
             current["pipeline_stages_per_rank"],
         ):
             continue  # without pipeline stages the schedule does not matter
-        mesh = dict(zip(MESH_SETTINGS, (pp, schedule, per_rank, tp, cp), strict=True))
+        mesh = dict(zip(MESH_SETTINGS, (pp, schedule, per_rank, tp, cp, ep), strict=True))
         changes = {name: value for name, value in mesh.items() if value != current[name]}
         if not changes or not all(_allowed(template, name) is not None for name in changes):
             continue

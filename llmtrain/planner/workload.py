@@ -192,6 +192,8 @@ class Workload:
     fp8: bool = False
     fp8_recipe: str = "tensorwise"
     behaviour: Behaviour = CURRENT
+    # Ranks each mixture-of-experts layer's experts are split over (expert_parallel_degree).
+    expert_parallel: int = 1
 
     @property
     def micro_batch_tokens(self) -> int:
@@ -276,6 +278,7 @@ def workload_of(
         fp8=par.fp8,
         fp8_recipe=par.fp8_recipe,
         behaviour=behaviour,
+        expert_parallel=max(par.expert_parallel_degree, 1),
     )
 
 
@@ -313,11 +316,24 @@ def check_model(work: Workload, layout: Layout) -> None:
     """The program's rules that need the model: for pipeline stages (its check_splittable and stage
     split, and torch's schedules' own), for tensor and context parallel (its check_supported and
     check_context_parallel), with the setting to change."""
-    problem = _model_parallel_problem(work, layout)
+    problem = _expert_problem(work) or _model_parallel_problem(work, layout)
     if problem is None and layout.pipelined:
         problem = _pipeline_problem(work, layout)
     if problem:
         raise PlanInputError(problem)
+
+
+def _expert_problem(work: Workload) -> str | None:
+    """The program's expert rules (training_jobs/contract/moe.py: check_model) for a model it reads
+    from a config.json, which the planner reads with --model-config."""
+    m, degree = work.model, work.expert_parallel
+    if degree > 1 and not m.moe:
+        return (f"invalid hyperparameter 'expert_parallel_degree': got {degree}, expected 1: the model is "
+                "dense, without experts to split")
+    if degree > 1 and m.num_experts % degree:
+        return (f"invalid hyperparameter 'expert_parallel_degree': got {degree}, expected a divisor of the "
+                f"model's {m.num_experts} experts")
+    return None
 
 
 def _model_parallel_problem(work: Workload, layout: Layout) -> str | None:

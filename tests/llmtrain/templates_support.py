@@ -25,6 +25,9 @@ TEMPLATE_NAMES = (
     "llama3-405b",
     "llama3-70b",
     "llama3-8b-long-context",
+    "moe-tiny-local",
+    "qwen3-moe-finetune",
+    "qwen3-moe-pretrain",
 )
 # The contract's example lines (docs/architecture.md, "Metric lines").
 METRIC_LINE = (

@@ -185,3 +185,14 @@ def test_a_learning_rate_scaled_by_the_global_batch_is_explained_with_its_values
         in note
     assert note.endswith("--set lr=0.0024 trains at the cloud's peak rate")
     assert not any(n.startswith("scale_lr") for n in local_job(rendered("llama-finetune-lora")).notes)
+
+
+def test_a_mixture_of_experts_stays_one_with_its_expert_degree_within_the_local_world():
+    plan = local_job(rendered("qwen3-moe-pretrain"))
+    values = decoded(plan)
+    # 2 hosts x 8 GPUs with expert parallel 8 -> 2 hosts x 2 processes: expert parallel 4
+    assert plan.world_size == 4
+    assert (values["model_preset"], values["expert_parallel_degree"]) == ("qwen3-moe-tiny", 4)
+    assert adjusted(plan)["HyperParameters.expert_parallel_degree"] == ("8", "4")
+    kept = decoded(local_job(rendered("moe-tiny-local")))
+    assert (kept["model_preset"], kept["expert_parallel_degree"]) == ("qwen3-moe-tiny", 2)
