@@ -52,10 +52,12 @@ def test_preference_data_for_a_pretraining_template_is_refused_before_any_job(tm
                     str(REPO_ROOT / "examples/data/tiny_preference/validation.jsonl"), "--tokenizer",
                     str(REPO_ROOT / "training_jobs/assets/tokenizer"), "--output", str(pairs),
                     "--preference", "--max-length", "64"], cwd=REPO_ROOT, check=True, capture_output=True)
-    command = cli_command("llama-pretrain-fsdp", "wrong-kind", tmp_path, "max_steps=1") + ["--data", str(pairs)]
+    command = [*cli_command("llama-pretrain-fsdp", "wrong-kind", tmp_path, "max_steps=1"),
+               "--data", str(pairs)]
     result = subprocess.run(command, cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True,
                             timeout=JOB_TIMEOUT_SECONDS)
     assert result.returncode != 0
     assert "holds preference data" in result.stdout + result.stderr
     assert "objective=next_token" in result.stdout + result.stderr
-    assert not (tmp_path / "wrong-kind" / "jobs").exists() or not any((tmp_path / "wrong-kind" / "jobs").iterdir())
+    jobs = tmp_path / "wrong-kind" / "jobs"
+    assert not jobs.exists() or not any(jobs.iterdir())
