@@ -15,6 +15,7 @@ second run reuses them and a changed corpus is prepared again.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -37,13 +38,33 @@ from llmtrain.core.token_data import (
     tokenizer_facts,
 )
 from llmtrain.local.job import LocalJob, LocalRunError
-from training_jobs.contract.token_data import SPLITS
+from training_jobs.contract.objectives import data_kind_problem
+from training_jobs.contract.token_data import DATA_KINDS, SPLITS
 
 TINY_CORPUS = Path("examples") / "data" / "tiny_corpus"
 TINY_TOKENIZER = Path("training_jobs") / "assets" / "tokenizer"
 PREPARE_MODULE = "training_jobs.prepare_data"
 # The shipped corpus holds one JSONL file per channel.
 DEFAULT_CHANNEL_FILES = {"train": "train.jsonl", "validation": "validation.jsonl"}
+
+
+@dataclass(frozen=True)
+class ShippedData:
+    """The small dataset a local run of an objective trains on when given no --data."""
+
+    folder: Path
+    prepare_options: tuple[str, ...]
+    channels: tuple[str, ...]
+
+
+# Per objective (training_jobs/contract/objectives.py): its shipped examples and how they are prepared.
+# GRPO has no validation channel (the program refuses one: each step's rewards are fresh samples).
+SHIPPED_DATA = {
+    "next_token": ShippedData(TINY_CORPUS, (), ("train", "validation")),
+    "dpo": ShippedData(Path("examples") / "data" / "tiny_preference", ("--preference", "--max-length", "64"),
+                       ("train", "validation")),
+    "grpo": ShippedData(Path("examples") / "data" / "tiny_grpo", ("--prompts",), ("train",)),
+}
 MANIFEST = "manifest.json"
 # The parts of a folder `llmtrain data prepare` wrote (prepare_data's split and tokenizer folders).
 DATASET_PARTS = ("train", "validation", "tokenizer")
@@ -99,8 +120,14 @@ def check_token_channels(plan: LocalJob, channels: Mapping[str, Path],
     program refuses (llmtrain.core.token_data)."""
     problems: list[str] = []
     manifests: dict[str, ShardsManifest] = {}
+    objective = str(plan.hyperparameter("objective", "next_token"))
     for name in SPLITS:
         if name in channels:
+            kind_problem, example_data = _data_kind(objective, name, channels[name])
+            if kind_problem:
+                problems.append(kind_problem)
+            if kind_problem or example_data:
+                continue
             try:
                 manifests[name] = _local_manifest(name, channels[name])
             except TokenDataError as problem:
@@ -115,6 +142,22 @@ def check_token_channels(plan: LocalJob, channels: Mapping[str, Path],
     if problems:
         raise LocalRunError("the job would fail on its data, so nothing was started:\n" +
                             "\n".join(f"  - {problem}" for problem in problems))
+
+
+def _data_kind(objective: str, channel: str, folder: Path) -> tuple[str | None, bool]:
+    """Why the channel's data is not of the objective's kind (None when it is), and whether it is a
+    preference or prompts dataset, which the training program checks itself when it loads it."""
+    try:
+        version = json.loads((folder / MANIFEST).read_bytes()).get("version")
+    except (OSError, ValueError, AttributeError):
+        version = None
+    if version not in DATA_KINDS:
+        return (None, False) if objective == "next_token" else (
+            f"channel {channel} ({folder}/): objective={objective} trains on a dataset of "
+            f"`llmtrain data prepare --{'preference' if objective == 'dpo' else 'prompts'}`; "
+            f"{folder / MANIFEST} is not one", False)
+    problem = data_kind_problem(objective, version, channel)
+    return (f"{problem} ({folder}/)" if problem else None), DATA_KINDS[version] in ("preference", "prompts")
 
 
 def _local_manifest(channel: str, folder: Path) -> ShardsManifest:
@@ -138,25 +181,29 @@ def default_channels() -> tuple[str, ...]:
     return tuple(DEFAULT_CHANNEL_FILES)
 
 
-def tiny_corpus_channels(cache_root: Path, channels: Iterable[str], *, log=print) -> dict[str, Path]:
-    """Shards of the tiny corpus for each of `channels` that it provides (train, validation)."""
+def tiny_corpus_channels(cache_root: Path, channels: Iterable[str], *, log=print,
+                         objective: str = "next_token") -> dict[str, Path]:
+    """The shipped small dataset of the objective (SHIPPED_DATA), prepared, for each of `channels`
+    that it provides (train, validation)."""
     repo = repository_root()
-    wanted = [c for c in channels if c in DEFAULT_CHANNEL_FILES]
+    shipped = SHIPPED_DATA.get(objective, SHIPPED_DATA["next_token"])
+    wanted = [c for c in channels if c in shipped.channels]
     if not wanted:
         return {}
-    corpus, tokenizer = repo / TINY_CORPUS, repo / TINY_TOKENIZER
+    corpus, tokenizer = repo / shipped.folder, repo / TINY_TOKENIZER
     prepare_source = repo / "training_jobs" / "prepare_data.py"
     for needed in (corpus, tokenizer, prepare_source):
         if not needed.exists():
             raise LocalRunError(f"{needed} is missing: the default local data is prepared from it")
     key = _content_key([corpus, tokenizer, prepare_source, repo / "training_jobs" / "trainer" / "shards.py"])
-    cache = cache_root / f"tiny_corpus-{key}"
+    cache = cache_root / f"{corpus.name}-{key}"
     prepared = {}
     for channel in wanted:
         target = cache / channel
         if not (target / MANIFEST).is_file():
             log(f"preparing the tiny corpus for channel '{channel}' (once; cached in {cache})")
-            _prepare(repo, corpus / DEFAULT_CHANNEL_FILES[channel], tokenizer, target)
+            _prepare(repo, corpus / DEFAULT_CHANNEL_FILES[channel], tokenizer, target,
+                     shipped.prepare_options)
         prepared[channel] = target
     return prepared
 
@@ -171,13 +218,13 @@ def _content_key(paths: list[Path]) -> str:
     return digest.hexdigest()[:12]
 
 
-def _prepare(repo: Path, source: Path, tokenizer: Path, target: Path) -> None:
+def _prepare(repo: Path, source: Path, tokenizer: Path, target: Path, options: tuple[str, ...]) -> None:
     # Prepare into a scratch folder and rename: an interrupted preparation never looks complete.
     scratch = target.with_name(target.name + ".partial")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", PREPARE_MODULE, "--input", str(source), "--tokenizer", str(tokenizer),
-               "--output", str(scratch), "--workers", "1"]
+               "--output", str(scratch), "--workers", "1", *options]
     result = subprocess.run(command, cwd=repo, capture_output=True, text=True)
     if result.returncode != 0:
         raise LocalRunError(

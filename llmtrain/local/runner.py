@@ -333,6 +333,7 @@ def _with_channels(
     defaults = local_data.tiny_corpus_channels(
         options.workdir.resolve() / DATA_CACHE_DIR, missing + [VALIDATION] * shipped_validation,
         log=lambda message: console.print(Text(f"llmtrain {message}")),
+        objective=str(plan.hyperparameter("objective", "next_token")),
     )
     dirs.update(defaults)
     dropped = [_drop_channel(name, request) for name in missing if name not in defaults]

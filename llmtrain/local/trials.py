@@ -496,7 +496,9 @@ def _trial_data(template: TemplateSpec, options: LocalTuneOptions, console: Cons
     with_validation = "validation" in template.inputs.channels and "validation" not in data
     wanted = ["train", "validation"] if with_validation else ["train"]
     log: Callable[[str], None] = lambda message: console.print(Text(f"llmtrain {message}"))  # noqa: E731
-    data.update(local_data.tiny_corpus_channels(options.workdir.resolve() / DATA_CACHE_DIR, wanted, log=log))
+    objective = str(template.hyperparameters.get("objective", "next_token"))
+    data.update(local_data.tiny_corpus_channels(options.workdir.resolve() / DATA_CACHE_DIR, wanted, log=log,
+                                                objective=objective))
     return data
 
 

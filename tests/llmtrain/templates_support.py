@@ -15,9 +15,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_NAMES = (
     "byo-script",
     "gpt2-ddp",
+    "llama-dpo",
     "llama-finetune-deepspeed",
     "llama-finetune-lora",
     "llama-finetune-qlora",
+    "llama-grpo",
     "llama-pretrain-3d",
     "llama-pretrain-fsdp",
     "llama-pretrain-hsdp-tp",
