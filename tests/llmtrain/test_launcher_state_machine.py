@@ -431,10 +431,16 @@ def test_a_run_keeps_its_template_and_version_for_life(launcher):
         other = harness.run(
             {"template": "gpt2-ddp", "version": "1.1.0", "run_name": "kept"}, name="kept-other-version"
         )
+        # Issue 36 item 3: another template on the run's name would fail on the checkpoints' model.
+        other_template = harness.run(
+            {"template": "llama-pretrain-fsdp", "run_name": "kept"}, name="kept-other-template"
+        )
         again = harness.run({"template": "gpt2-ddp", "run_name": "kept"}, name="kept-again")
     assert first.error == "TrainingJobFailed"
     refused = "run 'kept' runs gpt2-ddp@1.0.0 (its earlier jobs), not gpt2-ddp@1.1.0"
     _rejected_before_any_job(harness, other, refused)
+    refused = "run 'kept' runs gpt2-ddp@1.0.0 (its earlier jobs), not llama-pretrain-fsdp@latest"
+    _rejected_before_any_job(harness, other_template, refused, "choose a new run_name")
     # Continued without a version ("latest"), the run stays on the version its jobs ran.
     assert again.status == "SUCCEEDED", again.cause
     assert again.output["template"] == "gpt2-ddp@1.0.0"
