@@ -170,9 +170,10 @@ def consumer(example) -> Installed:
     installed = Installed(example.place, env, example.app)
     pip = installed.documented("pip install --find-links", timeout=600)
     assert pip.returncode == 0, pip.stdout[-3000:] + pip.stderr[-3000:]
-    assert "Successfully installed llm-sagemaker-platform-0.2.0 llmtrain-constructs-1.1.0" in pip.stdout, (
-        pip.stdout[-3000:]
-    )
+    platform, constructs = (tomllib.loads((folder / "pyproject.toml").read_text())["project"]["version"]
+                            for folder in (ROOT, ROOT / "constructs"))
+    wheels = f"llm-sagemaker-platform-{platform} llmtrain-constructs-{constructs}"
+    assert f"Successfully installed {wheels}" in pip.stdout, pip.stdout[-3000:]
     return installed
 
 

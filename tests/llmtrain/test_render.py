@@ -87,6 +87,44 @@ def test_every_catalog_version_renders_a_valid_request(ref):
     assert hyperparameters["max_steps"] == spec.hyperparameters["max_steps"]
 
 
+# The program's lines with every key a template may capture: the objectives' metrics (DPO's and
+# GRPO's, appended to the [metrics] and [eval] lines) and a mixture of experts' [moe] line.
+OBJECTIVE_VALUES = {
+    "train:rewards_chosen": ("rewards/chosen", 0.125),
+    "train:rewards_rejected": ("rewards/rejected", -0.25),
+    "train:rewards_accuracies": ("rewards/accuracies", 0.75),
+    "train:rewards_margins": ("rewards/margins", 0.375),
+    "train:logps_chosen": ("logps/chosen", -12.5),
+    "train:logps_rejected": ("logps/rejected", -14.25),
+    "train:reward": ("reward", 0.625),
+    "train:reward_std": ("reward_std", 0.2),
+    "train:kl": ("kl", 0.0125),
+    "train:completion_length": ("completions/mean_length", 17.5),
+    "train:clip_ratio": ("clip_ratio/region_mean", 0.05),
+}
+EVAL_VALUES = {
+    "eval:rewards_accuracies": ("eval_rewards/accuracies", 0.8125),
+    "eval:rewards_margins": ("eval_rewards/margins", 0.4375),
+}
+MOE_VALUES = {
+    "moe:aux_loss": ("moe_aux_loss", 2.012345),
+    "moe:load_balance": ("moe_load_balance", 1.421),
+    "moe:max_expert_share": ("moe_max_expert_share", 0.355),
+    "moe:dropped_tokens": ("moe_dropped_tokens", 0),
+}
+
+
+def _keys(values: dict) -> str:
+    return "".join(f" {key}={value}" for key, value in values.values())
+
+
+LINES = {
+    "train": METRIC_LINE + _keys(OBJECTIVE_VALUES),
+    "eval": EVAL_LINE + _keys(EVAL_VALUES),
+    "moe": f"[moe] step=10{_keys(MOE_VALUES)} moe_load_balance_layer0=1.312 moe_aux_loss_layer0=2.010001",
+}
+
+
 @pytest.mark.parametrize("ref", ALL_VERSIONS)
 def test_metric_definitions_parse_the_contract_lines(ref):
     expected = {
@@ -98,14 +136,16 @@ def test_metric_definitions_parse_the_contract_lines(ref):
         "train:step_time": 0.532,
         "train:memory_gb": 1.23,
         "eval:loss": 3.987654,
+        **{name: value for name, (_, value) in {**OBJECTIVE_VALUES, **EVAL_VALUES, **MOE_VALUES}.items()},
     }
     for metric in _render(ref)["AlgorithmSpecification"]["MetricDefinitions"]:
-        line = EVAL_LINE if metric["Name"].startswith("eval:") else METRIC_LINE
-        other = METRIC_LINE if line is EVAL_LINE else EVAL_LINE
-        match = re.search(metric["Regex"], line)
+        kind = metric["Name"].partition(":")[0]
+        match = re.search(metric["Regex"], LINES[kind])
         assert match is not None, metric
         assert float(match.group(1)) == pytest.approx(expected[metric["Name"]])
-        assert re.search(metric["Regex"], other) is None, f"{metric['Name']} also matches {other!r}"
+        for other, line in LINES.items():
+            if other != kind:
+                assert re.search(metric["Regex"], line) is None, f"{metric['Name']} also matches {line!r}"
 
 
 @pytest.mark.parametrize("ref", [r for r in ALL_VERSIONS if not r.startswith("byo-script")])
