@@ -30,6 +30,7 @@ from llmtrain.core.sourcedir import (
     repository_root,
 )
 from llmtrain.core.spec import SEMVER_PATTERN, TemplateSpec
+from llmtrain.core.yaml_documents import load_document
 
 DEFAULT_TEMPLATE = "llama-pretrain-fsdp"
 LOCK_FILE = "catalog.lock"
@@ -339,7 +340,7 @@ class Catalog:
 def _load_file(path: Path) -> TemplateSpec:
     source = f"{path.parent.name}/{path.name}"
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_document(path.read_text())
     except yaml.YAMLError as exc:
         raise TemplateSpecError(source, f"is not valid YAML: {exc}") from exc
     spec = TemplateSpec.from_dict(data, source)

@@ -66,6 +66,7 @@ from llmtrain.core.platform import (
     team_job_name_prefix,
 )
 from llmtrain.core.stack_outputs import StackOutput
+from llmtrain.core.yaml_documents import load_document
 
 __all__ = [
     "MAX_WARM_POOL_KEEP_ALIVE_SECONDS",
@@ -111,7 +112,7 @@ def load_environment(path: str | Path) -> EnvironmentConfig:
     """Load and validate one environment file; the file's stem must equal its ``name``."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_document(path.read_text())
     except OSError as error:
         raise EnvironmentConfigError(f"{path}: cannot read: {error}") from error
     except yaml.YAMLError as error:
