@@ -62,7 +62,10 @@ if __package__ in (None, ""):
 import numpy as np  # noqa: E402
 
 from training_jobs.contract.token_data import SPLITS, TOKENIZER_FOLDER  # noqa: E402
-from training_jobs.data_pipeline.arguments import add_pipeline_arguments  # noqa: E402
+from training_jobs.data_pipeline.arguments import (  # noqa: E402
+    add_pipeline_arguments,
+    check_pipeline_arguments,
+)
 from training_jobs.data_pipeline.plan import lines_in_range  # noqa: E402
 from training_jobs.preference_examples import (  # noqa: E402
     add_post_training_arguments,
@@ -353,9 +356,15 @@ def _progress(total_bytes: int):
 def prepare(args: argparse.Namespace) -> dict[str, int]:
     """Prepare the dataset in work units over --workers processes (data_pipeline): the output
     appears whole at the end or not at all, and an interrupted run resumes where it stopped.
-    Preference and prompt datasets are written by one process (`_prepare_examples`)."""
+    Preference and prompt datasets are written by one process (`_prepare_examples`). With
+    --host-config this is one instance of a distributed job, and --merge-only the step after its
+    instances (data_pipeline/instances.py)."""
     if args.preference or args.prompts:
         return _prepare_examples(args)
+    if args.host_config or args.merge_only:
+        from training_jobs.data_pipeline.instances import merge_written, prepare_share
+
+        return merge_written(args) if args.merge_only else prepare_share(args)
     from training_jobs.data_pipeline.pipeline import prepare_dataset
 
     return prepare_dataset(args)
@@ -469,6 +478,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard file")
     add_pipeline_arguments(parser)
     args = parser.parse_args(argv)
+    check_pipeline_arguments(parser, args)
     if args.workers is not None and args.workers < 1:
         parser.error("--workers must be at least 1")
     if not 0.0 <= args.validation_fraction < 1.0:
