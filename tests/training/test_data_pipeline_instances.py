@@ -76,8 +76,8 @@ def _listing(prefix: Path, folder: Path) -> Path:
 
 def _merge(written: Path, prefix: Path, tmp: Path) -> int:
     output = tmp / f"merge-{len(list(tmp.glob('merge-*')))}"
-    status = prepare_data.main(["--input", str(written), "--tokenizer", str(TOKENIZER), "--output", str(output),
-                                "--merge-only"])
+    status = prepare_data.main(["--input", str(written), "--tokenizer", str(TOKENIZER),
+                                "--output", str(output), "--merge-only"])
     if status == 0:
         _upload(output, prefix)
     return status
@@ -118,7 +118,8 @@ def test_a_rerun_redoes_only_the_units_whose_shards_are_missing(inputs, local_da
     redone = sorted(p.name for p in (reruns[0] / "units").iterdir())
     assert redone == ["00002.json"]  # instance 1 redoes the unit that lost a shard, and no other
     total = len(json.loads((prefix / "plan.json").read_text())["units"])
-    assert sorted(p.name for p in (reruns[1] / "units").iterdir()) == [f"{u:05d}.json" for u in range(1, total, 2)]
+    odd_units = [f"{unit:05d}.json" for unit in range(1, total, 2)]
+    assert sorted(p.name for p in (reruns[1] / "units").iterdir()) == odd_units  # instance 2 was lost
     for rerun in reruns:
         _upload(rerun, prefix)
     assert _merge(_listing(prefix, tmp_path / "listing-2"), prefix, tmp_path) == 0
@@ -129,8 +130,9 @@ def test_a_rerun_with_other_inputs_or_options_is_refused(inputs, tmp_path, capsy
     prefix = tmp_path / "s3" / "dataset"
     _upload(_instance(inputs, tmp_path, 0, 1), prefix)
     previous = _listing(prefix, tmp_path / "listing")
+    config = _resource_config(tmp_path, 0, 1)
     status = prepare_data.main(["--input", *map(str, inputs), "--tokenizer", str(TOKENIZER), "--output",
-                                str(tmp_path / "again"), "--host-config", str(_resource_config(tmp_path, 0, 1)),
+                                str(tmp_path / "again"), "--host-config", str(config),
                                 "--previous", str(previous), *OPTIONS, "--shard-tokens", "900"])
     assert status == 2 and "holds the work units of another plan" in capsys.readouterr().err
 
