@@ -19,6 +19,7 @@ from training_jobs.data_pipeline.instances import SIZES_FILE
 from .conftest import TOKENIZER
 from .test_data_pipeline import _sentence, _stream
 
+STATE = ".preparation"
 OPTIONS = ("--unit-bytes", "1500", "--shard-tokens", "500", "--validation-fraction", "0.2", "--workers", "1")
 
 
@@ -51,25 +52,27 @@ def _resource_config(folder: Path, index: int, count: int) -> Path:
 
 
 def _instance(inputs: list[Path], tmp: Path, index: int, count: int, *extra: str) -> Path:
-    """One instance's run; returns its output folder (what SageMaker uploads)."""
-    output = tmp / f"attempt-{len(list(tmp.glob('attempt-*')))}-algo-{index + 1}"
+    """One instance's run; returns its folder: `dataset` and `state`, SageMaker's two outputs."""
+    folder = tmp / f"attempt-{len(list(tmp.glob('attempt-*')))}-algo-{index + 1}"
     assert prepare_data.main(["--input", *map(str, inputs), "--tokenizer", str(TOKENIZER),
-                              "--output", str(output), "--host-config",
-                              str(_resource_config(tmp, index, count)), *OPTIONS, *extra]) == 0
-    return output
+                              "--output", str(folder / "dataset"), "--state", str(folder / "state"),
+                              "--host-config", str(_resource_config(tmp, index, count)), *OPTIONS,
+                              *extra]) == 0
+    return folder
 
 
-def _upload(output: Path, prefix: Path) -> None:
-    shutil.copytree(output, prefix, dirs_exist_ok=True)
+def _upload(instance: Path, prefix: Path) -> None:
+    """SageMaker's uploads of the instance's outputs: the dataset's files and, beside them, its state."""
+    shutil.copytree(instance / "dataset", prefix, dirs_exist_ok=True)
+    shutil.copytree(instance / "state", prefix / STATE, dirs_exist_ok=True)
 
 
 def _listing(prefix: Path, folder: Path) -> Path:
-    """What the launcher gives a rerun or the merge: plan.json, units/ and the sizes of every object
-    of the prefix (not the shards themselves)."""
-    folder.mkdir()
-    shutil.copy(prefix / "plan.json", folder / "plan.json")
-    shutil.copytree(prefix / "units", folder / "units")
-    sizes = {p.relative_to(prefix).as_posix(): p.stat().st_size for p in prefix.rglob("*") if p.is_file()}
+    """What the launcher gives a rerun or the merge: the state (plan.json, units/) and the sizes of
+    the dataset's objects (not the shards themselves)."""
+    shutil.copytree(prefix / STATE, folder)
+    sizes = {p.relative_to(prefix).as_posix(): p.stat().st_size for p in prefix.rglob("*")
+             if p.is_file() and STATE not in p.relative_to(prefix).parts}
     (folder / SIZES_FILE).write_text(json.dumps(sizes))
     return folder
 
@@ -79,7 +82,7 @@ def _merge(written: Path, prefix: Path, tmp: Path) -> int:
     status = prepare_data.main(["--input", str(written), "--tokenizer", str(TOKENIZER),
                                 "--output", str(output), "--merge-only"])
     if status == 0:
-        _upload(output, prefix)
+        shutil.copytree(output, prefix, dirs_exist_ok=True)
     return status
 
 
@@ -105,7 +108,7 @@ def test_a_rerun_redoes_only_the_units_whose_shards_are_missing(inputs, local_da
     prefix = tmp_path / "s3" / "dataset"
     first = _instance(inputs, tmp_path, 0, 2)  # instance 2 of 2 was lost: none of its units is there
     _upload(first, prefix)
-    units = sorted(p.name for p in (prefix / "units").iterdir())
+    units = sorted(p.name for p in (prefix / STATE / "units").iterdir())
     assert units and all(int(name[:5]) % 2 == 0 for name in units)
     capsys.readouterr()
     assert _merge(_listing(prefix, tmp_path / "listing-0"), prefix, tmp_path) == 2
@@ -115,11 +118,11 @@ def test_a_rerun_redoes_only_the_units_whose_shards_are_missing(inputs, local_da
     lost.unlink()  # one shard of a complete unit never reached the prefix
     previous = _listing(prefix, tmp_path / "listing-1")
     reruns = [_instance(inputs, tmp_path, index, 2, "--previous", str(previous)) for index in range(2)]
-    redone = sorted(p.name for p in (reruns[0] / "units").iterdir())
+    redone = sorted(p.name for p in (reruns[0] / "state" / "units").iterdir())
     assert redone == ["00002.json"]  # instance 1 redoes the unit that lost a shard, and no other
-    total = len(json.loads((prefix / "plan.json").read_text())["units"])
+    total = len(json.loads((prefix / STATE / "plan.json").read_text())["units"])
     odd_units = [f"{unit:05d}.json" for unit in range(1, total, 2)]
-    assert sorted(p.name for p in (reruns[1] / "units").iterdir()) == odd_units  # instance 2 was lost
+    assert sorted(p.name for p in (reruns[1] / "state" / "units").iterdir()) == odd_units  # all of the lost
     for rerun in reruns:
         _upload(rerun, prefix)
     assert _merge(_listing(prefix, tmp_path / "listing-2"), prefix, tmp_path) == 0
@@ -139,8 +142,10 @@ def test_a_rerun_with_other_inputs_or_options_is_refused(inputs, tmp_path, capsy
 
 def test_the_merge_refuses_a_prefix_that_already_holds_a_dataset_and_an_instance_refuses_dedup(
         inputs, local_dataset, tmp_path, capsys):
-    prefix = tmp_path / "s3" / "dataset"
-    _upload(_instance(inputs, tmp_path, 0, 1), prefix)
+    prefix = tmp_path / "s3" / "dataset"  # one instance, its state beside its shards (no --state)
+    assert prepare_data.main(["--input", *map(str, inputs), "--tokenizer", str(TOKENIZER), "--output",
+                              str(prefix), "--host-config", str(_resource_config(tmp_path, 0, 1)),
+                              *OPTIONS]) == 0
     assert prepare_data.main(["--input", str(prefix), "--tokenizer", str(TOKENIZER), "--output", str(prefix),
                               "--merge-only"]) == 0
     assert prepare_data.main(["--input", str(prefix), "--tokenizer", str(TOKENIZER), "--output", str(prefix),

@@ -23,6 +23,9 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run as one instance of a distributed job (SageMaker Processing): PATH is its "
                              f"resource config (default {RESOURCE_CONFIG}); this instance writes its share "
                              "of the work units to --output, and --merge-only makes the dataset after all")
+    parser.add_argument("--state", default=None, metavar="DIR",
+                        help="with --host-config: where plan.json and the units' manifests go (default: "
+                             "--output)")
     parser.add_argument("--previous", default=None, metavar="DIR",
                         help="with --host-config: what earlier attempts wrote (plan.json, units/, the "
                              "shards or sizes.json); its complete units are not run again")
@@ -34,8 +37,8 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
 def check_pipeline_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.merge_only and args.host_config:
         parser.error("--merge-only runs after the instances (--host-config): give one of them")
-    if args.previous and not args.host_config:
-        parser.error("--previous is the earlier work of a distributed job's instances: it needs "
+    if (args.previous or args.state) and not args.host_config:
+        parser.error("--previous and --state are for the instances of a distributed job: they need "
                      "--host-config")
     if (args.merge_only or args.host_config) and (args.preference or args.prompts):
         parser.error("preference pairs and prompts are prepared by one process: leave out --host-config "

@@ -4,12 +4,12 @@ Every instance is given every input file (the job's input replicated to each ins
 same plan from their names and sizes (plan.py: the plan never depends on the number of instances),
 and runs the units assigned to it: unit k to instance k mod N, N and the instance's number read from
 SageMaker's resource config. It writes to --output (the job's output folder, uploaded to the
-dataset's prefix) `plan.json`, its units' shards in the split folders and each unit's manifest
-(`units/UUUUU.json`), the same files a local preparation writes to its work folder; the instances'
-file names never collide, so their uploads make one work folder in the prefix.
+dataset's prefix) its units' shards in the split folders, and to --state (default: --output)
+`plan.json` and each unit's manifest (`units/UUUUU.json`): the files a local preparation writes to its
+work folder. The instances' file names never collide, so their uploads make one work folder.
 
-`--previous DIR`: what earlier attempts left in the prefix (its `plan.json`, `units/`, and either the
-shards or `sizes.json`, every object's size by its key relative to the prefix, which the launcher
+`--previous DIR`: what earlier attempts left (their `plan.json`, `units/`, and either the shards or
+`sizes.json`, every object's size by its key relative to the dataset's prefix, which the launcher
 writes from a listing): the units complete there are not run again.
 
 `--merge-only`: once every instance is done, one step reads that folder (again `plan.json`, `units/`
@@ -79,8 +79,8 @@ class Written:
 
     def complete(self, job: UnitJob) -> dict | None:
         """The unit's manifest when it is complete here (its job's work folder stands for this one)."""
-        return complete_manifest(job, self.folder / job.manifest_path.relative_to(job.work),
-                                 self._size_of(job.work))
+        manifest = job.manifest_path.relative_to(job.state or job.work)
+        return complete_manifest(job, self.folder / manifest, self._size_of(job.work))
 
     def _size_of(self, work: Path) -> Callable[[Path], int | None]:
         if self.sizes is None:
@@ -98,12 +98,14 @@ def prepare_share(args: argparse.Namespace) -> dict[str, int]:
                         "tokenized, which one instance of a distributed job cannot: it is not offered with "
                         "--host-config (deduplicate on one machine, or leave --dedup out)")
     output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
+    state = Path(args.state) if args.state else output
+    for folder in (output, state):
+        folder.mkdir(parents=True, exist_ok=True)
     written = Written(Path(args.previous)) if args.previous else None
     if written is not None:
         _check_same_plan(written, setup.plan)
-    setup.plan.write(output / PLAN_FILE)
-    mine = [setup.job(unit, output, args) for unit in setup.plan.units if host.owns(unit)]
+    setup.plan.write(state / PLAN_FILE)
+    mine = [setup.job(unit, output, args, state) for unit in setup.plan.units if host.owns(unit)]
     pending = [job for job in mine if written is None or written.complete(job) is None]
     print(f"prepare_data: instance {host.index + 1} of {host.count}: {len(mine)} of "
           f"{len(setup.plan.units)} work units, {len(mine) - len(pending)} complete already; "

@@ -61,9 +61,9 @@ class Setup:
     quality: QualitySettings
     dtype: str
 
-    def job(self, unit: WorkUnit, work: Path, args: argparse.Namespace) -> UnitJob:
+    def job(self, unit: WorkUnit, work: Path, args: argparse.Namespace, state: Path | None = None) -> UnitJob:
         return UnitJob(unit, tuple(self.plan.paths(unit)), work, self.fields, args.validation_fraction,
-                       args.shard_tokens, self.dtype, self.quality)
+                       args.shard_tokens, self.dtype, self.quality, state)
 
 
 def set_up(args: argparse.Namespace, versions: bool = True) -> Setup:

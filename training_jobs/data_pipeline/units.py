@@ -46,6 +46,7 @@ class UnitJob:
     shard_tokens: int
     dtype: str
     quality: QualitySettings
+    state: Path | None = None  # where units/ goes, when not in `work` (a distributed job's instances)
 
     @property
     def split_folders(self) -> dict[str, Path]:
@@ -55,7 +56,7 @@ class UnitJob:
 
     @property
     def manifest_path(self) -> Path:
-        return self.work / UNITS_FOLDER / f"{self.unit.name}.json"
+        return (self.state or self.work) / UNITS_FOLDER / f"{self.unit.name}.json"
 
 
 @dataclass
