@@ -61,7 +61,7 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from training_jobs.contract.token_data import SPLITS, TOKENIZER_FOLDER  # noqa: E402
+from training_jobs.contract.token_data import BINARY_SUFFIXES, SPLITS, TOKENIZER_FOLDER  # noqa: E402
 from training_jobs.data_pipeline.arguments import (  # noqa: E402
     add_pipeline_arguments,
     check_pipeline_arguments,
@@ -86,9 +86,6 @@ from training_jobs.trainer.shards import (  # noqa: E402
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 TABLE_DELIMITERS = {".csv": ",", ".tsv": "\t"}
-# Formats that would otherwise be read as (garbled) text.
-BINARY_SUFFIXES = (".parquet", ".arrow", ".feather", ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar",
-                   ".npy", ".pkl", ".pt", ".bin", ".safetensors")
 CONVERT_HINT = "convert it to JSONL (one {\"text\": ...} object per line), CSV or UTF-8 text first"
 DOCUMENTS_PER_TASK = 256
 # Where a text file's validation part may begin, coarsest first: after a blank line, a line, a word.
