@@ -1,12 +1,15 @@
 """`llmtrain data prepare | upload | ls`: from text files to a dataset a cloud run can read.
 
     llmtrain data prepare --input FILES_OR_DIRS... --output DIR [--tokenizer DIR] [prepare_data options]
+    llmtrain data prepare --cloud --name NAME --input S3_PREFIX --tokenizer S3_FOLDER --template REF [...]
+    llmtrain data status NAME [--env ENV] [--team T]
     llmtrain data upload DIR --name NAME [--env ENV] [--team T] [--overwrite]
     llmtrain data ls [--env ENV] [--team T] [--json]
 
 `prepare` runs the training program's own `prepare_data` (the one the platform's jobs read the
 shards of) from the files shipped with llmtrain, in this Python environment, with its progress
-bar; every option after `prepare` is passed on to it. `upload` and `ls` use the team's prefix of
+bar; every option after `prepare` is passed on to it. With `--cloud` it runs on SageMaker Processing
+instead (llmtrain.commands.data_cloud), and `status` follows it. `upload` and `ls` use the team's prefix of
 the environment's datasets bucket (llmtrain.client.datasets).
 """
 
@@ -46,6 +49,7 @@ from llmtrain.commands._common import (
     require_extra,
     writable_folder,
 )
+from llmtrain.commands.data_cloud import prepare_cloud_command, register_status
 from llmtrain.core.errors import LlmtrainError
 from llmtrain.core.sourcedir import program_environment, repository_root
 from llmtrain.local.data import PREPARE_MODULE, TINY_TOKENIZER
@@ -95,6 +99,8 @@ def register(subparsers) -> None:
     add_cloud_arguments(upload)
     upload.set_defaults(handler=upload_command)
 
+    register_status(actions)
+
     listing = add_action(
         actions,
         "ls", help="list your team's datasets", description="List your team's datasets."
@@ -127,6 +133,8 @@ class _PrepareHelp(argparse.Action):
 
 def prepare_command(args: argparse.Namespace) -> int:
     require_extra("data", "llmtrain data prepare")
+    if "--cloud" in args.passed_on:
+        return prepare_cloud_command(args)
     output = _output_of(args.passed_on)
     if output:  # prepare_data writes beside it (OUTPUT.partial), then renames: its folder must take files
         writable_folder(Path(output).absolute().parent, f"--output {output}: its folder")

@@ -193,14 +193,22 @@ def volume_size_gb(input_bytes: int, instance_count: int) -> int:
     return min(MAX_VOLUME_GB, math.ceil(needed * 1.1) + VOLUME_MARGIN_GB)
 
 
+STAGES = ("shard", "merge")  # of equal length, so both jobs' names share their stem
+STAMP_LENGTH = len("YYYYMMDDHHMMSS")
+
+
+def job_name_stem(platform: PlatformContext, name: str) -> str:
+    """`<team prefix>-<dataset>-<hash>`, every job of the dataset's preparations starts with it: the team's
+    prefix (IAM scopes its jobs by it), the dataset's name cut to leave room for `-<stage>-<stamp>` (with a
+    hash of the whole, so two names never share a stem)."""
+    digest = hashlib.sha256(name.encode()).hexdigest()[:6]
+    room = JOB_NAME_MAX - len(platform.job_name_prefix) - len(f"--{digest}-{STAGES[0]}-") - STAMP_LENGTH
+    slug = re.sub(r"[^a-zA-Z0-9]+", "-", name).strip("-")[: max(room, 0)].rstrip("-")
+    return f"{platform.job_name_prefix}-{slug}-{digest}" if slug else f"{platform.job_name_prefix}-{digest}"
+
+
 def job_name(platform: PlatformContext, preparation: Preparation, stage: str) -> str:
-    """`<team prefix>-<dataset>-<hash>-<stage>-<stamp>`: the team's prefix (IAM scopes its jobs by it),
-    the dataset's name cut to fit (with a hash of the whole, so two names never share a job name)."""
-    digest = hashlib.sha256(preparation.name.encode()).hexdigest()[:6]
-    tail = f"-{digest}-{stage}-{preparation.stamp}"
-    room = JOB_NAME_MAX - len(platform.job_name_prefix) - 1 - len(tail)
-    slug = re.sub(r"[^a-zA-Z0-9]+", "-", preparation.name).strip("-")[: max(room, 0)].rstrip("-")
-    return f"{platform.job_name_prefix}-{slug}{tail}" if slug else f"{platform.job_name_prefix}{tail}"
+    return f"{job_name_stem(platform, preparation.name)}-{stage}-{preparation.stamp}"
 
 
 def shards_request(preparation: Preparation, platform: PlatformContext, template: TemplateSpec) -> dict:
@@ -230,7 +238,7 @@ def shards_request(preparation: Preparation, platform: PlatformContext, template
         _output("state", STATE_PATH, preparation.state_uri(platform)),
     ]
     return _request(
-        preparation, platform, template, "shards", preparation.instance_count, inputs, outputs, arguments
+        preparation, platform, template, "shard", preparation.instance_count, inputs, outputs, arguments
     )
 
 
