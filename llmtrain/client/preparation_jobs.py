@@ -2,7 +2,9 @@
 merge job and the dataset's marker, each step once the one before it succeeded.
 
 The steps run here, with the caller's credentials (sagemaker:CreateProcessingJob and iam:PassRole on
-the team's execution role): the team's launcher state machine does not run preparations yet. A
+the team's execution role, which a deployed environment's engineers' policy does not grant: engineers
+create no job): the team's launcher does not run preparations yet (docs/infrastructure.md says what
+is left). A
 preparation that stops (a failed or stopped job, an interrupted command) is resumed by the same
 command: the shards job of the rerun skips the units complete in the prefix (all of them, after a
 failed merge) and the merge follows.
