@@ -128,22 +128,27 @@ def register_status(actions) -> None:
 
 def status_command(args: argparse.Namespace) -> int:
     cloud = connect(args)
-    platform = cloud.team.platform
     s3 = cloud.session.client("s3", region_name=cloud.deployed.region)
     sagemaker = cloud.session.client("sagemaker", region_name=cloud.deployed.region)
-    jobs = preparation_jobs(sagemaker, platform, args.name)
-    if not jobs:
-        print(f"no preparation jobs of {args.name} in team {platform.team!r}", file=sys.stderr)
+    lines = status_lines(sagemaker, s3, cloud.team.platform, args.name)
+    if not lines:
+        print(f"no preparation jobs of {args.name} in team {cloud.team.platform.team!r}", file=sys.stderr)
         return 1
-    for job in jobs:
-        print(job.line())
-    costs = [job.usd for job in jobs if job.usd is not None]
-    preparation = Preparation(args.name, "", "", "", 1, (), "", 0, "")
-    done = progress(s3, preparation, platform)
-    units = done["units"] if done["units"] is not None else "?"
-    print(
-        f"work units: {done['units_done']} of {units} written; {done['tokens']:,} tokens; "
-        f"cost so far: ${sum(costs):,.2f} (finished jobs: duration x instances x on-demand price)"
-    )
-    print("dataset: complete" if is_complete(s3, platform, args.name) else "dataset: not complete yet")
+    print("\n".join(lines))
     return 0
+
+
+def status_lines(sagemaker, s3, platform: PlatformContext, name: str) -> list[str]:
+    """The preparation's jobs, the work units written and their tokens, the cost, the dataset's state."""
+    jobs = preparation_jobs(sagemaker, platform, name)
+    if not jobs:
+        return []
+    costs = [job.usd for job in jobs if job.usd is not None]
+    done = progress(s3, Preparation(name, "", "", "", 1, (), "", 0, ""), platform)
+    units = done["units"] if done["units"] is not None else "?"
+    return [
+        *(job.line() for job in jobs),
+        f"work units: {done['units_done']} of {units} written; {done['tokens']:,} tokens; cost so far: "
+        f"${sum(costs):,.2f} (ended jobs: duration x instances x on-demand price)",
+        "dataset: complete" if is_complete(s3, platform, name) else "dataset: not complete yet",
+    ]

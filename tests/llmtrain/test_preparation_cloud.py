@@ -26,6 +26,7 @@ from llmtrain.cli import main
 from llmtrain.client import preparations
 from llmtrain.client.datasets import list_datasets
 from llmtrain.client.preparation_jobs import preparation_jobs, run_preparation
+from llmtrain.commands.data_cloud import status_lines
 from llmtrain.core.catalog import Catalog
 from llmtrain.core.deployed import read_deployed_environment
 from llmtrain.core.preparation import Preparation, PreparationError
@@ -229,6 +230,13 @@ def test_two_instances_and_the_merge_make_the_local_dataset(s3, local_dataset, t
     assert [job.status for job in jobs] == ["Completed", "Completed"] and jobs[0].instances == 2
     price = prices.load().on_demand("ml.c5.xlarge")
     assert [job.usd for job in jobs] == [pytest.approx(2 * price), pytest.approx(price)]  # an hour each
+    lines = status_lines(simulated, s3, platform, "web")
+    plan = json.loads(
+        s3.get_object(Bucket=BUCKET, Key="teams/default/web/.preparation/plan.json")["Body"].read()
+    )
+    tokens = sum(len(document) for documents in local_dataset.values() for document in documents)
+    assert f"work units: {len(plan['units'])} of {len(plan['units'])} written; {tokens:,} tokens" in lines[2]
+    assert f"cost so far: ${3 * price:,.2f}" in lines[2] and lines[3] == "dataset: complete"
 
 
 def test_a_failed_job_is_resumed_with_only_the_missing_units_redone(s3, local_dataset, tmp_path):
