@@ -15,6 +15,7 @@ import pytest
 
 from training_jobs import prepare_data
 from training_jobs.data_pipeline.instances import SIZES_FILE
+from training_jobs.trainer.shards import read_manifest
 
 from .conftest import TOKENIZER
 from .test_data_pipeline import _sentence, _stream
@@ -164,3 +165,25 @@ def test_a_resource_config_without_this_host_is_named(inputs, tmp_path, capsys):
     status = prepare_data.main(["--input", *map(str, inputs), "--tokenizer", str(TOKENIZER), "--output",
                                 str(tmp_path / "d"), "--host-config", str(config)])
     assert status == 2 and f"--host-config {config}" in capsys.readouterr().err
+
+
+def test_conversations_prepared_by_three_instances_equal_the_local_dataset_masks_included(tmp_path):
+    rng = random.Random(9)
+    records = [{"messages": [{"role": "user", "content": _sentence(rng, 6)},
+                             {"role": "assistant", "content": _sentence(rng, rng.randint(2, 12))}]}
+               for _ in range(60)]
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    options = ("--messages-key", "messages", "--unit-bytes", "1500", "--shard-tokens", "400",
+               "--workers", "1")
+    common = ("--input", str(tmp_path / "chats.jsonl"), "--tokenizer", str(TOKENIZER))
+    assert prepare_data.main([*common, "--output", str(tmp_path / "local"), *options]) == 0
+    prefix = tmp_path / "s3" / "dataset"
+    for index in range(3):
+        folder = tmp_path / f"algo-{index + 1}"
+        config = _resource_config(tmp_path, index, 3)
+        assert prepare_data.main([*common, "--output", str(folder / "dataset"), "--state",
+                                  str(folder / "state"), "--host-config", str(config), *options]) == 0
+        _upload(folder, prefix)
+    assert _merge(_listing(prefix, tmp_path / "listing"), prefix, tmp_path) == 0
+    assert read_manifest(prefix).loss_mask and read_manifest(prefix).num_documents == 60
+    assert _stream(prefix) == _stream(tmp_path / "local")  # token ids and mask files alike
