@@ -49,7 +49,7 @@ from llmtrain.commands._common import (
     require_extra,
     writable_folder,
 )
-from llmtrain.commands.data_cloud import prepare_cloud_command, register_status
+from llmtrain.commands.data_cloud import cloud_help, prepare_cloud_command, register_status
 from llmtrain.core.errors import LlmtrainError
 from llmtrain.core.sourcedir import program_environment, repository_root
 from llmtrain.local.data import PREPARE_MODULE, TINY_TOKENIZER
@@ -102,8 +102,7 @@ def register(subparsers) -> None:
     register_status(actions)
 
     listing = add_action(
-        actions,
-        "ls", help="list your team's datasets", description="List your team's datasets."
+        actions, "ls", help="list your team's datasets", description="List your team's datasets."
     )
     listing.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     add_cloud_arguments(listing)
@@ -128,6 +127,11 @@ class _PrepareHelp(argparse.Action):
         subprocess.run(
             [sys.executable, "-m", PREPARE_MODULE, "--help"], env=program_environment(), check=False
         )
+        print(
+            "\nWith --cloud, on SageMaker Processing (--input and --tokenizer in S3; the other options "
+            "above are passed on):\n"
+        )
+        print(cloud_help())
         parser.exit()
 
 
@@ -149,8 +153,10 @@ def prepare_command(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", PREPARE_MODULE, *args.passed_on, "--tokenizer", tokenizer]
     status = subprocess.run(command, env=program_environment(), check=False).returncode
     if status == 0 and output:
-        print(f"next: try it here, `llmtrain run --local TEMPLATE --run-name RUN --data {output}`; then "
-              f"`llmtrain data upload {output} --name NAME --env ENV` for a cloud run")
+        print(
+            f"next: try it here, `llmtrain run --local TEMPLATE --run-name RUN --data {output}`; then "
+            f"`llmtrain data upload {output} --name NAME --env ENV` for a cloud run"
+        )
     return status
 
 

@@ -46,7 +46,7 @@ DEFAULT_INSTANCE_TYPE = "ml.c5.4xlarge"
 
 def _cloud_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmtrain data prepare --cloud", add_help=False, allow_abbrev=False)
-    parser.add_argument("--cloud", action="store_true")
+    parser.add_argument("--cloud", action="store_true", help="prepare on SageMaker Processing")
     parser.add_argument("--name", required=True, help="the dataset's name in your team's datasets")
     parser.add_argument("--input", required=True, help="the S3 prefix of the input files")
     parser.add_argument(
@@ -54,13 +54,31 @@ def _cloud_parser() -> argparse.ArgumentParser:
         required=True,
         help="the template whose runs read the dataset: its image runs the preparation",
     )
-    parser.add_argument("--instance-type", default=DEFAULT_INSTANCE_TYPE)
-    parser.add_argument("--instance-count", type=int, default=1)
-    parser.add_argument("--max-runtime-hours", type=float, default=120.0)
+    parser.add_argument(
+        "--instance-type",
+        default=DEFAULT_INSTANCE_TYPE,
+        help=f"a CPU instance type (default {DEFAULT_INSTANCE_TYPE})",
+    )
+    parser.add_argument(
+        "--instance-count",
+        type=int,
+        default=1,
+        help="instances of the shards job, at most the input's files (default 1)",
+    )
+    parser.add_argument(
+        "--max-runtime-hours",
+        type=float,
+        default=120.0,
+        help="each job's MaxRuntimeInSeconds, in hours (default 120)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="check, estimate and print the requests only")
     parser.add_argument("--no-wait", action="store_true", help="start the shards job and return")
     add_cloud_arguments(parser)
     return parser
+
+
+def cloud_help() -> str:
+    return _cloud_parser().format_help()
 
 
 def prepare_cloud_command(args: argparse.Namespace) -> int:
