@@ -5,13 +5,17 @@
                        | --messages-key messages]
         [--validation-fraction 0.01] [--shard-tokens N] [--dedup exact|minhash] [--filter NAME]...
         [--unit-bytes N]
+    ... --host-config [PATH] [--state DIR] [--previous DIR]   one instance of a distributed job
+    python -m training_jobs.prepare_data --merge-only --input DIR --tokenizer DIR --output DIR
 
 Inputs: `.jsonl`/`.json` files hold one JSON object per line (the document is its `--text-key`
 field); `.csv`/`.tsv` files have a header row (the document is the `--text-key` column of each row);
 any other file (`.txt`, `.md`, ...) is one UTF-8 document. Binary and compressed formats (Parquet,
 Arrow, gzip, ...) are refused with what to convert them to. Folders are searched recursively.
 The input is cut into work units (whole files, or byte ranges of large JSONL files) that --workers
-processes tokenize (data_pipeline/); the output is identical whatever the number of workers. With
+processes tokenize (data_pipeline/); the output is identical whatever the number of workers, or of
+the instances of a SageMaker Processing job that each run their share of the units (--host-config)
+before one --merge-only step (data_pipeline/instances.py). With
 `--validation-fraction`, a deterministic share of the documents goes to OUTPUT/validation and the
 rest to OUTPUT/train; upload each folder as its own channel. A plain-text file is one document, so
 it gives its own end instead: the text after the first paragraph boundary (else line, else word
@@ -61,8 +65,11 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from training_jobs.contract.token_data import SPLITS, TOKENIZER_FOLDER  # noqa: E402
-from training_jobs.data_pipeline.arguments import add_pipeline_arguments  # noqa: E402
+from training_jobs.contract.token_data import BINARY_SUFFIXES, SPLITS, TOKENIZER_FOLDER  # noqa: E402
+from training_jobs.data_pipeline.arguments import (  # noqa: E402
+    add_pipeline_arguments,
+    check_pipeline_arguments,
+)
 from training_jobs.data_pipeline.plan import lines_in_range  # noqa: E402
 from training_jobs.preference_examples import (  # noqa: E402
     add_post_training_arguments,
@@ -83,9 +90,6 @@ from training_jobs.trainer.shards import (  # noqa: E402
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 TABLE_DELIMITERS = {".csv": ",", ".tsv": "\t"}
-# Formats that would otherwise be read as (garbled) text.
-BINARY_SUFFIXES = (".parquet", ".arrow", ".feather", ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar",
-                   ".npy", ".pkl", ".pt", ".bin", ".safetensors")
 CONVERT_HINT = "convert it to JSONL (one {\"text\": ...} object per line), CSV or UTF-8 text first"
 DOCUMENTS_PER_TASK = 256
 # Where a text file's validation part may begin, coarsest first: after a blank line, a line, a word.
@@ -353,9 +357,15 @@ def _progress(total_bytes: int):
 def prepare(args: argparse.Namespace) -> dict[str, int]:
     """Prepare the dataset in work units over --workers processes (data_pipeline): the output
     appears whole at the end or not at all, and an interrupted run resumes where it stopped.
-    Preference and prompt datasets are written by one process (`_prepare_examples`)."""
+    Preference and prompt datasets are written by one process (`_prepare_examples`). With
+    --host-config this is one instance of a distributed job, and --merge-only the step after its
+    instances (data_pipeline/instances.py)."""
     if args.preference or args.prompts:
         return _prepare_examples(args)
+    if args.host_config or args.merge_only:
+        from training_jobs.data_pipeline.instances import merge_written, prepare_share
+
+        return merge_written(args) if args.merge_only else prepare_share(args)
     from training_jobs.data_pipeline.pipeline import prepare_dataset
 
     return prepare_dataset(args)
@@ -469,6 +479,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard file")
     add_pipeline_arguments(parser)
     args = parser.parse_args(argv)
+    check_pipeline_arguments(parser, args)
     if args.workers is not None and args.workers < 1:
         parser.error("--workers must be at least 1")
     if not 0.0 <= args.validation_fraction < 1.0:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ from llmtrain.client.aws import explained
 from llmtrain.core.deployed import TeamAccess
 from llmtrain.core.errors import LlmtrainError, did_you_mean
 from llmtrain.core.instances import instance_type
+from llmtrain.core.preparation import DATASET_NAME
 from llmtrain.core.s3_uris import parse_s3_uri
 from llmtrain.core.token_data import (
     PREPARE_HINT,
@@ -49,7 +49,6 @@ from training_jobs.contract.token_data import MANIFEST as SHARDS_MANIFEST
 from training_jobs.contract.token_data import SPLITS, TOKENIZER_FOLDER
 
 DATASET_MANIFEST = "llmtrain-dataset.json"
-DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 CHECKSUM_ALGORITHM = "SHA256"
 _READ_BLOCK = 1 << 20
 

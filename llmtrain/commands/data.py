@@ -1,12 +1,15 @@
 """`llmtrain data prepare | upload | ls`: from text files to a dataset a cloud run can read.
 
     llmtrain data prepare --input FILES_OR_DIRS... --output DIR [--tokenizer DIR] [prepare_data options]
+    llmtrain data prepare --cloud --name NAME --input S3_PREFIX --tokenizer S3_FOLDER --template REF [...]
+    llmtrain data status NAME [--env ENV] [--team T]
     llmtrain data upload DIR --name NAME [--env ENV] [--team T] [--overwrite]
     llmtrain data ls [--env ENV] [--team T] [--json]
 
 `prepare` runs the training program's own `prepare_data` (the one the platform's jobs read the
 shards of) from the files shipped with llmtrain, in this Python environment, with its progress
-bar; every option after `prepare` is passed on to it. `upload` and `ls` use the team's prefix of
+bar; every option after `prepare` is passed on to it. With `--cloud` it runs on SageMaker Processing
+instead (llmtrain.commands.data_cloud), and `status` follows it. `upload` and `ls` use the team's prefix of
 the environment's datasets bucket (llmtrain.client.datasets).
 """
 
@@ -46,6 +49,7 @@ from llmtrain.commands._common import (
     require_extra,
     writable_folder,
 )
+from llmtrain.commands.data_cloud import cloud_help, prepare_cloud_command, register_status
 from llmtrain.core.errors import LlmtrainError
 from llmtrain.core.sourcedir import program_environment, repository_root
 from llmtrain.local.data import PREPARE_MODULE, TINY_TOKENIZER
@@ -95,9 +99,10 @@ def register(subparsers) -> None:
     add_cloud_arguments(upload)
     upload.set_defaults(handler=upload_command)
 
+    register_status(actions)
+
     listing = add_action(
-        actions,
-        "ls", help="list your team's datasets", description="List your team's datasets."
+        actions, "ls", help="list your team's datasets", description="List your team's datasets."
     )
     listing.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     add_cloud_arguments(listing)
@@ -122,11 +127,18 @@ class _PrepareHelp(argparse.Action):
         subprocess.run(
             [sys.executable, "-m", PREPARE_MODULE, "--help"], env=program_environment(), check=False
         )
+        print(
+            "\nWith --cloud, on SageMaker Processing (--input and --tokenizer in S3; the other options "
+            "above are passed on):\n"
+        )
+        print(cloud_help())
         parser.exit()
 
 
 def prepare_command(args: argparse.Namespace) -> int:
     require_extra("data", "llmtrain data prepare")
+    if "--cloud" in args.passed_on:
+        return prepare_cloud_command(args)
     output = _output_of(args.passed_on)
     if output:  # prepare_data writes beside it (OUTPUT.partial), then renames: its folder must take files
         writable_folder(Path(output).absolute().parent, f"--output {output}: its folder")
@@ -141,8 +153,10 @@ def prepare_command(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", PREPARE_MODULE, *args.passed_on, "--tokenizer", tokenizer]
     status = subprocess.run(command, env=program_environment(), check=False).returncode
     if status == 0 and output:
-        print(f"next: try it here, `llmtrain run --local TEMPLATE --run-name RUN --data {output}`; then "
-              f"`llmtrain data upload {output} --name NAME --env ENV` for a cloud run")
+        print(
+            f"next: try it here, `llmtrain run --local TEMPLATE --run-name RUN --data {output}`; then "
+            f"`llmtrain data upload {output} --name NAME --env ENV` for a cloud run"
+        )
     return status
 
 

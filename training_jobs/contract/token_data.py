@@ -29,3 +29,7 @@ SPLITS = ("train", "validation")
 TOKENIZER_FOLDER = "tokenizer"
 # The tokenizer the program uses when a run brings none (its `tokenizer` channel, its `model` channel).
 SHIPPED_TOKENIZER = ("training_jobs", "assets", "tokenizer")
+# Input formats prepare_data refuses (they would otherwise be read as garbled text); the platform
+# refuses them by name before a cloud preparation starts.
+BINARY_SUFFIXES = (".parquet", ".arrow", ".feather", ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar",
+                   ".npy", ".pkl", ".pt", ".bin", ".safetensors")

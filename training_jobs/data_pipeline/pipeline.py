@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from typing import Any
 from training_jobs import prepare_data
 from training_jobs.contract.token_data import TOKENIZER_FOLDER
 from training_jobs.data_pipeline.merge import merge
-from training_jobs.data_pipeline.plan import Plan, local_inputs, make_plan
+from training_jobs.data_pipeline.plan import Plan, WorkUnit, local_inputs, make_plan
 from training_jobs.data_pipeline.quality import (
     DUPLICATES,
     REMOVALS,
@@ -50,12 +50,28 @@ WORKER_PRELOAD = ("numpy", "transformers.models.auto.tokenization_auto")
 START_METHOD_VARIABLE = "PREPARE_DATA_START_METHOD"  # "spawn": each worker imports everything itself
 
 
-def prepare_dataset(args: argparse.Namespace) -> dict[str, int]:
-    """Prepare the dataset; returns the tokens of each split."""
+@dataclass(frozen=True)
+class Setup:
+    """What every way of running the pipeline decides first: the checked inputs' plan, the
+    tokenizer, and the options that shape each unit."""
+
+    plan: Plan
+    tokenizer: Any
+    fields: prepare_data.Fields
+    quality: QualitySettings
+    dtype: str
+
+    def job(self, unit: WorkUnit, work: Path, args: argparse.Namespace, state: Path | None = None) -> UnitJob:
+        return UnitJob(unit, tuple(self.plan.paths(unit)), work, self.fields, args.validation_fraction,
+                       args.shard_tokens, self.dtype, self.quality, state)
+
+
+def set_up(args: argparse.Namespace, versions: bool = True) -> Setup:
+    """The checks before any work and the plan. `versions`: whether a file's modification time is
+    part of the plan (not for the instances of a distributed job, whose copies of the input files
+    each have their own)."""
     files = prepare_data.find_inputs(args.input)
     check_inputs(files)
-    output = Path(args.output)
-    prepare_data._check_output(output)
     tokenizer = load_tokenizer(args.tokenizer)
     if tokenizer.eos_token_id is None:
         raise DataError(f"tokenizer {args.tokenizer} has no end-of-sequence token")
@@ -70,13 +86,23 @@ def prepare_dataset(args: argparse.Namespace) -> dict[str, int]:
                 "shard_tokens": args.shard_tokens, "unit_bytes": args.unit_bytes,
                 "quality": asdict(quality), "tokenizer": str(args.tokenizer),
                 "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id}
-    plan = make_plan(local_inputs(files), settings, args.unit_bytes)
+    inputs = local_inputs(files)
+    if not versions:
+        inputs = tuple(replace(item, version="") for item in inputs)
+    return Setup(make_plan(inputs, settings, args.unit_bytes), tokenizer, fields, quality, dtype)
+
+
+def prepare_dataset(args: argparse.Namespace) -> dict[str, int]:
+    """Prepare the dataset; returns the tokens of each split."""
+    output = Path(args.output)
+    prepare_data._check_output(output)
+    setup = set_up(args)
+    plan, tokenizer = setup.plan, setup.tokenizer
     work = output.parent / f".{output.name}.partial"
     output.parent.mkdir(parents=True, exist_ok=True)
     _open_work(work, plan)
-    jobs = [UnitJob(unit, tuple(plan.paths(unit)), work, fields, args.validation_fraction, args.shard_tokens,
-                    dtype, quality) for unit in plan.units]
-    pool = WorkerPool(_worker_count(args.workers, len(jobs)), str(args.tokenizer), dtype)
+    jobs = [setup.job(unit, work, args) for unit in plan.units]
+    pool = WorkerPool(_worker_count(args.workers, len(jobs)), str(args.tokenizer), setup.dtype)
     try:
         return _run(plan, jobs, pool, tokenizer, args, output)
     except BrokenProcessPool as error:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +46,7 @@ class UnitJob:
     shard_tokens: int
     dtype: str
     quality: QualitySettings
+    state: Path | None = None  # where units/ goes, when not in `work` (a distributed job's instances)
 
     @property
     def split_folders(self) -> dict[str, Path]:
@@ -55,7 +56,7 @@ class UnitJob:
 
     @property
     def manifest_path(self) -> Path:
-        return self.work / UNITS_FOLDER / f"{self.unit.name}.json"
+        return (self.state or self.work) / UNITS_FOLDER / f"{self.unit.name}.json"
 
 
 @dataclass
@@ -233,10 +234,17 @@ def remove_unit_files(job: UnitJob) -> None:
                 path.unlink()
 
 
-def complete_manifest(job: UnitJob) -> dict | None:
-    """The unit's manifest when the unit is complete: every file it lists is there, whole."""
+def file_size(path: Path) -> int | None:
+    return path.stat().st_size if path.is_file() else None
+
+
+def complete_manifest(job: UnitJob, manifest_path: Path | None = None,
+                      size_of: Callable[[Path], int | None] = file_size) -> dict | None:
+    """The unit's manifest when the unit is complete: every file it lists is there, whole.
+    `manifest_path` and `size_of` (a file's size, None when it is missing) read another copy of the
+    work folder, such as the listing of a distributed preparation's output in object storage."""
     try:
-        manifest = json.loads(job.manifest_path.read_text())
+        manifest = json.loads((manifest_path or job.manifest_path).read_text())
     except (OSError, ValueError):
         return None
     itemsize = DTYPES[job.dtype].itemsize
@@ -248,8 +256,6 @@ def complete_manifest(job: UnitJob) -> dict | None:
             sizes = {entry["path"]: entry["num_tokens"] * itemsize}
             if "mask" in entry:
                 sizes[entry["mask"]] = entry["num_tokens"]
-            for name, size in sizes.items():
-                path = folder / name
-                if not path.is_file() or path.stat().st_size != size:
-                    return None
+            if any(size_of(folder / name) != size for name, size in sizes.items()):
+                return None
     return manifest

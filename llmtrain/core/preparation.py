@@ -1,0 +1,359 @@
+"""A data preparation on SageMaker Processing (`llmtrain data prepare --cloud`): what it is, the checks
+that need no AWS call, and its two CreateProcessingJob requests.
+
+1. The shards job: N instances run the training program's `prepare_data --host-config`: the code
+   installed with llmtrain, the one `llmtrain data prepare` runs locally, uploaded beside the dataset
+   (`DATASET/.preparation-code/`), so the dataset is the one made locally from the same files; the
+   image of the template version whose runs will read it. Every instance is given the whole input
+   (FullyReplicated: SageMaker's ShardedByS3Key gives each instance files of its choosing, and a
+   work unit may group several files) and tokenizes the work units assigned to it (unit k on
+   instance k mod N). Its shards go to the dataset's prefix, its `plan.json` and units' manifests to
+   `DATASET/.preparation/`, uploaded as they are written, so a failed or stopped job leaves its
+   complete units and a rerun (`--previous`: that state plus `sizes.json`, the listing of the
+   prefix) redoes only the others.
+2. The merge job: one instance runs `prepare_data --merge-only` over `DATASET/.preparation/` (small
+   files only: the shards are checked against `sizes.json`) and writes the split manifests,
+   `preparation.json` and the tokenizer. Before it the prefix holds no manifest: nothing
+   half-written is a dataset.
+
+Pure functions: the CLI builds and checks the requests; the S3 checks (the input's files, the
+output's state, the tokenizer) are llmtrain.client.preparations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from llmtrain.core.errors import LlmtrainError
+from llmtrain.core.instances import INSTANCE_TYPES
+from llmtrain.core.platform import PlatformContext
+from llmtrain.core.render import TAG_PREFIX, image_uri
+from llmtrain.core.s3_uris import S3UriError, parse_s3_uri
+from llmtrain.core.sourcedir import SOURCEDIR_NAME
+from llmtrain.core.spec import TemplateSpec
+from llmtrain.core.validate import input_problems
+
+DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+PROCESSING = "/opt/ml/processing"
+CODE_PATH = f"{PROCESSING}/input/code"
+INPUT_PATH = f"{PROCESSING}/input/data"
+TOKENIZER_PATH = f"{PROCESSING}/input/tokenizer"
+PREVIOUS_PATH = f"{PROCESSING}/input/previous"
+DATASET_PATH = f"{PROCESSING}/output/dataset"
+STATE_PATH = f"{PROCESSING}/output/state"
+STATE_FOLDER = ".preparation"  # DATASET/.preparation/: plan.json, units/, and the launcher's sizes.json
+CODE_FOLDER = ".preparation-code"  # DATASET/.preparation-code/sourcedir.tar.gz: the program's code
+SIZES_FILE = "sizes.json"
+PROGRAM_FOLDER = "/opt/ml/code"
+# prepare_data's options the platform sets for each job; a user's are refused.
+PLATFORM_OPTIONS = (
+    "--input",
+    "--output",
+    "--tokenizer",
+    "--workers",
+    "--host-config",
+    "--previous",
+    "--state",
+    "--merge-only",
+)
+CLOUD_REFUSED = {
+    "--dedup": "deduplication needs every unit's signatures before any unit is tokenized, which the "
+    "instances of one job do not share: deduplicate locally (`llmtrain data prepare --dedup`)",
+    "--preference": "preference pairs are prepared by one process: prepare them locally",
+    "--prompts": "prompt datasets are prepared by one process: prepare them locally",
+}
+MAX_VOLUME_GB = 16384  # botocore: ProcessingClusterConfig.VolumeSizeInGB
+VOLUME_MARGIN_GB = 10  # the image's pip installs, the tokenizer, logs
+JOB_NAME_MAX = 63
+
+
+class PreparationError(LlmtrainError):
+    """A cloud preparation that must not start; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """One cloud preparation, as the user asked for it and the S3 checks found it."""
+
+    name: str  # the dataset's name in the team's datasets
+    input_uri: str  # a prefix under the team's datasets prefix
+    tokenizer_uri: str  # an HF tokenizer folder under the team's datasets prefix
+    instance_type: str
+    instance_count: int
+    options: tuple[str, ...]  # prepare_data's options that shape the dataset (fields, splits, shards)
+    owner: str
+    input_bytes: int
+    stamp: str  # UTC time of the start, YYYYMMDDHHMMSS: each attempt's jobs have their own names
+    rerun: bool = False  # the prefix holds an earlier attempt's state: its complete units are kept
+    max_runtime_seconds: int = 5 * 86400
+
+    def dataset_uri(self, platform: PlatformContext) -> str:
+        return f"{platform.datasets_uri}{self.name}/"
+
+    def state_uri(self, platform: PlatformContext) -> str:
+        return f"{self.dataset_uri(platform)}{STATE_FOLDER}/"
+
+    def code_uri(self, platform: PlatformContext) -> str:
+        return f"{self.dataset_uri(platform)}{CODE_FOLDER}/{SOURCEDIR_NAME}"
+
+
+def check_preparation(preparation: Preparation, platform: PlatformContext) -> None:
+    """Every check that needs no AWS call; PreparationError naming each problem."""
+    if not DATASET_NAME.fullmatch(preparation.name):
+        raise PreparationError(
+            f"--name {preparation.name!r}: a dataset name is 1-128 letters, digits, '.', "
+            "'_' or '-', starting with a letter or digit"
+        )
+    problems = [
+        *_location_problems(preparation, platform),
+        *_instance_problems(preparation, platform),
+        *option_problems(preparation.options),
+    ]
+    if problems:
+        raise PreparationError("; ".join(problems))
+
+
+def _location_problems(preparation: Preparation, platform: PlatformContext) -> list[str]:
+    datasets = parse_s3_uri(platform.datasets_uri)
+    problems = []
+    for option, uri in (("--input", preparation.input_uri), ("--tokenizer", preparation.tokenizer_uri)):
+        try:
+            location = parse_s3_uri(uri)
+        except S3UriError as error:
+            problems.append(f"{option}: {error}")
+            continue
+        if not location.within(datasets):
+            problems.append(
+                f"{option} {uri!r} is outside team {platform.team!r}'s datasets prefix; a "
+                f"preparation reads only under {datasets.uri}"
+            )
+        elif location.key.startswith(f"{datasets.key}{preparation.name}/"):
+            problems.append(
+                f"{option} {uri!r} lies inside the dataset being prepared ({preparation.name}): "
+                "give another --name"
+            )
+    return problems
+
+
+def _instance_problems(preparation: Preparation, platform: PlatformContext) -> list[str]:
+    kind, count = preparation.instance_type, preparation.instance_count
+    problems = []
+    if kind not in INSTANCE_TYPES or INSTANCE_TYPES[kind].gpus:
+        cpu = sorted(name for name, spec in INSTANCE_TYPES.items() if not spec.gpus)
+        problems.append(
+            f"--instance-type {kind!r}: a preparation tokenizes on CPUs; use one of {', '.join(cpu)}"
+        )
+    elif platform.allowed_instance_types and kind not in platform.allowed_instance_types:
+        problems.append(
+            f"--instance-type {kind!r} is not allowed for team {platform.team!r} (allowed: "
+            f"{', '.join(platform.allowed_instance_types)})"
+        )
+    if count < 1:
+        problems.append(f"--instance-count {count}: at least 1")
+    elif platform.max_instance_count is not None and count > platform.max_instance_count:
+        problems.append(
+            f"--instance-count {count} is above team {platform.team!r}'s cap of "
+            f"{platform.max_instance_count} instances per job"
+        )
+    return problems
+
+
+def option_problems(options: tuple[str, ...]) -> list[str]:
+    problems = []
+    for option in options:
+        name = option.split("=", 1)[0]
+        if name in PLATFORM_OPTIONS:
+            problems.append(f"{name}: the platform sets it for each job of a cloud preparation; leave it out")
+        elif name in CLOUD_REFUSED:
+            problems.append(f"{name} is not offered with --cloud: {CLOUD_REFUSED[name]}")
+    return problems
+
+
+def input_files_problem(files: int, instance_count: int, input_uri: str) -> str | None:
+    """Every instance reads the whole input but must have work: the input's work units are at least
+    its files, so no more instances than files."""
+    if files == 0:
+        return f"--input {input_uri}: no files there (`llmtrain data ls` lists your team's datasets)"
+    if instance_count > files:
+        return (
+            f"--instance-count {instance_count} is more than the {files} input file(s) in {input_uri}: "
+            f"some instances would have nothing to do; use at most {files}"
+        )
+    return None
+
+
+def volume_size_gb(input_bytes: int, instance_count: int) -> int:
+    """Each instance holds the whole input and its share of the shards (token ids of 2 or 4 bytes, about
+    as many bytes as the text they encode), plus a margin."""
+    needed = input_bytes * (1 + 1 / instance_count) / 1e9
+    return min(MAX_VOLUME_GB, math.ceil(needed * 1.1) + VOLUME_MARGIN_GB)
+
+
+STAGES = ("shard", "merge")  # of equal length, so both jobs' names share their stem
+STAMP_LENGTH = len("YYYYMMDDHHMMSS")
+
+
+def job_name_stem(platform: PlatformContext, name: str) -> str:
+    """`<team prefix>-<dataset>-<hash>`, every job of the dataset's preparations starts with it: the team's
+    prefix (IAM scopes its jobs by it), the dataset's name cut to leave room for `-<stage>-<stamp>` (with a
+    hash of the whole, so two names never share a stem)."""
+    digest = hashlib.sha256(name.encode()).hexdigest()[:6]
+    room = JOB_NAME_MAX - len(platform.job_name_prefix) - len(f"--{digest}-{STAGES[0]}-") - STAMP_LENGTH
+    slug = re.sub(r"[^a-zA-Z0-9]+", "-", name).strip("-")[: max(room, 0)].rstrip("-")
+    return f"{platform.job_name_prefix}-{slug}-{digest}" if slug else f"{platform.job_name_prefix}-{digest}"
+
+
+def job_name(platform: PlatformContext, preparation: Preparation, stage: str) -> str:
+    return f"{job_name_stem(platform, preparation.name)}-{stage}-{preparation.stamp}"
+
+
+def shards_request(preparation: Preparation, platform: PlatformContext, template: TemplateSpec) -> dict:
+    """The shards job: N instances, each its share of the work units."""
+    arguments = [
+        "--input",
+        INPUT_PATH,
+        "--tokenizer",
+        TOKENIZER_PATH,
+        "--output",
+        DATASET_PATH,
+        "--state",
+        STATE_PATH,
+        "--host-config",
+        *preparation.options,
+    ]
+    inputs = [
+        _input("code", preparation.code_uri(platform), CODE_PATH),
+        _input("data", preparation.input_uri, INPUT_PATH),
+        _input("tokenizer", preparation.tokenizer_uri, TOKENIZER_PATH),
+    ]
+    if preparation.rerun:
+        arguments += ["--previous", PREVIOUS_PATH]
+        inputs.append(_input("previous", preparation.state_uri(platform), PREVIOUS_PATH))
+    outputs = [
+        _output("dataset", DATASET_PATH, preparation.dataset_uri(platform)),
+        _output("state", STATE_PATH, preparation.state_uri(platform)),
+    ]
+    return _request(
+        preparation, platform, template, "shard", preparation.instance_count, inputs, outputs, arguments
+    )
+
+
+def merge_request(preparation: Preparation, platform: PlatformContext, template: TemplateSpec) -> dict:
+    """The merge job: one instance, the units' manifests and sizes.json in, the dataset's manifests out."""
+    arguments = [
+        "--merge-only",
+        "--input",
+        PREVIOUS_PATH,
+        "--tokenizer",
+        TOKENIZER_PATH,
+        "--output",
+        DATASET_PATH,
+    ]
+    inputs = [
+        _input("code", preparation.code_uri(platform), CODE_PATH),
+        _input("tokenizer", preparation.tokenizer_uri, TOKENIZER_PATH),
+        _input("state", preparation.state_uri(platform), PREVIOUS_PATH),
+    ]
+    outputs = [_output("dataset", DATASET_PATH, preparation.dataset_uri(platform), mode="EndOfJob")]
+    return _request(preparation, platform, template, "merge", 1, inputs, outputs, arguments)
+
+
+def _request(
+    preparation: Preparation,
+    platform: PlatformContext,
+    template: TemplateSpec,
+    stage: str,
+    count: int,
+    inputs: list[dict],
+    outputs: list[dict],
+    arguments: list[str],
+) -> dict:
+    request = {
+        "ProcessingJobName": job_name(platform, preparation, stage),
+        "RoleArn": platform.execution_role_arn,
+        "AppSpecification": {
+            "ImageUri": image_uri(template, preparation.instance_type, platform.region),
+            "ContainerEntrypoint": ["/bin/bash", "-c", _entry_script(), "prepare_data"],
+            "ContainerArguments": arguments,
+        },
+        "ProcessingInputs": inputs,
+        "ProcessingOutputConfig": {"Outputs": outputs, "KmsKeyId": platform.kms_key_arn},
+        "ProcessingResources": {
+            "ClusterConfig": {
+                "InstanceCount": count,
+                "InstanceType": preparation.instance_type,
+                "VolumeSizeInGB": volume_size_gb(preparation.input_bytes, count),
+                "VolumeKmsKeyId": platform.kms_key_arn,
+            }
+        },
+        "StoppingCondition": {"MaxRuntimeInSeconds": preparation.max_runtime_seconds},
+        "NetworkConfig": {
+            "EnableInterContainerTrafficEncryption": platform.inter_container_traffic_encryption,
+            "EnableNetworkIsolation": False,  # pip installs the program's requirements
+            "VpcConfig": {
+                "SecurityGroupIds": list(platform.security_group_ids),
+                "Subnets": list(platform.subnet_ids),
+            },
+        },
+        "Environment": {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
+        "Tags": _tags(preparation, platform, template, stage),
+    }
+    problems = input_problems("sagemaker", "CreateProcessingJob", request)
+    if problems:
+        raise PreparationError(f"the {stage} job's request is not valid: " + "; ".join(problems))
+    return request
+
+
+def _entry_script() -> str:
+    """Unpack the program's code (a sourcedir, as a training job's toolkit does), install its
+    requirements, and run prepare_data with the job's arguments."""
+    return (
+        f"set -e; mkdir -p {PROGRAM_FOLDER}; tar -xzf {CODE_PATH}/*.tar.gz -C {PROGRAM_FOLDER}; "
+        f"cd {PROGRAM_FOLDER}; python -m pip install --quiet -r requirements.txt; "
+        'exec python -m training_jobs.prepare_data "$@"'
+    )
+
+
+def _input(name: str, uri: str, local_path: str) -> dict[str, Any]:
+    return {
+        "InputName": name,
+        "AppManaged": False,
+        "S3Input": {
+            "S3Uri": uri,
+            "LocalPath": local_path,
+            "S3DataType": "S3Prefix",
+            "S3InputMode": "File",
+            # Every instance gets the whole input: it runs the plan's units of its number, which may
+            # group several files; SageMaker's ShardedByS3Key would choose the files itself.
+            "S3DataDistributionType": "FullyReplicated",
+            "S3CompressionType": "None",
+        },
+    }
+
+
+def _output(name: str, local_path: str, uri: str, mode: str = "Continuous") -> dict[str, Any]:
+    # Continuous: a unit's files reach S3 as they are written, so a failed job leaves its complete units.
+    return {
+        "OutputName": name,
+        "AppManaged": False,
+        "S3Output": {"S3Uri": uri, "LocalPath": local_path, "S3UploadMode": mode},
+    }
+
+
+def _tags(
+    preparation: Preparation, platform: PlatformContext, template: TemplateSpec, stage: str
+) -> list[dict[str, str]]:
+    values = {
+        "dataset": preparation.name,
+        "stage": stage,
+        "template": template.name,
+        "template-version": template.version,
+        "owner": preparation.owner,
+        "environment": platform.environment,
+        "team": platform.team,
+    }
+    return [{"Key": TAG_PREFIX + key, "Value": value} for key, value in values.items()]

@@ -1,0 +1,189 @@
+"""prepare_data as the instances of a distributed job (data_pipeline/instances.py), laid out as
+SageMaker Processing lays them out: each instance its own resource config and output folder, the
+outputs uploaded to one prefix (here a folder standing for it), then the merge step. The dataset
+equals the local single-process one whatever the number of instances, a rerun redoes only the units
+whose shards are missing, and the prefix holds no dataset manifest before the merge."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from training_jobs import prepare_data
+from training_jobs.data_pipeline.instances import SIZES_FILE
+from training_jobs.trainer.shards import read_manifest
+
+from .conftest import TOKENIZER
+from .test_data_pipeline import _sentence, _stream
+
+STATE = ".preparation"
+OPTIONS = ("--unit-bytes", "1500", "--shard-tokens", "500", "--validation-fraction", "0.2", "--workers", "1")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> list[Path]:
+    """Text files, a JSONL file large enough for several byte ranges, and a small one."""
+    folder = tmp_path_factory.mktemp("inputs")
+    rng = random.Random(5)
+    for index in range(3):
+        (folder / f"note{index}.txt").write_text("\n\n".join(_sentence(rng, 12) for _ in range(5)))
+    for name, count in (("big.jsonl", 200), ("small.jsonl", 9)):
+        records = [_sentence(rng, rng.randint(3, 30)) for _ in range(count)]
+        (folder / name).write_text("".join(json.dumps({"text": r}) + "\n" for r in records))
+    return [folder]
+
+
+@pytest.fixture(scope="module")
+def local_dataset(inputs, tmp_path_factory) -> Path:
+    output = tmp_path_factory.mktemp("local") / "dataset"
+    assert prepare_data.main(["--input", *map(str, inputs), "--tokenizer", str(TOKENIZER),
+                              "--output", str(output), *OPTIONS]) == 0
+    return output
+
+
+def _resource_config(folder: Path, index: int, count: int) -> Path:
+    path = folder / f"resourceconfig-{index}.json"
+    hosts = [f"algo-{i + 1}" for i in range(count)]
+    path.write_text(json.dumps({"current_host": hosts[index], "hosts": hosts}))
+    return path
+
+
+def _instance(inputs: list[Path], tmp: Path, index: int, count: int, *extra: str) -> Path:
+    """One instance's run; returns its folder: `dataset` and `state`, SageMaker's two outputs."""
+    folder = tmp / f"attempt-{len(list(tmp.glob('attempt-*')))}-algo-{index + 1}"
+    assert prepare_data.main(["--input", *map(str, inputs), "--tokenizer", str(TOKENIZER),
+                              "--output", str(folder / "dataset"), "--state", str(folder / "state"),
+                              "--host-config", str(_resource_config(tmp, index, count)), *OPTIONS,
+                              *extra]) == 0
+    return folder
+
+
+def _upload(instance: Path, prefix: Path) -> None:
+    """SageMaker's uploads of the instance's outputs: the dataset's files and, beside them, its state."""
+    shutil.copytree(instance / "dataset", prefix, dirs_exist_ok=True)
+    shutil.copytree(instance / "state", prefix / STATE, dirs_exist_ok=True)
+
+
+def _listing(prefix: Path, folder: Path) -> Path:
+    """What the launcher gives a rerun or the merge: the state (plan.json, units/) and the sizes of
+    the dataset's objects (not the shards themselves)."""
+    shutil.copytree(prefix / STATE, folder)
+    sizes = {p.relative_to(prefix).as_posix(): p.stat().st_size for p in prefix.rglob("*")
+             if p.is_file() and STATE not in p.relative_to(prefix).parts}
+    (folder / SIZES_FILE).write_text(json.dumps(sizes))
+    return folder
+
+
+def _merge(written: Path, prefix: Path, tmp: Path) -> int:
+    output = tmp / f"merge-{len(list(tmp.glob('merge-*')))}"
+    status = prepare_data.main(["--input", str(written), "--tokenizer", str(TOKENIZER),
+                                "--output", str(output), "--merge-only"])
+    if status == 0:
+        shutil.copytree(output, prefix, dirs_exist_ok=True)
+    return status
+
+
+def _splits(folder: Path) -> dict:
+    return {split: _stream(folder / split) for split in ("train", "validation")}
+
+
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_any_number_of_instances_make_the_local_dataset_document_for_document(inputs, local_dataset, count,
+                                                                                tmp_path):
+    prefix = tmp_path / "s3" / "dataset"
+    for index in range(count):
+        _upload(_instance(inputs, tmp_path, index, count), prefix)
+    assert not list(prefix.rglob("manifest.json"))  # no dataset until the merge
+    assert _merge(_listing(prefix, tmp_path / "listing"), prefix, tmp_path) == 0
+    assert _splits(prefix) == _splits(local_dataset)  # tokens and shard bytes alike
+    report, local_report = (json.loads((f / "preparation.json").read_text()) for f in (prefix, local_dataset))
+    assert report["units"] == local_report["units"] >= 4 and report["splits"] == local_report["splits"]
+    assert (prefix / "tokenizer" / "tokenizer.json").is_file()
+
+
+def test_a_rerun_redoes_only_the_units_whose_shards_are_missing(inputs, local_dataset, tmp_path, capsys):
+    prefix = tmp_path / "s3" / "dataset"
+    first = _instance(inputs, tmp_path, 0, 2)  # instance 2 of 2 was lost: none of its units is there
+    _upload(first, prefix)
+    units = sorted(p.name for p in (prefix / STATE / "units").iterdir())
+    assert units and all(int(name[:5]) % 2 == 0 for name in units)
+    capsys.readouterr()
+    assert _merge(_listing(prefix, tmp_path / "listing-0"), prefix, tmp_path) == 2
+    assert "work units are not complete" in capsys.readouterr().err
+    assert not list(prefix.rglob("manifest.json"))
+    lost = sorted((prefix / "train").glob("shard_00002_*"))[0]
+    lost.unlink()  # one shard of a complete unit never reached the prefix
+    previous = _listing(prefix, tmp_path / "listing-1")
+    reruns = [_instance(inputs, tmp_path, index, 2, "--previous", str(previous)) for index in range(2)]
+    redone = sorted(p.name for p in (reruns[0] / "state" / "units").iterdir())
+    assert redone == ["00002.json"]  # instance 1 redoes the unit that lost a shard, and no other
+    total = len(json.loads((prefix / STATE / "plan.json").read_text())["units"])
+    odd_units = [f"{unit:05d}.json" for unit in range(1, total, 2)]
+    assert sorted(p.name for p in (reruns[1] / "state" / "units").iterdir()) == odd_units  # all of the lost
+    for rerun in reruns:
+        _upload(rerun, prefix)
+    assert _merge(_listing(prefix, tmp_path / "listing-2"), prefix, tmp_path) == 0
+    assert _splits(prefix) == _splits(local_dataset)
+
+
+def test_a_rerun_with_other_inputs_or_options_is_refused(inputs, tmp_path, capsys):
+    prefix = tmp_path / "s3" / "dataset"
+    _upload(_instance(inputs, tmp_path, 0, 1), prefix)
+    previous = _listing(prefix, tmp_path / "listing")
+    config = _resource_config(tmp_path, 0, 1)
+    status = prepare_data.main(["--input", *map(str, inputs), "--tokenizer", str(TOKENIZER), "--output",
+                                str(tmp_path / "again"), "--host-config", str(config),
+                                "--previous", str(previous), *OPTIONS, "--shard-tokens", "900"])
+    assert status == 2 and "holds the work units of another plan" in capsys.readouterr().err
+
+
+def test_the_merge_refuses_a_prefix_that_already_holds_a_dataset_and_an_instance_refuses_dedup(
+        inputs, local_dataset, tmp_path, capsys):
+    prefix = tmp_path / "s3" / "dataset"  # one instance, its state beside its shards (no --state)
+    assert prepare_data.main(["--input", *map(str, inputs), "--tokenizer", str(TOKENIZER), "--output",
+                              str(prefix), "--host-config", str(_resource_config(tmp_path, 0, 1)),
+                              *OPTIONS]) == 0
+    assert prepare_data.main(["--input", str(prefix), "--tokenizer", str(TOKENIZER), "--output", str(prefix),
+                              "--merge-only"]) == 0
+    assert prepare_data.main(["--input", str(prefix), "--tokenizer", str(TOKENIZER), "--output", str(prefix),
+                              "--merge-only"]) == 2
+    assert "already holds a dataset" in capsys.readouterr().err
+    assert _splits(prefix) == _splits(local_dataset)  # a merge in place, from the shards themselves
+    status = prepare_data.main(["--input", *map(str, inputs), "--tokenizer", str(TOKENIZER), "--output",
+                                str(tmp_path / "d"), "--host-config", str(_resource_config(tmp_path, 0, 2)),
+                                "--dedup", "exact", "--workers", "1"])
+    assert status == 2 and "--dedup" in capsys.readouterr().err
+
+
+def test_a_resource_config_without_this_host_is_named(inputs, tmp_path, capsys):
+    config = tmp_path / "resourceconfig.json"
+    config.write_text(json.dumps({"current_host": "algo-3", "hosts": ["algo-1", "algo-2"]}))
+    status = prepare_data.main(["--input", *map(str, inputs), "--tokenizer", str(TOKENIZER), "--output",
+                                str(tmp_path / "d"), "--host-config", str(config)])
+    assert status == 2 and f"--host-config {config}" in capsys.readouterr().err
+
+
+def test_conversations_prepared_by_three_instances_equal_the_local_dataset_masks_included(tmp_path):
+    rng = random.Random(9)
+    records = [{"messages": [{"role": "user", "content": _sentence(rng, 6)},
+                             {"role": "assistant", "content": _sentence(rng, rng.randint(2, 12))}]}
+               for _ in range(60)]
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    options = ("--messages-key", "messages", "--unit-bytes", "1500", "--shard-tokens", "400",
+               "--workers", "1")
+    common = ("--input", str(tmp_path / "chats.jsonl"), "--tokenizer", str(TOKENIZER))
+    assert prepare_data.main([*common, "--output", str(tmp_path / "local"), *options]) == 0
+    prefix = tmp_path / "s3" / "dataset"
+    for index in range(3):
+        folder = tmp_path / f"algo-{index + 1}"
+        config = _resource_config(tmp_path, index, 3)
+        assert prepare_data.main([*common, "--output", str(folder / "dataset"), "--state",
+                                  str(folder / "state"), "--host-config", str(config), *options]) == 0
+        _upload(folder, prefix)
+    assert _merge(_listing(prefix, tmp_path / "listing"), prefix, tmp_path) == 0
+    assert read_manifest(prefix).loss_mask and read_manifest(prefix).num_documents == 60
+    assert _stream(prefix) == _stream(tmp_path / "local")  # token ids and mask files alike
