@@ -30,6 +30,7 @@ TARGETS = (
     ("ratios.pipeline_1f1b_vs_ddp", ">=", 0.8),
     ("checkpoint.stall_fraction", "<=", 0.05),
     ("data_loader.ratio_to_consumption", ">=", 50.0),
+    ("dpo.ratio", ">=", 1.2),  # TRL's DPOTrainer's step time over ours (bench.dpo)
 )
 
 
@@ -124,4 +125,6 @@ def _target_by_round(results: dict, key: str) -> list[float] | None:
         return (results.get("ratios_by_round") or {}).get(name)
     if section == "mfu":
         return _mfu_by_round(results.get("configs", {}), name)
+    if section == "dpo":
+        return (results.get("dpo") or {}).get("ratio_by_round")
     return None

@@ -14,7 +14,7 @@ from bench.machine import load_average
 from bench.modes import BenchConfig, BenchMode
 from bench.ours import REPO_ROOT, OursRun
 from bench.procs import ProcessResult, run_measured
-from bench.timing import StepTimes, step_times
+from bench.timing import StepTimes, step_cpu_times, step_times
 from bench.workers.common import WorkerSpec
 
 GIB = 2**30
@@ -86,7 +86,9 @@ def measure(config: BenchConfig, mode: BenchMode, workspace: Workspace) -> dict:
     if not result.ok or len(times.after_warmup(mode.warmup_steps)) == 0:
         reason = "timed out" if result.timed_out else f"exit code {result.returncode}"
         return {**record, "status": "failed", "error": f"{reason}; log tail:\n{result.log_tail()}"}
-    return {**record, "status": "ok", **_throughput(times, mode), **reported}
+    cpu = step_cpu_times(result.lines, result.line_cpu_seconds, mode.warmup_steps)
+    return {**record, "status": "ok", **_throughput(times, mode),
+            "cpu_step_times_s": [round(t, 4) for t in cpu], **reported}
 
 
 def _throughput(times: StepTimes, mode: BenchMode) -> dict:

@@ -1,5 +1,6 @@
-"""Runs one configuration as a child process, timestamps its output lines as they arrive, and
-samples the memory of its whole process tree (launcher and every rank)."""
+"""Runs one configuration as a child process, timestamps its output lines as they arrive (with the
+CPU seconds its process tree has used by then), and samples the memory of its whole process tree
+(launcher and every rank)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ class ProcessResult:
     log_path: Path
     timed_out: bool
     lines: list[tuple[float, str]] = field(default_factory=list)  # (perf_counter at arrival, line)
+    # The tree's user + system CPU seconds when each line arrived (aligned with `lines`): on a machine
+    # other sessions share, the work a step took, which its wall time mixes with their load.
+    line_cpu_seconds: list[float] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -67,9 +71,27 @@ class _TreeMemorySampler(threading.Thread):
         self.join()
 
 
-def _copy_lines(stream, log, lines: list[tuple[float, str]]) -> None:
+def tree_cpu_seconds(root: psutil.Process) -> float:
+    """User + system CPU seconds of `root` and its living descendants."""
+    try:
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return float("nan")
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _copy_lines(stream, log, lines: list[tuple[float, str]], root: psutil.Process,
+                cpu: list[float]) -> None:
     for raw in iter(stream.readline, b""):
         arrival = time.perf_counter()
+        cpu.append(tree_cpu_seconds(root))
         text = raw.decode(errors="replace").rstrip("\n")
         lines.append((arrival, text))
         log.write(text + "\n")
@@ -81,6 +103,7 @@ def run_measured(command: list[str], env: dict[str, str], log_path: Path, timeou
     """Runs `command` to the end (or kills its whole tree after `timeout_s`)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     lines: list[tuple[float, str]] = []
+    cpu: list[float] = []
     start = time.perf_counter()
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd,
@@ -88,7 +111,8 @@ def run_measured(command: list[str], env: dict[str, str], log_path: Path, timeou
                                    start_new_session=True)
         sampler = _TreeMemorySampler(process.pid)
         sampler.start()
-        reader = threading.Thread(target=_copy_lines, args=(process.stdout, log, lines), daemon=True)
+        reader = threading.Thread(target=_copy_lines, daemon=True,
+                                  args=(process.stdout, log, lines, psutil.Process(process.pid), cpu))
         reader.start()
         timed_out = False
         try:
@@ -108,4 +132,5 @@ def run_measured(command: list[str], env: dict[str, str], log_path: Path, timeou
         log_path=log_path,
         timed_out=timed_out,
         lines=lines,
+        line_cpu_seconds=cpu,
     )

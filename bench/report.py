@@ -90,12 +90,30 @@ def extras_lines(results: dict) -> list[str]:
             f"- Data loader (ours, one rank): {_number(loader['tokens_per_s'], 0)} tokens/s, "
             f"{_number(loader.get('ratio_to_consumption'), 0, 'x')} the fastest consumption "
             f"({_number(loader.get('consumption_tokens_per_s'), 0)} tokens/s).")
+    lines.append(dpo_line(results.get("dpo")))
     if synth["status"] == "ok":
         lines.append(f"- `cdk synth` of the whole app: {_number(synth['seconds'], 1)} s "
                      f"({synth['templates']} templates).")
     else:
         lines.append(f"- `cdk synth`: {synth['status']} ({synth.get('error', '')[:200].strip()}).")
     return lines
+
+
+def dpo_line(dpo: dict | None) -> str:
+    """bench.dpo's comparison: our DPO step against TRL's DPOTrainer's."""
+    if not dpo:
+        return "- DPO against TRL's DPOTrainer: not measured (results from before bench.dpo)."
+    if dpo["status"] != "ok":
+        return f"- DPO against TRL's DPOTrainer: {dpo['status']} ({dpo.get('error', '')[:200].strip()})."
+    ours, trl = dpo["ours"], dpo["trl"]
+    rounds = ", ".join(f"{ratio:.2f}" for ratio in dpo["ratio_by_round"])
+    cpu_rounds = ", ".join(f"{ratio:.2f}" for ratio in dpo["cpu_ratio_by_round"])
+    return (f"- DPO (one process, {dpo['precision']}, {dpo['pairs_per_step']} pairs per step, a frozen "
+            f"reference copy, `{dpo['data']}`): ours {_number(ours['step_time_s'], 3)} s per step, "
+            f"TRL's DPOTrainer {_number(trl['step_time_s'], 3)} s: {_number(dpo['ratio'], 2, 'x')} "
+            f"(by round: {rounds}); CPU seconds per step {_number(ours['cpu_step_time_s'], 3)} and "
+            f"{_number(trl['cpu_step_time_s'], 3)}: {_number(dpo['cpu_ratio'], 2, 'x')} "
+            f"(by round: {cpu_rounds}).")
 
 
 def summary_lines(results: dict) -> list[str]:

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import derive, extras, machine, matmul
+from bench import derive, dpo, extras, machine, matmul
 from bench.flops import model_shape
 from bench.measure import Workspace, measure, total_steps
 from bench.model import build_causal_lm, tokenizer_vocab_size
@@ -129,10 +129,11 @@ def _one_line(record: dict) -> str:
             f"peak RSS {record['peak_rss_gb']:.2f} GiB")
 
 
-def _extras(mode: BenchMode, workspace: Workspace, vocab_size: int, configs: dict, skip: bool) -> dict:
+def _extras(mode: BenchMode, workspace: Workspace, vocab_size: int, configs: dict, skip: bool,
+            rounds: int) -> dict:
     if skip:
         reason = {"status": "skipped", "error": "--skip-extras"}
-        return {"checkpoint": reason, "data_loader": reason, "cdk_synth": reason}
+        return {"checkpoint": reason, "data_loader": reason, "cdk_synth": reason, "dpo": reason}
     print("[bench] checkpoint stall ...", flush=True)
     checkpoint = extras.checkpoint_stall(mode, workspace)
     print("[bench] data loader ...", flush=True)
@@ -144,7 +145,9 @@ def _extras(mode: BenchMode, workspace: Workspace, vocab_size: int, configs: dic
     if mode.synth:
         print("[bench] cdk synth ...", flush=True)
         synth = extras.cdk_synth()
-    return {"checkpoint": checkpoint, "data_loader": loader, "cdk_synth": synth}
+    print("[bench] dpo: ours against TRL's DPOTrainer ...", flush=True)
+    preference = dpo.side_by_side(mode, workspace, rounds)
+    return {"checkpoint": checkpoint, "data_loader": loader, "cdk_synth": synth, "dpo": preference}
 
 
 def run_benchmark(mode: BenchMode, root: Path, only: list[str] | None, rounds: int,
@@ -159,7 +162,7 @@ def run_benchmark(mode: BenchMode, root: Path, only: list[str] | None, rounds: i
     print("[bench] matmul peak ...", flush=True)
     peaks_start = matmul.measure_peaks(mode.device, mode.matmul_sizes, mode.matmul_seconds)
     records = {**_measure_all(configs, mode, workspace, rounds), **skipped}
-    measured_extras = _extras(mode, workspace, vocab_size, records, skip_extras)
+    measured_extras = _extras(mode, workspace, vocab_size, records, skip_extras, rounds)
     print("[bench] matmul peak again ...", flush=True)
     peaks = matmul.best_of(peaks_start,
                            matmul.measure_peaks(mode.device, mode.matmul_sizes, mode.matmul_seconds))

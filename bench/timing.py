@@ -45,6 +45,15 @@ def step_times(lines: list[tuple[float, str]]) -> StepTimes:
     return StepTimes(steps=steps, intervals=intervals)
 
 
+def step_cpu_times(lines: list[tuple[float, str]], cpu_seconds: list[float],
+                   warmup_steps: int) -> list[float]:
+    """CPU seconds per step after the warm-up, from the tree's CPU time at each step line's arrival
+    (bench.procs): the work of a step whatever else the machine ran meanwhile."""
+    arrivals = [(int(match[1]), cpu) for (_, text), cpu in zip(lines, cpu_seconds, strict=True)
+                if (match := STEP_LINE.match(text))]
+    return [(c1 - c0) / (s1 - s0) for (s0, c0), (s1, c1) in pairwise(arrivals) if s1 > warmup_steps]
+
+
 def stall_per_event(times: StepTimes, event_steps: set[int], warmup_steps: int) -> list[float]:
     """Extra seconds at each event step (e.g. a checkpoint save) over the median ordinary step.
 

@@ -158,13 +158,45 @@ def _expert_lines(plan: Plan) -> list[str]:
     ]
 
 
+# The objective's terms (llmtrain.planner.post_training) as format_plan names them.
+_OBJECTIVE_TERMS = {
+    "reference_forward": "reference forward (no gradients) of every micro batch's rows",
+    "generation_prefill": "sampling: the prompts' prefill forward",
+    "generation_decode": "sampling: decode steps with the KV cache (weights read per token step)",
+}
+
+
+def _objective_memory_lines(plan: Plan) -> list[str]:
+    m, load = plan.memory, plan.workload.objective
+    lines = []
+    if m.reference:
+        lines.append(f"  reference    {_gib(m.reference)}   (objective={load.name}: a frozen copy of the "
+                     "model)")
+    if m.sampling:
+        lines.append(f"  KV cache     {_gib(m.sampling)}   (sampling, before the step: counted against "
+                     "activations + working, the larger)")
+    return lines
+
+
+def _objective_speed_lines(plan: Plan) -> list[str]:
+    w = plan.workload
+    load = w.objective
+    if load.name == "next_token":
+        return []
+    lines = [f"  objective    {load.name}: {load.rows_per_sample} rows per sample "
+             f"({w.samples_per_micro_batch} per micro batch), reference {load.reference}"]
+    return lines + [f"  {_OBJECTIVE_TERMS[name]:<72} {seconds:.3f} s"
+                    for name, seconds in plan.speed.objective.named().items()]
+
+
 def format_plan(plan: Plan) -> str:
     m, s, w = plan.memory, plan.speed, plan.workload
     lines = [
         f"{plan.template} on {plan.instance_count} x {plan.instance.name} ({plan.layout.world_size} GPUs, "
         f"{plan.layout.describe()})",
         f"model: {w.model.num_parameters / 1e9:.2f}B parameters, {w.model.num_layers} layers, vocabulary "
-        f"{w.model.vocab_size:,}; seq_len {w.seq_len}, micro batch {w.micro_batch_size}, accumulation "
+        f"{w.model.vocab_size:,}; seq_len {w.seq_len}, micro batch {w.micro_batch_size}"
+        f"{' rows' if w.objective.rows_per_sample > 1 else ''}, accumulation "
         f"{w.grad_accum_steps}, {w.precision}, activation checkpointing {w.activation_checkpointing}",
         *_expert_lines(plan),
         "",
@@ -174,6 +206,7 @@ def format_plan(plan: Plan) -> str:
         f"  optimizer    {_gib(m.optimizer)}",
         f"  activations  {_gib(m.activations)}",
         f"  working      {_gib(m.working)}   (transient buffers at the peak)",
+        *_objective_memory_lines(plan),
         f"  overhead     {_gib(m.overhead)}   (CUDA context, NCCL, allocator)",
         f"  total        {_gib(m.per_gpu)} of {m.capacity / GIB:.2f} GiB: "
         + (
@@ -188,9 +221,11 @@ def format_plan(plan: Plan) -> str:
         "",
         "speed",
         f"  step         {s.step_seconds:.3f} s (compute {s.compute_seconds:.3f}, exposed communication "
-        f"{s.exposed_communication_seconds:.3f}, optimizer {s.optimizer_seconds:.3f})",
+        f"{s.exposed_communication_seconds:.3f}, optimizer {s.optimizer_seconds:.3f}"
+        + (f", objective {s.objective.total:.3f})" if s.objective.total else ")"),
         f"  tokens/s     {s.tokens_per_second:,.0f} ({s.tokens_per_second_per_gpu:,.0f} per GPU), "
         f"MFU {s.mfu:.1%}",
+        *_objective_speed_lines(plan),
     ]
     lines += [
         f"  {t.name:<36} {t.bytes_per_gpu / GIB:8.2f} GiB/GPU per step, {t.seconds:.3f} s"

@@ -45,6 +45,7 @@ from llmtrain.planner.pipeline_memory import (
     rank_stages,
     stage_tensors,
 )
+from llmtrain.planner.post_training import reference_bytes, sampling_bytes
 from llmtrain.planner.sharding import parameter_tensors
 from llmtrain.planner.workload import Layout, Workload
 
@@ -66,6 +67,10 @@ class MemoryEstimate:
     capacity: int
     offloaded: int = 0  # bytes moved to host memory (offload), not counted above
     details: dict[str, int] = field(default_factory=dict)
+    # A post-training objective's (llmtrain.planner.post_training): the reference copy's parameters,
+    # and the KV cache of sampling, which happens before the step's forward (its activations).
+    reference: int = 0
+    sampling: int = 0
 
     @property
     def per_gpu(self) -> int:
@@ -73,8 +78,8 @@ class MemoryEstimate:
             self.parameters
             + self.gradients
             + self.optimizer
-            + self.activations
-            + self.working
+            + self.reference
+            + max(self.activations + self.working, self.sampling)
             + self.overhead
         )
 
@@ -96,6 +101,8 @@ class MemoryEstimate:
             "optimizer_bytes": self.optimizer,
             "activations_bytes": self.activations,
             "working_bytes": self.working,
+            "reference_parameters_bytes": self.reference,
+            "sampling_kv_cache_bytes": self.sampling,
             "overhead_bytes": self.overhead,
             "offloaded_bytes": self.offloaded,
             "details": dict(self.details),
@@ -133,7 +140,8 @@ def _assemble(
         offloaded_activations, activations = activations, 0
     else:
         offloaded_activations = 0
-    subtotal = sum(gpu_states) + activations + working
+    reference, sampling = reference_bytes(work, layout), sampling_bytes(work, layout)
+    subtotal = sum(gpu_states) + reference + max(activations + working, sampling)
     overhead = int(CUDA_CONTEXT_BYTES + ALLOCATOR_RESERVE_FRACTION * subtotal) if on_gpu else 0
     return MemoryEstimate(
         parameters=gpu_states[0],
@@ -145,6 +153,8 @@ def _assemble(
         capacity=capacity,
         offloaded=sum(states.all()) - sum(gpu_states) + offloaded_activations,
         details={**act_details, **states.details},
+        reference=reference,
+        sampling=sampling,
     )
 
 

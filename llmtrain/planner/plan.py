@@ -71,10 +71,14 @@ class Plan:
         verdict = "fits" if self.fits else "DOES NOT FIT"
         price = "spot" if self.spot else "on-demand"
         bubble = f", bubble {s.bubble_fraction:.0%}" if self.layout.pipelined else ""
+        added = ", ".join(f"{name.replace('_', ' ')} {seconds:.2f} s" for name, seconds in
+                          s.objective.named().items())
+        added = f" ({added})" if added else ""
         return (
             f"plan: {verdict} ({m.per_gpu / GIB:.1f} of {m.capacity / GIB:.1f} GiB per GPU), "
             f"{s.tokens_per_second:,.0f} tokens/s ({s.tokens_per_second_per_gpu:,.0f}/GPU, "
-            f"MFU {s.mfu:.0%}{bubble}), {s.step_seconds:.2f} s/step, {self.workload.max_steps:,} steps in "
+            f"MFU {s.mfu:.0%}{bubble}), {s.step_seconds:.2f} s/step{added}, "
+            f"{self.workload.max_steps:,} steps in "
             f"{self.hours:.1f} h, ${self.usd:,.0f} {price} ({self.instance_count} x "
             f"{self.instance.name} at ${self.usd_per_hour / self.instance_count:,.2f}/h)"
         )
@@ -115,10 +119,13 @@ class Plan:
                 "vocab_size": work.model.vocab_size,
             },
             "workload": {
+                "objective": work.objective.name,
                 "seq_len": work.seq_len,
                 "micro_batch_size": work.micro_batch_size,
+                "rows_per_sample": work.objective.rows_per_sample,
+                "reference": work.objective.reference,
                 "grad_accum_steps": work.grad_accum_steps,
-                "global_batch_size": work.micro_batch_size
+                "global_batch_size": work.samples_per_micro_batch
                 * work.grad_accum_steps
                 * self.layout.data_parallel,
                 "max_steps": work.max_steps,

@@ -60,6 +60,7 @@ from llmtrain.planner.collectives import (
 )
 from llmtrain.planner.compute_times import StageTimes, accumulation_seconds, layer_times, stage_times
 from llmtrain.planner.pipeline_memory import pipeline_stages, rank_stages, stage_tensors
+from llmtrain.planner.post_training import ObjectiveTimes, objective_times
 from llmtrain.planner.precision import FP32
 from llmtrain.planner.speed_calibration import CALIBRATION, Calibration
 from llmtrain.planner.workload import Layout, Workload
@@ -82,6 +83,8 @@ class SpeedEstimate:
     bubble_seconds: float = 0.0  # pipeline stages waiting while the pipeline fills and drains
     # Of compute_seconds: the matmuls, attention and memory-bound operations (in that order).
     compute_parts: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # A post-training objective's reference forwards and sampling (in step_seconds).
+    objective: ObjectiveTimes = ObjectiveTimes()
 
     @property
     def bubble_fraction(self) -> float:
@@ -115,6 +118,7 @@ class SpeedEstimate:
             "optimizer_seconds": self.optimizer_seconds,
             "bubble_seconds": self.bubble_seconds,
             "bubble_fraction": self.bubble_fraction,
+            "objective_seconds": self.objective.named(),
             "tokens_per_step": self.tokens_per_step,
             "communication": [
                 {"collective": t.name, "bytes_per_gpu": t.bytes_per_gpu, "seconds": t.seconds}
@@ -145,8 +149,9 @@ def estimate(
     exposed = _exposed(comm, forward, backward, accum)
     optimizer = _optimizer_seconds(work, layout, cluster, calibration, share)
     compute = accum * (forward + backward)
+    objective = objective_times(work, layout, cluster.gpu, calibration, forward, comm.forward)
     return SpeedEstimate(
-        step_seconds=compute + exposed + optimizer,
+        step_seconds=compute + exposed + optimizer + objective.total,
         compute_seconds=compute,
         exposed_communication_seconds=exposed,
         optimizer_seconds=optimizer,
@@ -156,6 +161,7 @@ def estimate(
         peak_flops=cluster.gpu.peak_flops,
         transfers=tuple(comm.transfers),
         compute_parts=tuple(accum * part for part in times.parts),
+        objective=objective,
     )
 
 

@@ -95,9 +95,9 @@ def _batch_settings(
     of which `model_parallel` (tensor x pipeline degrees) hold one model replica; with a
     global_batch_size, micro batch sizes that divide it (the program derives the accumulation)."""
     work = base.workload
-    samples = work.micro_batch_size * work.grad_accum_steps * base.layout.data_parallel
+    samples = work.samples_per_micro_batch * work.grad_accum_steps * base.layout.data_parallel
     data_parallel = gpus // model_parallel
-    for micro in _choices(template, "micro_batch_size", work.micro_batch_size):
+    for micro in _choices(template, "micro_batch_size", work.samples_per_micro_batch):
         per_step = micro * data_parallel
         if per_step == 0 or samples % per_step:
             continue
@@ -220,7 +220,7 @@ def _differs(base: Plan, name: str, value: Any) -> bool:
         "instance_count": base.instance_count,
         "activation_checkpointing": base.workload.activation_checkpointing,
         "compile": base.workload.compile,
-        "micro_batch_size": base.workload.micro_batch_size,
+        "micro_batch_size": base.workload.samples_per_micro_batch,
         "grad_accum_steps": base.workload.grad_accum_steps,
     }
     return current[name] != value

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrain.core.errors import LlmtrainError
+from llmtrain.planner.objective_load import ObjectiveLoad, objective_load
 from llmtrain.planner.shapes import ALL_LINEAR, ModelShape, preset_shape
 from training_jobs.contract import ConfigError
 from training_jobs.contract.capabilities import CAPABILITIES
@@ -173,7 +174,9 @@ class Layout:
 
 @dataclass(frozen=True)
 class Workload:
-    """One optimizer step's work per data-parallel rank, and the run's length."""
+    """One optimizer step's work per data-parallel rank, and the run's length. `seq_len` and
+    `micro_batch_size` are the rows the policy trains on (a DPO pair is two rows, a GRPO prompt
+    grpo_group_size rows of prompt and completion: `objective`, llmtrain.planner.objective_load)."""
 
     model: ModelShape
     seq_len: int
@@ -194,6 +197,12 @@ class Workload:
     behaviour: Behaviour = CURRENT
     # Ranks each mixture-of-experts layer's experts are split over (expert_parallel_degree).
     expert_parallel: int = 1
+    objective: ObjectiveLoad = ObjectiveLoad()
+
+    @property
+    def samples_per_micro_batch(self) -> int:
+        """The micro batch in the run's samples (pairs, prompts), not rows."""
+        return self.micro_batch_size // self.objective.rows_per_sample
 
     @property
     def micro_batch_tokens(self) -> int:
@@ -260,10 +269,11 @@ def workload_of(
         model = preset_shape(chosen.model_preset, data.seq_len, chosen.model_overrides, vocab_size)
     elif vocab_size:
         model = model.with_vocab(vocab_size)
+    load = objective_load(config)
     return Workload(
         model=model,
-        seq_len=data.seq_len,
-        micro_batch_size=data.micro_batch_size,
+        seq_len=data.seq_len + load.sampled_tokens,
+        micro_batch_size=data.micro_batch_size * load.rows_per_sample,
         grad_accum_steps=data.grad_accum_steps,
         max_steps=config.run.max_steps,
         precision=par.mixed_precision,
@@ -279,6 +289,7 @@ def workload_of(
         fp8_recipe=par.fp8_recipe,
         behaviour=behaviour,
         expert_parallel=max(par.expert_parallel_degree, 1),
+        objective=load,
     )
 
 

@@ -56,6 +56,8 @@ def test_headline_keys_are_present(results):
     assert checkpoint["checkpoints_written"], "the checkpointing run wrote no checkpoint"
     assert _positive(results["data_loader"]["ratio_to_consumption"])
     assert results["cdk_synth"]["status"] == "skipped"
+    assert results["dpo"]["status"] == "ok", results["dpo"]
+    assert _positive(results["dpo"]["ratio"]) and _positive(results["dpo"]["cpu_ratio"])
     for dtype in ("fp32", "bf16"):
         assert _positive(results["peak"][dtype]["peak_flops"])
     assert {"cpu", "versions", "logical_cpus"} <= set(results["machine"])
@@ -77,6 +79,7 @@ def test_report_renders_table_and_plot(results, tmp_path):
     text = doc.read_text()
     assert "old" not in text and text.endswith("hand-written tail\n")
     assert "| ours_bf16 | 1 | bf16 |" in text and "](img/plot.png)" in text
+    assert "TRL's DPOTrainer" in text and "`dpo.ratio`" in text
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 

@@ -4,6 +4,8 @@ model; and data of another objective's kind refused before any job starts."""
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
 import tarfile
@@ -61,3 +63,31 @@ def test_preference_data_for_a_pretraining_template_is_refused_before_any_job(tm
     assert "objective=next_token" in result.stdout + result.stderr
     jobs = tmp_path / "wrong-kind" / "jobs"
     assert not jobs.exists() or not any(jobs.iterdir())
+
+
+def test_dpo_template_tunes_locally_on_its_eval_metric(tmp_path):
+    """`llmtrain tune --local llama-dpo`: two real trials over dpo_beta and lr, each a local run on the
+    shipped pairs, reporting the template's eval:rewards_accuracies (maximized); each trial's job got
+    the trial's values (early stopping off: with two trials the median pruner may stop the second)."""
+    command = [sys.executable, "-m", "llmtrain.cli", "tune", "--local", "llama-dpo", "--run-name", "beta",
+               "--workdir", str(tmp_path), "--param", "dpo_beta=0.05..0.5:log",
+               "--param", "lr=1e-6..1e-4:log", "--objective", "eval:rewards_accuracies", "--maximize",
+               "--trials", "2", "--no-early-stopping", "--seed", "3", "--json", "--set", "max_steps=2",
+               "--set", "grad_accum_steps=1"]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True,
+                            timeout=3 * JOB_TIMEOUT_SECONDS)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    tune = json.loads(result.stdout)
+    assert (tune["objective"], tune["direction"]) == ("eval:rewards_accuracies", "maximize")
+    trials = tune["trials"]
+    assert [t["status"] for t in trials] == ["Completed", "Completed"]
+    for trial in trials:
+        assert 0.0 <= trial["objective"] <= 1.0 and math.isfinite(trial["objective"])
+        assert 0.05 <= trial["params"]["dpo_beta"] <= 0.5 and 1e-6 <= trial["params"]["lr"] <= 1e-4
+        (request,) = (tmp_path / "beta" / "trials" / trial["name"] / "jobs").glob("*/request.json")
+        sent = json.loads(request.read_text())["HyperParameters"]
+        assert float(sent["dpo_beta"]) == pytest.approx(trial["params"]["dpo_beta"])
+        assert float(sent["lr"]) == pytest.approx(trial["params"]["lr"])
+        assert json.loads(sent["objective"]) == "dpo"
+    assert trials[0]["params"] != trials[1]["params"]
+    assert tune["best"]["objective"] == max(t["objective"] for t in trials)
