@@ -20,6 +20,8 @@ RATIOS = {
     "pipeline_interleaved_vs_ddp": ("ours_pp2_interleaved", "ours_ddp"),
     "zero2_vs_ddp": ("ours_zero2", "ours_ddp"),
     "zero3_vs_ddp": ("ours_zero3", "ours_ddp"),
+    "moe_ours_vs_hf_trainer": ("moe_ours_fp32", "moe_hf_trainer_fp32"),
+    "moe_ep2_vs_single": ("moe_ours_ep2", "moe_ours_fp32"),
 }
 
 # The issue's targets on the CPU machine: (key in the results, comparison, threshold).
@@ -31,6 +33,7 @@ TARGETS = (
     ("checkpoint.stall_fraction", "<=", 0.05),
     ("data_loader.ratio_to_consumption", ">=", 50.0),
     ("dpo.ratio", ">=", 1.2),  # TRL's DPOTrainer's step time over ours (bench.dpo)
+    ("ratios.moe_ours_vs_hf_trainer", ">=", 1.5),  # issue 33
 )
 
 
@@ -39,15 +42,16 @@ def _tokens_per_s(configs: dict, name: str) -> float | None:
     return record.get("tokens_per_s") if record and record.get("status") == "ok" else None
 
 
-def add_mfu_and_hf_ratio(configs: dict, peaks: dict, flops_per_token: int) -> None:
-    """Per configuration: MFU against the peak of its own precision, and the ratio to the HF
-    Trainer at the same precision."""
+def add_mfu_and_hf_ratio(configs: dict, peaks: dict, flops_per_token: int, moe_flops_per_token: int) -> None:
+    """Per configuration: MFU against the peak of its own precision (a mixture of experts: of its
+    active parameters), and the ratio to the HF Trainer on the same model at the same precision."""
     for record in configs.values():
         if record.get("status") != "ok":
             continue
+        moe = record.get("moe", False)
         peak = peaks[record["precision"]]["peak_flops"]
-        record["mfu"] = mfu(record["tokens_per_s"], flops_per_token, peak)
-        hf = _tokens_per_s(configs, f"hf_trainer_{record['precision']}")
+        record["mfu"] = mfu(record["tokens_per_s"], moe_flops_per_token if moe else flops_per_token, peak)
+        hf = _tokens_per_s(configs, f"{'moe_' if moe else ''}hf_trainer_{record['precision']}")
         record["ratio_to_hf_trainer"] = record["tokens_per_s"] / hf if hf else None
 
 

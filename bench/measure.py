@@ -41,8 +41,10 @@ def total_steps(mode: BenchMode) -> int:
 
 
 def peer_spec(config: BenchConfig, mode: BenchMode, workspace: Workspace, work_dir: Path) -> WorkerSpec:
+    model = config.model(mode)
     return WorkerSpec(
-        model_preset=mode.model_preset, seq_len=mode.seq_len, batch_size=mode.global_batch_size,
+        model_preset=model.preset, model_overrides={**model.overrides, **model.peer_overrides},
+        seq_len=mode.seq_len, batch_size=mode.global_batch_size,
         steps=total_steps(mode), precision=config.precision, device=mode.device,
         compile=config.compiles(mode), tokens_path=str(workspace.tokens_npy),
         result_path=str(work_dir / "result.json"), work_dir=str(work_dir),
@@ -76,7 +78,7 @@ def _launch(config: BenchConfig, mode: BenchMode, workspace: Workspace) -> tuple
 def measure(config: BenchConfig, mode: BenchMode, workspace: Workspace) -> dict:
     """The record of one configuration: timing, throughput, memory, and status."""
     record = {"name": config.name, "runner": config.runner, "precision": config.precision,
-              "world_size": config.world_size, "parallelism": config.parallelism,
+              "world_size": config.world_size, "parallelism": config.parallelism, "moe": config.moe,
               "load_average_before": load_average()}
     result, command, reported = _launch(config, mode, workspace)
     record.update(command=command, wall_seconds=round(result.wall_seconds, 2),

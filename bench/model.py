@@ -22,16 +22,18 @@ def tokenizer_vocab_size() -> int:
     return len(_tokenizer())
 
 
-def model_config(preset: str, seq_len: int):
+def model_config(preset: str, seq_len: int, overrides: dict | None = None):
+    """The HF config our program builds for `preset` with `model_overrides`."""
     from training_jobs.contract.hyperparameters import ModelConfig
     from training_jobs.trainer.models import preset_config
 
-    return preset_config(ModelConfig(model_preset=preset), _tokenizer(), seq_len)
+    return preset_config(ModelConfig(model_preset=preset, model_overrides=overrides or {}), _tokenizer(),
+                         seq_len)
 
 
-def build_causal_lm(preset: str, seq_len: int):
-    """The fp32 model with fresh weights (seed it first)."""
+def build_causal_lm(preset: str, seq_len: int, overrides: dict | None = None):
+    """The fp32 model with fresh weights (seed it first): transformers' own implementation."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_config(model_config(preset, seq_len), dtype=torch.float32)
+    return AutoModelForCausalLM.from_config(model_config(preset, seq_len, overrides), dtype=torch.float32)

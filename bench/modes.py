@@ -10,6 +10,21 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class BenchModel:
+    """A model of the benchmark: our program's preset, with HF config fields on top of it."""
+
+    preset: str
+    overrides: dict = field(default_factory=dict)  # our `model_overrides`, for every runner
+    # Set for the peers only, so that they train the objective our program trains by default (a
+    # mixture of experts: transformers adds the balance loss only with output_router_logits).
+    peer_overrides: dict = field(default_factory=dict)
+
+
+# Our program's default moe_aux_loss_coef, which the MoE peers train with too.
+_MOE_PEERS = {"output_router_logits": True, "router_aux_loss_coef": 0.001}
+
+
+@dataclass(frozen=True)
 class BenchMode:
     """Sizes and switches of one benchmark mode."""
 
@@ -30,6 +45,12 @@ class BenchMode:
     data_loader_tokens: int  # tokens read by the data-loader benchmark
     synth: bool  # time `cdk synth` of the whole app
     step_timeout_s: int  # a configuration that takes longer is recorded as failed
+    # The mixture of experts of the `moe_*` configurations (qwen3_moe: 8 experts, top-2).
+    moe_model: BenchModel = BenchModel("qwen3-moe-tiny", peer_overrides=_MOE_PEERS)
+
+    @property
+    def dense_model(self) -> BenchModel:
+        return BenchModel(self.model_preset)
 
 
 MODES: dict[str, BenchMode] = {
@@ -52,6 +73,10 @@ MODES: dict[str, BenchMode] = {
         data_loader_tokens=4_000_000,
         synth=True,
         step_timeout_s=600,
+        # Experts at the size of llama-20m's MLP share: hidden 256, 4 layers, 8 experts of 256.
+        moe_model=BenchModel("qwen3-moe-tiny", {"hidden_size": 256, "moe_intermediate_size": 256,
+                                                "num_hidden_layers": 4, "head_dim": 64},
+                             _MOE_PEERS),
     ),
     # GPU machines: the same configurations on CUDA with bf16, fused AdamW, SDPA and torch.compile.
     "full": BenchMode(
@@ -107,9 +132,13 @@ class BenchConfig:
     parallelism: str = "single"  # our program's `parallelism` hyperparameter
     hyperparameters: dict = field(default_factory=dict)  # extra hyperparameters for our program
     compile: bool | None = None  # torch.compile; None: the mode's setting
+    moe: bool = False  # trains the mode's mixture of experts instead of its dense model
 
     def compiles(self, mode: BenchMode) -> bool:
         return mode.compile if self.compile is None else self.compile
+
+    def model(self, mode: BenchMode) -> BenchModel:
+        return mode.moe_model if self.moe else mode.dense_model
 
 
 def _pipeline(mode: BenchMode, stages: int, schedule: str) -> dict:
@@ -156,4 +185,19 @@ def configurations(mode: BenchMode) -> list[BenchConfig]:
         *configs,
         BenchConfig("plain_loop_fp32", "plain_loop", "fp32"),
         BenchConfig("plain_loop_bf16", "plain_loop", "bf16"),
+        *moe_configurations(mode),
+    ]
+
+
+def moe_configurations(mode: BenchMode) -> list[BenchConfig]:
+    """The mixture of experts (mode.moe_model) in fp32: our program against transformers' own
+    Qwen3MoeForCausalLM under the HF Trainer (both eager: the grouped matmul on the CPU runs fp32
+    eagerly, and under torch.compile only bf16), and expert parallelism over the 2 processes
+    (FSDP2, each rank holding half of every layer's experts) against the single process."""
+    n = mode.distributed_world_size
+    return [
+        BenchConfig("moe_ours_fp32", "ours", "fp32", compile=False, moe=True),
+        BenchConfig("moe_ours_ep2", "ours", "fp32", n, "fsdp",
+                    {"fsdp_sharding": "full", "expert_parallel_degree": n}, compile=False, moe=True),
+        BenchConfig("moe_hf_trainer_fp32", "hf_trainer", "fp32", compile=False, moe=True),
     ]

@@ -52,8 +52,10 @@ class OursRun:
         if self.mode.global_batch_size % self.config.world_size:
             raise ValueError(f"global_batch_size {self.mode.global_batch_size} is not divisible by "
                              f"the {self.config.world_size} processes of {self.config.name}")
+        model = self.config.model(self.mode)
         return {
-            "model_preset": self.mode.model_preset,
+            "model_preset": model.preset,
+            "model_overrides": model.overrides,
             "seq_len": self.mode.seq_len,
             "micro_batch_size": self.mode.global_batch_size // self.config.world_size,
             "grad_accum_steps": 1,

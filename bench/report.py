@@ -134,10 +134,20 @@ def summary_lines(results: dict) -> list[str]:
         f"({model['non_embedding_parameters'] / 1e6:.1f}M non-embedding), sequence {model['seq_len']}, "
         f"global batch {model['global_batch_size']} ({model['tokens_per_step']} tokens per step), "
         f"{model['flops_per_token'] / 1e6:.1f} MFLOPs per token.",
+        *_moe_model_line(results.get("moe_model")),
         f"- Measured peak (dense matmul, {peak['threads']} threads): "
         f"fp32 {peak['fp32']['peak_flops'] / 1e9:.1f} GFLOP/s, "
         f"bf16 {peak['bf16']['peak_flops'] / 1e9:.1f} GFLOP/s.",
     ]
+
+
+def _moe_model_line(moe: dict | None) -> list[str]:
+    if not moe:
+        return []
+    overrides = ", ".join(f"{key} {value}" for key, value in moe["overrides"].items())
+    return [f"- Mixture of experts (`moe_*`): `{moe['preset']}`{f' with {overrides}' if overrides else ''}, "
+            f"{moe['parameters'] / 1e6:.1f}M parameters, {moe['flops_per_token'] / 1e6:.1f} MFLOPs per "
+            "token (of the active parameters: each token's top-k experts)."]
 
 
 def render(results: dict, plot_link: str | None) -> str:

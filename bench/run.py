@@ -158,6 +158,8 @@ def run_benchmark(mode: BenchMode, root: Path, only: list[str] | None, rounds: i
     load_start = machine.load_average()
     vocab_size = tokenizer_vocab_size()
     shape = model_shape(build_causal_lm(mode.model_preset, mode.seq_len), mode.seq_len)
+    moe = mode.moe_model
+    moe_shape = model_shape(build_causal_lm(moe.preset, mode.seq_len, moe.overrides), mode.seq_len)
     workspace = _prepare_workspace(root, mode, vocab_size)
     print("[bench] matmul peak ...", flush=True)
     peaks_start = matmul.measure_peaks(mode.device, mode.matmul_sizes, mode.matmul_seconds)
@@ -166,7 +168,7 @@ def run_benchmark(mode: BenchMode, root: Path, only: list[str] | None, rounds: i
     print("[bench] matmul peak again ...", flush=True)
     peaks = matmul.best_of(peaks_start,
                            matmul.measure_peaks(mode.device, mode.matmul_sizes, mode.matmul_seconds))
-    derive.add_mfu_and_hf_ratio(records, peaks, shape.flops_per_token)
+    derive.add_mfu_and_hf_ratio(records, peaks, shape.flops_per_token, moe_shape.flops_per_token)
     results = {
         "schema_version": 1,
         "mode": mode.name,
@@ -179,6 +181,8 @@ def run_benchmark(mode: BenchMode, root: Path, only: list[str] | None, rounds: i
                   **dataclasses.asdict(shape), "flops_per_token": shape.flops_per_token,
                   "global_batch_size": mode.global_batch_size,
                   "tokens_per_step": mode.global_batch_size * mode.seq_len},
+        "moe_model": {"preset": moe.preset, "overrides": moe.overrides, **dataclasses.asdict(moe_shape),
+                      "flops_per_token": moe_shape.flops_per_token},
         "peak": peaks,
         "configs": records,
         "ratios": derive.ratios(records),

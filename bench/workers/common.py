@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
@@ -29,6 +29,7 @@ class WorkerSpec:
     adam_betas: tuple[float, float] = (0.9, 0.95)
     warmup_lr_steps: int = 2
     max_grad_norm: float = 1.0
+    model_overrides: dict = field(default_factory=dict)  # HF config fields on top of the preset
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -58,7 +59,7 @@ def build_model(spec: WorkerSpec):
     from bench.model import build_causal_lm
 
     torch.manual_seed(spec.seed)
-    return build_causal_lm(spec.model_preset, spec.seq_len)
+    return build_causal_lm(spec.model_preset, spec.seq_len, spec.model_overrides)
 
 
 def write_result(spec: WorkerSpec, final_loss: float, extra: dict | None = None) -> None:

@@ -327,14 +327,14 @@ def check_model(work: Workload, layout: Layout) -> None:
     """The program's rules that need the model: for pipeline stages (its check_splittable and stage
     split, and torch's schedules' own), for tensor and context parallel (its check_supported and
     check_context_parallel), with the setting to change."""
-    problem = _expert_problem(work) or _model_parallel_problem(work, layout)
+    problem = _expert_problem(work, layout) or _model_parallel_problem(work, layout)
     if problem is None and layout.pipelined:
         problem = _pipeline_problem(work, layout)
     if problem:
         raise PlanInputError(problem)
 
 
-def _expert_problem(work: Workload) -> str | None:
+def _expert_problem(work: Workload, layout: Layout) -> str | None:
     """The program's expert rules (training_jobs/contract/moe.py: check_model) for a model it reads
     from a config.json, which the planner reads with --model-config."""
     m, degree = work.model, work.expert_parallel
@@ -344,6 +344,17 @@ def _expert_problem(work: Workload) -> str | None:
     if degree > 1 and m.num_experts % degree:
         return (f"invalid hyperparameter 'expert_parallel_degree': got {degree}, expected a divisor of the "
                 f"model's {m.num_experts} experts")
+    if not m.moe:
+        return None
+    for name, what, value in (("tensor_parallel_degree", "tensor parallel", layout.tensor),
+                              ("context_parallel_degree", "context parallel", layout.context)):
+        if value > 1:
+            return (f"invalid hyperparameter {name!r}: got {value}, expected 1 for the model, a mixture of "
+                    f"experts: {what} splits dense Llama-layout models only (use expert_parallel_degree "
+                    "and fsdp)")
+    if work.fp8:
+        return ("invalid hyperparameter 'fp8': got True, expected false for the model, a mixture of experts: "
+                "FP8 converts linear layers only, so the routed experts would stay in bf16")
     return None
 
 

@@ -67,6 +67,17 @@ def test_total_and_active_parameters_are_the_published(preset, total, active):
 
 
 def test_shared_experts_and_leading_dense_layers_are_read_from_a_config():
+    tensor = Layout("fsdp", 1, 8, ParallelDims(1, 1, 4, 2))
+    with pytest.raises(PlanInputError, match="'tensor_parallel_degree': got 2, expected 1 for the model, a "
+                                             "mixture of experts"):
+        check_model(_work(), tensor)
+    context = Layout("fsdp", 1, 8, ParallelDims(1, 1, 4, 1, context=2))
+    with pytest.raises(PlanInputError, match="'context_parallel_degree': got 2, expected 1"):
+        check_model(_work(), context)
+    with pytest.raises(PlanInputError, match="'fp8': got True, expected false for the model, a mixture"):
+        check_model(_work(fp8=True), _fsdp(8, 2))
+    check_model(_work(), _fsdp(8, 2))  # expert parallel under fsdp is the supported combination
+    check_model(dataclasses.replace(_work("llama3-8b"), fp8=True), tensor)  # a dense model may take both
     config = {**PRESETS["qwen3-moe-tiny"][1], "model_type": "qwen3_moe", "vocab_size": 640,
               "num_hidden_layers": 3, "first_k_dense_replace": 1, "shared_expert_intermediate_size": 48}
     shape = shape_from_hf_config(config)
@@ -168,6 +179,17 @@ def test_planner_refuses_experts_a_model_config_cannot_take():
         check_model(dense, _fsdp(8, 2))
     with pytest.raises(PlanInputError, match="a divisor of the model's 128 experts"):
         check_model(_work(expert_parallel=3), _fsdp(6, 3, gpus_per_node=6))
+    tensor = Layout("fsdp", 1, 8, ParallelDims(1, 1, 4, 2))
+    with pytest.raises(PlanInputError, match="'tensor_parallel_degree': got 2, expected 1 for the model, a "
+                                             "mixture of experts"):
+        check_model(_work(), tensor)
+    context = Layout("fsdp", 1, 8, ParallelDims(1, 1, 4, 1, context=2))
+    with pytest.raises(PlanInputError, match="'context_parallel_degree': got 2, expected 1"):
+        check_model(_work(), context)
+    with pytest.raises(PlanInputError, match="'fp8': got True, expected false for the model, a mixture"):
+        check_model(_work(fp8=True), _fsdp(8, 2))
+    check_model(_work(), _fsdp(8, 2))  # expert parallel under fsdp is the supported combination
+    check_model(dataclasses.replace(_work("llama3-8b"), fp8=True), tensor)  # a dense model may take both
     config = {**PRESETS["qwen3-moe-tiny"][1], "model_type": "qwen3_moe", "vocab_size": 640,
               "num_experts_per_tok": 9}
     with pytest.raises(ModelShapeError, match="num_experts_per_tok 9 must be between 1 and the 8 experts"):
@@ -196,3 +218,50 @@ def test_render_refuses_bad_expert_settings_before_any_job(ref, overrides, messa
     template = Catalog.load().resolve(ref)
     with pytest.raises(LlmtrainError, match=message):
         render(template, RunInput(run_name="r", overrides=overrides), local_context())
+
+
+MOE_RUN = {"model_preset": "qwen3-moe-tiny", "parallelism": "fsdp", "mixed_precision": "bf16"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "world_size", "message"),
+    [
+        ({"expert_parallel_degree": 3}, 6,
+         "'expert_parallel_degree': got 3, expected a divisor of the 8 experts"),
+        ({"expert_parallel_degree": 4}, 2, "'expert_parallel_degree': got 4, expected a divisor of the "
+                                           "data-sharding ranks (2 of the world size 2)"),
+        ({"expert_parallel_degree": 2}, 3, "divisor of the data-sharding ranks (3 of the world size 3)"),
+        ({"model_overrides": {"num_experts_per_tok": 9}}, 2, "routes each token to 9 experts "
+                                                             "(num_experts_per_tok) but has 8"),
+        ({"model_preset": "llama-tiny", "expert_parallel_degree": 2}, 2,
+         "'expert_parallel_degree': got 2, expected 1: model_preset llama-tiny is a dense llama model"),
+        ({"fp8": True}, 2, "'fp8': got True, expected false for model_preset qwen3-moe-tiny"),
+        ({"fp8": True, "fp8_recipe": "rowwise", "expert_parallel_degree": 2}, 2, "'fp8': got True"),
+        ({"tensor_parallel_degree": 2}, 4, "'tensor_parallel_degree': got 2, expected 1 for model_preset"),
+        ({"context_parallel_degree": 2}, 4, "'context_parallel_degree': got 2, expected 1 for model_preset"),
+        ({"tensor_parallel_degree": 2, "expert_parallel_degree": 2}, 4,
+         "expected 1 with tensor_parallel_degree"),
+        ({"parallelism": "ddp", "pipeline_parallel_degree": 2, "grad_accum_steps": 4}, 2,
+         "'pipeline_parallel_degree': got 2, expected 1 for model_preset qwen3-moe-tiny"),
+    ],
+)
+def test_render_checks_refuse_what_the_program_cannot_run_with_experts(changes, world_size, message):
+    """The checks render and `llmtrain plan` run before any job (the program's contract, torch-free)."""
+    from llmtrain.core.errors import ProgramSettingError
+    from llmtrain.core.program_contract import installed_contract
+
+    with pytest.raises(ProgramSettingError) as refused:
+        installed_contract().check({**MOE_RUN, **changes}, world_size=world_size, num_hosts=1)
+    assert message in str(refused.value)
+
+
+def test_render_checks_accept_the_supported_expert_combinations():
+    from llmtrain.core.program_contract import installed_contract
+
+    supported = (({"expert_parallel_degree": 2}, 2), ({"expert_parallel_degree": 2}, 4),
+                 ({"expert_parallel_degree": 2, "fsdp_sharding": "grad_op"}, 4),
+                 ({"expert_parallel_degree": 4, "activation_checkpointing": "full"}, 8),
+                 ({"parallelism": "ddp"}, 2), ({"lora_r": 8}, 2),
+                 ({"model_preset": "llama-tiny", "fp8": True, "tensor_parallel_degree": 2}, 4))
+    for changes, world_size in supported:
+        installed_contract().check({**MOE_RUN, **changes}, world_size=world_size, num_hosts=1)

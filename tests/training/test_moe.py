@@ -199,6 +199,18 @@ BASE = {"model_preset": "qwen3-moe-tiny", "parallelism": "fsdp"}
     ({"tensor_parallel_degree": 2, "expert_parallel_degree": 2}, "tensor_parallel_degree > 1"),
     ({"context_parallel_degree": 2, "expert_parallel_degree": 2}, "context_parallel_degree > 1"),
     ({"pipeline_parallel_degree": 2, "grad_accum_steps": 2}, "not split into pipeline stages"),
+    ({"tensor_parallel_degree": 2}, "'tensor_parallel_degree': got 2, expected 1 for model_preset "
+                                    "qwen3-moe-tiny: tensor parallel splits dense Llama-layout models only"),
+    ({"context_parallel_degree": 2}, "'context_parallel_degree': got 2, expected 1 for model_preset "
+                                     "qwen3-moe-tiny: context parallel splits"),
+    ({"fp8": True, "mixed_precision": "bf16"}, "'fp8': got True, expected false for model_preset "
+                                               "qwen3-moe-tiny: FP8 converts linear layers only"),
+    ({"fp8": True, "fp8_recipe": "rowwise", "mixed_precision": "bf16", "expert_parallel_degree": 2},
+     "'fp8': got True, expected false"),
+    ({"model_preset": "mixtral-tiny", "fp8": True, "mixed_precision": "bf16"},
+     "for model_preset mixtral-tiny"),
+    ({"fsdp_sharding": "hybrid", "expert_parallel_degree": 2}, "expected 1 with fsdp_sharding=hybrid"),
+    ({"lora_r": 8, "expert_parallel_degree": 2}, "expected 1 with lora_r > 0"),
     ({"moe_bias_update_rate": 0.001}, "only deepseek_v3 routers"),
     ({"rule_router_collapse_action": "skip"}, "'rule_router_collapse_action'"),
 ])
@@ -234,3 +246,21 @@ def test_moe_metric_line_and_its_json_line(tmp_path, capsys):
     assert re.search(r"\[moe\].* moe_load_balance=([0-9.eE+-]+)", line)[1] == "1.5000"
     (record,) = map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
     assert record["kind"] == "moe" and record["moe_load_balance_layer2"] == 1.5
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"tensor_parallel_degree": 2}, "'tensor_parallel_degree': got 2, expected 1 for the model channel's "
+                                    "config.json: tensor parallel splits dense Llama-layout models only"),
+    ({"fp8": True, "mixed_precision": "bf16"}, "'fp8': got True, expected false for the model channel's"),
+    ({"expert_parallel_degree": 3}, "a divisor of the 4 experts of the model channel's config.json"),
+])
+def test_a_model_channels_mixture_of_experts_is_checked_as_a_preset_is(changes, message):
+    """A `model` channel's config.json is only read by the program: the same rules, before any weight."""
+    from training_jobs.contract import moe as moe_contract
+
+    config = from_hyperparameters({"parallelism": "fsdp", **changes})
+    mixtral = {"num_local_experts": 4, "num_experts_per_tok": 2}
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        moe_contract.check_model(config, "mixtral", mixtral, "the model channel's config.json")
+    if "expert_parallel_degree" not in changes:  # a dense model takes tensor parallel and FP8
+        moe_contract.check_model(config, "llama", {}, "the model channel's config.json")

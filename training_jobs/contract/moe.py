@@ -71,6 +71,14 @@ def check_model(config: TrainConfig, model_type: str, model_config: Mapping[str,
     if par.pipeline_parallel_degree > 1:
         raise _invalid("pipeline_parallel_degree", par.pipeline_parallel_degree,
                        f"1 for {where}: a mixture of experts is not split into pipeline stages")
+    for name, what in _NOT_WITH_EXPERTS[1:]:
+        if getattr(par, name) > 1:
+            raise _invalid(name, getattr(par, name), f"1 for {where}: {what} splits dense Llama-layout "
+                                                     "models only (use expert_parallel_degree and fsdp)")
+    if par.fp8:
+        raise _invalid("fp8", True, f"false for {where}: FP8 converts linear layers only, so the routed "
+                                    "experts (most of a mixture's matmuls) would stay in bf16, and FP8 "
+                                    "with experts has not been run on a GPU")
     if shape.top_k > shape.num_experts or shape.top_k < 1:
         raise ConfigError(f"{where} routes each token to {shape.top_k} experts (num_experts_per_tok) "
                           f"but has {shape.num_experts}: set num_experts_per_tok between 1 and "
