@@ -56,9 +56,7 @@ def parameter_tensors(work: Workload) -> Tensors:
 def _expert_slices(params: tuple[ParameterTensor, ...], degree: int) -> tuple[ParameterTensor, ...]:
     """One rank's experts under expert parallelism: dim 0 of each stacked expert tensor split in
     `degree` (the program's expert degree divides the experts). The rest of the data-sharding ranks
-    (shard / degree, those with the same experts) shard that slice as FSDP shards the others, so an
-    expert's weights, gradients and moments end split over every shard rank; what it gathers for
-    compute is the slice."""
+    (shard / degree, those with the same experts) hold copies of that slice (`expert_shard`)."""
     if degree <= 1:
         return params
     return tuple(
@@ -69,8 +67,11 @@ def _expert_slices(params: tuple[ParameterTensor, ...], degree: int) -> tuple[Pa
 
 
 def expert_shard(param: ParameterTensor, shard: int, expert_degree: int) -> int:
-    """The FSDP group an expert slice is sharded over (the shard ranks holding the same experts)."""
-    return max(shard // expert_degree, 1) if param.experts and expert_degree > 1 else shard
+    """The group a parameter's states are sharded over: the shard ranks, except for an expert slice
+    under expert parallelism, which the program leaves out of FSDP2 and keeps whole on each of the
+    shard / degree ranks that hold the same experts (their gradients averaged over those copies;
+    docs/training.md). torchtitan shards those copies too; the program does not yet."""
+    return 1 if param.experts and expert_degree > 1 else shard
 
 
 def _linear_dims(model: ModelShape, weight: ParameterTensor) -> tuple[int, int]:
