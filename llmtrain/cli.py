@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from importlib import metadata
 
@@ -42,6 +43,9 @@ COMMAND_MODULES = (
 )
 # The packages of the distribution's [cli] extra (pyproject.toml): its core installs without them.
 CLI_PACKAGES = ("rich", "psutil", "packaging")
+# Commands whose work needs more than the [cli] extra: the extra to name when the console's own
+# packages are missing too (each includes [cli]).
+COMMAND_EXTRAS = {"data": "data", "run": "local", "tune": "local"}
 FAILED = 1
 USAGE_ERROR = 2
 INTERRUPTED = 130
@@ -72,9 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as error:
         if error.name not in CLI_PACKAGES:
             raise
-        print(f"llmtrain: the command line needs {error.name!r}, which comes with the CLI's extra: "
-              f"pip install '{DISTRIBUTION}[cli]' (or [data] / [local], which include it)", file=sys.stderr)
-        return FAILED
+        print(_missing_extra_message(error.name, argv if argv is not None else sys.argv[1:]), file=sys.stderr)
+        return USAGE_ERROR
     args, rest = parser.parse_known_args(argv)
     if rest and not getattr(args, "passes_on_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -94,6 +97,35 @@ def main(argv: list[str] | None = None) -> int:
         # The reader went away (`llmtrain runs | head`): not an error; stop writing quietly.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def _missing_extra_message(package: str, argv: list[str]) -> str:
+    """Name the extra the asked command needs (its packages from the installed distribution's
+    metadata): without the console's packages, no command can say so itself."""
+    command = next((word for word in argv if not word.startswith("-")), "")
+    extra = COMMAND_EXTRAS.get(command, "cli")
+    if extra == "cli":
+        return (f"llmtrain: the command line needs {package!r}, which comes with the CLI's extra: "
+                f"pip install '{DISTRIBUTION}[cli]' (or [data] / [local], which include it)")
+    needs = ", ".join([package, *_extra_packages(extra)])
+    return (f"llmtrain {command}: needs packages this Python environment lacks ({needs}), which come with "
+            f"the [{extra}] extra: pip install '{DISTRIBUTION}[{extra}]'")
+
+
+def _extra_packages(extra: str) -> list[str]:
+    """The package names the installed distribution's `extra` adds, read without `packaging` (one of
+    the packages that may be missing)."""
+    try:
+        declared = metadata.requires(DISTRIBUTION) or []
+    except metadata.PackageNotFoundError:
+        return []
+    names = []
+    for line in declared:
+        requirement, _, marker = line.partition(";")
+        name = re.match(r"[A-Za-z0-9_.-]+", requirement.strip())
+        if name and f'extra == "{extra}"' in marker and name.group(0) != DISTRIBUTION:
+            names.append(name.group(0))
+    return names
 
 
 def _fail(args: argparse.Namespace, error: Exception, status: int) -> int:

@@ -78,9 +78,14 @@ def test_no_two_modules_share_a_file_name_outside_commands_and_handlers():
     assert [name for name, count in names.items() if count > 1] == []
 
 
-def test_the_cli_without_its_extra_says_which_to_install():
+@pytest.mark.parametrize("argv, extra, named", [
+    (["templates"], "cli", "rich"),
+    (["data", "prepare", "--input", "notes.txt", "--output", "tokens"], "data", "transformers"),
+    (["run", "--local", "gpt2-ddp"], "local", "sagemaker-training"),
+])
+def test_the_cli_without_its_extra_says_which_to_install(argv, extra, named):
     """The distribution without an extra brings only the core's dependencies; `llmtrain` then names
-    the [cli] extra instead of a traceback."""
+    the extra the asked command needs (and what it brings) instead of a traceback."""
     script = (
         "import sys\n"
         "class WithoutRich:\n"
@@ -89,10 +94,11 @@ def test_the_cli_without_its_extra_says_which_to_install():
         "            raise ModuleNotFoundError(f'No module named {name!r}', name='rich')\n"
         "sys.meta_path.insert(0, WithoutRich())\n"
         "from llmtrain.cli import main\n"
-        "sys.exit(main(['templates']))\n"
+        f"sys.exit(main({argv!r}))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
                             timeout=120)
-    assert result.returncode == 1
-    assert "pip install 'llm-sagemaker-platform[cli]'" in result.stderr
+    assert result.returncode == 2
+    assert f"pip install 'llm-sagemaker-platform[{extra}]'" in result.stderr
+    assert named in result.stderr
     assert "Traceback" not in result.stderr

@@ -141,17 +141,23 @@ def test_z_loss_on_a_hand_computed_case():
 
 
 class _Group:
-    """A single process's process group, for the signals' all-reduces."""
+    """A single process's process group, for the signals' all-reduces; torn down on leaving, so a
+    later test module can start its own."""
 
     def __enter__(self):
         import torch.distributed as dist
 
         from training_jobs.trainer.parallel import init_distributed
 
+        self.owned = not dist.is_initialized()
         init_distributed(torch.device("cpu"), 0, 1, 5)
         return dist.group.WORLD
 
     def __exit__(self, *exc):
+        import torch.distributed as dist
+
+        if self.owned:
+            dist.destroy_process_group()
         return False
 
 
