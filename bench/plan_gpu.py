@@ -58,8 +58,17 @@ _1B = {"model_preset": "llama-1b", "seq_len": 2048, "micro_batch_size": 4, "acti
 _8B_SHORT = {"model_preset": "llama3-8b", "model_overrides": {"num_hidden_layers": 4}, "seq_len": 8192,
              "micro_batch_size": 1, "activation_checkpointing": "selective"}
 _TP2 = {**_1B, "tensor_parallel_degree": 2, "activation_checkpointing": "selective"}
+# Issue 33's GPU check: the tiny MoE and Qwen3-30B-A3B's shape cut to 4 of its 48 layers (128 experts,
+# 8 active), one GPU, so the whole of each layer's experts runs the grouped matmul.
+_MOE_TINY = {"model_preset": "qwen3-moe-tiny", "seq_len": 2048, "micro_batch_size": 8,
+             "activation_checkpointing": "none"}
+_30B_A3B_SHORT = {"model_preset": "qwen3-30b-a3b", "model_overrides": {"num_hidden_layers": 4},
+                  "seq_len": 4096, "micro_batch_size": 2, "activation_checkpointing": "selective"}
 
 CASES: tuple[GpuCase, ...] = (
+    GpuCase("qwen3-moe-tiny bf16", 1, _MOE_TINY),
+    GpuCase("qwen3-30b-a3b (4 layers) bf16", 1, _30B_A3B_SHORT),
+    GpuCase("qwen3-30b-a3b (4 layers) bf16, eager", 1, {**_30B_A3B_SHORT, "compile": False}),
     GpuCase("llama-1b bf16", 1, _1B),
     GpuCase("llama-1b fp8", 1, {**_1B, "fp8": True}),
     GpuCase("llama3-8b (4 layers) bf16", 1, _8B_SHORT),
@@ -123,13 +132,21 @@ def measured(case: GpuCase, steps: int, root: Path) -> dict:
     result = run.launch(root / "log.txt")
     rows = [m for m in run.metrics() if "tokens_per_sec" in m]
     if not result.ok or not rows:
-        return {"error": result.log_tail(30)}
+        return {"error": failure_reason([line for _, line in result.lines])}
     timed = rows[int(len(rows) * (1 - MEASURE_FRACTION)):] or rows
     return {
         "tokens_per_second_per_gpu": statistics.median(m["tokens_per_sec"] for m in timed) / case.gpus,
         "mfu": statistics.median(m["mfu"] for m in timed),
         "allocated_gib": max(m["memory_gb"] for m in rows) * 1e9 / GIB,
     }
+
+
+def failure_reason(lines: list[str]) -> str:
+    """The program's own reason (train.py's `[error]` line, or an exception's last line), not the
+    launcher's traceback that ends every failed torchrun log."""
+    reasons = [line for line in lines if line.startswith("[error]")
+               or ("Error:" in line and "ChildFailedError" not in line)]
+    return "\n".join(reasons[-5:]) or "\n".join(lines[-30:])
 
 
 def compare(plan: dict, measure: dict) -> dict:

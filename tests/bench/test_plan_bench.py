@@ -132,6 +132,20 @@ def test_gpu_check_plans_every_case_and_names_what_it_skips():
     assert "compute capability 8.9+" in skip_reason(fp8, a100, 8)
     assert skip_reason(GpuCase("two", 2, {}), h100, 1) == "needs 2 GPUs, the machine has 1"
     assert skip_reason(fp8, h100, 1) is None
+    moe = plans["qwen3-30b-a3b (4 layers) bf16"]
+    assert 30 < moe["allocated_gib"] < 80  # 2.5B parameters' fp32 weights, gradients and AdamW state
+
+
+def test_gpu_check_keeps_the_programs_own_reason_for_a_failure():
+    """A failed case records train.py's `[error]` line, not the launcher's traceback after it."""
+    from bench.plan_gpu import failure_reason
+
+    log = ["[train] model preset qwen3-30b-a3b: ...", "[error] ConfigError: invalid hyperparameter 'x'",
+           "Traceback (most recent call last):", *[f'  File "run.py", line {n}' for n in range(40)],
+           "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "]
+    assert failure_reason(log) == "[error] ConfigError: invalid hyperparameter 'x'"
+    crash = ["[rank0]: RuntimeError: expected mat1 and mat2 to have the same dtype", "ChildFailedError: "]
+    assert failure_reason(crash) == crash[0]
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import torch
 from training_jobs.contract.hyperparameters import ConfigError, MoeConfig, RulesConfig, from_hyperparameters
 from training_jobs.contract.presets import PRESETS
 from training_jobs.trainer.moe import families
-from training_jobs.trainer.moe.layer import Routing, expert_matmul, grouped_mm_runs
+from training_jobs.trainer.moe.layer import GroupedExperts, Routing, expert_matmul, grouped_mm_runs
 from training_jobs.trainer.moe.losses import sequence_balance_loss, switch_balance_loss, z_loss
 from training_jobs.trainer.moe.signals import RouterSignals
 from training_jobs.trainer.rules import Rules
@@ -103,6 +103,24 @@ def test_grouped_matmul_equals_one_matmul_per_expert_with_an_idle_expert(dtype):
     for a, b in zip(first, second, strict=True):
         assert (a - b).abs().max().item() < tolerance * 10
     assert not grouped_mm_runs(torch.randn(4, 6), torch.randn(2, 6, 8))  # rows not 16-byte aligned
+
+
+@pytest.mark.parametrize("grouped", [True, False, None])
+def test_experts_run_in_autocasts_dtype_whatever_the_residual_streams(grouped):
+    """Under mixed precision the residual stream reaching the experts is fp32: both matmuls (grouped
+    or not) run in autocast's dtype, as nn.Linear's would, so the grouped kernel never sees two dtypes
+    (on CUDA the fallback's bf16 output met an fp32 down projection)."""
+    torch.manual_seed(0)
+    experts = GroupedExperts(torch.nn.Parameter(torch.randn(3, 64, 16)), torch.nn.Parameter(torch.randn(3, 16, 32)),
+                             torch.nn.functional.silu)
+    experts.grouped = grouped
+    tokens, counts = torch.randn(10, 16), torch.tensor([4, 0, 6])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = experts(tokens, counts)
+    assert mixed.dtype == torch.bfloat16
+    full = experts(tokens, counts)
+    assert full.dtype == torch.float32
+    assert ((mixed.float() - full).abs().max() / full.abs().max()).item() < 2e-2
 
 
 def _routing(logits: list[list[float]], indices: list[list[int]], batch_size: int = 1) -> Routing:

@@ -374,6 +374,10 @@ def test_presets_follow_the_tokenizer_and_overrides(tokenizer):
     with pytest.raises(ConfigError, match="'num_layers' is not a field of GPT2Config"):
         models.preset_config(ModelConfig(model_preset="gpt2-tiny", model_overrides={"num_layers": 3}),
                              tokenizer, seq_len=256)
+    # A family's alias of a field (Qwen3-MoE's num_experts is num_local_experts) is a field too.
+    moe = models.preset_config(ModelConfig(model_preset="qwen3-moe-tiny", model_overrides={"num_experts": 4}),
+                               tokenizer, seq_len=256)
+    assert moe.num_experts == 4
 
 
 def test_model_channel_without_a_config_is_refused(tokenizer, tmp_path):

@@ -105,7 +105,8 @@ def preset_config(model: ModelConfig, tokenizer, seq_len: int):
 
 
 def _apply_overrides(config, overrides: dict[str, Any]) -> None:
-    known = set(config.to_dict())
+    # A family's aliases (attribute_map: Qwen3-MoE's num_experts is num_local_experts) name fields too.
+    known = set(config.to_dict()) | set(config.attribute_map)
     for key, value in overrides.items():
         if key not in known:
             raise ConfigError(f"invalid hyperparameter 'model_overrides': {key!r} is not a field of "

@@ -99,6 +99,16 @@ def expert_matmul(tokens: torch.Tensor, weight: torch.Tensor, counts: torch.Tens
     return _per_expert_mm(tokens, weight, counts.tolist())
 
 
+def compute_dtype(tokens: torch.Tensor) -> torch.dtype:
+    """The experts' matmuls run in autocast's dtype where autocast is on, as nn.Linear's would: the
+    residual stream reaching them is fp32 under mixed precision, and the grouped kernel takes one
+    dtype on both sides (the fallback's `@` is autocast's, so mixing the two paths mixed dtypes)."""
+    device = tokens.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return tokens.dtype
+
+
 class GroupedExperts(nn.Module):
     """The routed experts' SwiGLU MLPs as two 3-D weights (transformers' layout)."""
 
@@ -109,8 +119,10 @@ class GroupedExperts(nn.Module):
 
     def forward(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """`tokens` sorted by expert, `counts` rows for each of this rank's experts."""
-        gate_up = local_tensor(self.gate_up_proj).to(tokens.dtype).transpose(-2, -1)
-        down = local_tensor(self.down_proj).to(tokens.dtype).transpose(-2, -1)
+        dtype = compute_dtype(tokens)
+        tokens = tokens.to(dtype)
+        gate_up = local_tensor(self.gate_up_proj).to(dtype).transpose(-2, -1)
+        down = local_tensor(self.down_proj).to(dtype).transpose(-2, -1)
         gate, up = expert_matmul(tokens, gate_up, counts, self.grouped).chunk(2, dim=-1)
         return expert_matmul(self.act(gate) * up, down, counts, self.grouped)
 
