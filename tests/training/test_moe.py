@@ -111,8 +111,8 @@ def test_experts_run_in_autocasts_dtype_whatever_the_residual_streams(grouped):
     or not) run in autocast's dtype, as nn.Linear's would, so the grouped kernel never sees two dtypes
     (on CUDA the fallback's bf16 output met an fp32 down projection)."""
     torch.manual_seed(0)
-    experts = GroupedExperts(torch.nn.Parameter(torch.randn(3, 64, 16)), torch.nn.Parameter(torch.randn(3, 16, 32)),
-                             torch.nn.functional.silu)
+    gate_up, down = torch.nn.Parameter(torch.randn(3, 64, 16)), torch.nn.Parameter(torch.randn(3, 16, 32))
+    experts = GroupedExperts(gate_up, down, torch.nn.functional.silu)
     experts.grouped = grouped
     tokens, counts = torch.randn(10, 16), torch.tensor([4, 0, 6])
     with torch.autocast("cpu", dtype=torch.bfloat16):
