@@ -12,7 +12,7 @@ import pytest
 
 from llmtrain.cli import main
 from llmtrain.core.catalog import Catalog
-from llmtrain.planner import memory, model_states, sharding
+from llmtrain.planner import model_states, sharding
 from llmtrain.planner.experts import all_to_all, all_to_alls_per_micro_batch, token_buffer_bytes
 from llmtrain.planner.plan import plan_run
 from llmtrain.planner.shapes import PRESET_VOCAB, ModelShapeError, preset_shape, shape_from_hf_config
