@@ -67,7 +67,8 @@ class ExceptionLineMender:
     chunk. Unbuffered (PYTHONUNBUFFERED, as in the training images), Python writes that last line in
     pieces: the exception's name, ": ", the message. So a chunk can end after the name, and
     "ValueError: bad input" reaches the console as "ValueError" and ": bad input" (CloudWatch shows
-    the same; the log file keeps what the toolkit printed). `feed` takes one shown line and returns
+    the same; the log file keeps what the toolkit printed). Both boundaries can fall in one line
+    ("ValueError", ":", "bad input"). `feed` takes one shown line and returns
     the lines to show now: a lone exception name is held until the next line says whether it goes on.
     """
 
@@ -79,7 +80,11 @@ class ExceptionLineMender:
         if self._held is not None:
             held, self._held = self._held, None
             if line.startswith(":"):
-                return [held + line]
+                joined = held + line
+                if not joined[len(held) + 1:].strip():  # the name and its colon: the message comes next
+                    self._held = joined.rstrip()
+                    return []
+                return [joined]
             if held.endswith(":") and line.strip():
                 return [f"{held} {line.strip()}"]
             return [held, *self.feed(line)]

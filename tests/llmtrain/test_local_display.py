@@ -118,12 +118,15 @@ TRACEBACK_HEAD = PROGRAM_TRACEBACK[:3]
 
 def test_an_exception_line_the_toolkit_split_is_shown_whole():
     """The toolkit ends a line at the end of each chunk it reads, and unbuffered Python writes the
-    exception's name and its message separately: either piece boundary is joined again."""
+    exception's name and its message separately: either piece boundary, or both (CI saw "ValueError",
+    ":", the message), is joined again."""
     after_name = _shown([*TRACEBACK_HEAD, "ValueError", ": bad input: fix it", "a later line"])
     after_colon = _shown([*TRACEBACK_HEAD, "mod.DataError:", "no manifest", "a later line"])
 
     assert after_name == [*TRACEBACK_HEAD, "ValueError: bad input: fix it", "a later line"]
     assert after_colon == [*TRACEBACK_HEAD, "mod.DataError: no manifest", "a later line"]
+    both = _shown([*TRACEBACK_HEAD, "ValueError", ":", "hyperparameter 'fail' is true", "a later line"])
+    assert both == [*TRACEBACK_HEAD, "ValueError: hyperparameter 'fail' is true", "a later line"]
 
 
 def test_lines_that_only_look_split_are_shown_as_printed():
