@@ -4,7 +4,9 @@ own learning rate on the same steps; the tune is interrupted (Ctrl-C) during a t
 its SQLite study when started again, to 8 counted trials, the interrupted trial's values run again.
 
 Each trial is a real `llmtrain run --local` job (the SageMaker toolkit, torchrun, the training
-program). Steps are few so that the ten jobs here fit in a few minutes on 2 cores."""
+program). Steps are few, and the trials run two at a time (`--parallel 2`: one training process
+each, with two micro-batches per step where the baseline's two processes take one each, so every
+job trains the same global batch), so that the ten jobs here fit in a few minutes on 2 cores."""
 
 from __future__ import annotations
 
@@ -21,9 +23,13 @@ from local_e2e_support import JOB_TIMEOUT_SECONDS, REPO_ROOT, cli_env, run_cli
 pytestmark = pytest.mark.slow
 
 TEMPLATE = "llama-pretrain-fsdp"
-# Short trials: one emulated host, one optimizer micro step per step, an evaluation every 4 steps.
-SETTINGS = ("instance_count=1", "max_steps=12", "grad_accum_steps=1", "eval_every_steps=4")
+# Short jobs: one emulated host, an evaluation every 4 steps. The baseline runs two processes of one
+# micro-batch per step; a trial (two at a time) one process of two: the same global batch.
+COMMON = ("instance_count=1", "max_steps=12", "eval_every_steps=4")
+SETTINGS = (*COMMON, "grad_accum_steps=1")
+TRIAL_SETTINGS = (*COMMON, "grad_accum_steps=2")
 TRIALS = 8
+PARALLEL = 2
 INTERRUPT_AFTER = 3
 
 
@@ -47,9 +53,11 @@ def tune_command(workdir: Path) -> list[str]:
         str(TRIALS),
         "--seed",
         "3",
+        "--parallel",
+        str(PARALLEL),
         "--json",
     ]
-    for setting in SETTINGS:
+    for setting in TRIAL_SETTINGS:
         command += ["--set", setting]
     return command
 
@@ -101,12 +109,14 @@ def test_a_local_tune_beats_the_default_learning_rate_and_resumes_its_study(tmp_
     trials = result["trials"]
     interrupted = [t for t in trials if t["status"] == "Interrupted"]
     counted = [t for t in trials if t["status"] in ("Completed", "Pruned", "Failed")]
-    # The study continued: the trials before the interruption are kept, the interrupted one ran again
-    # with its values, and the tune reached --trials.
-    assert len(interrupted) == 1 and interrupted[0]["number"] == INTERRUPT_AFTER, trials
+    # The study continued: the trials before the interruption are kept, the ones running at Ctrl-C
+    # (trial INTERRUPT_AFTER and, two at a time, perhaps its neighbour) ran again with their values,
+    # and the tune reached --trials.
+    assert INTERRUPT_AFTER in [t["number"] for t in interrupted] and len(interrupted) <= PARALLEL, trials
     assert len(counted) == TRIALS, trials
     assert [t["number"] for t in trials[:INTERRUPT_AFTER]] == list(range(INTERRUPT_AFTER))
-    assert any(t["params"] == interrupted[0]["params"] and t["number"] > INTERRUPT_AFTER for t in counted)
+    for stopped in interrupted:
+        assert any(t["params"] == stopped["params"] and t["number"] > stopped["number"] for t in counted)
     assert not [t for t in counted if t["status"] == "Failed"], trials
     # Every trial's job is a local run of the template, with the tuned value as a hyperparameter.
     first = json.loads((tmp_path / "lr" / "trials" / "t0" / "summary.json").read_text())
