@@ -71,13 +71,40 @@ _ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?(\[error\] .+|[\w.]*(?:Error|Exc
 MAX_ERROR_LINES = 5
 
 
+# An exception's name alone on its line: the toolkit ends a line wherever its read of the output
+# ends, and unbuffered Python writes "XError", ": " and the message separately (display.py).
+_SPLIT_ERROR_NAME = re.compile(r"^(?:\[rank\d+\]:\s*)?[\w.]*(?:Error|Exception):?$")
+_RULE = re.compile(r"^[=-]{5,}$")  # torchrun's report after "ChildFailedError:" is no message
+
+
+def joined_error_lines(lines: list[str]) -> list[str]:
+    """`lines` with an exception's name, a lone colon and its message, split over lines by the
+    toolkit's reads, joined again into one "XError: message" line."""
+    joined: list[str] = []
+    index = 0
+    while index < len(lines):
+        line = lines[index].strip()
+        if _SPLIT_ERROR_NAME.match(line):
+            following = index + 1
+            if following < len(lines) and lines[following].strip() == ":":
+                following += 1
+            message = lines[following].strip() if following < len(lines) else ""
+            if message and not _SPLIT_ERROR_NAME.match(message) and not _RULE.match(message):
+                joined.append(f"{line.rstrip(':')}: {message}")
+                index = following + 1
+                continue
+        joined.append(lines[index])
+        index += 1
+    return joined
+
+
 def error_lines(logs: Mapping[str, Path]) -> list[str]:
     """The distinct error lines of the job's logs, in order (what a person reads first)."""
     found: list[str] = []
     for path in logs.values():
         if not path.is_file():
             continue
-        for line in path.read_text(errors="replace").splitlines():
+        for line in joined_error_lines(path.read_text(errors="replace").splitlines()):
             match = _ERROR_LINE.match(line.strip())
             if match and "ExecuteUserScriptError" not in line and match.group(1) not in found:
                 found.append(match.group(1))
@@ -309,7 +336,7 @@ def _failure_rows(row, reason: str, log_errors: list[str]) -> None:
 
 def _named_error(reason: str) -> str | None:
     """The line of the failure text that names the error, if any."""
-    for line in reason.splitlines():
+    for line in joined_error_lines(reason.splitlines()):
         stripped = line.strip().removeprefix("ErrorMessage").strip().lstrip('"')
         match = _ERROR_LINE.match(stripped)
         if match and "ExecuteUserScriptError" not in stripped:

@@ -191,3 +191,20 @@ def test_the_summary_stays_whole_when_the_output_is_not_a_terminal(request_and_p
     terminal = io.StringIO()
     print_summary(Console(file=terminal, width=60, force_terminal=True), summary)
     assert "╭" in terminal.getvalue()
+
+
+def test_an_error_line_the_toolkit_split_is_named_whole(tmp_path):
+    """The toolkit ends a line wherever its read of the output ends: the exception's name, a lone
+    colon and the message come on separate lines (the log as CI saw it; the toolkit's restatement in
+    output/failure drops the colon). Both are named as one "XError: message"; torchrun's
+    "ChildFailedError:" before its report's rule is no message."""
+    from llmtrain.local.report import _named_error, error_lines
+
+    log = tmp_path / "algo-1.log"
+    log.write_text("Traceback (most recent call last):\n  raise ValueError(\"bad\")\n\nValueError\n:\n"
+                   "hyperparameter 'fail' is true\n\ntorch.distributed.ChildFailedError: \n"
+                   + "=" * 60 + "\n")
+    assert error_lines({"algo-1": log}) == ["ValueError: hyperparameter 'fail' is true"]
+    restatement = ("ExecuteUserScriptError:\nExitCode 1\nErrorMessage \"raise ValueError(\"bad\")\n \n"
+                   " ValueError\n hyperparameter 'fail' is true\n E1128 12:00:00 failed (exitcode: 1)")
+    assert _named_error(restatement) == "ValueError: hyperparameter 'fail' is true"
