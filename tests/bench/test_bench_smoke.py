@@ -14,6 +14,7 @@ import math
 import pytest
 
 from bench import report
+from bench.derive import lookup
 from bench.flops import model_shape
 from bench.model import build_causal_lm
 from bench.run import main
@@ -134,3 +135,27 @@ def test_targets_are_judged_per_round_as_well_as_pooled():
     assert mfu["by_round"] == [pytest.approx(0.625), pytest.approx(0.5)]
     assert mfu["met_every_round"] is False
     assert by_key["ratios.fsdp2_vs_ddp"]["met"] is None and by_key["ratios.fsdp2_vs_ddp"]["by_round"] is None
+
+
+@pytest.mark.slow
+def test_the_dpo_side_by_side_is_well_formed(results):
+    """bench.run's DPO part (bench.dpo.side_by_side, as `python -m bench.dpo` runs it): both sides
+    trained DPO and the ratio and its report line follow from their step times."""
+    result = results["dpo"]
+    for side in ("ours", "trl"):
+        record = result[side]
+        assert record["status"] == "ok", record.get("error")
+        assert _positive(record["step_time_s"]) and _positive(record["pairs_per_s"])
+        assert record["step_times_s"] and all(_positive(t) for t in record["step_times_s"])
+        assert len(record["cpu_step_times_s"]) == len(record["step_times_s"])
+        assert all(_positive(t) for t in record["cpu_step_times_s"])
+        assert math.isfinite(record["final_loss"])
+    # each side trained DPO: its loss starts at log 2 (policy = reference) and is a DPO loss, not LM's
+    assert 0 < result["ours"]["final_loss"] < 2 and 0 < result["trl"]["final_loss"] < 2
+    assert result["ratio"] == pytest.approx(result["trl"]["step_time_s"] / result["ours"]["step_time_s"])
+    assert result["ratio_by_round"] and lookup(result, "ratio") == result["ratio"]
+    ours_cpu, trl_cpu = result["ours"]["cpu_step_time_s"], result["trl"]["cpu_step_time_s"]
+    assert result["cpu_ratio"] == pytest.approx(trl_cpu / ours_cpu)
+    line = report.dpo_line(result)
+    assert "TRL's DPOTrainer" in line and f"{result['ratio']:.2f}x" in line
+    assert f"{result['cpu_ratio']:.2f}x" in line

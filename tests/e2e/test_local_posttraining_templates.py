@@ -66,13 +66,14 @@ def test_preference_data_for_a_pretraining_template_is_refused_before_any_job(tm
 
 
 def test_dpo_template_tunes_locally_on_its_eval_metric(tmp_path):
-    """`llmtrain tune --local llama-dpo`: two real trials over dpo_beta and lr, each a local run on the
-    shipped pairs, reporting the template's eval:rewards_accuracies (maximized); each trial's job got
+    """`llmtrain tune --local llama-dpo`: two real trials at once over dpo_beta and lr, each a local run
+    on the shipped pairs, reporting the template's eval:rewards_accuracies (maximized); each trial's job got
     the trial's values (early stopping off: with two trials the median pruner may stop the second)."""
     command = [sys.executable, "-m", "llmtrain.cli", "tune", "--local", "llama-dpo", "--run-name", "beta",
                "--workdir", str(tmp_path), "--param", "dpo_beta=0.05..0.5:log",
                "--param", "lr=1e-6..1e-4:log", "--objective", "eval:rewards_accuracies", "--maximize",
-               "--trials", "2", "--no-early-stopping", "--seed", "3", "--json", "--set", "max_steps=2",
+               "--trials", "2", "--parallel", "2", "--no-early-stopping", "--seed", "3", "--json",
+               "--set", "max_steps=2",
                "--set", "grad_accum_steps=1"]
     result = subprocess.run(command, cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True,
                             timeout=3 * JOB_TIMEOUT_SECONDS)
