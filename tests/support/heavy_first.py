@@ -2,8 +2,9 @@
 
 `make test` runs every test file on one of two workers (pytest-xdist, `--dist loadfile`); the
 workers take files in collection order. Started last, one of these files would run alone on one
-core at the end: longest first keeps both cores busy to the end. Measured durations are in
-docs/architecture.md ("Tests"); a file missing from HEAVY keeps its place after them."""
+core at the end: longest first keeps both cores busy to the end. The order is a clean-clone run's
+`--durations` (2026-11-28; docs/architecture.md gives its total); a file missing from HEAVY keeps
+its place after them."""
 
 from __future__ import annotations
 
