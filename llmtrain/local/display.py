@@ -80,11 +80,10 @@ class ExceptionLineMender:
         if self._held is not None:
             held, self._held = self._held, None
             if line.startswith(":"):
-                joined = held + line
-                if not joined[len(held) + 1:].strip():  # the name and its colon: the message comes next
-                    self._held = joined.rstrip()
+                if not line[1:].strip():  # the name and its colon: the message comes next
+                    self._held = held + ":"
                     return []
-                return [joined]
+                return [held + line]
             if held.endswith(":") and line.strip():
                 return [f"{held} {line.strip()}"]
             return [held, *self.feed(line)]

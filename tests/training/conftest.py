@@ -151,3 +151,15 @@ def torchao_python(tmp_path_factory) -> Path:
     (Path(packages) / "project.pth").write_text(site.getsitepackages()[0] + "\n")
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", TORCHAO], check=True)
     return python
+
+
+@pytest.fixture
+def group_of_one(tmp_path):
+    """This process as a job of one rank, torn down after the test (the checkpoint store's barriers
+    and gathers and the MoE signals' all-reduces are collectives)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "rendezvous"), 1), rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -158,39 +158,17 @@ def test_z_loss_on_a_hand_computed_case():
     assert z_loss([routing]).item() == pytest.approx(expected, abs=1e-6)
 
 
-class _Group:
-    """A single process's process group, for the signals' all-reduces; torn down on leaving, so a
-    later test module can start its own."""
-
-    def __enter__(self):
-        import torch.distributed as dist
-
-        from training_jobs.trainer.parallel import init_distributed
-
-        self.owned = not dist.is_initialized()
-        init_distributed(torch.device("cpu"), 0, 1, 5)
-        return dist.group.WORLD
-
-    def __exit__(self, *exc):
-        import torch.distributed as dist
-
-        if self.owned:
-            dist.destroy_process_group()
-        return False
-
-
-def test_window_balance_metrics_and_bias_update():
+def test_window_balance_metrics_and_bias_update(group_of_one):
     _, ours, blocks = _hf_pair("deepseek-moe-tiny")
     signals = RouterSignals(blocks, families.family_of(ours), MoeConfig(moe_bias_update_rate=0.01),
                             batch_group=lambda: None)
     for block in blocks:
         block.routing = _routing([[0.0] * 8] * 4, [[0, 1], [0, 2], [0, 3], [0, 4]])
     signals.router_loss()
-    with _Group():
-        before = blocks[0].gate.e_score_correction_bias.clone()
-        signals.after_update()
-        moved = blocks[0].gate.e_score_correction_bias - before
-        balance = signals.window_balance()
+    before = blocks[0].gate.e_score_correction_bias.clone()
+    signals.after_update()
+    moved = blocks[0].gate.e_score_correction_bias - before
+    balance = signals.window_balance()
     # 8 choices over 8 experts: mean 1; expert 0 took 4 (bias down), 1-4 took 1 (unchanged), 5-7 none (up)
     assert moved.tolist() == pytest.approx([-0.01, 0, 0, 0, 0, 0.01, 0.01, 0.01])
     layer = balance.layers[0]

@@ -236,17 +236,6 @@ def test_a_hosts_share_of_a_committed_checkpoint_is_kept_but_not_resumed_from(tm
     assert checkpoint.latest_complete(tmp_path) is None
 
 
-@pytest.fixture
-def group_of_one(tmp_path):
-    """This process as a job of one rank (the store's barriers and gathers are collectives)."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "rendezvous"), 1), rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 class ControlledWrites:
     """A strategy whose background writes finish when the test says so (the real DCP writes are
     checked end to end in test_checkpoint_resume.py)."""
