@@ -310,7 +310,8 @@ def activation_offload(par: ParallelConfig, device: torch.device):
     return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
 
 
-def apply_fsdp(model: nn.Module, mesh, par: ParallelConfig, offload: bool, experts=None) -> None:
+def apply_fsdp(model: nn.Module, mesh, par: ParallelConfig, offload: bool,
+               experts: object | None = None) -> None:
     """fully_shard every decoder layer, then the root (embeddings, final norm, head); under expert
     parallelism (`experts`: the expert mesh) each layer's routed experts first, over the ranks
     holding the same expert slice (trainer/expert_parallel.py)."""
@@ -327,10 +328,11 @@ def apply_fsdp(model: nn.Module, mesh, par: ParallelConfig, offload: bool, exper
     sharded_experts = []
     for index, layer in enumerate(layers):
         # The last layer's parameters are needed again right away by backward.
-        keep = reshard and index < len(layers) - 1
+        resharded = reshard and index < len(layers) - 1
         if experts is not None:
-            sharded_experts += shard_experts(layer, experts, options, reshard=keep, mean_over=mesh.size())
-        fully_shard(layer, mesh=mesh, reshard_after_forward=keep, **options)
+            sharded_experts += shard_experts(layer, experts, options, reshard=resharded,
+                                             mean_over=mesh.size())
+        fully_shard(layer, mesh=mesh, reshard_after_forward=resharded, **options)
     # So are the root's (the head starts backward): PyTorch's own default for the root.
     fully_shard(model, mesh=mesh, reshard_after_forward=False, **options)
     if mesh.device_type == "cpu":
