@@ -164,12 +164,12 @@ NO_CHECKPOINTING_MEMORY = "the program holds it only with full checkpointing (do
 _8B = "llama3-8b"
 _COMPILED_FP8 = {"compile": True, "fp8": True}
 TITAN_QWEN3_MOE = "torchtitan Qwen3-30B-A3B MFU experiments, 8 H200 (Dec 2025)"
-# The planner plans the program, which keeps expert copies whole where torchtitan shards them, and
-# its MoE activations are not yet checked against measured memory: it plans 170-227 GiB per GPU for
-# these runs where torchtitan reported 116 GiB (docs/planning.md), so their speed is compared and
-# their memory is not.
-MOE_MEMORY = ("the program keeps expert copies whole (torchtitan shards them) and the planner's MoE "
-              "activations are unchecked: it plans 170-227 GiB where torchtitan measured 116 GiB")
+# The planner's MoE activations are not yet checked against measured memory: it plans 170 GiB per
+# GPU for these runs (the program shards expert copies as torchtitan does, so the model states are
+# alike) where torchtitan reported 116 GiB (docs/planning.md), so their speed is compared and their
+# memory is not.
+MOE_MEMORY = ("the planner's MoE activations are unchecked: it plans 170 GiB where torchtitan measured "
+              "116 GiB")
 
 
 def _qwen3_moe(seq_len: int, local_batch: int, expert: int) -> dict:

@@ -56,7 +56,8 @@ _PACKAGE_PREFIX = "_llmtrain_program_"
 # What the training program did before its contract had a capability table (code frozen up to
 # template release 1.2.0): tensor parallel with a replicated residual stream, a replicated output
 # head and an fp32 log-softmax as large as the logits, a selective policy that kept every matmul's
-# output, no context parallel, and no torchao in its requirements (so no FP8).
+# output, no context parallel, and no torchao in its requirements (so no FP8); it had no experts
+# ("replicated": what the first expert-parallel code did with the copies of an expert slice).
 LEGACY_CAPABILITIES: Mapping[str, object] = MappingProxyType({
     "sequence_parallel": False,
     "loss_parallel": False,
@@ -66,6 +67,7 @@ LEGACY_CAPABILITIES: Mapping[str, object] = MappingProxyType({
     "fp8": None,
     "fp8_min_torch": None,
     "model_archive": False,
+    "expert_copies": "replicated",
 })
 
 

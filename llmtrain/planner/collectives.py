@@ -144,13 +144,15 @@ def trainable_elements(share: Share, layout: Layout) -> float:
     return sum(tp_local_numel(p, layout.tensor) for p in share.tensors.trainable)
 
 
-def _fsdp_comm(work: Workload, layout: Layout, links: Links, comm: StepComm, share: Share) -> None:
-    """FSDP2 over the shard and context ranks: gather in the compute dtype (FP8 weights in one byte)
-    before forward (and again before backward for resharded blocks), reduce-scatter fp32 gradients
-    after backward (grad_op: only in the last micro step); hybrid all-reduces the shards across
-    replicas once per step."""
-    n, accum = layout.shard, work.grad_accum_steps
-    span = layout.tensor  # the shard group's stride: tensor-parallel ranks are innermost
+def _fsdp_comm(work: Workload, layout: Layout, links: Links, comm: StepComm, share: Share, *,
+               group: tuple[int, int] | None = None, name: str = "fsdp") -> None:
+    """FSDP2 over the shard and context ranks (`group`: another group's size and stride): gather in
+    the compute dtype (FP8 weights in one byte) before forward (and again before backward for
+    resharded blocks), reduce-scatter fp32 gradients after backward (grad_op: only in the last micro
+    step); hybrid all-reduces the shards across replicas once per step."""
+    accum = work.grad_accum_steps
+    # the shard group's stride: tensor-parallel ranks are innermost
+    n, span = group or (layout.shard, layout.tensor)
     params, block, root = _gathered_bytes(work, layout, share)
     trainable = trainable_elements(share, layout)
     everything = sum(tp_local_numel(p, layout.tensor) for p in share.tensors.all)
@@ -162,18 +164,19 @@ def _fsdp_comm(work: Workload, layout: Layout, links: Links, comm: StepComm, sha
     grad_root = FP32 * fraction * sum(tp_local_numel(p, layout.tensor) for p in share.tensors.all
                                       if p.layer is None)
     comm.forward += comm.each_micro_step(
-        "fsdp all-gather (forward)", links.seconds("all_gather", params, n, span), accum
+        f"{name} all-gather (forward)", links.seconds("all_gather", params, n, span), accum
     )
     if layout.fsdp_sharding != "grad_op":
         resharded = params - block - root
         comm.backward += comm.each_micro_step(
-            "fsdp all-gather (backward)", links.seconds("all_gather", resharded, n, span), accum
+            f"{name} all-gather (backward)", links.seconds("all_gather", resharded, n, span), accum
         )
         comm.backward += comm.each_micro_step(
-            "fsdp reduce-scatter", links.seconds("reduce_scatter", grads, n, span), accum
+            f"{name} reduce-scatter", links.seconds("reduce_scatter", grads, n, span), accum
         )
     else:
-        comm.last_backward += comm.add("fsdp reduce-scatter", links.seconds("reduce_scatter", grads, n, span))
+        reduce_scatter = links.seconds("reduce_scatter", grads, n, span)
+        comm.last_backward += comm.add(f"{name} reduce-scatter", reduce_scatter)
     if layout.replicate > 1:
         replicas = links.seconds("all_reduce", grads / n, layout.replicate, n * layout.tensor)
         comm.last_backward += comm.add("hsdp all-reduce across replicas", replicas)
@@ -295,12 +298,34 @@ def data_parallel_comm(work: Workload, layout: Layout, links: Links, share: Shar
     if layout.fsdp_wrapped and layout.pipelined:
         _pipeline_fsdp_comm(work, layout, links, comm, share)
     elif layout.fsdp_wrapped:
-        _fsdp_comm(work, layout, links, comm, share)
+        others, experts = _expert_slices_apart(work, share)
+        _fsdp_comm(work, layout, links, comm, others)
+        if experts is not None:
+            # over the copies of each expert slice: the ranks `ep` apart (experts innermost)
+            degree = work.expert_parallel
+            _fsdp_comm(work, layout, links, comm, experts, group=(layout.shard // degree, degree),
+                       name="expert fsdp")
     elif layout.strategy == "ddp":
         _ddp_comm(layout, links, comm, share)
     elif layout.strategy == "deepspeed":
         _deepspeed_comm(work, layout, links, comm, share)
     return comm
+
+
+def _expert_slices_apart(work: Workload, share: Share) -> tuple[Share, Share | None]:
+    """(the share without its expert slices, the expert slices) where the program FSDP-shards each
+    expert slice over its copies (trainer/expert_parallel.py); (share, None) otherwise: without
+    expert parallelism FSDP2 shards experts like every weight (older code kept the copies whole
+    and is planned as that)."""
+    if work.expert_parallel <= 1 or not work.behaviour.expert_copies_sharded:
+        return share, None
+
+    def split(tensors: tuple, experts: bool) -> tuple:
+        return tuple(p for p in tensors if bool(p.experts) == experts)
+
+    tensors = share.tensors
+    return (Share(Tensors(split(tensors.frozen, False), split(tensors.trainable, False)), share.layers),
+            Share(Tensors(split(tensors.frozen, True), split(tensors.trainable, True)), share.layers))
 
 
 def _expert_parallel_comm(work: Workload, layout: Layout, links: Links, comm: StepComm, share: Share) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from llmtrain.planner.precision import regime
 from llmtrain.planner.shapes import ModelShape
+from llmtrain.planner.sharding import parameter_tensors, state_numel
 from llmtrain.planner.workload import Layout, Workload
 
 if TYPE_CHECKING:
@@ -94,9 +95,6 @@ def expert_report(work: Workload, layout: Layout, speed: SpeedEstimate) -> dict[
         return None
     degree = work.expert_parallel
     expert_elements = sum(p.numel for p in m.parameters() if p.kind == "expert")
-    # weights, gradients and AdamW's two moments in fp32, split over every data-sharding rank
-    # (expert degree x the ranks sharing the same experts; DDP keeps them whole)
-    shard = layout.shard if layout.fsdp_wrapped else 1
     moved = [t for t in speed.transfers if t.name.startswith("expert all-to-all")]
     return {
         "num_experts": m.num_experts,
@@ -106,7 +104,7 @@ def expert_report(work: Workload, layout: Layout, speed: SpeedEstimate) -> dict[
         "expert_parallel_degree": degree,
         "experts_per_gpu": m.num_experts // degree,
         "expert_parameters": expert_elements,
-        "expert_state_bytes_per_gpu": 16 * expert_elements / shard,
+        "expert_state_bytes_per_gpu": expert_state_bytes(work, layout),
         "gathered_expert_bytes_per_layer": regime(work, layout).compute
         * expert_elements
         / m.moe_layers
@@ -115,3 +113,12 @@ def expert_report(work: Workload, layout: Layout, speed: SpeedEstimate) -> dict[
         "all_to_all_bytes_per_gpu": {t.name: t.bytes_per_gpu for t in moved},
         "all_to_all_seconds": max((t.seconds for t in moved), default=0.0),
     }
+
+
+def expert_state_bytes(work: Workload, layout: Layout) -> int:
+    """One rank's fp32 expert weights, gradients and AdamW's two moments, as the program holds them
+    (llmtrain.planner.sharding.state_numel: split over every data-sharding rank, or, in older code,
+    whole on each copy of an expert slice; DDP keeps them whole)."""
+    shard = layout.shard if layout.fsdp_wrapped else 1
+    experts = [p for p in parameter_tensors(work).all if p.kind == "expert"]
+    return 16 * sum(state_numel(p, work, layout.tensor, shard, padded=False) for p in experts)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from llmtrain.planner.precision import FP32, LOW, gathered_bytes, regime
 from llmtrain.planner.shapes import ParameterTensor
-from llmtrain.planner.sharding import Tensors, expert_shard, shard_numel, tp_local_numel
+from llmtrain.planner.sharding import Tensors, shard_numel, state_numel, tp_local_numel
 from llmtrain.planner.workload import Layout, Workload
 
 ADAM_MOMENTS = 2
@@ -88,10 +88,9 @@ def _fsdp_states(work: Workload, layout: Layout, tensors: Tensors) -> ModelState
     copies of the modules not resharded after forward (the root and the last block; every block
     with grad_op); grad_op with accumulation keeps unsharded fp32 gradients between micro steps."""
     n, t = layout.shard, layout.tensor
-    ep = work.expert_parallel
 
     def piece(p: ParameterTensor, padded: bool) -> int:
-        return shard_numel(p, t, expert_shard(p, n, ep), padded=padded)
+        return state_numel(p, work, t, n, padded=padded)
 
     sharded = sum(FP32 * piece(p, True) for p in tensors.all)
     kept = _unsharded_after_forward(work, layout, tensors)

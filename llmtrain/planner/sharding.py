@@ -56,7 +56,8 @@ def parameter_tensors(work: Workload) -> Tensors:
 def _expert_slices(params: tuple[ParameterTensor, ...], degree: int) -> tuple[ParameterTensor, ...]:
     """One rank's experts under expert parallelism: dim 0 of each stacked expert tensor split in
     `degree` (the program's expert degree divides the experts). The rest of the data-sharding ranks
-    (shard / degree, those with the same experts) hold copies of that slice (`expert_shard`)."""
+    (shard / degree, those with the same experts) shard that slice, or hold copies of it
+    (`state_numel`)."""
     if degree <= 1:
         return params
     return tuple(
@@ -66,12 +67,18 @@ def _expert_slices(params: tuple[ParameterTensor, ...], degree: int) -> tuple[Pa
     )
 
 
-def expert_shard(param: ParameterTensor, shard: int, expert_degree: int) -> int:
-    """The group a parameter's states are sharded over: the shard ranks, except for an expert slice
-    under expert parallelism, which the program leaves out of FSDP2 and keeps whole on each of the
-    shard / degree ranks that hold the same experts (their gradients averaged over those copies;
-    docs/training.md). torchtitan shards those copies too; the program does not yet."""
-    return 1 if param.experts and expert_degree > 1 else shard
+def state_numel(param: ParameterTensor, work: Workload, tensor: int, shard: int, *, padded: bool) -> int:
+    """Elements of `param`'s weight (and gradient, and each moment) on one rank under FSDP2 over
+    `shard` ranks (`shard_numel`). An expert slice under expert parallelism is FSDP-sharded over the
+    shard / degree ranks holding the same experts (its copies): exactly 1 / copies of it, split on
+    the expert dimension, or on the next where the copies do not divide the slice's experts
+    (trainer/expert_parallel.py). Older code (`Behaviour.expert_copies_sharded` false) kept the
+    slice whole on each copy."""
+    degree = work.expert_parallel
+    if not (param.experts and degree > 1):
+        return shard_numel(param, tensor, shard, padded=padded)
+    copies = max(shard // degree, 1) if work.behaviour.expert_copies_sharded else 1
+    return param.numel // copies
 
 
 def _linear_dims(model: ModelShape, weight: ParameterTensor) -> tuple[int, int]:

@@ -62,6 +62,7 @@ from llmtrain.planner.compute_times import StageTimes, accumulation_seconds, lay
 from llmtrain.planner.pipeline_memory import pipeline_stages, rank_stages, stage_tensors
 from llmtrain.planner.post_training import ObjectiveTimes, objective_times
 from llmtrain.planner.precision import FP32
+from llmtrain.planner.sharding import state_numel, tp_local_numel
 from llmtrain.planner.speed_calibration import CALIBRATION, Calibration
 from llmtrain.planner.workload import Layout, Workload
 
@@ -179,12 +180,22 @@ def _optimizer_seconds(
     work: Workload, layout: Layout, cluster: Cluster, calibration: Calibration, share: Share
 ) -> float:
     seconds = (
-        trainable_elements(share, layout)
-        / (layout.shard if layout.strategy != "ddp" else 1)
+        _updated_elements(work, layout, share)
         * calibration.optimizer_bytes_per_parameter
         / cluster.gpu.memory_bytes_per_second
     )
     return seconds + _offload_seconds(work, layout, calibration, share)
+
+
+def _updated_elements(work: Workload, layout: Layout, share: Share) -> float:
+    """Trainable elements one rank's AdamW updates: 1 / shard of each (all of them under DDP); of an
+    expert slice under expert parallelism, what the rank holds of it (`state_numel`: 1 / copies, or
+    the whole slice in older code), not 1 / shard of the slice."""
+    shard = layout.shard if layout.strategy != "ddp" else 1
+    experts = [p for p in share.tensors.trainable if p.experts] if work.expert_parallel > 1 else []
+    split = sum(tp_local_numel(p, layout.tensor) for p in experts)
+    held = sum(state_numel(p, work, layout.tensor, shard, padded=False) for p in experts)
+    return (trainable_elements(share, layout) - split) / shard + held
 
 
 def _offload_seconds(work: Workload, layout: Layout, calibration: Calibration, share: Share) -> float:

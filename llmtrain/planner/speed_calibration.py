@@ -56,7 +56,7 @@ class Calibration:
     link_efficiency: float = 0.80
     network_efficiency: float = 0.80
     fp32_peak_fraction: float = 1 / 16
-    grouped_matmul_fraction: float = 0.264
+    grouped_matmul_fraction: float = 0.265
     all_to_all_network_efficiency: float = 0.5
     # Bytes the AdamW update reads and writes per trainable fp32 parameter (p, grad, m, v in; p, m,
     # v out), which bound it by the GPU's memory bandwidth.

@@ -46,6 +46,8 @@ class Behaviour:
     context_parallel: bool
     selective_policy: str  # "torchtitan_op" or "every_matmul"
     fp8: bool  # the code ships torchao
+    # FSDP2 shards an expert slice over the ranks holding the same experts (older code: whole on each)
+    expert_copies_sharded: bool = True
 
     @classmethod
     def of(cls, capabilities: Mapping[str, object]) -> Behaviour:
@@ -56,6 +58,7 @@ class Behaviour:
             context_parallel=bool(capabilities.get("context_parallel")),
             selective_policy=str(capabilities.get("selective_policy") or "every_matmul"),
             fp8=bool(capabilities.get("fp8")),
+            expert_copies_sharded=capabilities.get("expert_copies") == "sharded",
         )
 
 

@@ -13,11 +13,16 @@ import pytest
 from llmtrain.cli import main
 from llmtrain.core.catalog import Catalog
 from llmtrain.planner import model_states, sharding
-from llmtrain.planner.experts import all_to_all, all_to_alls_per_micro_batch, token_buffer_bytes
+from llmtrain.planner.experts import (
+    all_to_all,
+    all_to_alls_per_micro_batch,
+    expert_state_bytes,
+    token_buffer_bytes,
+)
 from llmtrain.planner.plan import plan_run
 from llmtrain.planner.shapes import PRESET_VOCAB, ModelShapeError, preset_shape, shape_from_hf_config
 from llmtrain.planner.suggest import mesh_changes
-from llmtrain.planner.workload import Layout, PlanInputError, Workload, check_model
+from llmtrain.planner.workload import CURRENT, Behaviour, Layout, PlanInputError, Workload, check_model
 from training_jobs.contract.parallel_dims import ParallelDims
 from training_jobs.contract.presets import PRESETS, padded_vocab_size
 
@@ -89,21 +94,49 @@ def test_shared_experts_and_leading_dense_layers_are_read_from_a_config():
     assert shape.token_intermediate_size == round((2 * (2 * 32 + 48) + 176) / 3)
 
 
-def test_expert_slices_are_whole_on_their_copies_and_gathers_shrink_by_the_expert_degree():
-    """The program leaves split experts out of FSDP2: a rank keeps its 1 / degree of the experts
-    whole (the 16 / 8 = 2 ranks with the same experts hold copies), the dense weights 1 / 16."""
-    work, plain = _work(), _work(expert_parallel=8)
-    without = model_states.model_states(work, _fsdp(16, 1), sharding.parameter_tensors(work))
-    with_ep = model_states.model_states(plain, _fsdp(16, 8), sharding.parameter_tensors(plain))
+def _states(work: Workload, layout: Layout) -> model_states.ModelStates:
+    return model_states.model_states(work, layout, sharding.parameter_tensors(work))
+
+
+def test_expert_slices_are_sharded_over_their_copies_and_gathers_shrink_by_the_expert_degree():
+    """FSDP2 shards each rank's 1 / degree of the experts over the 16 / 8 = 2 ranks holding the
+    same experts: every rank keeps 1 / 16 of the experts' states, as without expert parallelism."""
+    work, split = _work(), _work(expert_parallel=8)
+    without, with_ep = _states(work, _fsdp(16, 1)), _states(split, _fsdp(16, 8))
     experts = sum(p.numel for p in work.model.parameters() if p.kind == "expert")
-    # AdamW's two fp32 moments and the fp32 gradient: experts / 8 instead of / 16 on each rank
-    assert with_ep.optimizer - without.optimizer == pytest.approx(8 * experts * (1 / 8 - 1 / 16), rel=0.001)
-    assert with_ep.gradients - without.gradients == pytest.approx(4 * experts * (1 / 8 - 1 / 16), rel=0.001)
+    assert with_ep.optimizer == pytest.approx(without.optimizer, rel=1e-6)
+    assert with_ep.gradients == pytest.approx(without.gradients, rel=1e-6)
+    assert expert_state_bytes(split, _fsdp(16, 8)) == pytest.approx(16 * experts / 16)
     # what FSDP gathers of the last block: 16 of the 128 experts instead of all
     last = [p for p in work.model.parameters() if p.layer == 47]
     expert_gathered = 2 * sum(p.numel for p in last if p.kind == "expert")
     saved = without.details["gathered_parameter_bytes"] - with_ep.details["gathered_parameter_bytes"]
     assert saved == pytest.approx(expert_gathered * 7 / 8, rel=0.001)
+
+
+def test_older_code_kept_expert_slices_whole_on_their_copies():
+    """Code frozen before the copies were sharded (the MoE templates' 1.0.0, capability
+    expert_copies "replicated"): each of the 2 copies kept its 1 / 8 of the experts whole."""
+    older = dataclasses.replace(CURRENT, expert_copies_sharded=False)
+    sharded, whole = _work(expert_parallel=8), _work(expert_parallel=8, behaviour=older)
+    copies, kept = _states(sharded, _fsdp(16, 8)), _states(whole, _fsdp(16, 8))
+    experts = sum(p.numel for p in sharded.model.parameters() if p.kind == "expert")
+    # AdamW's two fp32 moments and the fp32 gradient: experts / 8 instead of / 16 on each rank
+    assert kept.optimizer - copies.optimizer == pytest.approx(8 * experts * (1 / 8 - 1 / 16), rel=0.001)
+    assert kept.gradients - copies.gradients == pytest.approx(4 * experts * (1 / 8 - 1 / 16), rel=0.001)
+    assert expert_state_bytes(whole, _fsdp(16, 8)) == pytest.approx(16 * experts / 8)
+    assert Behaviour.of({"expert_copies": "replicated"}).expert_copies_sharded is False
+    assert CURRENT.expert_copies_sharded is True
+
+
+def test_a_slice_with_fewer_experts_than_copies_is_still_split_evenly():
+    """128 experts over 64 expert ranks of 256: 2 per rank, 4 copies of each slice; the program
+    shards the slice on its second dimension then, and each rank keeps 1 / 256 of every expert."""
+    work = _work(expert_parallel=64)
+    tensors = sharding.parameter_tensors(work)
+    held = sum(sharding.state_numel(p, work, 1, 256, padded=True) for p in tensors.all if p.experts)
+    experts = sum(p.numel for p in work.model.parameters() if p.kind == "expert")
+    assert held == experts // 256
 
 
 def test_all_to_all_splits_its_volume_between_nvlink_and_efa():
@@ -150,6 +183,22 @@ def test_plan_reports_experts(catalog, capsys):
     assert "parameters active per token" in text and "expert all-to-all (NVLink)" in text
     assert main(["plan", "llama-pretrain-fsdp", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["experts"] is None
+
+
+def test_expert_slices_are_gathered_and_reduced_over_their_copies_only(catalog):
+    """qwen3-moe-pretrain: expert parallel 8 on 16 GPUs, so 2 copies of each slice, 8 ranks (an
+    instance) apart; every other weight over all 16. At degree 16 a slice has no copy to gather."""
+    plan = plan_run(catalog.resolve("qwen3-moe-pretrain"), {})
+    sent = {t.name: t.bytes_per_gpu for t in plan.speed.transfers}
+    experts = sum(p.numel for p in plan.workload.model.parameters() if p.kind == "expert")
+    # bf16: half of the rank's 1 / 8 of the experts arrives from the other copy, every micro step
+    accum = plan.workload.grad_accum_steps
+    assert sent["expert fsdp all-gather (forward)"] == pytest.approx(2 * experts / 8 / 2 * accum)
+    assert sent["expert fsdp reduce-scatter"] == pytest.approx(4 * experts / 8 / 2 * accum)
+    others = sum(p.numel for p in plan.workload.model.parameters()) - experts
+    assert sent["fsdp all-gather (forward)"] == pytest.approx(2 * others * 15 / 16 * accum, rel=0.01)
+    whole = plan_run(catalog.resolve("qwen3-moe-pretrain"), {"expert_parallel_degree": 16})
+    assert not any(t.name.startswith("expert fsdp") for t in whole.speed.transfers)
 
 
 def test_suggest_searches_the_expert_degree_of_a_mixture_of_experts_only(catalog):

@@ -72,6 +72,19 @@ def overlapped_outside_backward_reduces_at_once(group) -> bool:
     return reduce_scatter_matches(group, 100, dist.ReduceOp.AVG, overlapped) and len(pending) == 0
 
 
+def overlapped_sum_in_backward_reduces_at_once(group) -> bool:
+    """Inside a backward pass an average is deferred, but FSDP2 divides a sum as soon as the call
+    returns (the routed experts' force-sum reduction with a divide factor): it reduces now."""
+    pending = PendingReductions()
+    overlapped = OverlappedReduceScatter([nn.Parameter(torch.zeros(1))], pending)
+    checked = []
+    start = torch.zeros(1, requires_grad=True)
+    start.register_hook(lambda grad: checked.append(
+        reduce_scatter_matches(group, 100, dist.ReduceOp.SUM, overlapped) and len(pending) == 0))
+    (start * 2).sum().backward()
+    return checked == [True]
+
+
 def _reduction_of_ones(group, output: torch.Tensor, parameters: list) -> _Reduction:
     """A reduce-scatter of ones in flight: each output element becomes the world size."""
     data = torch.ones(output.numel() * group.size())
@@ -182,6 +195,7 @@ def main(out: str) -> int:
         "reduce_scatter_avg": _everywhere(reduce_scatter_matches(group, 8, dist.ReduceOp.AVG)),
         "refusal": other_reductions_are_refused(group),
         "overlapped_outside_backward": _everywhere(overlapped_outside_backward_reduces_at_once(group)),
+        "overlapped_sum_in_backward": _everywhere(overlapped_sum_in_backward_reduces_at_once(group)),
         "unaliased_gradient": unaliased_gradient_is_reported(group),
         "unused_parameter": _everywhere(unused_parameter_passes_the_check(group)),
         "fsdp": fsdp_on_cpu(),

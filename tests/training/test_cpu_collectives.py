@@ -63,6 +63,11 @@ def test_outside_a_backward_pass_the_overlapped_reduce_scatter_reduces_at_once(t
     assert three_processes["overlapped_outside_backward"] is True
 
 
+def test_a_sum_is_reduced_at_once_even_inside_a_backward_pass(three_processes):
+    # FSDP2 divides a summed output right after the call (the experts' gradient divide factor).
+    assert three_processes["overlapped_sum_in_backward"] is True
+
+
 def test_a_gradient_that_no_longer_views_the_output_fails_loudly(three_processes):
     # The sum itself still lands in the output; the error names the file to review.
     assert "cpu_collectives.py" in three_processes["unaliased_gradient"]

@@ -24,7 +24,11 @@ Keys (plain values only: the table crosses into code that does not import this p
 - `model_archive`: a model channel holding one `.tar.gz` (a JumpStart model's training weights) is
   unpacked and trained from (trainer/model_channel.py); older code reads only a folder;
 - `fp8_min_torch`: the oldest PyTorch whose container that torchao runs on (torchao's compatibility
-  table, pytorch/ao issue 2919: 0.16.0's Python API supports torch 2.8 to 2.10).
+  table, pytorch/ao issue 2919: 0.16.0's Python API supports torch 2.8 to 2.10);
+- `expert_copies`: under expert parallelism, what the `shard / expert_parallel_degree` ranks that
+  hold the same expert slice do with it: "sharded" (FSDP2 shards it between them, as torchtitan's
+  dp_shard_mod_ep dimension does: trainer/expert_parallel.py) or, in older code, "replicated" (each
+  keeps the slice whole, with its gradients and optimizer state).
 """
 
 from __future__ import annotations
@@ -38,4 +42,5 @@ CAPABILITIES: dict[str, object] = {
     "fp8": "torchao==0.16.0",
     "fp8_min_torch": "2.8.0",
     "model_archive": True,
+    "expert_copies": "sharded",
 }

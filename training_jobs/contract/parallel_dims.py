@@ -53,7 +53,7 @@ class ParallelDims:
     tensor: int
     context: int = 1
     # Ranks each MoE layer's experts are split over: borrowed from `shard` (a divisor of it), so no
-    # dimension of the mesh; the ranks of one shard group with the same expert slice hold copies.
+    # dimension of the mesh; the ranks of one shard group with the same expert slice shard it.
     expert: int = 1
 
     @property
@@ -62,7 +62,7 @@ class ParallelDims:
 
     @property
     def expert_data_parallel(self) -> int:
-        """Ranks holding the same experts (whose expert gradients are averaged together)."""
+        """Ranks holding the same expert slice, which FSDP2 shards between them."""
         return self.data_parallel // self.expert
 
     @property

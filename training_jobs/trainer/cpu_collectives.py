@@ -173,7 +173,9 @@ class OverlappedReduceScatter(AllToAllReduceScatter):
     lands in them. It reads the output at once in these cases, where this reduces synchronously:
     a parameter already holds a gradient (accumulation adds to it), a parameter has a
     post-accumulate-grad hook, the output's dtype differs from the parameters' (a cast copies it),
-    or the call comes outside a backward pass (nothing would finish it). Replicated meshes (HSDP
+    the call comes outside a backward pass (nothing would finish it), or it asks for a sum (FSDP2
+    divides a summed output as soon as the call returns: a gradient divide factor with force-sum
+    reduction, as the routed experts of trainer/expert_parallel.py have). Replicated meshes (HSDP
     all-reduces the output next) and CPU offload do not install this class. When a deferred
     reduction finishes, it checks the gradients still view its output and fails loudly if not.
     """
@@ -184,13 +186,13 @@ class OverlappedReduceScatter(AllToAllReduceScatter):
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op, async_op: bool = False) -> None:
-        if not self._can_defer(output_tensor):
+        if not self._can_defer(output_tensor, op):
             super().__call__(output_tensor, input_tensor, group, op)
             return
         self._pending.add(_start_all_to_all(output_tensor, input_tensor, group, op, self._parameters))
 
-    def _can_defer(self, output_tensor: torch.Tensor) -> bool:
-        return (torch._C._current_graph_task_id() != -1 and bool(self._parameters)
+    def _can_defer(self, output_tensor: torch.Tensor, op) -> bool:
+        return (op == dist.ReduceOp.AVG and torch._C._current_graph_task_id() != -1 and bool(self._parameters)
                 and all(parameter.grad is None
                         and not getattr(parameter, "_post_accumulate_grad_hooks", None)
                         and parameter.dtype == output_tensor.dtype

@@ -1,17 +1,20 @@
 """Expert parallelism: each MoE layer's experts split over `expert_parallel_degree` ranks, the tokens
 carried to their experts and back by all-to-all (dispatch and combine), as torchtitan's
-ExpertParallel does.
+ExpertParallel does; and each expert slice FSDP-sharded over the ranks that hold it, as torchtitan's
+`dp_shard_mod_ep` ("efsdp") dimension does.
 
 The expert ranks are borrowed from the data-sharding dimension (fsdp): of the `shard` ranks,
 consecutive groups of `expert` ranks split the experts between them (rank i of a group holds experts
-i x E/expert ..), and the `shard / expert` ranks with the same slice hold copies of it. The routed
-experts' weights become DTensors sharded on the expert dimension over the expert group, so DCP
-checkpoints reshard across expert degrees and the export gathers them whole; FSDP2 manages every
-other weight and leaves these out. Their gradients: the combine's backward already sums, on the rank
-holding an expert, the gradients of every rank of its group; `reduce_expert_gradients` adds the
-copies' (an all-reduce over the ranks holding the same slice) and divides by the data-parallel size,
-which makes them the same mean over all ranks that FSDP2's reduce-scatter gives the other weights.
-Expert weights are therefore replicated, not sharded, across the `shard / expert` copies.
+i x E/expert ..), and the `shard / expert` ranks with the same slice (its copies, mesh dimension
+"expert_copies") shard it between them with FSDP2. The routed experts' weights become DTensors
+sharded on the expert dimension over the expert group ("ep"), which FSDP2 shards again over the
+copies, so each rank keeps 1 / shard of every expert weight, its gradient and its optimizer state;
+DCP checkpoints reshard across expert degrees and the export gathers them whole.
+
+Their gradients: the combine's backward already sums, on the rank holding an expert, the gradients
+of every rank of its expert group; FSDP2's reduce-scatter over the copies adds the copies' and
+divides by the data-sharding size (`set_gradient_divide_factor`), which makes them the same mean
+over all ranks that FSDP2 gives the other weights (divided by their mesh's size).
 
 No model math here: the MoE block (trainer/moe/layer.py) sorts its tokens by expert and hands them to
 a `Dispatcher`; this module's dispatcher moves them.
@@ -81,10 +84,6 @@ class AllToAllDispatch:
         return all_to_all_single_autograd(by_rank, state.sent, state.received, self.group)
 
 
-def expert_parameters(model: nn.Module) -> list[nn.Parameter]:
-    return [getattr(block.experts, name) for block in moe_blocks(model) for name in EXPERT_WEIGHTS]
-
-
 def apply_expert_parallel(model: nn.Module, mesh) -> None:
     """Split every MoE layer's routed experts over mesh["ep"] and route through all-to-all."""
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -95,7 +94,7 @@ def apply_expert_parallel(model: nn.Module, mesh) -> None:
     if dist.get_rank() == 0:
         log(f"expert parallel: the {blocks[0].num_experts} experts of each of {len(blocks)} MoE "
               f"layers split over {degree} ranks ({blocks[0].num_experts // degree} each), "
-              f"{mesh['expert_copies'].size()} copies of each slice")
+              f"each slice sharded over the {mesh['expert_copies'].size()} ranks holding it")
     for block in blocks:
         for name in EXPERT_WEIGHTS:
             weight = getattr(block.experts, name)
@@ -104,13 +103,36 @@ def apply_expert_parallel(model: nn.Module, mesh) -> None:
         block.dispatcher = AllToAllDispatch(group, degree, block.num_experts)
 
 
-def reduce_expert_gradients(parameters: list[nn.Parameter], mesh, data_parallel: int) -> None:
-    """The experts' gradients as the mean over every data-parallel rank (see the module docstring)."""
+def shard_experts(layer: nn.Module, mesh, options: dict, *, reshard: bool, mean_over: int) -> list[nn.Module]:
+    """fully_shard the routed experts of `layer`'s MoE blocks over mesh["expert_copies"] (before
+    the layer itself: FSDP2 groups bottom-up); `options` are the layer's own (precision, offload).
+    Their reduce-scatter divides by `mean_over`, the other weights' data-sharding size (see the
+    module docstring). Returns the sharded modules."""
+    from torch.distributed.fsdp import fully_shard
+
     copies = mesh["expert_copies"]
-    for param in parameters:
-        if param.grad is None:
-            continue
-        grad = local_tensor(param.grad)
+    sharded = []
+    for block in moe_blocks(layer):
+        experts = fully_shard(block.experts, mesh=copies, reshard_after_forward=reshard,
+                              shard_placement_fn=_copy_placement(copies.size()), **options)
+        experts.set_gradient_divide_factor(mean_over)
         if copies.size() > 1:
-            dist.all_reduce(grad, group=copies.get_group())
-        grad.div_(data_parallel)
+            # A factor other than the group's size is NCCL's PREMUL_SUM, which gloo and the CPU
+            # collectives (trainer/cpu_collectives.py) lack: sum, and FSDP2 divides the shard after.
+            # Not on a group of one, where FSDP2 (torch 2.13) divides as it copies and, with a
+            # forced sum, again after: gradients half as large at expert degree = shard ranks.
+            experts.set_force_sum_reduction_for_comms(True)
+        sharded.append(experts)
+    return sharded
+
+
+def _copy_placement(copies: int):
+    """Where FSDP2 splits an expert slice between its `copies`: on the expert dimension when each
+    copy can take whole experts, else on the next one, as torchtitan does (with fewer experts on a
+    rank than copies, dim 0 would leave ranks holding padding only)."""
+    from torch.distributed.tensor import Shard
+
+    def placement(param: nn.Parameter):
+        return Shard(0) if local_tensor(param).shape[0] % copies == 0 else Shard(1)
+
+    return placement

@@ -23,7 +23,7 @@ from ..contract.parallel_dims import MESH_DIMS, ParallelDims
 from .context_parallel import SequenceSplit, apply_context_parallel
 from .cpu_collectives import prefetch_forward, use_fast_cpu_collectives
 from .errors import ConfigError, ContainerError
-from .expert_parallel import apply_expert_parallel, expert_mesh, expert_parameters
+from .expert_parallel import apply_expert_parallel, expert_mesh, shard_experts
 from .models import decoder_layers
 from .tensor_parallel import apply_tensor_parallel
 
@@ -281,10 +281,8 @@ def transform(model: nn.Module, config: TrainConfig, topology: Topology, device:
     if par.compile:
         apply_compile(model, compile_mode(config, device))
     if with_fsdp:
-        # split experts are DTensors of the expert mesh, averaged by reduce_expert_gradients
         apply_fsdp(model, fsdp_mesh(mesh, dims, par), par,
-                   offload=par.offload_params or par.offload_optimizer,
-                   ignored=set(expert_parameters(model)) if dims.expert > 1 else None)
+                   offload=par.offload_params or par.offload_optimizer, experts=topology.expert_mesh)
 
 
 def check_context_parallel(model: nn.Module) -> None:
@@ -313,29 +311,34 @@ def activation_offload(par: ParallelConfig, device: torch.device):
 
 
 def apply_fsdp(model: nn.Module, mesh, par: ParallelConfig, offload: bool,
-               ignored: set[nn.Parameter] | None = None) -> None:
-    """fully_shard every decoder layer, then the root (embeddings, final norm, head); `ignored`
-    parameters stay as they are."""
+               experts: object | None = None) -> None:
+    """fully_shard every decoder layer, then the root (embeddings, final norm, head); under expert
+    parallelism (`experts`: the expert mesh) each layer's routed experts first, over the ranks
+    holding the same expert slice (trainer/expert_parallel.py)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     compute = COMPUTE_DTYPES[par.mixed_precision]
     options = {
-        "mesh": mesh,
         "mp_policy": MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32),
         "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload
         else OffloadPolicy(),
-        "ignored_params": ignored,
     }
     reshard = par.fsdp_sharding != "grad_op"
     layers = decoder_layers(model)
+    sharded_experts = []
     for index, layer in enumerate(layers):
         # The last layer's parameters are needed again right away by backward.
-        fully_shard(layer, reshard_after_forward=reshard and index < len(layers) - 1, **options)
+        resharded = reshard and index < len(layers) - 1
+        if experts is not None:
+            sharded_experts += shard_experts(layer, experts, options, reshard=resharded,
+                                             mean_over=mesh.size())
+        fully_shard(layer, mesh=mesh, reshard_after_forward=resharded, **options)
     # So are the root's (the head starts backward): PyTorch's own default for the root.
-    fully_shard(model, reshard_after_forward=False, **options)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, **options)
     if mesh.device_type == "cpu":
         # HSDP all-reduces the reduce-scatter output at once, so only a 1-D mesh may defer it.
-        use_fast_cpu_collectives([*layers, model], overlap_reductions=mesh.ndim == 1 and not offload)
+        use_fast_cpu_collectives([*sharded_experts, *layers, model],
+                                 overlap_reductions=mesh.ndim == 1 and not offload)
         prefetch_forward(layers, model)
 
 

@@ -9,7 +9,6 @@ from torch import nn
 
 from ...contract.hyperparameters import LoraConfig
 from .. import parallel
-from ..expert_parallel import expert_parameters, reduce_expert_gradients
 from ..float8 import precompute_scales, precomputes_scales
 from .setup import SetupContext, device_ids, prepare_model
 from .whole_model import WholeModelStrategy
@@ -35,8 +34,7 @@ class TorchStrategy(WholeModelStrategy):
             model, accumulation = DistributedDataParallel(hf_model, device_ids=device_ids(ctx.device)), \
                 "no_sync"
         super().__init__(ctx.config, ctx.device, topology, kind=kind, model=model, hf_model=hf_model,
-                         accumulation=accumulation, asynchronous=True,
-                         clip=self._clip_with_experts if ctx.dims.expert > 1 else None)
+                         accumulation=accumulation, asynchronous=True)
         if precomputes_scales(par, sharded):
             self.optimization.after_update.append(lambda: precompute_scales([hf_model]))
         self._setup, self._sharded = ctx, sharded
@@ -53,13 +51,6 @@ class TorchStrategy(WholeModelStrategy):
         model = _build_sharded(ctx, self.topology, self._sharded) if self.kind == "fsdp" else \
             _build_replicated(ctx, self.topology)
         return model.requires_grad_(False).eval()
-
-
-    def _clip_with_experts(self, max_norm: float):
-        """Average the split experts' gradients over the data-parallel ranks, then clip all."""
-        reduce_expert_gradients(expert_parameters(self.hf_model), self.topology.expert_mesh,
-                                self.topology.data_parallel_size)
-        return parallel.clip_grad_norm(self.optimization.parameters, max_norm)
 
 
 def _build_sharded(ctx: SetupContext, topology: parallel.Topology, sharded: bool) -> nn.Module:
