@@ -5,7 +5,9 @@ tests/llmtrain/test_preparation_cloud.py).
 Six JSONL files of four documents each; at `unit_bytes` each file is one work unit, so unit k is file
 k, and an instance of a distributed job of N instances runs the units k with k mod N its number:
 - exact copies: of a unit 0 document in unit 1, of a unit 2 document in unit 5, and one within unit 2;
-- one-word variants (near duplicates): of a unit 0 document in unit 3, of a unit 1 document in unit 5.
+- one-word variants (near duplicates): of a unit 0 document in unit 3, of a unit 1 document in unit 5;
+- a short document first in unit 1, which Gopher's quality filter removes (so, with the filter, the
+  documents the deduplication numbers are not the unit's).
 With 2 instances the copies 0->1 and 2->5 and the variant 0->3 cross instances; with 3, the copy 0->1
 and the variant 1->5.
 """
@@ -32,6 +34,7 @@ class SeededDuplicates:
     texts: list[str]  # every document, in input order
     copies: list[str]  # the exact copies: the exact deduplication removes one document per entry
     variants: dict[str, str]  # near duplicate -> its original: MinHash keeps one of each pair
+    short: str  # fewer than Gopher's 50 words: its quality filter removes it
 
     @property
     def distinct(self) -> list[str]:
@@ -57,9 +60,10 @@ def write_seeded_duplicates(folder: Path, seed: int = 11) -> SeededDuplicates:
     rng = random.Random(seed)
     a, b, c, d, e, f, g, h, i, j, k, m, n, o, p, q, r, s, t = (_document(rng) for _ in range(19))
     near_b, near_e = _variant(rng, b), _variant(rng, e)
+    short = "A short note about the river and the old bridge."
     units = [
         [a, b, c, d],
-        [e, a, f, g],  # a: an exact copy of unit 0's
+        [short, e, a, f, g],  # a: an exact copy of unit 0's
         [h, i, i, j],  # i: a copy within the unit
         [k, near_b, m, n],  # near_b: a variant of unit 0's b
         [o, p, q, r],
@@ -77,4 +81,5 @@ def write_seeded_duplicates(folder: Path, seed: int = 11) -> SeededDuplicates:
         texts=[text for texts in units for text in texts],
         copies=[a, i, h],
         variants={near_b: b, near_e: e},
+        short=short,
     )
