@@ -286,12 +286,15 @@ def test_the_command_checks_estimates_and_prints_the_requests(s3, capsys):
             "dev",
             "--dry-run",
             *OPTIONS,
+            "--dedup",
+            "exact",
         ]
     )
     out = capsys.readouterr().out
     assert code == 0 and "3 input file(s)" in out and "estimated" in out and "6 MB in 14.2 s" in out
     requests = json.loads(out[out.index("[") :])
     assert [r["ProcessingResources"]["ClusterConfig"]["InstanceCount"] for r in requests] == [2, 1]
+    assert [len(r["ProcessingInputs"]) for r in requests] == [3, 4]  # the merge reads the shards to rewrite
     code = main(
         [
             "data",
