@@ -19,7 +19,14 @@ from typing import Any
 
 from llmtrain.client.aws import explained
 from llmtrain.client.datasets import DATASET_MANIFEST
-from llmtrain.client.preparations import progress, upload_code, write_marker, write_sizes
+from llmtrain.client.preparations import (
+    progress,
+    removal_line,
+    step_removals,
+    upload_code,
+    write_marker,
+    write_sizes,
+)
 from llmtrain.core.platform import PlatformContext
 from llmtrain.core.preparation import (
     Preparation,
@@ -104,6 +111,8 @@ def run_preparation(
         "run the same command again: the shards are kept and only the merge runs",
     )
     write_marker(s3, preparation, platform)
+    for step in step_removals(s3, platform, preparation.name) or []:
+        say(removal_line(step["step"], step["removed_documents"], step["removed_tokens"]))
     say(f"dataset {preparation.dataset_uri(platform)} is complete")
 
 

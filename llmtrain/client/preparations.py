@@ -7,7 +7,8 @@ there is refused; an earlier attempt's state makes this a rerun; anything else i
 tokenizer folder (downloaded and loaded with the program's own loader, with the prepare_data options
 parsed by the program's parser). Then the code upload, the shards job, `sizes.json` (the listing
 the merge and a rerun read) and the merge job, and last the `llmtrain-dataset.json` marker that
-makes the folder a complete dataset in `llmtrain data ls`.
+makes the folder a complete dataset in `llmtrain data ls`, once the files the dataset does not use
+are removed (the shards a deduplicating merge replaced, `.dedup/`, temporaries).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,6 +30,7 @@ from llmtrain.client.datasets import DATASET_MANIFEST
 from llmtrain.core.platform import PlatformContext
 from llmtrain.core.preparation import (
     CODE_FOLDER,
+    DEDUP_FOLDER,
     SIZES_FILE,
     STATE_FOLDER,
     Preparation,
@@ -44,6 +47,9 @@ UTF8_CHECK_BYTES = 1 << 16
 UTF8_CHECKED_FILES = 100  # ranged reads before the job; the job's instances check every file
 MAX_TOKENIZER_BYTES = 200 << 20
 PLAN_FILE = "plan.json"
+REPORT_FILE = "preparation.json"  # the merge's report: the plan, each split's totals, each step's removals
+SHARD_PREFIX = "shard_"  # the program's shard files (and their masks) begin so
+DELETE_BATCH = 1000  # S3 DeleteObjects' most keys per call
 # Run by the program's interpreter: the options parsed by prepare_data's parser (placeholders for the
 # paths the platform sets), then the tokenizer loaded as prepare_data loads it.
 _CHECK_PROGRAM = """
@@ -199,15 +205,21 @@ def write_sizes(s3, preparation: Preparation, platform: PlatformContext) -> dict
 
 
 def write_marker(s3, preparation: Preparation, platform: PlatformContext) -> None:
-    """`llmtrain-dataset.json`, last, once the merge wrote the manifests: the dataset is complete."""
+    """`llmtrain-dataset.json`, last, once the merge wrote the manifests: the dataset is complete. The
+    files it does not use are removed first (`remove_unused_files`), so the marker lists what is there."""
     bucket, prefix = platform.datasets_bucket, parse_s3_uri(preparation.dataset_uri(platform)).key
-    objects = [o for o in _objects(s3, bucket, prefix) if o["Key"] != f"{prefix}{DATASET_MANIFEST}"]
-    files = [{"path": o["Key"][len(prefix) :], "size": o["Size"]} for o in objects]
-    if not any(f["path"] in (MANIFEST, *(f"{s}/{MANIFEST}" for s in SPLITS)) for f in files):
+    sizes = {o["Key"][len(prefix) :]: o["Size"] for o in _objects(s3, bucket, prefix)}
+    if not set(sizes) & {MANIFEST, *(f"{s}/{MANIFEST}" for s in SPLITS)}:
         raise PreparationError(
             f"{preparation.dataset_uri(platform)} has no {MANIFEST}: the merge job has not "
             "written the dataset"
         )
+    removed = remove_unused_files(s3, bucket, prefix, sizes)
+    files = [
+        {"path": path, "size": size}
+        for path, size in sizes.items()
+        if path != DATASET_MANIFEST and path not in removed
+    ]
     marker = {
         "format": 1,
         "name": preparation.name,
@@ -226,19 +238,93 @@ def write_marker(s3, preparation: Preparation, platform: PlatformContext) -> Non
     )
 
 
+def remove_unused_files(s3, bucket: str, prefix: str, sizes: Mapping[str, int]) -> set[str]:
+    """The preparation's files under the dataset's prefix that the finished dataset does not use: the
+    shard files no split manifest lists (the instances' shards that a deduplicating merge rewrote, and
+    temporaries the Continuous upload caught) and `.dedup/` (the signatures, used). The prefix held no
+    other files when the preparation started (output_is_rerun), so none of them is anyone else's.
+    Returns their keys relative to the prefix."""
+    listed: set[str] = set()
+    for folder in ("", *(f"{split}/" for split in SPLITS)):
+        if f"{folder}{MANIFEST}" in sizes:
+            names = _listed_files(s3, bucket, f"{prefix}{folder}{MANIFEST}")
+            listed.update(f"{folder}{name}" for name in names)
+    unused = sorted(
+        path
+        for path in sizes
+        if path.startswith(f"{DEDUP_FOLDER}/") or (_is_shard_file(path) and path not in listed)
+    )
+    for start in range(0, len(unused), DELETE_BATCH):
+        batch = unused[start : start + DELETE_BATCH]
+        with explained(f"removing {len(batch)} unused file(s) of {prefix}"):
+            answer = s3.delete_objects(
+                Bucket=bucket, Delete={"Objects": [{"Key": prefix + path} for path in batch], "Quiet": True}
+            )
+        if answer.get("Errors"):
+            error = answer["Errors"][0]
+            raise PreparationError(f"could not remove s3://{bucket}/{error['Key']}: {error.get('Message')}")
+    return set(unused)
+
+
+def _listed_files(s3, bucket: str, key: str) -> set[str]:
+    """The shard and mask files a split's manifest lists; a manifest that lists none is refused before
+    anything is removed."""
+    with explained(f"reading s3://{bucket}/{key}"):
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    try:
+        entries = json.loads(body)["shards"]
+        return {entry[name] for entry in entries for name in ("path", "mask") if name in entry}
+    except (ValueError, KeyError, TypeError) as error:
+        raise PreparationError(
+            f"s3://{bucket}/{key} is not the manifest of a dataset ({type(error).__name__}: {error}); "
+            "nothing was removed and the dataset is not marked complete"
+        ) from error
+
+
+def _is_shard_file(path: str) -> bool:
+    folder, _, name = path.rpartition("/")
+    return folder in ("", *SPLITS) and name.startswith(SHARD_PREFIX)
+
+
+def step_removals(s3, platform: PlatformContext, name: str) -> list[dict[str, Any]] | None:
+    """What each quality step removed, from the merge's report (`preparation.json`); None before the
+    merge wrote it."""
+    key = f"{parse_s3_uri(platform.datasets_uri).key}{name}/{REPORT_FILE}"
+    try:
+        report = json.loads(s3.get_object(Bucket=platform.datasets_bucket, Key=key)["Body"].read())
+    except s3.exceptions.NoSuchKey:
+        return None
+    return report.get("steps", [])
+
+
+def removal_line(step: str, documents: int, tokens: int) -> str:
+    """A step's removals, as prepare_data prints them locally."""
+    return f"{step} removed {documents:,} document(s) ({tokens:,} tokens)"
+
+
 def progress(s3, preparation: Preparation, platform: PlatformContext) -> dict[str, Any]:
-    """Units done of the plan's units, and the tokens they wrote, from the state folder."""
+    """Units done of the plan's units, the tokens they wrote and what the units' quality steps removed
+    (the filters': a distributed job's deduplication is its merge's), from the state folder."""
     bucket, prefix = platform.datasets_bucket, parse_s3_uri(preparation.state_uri(platform)).key
     try:
         plan = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}{PLAN_FILE}")["Body"].read())
     except s3.exceptions.NoSuchKey:
-        return {"units": None, "units_done": 0, "tokens": 0}
+        return {"units": None, "units_done": 0, "tokens": 0, "removed": {}, "dedup": None}
     tokens = 0
+    removed: dict[str, Counter] = {}
     keys = [o["Key"] for o in _objects(s3, bucket, f"{prefix}units/")]
     for key in keys:
         manifest = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
         tokens += sum(body["tokens"] for body in manifest["splits"].values())
-    return {"units": len(plan["units"]), "units_done": len(keys), "tokens": tokens}
+        for step, counts in manifest.get("removed", {}).items():
+            removed.setdefault(step, Counter()).update(counts)
+    return {
+        "units": len(plan["units"]),
+        "units_done": len(keys),
+        "tokens": tokens,
+        "removed": removed,
+        "dedup": plan.get("settings", {}).get("quality", {}).get("dedup"),
+    }
 
 
 def _objects(s3, bucket: str, prefix: str) -> Iterable[Mapping[str, Any]]:

@@ -26,6 +26,8 @@ from llmtrain.client.preparations import (
     input_files,
     output_is_rerun,
     progress,
+    removal_line,
+    step_removals,
 )
 from llmtrain.commands._common import add_cloud_arguments, connect
 from llmtrain.core.catalog import Catalog
@@ -157,7 +159,8 @@ def status_command(args: argparse.Namespace) -> int:
 
 
 def status_lines(sagemaker, s3, platform: PlatformContext, name: str) -> list[str]:
-    """The preparation's jobs, the work units written and their tokens, the cost, the dataset's state."""
+    """The preparation's jobs, the work units written and their tokens, the cost, what each quality step
+    removed, the dataset's state."""
     jobs = preparation_jobs(sagemaker, platform, name)
     if not jobs:
         return []
@@ -168,5 +171,21 @@ def status_lines(sagemaker, s3, platform: PlatformContext, name: str) -> list[st
         *(job.line() for job in jobs),
         f"work units: {done['units_done']} of {units} written; {done['tokens']:,} tokens; cost so far: "
         f"${sum(costs):,.2f} (ended jobs: duration x instances x on-demand price)",
+        *_removal_lines(s3, platform, name, done),
         "dataset: complete" if is_complete(s3, platform, name) else "dataset: not complete yet",
     ]
+
+
+def _removal_lines(s3, platform: PlatformContext, name: str, done: dict) -> list[str]:
+    """Each quality step's removals: the merge's report once it is written, else the units' so far (the
+    deduplication of a cloud preparation is decided by its merge job)."""
+    steps = step_removals(s3, platform, name)
+    if steps is not None:
+        return [removal_line(s["step"], s["removed_documents"], s["removed_tokens"]) for s in steps]
+    lines = [
+        removal_line(step, counts["documents"], counts["tokens"]) + " so far"
+        for step, counts in done["removed"].items()
+    ]
+    if done["dedup"]:
+        lines.append(f"dedup-{done['dedup']}: the merge job finds the duplicates across every work unit")
+    return lines

@@ -16,6 +16,12 @@ that need no AWS call, and its two CreateProcessingJob requests.
    `preparation.json` and the tokenizer. Before it the prefix holds no manifest: nothing
    half-written is a dataset.
 
+With `--dedup`, the instances cannot see each other's documents: each writes its units' signatures
+and every document the filters kept (to `DATASET/.dedup/`, beside its shards), and the merge job is
+also given the dataset's prefix (its shards and `.dedup/`), finds the duplicates across every unit
+and rewrites the units that lose documents, so the dataset is still the local `--dedup` one. The
+launcher then removes the shards the merge replaced and `.dedup/` (llmtrain.client.preparations).
+
 Pure functions: the CLI builds and checks the requests; the S3 checks (the input's files, the
 output's state, the tokenizer) are llmtrain.client.preparations.
 """
@@ -43,12 +49,20 @@ CODE_PATH = f"{PROCESSING}/input/code"
 INPUT_PATH = f"{PROCESSING}/input/data"
 TOKENIZER_PATH = f"{PROCESSING}/input/tokenizer"
 PREVIOUS_PATH = f"{PROCESSING}/input/previous"
+SHARDS_PATH = f"{PROCESSING}/input/shards"  # with --dedup, the merge's copy of the dataset's prefix
 DATASET_PATH = f"{PROCESSING}/output/dataset"
 STATE_PATH = f"{PROCESSING}/output/state"
 STATE_FOLDER = ".preparation"  # DATASET/.preparation/: plan.json, units/, and the launcher's sizes.json
 CODE_FOLDER = ".preparation-code"  # DATASET/.preparation-code/sourcedir.tar.gz: the program's code
 SIZES_FILE = "sizes.json"
+# DATASET/.dedup/: with --dedup, the instances' signatures and documents (the program's
+# data_pipeline.units.DEDUP_FOLDER), removed once the merge used them.
+DEDUP_FOLDER = ".dedup"
 PROGRAM_FOLDER = "/opt/ml/code"
+# In the code archive: the quality steps' library (datatrove), which the program's requirements.txt
+# leaves out (training jobs never use it) and both jobs install (--filter in the shards job, --dedup in
+# both).
+QUALITY_REQUIREMENTS = "training_jobs/data_pipeline/requirements.txt"
 # prepare_data's options the platform sets for each job; a user's are refused.
 PLATFORM_OPTIONS = (
     "--input",
@@ -59,13 +73,16 @@ PLATFORM_OPTIONS = (
     "--previous",
     "--state",
     "--merge-only",
+    "--shards",
 )
 CLOUD_REFUSED = {
-    "--dedup": "deduplication needs every unit's signatures before any unit is tokenized, which the "
-    "instances of one job do not share: deduplicate locally (`llmtrain data prepare --dedup`)",
     "--preference": "preference pairs are prepared by one process: prepare them locally",
     "--prompts": "prompt datasets are prepared by one process: prepare them locally",
 }
+DEDUP_OPTION = "--dedup"  # gives the merge job the dataset's prefix to rewrite (see above)
+# prepare_data's parser takes an abbreviated option (`--ded` for `--dedup`); the ones the platform reads
+# must be written in full.
+READ_BY_PLATFORM = (*PLATFORM_OPTIONS, *CLOUD_REFUSED, DEDUP_OPTION)
 MAX_VOLUME_GB = 16384  # botocore: ProcessingClusterConfig.VolumeSizeInGB
 VOLUME_MARGIN_GB = 10  # the image's pip installs, the tokenizer, logs
 JOB_NAME_MAX = 63
@@ -99,6 +116,10 @@ class Preparation:
 
     def code_uri(self, platform: PlatformContext) -> str:
         return f"{self.dataset_uri(platform)}{CODE_FOLDER}/{SOURCEDIR_NAME}"
+
+    @property
+    def deduplicates(self) -> bool:
+        return any(option.split("=", 1)[0] == DEDUP_OPTION for option in self.options)
 
 
 def check_preparation(preparation: Preparation, platform: PlatformContext) -> None:
@@ -170,7 +191,17 @@ def option_problems(options: tuple[str, ...]) -> list[str]:
             problems.append(f"{name}: the platform sets it for each job of a cloud preparation; leave it out")
         elif name in CLOUD_REFUSED:
             problems.append(f"{name} is not offered with --cloud: {CLOUD_REFUSED[name]}")
+        elif _abbreviated(name):
+            problems.append(f"{name}: write the option in full ({' or '.join(_abbreviated(name))}): the "
+                            "platform reads it")
     return problems
+
+
+def _abbreviated(name: str) -> list[str]:
+    """The options the platform reads that `name` abbreviates (none: `name` is not an abbreviation)."""
+    if not name.startswith("--") or name in READ_BY_PLATFORM:
+        return []
+    return [option for option in READ_BY_PLATFORM if option.startswith(name)]
 
 
 def input_files_problem(files: int, instance_count: int, input_uri: str) -> str | None:
@@ -186,10 +217,14 @@ def input_files_problem(files: int, instance_count: int, input_uri: str) -> str 
     return None
 
 
-def volume_size_gb(input_bytes: int, instance_count: int) -> int:
+def volume_size_gb(input_bytes: int, instance_count: int, deduplicates: bool = False) -> int:
     """Each instance holds the whole input and its share of the shards (token ids of 2 or 4 bytes, about
-    as many bytes as the text they encode), plus a margin."""
-    needed = input_bytes * (1 + 1 / instance_count) / 1e9
+    as many bytes as the text they encode), plus a margin. With --dedup, also its share of the
+    signatures, about as many bytes again for documents of 1 KB or more (MinHash keeps 112 hashes of 8
+    bytes per document); the merge (one instance) then holds every shard and signature and the
+    shards it rewrites: the same sum for N = 1."""
+    shares = 2 if deduplicates else 1
+    needed = input_bytes * (1 + shares / instance_count) / 1e9
     return min(MAX_VOLUME_GB, math.ceil(needed * 1.1) + VOLUME_MARGIN_GB)
 
 
@@ -243,7 +278,8 @@ def shards_request(preparation: Preparation, platform: PlatformContext, template
 
 
 def merge_request(preparation: Preparation, platform: PlatformContext, template: TemplateSpec) -> dict:
-    """The merge job: one instance, the units' manifests and sizes.json in, the dataset's manifests out."""
+    """The merge job: one instance, the units' manifests and sizes.json in, the dataset's manifests out;
+    with --dedup also the dataset's prefix in (the shards and signatures), and the rewritten shards out."""
     arguments = [
         "--merge-only",
         "--input",
@@ -258,6 +294,9 @@ def merge_request(preparation: Preparation, platform: PlatformContext, template:
         _input("tokenizer", preparation.tokenizer_uri, TOKENIZER_PATH),
         _input("state", preparation.state_uri(platform), PREVIOUS_PATH),
     ]
+    if preparation.deduplicates:
+        arguments += ["--shards", SHARDS_PATH]
+        inputs.append(_input("shards", preparation.dataset_uri(platform), SHARDS_PATH))
     outputs = [_output("dataset", DATASET_PATH, preparation.dataset_uri(platform), mode="EndOfJob")]
     return _request(preparation, platform, template, "merge", 1, inputs, outputs, arguments)
 
@@ -286,7 +325,7 @@ def _request(
             "ClusterConfig": {
                 "InstanceCount": count,
                 "InstanceType": preparation.instance_type,
-                "VolumeSizeInGB": volume_size_gb(preparation.input_bytes, count),
+                "VolumeSizeInGB": volume_size_gb(preparation.input_bytes, count, preparation.deduplicates),
                 "VolumeKmsKeyId": platform.kms_key_arn,
             }
         },
@@ -310,10 +349,10 @@ def _request(
 
 def _entry_script() -> str:
     """Unpack the program's code (a sourcedir, as a training job's toolkit does), install its
-    requirements, and run prepare_data with the job's arguments."""
+    requirements and the quality steps', and run prepare_data with the job's arguments."""
     return (
         f"set -e; mkdir -p {PROGRAM_FOLDER}; tar -xzf {CODE_PATH}/*.tar.gz -C {PROGRAM_FOLDER}; "
-        f"cd {PROGRAM_FOLDER}; python -m pip install --quiet -r requirements.txt; "
+        f"cd {PROGRAM_FOLDER}; python -m pip install -q -r requirements.txt -r {QUALITY_REQUIREMENTS}; "
         'exec python -m training_jobs.prepare_data "$@"'
     )
 

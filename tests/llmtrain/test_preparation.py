@@ -17,8 +17,11 @@ from llmtrain.client import preparations
 from llmtrain.core.catalog import Catalog
 from llmtrain.core.preparation import (
     DATASET_PATH,
+    DEDUP_FOLDER,
     INPUT_PATH,
     PREVIOUS_PATH,
+    QUALITY_REQUIREMENTS,
+    SHARDS_PATH,
     STATE_PATH,
     TOKENIZER_PATH,
     Preparation,
@@ -29,11 +32,13 @@ from llmtrain.core.preparation import (
     volume_size_gb,
 )
 from llmtrain.core.render import image_uri
-from llmtrain.core.sourcedir import repository_root
+from llmtrain.core.sourcedir import collect_files, repository_root
+from llmtrain.core.spec import PLATFORM_CODE, PLATFORM_ENTRY_POINT, CodeSpec
 from llmtrain.core.validate import input_shape
 from llmtrain.planner import prices
 from llmtrain.planner.checks import PlanRefused
 from llmtrain.planner.preparation_cost import MEASURED_SECONDS, check_budget, estimate, vcpus
+from training_jobs.data_pipeline import units
 
 PLATFORM = platform_context(max_instance_count=8)
 TEMPLATE = Catalog.load().resolve("gpt2-ddp")
@@ -105,6 +110,33 @@ def test_the_shards_and_merge_requests_are_accepted_by_botocore_and_carry_the_te
     ]
 
 
+def test_a_deduplicating_preparations_merge_reads_the_datasets_prefix_to_rewrite_its_shards():
+    plain = merge_request(PREPARATION, PLATFORM, TEMPLATE)
+    dedup = dataclasses.replace(PREPARATION, options=(*PREPARATION.options, "--dedup=minhash"))
+    shards, merge = shards_request(dedup, PLATFORM, TEMPLATE), merge_request(dedup, PLATFORM, TEMPLATE)
+    assert not _problems(shards) and not _problems(merge)
+    inputs = {i["InputName"]: i["S3Input"] for i in merge["ProcessingInputs"]}
+    assert inputs["shards"] == {**inputs["state"], "S3Uri": f"{TEAM_URI}web-2026/", "LocalPath": SHARDS_PATH}
+    assert merge["AppSpecification"]["ContainerArguments"][-2:] == ["--shards", SHARDS_PATH]
+    assert "shards" not in {i["InputName"] for i in plain["ProcessingInputs"]}
+    assert shards["AppSpecification"]["ContainerArguments"][9:] == list(dedup.options)  # passed on as is
+    assert shards["ProcessingJobName"] != merge["ProcessingJobName"] and len(merge["ProcessingInputs"]) == 4
+    # 40 GiB of input: the merge holds the shards, the signatures and the rewritten shards (about 3 x 43 GB)
+    volume = merge["ProcessingResources"]["ClusterConfig"]["VolumeSizeInGB"]
+    assert volume > plain["ProcessingResources"]["ClusterConfig"]["VolumeSizeInGB"] and volume >= 3 * 43
+    assert DEDUP_FOLDER == units.DEDUP_FOLDER  # the folder the launcher removes is the one the program writes
+
+
+def test_both_jobs_install_the_quality_steps_library_the_repository_pins():
+    scripts = {build(PREPARATION, PLATFORM, TEMPLATE)["AppSpecification"]["ContainerEntrypoint"][2]
+               for build in (shards_request, merge_request)}
+    assert len(scripts) == 1 and f"-r requirements.txt -r {QUALITY_REQUIREMENTS};" in scripts.pop()
+    archived = {f.archive_path: f.path for f in collect_files(CodeSpec(PLATFORM_CODE, PLATFORM_ENTRY_POINT))}
+    pins = [line for line in archived[QUALITY_REQUIREMENTS].read_text().splitlines() if line[:1].isalpha()]
+    repository = (repository_root() / "requirements.txt").read_text().splitlines()
+    assert pins == ["datatrove==0.10.1"] and pins[0] in repository
+
+
 def test_a_long_dataset_name_gives_a_job_name_within_sagemakers_limit():
     long = dataclasses.replace(PREPARATION, name="a.very_long-name." * 7)
     name = shards_request(long, PLATFORM, TEMPLATE)["ProcessingJobName"]
@@ -123,7 +155,8 @@ def test_a_long_dataset_name_gives_a_job_name_within_sagemakers_limit():
         ({"input_uri": f"{TEAM_URI}web-2026/raw/"}, "inside the dataset being prepared"),
         ({"instance_type": "ml.p4d.24xlarge"}, "a preparation tokenizes on CPUs"),
         ({"instance_count": 9}, "above team 'default''s cap of 8"),
-        ({"options": ("--dedup", "exact")}, "--dedup is not offered with --cloud"),
+        ({"options": ("--preference",)}, "--preference is not offered with --cloud"),
+        ({"options": ("--ded", "exact")}, "--ded: write the option in full (--dedup)"),
         ({"options": ("--output", "x")}, "--output: the platform sets it"),
         ({"name": "bad/name"}, "--name 'bad/name'"),
     ],
@@ -227,7 +260,7 @@ def test_a_tokenizer_folder_that_does_not_load_is_refused_and_one_that_loads_pas
         preparations.check_tokenizer_and_options(s3, uri, ("--validation-fraction", "2"))
 
 
-def test_sizes_and_the_marker_are_written_from_the_listing(s3):
+def test_sizes_and_the_marker_are_written_from_the_listing_and_unused_files_removed(s3):
     _put(s3, "web-2026/train/shard_00000_00000.bin", b"\0" * 8)
     _put(s3, "web-2026/.preparation/units/00000.json", b"{}")
     with pytest.raises(PreparationError, match="has no manifest.json"):
@@ -235,8 +268,22 @@ def test_sizes_and_the_marker_are_written_from_the_listing(s3):
     sizes = preparations.write_sizes(s3, PREPARATION, PLATFORM)
     assert sizes == {"train/shard_00000_00000.bin": 8}
     _put(s3, "web-2026/train/manifest.json", b"{}")
+    with pytest.raises(PreparationError, match="not the manifest of a dataset .*nothing was removed"):
+        preparations.write_marker(s3, PREPARATION, PLATFORM)
+    # What a deduplicating merge leaves: a unit's shard it replaced, the signatures, an upload's temporary.
+    manifest = {"shards": [{"path": "shard_00000_00000_dedup.bin", "num_tokens": 2}]}
+    _put(s3, "web-2026/train/manifest.json", json.dumps(manifest).encode())
+    for key in ("train/shard_00000_00000_dedup.bin", "train/shard_00001_00000.bin.tmp", ".dedup/0/0.sig"):
+        _put(s3, f"web-2026/{key}", b"\0" * 4)
     preparations.write_marker(s3, PREPARATION, PLATFORM)
     marker = json.loads(
         s3.get_object(Bucket=BUCKET, Key="teams/default/web-2026/llmtrain-dataset.json")["Body"].read()
     )
-    assert {"path": "train/manifest.json", "size": 2} in marker["files"] and marker["team"] == "default"
+    assert sorted(f["path"] for f in marker["files"]) == [
+        ".preparation/sizes.json",
+        ".preparation/units/00000.json",
+        "train/manifest.json",
+        "train/shard_00000_00000_dedup.bin",
+    ]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="teams/default/web-2026/")["Contents"]]
+    assert len(keys) == 5 and marker["team"] == "default"  # the four files and the marker

@@ -2,8 +2,9 @@
 the processing jobs simulated as SageMaker runs them: each instance is given every object of each
 input (FullyReplicated) in its own folders and SageMaker's resource config, runs the program with
 the request's arguments (the container's paths mapped to those folders), and its outputs are
-uploaded to the outputs' S3 URIs. The dataset equals the local one, a failed job is resumed with
-only the missing units redone, and `data ls` lists no dataset before the merge."""
+uploaded to the outputs' S3 URIs. The dataset equals the local one (with deduplication across the
+instances too), a failed job is resumed with only the missing units redone, and `data ls` lists no
+dataset before the merge."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ import numpy as np
 import pytest
 from deployed_support import ACCOUNT, BUCKET, REGION, TEAM_URI, deploy_environment, moto_credentials
 from moto import mock_aws
+from seeded_duplicates import SeededDuplicates, write_seeded_duplicates
 
 from llmtrain.cli import main
 from llmtrain.client import preparations
-from llmtrain.client.datasets import list_datasets
+from llmtrain.client.datasets import DATASET_MANIFEST, list_datasets
 from llmtrain.client.preparation_jobs import preparation_jobs, run_preparation
 from llmtrain.commands.data_cloud import status_lines
 from llmtrain.core.catalog import Catalog
@@ -34,6 +36,7 @@ from llmtrain.core.s3_uris import parse_s3_uri
 from llmtrain.core.sourcedir import repository_root
 from llmtrain.planner import prices
 from training_jobs import prepare_data
+from training_jobs.contract.token_data import SPLITS
 from training_jobs.trainer.shards import read_manifest
 
 TOKENIZER = repository_root() / "training_jobs" / "assets" / "tokenizer"
@@ -283,12 +286,15 @@ def test_the_command_checks_estimates_and_prints_the_requests(s3, capsys):
             "dev",
             "--dry-run",
             *OPTIONS,
+            "--dedup",
+            "exact",
         ]
     )
     out = capsys.readouterr().out
     assert code == 0 and "3 input file(s)" in out and "estimated" in out and "6 MB in 14.2 s" in out
     requests = json.loads(out[out.index("[") :])
     assert [r["ProcessingResources"]["ClusterConfig"]["InstanceCount"] for r in requests] == [2, 1]
+    assert [len(r["ProcessingInputs"]) for r in requests] == [3, 4]  # the merge reads the shards to rewrite
     code = main(
         [
             "data",
@@ -310,3 +316,59 @@ def test_the_command_checks_estimates_and_prints_the_requests(s3, capsys):
         ]
     )
     assert code == 2 and "--instance-count 4 is more than the 3 input file(s)" in capsys.readouterr().err
+
+
+@pytest.fixture
+def seeded(s3, tmp_path) -> SeededDuplicates:
+    """The seeded corpus with known duplicates (tests/support/seeded_duplicates.py) under raw-dups/."""
+    seeded = write_seeded_duplicates(tmp_path / "seeded")
+    for path in seeded.files:
+        s3.upload_file(str(path), BUCKET, f"teams/default/raw-dups/{path.name}")
+    return seeded
+
+
+def _keys(s3, prefix: str) -> list[str]:
+    where = f"teams/default/{prefix}"
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=where)
+    return [o["Key"][len(where) :] for page in pages for o in page.get("Contents", [])]
+
+
+def test_deduplication_across_instances_resumed_after_a_lost_instance_gives_the_local_dataset(
+    s3, seeded, tmp_path
+):
+    options = ("--unit-bytes", str(seeded.unit_bytes), "--shard-tokens", "300", "--dedup", "minhash")
+    options += ("--validation-fraction", "0.2")
+    local = tmp_path / "local"
+    command = ["--input", *map(str, seeded.files), "--tokenizer", str(TOKENIZER), "--output", str(local)]
+    assert prepare_data.main([*command, "--workers", "1", *options]) == 0
+    job = {"input_uri": f"{TEAM_URI}raw-dups/", "instance_count": 3, "options": options}
+    preparation, platform = _preparation(s3, **job)
+    failing = SimulatedProcessing(s3, tmp_path / "jobs", lost={1})
+    with pytest.raises(PreparationError, match="ended Failed"):
+        run_preparation(failing, s3, preparation, platform, TEMPLATE, say=lambda line: None)
+    first = failing.instance_units[next(iter(failing.instance_units))]
+    assert first == [["00000.json", "00003.json"], ["00002.json", "00005.json"]]  # instance 2 of 3 was lost
+    assert "bucket_000/00003.minhash.sig" in {k.split("signatures/")[-1] for k in _keys(s3, "web/.dedup/")}
+    # One signature file of a complete unit never reached the prefix: its unit is redone with the lost ones.
+    s3.delete_object(Bucket=BUCKET, Key="teams/default/web/.dedup/signatures/bucket_005/00003.minhash.sig")
+    rerun, _ = _preparation(s3, stamp="20261128130000", **job)
+    failing.lost = set()
+    said: list[str] = []
+    run_preparation(failing, s3, rerun, platform, TEMPLATE, say=said.append)
+    shard_job = next(name for name in failing.instance_units if "-shard-20261128130000" in name)
+    assert failing.instance_units[shard_job] == [["00003.json"], ["00001.json", "00004.json"], []]
+    assert _dataset(s3, tmp_path / "cloud") == {split: _documents(local / split) for split in SPLITS}
+    report = json.loads((local / "preparation.json").read_text())
+    removed = next(step for step in report["steps"] if step["step"] == "dedup-minhash")
+    assert removed["removed_documents"] == len(seeded.copies) + len(seeded.variants)
+    line = f"dedup-minhash removed 5 document(s) ({removed['removed_tokens']:,} tokens)"
+    assert line in said and said[-1].endswith("is complete")
+    # The dataset keeps only what it uses: no signatures, no shard that the merge replaced.
+    keys = _keys(s3, "web/")
+    assert not [k for k in keys if k.startswith(".dedup/")]
+    listed = {f"{split}/{shard.path.name}" for split in SPLITS
+              for shard in read_manifest(tmp_path / "cloud" / split).shards}
+    assert {k for k in keys if "/shard_" in k} == listed and any("_dedup.bin" in k for k in listed)
+    marker = s3.get_object(Bucket=BUCKET, Key=f"teams/default/web/{DATASET_MANIFEST}")["Body"].read()
+    assert sorted(f["path"] for f in json.loads(marker)["files"]) == sorted(set(keys) - {DATASET_MANIFEST})
+    assert line in status_lines(failing, s3, platform, "web")
