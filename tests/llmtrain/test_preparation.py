@@ -16,18 +16,23 @@ from moto import mock_aws
 from llmtrain.client import preparations
 from llmtrain.core.catalog import Catalog
 from llmtrain.core.preparation import (
+    CPU_INSTANCE_TYPES,
     DATASET_PATH,
     DEDUP_FOLDER,
     INPUT_PATH,
     PREVIOUS_PATH,
+    PROCESSING_REQUEST_FIELDS,
     QUALITY_REQUIREMENTS,
     SHARDS_PATH,
     STATE_PATH,
     TOKENIZER_PATH,
     Preparation,
     PreparationError,
+    PreparationInput,
     check_preparation,
+    execution_name,
     merge_request,
+    preparation_instance_types,
     shards_request,
     volume_size_gb,
 )
@@ -35,6 +40,7 @@ from llmtrain.core.render import image_uri
 from llmtrain.core.sourcedir import collect_files, repository_root
 from llmtrain.core.spec import PLATFORM_CODE, PLATFORM_ENTRY_POINT, CodeSpec
 from llmtrain.core.validate import input_shape
+from llmtrain.lifecycle import preparation_steps
 from llmtrain.planner import prices
 from llmtrain.planner.checks import PlanRefused
 from llmtrain.planner.preparation_cost import MEASURED_SECONDS, check_budget, estimate, vcpus
@@ -135,6 +141,48 @@ def test_both_jobs_install_the_quality_steps_library_the_repository_pins():
     pins = [line for line in archived[QUALITY_REQUIREMENTS].read_text().splitlines() if line[:1].isalpha()]
     repository = (repository_root() / "requirements.txt").read_text().splitlines()
     assert pins == ["datatrove==0.10.1"] and pins[0] in repository
+
+
+def test_both_requests_have_the_fields_the_state_machine_passes():
+    """The preparation state machine passes each of PROCESSING_REQUEST_FIELDS and fixes RoleArn: a field
+    the requests gained and the definition lacks would never reach SageMaker."""
+    for make in (shards_request, merge_request):
+        request = make(PREPARATION, PLATFORM, TEMPLATE)
+        assert set(request) == {"RoleArn", *PROCESSING_REQUEST_FIELDS}
+
+
+def test_the_state_machine_input_round_trips_and_names_what_is_wrong():
+    given = PreparationInput(PREPARATION, TEMPLATE.ref)
+    assert PreparationInput.from_dict(json.loads(json.dumps(given.to_dict()))) == given
+    for data, message in [
+        ([], "must be a JSON object with 'template' and 'preparation', got a list"),
+        ({"template": "gpt2-ddp", "preparation": {}}, "'template' must be 'name@version'"),
+        ({**given.to_dict(), "extra": 1}, "unknown fields ['extra']"),
+        ({**given.to_dict(), "preparation": {**PREPARATION.to_dict(), "instance_count": "2"}},
+         "'instance_count' must be a whole number, got a string"),
+        ({**given.to_dict(), "preparation": {**PREPARATION.to_dict(), "rerun": 1}},
+         "'rerun' must be true or false"),
+        ({**given.to_dict(), "preparation": {**PREPARATION.to_dict(), "options": "--x"}},
+         "'options' must be a list of strings"),
+        ({**given.to_dict(), "preparation": {"name": "web"}}, "'input_uri' is missing"),
+    ]:
+        with pytest.raises(PreparationError) as refused:
+            PreparationInput.from_dict(data)
+        assert message in str(refused.value), (data, str(refused.value))
+    with pytest.raises(PreparationError, match="stamp '2026' must be YYYYMMDDHHMMSS"):
+        check_preparation(dataclasses.replace(PREPARATION, stamp="2026"), PLATFORM)
+    name = execution_name(PLATFORM, PREPARATION)
+    assert name.endswith("-20261128120000") and len(name) <= 80
+    stem = name[: -len("-20261128120000")]
+    assert shards_request(PREPARATION, PLATFORM, TEMPLATE)["ProcessingJobName"].startswith(stem)
+
+
+def test_a_teams_preparations_run_on_its_cpu_types_or_else_on_every_cpu_type():
+    assert preparation_instance_types(("ml.p4d.24xlarge", "ml.g5.12xlarge")) == CPU_INSTANCE_TYPES
+    assert preparation_instance_types(()) == CPU_INSTANCE_TYPES
+    assert preparation_instance_types(("ml.p4d.24xlarge", "ml.m5.xlarge")) == ("ml.m5.xlarge",)
+    gpus_only = dataclasses.replace(PLATFORM, allowed_instance_types=("ml.p4d.24xlarge",))
+    check_preparation(PREPARATION, gpus_only)  # a team of GPU types prepares on any CPU type
 
 
 def test_a_long_dataset_name_gives_a_job_name_within_sagemakers_limit():
@@ -261,21 +309,22 @@ def test_a_tokenizer_folder_that_does_not_load_is_refused_and_one_that_loads_pas
 
 
 def test_sizes_and_the_marker_are_written_from_the_listing_and_unused_files_removed(s3):
+    """What the preparation state machine's function writes (llmtrain.lifecycle.preparation_steps)."""
     _put(s3, "web-2026/train/shard_00000_00000.bin", b"\0" * 8)
     _put(s3, "web-2026/.preparation/units/00000.json", b"{}")
     with pytest.raises(PreparationError, match="has no manifest.json"):
-        preparations.write_marker(s3, PREPARATION, PLATFORM)
-    sizes = preparations.write_sizes(s3, PREPARATION, PLATFORM)
+        preparation_steps.write_marker(s3, PREPARATION, PLATFORM)
+    sizes = preparation_steps.write_sizes(s3, PREPARATION, PLATFORM)
     assert sizes == {"train/shard_00000_00000.bin": 8}
     _put(s3, "web-2026/train/manifest.json", b"{}")
     with pytest.raises(PreparationError, match="not the manifest of a dataset .*nothing was removed"):
-        preparations.write_marker(s3, PREPARATION, PLATFORM)
+        preparation_steps.write_marker(s3, PREPARATION, PLATFORM)
     # What a deduplicating merge leaves: a unit's shard it replaced, the signatures, an upload's temporary.
     manifest = {"shards": [{"path": "shard_00000_00000_dedup.bin", "num_tokens": 2}]}
     _put(s3, "web-2026/train/manifest.json", json.dumps(manifest).encode())
     for key in ("train/shard_00000_00000_dedup.bin", "train/shard_00001_00000.bin.tmp", ".dedup/0/0.sig"):
         _put(s3, f"web-2026/{key}", b"\0" * 4)
-    preparations.write_marker(s3, PREPARATION, PLATFORM)
+    preparation_steps.write_marker(s3, PREPARATION, PLATFORM)
     marker = json.loads(
         s3.get_object(Bucket=BUCKET, Key="teams/default/web-2026/llmtrain-dataset.json")["Body"].read()
     )
