@@ -336,3 +336,26 @@ def test_sizes_and_the_marker_are_written_from_the_listing_and_unused_files_remo
     ]
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="teams/default/web-2026/")["Contents"]]
     assert len(keys) == 5 and marker["team"] == "default"  # the four files and the marker
+
+
+def test_the_completed_summary_gives_each_quality_steps_removals_from_the_merges_report(s3):
+    """The Complete step's summary: what the CLI prints after a followed execution and the team's topic
+    gets; no report yet (no merge), no removal."""
+    _put(s3, "web-2026/train/manifest.json", json.dumps({"shards": []}).encode())
+    assert preparation_steps.step_removals(s3, PLATFORM, "web-2026") is None
+    steps = [
+        {"step": "gopher-quality", "removed_documents": 3, "removed_tokens": 120},
+        {"step": "dedup-exact", "removed_documents": 1200, "removed_tokens": 45000},
+    ]
+    _put(s3, "web-2026/preparation.json", json.dumps({"steps": steps}).encode())
+    summary = preparation_steps.completed_summary(PREPARATION, PLATFORM, [], s3)
+    assert summary["removed"] == [
+        {"step": "gopher-quality", "documents": 3, "tokens": 120},
+        {"step": "dedup-exact", "documents": 1200, "tokens": 45000},
+    ]
+    lines = summary["message"].splitlines()
+    assert lines[2:4] == [
+        "gopher-quality removed 3 document(s) (120 tokens)",
+        "dedup-exact removed 1,200 document(s) (45,000 tokens)",
+    ]
+    assert lines[0] == "Dataset web-2026: Completed" and lines[-1].startswith("Use it with")
