@@ -15,6 +15,7 @@ from training_constructs import TrainingAccess, TrainingNetwork, TrainingStorage
 from training_constructs.deployed_environment import DeployedEnvironmentRecord, DeployedEnvironmentRecordProps
 from training_constructs.job_template import JobTemplate, JobTemplateProps
 from training_constructs.launcher import TrainingLauncher, TrainingLauncherProps
+from training_constructs.preparation_launcher import PreparationLauncher, PreparationLauncherProps
 from training_constructs.queues import JobQueueSpec, TrainingQueues, TrainingQueuesProps
 from training_constructs.teams import TeamSpec
 
@@ -24,12 +25,18 @@ def state_machine_name(team: TeamSpec) -> str:
     return f"{team.job_name_prefix}-launcher"
 
 
-def state_machine_arn(stack: Stack, team: TeamSpec) -> str:
-    """A team's launcher's ARN as seen from `stack` (same account and region), from its fixed name."""
+def preparations_state_machine_name(team: TeamSpec) -> str:
+    """The fixed name of a team's preparation state machine (`llmtrain data prepare --cloud`)."""
+    return f"{team.job_name_prefix}-preparations"
+
+
+def state_machine_arn(stack: Stack, team: TeamSpec, name: str | None = None) -> str:
+    """A team's launcher's ARN as seen from `stack` (same account and region), from its fixed name (or
+    `name`: its preparation state machine's)."""
     return stack.format_arn(
         service="states",
         resource="stateMachine",
-        resource_name=state_machine_name(team),
+        resource_name=name or state_machine_name(team),
         arn_format=ArnFormat.COLON_RESOURCE_NAME,
     )
 
@@ -45,10 +52,12 @@ class LauncherStack(Stack):
     Where the environment has queues (`queues:`), its AWS Batch queues are here too: they hold no
     data (a queued run resumes from its checkpoints when started again), and the launchers that
     submit to them are their only users.
-    Attributes: ``launchers`` (by team), ``job_templates`` (by `name@version`), ``queues``
-    (``TrainingQueues``, or None), ``environment_record``. Outputs: per team `Team<Name>StateMachineArn` and
-    `Team<Name>NotificationTopicArn`; with a single team also the bare `StateMachineArn` and
-    `NotificationTopicArn`.
+    Beside each launcher, the team's ``PreparationLauncher`` (`llmtrain data prepare --cloud`), which
+    publishes to the launcher's topic.
+    Attributes: ``launchers`` (by team), ``preparations`` (by team), ``job_templates`` (by
+    `name@version`), ``queues`` (``TrainingQueues``, or None), ``environment_record``. Outputs: per team
+    `Team<Name>StateMachineArn`, `Team<Name>NotificationTopicArn` and `Team<Name>PreparationStateMachineArn`;
+    with a single team also the bare `StateMachineArn` and `NotificationTopicArn`.
     """
 
     def __init__(
@@ -89,8 +98,10 @@ class LauncherStack(Stack):
         self.launchers = {
             team.name: self._launcher(config, team, network, storage, access) for team in teams
         }
+        self.preparations = {team.name: self._preparations(team, access) for team in teams}
         record = DeployedEnvironmentRecordProps.for_launchers(
             list(self.launchers.values()),
+            preparations=self.preparations,
             environment_name=config.name,
             job_name_prefix=config.job_name_prefix,
             enabled_templates=config.enabled_templates,
@@ -133,6 +144,21 @@ class LauncherStack(Stack):
             if len(config.teams) == 1:  # as before teams, for the clients that read the bare keys
                 output(self, key, value, description)
         return launcher
+
+    def _preparations(self, team: TeamSpec, access: TrainingAccess) -> PreparationLauncher:
+        preparations = PreparationLauncher(
+            self,
+            f"Preparations{team.construct_suffix}",
+            PreparationLauncherProps(
+                launcher=self.launchers[team.name],
+                guardrail_policy=access.guardrail_policy,
+                state_machine_name=preparations_state_machine_name(team),
+            ),
+        )
+        output(self, StackOutput.team_output(team.name, LauncherOutput.PREPARATION_STATE_MACHINE_ARN),
+               preparations.state_machine.state_machine_arn,
+               f"Team {team.name} starts its cloud data preparations here (llmtrain data prepare --cloud)")
+        return preparations
 
 
 def _queues(stack: Stack, config: EnvironmentConfig, teams: Sequence[TeamSpec]) -> TrainingQueues | None:

@@ -10,7 +10,7 @@ from constructs import Construct
 from llmtrain.core.catalog import Catalog
 from llmtrain.core.environments import EnvironmentConfig
 from stacks.access import AccessStack
-from stacks.launcher import LauncherStack, state_machine_arn
+from stacks.launcher import LauncherStack, preparations_state_machine_name, state_machine_arn
 from stacks.network import NetworkStack
 from stacks.operations import OperationsStack
 from stacks.services import ServicesStack, grant_team_features
@@ -60,6 +60,8 @@ class PlatformStage(Stage):
         for team in self.teams:
             # By the launcher's fixed name: a reference would make the access stack depend on the launcher's.
             self.access.access.teams[team.name].allow_launcher(state_machine_arn(self.access, team))
+            self.access.access.teams[team.name].allow_preparations(
+                state_machine_arn(self.access, team, preparations_state_machine_name(team)))
             if config.queues is not None:  # likewise the queues, by their fixed names
                 grant_engineer_queue_access(self.access.access.teams[team.name], config.name,
                                             config.queues.queue_names)

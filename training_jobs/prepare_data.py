@@ -6,7 +6,7 @@
         [--validation-fraction 0.01] [--shard-tokens N] [--dedup exact|minhash] [--filter NAME]...
         [--unit-bytes N]
     ... --host-config [PATH] [--state DIR] [--previous DIR]   one instance of a distributed job
-    python -m training_jobs.prepare_data --merge-only --input DIR --tokenizer DIR --output DIR
+    python -m training_jobs.prepare_data --merge-only --input DIR --tokenizer DIR --output DIR [--shards DIR]
 
 Inputs: `.jsonl`/`.json` files hold one JSON object per line (the document is its `--text-key`
 field); `.csv`/`.tsv` files have a header row (the document is the `--text-key` column of each row);
@@ -15,7 +15,8 @@ Arrow, gzip, ...) are refused with what to convert them to. Folders are searched
 The input is cut into work units (whole files, or byte ranges of large JSONL files) that --workers
 processes tokenize (data_pipeline/); the output is identical whatever the number of workers, or of
 the instances of a SageMaker Processing job that each run their share of the units (--host-config)
-before one --merge-only step (data_pipeline/instances.py). With
+before one --merge-only step (data_pipeline/instances.py; with --dedup the merge removes the
+duplicates across all units, data_pipeline/dedup_merge.py). With
 `--validation-fraction`, a deterministic share of the documents goes to OUTPUT/validation and the
 rest to OUTPUT/train; upload each folder as its own channel. A plain-text file is one document, so
 it gives its own end instead: the text after the first paragraph boundary (else line, else word

@@ -26,6 +26,7 @@ from training_constructs.mlflow import TrainingMlflow, TrainingMlflowProps
 from training_constructs.network import ExistingVpcAttributes, TrainingNetwork, TrainingNetworkProps
 from training_constructs.operations import TemplateMetrics, TrainingOperations, TrainingOperationsProps
 from training_constructs.packages import TrainingPackages, TrainingPackagesProps
+from training_constructs.preparation_launcher import PreparationLauncher, PreparationLauncherProps
 from training_constructs.queues import JobQueueSpec, TrainingQueues, TrainingQueuesProps
 from training_constructs.resources import ExistingNetwork, ExistingStorage, NetworkResources, StorageResources
 from training_constructs.storage import TrainingStorage, TrainingStorageProps
@@ -41,6 +42,8 @@ __all__ = [
     "JobQueueSpec",
     "JobTemplateProps",
     "NetworkResources",
+    "PreparationLauncher",
+    "PreparationLauncherProps",
     "PropsError",
     "StorageResources",
     "TeamAccess",

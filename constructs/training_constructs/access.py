@@ -14,6 +14,7 @@ from constructs import Construct
 
 from llmtrain.core.jumpstart import MANIFEST_KEY, content_bucket, gated_content_bucket
 from llmtrain.core.platform import MAX_KEEP_ALIVE_SECONDS, team_job_log_streams
+from llmtrain.core.preparation import CPU_INSTANCE_TYPES, preparation_instance_types
 from training_constructs._props import (
     checked_props,
     freeze_sequences,
@@ -46,6 +47,7 @@ ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS = {
     "sagemaker:ListTrainingJobs": "List calls have no resource; descriptions are scoped to the prefix",
     "sagemaker:ListHyperParameterTuningJobs": "List calls have no resource; descriptions are scoped to the "
     "prefix",
+    "sagemaker:ListProcessingJobs": "List calls have no resource; descriptions are scoped to the prefix",
 }
 _DESCRIBE_VPC_ACTIONS = [
     action for action in ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS if action.startswith("ec2:Describe")
@@ -78,27 +80,35 @@ def guardrail_statements(
     security_group_ids: Sequence[str],
     key_arn: str,
     inter_container_traffic_encryption: bool,
+    processing_instance_types: Sequence[str] | None = None,
 ) -> list[iam.PolicyStatement]:
-    """Denies of any training job the environment would not create: the limits that the teams'
-    job-creating roles carry as conditions, for anyone who calls SageMaker directly.
+    """Denies of any training, tuning or processing job the environment would not create: the limits
+    that the teams' job-creating roles carry as conditions, for anyone who calls SageMaker directly.
 
-    Each Deny names one limit (Sid): the warm-pool cap; the environment's instance types; a job
-    outside the training VPC, its subnets or its security group; an output or volume key other
-    than the platform's; and, where the environment asks for it, a job without inter-container
-    traffic encryption.
+    Each Deny names one limit (Sid): the warm-pool cap; the environment's instance types (for
+    processing jobs, the data preparations', ``processing_instance_types``: default every CPU type the
+    platform knows); a job outside the training VPC, its subnets or its security group; an output or
+    volume key other than the platform's; and, where the environment asks for it, a job without
+    inter-container traffic encryption.
     """
-    # A tuning job's trials are training jobs: SageMaker evaluates the same keys on its creation.
-    create = ["sagemaker:CreateTrainingJob", "sagemaker:CreateHyperParameterTuningJob"]
+    # A tuning job's trials are training jobs: SageMaker evaluates the same keys on its creation, and on a
+    # processing job's (a data preparation's) but the warm pool's.
+    training = ["sagemaker:CreateTrainingJob", "sagemaker:CreateHyperParameterTuningJob"]
+    create = [*training, "sagemaker:CreateProcessingJob"]
 
-    def deny(sid: str, conditions: dict) -> iam.PolicyStatement:
+    def deny(sid: str, conditions: dict, actions: Sequence[str] = create) -> iam.PolicyStatement:
         return iam.PolicyStatement(
-            sid=sid, effect=iam.Effect.DENY, actions=create, resources=["*"], conditions=conditions
+            sid=sid, effect=iam.Effect.DENY, actions=list(actions), resources=["*"], conditions=conditions
         )
 
     statements = [
         warm_pool_cap_statement(max_keep_alive_seconds),
         deny("OnlyPlatformInstanceTypes",
-             {"ForAnyValue:StringNotEquals": {"sagemaker:InstanceTypes": list(instance_types)}}),
+             {"ForAnyValue:StringNotEquals": {"sagemaker:InstanceTypes": list(instance_types)}}, training),
+        deny("OnlyPreparationInstanceTypes",
+             {"ForAnyValue:StringNotEquals": {"sagemaker:InstanceTypes": list(
+                 CPU_INSTANCE_TYPES if processing_instance_types is None else processing_instance_types)}},
+             ["sagemaker:CreateProcessingJob"]),
         deny("OnlyInTheTrainingVpc", {"Null": {"sagemaker:VpcSubnets": "true"}}),
         deny(
             "OnlyTrainingSubnets",
@@ -187,6 +197,8 @@ class TrainingAccess(Construct):
         limits = dict(
             max_keep_alive_seconds=props.max_keep_alive_seconds,
             instance_types=sorted({t for team in props.teams for t in team.instance_types}),
+            processing_instance_types=sorted(
+                {t for team in props.teams for t in preparation_instance_types(team.instance_types)}),
             subnet_ids=[subnet.subnet_id for subnet in network.subnets],
             security_group_ids=[network.security_group.security_group_id],
             key_arn=props.storage.data_key.key_arn,
@@ -195,8 +207,8 @@ class TrainingAccess(Construct):
         self.guardrail_policy = iam.ManagedPolicy(
             self,
             "GuardrailPolicy",
-            description="Denies SageMaker training jobs outside the platform's limits (warm pools, instance "
-            "types, VPC, keys, inter-container encryption)",
+            description="Denies SageMaker training, tuning and processing jobs outside the platform's limits "
+            "(warm pools, instance types, VPC, keys, inter-container encryption)",
             statements=guardrail_statements(**limits),
         )
         image_repositories = tuple(props.image_repository_arns or self._region_image_repositories())
@@ -343,6 +355,42 @@ class TeamAccess(Construct):
             f"Engineers of team {self.team.name} follow every run (execution) of the team's launcher; "
             "execution names are chosen per run"
         )
+
+    def allow_preparations(self, state_machine_arn: str) -> None:
+        """Let the team's engineers start, list, describe and stop its data preparations (the executions
+        of its ``PreparationLauncher``'s state machine) and read its processing jobs
+        (`llmtrain data prepare --cloud`, `llmtrain data status`)."""
+        executions = self.stack.format_arn(
+            service="states",
+            resource="execution",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            resource_name=f"{Fn.select(6, Fn.split(':', state_machine_arn))}:*",
+        )
+        self.engineer_policy.add_statements(
+            iam.PolicyStatement(sid="StartTeamPreparations",
+                                actions=["states:StartExecution", "states:ListExecutions"],
+                                resources=[state_machine_arn]),
+            iam.PolicyStatement(sid="FollowTeamPreparations",
+                                actions=["states:DescribeExecution", "states:StopExecution",
+                                         "states:GetExecutionHistory"],
+                                resources=[executions]),
+            iam.PolicyStatement(
+                sid="FollowTeamProcessingJobs",
+                actions=["sagemaker:DescribeProcessingJob"],
+                resources=[self.stack.format_arn(service="sagemaker", resource="processing-job",
+                                                 resource_name=f"{self.team.job_name_prefix}-*")],
+            ),
+            iam.PolicyStatement(
+                sid="ListProcessingJobs", actions=["sagemaker:ListProcessingJobs"], resources=["*"]
+            ),
+        )
+        self._engineer_reasons.update({
+            "FollowTeamPreparations": f"Engineers of team {self.team.name} follow every preparation "
+            "(execution) of the team's preparation state machine; execution names are chosen per preparation",
+            "FollowTeamProcessingJobs": f"Engineers follow the processing jobs of team {self.team.name}: the "
+            "names share the team's prefix and differ per preparation",
+            "ListProcessingJobs": ACTIONS_WITHOUT_RESOURCE_LEVEL_PERMISSIONS["sagemaker:ListProcessingJobs"],
+        })
 
     def add_execution_statements(
         self, statements: Sequence[iam.PolicyStatement], wildcard_reasons: Mapping[str, str]

@@ -30,6 +30,7 @@ from llmtrain.core.platform import ENVIRONMENT_NAME_PATTERN, TEAM_NAME_PATTERN
 from training_constructs._props import checked_props, freeze_sequences, is_unresolved, require
 from training_constructs.launcher import TrainingLauncher
 from training_constructs.nag import acknowledge_wildcards
+from training_constructs.preparation_launcher import PreparationLauncher
 
 _NAME = "DeployedEnvironmentRecord"
 # ARNs, bucket names and ids the stacks create are far shorter than this.
@@ -46,6 +47,7 @@ class TeamEntry:
     state_machine_arn: str
     notification_topic_arn: str
     platform_context: Mapping[str, Any]
+    preparation_state_machine_arn: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "platform_context", dict(self.platform_context))
@@ -67,22 +69,29 @@ class TeamEntry:
         return tuple(self.platform_context.get("allowed_templates", ()))
 
     @classmethod
-    def for_launcher(cls, launcher: TrainingLauncher) -> TeamEntry:
-        """The entry of the team `launcher` serves."""
+    def for_launcher(
+        cls, launcher: TrainingLauncher, preparations: PreparationLauncher | None = None
+    ) -> TeamEntry:
+        """The entry of the team `launcher` serves (and `preparations`, its preparation state machine)."""
         return cls(
             name=launcher.team.name,
             state_machine_arn=launcher.state_machine.state_machine_arn,
             notification_topic_arn=launcher.topic.topic_arn,
             platform_context=launcher.platform_context,
+            preparation_state_machine_arn=(
+                preparations.state_machine.state_machine_arn if preparations is not None else None),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "name": self.name,
             "state_machine_arn": self.state_machine_arn,
             "notification_topic_arn": self.notification_topic_arn,
             "platform": dict(self.platform_context),
         }
+        if self.preparation_state_machine_arn is not None:
+            data["preparation_state_machine_arn"] = self.preparation_state_machine_arn
+        return data
 
 
 @dataclass(frozen=True)
@@ -125,12 +134,14 @@ class DeployedEnvironmentRecordProps:
         cls,
         launchers: Sequence[TrainingLauncher],
         *,
+        preparations: Mapping[str, PreparationLauncher] | None = None,
         environment_name: str,
         job_name_prefix: str,
         enabled_templates: Sequence[str],
     ) -> DeployedEnvironmentRecordProps:
-        """The record of an environment whose teams are served by `launchers` (one per team), with the
-        versions their registries hold from a catalog other than the platform's."""
+        """The record of an environment whose teams are served by `launchers` (one per team) and
+        `preparations` (by team name), with the versions their registries hold from a catalog other than
+        the platform's."""
         own = {
             t.spec.ref: deployed.template_parameter_value(t.spec.to_dict(), t.content_hash)
             for launcher in launchers
@@ -141,7 +152,8 @@ class DeployedEnvironmentRecordProps:
             environment_name=environment_name,
             job_name_prefix=job_name_prefix,
             enabled_templates=tuple(enabled_templates),
-            teams=tuple(TeamEntry.for_launcher(launcher) for launcher in launchers),
+            teams=tuple(TeamEntry.for_launcher(launcher, (preparations or {}).get(launcher.team.name))
+                        for launcher in launchers),
             own_templates=tuple(own.values()),
         )
 

@@ -96,10 +96,12 @@ def job_creation_conditions(
     environment_name: str,
     inter_container_traffic_encryption: bool,
     warm_pools: bool = True,
+    instance_types: Sequence[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The IAM conditions under which a team's role may call CreateTrainingJob (and, without
     `warm_pools`, CreateHyperParameterTuningJob, whose trials have no warm pool and which SageMaker
-    evaluates the same keys on).
+    evaluates the same keys on, and CreateProcessingJob, with `instance_types` the CPU types of the
+    team's preparations instead of the team's own).
 
     SageMaker evaluates these keys on CreateTrainingJob: the instance types, the VPC's subnets and
     security groups (all required: no job outside the VPC), the KMS keys of the volume (absent for
@@ -110,7 +112,8 @@ def job_creation_conditions(
     """
     conditions: dict[str, dict[str, Any]] = {
         "ForAllValues:StringEquals": {
-            "sagemaker:InstanceTypes": list(team.instance_types),
+            "sagemaker:InstanceTypes": list(team.instance_types if instance_types is None
+                                            else instance_types),
             "sagemaker:VpcSubnets": list(subnet_ids),
             "sagemaker:VpcSecurityGroupIds": list(security_group_ids),
         },

@@ -29,7 +29,7 @@ from llmtrain.client.aws import explained
 from llmtrain.core.deployed import TeamAccess
 from llmtrain.core.errors import LlmtrainError, did_you_mean
 from llmtrain.core.instances import instance_type
-from llmtrain.core.preparation import DATASET_NAME
+from llmtrain.core.preparation import DATASET_MANIFEST, DATASET_NAME
 from llmtrain.core.s3_uris import parse_s3_uri
 from llmtrain.core.token_data import (
     PREPARE_HINT,
@@ -48,7 +48,6 @@ from llmtrain.core.token_data import (
 from training_jobs.contract.token_data import MANIFEST as SHARDS_MANIFEST
 from training_jobs.contract.token_data import SPLITS, TOKENIZER_FOLDER
 
-DATASET_MANIFEST = "llmtrain-dataset.json"
 CHECKSUM_ALGORITHM = "SHA256"
 _READ_BLOCK = 1 << 20
 

@@ -1,39 +1,40 @@
-"""A cloud data preparation started and followed from the CLI: the shards job, then `sizes.json`, the
-merge job and the dataset's marker, each step once the one before it succeeded.
-
-The steps run here, with the caller's credentials (sagemaker:CreateProcessingJob and iam:PassRole on
-the team's execution role, which a deployed environment's engineers' policy does not grant: engineers
-create no job): the team's launcher does not run preparations yet (docs/infrastructure.md says what
-is left). A
-preparation that stops (a failed or stopped job, an interrupted command) is resumed by the same
-command: the shards job of the rerun skips the units complete in the prefix (all of them, after a
-failed merge) and the merge follows.
+"""A cloud data preparation started and followed from the CLI, through the team's preparation state
+machine (`training_constructs.preparation_launcher.PreparationLauncher`, found in the deployed
+environment's record): the engineer uploads the program's code into the dataset's folder and starts an
+execution (`llmtrain.core.preparation.PreparationInput`); the state machine checks it again, runs the
+shards job, writes `sizes.json`, runs the merge job and writes the dataset's marker, with its own role
+(engineers create no job and pass no role). A preparation that stops (a failed or stopped job) is
+resumed by the same command: its shards job skips the units complete in the prefix (all of them, after
+a failed merge) and the merge follows.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from llmtrain.client.aws import explained
-from llmtrain.client.datasets import DATASET_MANIFEST
-from llmtrain.client.preparations import progress, upload_code, write_marker, write_sizes
+from llmtrain.client.preparations import progress, upload_code
 from llmtrain.core.platform import PlatformContext
 from llmtrain.core.preparation import (
     Preparation,
     PreparationError,
+    PreparationInput,
+    execution_name,
     job_name_stem,
-    merge_request,
-    shards_request,
 )
-from llmtrain.core.s3_uris import parse_s3_uri
 from llmtrain.core.spec import TemplateSpec
-from llmtrain.planner import prices
+from llmtrain.lifecycle.preparation_steps import job_cost
 
-ACTIVE = ("InProgress", "Stopping")
 POLL_SECONDS = 30
+
+
+class PreparationFailed(PreparationError):
+    """The preparation ran and failed (or was stopped, or refused by the state machine); the message is
+    the state machine's: its error and what to do."""
 
 
 @dataclass(frozen=True)
@@ -53,80 +54,102 @@ class JobSummary:
         return f"{self.name}  {self.status}{why}  {self.instances} x {self.instance_type}  {took}  {cost}"
 
 
-def run_preparation(
-    sagemaker,
+@dataclass(frozen=True)
+class ExecutionSummary:
+    """One attempt of a preparation: an execution of the team's preparation state machine."""
+
+    name: str
+    arn: str
+    status: str  # RUNNING, SUCCEEDED, FAILED, TIMED_OUT, ABORTED
+    started: Any
+
+    def line(self) -> str:
+        return f"preparation {self.name}  {self.status}"
+
+
+def preparation_state_machine(team) -> str:
+    """The team's preparation state machine, from the deployed environment's record."""
+    arn = team.preparation_state_machine_arn
+    if not arn:
+        raise PreparationError(
+            f"team {team.name!r}'s environment has no preparation state machine (its record was written "
+            "by an older platform): ask the platform team to deploy the current one"
+        )
+    return arn
+
+
+def start_preparation(
+    sfn,
     s3,
+    state_machine_arn: str,
     preparation: Preparation,
     platform: PlatformContext,
     template: TemplateSpec,
     *,
     wait: bool = True,
     say: Callable[[str], None] = print,
-    poll_seconds: int = POLL_SECONDS,
-) -> None:
-    """Start (or resume) the preparation; with `wait`, follow it to the complete dataset."""
-    running = [job for job in preparation_jobs(sagemaker, platform, preparation.name) if job.status in ACTIVE]
+    poll_seconds: float | None = None,
+) -> dict[str, Any] | None:
+    """Start (or resume) the preparation; with `wait`, follow it to the complete dataset and return its
+    summary (PreparationFailed when it failed or was refused, with the state machine's reason)."""
+    running = [
+        e
+        for e in preparation_executions(sfn, state_machine_arn, platform, preparation.name)
+        if e.status == "RUNNING"
+    ]
     if running:
         raise PreparationError(
-            f"job {running[0].name} of this preparation is {running[0].status}: follow it "
-            f"with `llmtrain data status {preparation.name}`, or stop it first"
+            f"preparation {running[0].name} of this dataset is running: follow it with `llmtrain data status "
+            f"{preparation.name}`, or stop it first"
         )
     upload_code(s3, preparation, platform)
+    name = execution_name(platform, preparation)
+    with explained(f"starting preparation {name}"):
+        arn = sfn.start_execution(
+            stateMachineArn=state_machine_arn,
+            name=name,
+            input=json.dumps(PreparationInput(preparation, template.ref).to_dict()),
+        )["executionArn"]
     if preparation.rerun:
-        # The instances check each unit written before against this listing and keep the complete ones
-        # (a rerun after a failed merge only checks them).
-        write_sizes(s3, preparation, platform)
         say(
             f"resuming: the {progress(s3, preparation, platform)['units_done']} work unit(s) written before "
             "are checked, and the complete ones kept"
         )
-    shards = shards_request(preparation, platform, template)
-    _start(sagemaker, shards, say)
+    say(f"started preparation {name}")
     if not wait:
-        say(
-            f"follow it with `llmtrain data status {preparation.name}`; once it completed, run the same "
-            "command again to merge (the units are then all kept)"
-        )
-        return
-    _wait(
-        sagemaker,
-        shards["ProcessingJobName"],
-        poll_seconds,
-        "run the same command again: it redoes only the work units whose shards are missing",
-    )
-    write_sizes(s3, preparation, platform)
-    merge = merge_request(preparation, platform, template)
-    _start(sagemaker, merge, say)
-    _wait(
-        sagemaker,
-        merge["ProcessingJobName"],
-        poll_seconds,
-        "run the same command again: the shards are kept and only the merge runs",
-    )
-    write_marker(s3, preparation, platform)
-    say(f"dataset {preparation.dataset_uri(platform)} is complete")
+        say(f"follow it with `llmtrain data status {preparation.name}`")
+        return None
+    return follow(sfn, arn, poll_seconds=poll_seconds)
 
 
-def _start(sagemaker, request: Mapping[str, Any], say: Callable[[str], None]) -> None:
-    with explained(f"creating processing job {request['ProcessingJobName']}"):
-        sagemaker.create_processing_job(**request)
-    count = request["ProcessingResources"]["ClusterConfig"]["InstanceCount"]
-    say(
-        f"started {request['ProcessingJobName']} ({count} x "
-        f"{request['ProcessingResources']['ClusterConfig']['InstanceType']})"
-    )
+def follow(sfn, execution_arn: str, *, poll_seconds: float | None = None) -> dict[str, Any]:
+    """Wait for the execution to end; its summary, or PreparationFailed with its error and cause."""
+    while True:
+        with explained("following the preparation"):
+            described = sfn.describe_execution(executionArn=execution_arn)
+        if described["status"] != "RUNNING":
+            break
+        time.sleep(poll_seconds if poll_seconds is not None else POLL_SECONDS)
+    if described["status"] == "SUCCEEDED":
+        return json.loads(described.get("output") or "{}")
+    error, cause = described.get("error") or described["status"], described.get("cause") or ""
+    raise PreparationFailed(f"the preparation ended {described['status']}: {error}: {cause}")
 
 
-def _wait(sagemaker, name: str, poll_seconds: int, retry: str) -> None:
-    waiter = sagemaker.get_waiter("processing_job_completed_or_stopped")
-    with explained(f"waiting for processing job {name}"):
-        waiter.wait(ProcessingJobName=name, WaiterConfig={"Delay": poll_seconds, "MaxAttempts": 100_000})
-    job = sagemaker.describe_processing_job(ProcessingJobName=name)
-    if job["ProcessingJobStatus"] != "Completed":
-        reason = job.get("FailureReason") or job.get("ExitMessage") or "no reason given"
-        raise PreparationError(
-            f"processing job {name} ended {job['ProcessingJobStatus']} ({reason}); {retry}"
-        )
+def preparation_executions(
+    sfn, state_machine_arn: str, platform: PlatformContext, name: str
+) -> list[ExecutionSummary]:
+    """The dataset's preparations (executions named `<job name stem>-<stamp>`), oldest first."""
+    stem = job_name_stem(platform, name)
+    found = []
+    with explained(f"listing the preparations of {name}"):
+        for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=state_machine_arn):
+            found += [
+                ExecutionSummary(e["name"], e["executionArn"], e["status"], e.get("startDate"))
+                for e in page["executions"]
+                if e["name"].startswith(f"{stem}-")
+            ]
+    return sorted(found, key=lambda e: e.name[-14:])
 
 
 def preparation_jobs(sagemaker, platform: PlatformContext, name: str) -> list[JobSummary]:
@@ -148,16 +171,7 @@ def preparation_jobs(sagemaker, platform: PlatformContext, name: str) -> list[Jo
 
 def _summary(job: Mapping[str, Any]) -> JobSummary:
     cluster = job["ProcessingResources"]["ClusterConfig"]
-    start, end = job.get("ProcessingStartTime"), job.get("ProcessingEndTime")
-    seconds = (
-        (end - start).total_seconds() if isinstance(start, datetime) and isinstance(end, datetime) else None
-    )
-    usd = None
-    if seconds is not None:
-        try:
-            usd = seconds / 3600 * cluster["InstanceCount"] * prices.load().on_demand(cluster["InstanceType"])
-        except prices.PriceError:
-            usd = None
+    seconds, usd = job_cost(job)
     return JobSummary(
         job["ProcessingJobName"],
         job["ProcessingJobStatus"],
@@ -167,8 +181,3 @@ def _summary(job: Mapping[str, Any]) -> JobSummary:
         usd,
         job.get("FailureReason"),
     )
-
-
-def is_complete(s3, platform: PlatformContext, name: str) -> bool:
-    key = f"{parse_s3_uri(platform.datasets_uri).key}{name}/{DATASET_MANIFEST}"
-    return s3.list_objects_v2(Bucket=platform.datasets_bucket, Prefix=key, MaxKeys=1).get("KeyCount", 0) > 0

@@ -1,49 +1,41 @@
-"""A cloud data preparation's steps that read or write S3 and SageMaker (the requests and the checks
-that need no AWS call are llmtrain.core.preparation).
+"""A cloud data preparation's checks in S3 from the CLI, with the engineer's credentials (the requests
+and the checks that need no AWS call are llmtrain.core.preparation; what the team's preparation state
+machine reads and writes, llmtrain.lifecycle.preparation_steps, which these call with AWS's failures
+explained).
 
-Before any job: the input prefix's files (none, a binary format by name, text that is not UTF-8 in
-the first 64 KiB of the first `UTF8_CHECKED_FILES` files, all empty), the output's state (a dataset
-there is refused; an earlier attempt's state makes this a rerun; anything else is refused), the
-tokenizer folder (downloaded and loaded with the program's own loader, with the prepare_data options
-parsed by the program's parser). Then the code upload, the shards job, `sizes.json` (the listing
-the merge and a rerun read) and the merge job, and last the `llmtrain-dataset.json` marker that
-makes the folder a complete dataset in `llmtrain data ls`.
+Before the preparation starts: the input prefix's files (none, a binary format by name, text that is
+not UTF-8 in the first 64 KiB of the first `UTF8_CHECKED_FILES` files, all empty), the output's state
+(a dataset there is refused; an earlier attempt's state makes this a rerun; anything else is
+refused), the tokenizer folder (downloaded and loaded with the program's own loader, with the
+prepare_data options parsed by the program's parser), and the code upload. While and after it runs:
+its progress (`progress`), what each quality step removed (`step_removals`, `removal_line`) and
+whether the dataset is complete (`is_complete`).
 """
 
 from __future__ import annotations
 
 import codecs
-import json
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from llmtrain.client.aws import explained
-from llmtrain.client.datasets import DATASET_MANIFEST
 from llmtrain.core.platform import PlatformContext
-from llmtrain.core.preparation import (
-    CODE_FOLDER,
-    SIZES_FILE,
-    STATE_FOLDER,
-    Preparation,
-    PreparationError,
-    input_files_problem,
-)
+from llmtrain.core.preparation import Preparation, PreparationError, input_files_problem
 from llmtrain.core.s3_uris import parse_s3_uri
 from llmtrain.core.sourcedir import package_code, program_environment
 from llmtrain.core.spec import PLATFORM_CODE, PLATFORM_ENTRY_POINT, CodeSpec
 from llmtrain.core.token_data import TOKENIZER_FILES
-from training_jobs.contract.token_data import BINARY_SUFFIXES, MANIFEST, SPLITS
+from llmtrain.lifecycle import preparation_steps as steps
+from llmtrain.lifecycle.preparation_steps import InputFile
+from training_jobs.contract.token_data import BINARY_SUFFIXES
 
 UTF8_CHECK_BYTES = 1 << 16
 UTF8_CHECKED_FILES = 100  # ranged reads before the job; the job's instances check every file
 MAX_TOKENIZER_BYTES = 200 << 20
-PLAN_FILE = "plan.json"
 # Run by the program's interpreter: the options parsed by prepare_data's parser (placeholders for the
 # paths the platform sets), then the tokenizer loaded as prepare_data loads it.
 _CHECK_PROGRAM = """
@@ -60,24 +52,10 @@ except DataError as error:
 """
 
 
-@dataclass(frozen=True)
-class InputFile:
-    key: str
-    size: int
-
-
 def input_files(s3, uri: str) -> list[InputFile]:
     """The files the instances will read, as prepare_data finds them (hidden names left out)."""
-    location = parse_s3_uri(uri)
-    prefix = location.key if location.key.endswith("/") or not location.key else f"{location.key}/"
     with explained(f"listing {uri}"):
-        objects = list(_objects(s3, location.bucket, prefix))
-    return [
-        InputFile(o["Key"], o["Size"])
-        for o in objects
-        if not o["Key"].endswith("/")
-        and not any(part.startswith(".") for part in o["Key"][len(prefix) :].split("/"))
-    ]
+        return steps.input_files(s3, uri)
 
 
 def check_inputs(s3, uri: str, files: list[InputFile], instance_count: int) -> None:
@@ -110,24 +88,8 @@ def check_inputs(s3, uri: str, files: list[InputFile], instance_count: int) -> N
 def output_is_rerun(s3, preparation: Preparation, platform: PlatformContext) -> bool:
     """Whether the dataset's prefix holds an earlier attempt of this preparation (resumed); refused
     when it holds a dataset or other files."""
-    bucket, prefix = platform.datasets_bucket, parse_s3_uri(preparation.dataset_uri(platform)).key
     with explained(f"listing {preparation.dataset_uri(platform)}"):
-        keys = {o["Key"][len(prefix) :] for o in _objects(s3, bucket, prefix)}
-    datasets = {DATASET_MANIFEST, MANIFEST, *(f"{split}/{MANIFEST}" for split in SPLITS)}
-    if keys & datasets:
-        raise PreparationError(
-            f"{preparation.dataset_uri(platform)} already holds a dataset "
-            f"({', '.join(sorted(keys & datasets))}): choose another --name"
-        )
-    if f"{STATE_FOLDER}/{PLAN_FILE}" in keys:
-        return True
-    others = sorted(key for key in keys if not key.startswith((f"{STATE_FOLDER}/", f"{CODE_FOLDER}/")))
-    if others:
-        raise PreparationError(
-            f"{preparation.dataset_uri(platform)} holds {len(others)} file(s) (e.g. "
-            f"{others[0]}) but no preparation: choose another --name"
-        )
-    return False
+        return steps.output_is_rerun(s3, preparation, platform)
 
 
 def check_tokenizer_and_options(s3, uri: str, options: Iterable[str]) -> None:
@@ -178,69 +140,26 @@ def upload_code(s3, preparation: Preparation, platform: PlatformContext) -> str:
     return uri
 
 
-def write_sizes(s3, preparation: Preparation, platform: PlatformContext) -> dict[str, int]:
-    """`sizes.json` in the state folder: every object of the dataset's prefix by relative key (the
-    state and the code left out), what a rerun and the merge check the units' shards against."""
-    bucket, prefix = platform.datasets_bucket, parse_s3_uri(preparation.dataset_uri(platform)).key
-    with explained(f"listing {preparation.dataset_uri(platform)}"):
-        sizes = {
-            o["Key"][len(prefix) :]: o["Size"]
-            for o in _objects(s3, bucket, prefix)
-            if not o["Key"][len(prefix) :].startswith((f"{STATE_FOLDER}/", f"{CODE_FOLDER}/"))
-        }
-    with explained(f"writing {preparation.state_uri(platform)}{SIZES_FILE}"):
-        s3.put_object(
-            Bucket=bucket,
-            Key=f"{prefix}{STATE_FOLDER}/{SIZES_FILE}",
-            Body=json.dumps(sizes, sort_keys=True).encode(),
-            ContentType="application/json",
-        )
-    return sizes
-
-
-def write_marker(s3, preparation: Preparation, platform: PlatformContext) -> None:
-    """`llmtrain-dataset.json`, last, once the merge wrote the manifests: the dataset is complete."""
-    bucket, prefix = platform.datasets_bucket, parse_s3_uri(preparation.dataset_uri(platform)).key
-    objects = [o for o in _objects(s3, bucket, prefix) if o["Key"] != f"{prefix}{DATASET_MANIFEST}"]
-    files = [{"path": o["Key"][len(prefix) :], "size": o["Size"]} for o in objects]
-    if not any(f["path"] in (MANIFEST, *(f"{s}/{MANIFEST}" for s in SPLITS)) for f in files):
-        raise PreparationError(
-            f"{preparation.dataset_uri(platform)} has no {MANIFEST}: the merge job has not "
-            "written the dataset"
-        )
-    marker = {
-        "format": 1,
-        "name": preparation.name,
-        "team": platform.team,
-        "uploaded_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "uploaded_by": preparation.owner,
-        "prepared_by": "llmtrain data prepare --cloud",
-        "bytes": sum(f["size"] for f in files),
-        "files": files,
-    }
-    s3.put_object(
-        Bucket=bucket,
-        Key=f"{prefix}{DATASET_MANIFEST}",
-        Body=json.dumps(marker, indent=2).encode(),
-        ContentType="application/json",
-    )
-
-
 def progress(s3, preparation: Preparation, platform: PlatformContext) -> dict[str, Any]:
-    """Units done of the plan's units, and the tokens they wrote, from the state folder."""
-    bucket, prefix = platform.datasets_bucket, parse_s3_uri(preparation.state_uri(platform)).key
-    try:
-        plan = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}{PLAN_FILE}")["Body"].read())
-    except s3.exceptions.NoSuchKey:
-        return {"units": None, "units_done": 0, "tokens": 0}
-    tokens = 0
-    keys = [o["Key"] for o in _objects(s3, bucket, f"{prefix}units/")]
-    for key in keys:
-        manifest = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-        tokens += sum(body["tokens"] for body in manifest["splits"].values())
-    return {"units": len(plan["units"]), "units_done": len(keys), "tokens": tokens}
+    """Units done of the plan's units, the tokens they wrote and what the units' quality steps removed,
+    from the state folder (llmtrain.lifecycle.preparation_steps.progress)."""
+    with explained(f"reading {preparation.state_uri(platform)}"):
+        return steps.progress(s3, preparation, platform)
+
+
+def is_complete(s3, platform: PlatformContext, name: str) -> bool:
+    with explained(f"reading {platform.datasets_uri}{name}/"):
+        return steps.is_complete(s3, platform, name)
+
+
+def step_removals(s3, platform: PlatformContext, name: str) -> list[dict[str, Any]] | None:
+    """What each quality step removed, from the merge's report; None before the merge wrote it."""
+    with explained(f"reading {platform.datasets_uri}{name}/{steps.REPORT_FILE}"):
+        return steps.step_removals(s3, platform, name)
+
+
+removal_line = steps.removal_line
 
 
 def _objects(s3, bucket: str, prefix: str) -> Iterable[Mapping[str, Any]]:
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        yield from page.get("Contents", [])
+    return steps.objects(s3, bucket, prefix)

@@ -1,6 +1,6 @@
 """`llmtrain data prepare --cloud` and `llmtrain data status NAME`: a data preparation on SageMaker
-Processing (llmtrain.core.preparation), checked and estimated before any job, then started and
-followed (llmtrain.client.preparation_jobs).
+Processing (llmtrain.core.preparation), checked and estimated before anything starts, then started
+through the team's preparation state machine and followed (llmtrain.client.preparation_jobs).
 
     llmtrain data prepare --cloud --name NAME --input S3_PREFIX --tokenizer S3_FOLDER --template REF
         [--instance-type ml.c5.4xlarge] [--instance-count N] [--max-runtime-hours H] [--dry-run]
@@ -19,13 +19,22 @@ import sys
 from datetime import UTC, datetime
 
 from llmtrain.client.launcher import owner_from_identity
-from llmtrain.client.preparation_jobs import is_complete, preparation_jobs, run_preparation
+from llmtrain.client.preparation_jobs import (
+    PreparationFailed,
+    preparation_executions,
+    preparation_jobs,
+    preparation_state_machine,
+    start_preparation,
+)
 from llmtrain.client.preparations import (
     check_inputs,
     check_tokenizer_and_options,
     input_files,
+    is_complete,
     output_is_rerun,
     progress,
+    removal_line,
+    step_removals,
 )
 from llmtrain.commands._common import add_cloud_arguments, connect
 from llmtrain.core.catalog import Catalog
@@ -72,7 +81,7 @@ def _cloud_parser() -> argparse.ArgumentParser:
         help="each job's MaxRuntimeInSeconds, in hours (default 120)",
     )
     parser.add_argument("--dry-run", action="store_true", help="check, estimate and print the requests only")
-    parser.add_argument("--no-wait", action="store_true", help="start the shards job and return")
+    parser.add_argument("--no-wait", action="store_true", help="start the preparation and return")
     add_cloud_arguments(parser)
     return parser
 
@@ -91,6 +100,7 @@ def prepare_cloud_command(args: argparse.Namespace) -> int:
     template = Catalog.load().resolve(options.template)
     cloud = connect(options)
     platform = cloud.team.platform
+    machine = None if options.dry_run else preparation_state_machine(cloud.team)  # before any check
     if platform.allowed_templates and template.name not in platform.allowed_templates:
         raise PreparationError(f"--template {template.name} is not allowed for team {platform.team!r}")
     draft = Preparation(
@@ -122,8 +132,16 @@ def prepare_cloud_command(args: argparse.Namespace) -> int:
         ]
         print(json.dumps(requests, indent=2))
         return 0
-    sagemaker = cloud.session.client("sagemaker", region_name=cloud.deployed.region)
-    run_preparation(sagemaker, s3, preparation, platform, template, wait=not options.no_wait)
+    sfn = cloud.session.client("stepfunctions", region_name=cloud.deployed.region)
+    try:
+        summary = start_preparation(
+            sfn, s3, machine, preparation, platform, template, wait=not options.no_wait
+        )
+    except PreparationFailed as failed:  # it ran: not a usage error
+        print(f"llmtrain data: error: {failed}", file=sys.stderr)
+        return 1
+    if summary is not None:
+        print(summary.get("message") or f"dataset {preparation.dataset_uri(platform)} is complete")
     return 0
 
 
@@ -148,7 +166,9 @@ def status_command(args: argparse.Namespace) -> int:
     cloud = connect(args)
     s3 = cloud.session.client("s3", region_name=cloud.deployed.region)
     sagemaker = cloud.session.client("sagemaker", region_name=cloud.deployed.region)
-    lines = status_lines(sagemaker, s3, cloud.team.platform, args.name)
+    sfn = cloud.session.client("stepfunctions", region_name=cloud.deployed.region)
+    machine = preparation_state_machine(cloud.team)
+    lines = status_lines(sagemaker, s3, cloud.team.platform, args.name, sfn=sfn, state_machine_arn=machine)
     if not lines:
         print(f"no preparation jobs of {args.name} in team {cloud.team.platform.team!r}", file=sys.stderr)
         return 1
@@ -156,17 +176,38 @@ def status_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def status_lines(sagemaker, s3, platform: PlatformContext, name: str) -> list[str]:
-    """The preparation's jobs, the work units written and their tokens, the cost, the dataset's state."""
+def status_lines(
+    sagemaker, s3, platform: PlatformContext, name: str, *, sfn=None, state_machine_arn: str | None = None
+) -> list[str]:
+    """The preparation's attempts (the state machine's executions) and jobs, the work units written and
+    their tokens, the cost, what each quality step removed, the dataset's state."""
+    executions = preparation_executions(sfn, state_machine_arn, platform, name) if sfn is not None else []
     jobs = preparation_jobs(sagemaker, platform, name)
-    if not jobs:
+    if not jobs and not executions:
         return []
     costs = [job.usd for job in jobs if job.usd is not None]
     done = progress(s3, Preparation(name, "", "", "", 1, (), "", 0, ""), platform)
     units = done["units"] if done["units"] is not None else "?"
     return [
+        *(execution.line() for execution in executions),
         *(job.line() for job in jobs),
         f"work units: {done['units_done']} of {units} written; {done['tokens']:,} tokens; cost so far: "
         f"${sum(costs):,.2f} (ended jobs: duration x instances x on-demand price)",
+        *_removal_lines(s3, platform, name, done),
         "dataset: complete" if is_complete(s3, platform, name) else "dataset: not complete yet",
     ]
+
+
+def _removal_lines(s3, platform: PlatformContext, name: str, done: dict) -> list[str]:
+    """Each quality step's removals: the merge's report once it is written, else the units' so far (the
+    deduplication of a cloud preparation is decided by its merge job)."""
+    steps = step_removals(s3, platform, name)
+    if steps is not None:
+        return [removal_line(s["step"], s["removed_documents"], s["removed_tokens"]) for s in steps]
+    lines = [
+        removal_line(step, counts["documents"], counts["tokens"]) + " so far"
+        for step, counts in done["removed"].items()
+    ]
+    if done["dedup"]:
+        lines.append(f"dedup-{done['dedup']}: the merge job finds the duplicates across every work unit")
+    return lines

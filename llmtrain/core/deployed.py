@@ -11,9 +11,11 @@ however many teams an environment has:
     /llmtrain/<env>/environment     schema_version, environment, region, account, job_name_prefix
                                     (the environment's), enabled_templates
     /llmtrain/<env>/teams/<team>    the team's launcher: its state machine ARN, its notification
-                                    topic, and the team's PlatformContext (llmtrain.core.platform) that
-                                    its launcher renders with: its execution role, job-name prefix,
-                                    datasets prefix `teams/<team>/`, templates and instance types
+                                    topic, its preparation state machine's ARN (optional: absent
+                                    from records before it), and the team's PlatformContext
+                                    (llmtrain.core.platform) that its launcher renders with: its
+                                    execution role, job-name prefix, datasets prefix `teams/<team>/`,
+                                    templates and instance types
     /llmtrain/<env>/templates/<name>/<version>
                                     a version the launchers run from a catalog other than the
                                     platform's (a team's own, which no CLI ships): its spec
@@ -70,6 +72,7 @@ class LauncherOutput:
 
     STATE_MACHINE_ARN = "StateMachineArn"
     TOPIC_ARN = "NotificationTopicArn"
+    PREPARATION_STATE_MACHINE_ARN = "PreparationStateMachineArn"
 
 
 class DeployedEnvironmentError(LlmtrainError):
@@ -100,6 +103,9 @@ class TeamAccess:
     state_machine_arn: str
     notification_topic_arn: str
     platform: PlatformContext
+    # The team's preparation state machine (`llmtrain data prepare --cloud`); None in a record written
+    # before preparations ran through it (an older CLI ignores the field).
+    preparation_state_machine_arn: str | None = None
 
     @property
     def datasets_prefix(self) -> str:
@@ -128,12 +134,15 @@ class TeamAccess:
         return self.platform.allowed_instance_types
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "name": self.name,
             "state_machine_arn": self.state_machine_arn,
             "notification_topic_arn": self.notification_topic_arn,
             "platform": self.platform.to_dict(),
         }
+        if self.preparation_state_machine_arn is not None:
+            data["preparation_state_machine_arn"] = self.preparation_state_machine_arn
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str) -> TeamAccess:
@@ -146,7 +155,12 @@ class TeamAccess:
             raise DeployedEnvironmentError(
                 f"{source}: the team's platform context is team {platform.team!r}'s; redeploy the environment"
             )
-        return cls(**values, platform=platform)
+        preparations = data.get("preparation_state_machine_arn")
+        if preparations is not None and not isinstance(preparations, str):
+            raise DeployedEnvironmentError(
+                f"{source}: preparation_state_machine_arn must be a string; redeploy the environment"
+            )
+        return cls(**values, platform=platform, preparation_state_machine_arn=preparations)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ the handler reads it back with `from_environment(os.environ)`. No construct spel
     launcher Resolve,         launcher.resolve / next_attempt /        LauncherSettings
       NextAttempt, Summarize    summarize
     launcher Watch (queues)   queue.watch                              WatchSettings
+    preparations' steps       preparation.handler                      PreparationSettings
     quota usage               quotas.handler                           QuotaSettings
     warm-pool reaper          warm_pools.handler                       ReaperSettings
     job events                job_events.handler                       JobEventSettings
@@ -18,6 +19,7 @@ names CloudFormation fills in), which it carries through unread. Standard librar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -153,6 +155,60 @@ class WatchSettings:
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> WatchSettings:
         return cls(platform_context=_json_setting(environ, ENV_PLATFORM_CONTEXT))
+
+
+ENV_PROCESSING_ROLE_ARN = "LLMTRAIN_PROCESSING_ROLE_ARN"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparationSettings:
+    """The settings of the function of a team's preparation state machine (`llmtrain data prepare
+    --cloud`): its steps Validate, RecordSizes, Complete and DescribeFailure.
+
+    ``platform_context``: the team's `PlatformContext` as a dict, as the launcher's functions get it.
+    ``processing_role_arn``: the role the processing jobs run as (the requests name it; the state
+      machine passes no other).
+    ``templates_dir``: where the registry's YAML files are (None: bundled beside `llmtrain`), whose
+      versions' images run the preparations.
+    """
+
+    HANDLER: ClassVar[str] = "llmtrain.handlers.preparation.handler"
+
+    platform_context: Mapping[str, Any]
+    processing_role_arn: str
+    templates_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.platform_context, Mapping):
+            kind = type(self.platform_context).__name__
+            raise LauncherStateError(f"platform_context must be a JSON object, got {kind}")
+        if not isinstance(self.processing_role_arn, str) or not self.processing_role_arn:
+            raise LauncherStateError(
+                f"{ENV_PROCESSING_ROLE_ARN} is not set: the preparations construct sets it"
+            )
+        object.__setattr__(self, "platform_context", dict(self.platform_context))
+
+    @property
+    def platform(self) -> PlatformContext:
+        """The team's context, with the processing role as the role its jobs run as."""
+        return dataclasses.replace(PlatformContext.from_dict(self.platform_context),
+                                   execution_role_arn=self.processing_role_arn)
+
+    def to_environment(self, json_text: Callable[[Any], str] = compact_json) -> dict[str, str]:
+        """The function's environment (``json_text`` as for `LauncherSettings.to_environment`)."""
+        environment = {ENV_PLATFORM_CONTEXT: json_text(self.platform_context),
+                       ENV_PROCESSING_ROLE_ARN: self.processing_role_arn}
+        if self.templates_dir:
+            environment[ENV_TEMPLATES_DIR] = self.templates_dir
+        return environment
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> PreparationSettings:
+        return cls(
+            platform_context=_json_setting(environ, ENV_PLATFORM_CONTEXT),
+            processing_role_arn=environ.get(ENV_PROCESSING_ROLE_ARN, ""),
+            templates_dir=environ.get(ENV_TEMPLATES_DIR) or None,
+        )
 
 
 def _json_setting(environ: Mapping[str, str], name: str) -> Any:
@@ -312,7 +368,8 @@ def _parse_bool(name: str, raw: str) -> bool:
         raise ValueError(f"{name}: write true or false, got {raw!r}") from None
 
 
-ALL_SETTINGS = (LauncherSettings, WatchSettings, QuotaSettings, ReaperSettings, JobEventSettings)
+ALL_SETTINGS = (LauncherSettings, WatchSettings, PreparationSettings, QuotaSettings, ReaperSettings,
+                JobEventSettings)
 __all__ = [
     "ALL_SETTINGS",
     "END_STATES",
@@ -324,6 +381,7 @@ __all__ = [
     "WARM_POOL_NAMESPACE",
     "JobEventSettings",
     "LauncherSettings",
+    "PreparationSettings",
     "QuotaSettings",
     "ReaperSettings",
     "UsageKind",

@@ -334,10 +334,10 @@ def _step_functions_resource(self: StepFunctionResponse) -> str:
 
 def _sagemaker_resource(self: SageMakerResponse) -> str:
     body = json.loads(self.body or "{}")
-    name = body.get("TrainingJobName")
-    if not name:
-        return "*"
-    return f"arn:aws:sagemaker:{self.region}:{self.current_account}:training-job/{name.lower()}"
+    for name_field, kind in (("TrainingJobName", "training-job"), ("ProcessingJobName", "processing-job")):
+        if body.get(name_field):
+            return f"arn:aws:sagemaker:{self.region}:{self.current_account}:{kind}/{body[name_field].lower()}"
+    return "*"
 
 
 def _ssm_resource(self: SimpleSystemManagerResponse) -> str:

@@ -11,6 +11,7 @@ import pytest
 from aws_cdk import aws_iam as iam
 from infra_helpers import ENV, as_list, resources_of_type, statements_by_sid, synthesize
 
+from llmtrain.core.preparation import preparation_instance_types
 from training_constructs import (
     PropsError,
     TrainingAccess,
@@ -226,6 +227,18 @@ def test_the_guardrail_denies_jobs_outside_the_environments_limits(platform, env
     ]
     teams = platform.stages[env].teams
     assert types == sorted({t for team in teams for t in team.instance_types})
+    # Issue 35: processing jobs (data preparations) are held to the same network, keys and encryption,
+    # on the CPU types the teams' preparations may use (not the training types).
+    assert "sagemaker:CreateProcessingJob" not in guardrail["OnlyPlatformInstanceTypes"]["Action"]
+    processing = guardrail["OnlyPreparationInstanceTypes"]
+    assert processing["Action"] == "sagemaker:CreateProcessingJob"
+    assert processing["Condition"]["ForAnyValue:StringNotEquals"]["sagemaker:InstanceTypes"] == sorted(
+        {t for team in teams for t in preparation_instance_types(team.instance_types)})
+    for sid in ("OnlyInTheTrainingVpc", "OnlyTrainingSubnets", "OnlyTrainingSecurityGroups",
+                "OnlyPlatformOutputKey", "OnlyPlatformVolumeKey", *(["OnlyEncryptedInterContainerTraffic"]
+                                           if config.network.inter_container_traffic_encryption else [])):
+        assert guardrail[sid]["Action"] == [create, "sagemaker:CreateHyperParameterTuningJob",
+                                            "sagemaker:CreateProcessingJob"], sid
     assert guardrail["OnlyInTheTrainingVpc"]["Condition"] == {"Null": {"sagemaker:VpcSubnets": "true"}}
     subnets = guardrail["OnlyTrainingSubnets"]["Condition"]["ForAnyValue:StringNotEquals"][
         "sagemaker:VpcSubnets"

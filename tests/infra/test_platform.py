@@ -28,6 +28,7 @@ RESOURCE_STAR_ALLOWED = {
     "sagemaker:ListTrainingJobs": "List actions have no resource; descriptions are scoped to the prefix",
     "sagemaker:ListTrainingPlans": "List actions have no resource; llmtrain plans lists the account's plans",
     "sagemaker:ListHyperParameterTuningJobs": "List actions have no resource; tuning jobs are found by name",
+    "sagemaker:ListProcessingJobs": "List actions have no resource; a preparation's jobs are found by name",
     "sts:GetServiceBearerToken": "no resource-level permission; a condition limits it to CodeArtifact",
     "servicequotas:ListServiceQuotas": "Service Quotas List* actions have no resource ARN",
     "servicequotas:ListAWSDefaultServiceQuotas": "Service Quotas List* actions have no resource ARN",

@@ -21,6 +21,7 @@ resources and StringEquals conditions).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import time
@@ -39,8 +40,9 @@ from llmtrain.cli import main
 from llmtrain.client.launcher import LauncherClient
 from llmtrain.core.catalog import Catalog
 from llmtrain.core.errors import LlmtrainError
-from llmtrain.core.function_settings import ENV_PLATFORM_CONTEXT
+from llmtrain.core.function_settings import ENV_PLATFORM_CONTEXT, ENV_PROCESSING_ROLE_ARN, PreparationSettings
 from llmtrain.core.platform import PlatformContext
+from llmtrain.core.preparation import Preparation, shards_request
 from llmtrain.core.render import render
 from llmtrain.core.run_settings import RunInput
 from training_constructs.teams import TEAM_TAG
@@ -82,6 +84,11 @@ class Principals:
             self.sessions[("job", team)] = self._assumed(sts, self.outputs[f"Team{key}ExecutionRoleArn"])
             machine = sfn.describe_state_machine(stateMachineArn=self.state_machine(team))
             self.sessions[("launcher", team)] = self._assumed(sts, machine["roleArn"])
+            preparations = sfn.describe_state_machine(
+                stateMachineArn=self.outputs[f"Team{key}PreparationStateMachineArn"])
+            self.sessions[("preparations", team)] = self._assumed(sts, preparations["roleArn"])
+            self.sessions[("processing", team)] = self._assumed(sts, self.processing_role(team))
+            self.sessions[("steps", team)] = self._assumed(sts, self._preparation_function(team)["Role"])
             user = f"engineer-{team}"
             iam.create_user(UserName=user)
             iam.attach_user_policy(UserName=user, PolicyArn=self.outputs[f"Team{key}EngineerPolicyArn"])
@@ -115,6 +122,26 @@ class Principals:
         sfn = boto3.client("stepfunctions", region_name=self.region)
         machine = sfn.describe_state_machine(stateMachineArn=self.state_machine(team))
         return machine["roleArn"].rsplit("/", 1)[1]
+
+    def preparation_role(self, team: str) -> str:
+        """The name of the team's preparation state machine's role."""
+        sfn = boto3.client("stepfunctions", region_name=self.region)
+        arn = self.outputs[f"Team{team.capitalize()}PreparationStateMachineArn"]
+        return sfn.describe_state_machine(stateMachineArn=arn)["roleArn"].rsplit("/", 1)[1]
+
+    def _preparation_function(self, team: str) -> dict:
+        functions = boto3.client("lambda", region_name=self.region)
+        for page in functions.get_paginator("list_functions").paginate():
+            for function in page["Functions"]:
+                variables = function.get("Environment", {}).get("Variables", {})
+                if function["Handler"] == PreparationSettings.HANDLER and json.loads(
+                        variables[ENV_PLATFORM_CONTEXT])["team"] == team:
+                    return function
+        raise AssertionError(f"no preparation function of team {team}")
+
+    def processing_role(self, team: str) -> str:
+        """The ARN of the role the team's processing jobs run as (its preparation function's setting)."""
+        return self._preparation_function(team)["Environment"]["Variables"][ENV_PROCESSING_ROLE_ARN]
 
     def platform_context(self, team: str) -> PlatformContext:
         """What the team's deployed resolve function receives, as moto's CloudFormation resolved it."""
@@ -151,7 +178,8 @@ def test_every_stack_of_the_two_team_environment_deploys(deployed):
     # (their outputs only are left out).
     assert deployed.stage.outputs_left_out == ["PackageRepositoryArn", "MlflowTrackingServerArn"]
     for team in TEAMS:
-        for output in ("ExecutionRoleArn", "EngineerPolicyArn", "StateMachineArn", "NotificationTopicArn"):
+        for output in ("ExecutionRoleArn", "EngineerPolicyArn", "StateMachineArn", "NotificationTopicArn",
+                   "PreparationStateMachineArn"):
             assert f"Team{team.capitalize()}{output}" in deployed.outputs, (team, output)
     # The JobTemplates' uploads and the default security group's cleanup were answered by the test.
     assert any("CodeCustomResource" in name for name in deployed.stage.answered_custom_resources)
@@ -548,3 +576,90 @@ def _rendered(deployed, team: str, run_name: str) -> dict:
     context = deployed.platform_context(team)
     template = Catalog.load().get(context.allowed_templates[0])
     return render(template, RunInput(run_name=run_name), context)
+
+
+def _processing_request(deployed, team: str, name: str = "web") -> dict:
+    """The shards job's request the team's preparation state machine would pass (its processing role)."""
+    context = dataclasses.replace(deployed.platform_context(team),
+                                  execution_role_arn=deployed.processing_role(team))
+    preparation = Preparation(name=name, input_uri=f"{context.datasets_uri}raw/",
+                              tokenizer_uri=f"{context.datasets_uri}tok/",
+                              instance_type="ml.c5.xlarge", instance_count=2, options=(), owner="alice",
+                              input_bytes=1 << 20, stamp="20261128120000")
+    template = Catalog.load().get(context.allowed_templates[0])
+    return shards_request(preparation, context, template)
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_a_teams_preparations_reach_only_its_datasets(deployed, team):
+    """Issue 35: the processing jobs (their role) read and write the team's datasets prefix only; the state
+    machine's function writes nothing there but `sizes.json` and the dataset's marker, and deletes only the
+    shard files and `.dedup/` a finished dataset does not use."""
+    other = OTHER[team]
+    datasets = deployed.bucket("datasets")
+    s3 = boto3.client("s3", region_name=deployed.region)
+    for owner in TEAMS:
+        s3.put_object(Bucket=datasets, Key=f"teams/{owner}/raw/notes.txt", Body=b"text")
+    jobs, steps = deployed.client("processing", team, "s3"), deployed.client("steps", team, "s3")
+
+    def put(client, key: str, bucket: str = datasets):
+        return allowed(lambda: client.put_object(Bucket=bucket, Key=key, Body=b"1"))
+
+    with iam_enforced():
+        for client in (jobs, steps):
+            assert allowed(lambda c=client: c.get_object(Bucket=datasets, Key=f"teams/{team}/raw/notes.txt"))
+            theirs = f"teams/{other}/raw/notes.txt"
+            assert not allowed(lambda c=client, k=theirs: c.get_object(Bucket=datasets, Key=k))
+        assert put(jobs, f"teams/{team}/web/train/shard_00000.bin")
+        assert not put(jobs, f"teams/{other}/web/train/shard_00000.bin")
+        assert not put(jobs, f"teams/{team}/web/shard", bucket=deployed.bucket("checkpoints"))
+        assert put(steps, f"teams/{team}/web/.preparation/sizes.json")
+        assert put(steps, f"teams/{team}/web/llmtrain-dataset.json")
+        assert not put(steps, f"teams/{team}/web/train/shard_00000.bin")
+        assert not put(steps, f"teams/{other}/web/llmtrain-dataset.json")
+        # Before the marker, the function removes the shards and .dedup/ the dataset does not use: those only.
+        for key in ("web/train/shard_00000_00000.bin", "web/.dedup/signatures/bucket_000/00000.minhash.sig"):
+            assert allowed(lambda k=key: steps.delete_object(Bucket=datasets, Key=f"teams/{team}/{k}"))
+            assert not allowed(lambda k=key: steps.delete_object(Bucket=datasets, Key=f"teams/{other}/{k}"))
+        assert not allowed(lambda: steps.delete_object(Bucket=datasets, Key=f"teams/{team}/raw/notes.txt"))
+        assert not allowed(lambda: jobs.delete_object(Bucket=datasets, Key=f"teams/{other}/raw/notes.txt"))
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_only_a_teams_preparation_state_machine_creates_its_processing_jobs(deployed, team):
+    other = OTHER[team]
+    requests = {t: _processing_request(deployed, t, f"{team}-web") for t in TEAMS}
+    launcher = deployed.client("preparations", team, "sagemaker")
+    engineer = deployed.client("engineer", team, "sagemaker")
+    with iam_enforced():
+        assert allowed(lambda: launcher.create_processing_job(**requests[team]))
+        assert not allowed(lambda: launcher.create_processing_job(**requests[other]))  # its job-name prefix
+        renamed = {**requests[team], "ProcessingJobName": requests[team]["ProcessingJobName"] + "-2"}
+        assert not allowed(lambda: engineer.create_processing_job(**renamed))  # engineers create no job
+        own = requests[team]["ProcessingJobName"]
+        assert allowed(lambda: engineer.describe_processing_job(ProcessingJobName=own))
+        assert allowed(lambda: engineer.list_processing_jobs())
+    boto3.client("sagemaker", region_name=deployed.region).create_processing_job(**requests[other])
+    with iam_enforced():
+        theirs = requests[other]["ProcessingJobName"]
+        assert not allowed(lambda: engineer.describe_processing_job(ProcessingJobName=theirs))
+        assert not allowed(lambda: launcher.describe_processing_job(ProcessingJobName=theirs))
+    # The condition keys moto's enforcement leaves out, judged by moto's evaluator on the role as deployed
+    # (StringEquals: the tags and the output key; the instance types, subnets and security groups are
+    # asserted on the statements in test_preparation_launcher.py).
+    role, context = deployed.preparation_role(team), deployed.platform_context(team)
+    job = f"arn:aws:sagemaker:{deployed.region}:222222222222:processing-job/{context.job_name_prefix}-web-x"
+    mine = {f"aws:RequestTag/{TEAM_TAG}": team, "aws:RequestTag/llmtrain:environment": ENVIRONMENT,
+            "sagemaker:OutputKmsKey": context.kms_key_arn}
+    assert role_allows(role, "sagemaker:CreateProcessingJob", job, mine)
+    assert not role_allows(role, "sagemaker:CreateProcessingJob", job,
+                           {**mine, f"aws:RequestTag/{TEAM_TAG}": other})
+    assert not role_allows(role, "sagemaker:CreateProcessingJob", job,
+                           {**mine, "sagemaker:OutputKmsKey": context.kms_key_arn.replace("key/", "key/0")})
+    theirs_arn = job.replace(context.job_name_prefix, deployed.platform_context(other).job_name_prefix)
+    assert not role_allows(role, "sagemaker:CreateProcessingJob", theirs_arn, mine)
+    to_sagemaker = {"iam:PassedToService": "sagemaker.amazonaws.com"}
+    assert role_allows(role, "iam:PassRole", deployed.processing_role(team), to_sagemaker)
+    assert not role_allows(role, "iam:PassRole", deployed.processing_role(other), to_sagemaker)
+    assert not role_allows(role, "iam:PassRole", deployed.outputs[f"Team{team.capitalize()}ExecutionRoleArn"],
+                           to_sagemaker)

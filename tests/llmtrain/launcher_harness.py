@@ -20,6 +20,10 @@ What is supplied in test code, because moto has neither:
   A job that ends badly fails the state with ``States.TaskFailed`` and the DescribeTrainingJob
   output as the cause; an API error fails it with ``SageMaker.AmazonSageMakerException`` and
   SageMaker's message.
+- ``sagemaker:createProcessingJob.sync`` (the preparation state machine, ``machine="Preparations"``):
+  ``SimulatedProcessingJobs`` (tests/llmtrain/processing_support.py) creates the job through the
+  validating client and runs it as SageMaker would, each instance's prepare_data on this machine's
+  CPU; a job that ends badly fails the state with ``States.TaskFailed`` and its description as cause.
 - Wait states: moto really sleeps; the harness records the requested seconds and does not sleep.
 - AWS Batch, for a launcher with queues: moto implements no service job. The state machine's
   `aws-sdk:batch:submitServiceJob` task and the functions' Batch client reach `SimulatedBatch`
@@ -76,6 +80,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 from moto.stepfunctions.parser.utils import camel_to_snake_case
+from processing_support import ProcessingJobEnded, SimulatedProcessingJobs
 
 from llmtrain.core.platform import QUEUED_JOB_NAME_PREFIX, QUEUED_NAME_KEPT
 from llmtrain.handlers import launcher as launcher_functions
@@ -267,11 +272,12 @@ class SynthesizedLauncher:
         launcher_stack: str,
         templates: Mapping[str, Mapping[str, Any]],
         topic_arn: str,
+        machine_prefix: str = "Launcher",
     ) -> SynthesizedLauncher:
         template = templates[launcher_stack]
         topic_id = _only(template, "AWS::SNS::Topic")
         resolver = CloudFormationResolver(templates, physical={(launcher_stack, topic_id): topic_arn})
-        machine = template["Resources"][_only(template, "AWS::StepFunctions::StateMachine")]
+        machine = template["Resources"][_only(template, "AWS::StepFunctions::StateMachine", machine_prefix)]
         definition = json.loads(resolver.resolve(machine["Properties"]["DefinitionString"], launcher_stack))
         assets = {
             key: value
@@ -294,8 +300,9 @@ class SynthesizedLauncher:
         return cls(definition=definition, functions=functions, topic_logical_id=topic_id, template=template)
 
 
-def _only(template: Mapping[str, Any], resource_type: str) -> str:
-    found = [lid for lid, resource in template["Resources"].items() if resource["Type"] == resource_type]
+def _only(template: Mapping[str, Any], resource_type: str, prefix: str = "") -> str:
+    found = [lid for lid, resource in template["Resources"].items()
+             if resource["Type"] == resource_type and lid.startswith(prefix)]
     assert len(found) == 1, f"expected one {resource_type}, found {found}"
     return found[0]
 
@@ -512,7 +519,9 @@ def _json_ready(value: Any) -> Any:
     )
 
 
-def _simulated_service(jobs: SimulatedTrainingJobs) -> type[callback.StateTaskServiceCallback]:
+def _simulated_service(
+    jobs: SimulatedTrainingJobs, processing: SimulatedProcessingJobs | None = None
+) -> type[callback.StateTaskServiceCallback]:
     class StateTaskServiceSageMakerSimulated(callback.StateTaskServiceCallback):
         def __init__(self):
             super().__init__(
@@ -520,10 +529,16 @@ def _simulated_service(jobs: SimulatedTrainingJobs) -> type[callback.StateTaskSe
             )
 
         def _validate_service_integration_is_supported(self):
-            assert self.resource.api_action in ("createTrainingJob", "createHyperParameterTuningJob"), (
-                self.resource.resource_arn)
+            assert self.resource.api_action in ("createTrainingJob", "createHyperParameterTuningJob",
+                                                "createProcessingJob"), self.resource.resource_arn
 
         def _eval_service_task(self, env, resource_runtime_part, normalised_parameters, state_credentials):
+            if self.resource.api_action == "createProcessingJob":
+                assert processing is not None, "a processing job, and no SimulatedProcessingJobs given"
+                name = normalised_parameters["ProcessingJobName"]
+                env.stack.append({"ProcessingJobArn": processing.create(normalised_parameters),
+                                  "ProcessingJobName": name})
+                return
             if self.resource.api_action == "createHyperParameterTuningJob":
                 name = normalised_parameters["HyperParameterTuningJobName"]
                 env.stack.append({"HyperParameterTuningJobArn": jobs.create_tuning(normalised_parameters),
@@ -538,12 +553,14 @@ def _simulated_service(jobs: SimulatedTrainingJobs) -> type[callback.StateTaskSe
 
         def _build_sync_resolver(self, env, resource_runtime_part, normalised_parameters, state_credentials):
             submitted = env.stack.pop()
+            if "ProcessingJobName" in submitted:
+                return lambda: processing.finish(submitted["ProcessingJobName"])
             if "HyperParameterTuningJobName" in submitted:
                 return lambda: jobs.finish_tuning(submitted["HyperParameterTuningJobName"])
             return lambda: jobs.finish(submitted["TrainingJobName"])
 
         def _from_error(self, env, ex):
-            if isinstance(ex, TrainingJobEnded):
+            if isinstance(ex, TrainingJobEnded | ProcessingJobEnded):
                 error_name = StatesErrorName(typ=StatesErrorNameType.StatesTaskFailed)
                 error, cause = error_name.error_name, json.dumps(ex.description)
             elif isinstance(ex, ClientError):
@@ -694,14 +711,19 @@ def launcher_in_moto(
     templates: Mapping[str, Mapping[str, Any]],
     outcomes: list[JobOutcome],
     queue_outcomes: list[QueueOutcome] | None = None,
+    *,
+    processing: SimulatedProcessingJobs | None = None,
+    machine_prefix: str = "Launcher",
 ) -> Iterator[LauncherHarness]:
     """moto with execution on, the synthesized launcher created in it, and the simulations: SageMaker's
-    .sync integration, and for a launcher with queues AWS Batch's service jobs (``queue_outcomes``)."""
+    .sync integration, and for a launcher with queues AWS Batch's service jobs (``queue_outcomes``).
+    ``machine_prefix="Preparations"`` runs the team's preparation state machine instead, its processing
+    jobs run by ``processing``."""
     jobs = SimulatedTrainingJobs(outcomes)
     batch = SimulatedBatch(list(queue_outcomes or []), on_schedule=jobs.create_for_batch,
                            training=jobs.status_for_batch)
     original_factory = state_task_factory.state_task_service_for
-    simulated = _simulated_service(jobs)
+    simulated = _simulated_service(jobs, processing)
     batch_sdk = _batch_sdk_service(batch)
     original_client = launcher_functions.service_client
 
@@ -725,7 +747,8 @@ def launcher_in_moto(
         mock_aws(config={"stepfunctions": {"execute_state_machine": True}}),
     ):
         topic_arn = boto3.client("sns", region_name=REGION).create_topic(Name="launcher-topic")["TopicArn"]
-        launcher = SynthesizedLauncher.from_assembly(assembly_dir, launcher_stack, templates, topic_arn)
+        launcher = SynthesizedLauncher.from_assembly(assembly_dir, launcher_stack, templates, topic_arn,
+                                                     machine_prefix)
         harness = LauncherHarness(launcher, jobs, batch)
 
         def record_wait(self, env, wait_seconds):

@@ -32,7 +32,9 @@ def _deploy_record(harness, launcher_stack: str, templates) -> dict[str, str]:
     """The record's parameters as CloudFormation would create them, with the harness's state
     machine and topic as the physical resources; put into moto's SSM."""
     template = templates[launcher_stack]
-    (machine,) = _resources(template, "AWS::StepFunctions::StateMachine")
+    # The launcher's state machine is the harness's (the team's preparation state machine keeps its name).
+    machines = _resources(template, "AWS::StepFunctions::StateMachine")
+    (machine,) = [lid for lid in machines if lid.startswith("Launcher")]
     (topic,) = _resources(template, "AWS::SNS::Topic")
     topic_arn = boto3.client("sns", region_name=REGION).list_topics()["Topics"][0]["TopicArn"]
     resolver = CloudFormationResolver(

@@ -332,7 +332,8 @@ def test_the_definition_is_resolved_from_the_synthesized_template(synthesized):
     _, launcher_stack, templates = synthesized
     template = templates[launcher_stack]
     machine = next(
-        r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine"
+        r for lid, r in template["Resources"].items()
+        if r["Type"] == "AWS::StepFunctions::StateMachine" and lid.startswith("Launcher")
     )
     definition = json.loads(
         CloudFormationResolver(templates).resolve(machine["Properties"]["DefinitionString"], launcher_stack)

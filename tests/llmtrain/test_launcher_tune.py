@@ -128,7 +128,8 @@ def test_the_job_creating_role_creates_tuning_jobs_under_the_same_conditions(syn
         "aws:RequestTag/llmtrain:environment",
     }
     assert set(create_tunes["Condition"]["StringEqualsIfExists"]) == {"sagemaker:VolumeKmsKey"}
-    (machine,) = template.find_resources("AWS::StepFunctions::StateMachine").values()
+    (machine,) = [m for lid, m in template.find_resources("AWS::StepFunctions::StateMachine").items()
+                  if lid.startswith("Launcher")]
     definition = json.dumps(machine["Properties"]["DefinitionString"])
     for layout in ("tune", "tune-warm-start"):
         assert f"CreateHyperParameterTuningJob-{layout}" in definition

@@ -16,24 +16,35 @@ from moto import mock_aws
 from llmtrain.client import preparations
 from llmtrain.core.catalog import Catalog
 from llmtrain.core.preparation import (
+    CPU_INSTANCE_TYPES,
     DATASET_PATH,
+    DEDUP_FOLDER,
     INPUT_PATH,
     PREVIOUS_PATH,
+    PROCESSING_REQUEST_FIELDS,
+    QUALITY_REQUIREMENTS,
+    SHARDS_PATH,
     STATE_PATH,
     TOKENIZER_PATH,
     Preparation,
     PreparationError,
+    PreparationInput,
     check_preparation,
+    execution_name,
     merge_request,
+    preparation_instance_types,
     shards_request,
     volume_size_gb,
 )
 from llmtrain.core.render import image_uri
-from llmtrain.core.sourcedir import repository_root
+from llmtrain.core.sourcedir import collect_files, repository_root
+from llmtrain.core.spec import PLATFORM_CODE, PLATFORM_ENTRY_POINT, CodeSpec
 from llmtrain.core.validate import input_shape
+from llmtrain.lifecycle import preparation_steps
 from llmtrain.planner import prices
 from llmtrain.planner.checks import PlanRefused
 from llmtrain.planner.preparation_cost import MEASURED_SECONDS, check_budget, estimate, vcpus
+from training_jobs.data_pipeline import units
 
 PLATFORM = platform_context(max_instance_count=8)
 TEMPLATE = Catalog.load().resolve("gpt2-ddp")
@@ -105,6 +116,75 @@ def test_the_shards_and_merge_requests_are_accepted_by_botocore_and_carry_the_te
     ]
 
 
+def test_a_deduplicating_preparations_merge_reads_the_datasets_prefix_to_rewrite_its_shards():
+    plain = merge_request(PREPARATION, PLATFORM, TEMPLATE)
+    dedup = dataclasses.replace(PREPARATION, options=(*PREPARATION.options, "--dedup=minhash"))
+    shards, merge = shards_request(dedup, PLATFORM, TEMPLATE), merge_request(dedup, PLATFORM, TEMPLATE)
+    assert not _problems(shards) and not _problems(merge)
+    inputs = {i["InputName"]: i["S3Input"] for i in merge["ProcessingInputs"]}
+    assert inputs["shards"] == {**inputs["state"], "S3Uri": f"{TEAM_URI}web-2026/", "LocalPath": SHARDS_PATH}
+    assert merge["AppSpecification"]["ContainerArguments"][-2:] == ["--shards", SHARDS_PATH]
+    assert "shards" not in {i["InputName"] for i in plain["ProcessingInputs"]}
+    assert shards["AppSpecification"]["ContainerArguments"][9:] == list(dedup.options)  # passed on as is
+    assert shards["ProcessingJobName"] != merge["ProcessingJobName"] and len(merge["ProcessingInputs"]) == 4
+    # 40 GiB of input: the merge holds the shards, the signatures and the rewritten shards (about 3 x 43 GB)
+    volume = merge["ProcessingResources"]["ClusterConfig"]["VolumeSizeInGB"]
+    assert volume > plain["ProcessingResources"]["ClusterConfig"]["VolumeSizeInGB"] and volume >= 3 * 43
+    assert DEDUP_FOLDER == units.DEDUP_FOLDER  # the folder the launcher removes is the one the program writes
+
+
+def test_both_jobs_install_the_quality_steps_library_the_repository_pins():
+    scripts = {build(PREPARATION, PLATFORM, TEMPLATE)["AppSpecification"]["ContainerEntrypoint"][2]
+               for build in (shards_request, merge_request)}
+    assert len(scripts) == 1 and f"-r requirements.txt -r {QUALITY_REQUIREMENTS};" in scripts.pop()
+    archived = {f.archive_path: f.path for f in collect_files(CodeSpec(PLATFORM_CODE, PLATFORM_ENTRY_POINT))}
+    pins = [line for line in archived[QUALITY_REQUIREMENTS].read_text().splitlines() if line[:1].isalpha()]
+    repository = (repository_root() / "requirements.txt").read_text().splitlines()
+    assert pins == ["datatrove==0.10.1"] and pins[0] in repository
+
+
+def test_both_requests_have_the_fields_the_state_machine_passes():
+    """The preparation state machine passes each of PROCESSING_REQUEST_FIELDS and fixes RoleArn: a field
+    the requests gained and the definition lacks would never reach SageMaker."""
+    for make in (shards_request, merge_request):
+        request = make(PREPARATION, PLATFORM, TEMPLATE)
+        assert set(request) == {"RoleArn", *PROCESSING_REQUEST_FIELDS}
+
+
+def test_the_state_machine_input_round_trips_and_names_what_is_wrong():
+    given = PreparationInput(PREPARATION, TEMPLATE.ref)
+    assert PreparationInput.from_dict(json.loads(json.dumps(given.to_dict()))) == given
+    for data, message in [
+        ([], "must be a JSON object with 'template' and 'preparation', got a list"),
+        ({"template": "gpt2-ddp", "preparation": {}}, "'template' must be 'name@version'"),
+        ({**given.to_dict(), "extra": 1}, "unknown fields ['extra']"),
+        ({**given.to_dict(), "preparation": {**PREPARATION.to_dict(), "instance_count": "2"}},
+         "'instance_count' must be a whole number, got a string"),
+        ({**given.to_dict(), "preparation": {**PREPARATION.to_dict(), "rerun": 1}},
+         "'rerun' must be true or false"),
+        ({**given.to_dict(), "preparation": {**PREPARATION.to_dict(), "options": "--x"}},
+         "'options' must be a list of strings"),
+        ({**given.to_dict(), "preparation": {"name": "web"}}, "'input_uri' is missing"),
+    ]:
+        with pytest.raises(PreparationError) as refused:
+            PreparationInput.from_dict(data)
+        assert message in str(refused.value), (data, str(refused.value))
+    with pytest.raises(PreparationError, match="stamp '2026' must be YYYYMMDDHHMMSS"):
+        check_preparation(dataclasses.replace(PREPARATION, stamp="2026"), PLATFORM)
+    name = execution_name(PLATFORM, PREPARATION)
+    assert name.endswith("-20261128120000") and len(name) <= 80
+    stem = name[: -len("-20261128120000")]
+    assert shards_request(PREPARATION, PLATFORM, TEMPLATE)["ProcessingJobName"].startswith(stem)
+
+
+def test_a_teams_preparations_run_on_its_cpu_types_or_else_on_every_cpu_type():
+    assert preparation_instance_types(("ml.p4d.24xlarge", "ml.g5.12xlarge")) == CPU_INSTANCE_TYPES
+    assert preparation_instance_types(()) == CPU_INSTANCE_TYPES
+    assert preparation_instance_types(("ml.p4d.24xlarge", "ml.m5.xlarge")) == ("ml.m5.xlarge",)
+    gpus_only = dataclasses.replace(PLATFORM, allowed_instance_types=("ml.p4d.24xlarge",))
+    check_preparation(PREPARATION, gpus_only)  # a team of GPU types prepares on any CPU type
+
+
 def test_a_long_dataset_name_gives_a_job_name_within_sagemakers_limit():
     long = dataclasses.replace(PREPARATION, name="a.very_long-name." * 7)
     name = shards_request(long, PLATFORM, TEMPLATE)["ProcessingJobName"]
@@ -123,7 +203,8 @@ def test_a_long_dataset_name_gives_a_job_name_within_sagemakers_limit():
         ({"input_uri": f"{TEAM_URI}web-2026/raw/"}, "inside the dataset being prepared"),
         ({"instance_type": "ml.p4d.24xlarge"}, "a preparation tokenizes on CPUs"),
         ({"instance_count": 9}, "above team 'default''s cap of 8"),
-        ({"options": ("--dedup", "exact")}, "--dedup is not offered with --cloud"),
+        ({"options": ("--preference",)}, "--preference is not offered with --cloud"),
+        ({"options": ("--ded", "exact")}, "--ded: write the option in full (--dedup)"),
         ({"options": ("--output", "x")}, "--output: the platform sets it"),
         ({"name": "bad/name"}, "--name 'bad/name'"),
     ],
@@ -227,16 +308,54 @@ def test_a_tokenizer_folder_that_does_not_load_is_refused_and_one_that_loads_pas
         preparations.check_tokenizer_and_options(s3, uri, ("--validation-fraction", "2"))
 
 
-def test_sizes_and_the_marker_are_written_from_the_listing(s3):
+def test_sizes_and_the_marker_are_written_from_the_listing_and_unused_files_removed(s3):
+    """What the preparation state machine's function writes (llmtrain.lifecycle.preparation_steps)."""
     _put(s3, "web-2026/train/shard_00000_00000.bin", b"\0" * 8)
     _put(s3, "web-2026/.preparation/units/00000.json", b"{}")
     with pytest.raises(PreparationError, match="has no manifest.json"):
-        preparations.write_marker(s3, PREPARATION, PLATFORM)
-    sizes = preparations.write_sizes(s3, PREPARATION, PLATFORM)
+        preparation_steps.write_marker(s3, PREPARATION, PLATFORM)
+    sizes = preparation_steps.write_sizes(s3, PREPARATION, PLATFORM)
     assert sizes == {"train/shard_00000_00000.bin": 8}
     _put(s3, "web-2026/train/manifest.json", b"{}")
-    preparations.write_marker(s3, PREPARATION, PLATFORM)
+    with pytest.raises(PreparationError, match="not the manifest of a dataset .*nothing was removed"):
+        preparation_steps.write_marker(s3, PREPARATION, PLATFORM)
+    # What a deduplicating merge leaves: a unit's shard it replaced, the signatures, an upload's temporary.
+    manifest = {"shards": [{"path": "shard_00000_00000_dedup.bin", "num_tokens": 2}]}
+    _put(s3, "web-2026/train/manifest.json", json.dumps(manifest).encode())
+    for key in ("train/shard_00000_00000_dedup.bin", "train/shard_00001_00000.bin.tmp", ".dedup/0/0.sig"):
+        _put(s3, f"web-2026/{key}", b"\0" * 4)
+    preparation_steps.write_marker(s3, PREPARATION, PLATFORM)
     marker = json.loads(
         s3.get_object(Bucket=BUCKET, Key="teams/default/web-2026/llmtrain-dataset.json")["Body"].read()
     )
-    assert {"path": "train/manifest.json", "size": 2} in marker["files"] and marker["team"] == "default"
+    assert sorted(f["path"] for f in marker["files"]) == [
+        ".preparation/sizes.json",
+        ".preparation/units/00000.json",
+        "train/manifest.json",
+        "train/shard_00000_00000_dedup.bin",
+    ]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="teams/default/web-2026/")["Contents"]]
+    assert len(keys) == 5 and marker["team"] == "default"  # the four files and the marker
+
+
+def test_the_completed_summary_gives_each_quality_steps_removals_from_the_merges_report(s3):
+    """The Complete step's summary: what the CLI prints after a followed execution and the team's topic
+    gets; no report yet (no merge), no removal."""
+    _put(s3, "web-2026/train/manifest.json", json.dumps({"shards": []}).encode())
+    assert preparation_steps.step_removals(s3, PLATFORM, "web-2026") is None
+    steps = [
+        {"step": "gopher-quality", "removed_documents": 3, "removed_tokens": 120},
+        {"step": "dedup-exact", "removed_documents": 1200, "removed_tokens": 45000},
+    ]
+    _put(s3, "web-2026/preparation.json", json.dumps({"steps": steps}).encode())
+    summary = preparation_steps.completed_summary(PREPARATION, PLATFORM, [], s3)
+    assert summary["removed"] == [
+        {"step": "gopher-quality", "documents": 3, "tokens": 120},
+        {"step": "dedup-exact", "documents": 1200, "tokens": 45000},
+    ]
+    lines = summary["message"].splitlines()
+    assert lines[2:4] == [
+        "gopher-quality removed 3 document(s) (120 tokens)",
+        "dedup-exact removed 1,200 document(s) (45,000 tokens)",
+    ]
+    assert lines[0] == "Dataset web-2026: Completed" and lines[-1].startswith("Use it with")

@@ -1,8 +1,9 @@
 """prepare_data as the instances of a distributed job (data_pipeline/instances.py), laid out as
 SageMaker Processing lays them out: each instance its own resource config and output folder, the
 outputs uploaded to one prefix (here a folder standing for it), then the merge step. The dataset
-equals the local single-process one whatever the number of instances, a rerun redoes only the units
-whose shards are missing, and the prefix holds no dataset manifest before the merge."""
+equals the local single-process one whatever the number of instances, with or without deduplication
+across the instances, a rerun redoes only the units whose shards are missing, and the prefix holds no
+dataset manifest before the merge."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from seeded_duplicates import SeededDuplicates, write_seeded_duplicates
 
 from training_jobs import prepare_data
+from training_jobs.contract.token_data import SPLITS
 from training_jobs.data_pipeline.instances import SIZES_FILE
 from training_jobs.trainer.shards import read_manifest
 
 from .conftest import TOKENIZER
-from .test_data_pipeline import _sentence, _stream
+from .test_data_pipeline import _reference, _removed, _sentence, _stream
 
 STATE = ".preparation"
 OPTIONS = ("--unit-bytes", "1500", "--shard-tokens", "500", "--validation-fraction", "0.2", "--workers", "1")
@@ -78,10 +81,10 @@ def _listing(prefix: Path, folder: Path) -> Path:
     return folder
 
 
-def _merge(written: Path, prefix: Path, tmp: Path) -> int:
+def _merge(written: Path, prefix: Path, tmp: Path, *extra: str) -> int:
     output = tmp / f"merge-{len(list(tmp.glob('merge-*')))}"
     status = prepare_data.main(["--input", str(written), "--tokenizer", str(TOKENIZER),
-                                "--output", str(output), "--merge-only"])
+                                "--output", str(output), "--merge-only", *extra])
     if status == 0:
         shutil.copytree(output, prefix, dirs_exist_ok=True)
     return status
@@ -141,8 +144,7 @@ def test_a_rerun_with_other_inputs_or_options_is_refused(inputs, tmp_path, capsy
     assert status == 2 and "holds the work units of another plan" in capsys.readouterr().err
 
 
-def test_the_merge_refuses_a_prefix_that_already_holds_a_dataset_and_an_instance_refuses_dedup(
-        inputs, local_dataset, tmp_path, capsys):
+def test_the_merge_refuses_a_prefix_that_already_holds_a_dataset(inputs, local_dataset, tmp_path, capsys):
     prefix = tmp_path / "s3" / "dataset"  # one instance, its state beside its shards (no --state)
     assert prepare_data.main(["--input", *map(str, inputs), "--tokenizer", str(TOKENIZER), "--output",
                               str(prefix), "--host-config", str(_resource_config(tmp_path, 0, 1)),
@@ -153,10 +155,6 @@ def test_the_merge_refuses_a_prefix_that_already_holds_a_dataset_and_an_instance
                               "--merge-only"]) == 2
     assert "already holds a dataset" in capsys.readouterr().err
     assert _splits(prefix) == _splits(local_dataset)  # a merge in place, from the shards themselves
-    status = prepare_data.main(["--input", *map(str, inputs), "--tokenizer", str(TOKENIZER), "--output",
-                                str(tmp_path / "d"), "--host-config", str(_resource_config(tmp_path, 0, 2)),
-                                "--dedup", "exact", "--workers", "1"])
-    assert status == 2 and "--dedup" in capsys.readouterr().err
 
 
 def test_a_resource_config_without_this_host_is_named(inputs, tmp_path, capsys):
@@ -187,3 +185,61 @@ def test_conversations_prepared_by_three_instances_equal_the_local_dataset_masks
     assert _merge(_listing(prefix, tmp_path / "listing"), prefix, tmp_path) == 0
     assert read_manifest(prefix).loss_mask and read_manifest(prefix).num_documents == 60
     assert _stream(prefix) == _stream(tmp_path / "local")  # token ids and mask files alike
+
+
+# -- deduplication across instances ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory) -> SeededDuplicates:
+    return write_seeded_duplicates(tmp_path_factory.mktemp("seeded"))
+
+
+def _documents(folder: Path) -> list[tuple[int, ...]]:
+    return [document for split in _splits(folder).values() for document in split[0]]
+
+
+@pytest.mark.parametrize(("method", "filters"), [("exact", ()), ("minhash", ("--filter", "gopher-quality"))])
+def test_deduplication_across_instances_gives_the_local_dataset_whatever_the_workers_or_instances(
+        seeded, method, filters, tmp_path, capsys):
+    options = ("--unit-bytes", str(seeded.unit_bytes), "--shard-tokens", "300", "--dedup", method, *filters)
+    local = {}
+    for workers in (1, 4):
+        local[workers] = tmp_path / f"local-{workers}"
+        assert prepare_data.main(["--input", *map(str, seeded.files), "--tokenizer", str(TOKENIZER),
+                                  "--output", str(local[workers]), *OPTIONS, *options,
+                                  "--workers", str(workers)]) == 0
+    assert _splits(local[4]) == _splits(local[1])
+    for count in (1, 2, 3):
+        prefix = tmp_path / f"s3-{count}" / "dataset"
+        for index in range(count):
+            _upload(_instance(seeded.files, tmp_path, index, count, *options), prefix)
+        plan = json.loads((prefix / STATE / "plan.json").read_text())
+        assert [unit["pieces"] for unit in plan["units"]] == [[{"file": k, "start": 0, "end": None}]
+                                                             for k in range(6)]  # unit k is file k
+        listing = _listing(prefix, tmp_path / f"listing-{count}")
+        if count == 2:  # the launcher's merge gives --shards: the state folder alone has no signatures
+            capsys.readouterr()
+            assert _merge(listing, prefix, tmp_path) == 2
+            assert f"--shards {listing}: no .dedup/ there" in capsys.readouterr().err
+        assert _merge(listing, prefix, tmp_path, "--shards", str(prefix)) == 0
+        assert _splits(prefix) == _splits(local[1]), count  # documents, shard for shard
+        report, local_report = (json.loads((f / "preparation.json").read_text()) for f in (prefix, local[1]))
+        assert report["steps"] == local_report["steps"] and report["splits"] == local_report["splits"]
+        names = [s.path.name for split in SPLITS for s in read_manifest(prefix / split).shards]
+        assert any(n.endswith("_dedup.bin") for n in names)  # units that lost documents were rewritten
+        assert any(n.startswith("shard_00004_") for n in names)  # and the one without duplicates was not
+    kept = _documents(local[1])
+    duplicates = sorted(_reference([t for t in seeded.texts if not (filters and t == seeded.short)]))
+    for document in kept:
+        duplicates.remove(document)
+    distinct = [t for t in seeded.distinct if not (filters and t == seeded.short)]
+    if method == "exact":  # every distinct text once: the variants are not copies
+        assert sorted(kept) == sorted(_reference(distinct))
+    else:  # copies and variants alike: one of each pair is kept
+        assert len(kept) == len(distinct) - len(seeded.variants)
+        for variant, original in seeded.variants.items():
+            assert (_reference([variant])[0] in kept) != (_reference([original])[0] in kept)
+    assert _removed(local_report, f"dedup-{method}") == (len(duplicates), sum(map(len, duplicates)))
+    if filters:  # the filter ran first, and the deduplication numbered only what it kept
+        assert _removed(local_report, "gopher-quality") == (1, len(_reference([seeded.short])[0]))

@@ -5,6 +5,8 @@
     units.py     one unit: read, filter, deduplicate, tokenize, write its shards and its manifest
     quality.py   datatrove's quality filters and its exact / MinHash deduplication across all units
     merge.py     the dataset's manifests from the units' manifests, once every unit is complete
+    instances.py the units of one instance of a distributed job, and the merge after all of them
+    dedup_merge.py  that merge's deduplication across every instance's units, from their signatures
     pipeline.py  the order of the steps, the worker processes, resuming an interrupted preparation
 
 The unit is the unit of work of any worker: local processes here, or the instances of a distributed

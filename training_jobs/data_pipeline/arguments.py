@@ -32,11 +32,17 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge-only", action="store_true",
                         help="the dataset's manifests from the work units the instances wrote to --input "
                              "(one folder), written to --output")
+    parser.add_argument("--shards", default=None, metavar="DIR",
+                        help="with --merge-only of a preparation with --dedup: the instances' output (their "
+                             "shards and .dedup/), whose units that lose documents to the deduplication "
+                             "are rewritten to --output (default: --input)")
 
 
 def check_pipeline_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.merge_only and args.host_config:
         parser.error("--merge-only runs after the instances (--host-config): give one of them")
+    if args.shards and not args.merge_only:
+        parser.error("--shards is the instances' output that --merge-only reads: it needs --merge-only")
     if (args.previous or args.state) and not args.host_config:
         parser.error("--previous and --state are for the instances of a distributed job: they need "
                      "--host-config")

@@ -16,6 +16,11 @@ writes from a listing): the units complete there are not run again.
 and the shards or `sizes.json`), checks every unit is complete, and writes the dataset's manifests,
 `preparation.json` and the tokenizer to --output, exactly as the local merge does. Before it, the
 prefix holds no manifest: nothing half-written is ever a dataset.
+
+With --dedup, each instance writes its units' signatures and every document the filters kept (to
+`.dedup/` beside its shards); the merge then finds the duplicates across all units, as the local step
+does on the same signatures, and rewrites the units that lose documents (dedup_merge.py): it reads the
+instances' shards and `.dedup/` from `--shards` (default: --input).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,11 +36,12 @@ from pathlib import Path
 
 from training_jobs import prepare_data
 from training_jobs.contract.token_data import SPLITS, TOKENIZER_FOLDER
+from training_jobs.data_pipeline.dedup_merge import deduplicate_units
 from training_jobs.data_pipeline.merge import merge
 from training_jobs.data_pipeline.pipeline import PLAN_FILE, WorkerPool, load_tokenizer, set_up
 from training_jobs.data_pipeline.plan import Plan, WorkUnit
 from training_jobs.data_pipeline.quality import QualitySettings
-from training_jobs.data_pipeline.units import UnitJob, complete_manifest, file_size, run_unit
+from training_jobs.data_pipeline.units import DEDUP_FOLDER, UnitJob, complete_manifest, file_size, run_unit
 from training_jobs.trainer.errors import DataError
 from training_jobs.trainer.shards import MANIFEST, dtype_for_vocab
 
@@ -93,10 +100,6 @@ def prepare_share(args: argparse.Namespace) -> dict[str, int]:
     """This instance's units; returns the tokens it wrote to each split."""
     host = Host.read(Path(args.host_config))
     setup = set_up(args, versions=False)
-    if setup.quality.dedup:
-        raise DataError("--dedup finds duplicates across every unit's signatures before any unit is "
-                        "tokenized, which one instance of a distributed job cannot: it is not offered with "
-                        "--host-config (deduplicate on one machine, or leave --dedup out)")
     output = Path(args.output)
     state = Path(args.state) if args.state else output
     for folder in (output, state):
@@ -105,7 +108,9 @@ def prepare_share(args: argparse.Namespace) -> dict[str, int]:
     if written is not None:
         _check_same_plan(written, setup.plan)
     setup.plan.write(state / PLAN_FILE)
-    mine = [setup.job(unit, output, args, state) for unit in setup.plan.units if host.owns(unit)]
+    # The instances cannot see each other's signatures: with --dedup the merge removes the duplicates.
+    mine = [setup.job(unit, output, args, state, dedup_at_merge=bool(setup.quality.dedup))
+            for unit in setup.plan.units if host.owns(unit)]
     pending = [job for job in mine if written is None or written.complete(job) is None]
     print(f"prepare_data: instance {host.index + 1} of {host.count}: {len(mine)} of "
           f"{len(setup.plan.units)} work units, {len(mine) - len(pending)} complete already; "
@@ -144,23 +149,42 @@ def merge_written(args: argparse.Namespace) -> dict[str, int]:
                         f"{settings['eos_token_id']}); give that one")
     fields = prepare_data.Fields(**settings["fields"])
     quality = QualitySettings(tuple(settings["quality"]["filters"]), settings["quality"]["dedup"])
+    shards = _shards_folder(args) if quality.dedup else None
     dtype = dtype_for_vocab(settings["vocab_size"])
     jobs = [UnitJob(unit, tuple(plan.paths(unit)), output, fields, settings["validation_fraction"],
                     settings["shard_tokens"], dtype, quality) for unit in plan.units]
+    manifests = _complete_manifests(written, jobs)
+    folders = jobs[0].split_folders
+    for folder in folders.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    if shards is not None:
+        with tempfile.TemporaryDirectory(prefix=".dedup-", dir=output.parent) as scratch:
+            manifests = deduplicate_units(jobs, manifests, shards, Path(scratch))
+    counts = merge(plan, manifests, output, folders, dtype=dtype, tokenizer=tokenizer,
+                   tokenizer_name=settings["tokenizer"], loss_mask=fields.loss_mask,
+                   validation_fraction=settings["validation_fraction"])
+    tokenizer.save_pretrained(str(output / TOKENIZER_FOLDER))
+    return counts
+
+
+def _shards_folder(args: argparse.Namespace) -> Path:
+    """Where a deduplicating merge reads the instances' shards and signatures."""
+    shards = Path(args.shards or args.input[0])
+    if not (shards / DEDUP_FOLDER).is_dir():
+        raise DataError(f"--shards {shards}: no {DEDUP_FOLDER}/ there; the merge of a preparation with "
+                        f"--dedup reads the instances' output (their shards and {DEDUP_FOLDER}/): give "
+                        "that folder as --shards")
+    return shards
+
+
+def _complete_manifests(written: Written, jobs: list[UnitJob]) -> list[dict]:
     manifests = [written.complete(job) for job in jobs]
     missing = [job.unit.index for job, manifest in zip(jobs, manifests, strict=True) if manifest is None]
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
         raise DataError(f"{len(missing)} of {len(jobs)} work units are not complete in {written.folder} "
                         f"(units {shown}): run the preparation again, which redoes only these, then merge")
-    folders = jobs[0].split_folders
-    for folder in folders.values():
-        folder.mkdir(parents=True, exist_ok=True)
-    counts = merge(plan, manifests, output, folders, dtype=dtype, tokenizer=tokenizer,
-                   tokenizer_name=settings["tokenizer"], loss_mask=fields.loss_mask,
-                   validation_fraction=settings["validation_fraction"])
-    tokenizer.save_pretrained(str(output / TOKENIZER_FOLDER))
-    return counts
+    return manifests
 
 
 def _check_no_dataset(output: Path) -> None:

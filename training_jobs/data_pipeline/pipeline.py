@@ -61,9 +61,10 @@ class Setup:
     quality: QualitySettings
     dtype: str
 
-    def job(self, unit: WorkUnit, work: Path, args: argparse.Namespace, state: Path | None = None) -> UnitJob:
+    def job(self, unit: WorkUnit, work: Path, args: argparse.Namespace, state: Path | None = None,
+            dedup_at_merge: bool = False) -> UnitJob:
         return UnitJob(unit, tuple(self.plan.paths(unit)), work, self.fields, args.validation_fraction,
-                       args.shard_tokens, self.dtype, self.quality, state)
+                       args.shard_tokens, self.dtype, self.quality, state, dedup_at_merge)
 
 
 def set_up(args: argparse.Namespace, versions: bool = True) -> Setup:

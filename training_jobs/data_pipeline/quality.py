@@ -7,7 +7,8 @@ distributed job: each unit writes the signatures of its documents (stage 1, in t
 step finds the duplicates across all units' signatures (datatrove's MinHash buckets and clusters, or
 its exact-duplicate finder), and each unit then drops the documents datatrove's filter stage removes
 from it (while tokenizing). Which copy of a duplicate survives is datatrove's choice, made from the
-signatures alone, so it is the same whatever the number of workers.
+signatures alone, so it is the same whatever the number of workers. The instances of a distributed
+job write the same signatures, and their merge takes the same step over them (dedup_merge.py).
 
 The steps run offline: datatrove's English word splitting is spaCy's (and NLTK's for other
 languages), which are not installed, so filters and MinHash split words with WORD_PATTERN (runs of
@@ -169,23 +170,24 @@ def write_signatures(method: str, work: Path, unit: int, texts: Iterable[str]) -
             ExactDedupSignature(str(work / SIGNATURES), _exact_config()).run(documents, unit)
 
 
-def find_duplicates(method: str, work: Path) -> None:
-    """The step across all units: duplicates found from every unit's signatures, written as each
-    unit's removals for datatrove's filter stage."""
+def find_duplicates(method: str, work: Path, signatures: Path | None = None) -> None:
+    """The step across all units: duplicates found from every unit's signatures (`signatures`, by
+    default work/signatures), written to work as each unit's removals for datatrove's filter stage."""
     _datatrove()
+    signatures = signatures or work / SIGNATURES
     with _quiet():
         if method == "minhash":
             from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster
 
             config = _minhash_config()
             for bucket in range(config.num_buckets):
-                MinhashDedupBuckets(str(work / SIGNATURES), str(work / DUPLICATES), config=config).run(
+                MinhashDedupBuckets(str(signatures), str(work / DUPLICATES), config=config).run(
                     None, bucket, config.num_buckets)
             MinhashDedupCluster(str(work / DUPLICATES), str(work / REMOVALS), config=config).run()
         else:
             from datatrove.pipeline.dedup.exact_dedup import ExactFindDedups
 
-            ExactFindDedups(str(work / SIGNATURES), str(work / REMOVALS), _exact_config()).run()
+            ExactFindDedups(str(signatures), str(work / REMOVALS), _exact_config()).run()
 
 
 def _dedup_filter(method: str, work: Path):

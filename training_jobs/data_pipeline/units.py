@@ -8,12 +8,21 @@ that was interrupted has no manifest and is redone from the start, its stray fil
 
 Each document's split is drawn from (unit, position in the unit), so it does not depend on which
 worker runs the unit; for unit 0 the draw is prepare_data's draw by document number.
+
+With `dedup_at_merge` (an instance of a distributed job, which cannot see the other instances'
+signatures), a unit removes no duplicates: it writes its documents' signatures and every document the
+filters kept, and beside them (`.dedup/documents/UUUUU.bin`) each such document's split and tokens,
+from which the merge removes the duplicates it finds across all units (dedup_merge.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,13 +33,26 @@ import numpy as np
 from training_jobs import prepare_data
 from training_jobs.contract.token_data import SPLITS
 from training_jobs.data_pipeline.plan import WorkUnit, write_json_atomically
-from training_jobs.data_pipeline.quality import Judge, QualitySettings, content_text, write_signatures
+from training_jobs.data_pipeline.quality import (
+    SIGNATURES,
+    Judge,
+    QualitySettings,
+    content_text,
+    write_signatures,
+)
 from training_jobs.trainer.errors import DataError
 from training_jobs.trainer.shards import DTYPES, mask_name
 
 UNITS_FOLDER = "units"
 SIGNED_FOLDER = "signed"  # a unit's marker: its deduplication signatures are written
 DOCUMENTS_PER_UNIT_BITS = 32  # a unit holds fewer than 2^32 documents (datatrove's ids are uint32)
+# A distributed job's deduplication files, beside its shards (so the shards job's upload carries them
+# and the listing in sizes.json sizes them): the signatures, and per unit its documents' splits and
+# tokens. llmtrain.core.preparation names the same folder (tests/llmtrain/test_preparation.py).
+DEDUP_FOLDER = ".dedup"
+DOCUMENTS_FOLDER = "documents"
+DOCUMENT_ROW = np.dtype("<i8")  # a document's row in its unit's documents file: split number, tokens
+Kept = tuple[str, int]  # a document written to a split: the split and its tokens
 
 
 @dataclass(frozen=True)
@@ -47,6 +69,7 @@ class UnitJob:
     dtype: str
     quality: QualitySettings
     state: Path | None = None  # where units/ goes, when not in `work` (a distributed job's instances)
+    dedup_at_merge: bool = False  # signatures and every filtered document written; the merge deduplicates
 
     @property
     def split_folders(self) -> dict[str, Path]:
@@ -57,6 +80,20 @@ class UnitJob:
     @property
     def manifest_path(self) -> Path:
         return (self.state or self.work) / UNITS_FOLDER / f"{self.unit.name}.json"
+
+    @property
+    def dedup_folder(self) -> Path:
+        return self.work / DEDUP_FOLDER
+
+    @property
+    def documents_path(self) -> Path:
+        """With dedup_at_merge: the split number (in SPLITS) and tokens of each document the filters
+        kept, in unit order, as DOCUMENT_ROW pairs."""
+        return self.dedup_folder / DOCUMENTS_FOLDER / f"{self.unit.name}.bin"
+
+    def signature_files(self) -> list[Path]:
+        """The unit's files of datatrove's stage 1 (one per hash bucket, named after the unit)."""
+        return sorted((self.dedup_folder / SIGNATURES).glob(f"*/{self.unit.name}.*"))
 
 
 @dataclass
@@ -72,9 +109,10 @@ class UnitShardWriter:
     named after the unit, each written whole to a temporary name and renamed, with its SHA-256."""
 
     def __init__(self, unit: WorkUnit, split: str, folder: Path, dtype: str, shard_tokens: int,
-                 loss_mask: bool) -> None:
+                 loss_mask: bool, suffix: str = "") -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.unit, self.split, self.folder, self.shard_tokens = unit, split, folder, shard_tokens
+        self.suffix = suffix  # of the shards' names: a merge's rewritten shards have their own
         self.loss_mask = loss_mask
         self.shards: list[tuple[str, int]] = []
         self.checksums: dict[str, str] = {}
@@ -97,7 +135,7 @@ class UnitShardWriter:
             self._flush(self.shard_tokens)
 
     def _flush(self, count: int) -> None:
-        name = f"shard_{self.unit.name}_{len(self.shards):05d}.bin"
+        name = f"shard_{self.unit.name}_{len(self.shards):05d}{self.suffix}.bin"
         self.buffer = self._write(self.buffer, count, name)
         if self.loss_mask:
             self.mask_buffer = self._write(self.mask_buffer, count, mask_name(name))
@@ -171,7 +209,7 @@ def run_unit(job: UnitJob) -> dict:
     writers = {split: UnitShardWriter(job.unit, split, folder, job.dtype, job.shard_tokens,
                                       job.fields.loss_mask)
                for split, folder in job.split_folders.items()}
-    removed = _tokenize_and_write(job, documents, fates, writers)
+    removed, kept = _tokenize_and_write(job, documents, fates, writers)
     manifest = {
         "unit": job.unit.index, "num_bytes": job.unit.num_bytes, "documents_read": len(documents),
         "blank": len(inputs.blank), "blank_example": inputs.blank[0] if inputs.blank else None,
@@ -180,6 +218,8 @@ def run_unit(job: UnitJob) -> dict:
                     for step, c in removed.items()},
         "splits": {split: writer.finish() for split, writer in writers.items()},
     }
+    if job.dedup_at_merge:
+        manifest["dedup"] = _write_documents(job, kept)
     job.manifest_path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomically(job.manifest_path, manifest)
     return manifest
@@ -187,7 +227,8 @@ def run_unit(job: UnitJob) -> dict:
 
 def _judged_documents(job: UnitJob, inputs: prepare_data.Inputs) -> tuple[list, list[str | None]]:
     """The unit's documents that are not blank, and each one's fate: None (kept) or the step that
-    removes it. The deduplication numbers the documents the filters kept, as sign_unit signed them."""
+    removes it. The deduplication numbers the documents the filters kept, as sign_unit signed them;
+    with dedup_at_merge their signatures are written here instead, and none is removed yet."""
     judge = Judge(job.quality, job.work, job.unit.index)
     documents: list[prepare_data.Document] = []
     fates: list[str | None] = []
@@ -201,15 +242,23 @@ def _judged_documents(job: UnitJob, inputs: prepare_data.Inputs) -> tuple[list, 
             signed.append(len(documents))
         fates.append(failed)
         documents.append(document)
+    if job.dedup_at_merge:
+        with _staged(job) as staging:
+            write_signatures(job.quality.dedup, staging, job.unit.index,
+                             (content_text(documents[number].content) for number in signed))
+        return documents, fates
     for number in judge.duplicates(len(signed)):
         fates[signed[number]] = f"dedup-{job.quality.dedup}"
     return documents, fates
 
 
 def _tokenize_and_write(job: UnitJob, documents: list[prepare_data.Document], fates: list[str | None],
-                        writers: dict[str, UnitShardWriter]) -> dict[str, Counter]:
-    """Tokenize in batches; write the kept documents to their splits, count the removed ones."""
-    removed: dict[str, Counter] = {step: Counter() for step in job.quality.steps}
+                        writers: dict[str, UnitShardWriter]) -> tuple[dict[str, Counter], list[Kept]]:
+    """Tokenize in batches; write the kept documents to their splits, count the removed ones.
+    Returns the removals by step and each kept document's split and tokens."""
+    steps = job.quality.filters if job.dedup_at_merge else job.quality.steps  # the merge adds dedup's
+    removed: dict[str, Counter] = {step: Counter() for step in steps}
+    kept: list[Kept] = []
     for start in range(0, len(documents), prepare_data.DOCUMENTS_PER_TASK):
         batch = documents[start:start + prepare_data.DOCUMENTS_PER_TASK]
         task = prepare_data.Task([(d.where, d.content) for d in batch], [d.split for d in batch],
@@ -222,16 +271,52 @@ def _tokenize_and_write(job: UnitJob, documents: list[prepare_data.Document], fa
             draw = (job.unit.index << DOCUMENTS_PER_UNIT_BITS) + number
             drawn = "validation" if prepare_data.is_validation(draw, job.validation_fraction) else "train"
             writers[split or drawn].add(tokens, mask)
-    return removed
+            kept.append((split or drawn, len(tokens)))
+    return removed, kept
+
+
+def _write_documents(job: UnitJob, kept: list[Kept]) -> dict:
+    """The unit's documents file, and the manifest's record of the unit's deduplication files with
+    their sizes (a unit is complete only with all of them; an empty one, of a unit whose documents the
+    filters all removed, is not recorded: object storage need not keep it)."""
+    rows = np.array([(SPLITS.index(split), tokens) for split, tokens in kept], dtype=DOCUMENT_ROW)
+    with _staged(job) as staging:
+        path = staging / job.documents_path.relative_to(job.dedup_folder)
+        path.parent.mkdir(parents=True)
+        path.write_bytes(rows.reshape(-1, 2).tobytes())
+    sizes = {path: path.stat().st_size for path in [job.documents_path, *job.signature_files()]}
+    return {"method": job.quality.dedup, "documents": len(kept),
+            "files": {path.relative_to(job.work).as_posix(): size for path, size in sizes.items() if size}}
+
+
+@contextlib.contextmanager
+def _staged(job: UnitJob) -> Iterator[Path]:
+    """A folder beside the output to write deduplication files in; on leaving, each is moved whole into
+    the unit's `.dedup/`. The output is uploaded as it changes (SageMaker's Continuous mode), and
+    datatrove writes a signature file twice (then sorts it in place), so the upload could otherwise
+    catch a half-written or unsorted file of the right size."""
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{job.unit.name}-", dir=job.work.parent))
+    try:
+        yield staging
+        for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+            target = job.dedup_folder / path.relative_to(staging)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def remove_unit_files(job: UnitJob) -> None:
-    """A unit's files from an interrupted attempt (shards, masks, temporaries, its manifest)."""
+    """A unit's files from an interrupted attempt (shards, masks, temporaries, its manifest, its
+    deduplication files)."""
     job.manifest_path.unlink(missing_ok=True)
     for folder in job.split_folders.values():
         if folder.is_dir():
             for path in folder.glob(f"shard_{job.unit.name}_*"):
                 path.unlink()
+    if job.dedup_at_merge:
+        for path in [job.documents_path, *job.signature_files()]:
+            path.unlink(missing_ok=True)
 
 
 def file_size(path: Path) -> int | None:
@@ -258,4 +343,7 @@ def complete_manifest(job: UnitJob, manifest_path: Path | None = None,
                 sizes[entry["mask"]] = entry["num_tokens"]
             if any(size_of(folder / name) != size for name, size in sizes.items()):
                 return None
+    dedup_files = manifest.get("dedup", {}).get("files", {})
+    if any(size_of(job.work / name) != size for name, size in dedup_files.items()):
+        return None
     return manifest
