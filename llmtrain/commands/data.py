@@ -49,7 +49,13 @@ from llmtrain.commands._common import (
     require_extra,
     writable_folder,
 )
-from llmtrain.commands.data_cloud import cloud_help, prepare_cloud_command, register_status
+from llmtrain.commands.data_cloud import (
+    cloud_help,
+    preparation_progress,
+    prepare_cloud_command,
+    progress_state,
+    register_status,
+)
 from llmtrain.core.errors import LlmtrainError
 from llmtrain.core.sourcedir import program_environment, repository_root
 from llmtrain.local.data import PREPARE_MODULE, TINY_TOKENIZER
@@ -226,8 +232,14 @@ def ls_command(args: argparse.Namespace) -> int:
     cloud = connect(args)
     s3 = cloud.session.client("s3", region_name=cloud.deployed.region)
     datasets = list_datasets(s3, cloud.team.datasets_bucket, cloud.team)
+    # An incomplete dataset may be a cloud preparation under way (or stopped): its state says how far.
+    preparing = {
+        d.name: done
+        for d in datasets
+        if not d.complete and (done := preparation_progress(s3, cloud.team.platform, d.name)) is not None
+    }
     if args.json:
-        print(json.dumps([d.to_dict() for d in datasets], indent=2))
+        print(json.dumps([_listed(d.to_dict(), preparing.get(d.name)) for d in datasets], indent=2))
         return 0
     where = f"{cloud.team.datasets_uri} (team {cloud.team.name})"
     if not datasets:
@@ -241,9 +253,17 @@ def ls_command(args: argparse.Namespace) -> int:
             f"{d.bytes / MIB:.1f} MiB",
             d.last_modified.strftime("%Y-%m-%d %H:%M") if d.last_modified else "-",
             d.uri,
-            "complete" if d.complete else "incomplete (interrupted, or not uploaded by llmtrain)",
+            "complete" if d.complete
+            else progress_state(preparing[d.name], d.name) if d.name in preparing
+            else "incomplete (interrupted, or not uploaded by llmtrain)",
         )
         for d in datasets
     ]
     print_table(("NAME", "FILES", "SIZE", "MODIFIED", "URI", "STATE"), rows)
     return 0
+
+
+def _listed(dataset: dict, preparation: dict | None) -> dict:
+    if preparation is None:
+        return dataset
+    return {**dataset, "preparation": {key: preparation[key] for key in ("units", "units_done", "tokens")}}

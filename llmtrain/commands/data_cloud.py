@@ -198,6 +198,20 @@ def status_lines(
     ]
 
 
+def preparation_progress(s3, platform: PlatformContext, name: str) -> dict | None:
+    """A cloud preparation's units and tokens so far, where `name`'s folder holds one's state."""
+    done = progress(s3, Preparation(name, "", "", "", 1, (), "", 0, ""), platform)
+    return done if done["units"] is not None else None
+
+
+def progress_state(done: dict, name: str) -> str:
+    """`data ls`'s state of a dataset a cloud preparation is writing."""
+    return (
+        f"preparing: {done['units_done']} of {done['units']} work units, {done['tokens']:,} tokens "
+        f"(`llmtrain data status {name}`: jobs and cost)"
+    )
+
+
 def _removal_lines(s3, platform: PlatformContext, name: str, done: dict) -> list[str]:
     """Each quality step's removals: the merge's report once it is written, else the units' so far (the
     deduplication of a cloud preparation is decided by its merge job)."""

@@ -310,6 +310,14 @@ def test_a_failed_deduplicating_preparation_leaves_no_dataset_and_its_rerun_make
     assert first == [["00000.json", "00003.json"], [], ["00002.json", "00005.json"]]
     signatures = {k.split("signatures/")[-1] for k in deployed.keys() if k.startswith(".dedup/signatures/")}
     assert "bucket_005/00003.minhash.sig" in signatures
+    # `data ls` lists the stopped preparation with how far it got, never as a dataset.
+    assert main(["data", "ls", "--env", "dev", "--json"]) == 0
+    [listed] = [d for d in json.loads(capsys.readouterr().out) if d["name"] == "web"]
+    assert listed["complete"] is False
+    assert listed["preparation"]["units"] == 6 and listed["preparation"]["units_done"] == 4
+    assert listed["preparation"]["tokens"] > 0
+    assert main(["data", "ls", "--env", "dev"]) == 0
+    assert "preparing: 4 of 6 work units" in capsys.readouterr().out
     # One signature file of a complete unit never reached the prefix: its unit is redone with the lost ones.
     deployed.s3.delete_object(
         Bucket=deployed.bucket, Key="teams/default/web/.dedup/signatures/bucket_005/00003.minhash.sig"
