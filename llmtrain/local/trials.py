@@ -292,9 +292,6 @@ def _counted(optuna, study) -> int:
     )
 
 
-_WAKE_SECONDS = 1.0
-
-
 def _run_trials(study, runner: _TrialRunner, count: int, parallel: int) -> None:
     """Ask for and run `count` trials, `parallel` at a time; Ctrl-C stops the running ones (their
     jobs save checkpoints), queues them again, and raises TuneInterrupted."""
@@ -310,10 +307,7 @@ def _run_trials(study, runner: _TrialRunner, count: int, parallel: int) -> None:
                 while started < count and len(pending) < parallel:
                     pending.add(pool.submit(runner.run, study, study.ask()))
                     started += 1
-                # A timed wait: the main thread returns to Python every second, so a Ctrl-C that the
-                # kernel delivered to another thread (the trials' threads, the console's) is raised
-                # here at once rather than once a trial ends.
-                done, pending = wait(pending, timeout=_WAKE_SECONDS, return_when=FIRST_COMPLETED)
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
                     future.result()
         except KeyboardInterrupt:
