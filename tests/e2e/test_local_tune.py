@@ -62,6 +62,10 @@ def tune_command(workdir: Path) -> list[str]:
     return command
 
 
+def _default_interrupt() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt_during_trial(workdir: Path, trial: int) -> tuple[int, str]:
     """Start the tune and press Ctrl-C once trial `trial` has started (its job is running)."""
     process = subprocess.Popen(
@@ -71,6 +75,9 @@ def interrupt_during_trial(workdir: Path, trial: int) -> tuple[int, str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A shell's background job (`make test &`, nohup) ignores SIGINT, and a child inherits that: the
+        # tune must get Ctrl-C as a terminal gives it.
+        preexec_fn=_default_interrupt,
     )
     lines = []
     deadline = time.monotonic() + JOB_TIMEOUT_SECONDS * 2
