@@ -29,6 +29,8 @@ from training_constructs import (
     ExistingStorage,
     JobTemplate,
     JobTemplateProps,
+    PreparationLauncher,
+    PreparationLauncherProps,
     PropsError,
     TeamSpec,
     TrainingAccess,
@@ -77,9 +79,9 @@ def _props_type(construct: type) -> type:
 
 def test_the_library_exports_its_constructs():
     assert sorted(CONSTRUCTS) == [
-        "DeployedEnvironmentRecord", "JobTemplate", "TeamAccess", "TrainingAccess", "TrainingDebugging",
-        "TrainingLauncher", "TrainingMlflow", "TrainingNetwork", "TrainingOperations", "TrainingPackages",
-        "TrainingQueues", "TrainingStorage",
+        "DeployedEnvironmentRecord", "JobTemplate", "PreparationLauncher", "TeamAccess", "TrainingAccess",
+        "TrainingDebugging", "TrainingLauncher", "TrainingMlflow", "TrainingNetwork", "TrainingOperations",
+        "TrainingPackages", "TrainingQueues", "TrainingStorage",
     ]
 
 
@@ -300,6 +302,8 @@ def one_of_each() -> dict[str, Construct]:
         "TrainingAccess": access,
         "JobTemplate": gpt2,
         "TrainingLauncher": launcher,
+        "PreparationLauncher": PreparationLauncher(stack, "Preparations", PreparationLauncherProps(
+            launcher=launcher, guardrail_policy=access.guardrail_policy)),
         "TrainingOperations": TrainingOperations(stack, "Operations", TrainingOperationsProps(
             environment_name="each", job_name_prefix="each", instance_types=["ml.g5.12xlarge"],
             quota_alarm_threshold_percent=80, warm_pool_idle_budget_seconds=0, existing_topic=launcher.topic,
