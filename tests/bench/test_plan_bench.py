@@ -2,8 +2,9 @@
 
 The memory test runs the training program on this CPU for a subset of bench.plan's configurations
 (QUICK_CONFIGS: every strategy and checkpointing mode, tensor parallel with sequence parallel, context
-parallel, FP8, pipeline stages with 1F1B, GPipe, interleaved 1F1B and FSDP; one torchrun launch per
-process count) and checks every part within 10% of what the ranks hold, each pipeline rank apart.
+parallel, FP8, pipeline stages with 1F1B, GPipe, interleaved 1F1B and FSDP, at a quarter of the
+tokens; one torchrun launch per process count) and checks every part within 10% of what the ranks
+hold, each pipeline rank apart.
 The speed tests are arithmetic on published figures (bench/published.py; no timing is measured
 here); the GPU check's (bench/plan_gpu.py) planning, dry run and measuring half run here too.
 """
@@ -44,8 +45,8 @@ from llmtrain.planner import memory, speed
 
 @pytest.mark.slow
 def test_memory_predictions_match_what_the_program_holds():
-    configs = tuple(c for c in MEMORY_CONFIGS if c.name in QUICK_CONFIGS)
-    assert len(configs) == len(QUICK_CONFIGS)
+    configs = QUICK_CONFIGS
+    assert {c.name for c in configs} <= {c.name for c in MEMORY_CONFIGS}
     rows = memory_rows(configs, measure_memory(configs))
     for row in rows:
         assert "error" not in row["measured"], (row["name"], row["measured"].get("error"))
