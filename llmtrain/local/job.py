@@ -8,6 +8,7 @@ printed before the job starts and recorded in summary.json, so nothing is scaled
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -33,6 +34,10 @@ LOCAL_PRESETS = frozenset({"llama-tiny", "llama-20m", "gpt2-tiny", "qwen3-moe-ti
 PRESET_FAMILY_TINY = {"llama": "llama-tiny", "gpt2": "gpt2-tiny", "qwen3": "qwen3-moe-tiny",
                       "mixtral": "mixtral-tiny", "deepseek": "deepseek-moe-tiny"}
 EXPERT_HP = "expert_parallel_degree"
+PROGRAM_PRECISION = "bf16"  # training_jobs/contract/hyperparameters.py: mixed_precision's default
+# Measured on a 2-core AMD EPYC with AVX2 (torch 2.13): 512x512 matmuls at 1.7 GFLOP/s in bf16, 85 in fp32.
+NO_BF16_REASON = ("this CPU has no bf16 matmul instructions (AVX-512 or AMX), so torch runs bf16 matmuls "
+                  "about 50x slower than fp32")
 
 
 class LocalRunError(LlmtrainError):
@@ -49,6 +54,8 @@ class LocalLimits:
     max_micro_batch_size: int = 4
     max_steps: int = 50
     max_eval_steps: int = 5
+    # Whether torch has bf16 matmul kernels on this CPU; None: ask torch (cpu_has_bf16_matmuls).
+    bf16_matmuls: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -272,8 +279,7 @@ def _scale_hyperparameters(
         value = _decode(hps[name]) if name in hps else None
         if isinstance(value, int) and not isinstance(value, bool) and value > cap:
             wanted[name] = (cap, reason)
-    if _decode(hps.get("mixed_precision", '""')) == "fp16":
-        wanted["mixed_precision"] = ("bf16", "fp16 needs a GPU; CPUs train in bf16")
+    wanted.update(_local_precision(hps, limits))
     if _decode(hps.get("quantization", '""')) == "nf4":
         wanted["quantization"] = ("none", "a local smoke run trains plain LoRA; 4-bit QLoRA quantizes "
                                           "the model channel's checkpoint on bitsandbytes' slow CPU path")
@@ -282,6 +288,31 @@ def _scale_hyperparameters(
     local_scaled_steps = "max_steps" in wanted and "max_steps" not in user_settings
     _apply(hps, _fit_schedule(hps, limits, cloud_max_steps, local_scaled_steps), user_settings, adjustments,
            notes)
+
+
+def _local_precision(hps: dict[str, str], limits: LocalLimits) -> dict[str, tuple[Any, str]]:
+    """fp16 needs a GPU; bf16 needs a CPU with bf16 matmul kernels (FP8 runs keep it: they need it)."""
+    precision = _decode(hps.get("mixed_precision", json.dumps(PROGRAM_PRECISION)))
+    if precision not in ("bf16", "fp16") or _decode(hps.get("fp8", "false")) is True:
+        return {}
+    native = limits.bf16_matmuls if limits.bf16_matmuls is not None else cpu_has_bf16_matmuls()
+    if native and precision == "fp16":
+        return {"mixed_precision": ("bf16", "fp16 needs a GPU; CPUs train in bf16")}
+    if native:
+        return {}
+    hps.setdefault("mixed_precision", json.dumps(precision))  # shown as the cloud value
+    return {"mixed_precision": ("fp32", NO_BF16_REASON)}
+
+
+@functools.cache
+def cpu_has_bf16_matmuls() -> bool:
+    """Whether torch multiplies bf16 matrices with oneDNN's kernels on this CPU (x86: AVX-512 or AMX;
+    Arm: its BF16 extension), as it decides itself. Without them it falls back to a scalar loop."""
+    try:
+        import torch
+    except ImportError:  # the program cannot run here either, and its job says so
+        return True
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def _int_hp(hps: Mapping[str, str], name: str) -> int | None:

@@ -137,13 +137,35 @@ def test_requests_the_container_could_not_run_name_the_field():
         local_job(groups)
 
 
+BF16_CPU, AVX2_CPU = LocalLimits(bf16_matmuls=True), LocalLimits(bf16_matmuls=False)
+
+
 def test_gpu_only_precision_and_quantization_are_replaced():
     request = rendered("llama-finetune-lora")
     request["HyperParameters"]["mixed_precision"] = json.dumps("fp16")
     request["HyperParameters"]["quantization"] = json.dumps("nf4")
-    changes = adjusted(local_job(request))
+    changes = adjusted(local_job(request, limits=BF16_CPU))
     assert changes["HyperParameters.mixed_precision"] == ("fp16", "bf16")
     assert changes["HyperParameters.quantization"] == ("nf4", "none")
+    assert adjusted(local_job(request, limits=AVX2_CPU))["HyperParameters.mixed_precision"] == ("fp16", "fp32")
+
+
+def test_a_cpu_without_bf16_matmuls_trains_in_fp32_unless_fp8_needs_bf16_or_the_user_set_it():
+    request = rendered("llama-pretrain-fsdp")
+    assert decoded(local_job(request, limits=BF16_CPU))["mixed_precision"] == "bf16"
+    slow = local_job(request, limits=AVX2_CPU)
+    assert decoded(slow)["mixed_precision"] == "fp32"
+    [change] = [a for a in slow.adjustments if a.setting == "HyperParameters.mixed_precision"]
+    assert (change.cloud, change.local) == ("bf16", "fp32") and "50x slower" in change.reason
+    unset = json.loads(json.dumps(request))
+    del unset["HyperParameters"]["mixed_precision"]  # the program's default, bf16
+    assert adjusted(local_job(unset, limits=AVX2_CPU))["HyperParameters.mixed_precision"] == ("bf16", "fp32")
+    fp8 = json.loads(json.dumps(request))
+    fp8["HyperParameters"]["fp8"] = "true"
+    assert decoded(local_job(fp8, limits=AVX2_CPU))["mixed_precision"] == "bf16"
+    kept = local_job(request, limits=AVX2_CPU, user_settings=frozenset({"mixed_precision"}))
+    assert decoded(kept)["mixed_precision"] == "bf16"
+    assert any("mixed_precision=bf16 is kept as you set it" in note for note in kept.notes)
 
 
 USER_MAX_STEPS = frozenset({"max_steps"})
