@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import json
 import math
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +38,7 @@ PRESET_FAMILY_TINY = {"llama": "llama-tiny", "gpt2": "gpt2-tiny", "qwen3": "qwen
 EXPERT_HP = "expert_parallel_degree"
 PROGRAM_PRECISION = "bf16"  # training_jobs/contract/hyperparameters.py: mixed_precision's default
 # Measured on a 2-core AMD EPYC with AVX2 (torch 2.13): 512x512 matmuls at 1.7 GFLOP/s in bf16, 85 in fp32.
+BF16_PROBE = "import torch; print(torch.ops.mkldnn._is_mkldnn_bf16_supported())"
 NO_BF16_REASON = ("this CPU has no bf16 matmul instructions (AVX-512 or AMX), so torch runs bf16 matmuls "
                   "about 50x slower than fp32")
 
@@ -307,12 +310,14 @@ def _local_precision(hps: dict[str, str], limits: LocalLimits) -> dict[str, tupl
 @functools.cache
 def cpu_has_bf16_matmuls() -> bool:
     """Whether torch multiplies bf16 matrices with oneDNN's kernels on this CPU (x86: AVX-512 or AMX;
-    Arm: its BF16 extension), as it decides itself. Without them it falls back to a scalar loop."""
+    Arm: its BF16 extension), as it decides itself. Without them it falls back to a scalar loop.
+    Asked of the interpreter that runs the local job (llmtrain itself never imports torch)."""
     try:
-        import torch
-    except ImportError:  # the program cannot run here either, and its job says so
+        probe = subprocess.run([sys.executable, "-c", BF16_PROBE], capture_output=True, text=True,
+                               timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
         return True
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return probe.stdout.strip() != "False"  # no torch here: the job says so, in the template's precision
 
 
 def _int_hp(hps: Mapping[str, str], name: str) -> int | None:

@@ -14,6 +14,7 @@ from llmtrain.local.job import (
     PROCESSES_PER_HOST_HP,
     LocalLimits,
     LocalRunError,
+    cpu_has_bf16_matmuls,
     local_job,
 )
 
@@ -140,6 +141,13 @@ def test_requests_the_container_could_not_run_name_the_field():
 BF16_CPU, AVX2_CPU = LocalLimits(bf16_matmuls=True), LocalLimits(bf16_matmuls=False)
 
 
+def test_the_bf16_probe_gives_torchs_own_answer_for_this_cpu():
+    import torch
+
+    cpu_has_bf16_matmuls.cache_clear()
+    assert cpu_has_bf16_matmuls() is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def test_gpu_only_precision_and_quantization_are_replaced():
     request = rendered("llama-finetune-lora")
     request["HyperParameters"]["mixed_precision"] = json.dumps("fp16")
@@ -147,7 +155,8 @@ def test_gpu_only_precision_and_quantization_are_replaced():
     changes = adjusted(local_job(request, limits=BF16_CPU))
     assert changes["HyperParameters.mixed_precision"] == ("fp16", "bf16")
     assert changes["HyperParameters.quantization"] == ("nf4", "none")
-    assert adjusted(local_job(request, limits=AVX2_CPU))["HyperParameters.mixed_precision"] == ("fp16", "fp32")
+    slow_cpu = adjusted(local_job(request, limits=AVX2_CPU))
+    assert slow_cpu["HyperParameters.mixed_precision"] == ("fp16", "fp32")
 
 
 def test_a_cpu_without_bf16_matmuls_trains_in_fp32_unless_fp8_needs_bf16_or_the_user_set_it():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -98,10 +99,7 @@ def losses(root: Path) -> list[float]:
     return [record["loss"] for record in train_records(root)]
 
 
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory) -> Path:
-    """The shipped tiny corpus, tokenized by the real prepare_data CLI (train + validation)."""
-    output = tmp_path_factory.mktemp("data") / "tiny"
+def _prepare_tiny(output: Path) -> Path:
     result = subprocess.run(
         [sys.executable, "-m", "training_jobs.prepare_data", "--input", str(CORPUS / "train.jsonl"),
          "--tokenizer", str(TOKENIZER), "--output", str(output), "--workers", "2",
@@ -109,6 +107,49 @@ def tiny_data(tmp_path_factory) -> Path:
         cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return output
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """The shipped tiny corpus, tokenized by the real prepare_data CLI (train + validation)."""
+    return _prepare_tiny(tmp_path_factory.mktemp("data") / "tiny")
+
+
+# The 8-rank jobs of test_pipeline.py (a 3-D mesh: pipeline x FSDP2 x tensor parallel) and
+# test_scale.py (pipeline x context x tensor parallel). Eight processes on two cores start and
+# rendezvous for about 40 s, so both files share one launch (eight_rank_runs).
+PIPELINE_BASE = {**TINY, "model_overrides": {"num_hidden_layers": 4}, "grad_accum_steps": 4, "max_steps": 6,
+                 "lr_decay_steps": 6, "eval_steps": 4, "eval_every_steps": 3}
+PIPELINE_PP = {**PIPELINE_BASE, "parallelism": "ddp", "pipeline_parallel_degree": 2}
+SCALE_BASE = {**TINY, "micro_batch_size": 2, "grad_accum_steps": 1, "global_batch_size": 8, "max_steps": 6,
+              "lr_decay_steps": 6, "eval_steps": 2, "eval_every_steps": 3}
+SCALE_FSDP = {**SCALE_BASE, "parallelism": "fsdp"}
+EIGHT_RANK_JOBS = {
+    "3d": {**PIPELINE_PP, "parallelism": "fsdp", "tensor_parallel_degree": 2, "micro_batch_size": 2},
+    "pp2_cp2_tp2": {**SCALE_FSDP, "pipeline_parallel_degree": 2, "context_parallel_degree": 2,
+                    "tensor_parallel_degree": 2, "max_steps": 3},
+}
+
+
+@pytest.fixture(scope="session")
+def eight_rank_runs(tmp_path_factory, worker_id) -> dict[str, Path]:
+    """EIGHT_RANK_JOBS' job folders, from one launch: under pytest-xdist the first worker to ask runs
+    it in the workers' shared temporary folder, and the other waits for it (a file lock)."""
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent
+    folder = shared / "eight-ranks"
+    with FileLock(str(shared / "eight-ranks.lock")):
+        if not (folder / "launched").exists():
+            if folder.exists():  # a failed attempt of the other worker's: start over
+                shutil.rmtree(folder)
+            data = _prepare_tiny(folder / "data")
+            jobs = [(job_root(folder / name, data, validation=True), hps)
+                    for name, hps in EIGHT_RANK_JOBS.items()]
+            (folder / "launched").write_text(run_jobs(8, jobs, folder).output)
+    return {name: folder / name for name in EIGHT_RANK_JOBS}
 
 
 @pytest.fixture(scope="session")

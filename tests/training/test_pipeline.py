@@ -34,6 +34,9 @@ import torch
 
 from .conftest import (
     CORPUS,
+    EIGHT_RANK_JOBS,
+    PIPELINE_BASE,
+    PIPELINE_PP,
     REPO,
     TINY,
     TOKENIZER,
@@ -47,9 +50,7 @@ from .conftest import (
 
 pytestmark = pytest.mark.slow
 
-BASE = {**TINY, "model_overrides": {"num_hidden_layers": 4}, "grad_accum_steps": 4, "max_steps": 6,
-        "lr_decay_steps": 6, "eval_steps": 4, "eval_every_steps": 3}
-PP = {**BASE, "parallelism": "ddp", "pipeline_parallel_degree": 2}
+BASE, PP = PIPELINE_BASE, PIPELINE_PP
 FIRST_HALF = {"max_steps": 3, "checkpoint_every_steps": 3}
 RESHAPE = {**TINY, "model_overrides": {"num_hidden_layers": 4}, "micro_batch_size": 1,
            "grad_accum_steps": 1, "global_batch_size": 8, "max_steps": 6, "lr_decay_steps": 6,
@@ -87,7 +88,7 @@ FOUR = {
     **{f"{name}_4_ranks": {**RESHAPE, **hps} for name, hps in RESHAPED.items()},
     **{f"{name}_reshaped": {**RESHAPE, **hps, "max_steps": 2} for name, hps in RESHAPED.items()},
 }
-EIGHT = {"3d": {**PP, "parallelism": "fsdp", "tensor_parallel_degree": 2, "micro_batch_size": 2}}
+EIGHT = {"3d": EIGHT_RANK_JOBS["3d"]}  # launched with test_scale's (conftest.eight_rank_runs)
 RESUME_TWO = {"1f1b_first_half": PP,
               **{f"{name}_reshaped": {**RESHAPE, **hps, "max_steps": 4} for name, hps in RESHAPED.items()}}
 RESUME_FOUR = {"pp_fsdp_first_half": FOUR["pp_fsdp"], "pp_tp_first_half": FOUR["pp_tp"],
@@ -111,7 +112,7 @@ def masked_data(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_data, masked_data):
+def runs(tmp_path_factory, tiny_data, masked_data, eight_rank_runs):
     base = tmp_path_factory.mktemp("pipeline")
     roots = {}
 
@@ -125,7 +126,7 @@ def runs(tmp_path_factory, tiny_data, masked_data):
     launch(1, REFERENCES)
     launch(2, TWO)
     launch(4, FOUR)
-    launch(8, EIGHT)
+    roots.update({name: eight_rank_runs[name] for name in EIGHT})
     roots["resumed launch output"] = launch(2, RESUME_TWO) + launch(4, RESUME_FOUR)
     return roots
 

@@ -21,13 +21,20 @@ import json
 
 import pytest
 
-from .conftest import TINY, job_root, losses, outcome, run_jobs, train_records
+from .conftest import (
+    EIGHT_RANK_JOBS,
+    SCALE_BASE,
+    SCALE_FSDP,
+    job_root,
+    losses,
+    outcome,
+    run_jobs,
+    train_records,
+)
 
 pytestmark = pytest.mark.slow
 
-BASE = {**TINY, "micro_batch_size": 2, "grad_accum_steps": 1, "global_batch_size": 8, "max_steps": 6,
-        "lr_decay_steps": 6, "eval_steps": 2, "eval_every_steps": 3}
-FSDP = {**BASE, "parallelism": "fsdp"}
+BASE, FSDP = SCALE_BASE, SCALE_FSDP
 FIRST_HALF = {"max_steps": 3, "checkpoint_every_steps": 3}
 KV4 = {"model_overrides": {"num_key_value_heads": 4}}  # 4 tensor-parallel ranks need 4 kv heads
 
@@ -55,13 +62,12 @@ RESUMED_FOUR = {
     "tp2_resharded": {**FSDP, "tensor_parallel_degree": 2, "sequence_parallel": False, "eval_steps": 1},
     "cp2_resharded": {**FSDP, "context_parallel_degree": 4},
 }
-EIGHT = {"pp2_cp2_tp2": {**FSDP, "pipeline_parallel_degree": 2, "context_parallel_degree": 2,
-                         "tensor_parallel_degree": 2, "max_steps": 3}}
+EIGHT = {"pp2_cp2_tp2": EIGHT_RANK_JOBS["pp2_cp2_tp2"]}  # launched with test_pipeline's (conftest)
 REFERENCE_OF = {"tp4": "single_kv4"}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_data):
+def runs(tmp_path_factory, tiny_data, eight_rank_runs):
     base = tmp_path_factory.mktemp("scale")
     roots = {}
 
@@ -74,7 +80,7 @@ def runs(tmp_path_factory, tiny_data):
     launch(1, REFERENCES)
     launch(2, TWO)
     roots["launch output"] = launch(4, {**FOUR, **RESUMED_FOUR})
-    launch(8, EIGHT)
+    roots.update({name: eight_rank_runs[name] for name in EIGHT})
     return roots
 
 
