@@ -181,10 +181,14 @@ QUICK_NAMES = (
     "zero-1 bf16",
     "zero-3 bf16",
 )
-# ... at a quarter of the tokens: a CPU without bf16 matmul instructions (no AVX-512, no AMX) runs
-# bf16 matmuls ~50x slower than fp32, which made the subset at full size a 10-minute test. The
-# planner's parts are exact at either size (docs/planning.md, "Memory").
-QUICK_SIZE = {"seq_len": 64, "micro_batch_size": 1}
+# ... at a quarter of the tokens and a narrower model (head size kept): a CPU without bf16 matmul
+# instructions (no AVX-512, no AMX) runs bf16 matmuls ~50x slower than fp32, which made the subset at
+# full size a 10-minute test. The planner's parts are exact at either size (docs/planning.md,
+# "Memory"); at hidden size 256 a part of ZeRO-3's parameter memory that does not shrink with
+# the model, which the planner leaves out, would reach a tenth of it.
+QUICK_SIZE = {"seq_len": 64, "micro_batch_size": 1,
+              "model_overrides": {"hidden_size": 384, "intermediate_size": 1056,
+                                  "num_attention_heads": 6, "num_key_value_heads": 6}}
 QUICK_CONFIGS = tuple(
     MemoryConfig(c.name, c.processes, {**c.hyperparameters, **QUICK_SIZE})
     for c in MEMORY_CONFIGS

@@ -32,6 +32,7 @@ from the listing: no shard is read).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -43,6 +44,7 @@ from typing import Any
 from llmtrain.core.errors import LlmtrainError
 from llmtrain.core.program_contract import request_hyperparameters
 from llmtrain.core.sourcedir import program_environment, repository_root
+from llmtrain.core.user_cache import cached_json, content_key, installed_version
 from training_jobs.contract import ConfigError
 from training_jobs.contract.hyperparameters import from_hyperparameters, hyperparameter_fields
 from training_jobs.contract.parallel_dims import ParallelDims
@@ -267,15 +269,33 @@ def job_tokenizer(channels: Mapping[str, Path]) -> Path:
 @cache
 def tokenizer_facts(folder: Path, described_as: str | None = None) -> TokenizerFacts:
     """Load the tokenizer as the training program does, in a subprocess of the shipped program
-    (`python -m training_jobs.tokenizer_info`): llmtrain itself never imports it (nor torch)."""
+    (`python -m training_jobs.tokenizer_info`): llmtrain itself never imports it (nor torch). The
+    answer is kept in the user's cache (llmtrain.core.user_cache), keyed by the folder's tokenizer
+    files, the interpreter and its transformers: loading takes seconds, every local run asks."""
+    key = content_key(_tokenizer_files(folder), os.path.realpath(sys.executable),
+                      installed_version("transformers"))
+    facts = cached_json("tokenizers", key, lambda: _load_tokenizer_facts(folder))
+    return TokenizerFacts(described_as or f"the tokenizer in {folder}", facts["vocab_size"],
+                          facts["eos_token_id"])
+
+
+# Larger files beside a tokenizer are a model's weights, which no tokenizer reads.
+_TOKENIZER_FILE_LIMIT = 64 * 2**20
+
+
+def _tokenizer_files(folder: Path) -> list[Path]:
+    files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    return [p for p in files if p.stat().st_size < _TOKENIZER_FILE_LIMIT]
+
+
+def _load_tokenizer_facts(folder: Path) -> dict[str, int]:
     result = subprocess.run([sys.executable, "-m", TOKENIZER_INFO_MODULE, str(folder)],
                             env=program_environment(), capture_output=True, text=True, check=False)
     if result.returncode != 0:
         reason = " ".join(result.stderr.split()) or "(no message)"
         raise TokenDataError(f"cannot load the tokenizer in {folder}: {reason}")
     facts = json.loads(result.stdout)
-    return TokenizerFacts(described_as or f"the tokenizer in {folder}", facts["vocab_size"],
-                          facts["eos_token_id"])
+    return {"vocab_size": facts["vocab_size"], "eos_token_id": facts["eos_token_id"]}
 
 
 def shipped_tokenizer_facts() -> TokenizerFacts:

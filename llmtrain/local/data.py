@@ -7,18 +7,20 @@ wins over a part of the same name.
 
 The tiny corpus (examples/data/tiny_corpus) is tokenized with the shipped tiny tokenizer
 (training_jobs/assets/tokenizer) by the platform's own `python -m training_jobs.prepare_data`, run as
-a subprocess (llmtrain imports only the program's torch-free contract). The shards are cached under
-the work directory, keyed by the content of the corpus, the tokenizer and the preparation code, so a
-second run reuses them and a changed corpus is prepared again.
+a subprocess (llmtrain imports only the program's torch-free contract). The shards are cached once
+per user (`data_cache_root`: every work directory's runs share them), keyed by the content of the
+corpus, the tokenizer and the preparation code, so a later run reuses them and a changed corpus is
+prepared again. Two runs preparing the same key at once each write a scratch folder and the first
+rename wins; neither ever sees a half-written channel.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +39,7 @@ from llmtrain.core.token_data import (
     split_folders_hint,
     tokenizer_facts,
 )
+from llmtrain.core.user_cache import content_key, writable_folder
 from llmtrain.local.job import LocalJob, LocalRunError
 from training_jobs.contract.objectives import data_kind_problem
 from training_jobs.contract.token_data import DATA_KINDS, SPLITS
@@ -66,6 +69,7 @@ SHIPPED_DATA = {
     "grpo": ShippedData(Path("examples") / "data" / "tiny_grpo", ("--prompts",), ("train",)),
 }
 MANIFEST = "manifest.json"
+WORKDIR_CACHE = ".data"  # where a user cache cannot be written: the work directory's own
 # The parts of a folder `llmtrain data prepare` wrote (prepare_data's split and tokenizer folders).
 DATASET_PARTS = ("train", "validation", "tokenizer")
 
@@ -181,10 +185,17 @@ def default_channels() -> tuple[str, ...]:
     return tuple(DEFAULT_CHANNEL_FILES)
 
 
-def tiny_corpus_channels(cache_root: Path, channels: Iterable[str], *, log=print,
+def data_cache_root(workdir: Path) -> Path:
+    """Where the shipped data is prepared once for all of this user's work directories: the user's
+    cache (llmtrain.core.user_cache), else the work directory's own .data where that cannot be
+    written."""
+    return writable_folder("data") or workdir / WORKDIR_CACHE
+
+
+def tiny_corpus_channels(workdir: Path, channels: Iterable[str], *, log=print,
                          objective: str = "next_token") -> dict[str, Path]:
-    """The shipped small dataset of the objective (SHIPPED_DATA), prepared, for each of `channels`
-    that it provides (train, validation)."""
+    """The shipped small dataset of the objective (SHIPPED_DATA), prepared (under
+    `data_cache_root(workdir)`), for each of `channels` that it provides (train, validation)."""
     repo = repository_root()
     shipped = SHIPPED_DATA.get(objective, SHIPPED_DATA["next_token"])
     wanted = [c for c in channels if c in shipped.channels]
@@ -195,8 +206,8 @@ def tiny_corpus_channels(cache_root: Path, channels: Iterable[str], *, log=print
     for needed in (corpus, tokenizer, prepare_source):
         if not needed.exists():
             raise LocalRunError(f"{needed} is missing: the default local data is prepared from it")
-    key = _content_key([corpus, tokenizer, prepare_source, repo / "training_jobs" / "trainer" / "shards.py"])
-    cache = cache_root / f"{corpus.name}-{key}"
+    key = content_key([corpus, tokenizer, prepare_source, repo / "training_jobs" / "trainer" / "shards.py"])
+    cache = data_cache_root(workdir) / f"{corpus.name}-{key}"
     prepared = {}
     for channel in wanted:
         target = cache / channel
@@ -208,28 +219,26 @@ def tiny_corpus_channels(cache_root: Path, channels: Iterable[str], *, log=print
     return prepared
 
 
-def _content_key(paths: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for root in paths:
-        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-        for path in files:
-            digest.update(path.relative_to(root.parent).as_posix().encode())
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()[:12]
-
-
 def _prepare(repo: Path, source: Path, tokenizer: Path, target: Path, options: tuple[str, ...]) -> None:
-    # Prepare into a scratch folder and rename: an interrupted preparation never looks complete.
-    scratch = target.with_name(target.name + ".partial")
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.parent.mkdir(parents=True, exist_ok=True)
+    # Prepare into a scratch folder of this process's own and rename: an interrupted preparation never
+    # looks complete, and of two runs preparing the same channel at once the first rename wins.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.partial-", dir=target.parent))
     command = [sys.executable, "-m", PREPARE_MODULE, "--input", str(source), "--tokenizer", str(tokenizer),
                "--output", str(scratch), "--workers", "1", *options]
-    result = subprocess.run(command, cwd=repo, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise LocalRunError(
-            f"preparing the tiny corpus failed (exit {result.returncode}): {' '.join(command)}\n"
-            f"{result.stderr.strip()[-2000:]}"
-        )
-    shutil.rmtree(target, ignore_errors=True)
-    scratch.rename(target)
+    try:
+        result = subprocess.run(command, cwd=repo, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise LocalRunError(
+                f"preparing the tiny corpus failed (exit {result.returncode}): {' '.join(command)}\n"
+                f"{result.stderr.strip()[-2000:]}"
+            )
+        if target.exists() and not (target / MANIFEST).is_file():
+            shutil.rmtree(target, ignore_errors=True)  # an incomplete folder of an older version
+        try:
+            scratch.rename(target)
+        except OSError:
+            if not (target / MANIFEST).is_file():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -11,14 +11,18 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
+import platform
 import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from llmtrain.core.errors import LlmtrainError
 from llmtrain.core.instances import INSTANCE_TYPES
+from llmtrain.core.user_cache import cached_json, content_key, installed_version
 from llmtrain.local.metric_lines import MetricDefinition
 
 # The training toolkit's hyperparameter for processes per host; on a CPU host its default is 1.
@@ -311,13 +315,30 @@ def _local_precision(hps: dict[str, str], limits: LocalLimits) -> dict[str, tupl
 def cpu_has_bf16_matmuls() -> bool:
     """Whether torch multiplies bf16 matrices with oneDNN's kernels on this CPU (x86: AVX-512 or AMX;
     Arm: its BF16 extension), as it decides itself. Without them it falls back to a scalar loop.
-    Asked of the interpreter that runs the local job (llmtrain itself never imports torch)."""
+    Asked of the interpreter that runs the local job (llmtrain itself never imports torch), once per
+    interpreter, torch version and CPU: the answer is kept in the user's cache (importing torch to
+    ask takes seconds)."""
+    key = content_key([], os.path.realpath(sys.executable), installed_version("torch"), _cpu_flags())
+    return bool(cached_json("machine", f"bf16-matmuls-{key}", _ask_torch_for_bf16_matmuls))
+
+
+def _ask_torch_for_bf16_matmuls() -> bool:
     try:
         probe = subprocess.run([sys.executable, "-c", BF16_PROBE], capture_output=True, text=True,
                                timeout=120)
     except (OSError, subprocess.TimeoutExpired):
         return True
     return probe.stdout.strip() != "False"  # no torch here: the job says so, in the template's precision
+
+
+def _cpu_flags() -> str:
+    """The CPU's model and feature flags (Linux), else what the platform module says."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({line for line in lines if line.split(":", 1)[0].strip() in wanted}))
 
 
 def _int_hp(hps: Mapping[str, str], name: str) -> int | None:

@@ -67,12 +67,11 @@ from llmtrain.local.report import (
     write_json,
 )
 from llmtrain.local.toolkit import ToolkitProcesses, free_port, host_environment
-from llmtrain.local.tracking import with_local_tracking
+from llmtrain.local.tracking import seed_store, with_local_tracking
 
 JOBS_DIR = "jobs"
 CHECKPOINTS_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"  # the run's TensorBoardOutputConfig.S3OutputPath, locally
-DATA_CACHE_DIR = ".data"
 VALIDATION = "validation"
 # In a job folder: where its hosts keep what SageMaker would sync to S3, and whether that went to the
 # run's folders. A job whose llmtrain was killed never uploads; the next job of the run does it.
@@ -233,6 +232,7 @@ def _prepare(
         if checkpoints_dir is not None:
             checkpoints_dir.mkdir(parents=True, exist_ok=True)
         roots = write_host_roots(plan, job_dir, channel_dirs=channel_dirs, checkpoints_dir=checkpoints_dir)
+        seed_store(plan, options.run_dir)
     except BaseException:
         shutil.rmtree(job_dir, ignore_errors=True)
         raise
@@ -331,7 +331,7 @@ def _with_channels(
     # cloud run does when it is given a validation channel.
     shipped_validation = "train" in missing and VALIDATION in declared - set(requested) - set(dirs)
     defaults = local_data.tiny_corpus_channels(
-        options.workdir.resolve() / DATA_CACHE_DIR, missing + [VALIDATION] * shipped_validation,
+        options.workdir.resolve(), missing + [VALIDATION] * shipped_validation,
         log=lambda message: console.print(Text(f"llmtrain {message}")),
         objective=str(plan.hyperparameter("objective", "next_token")),
     )

@@ -7,10 +7,17 @@ runner points it at `<run folder>/mlflow.db`, an SQLite store (MLflow's own loca
 the tracking URI the user set in their own MLFLOW_TRACKING_URI (a local `mlflow server`, say). The
 experiment is `<team>-<template>`, as in the cloud (llmtrain.core.render.mlflow_experiment_name); each job
 (attempt) is one MLflow run named after the job.
+
+A new run's store starts as a copy of an empty one kept in the user's cache (`seed_store`): MLflow
+creates an SQLite store by running each of its schema migrations, seconds of every first job.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -19,9 +26,13 @@ from typing import Any
 from llmtrain.core.render import MLFLOW_EXPERIMENT_ENV as EXPERIMENT_ENV
 from llmtrain.core.render import MLFLOW_TRACKING_URI_ENV as TRACKING_URI_ENV
 from llmtrain.core.render import MODEL_ARTIFACT_ENV, TAG_PREFIX, mlflow_experiment_name
+from llmtrain.core.user_cache import content_key, installed_version, writable_folder
 from llmtrain.local.job import Adjustment, LocalJob
 
 STORE_FILE = "mlflow.db"
+# Creates an empty store (every migration run, the Default experiment) at the path it is given.
+_CREATE_STORE = ("import sys; from mlflow.tracking import MlflowClient; "
+                 "MlflowClient(tracking_uri='sqlite:///' + sys.argv[1]).search_experiments()")
 
 
 def local_tracking_uri(run_dir: Path, parent_env: Mapping[str, str]) -> str:
@@ -54,3 +65,37 @@ def _experiment(request: Mapping[str, Any]) -> str | None:
     tags = {tag.get("Key"): tag.get("Value") for tag in request.get("Tags", [])}
     template, team = tags.get(f"{TAG_PREFIX}template"), tags.get(f"{TAG_PREFIX}team")
     return mlflow_experiment_name(template, team) if template and team else template
+
+
+def seed_store(plan: LocalJob, run_dir: Path) -> None:
+    """Start the run's own new SQLite store as a copy of an empty one from the user's cache, made once
+    per MLflow version by the job's interpreter. Where that cannot be made (no mlflow, no cache), the
+    job creates its store itself, as it would anyway. A store of the user's (their
+    MLFLOW_TRACKING_URI) is left alone."""
+    store = (run_dir / STORE_FILE).resolve()
+    if plan.environment.get(TRACKING_URI_ENV) != f"sqlite:///{store}" or store.exists():
+        return
+    folder = writable_folder("mlflow")
+    if folder is None:
+        return
+    key = content_key([], os.path.realpath(sys.executable), installed_version("mlflow"),
+                      installed_version("mlflow-skinny"))
+    empty = folder / f"empty-{key}.db"
+    if not empty.is_file() and not _create_empty_store(empty):
+        return
+    store.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(empty, store)
+
+
+def _create_empty_store(path: Path) -> bool:
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        made = subprocess.run([sys.executable, "-c", _CREATE_STORE, str(scratch)], capture_output=True,
+                              cwd=path.parent, timeout=300).returncode == 0
+        if made:
+            os.replace(scratch, path)
+        return made
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    finally:
+        scratch.unlink(missing_ok=True)

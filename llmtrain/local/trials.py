@@ -50,7 +50,7 @@ from llmtrain.core.tuning import Trial, TuneError, TuneSpec, best_so_far, best_t
 from llmtrain.local import data as local_data
 from llmtrain.local.job import LocalLimits
 from llmtrain.local.metric_lines import MetricPoint
-from llmtrain.local.runner import DATA_CACHE_DIR, LocalRunOptions, run_local
+from llmtrain.local.runner import LocalRunOptions, run_local
 
 STUDY_FILE = "study.db"
 SPEC_FILE = "tune.json"
@@ -497,7 +497,7 @@ def _trial_data(template: TemplateSpec, options: LocalTuneOptions, console: Cons
     wanted = ["train", "validation"] if with_validation else ["train"]
     log: Callable[[str], None] = lambda message: console.print(Text(f"llmtrain {message}"))  # noqa: E731
     objective = str(template.hyperparameters.get("objective", "next_token"))
-    data.update(local_data.tiny_corpus_channels(options.workdir.resolve() / DATA_CACHE_DIR, wanted, log=log,
+    data.update(local_data.tiny_corpus_channels(options.workdir.resolve(), wanted, log=log,
                                                 objective=objective))
     return data
 

@@ -159,6 +159,26 @@ def test_flops_per_token_and_peaks():
     assert metrics.measured_peak_flops(torch.device("cpu"), torch.float32, size=128, repeats=2) > 1e6
 
 
+def test_the_cpu_peak_measures_only_dtypes_the_cpu_has_matmul_kernels_for(monkeypatch):
+    """A bf16 job on a CPU without bf16 kernels (AVX2 only) took ~8 s per rank measuring a bf16 peak
+    ~50x below fp32's, which the maximum then discarded."""
+    measured = []
+    real = metrics.measured_peak_flops
+
+    def spy(device, dtype, size):
+        measured.append(dtype)
+        return real(device, dtype, size, repeats=1)
+
+    monkeypatch.setattr(metrics, "measured_peak_flops", spy)
+    peak = metrics.measured_peak(torch.device("cpu"), {torch.float32, torch.bfloat16, torch.float16}, 128)
+    expected = {torch.float32}
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        expected.add(torch.bfloat16)
+    if torch.ops.mkldnn._is_mkldnn_fp16_supported():
+        expected.add(torch.float16)
+    assert sorted(map(str, measured)) == sorted(map(str, expected)) and peak > 1e6
+
+
 # --- container environment ---
 
 def test_environment_from_sagemaker_variables(tmp_path):

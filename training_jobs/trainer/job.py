@@ -26,7 +26,7 @@ from .metrics import (
     device_name_peak_flops,
     flops_per_token,
     log,
-    measured_peak_flops,
+    measured_peak,
     table_peak_flops,
 )
 from .model_channel import model_folder
@@ -113,8 +113,7 @@ def _throughput(config: TrainConfig, strategy: Strategy, summary: ModelSummary, 
     peak = _table_peak(env, device)
     if peak is None:  # the faster of fp32 and the compute dtype (CPUs have no fast fp16 matmul)
         dtype, size = COMPUTE_DTYPES[config.parallel.mixed_precision], 4096 if device.type == "cuda" else 1024
-        peak = max(measured_peak_flops(device, torch.float32, size),
-                   measured_peak_flops(device, dtype, size))
+        peak = measured_peak(device, {torch.float32, dtype}, size)
     return Throughput(tokens, per_token, peak * dist.get_world_size())
 
 

@@ -22,6 +22,7 @@ measured matmul peak where neither is in the tables (CPUs, unknown GPUs).
 
 from __future__ import annotations
 
+import functools
 import json
 import resource
 import sys
@@ -45,6 +46,26 @@ def device_name_peak_flops(device_name: str) -> float | None:
     return tflops * 1e12 if tflops else None
 
 
+def measured_peak(device: torch.device, dtypes: set[torch.dtype], size: int) -> float:
+    """The fastest of `dtypes`' observed matmul FLOP/s here, leaving out on a CPU the dtypes oneDNN
+    has no kernels for: torch runs those as a scalar loop (bf16 ~50x slower than fp32 on a CPU
+    without AVX-512 or AMX), so measuring them took seconds per rank for a figure the maximum
+    discards."""
+    if device.type == "cpu":
+        dtypes = {dtype for dtype in dtypes if cpu_has_matmul_kernels(dtype)} or {torch.float32}
+    return max(measured_peak_flops(device, dtype, size) for dtype in dtypes)
+
+
+def cpu_has_matmul_kernels(dtype: torch.dtype) -> bool:
+    """Whether torch multiplies `dtype` matrices with oneDNN's vectorised kernels on this CPU."""
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return True
+
+
+@functools.cache  # once per process: a process that runs several jobs (tests) measures once
 def measured_peak_flops(device: torch.device, dtype: torch.dtype, size: int,
                         repeats: int = 5) -> float:
     """Observed FLOP/s of a square matmul on this device, in the training's compute dtype.
