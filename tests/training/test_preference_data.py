@@ -4,6 +4,8 @@ program code and other objectives refuse."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from training_jobs import prepare_data
 from training_jobs.contract.objectives import data_kind_problem
 from training_jobs.trainer.data import IGNORE_INDEX
 from training_jobs.trainer.errors import DataError
@@ -30,14 +33,19 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}
 
 def _prepare(tmp_path: Path, records: list[dict], *options: str, tokenizer: Path = TOKENIZER,
              name: str = "out") -> tuple[int, str, Path]:
+    """prepare_data's command line, run in this process (its own start-up, importing transformers,
+    took longer than the preparation): exit code, error output and the output folder."""
     source = tmp_path / f"{name}.jsonl"
     source.write_text("".join(json.dumps(record) + "\n" for record in records))
     output = tmp_path / name
-    result = subprocess.run([sys.executable, "-m", "training_jobs.prepare_data", "--input", str(source),
-                             "--tokenizer", str(tokenizer), "--output", str(output), "--workers", "1",
-                             *options], cwd=REPO, env=child_env(), capture_output=True, text=True,
-                            timeout=120)
-    return result.returncode, result.stderr, output
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors):
+        try:
+            code = prepare_data.main(["--input", str(source), "--tokenizer", str(tokenizer), "--output",
+                                      str(output), "--workers", "1", *options])
+        except SystemExit as exit_:  # argparse's refusals
+            code = int(exit_.code or 0)
+    return code, errors.getvalue(), output
 
 
 def test_pairs_are_batched_chosen_then_rejected_with_only_completions_trained(tmp_path):
