@@ -56,11 +56,13 @@ synth: setup
 # One pytest run on two workers (pytest-xdist). Each test file stays on one worker (--dist loadfile),
 # so a file's module-scoped torchrun launches run once; a launch alone leaves about 40% of the two
 # cores idle (start-up, rendezvous, the toolkit's and the CLI's waits), which the other worker's
-# files fill. tests/support/heavy_first.py starts the longest files first. `make test
-# PYTEST_ARGS="tests/x.py -k y"` runs what it names, in one process.
+# files fill. tests/support/heavy_first.py starts the longest files first, in its order
+# (--no-loadscope-reorder: xdist would otherwise start the files with the most tests first, and a
+# one-test file of 90 s ran alone at the end). `make test PYTEST_ARGS="tests/x.py -k y"` runs what it
+# names, in one process.
 test: setup
 ifeq ($(strip $(PYTEST_ARGS)),)
-	$(PY) -m pytest -n 2 --dist loadfile tests
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests
 else
 	$(PY) -m pytest $(PYTEST_ARGS)
 endif
