@@ -14,7 +14,8 @@ layer, named by its decoder layer's index) which the template's MetricDefinition
 SM_OUTPUT_DATA_DIR/metrics.jsonl. Keys are stable: new ones are appended, never renamed.
 
 MFU = achieved model FLOPs / peak FLOPs. Model FLOPs per token are 6 x non-embedding parameters
-(forward and backward of every weight) plus 12 x layers x hidden size x sequence length for
+(forward and backward of every weight a token meets: of a mixture of experts' routed experts, the
+top-k's share) plus 12 x layers x hidden size x sequence length for
 attention scores (PaLM, appendix B), counted without activation recomputation. The peak is the
 accelerator's dense bf16 number by instance type (or by the GPU's name outside SageMaker), or a
 measured matmul peak where neither is in the tables (CPUs, unknown GPUs).

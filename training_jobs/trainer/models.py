@@ -213,9 +213,13 @@ def _base_hf_model(model: nn.Module) -> nn.Module:
 
 
 def non_embedding_parameters(model: nn.Module) -> int:
-    """Parameters outside the token and position embeddings (for FLOPs per token)."""
+    """Parameters outside the token and position embeddings that each token meets (for FLOPs per
+    token): of a mixture of experts' routed experts, only its top-k's share (k of E experts)."""
     embeddings = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
-    return sum(parameter_count(p) for p in model.parameters() if id(p) not in embeddings)
+    share = {id(p): block.gate.top_k / block.num_experts
+             for block in moe_families.moe_blocks(model) for p in block.experts.parameters()}
+    return round(sum(parameter_count(p) * share.get(id(p), 1.0)
+                     for p in model.parameters() if id(p) not in embeddings))
 
 
 def parameter_count(param: torch.Tensor) -> int:
