@@ -23,7 +23,7 @@ def _reports(out: Path, ranks: int) -> list[dict]:
 
 
 def test_healthy_ranks_pass_and_a_slow_rank_on_cpu_is_reported_not_fatal(tmp_path):
-    """One launch: the real check passes; then rank 2's matmul is made 10x slower (its measurement
+    """One launch: the real check passes; then rank 2's matmul is made far slower (its measurement
     injected, as shared cores can make it), and the CPU job is told, not stopped."""
     result = torchrun(3, PROBE, [str(tmp_path)], timeout=180)
     assert result.returncode == 0, result.output[-3000:]
