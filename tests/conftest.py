@@ -10,12 +10,12 @@ from llmtrain.core.user_cache import CACHE_VARIABLE
 
 
 @pytest.fixture(scope="session", autouse=True)
-def shared_data_cache(tmp_path_factory, worker_id):
+def shared_data_cache(tmp_path_factory):
     """The user cache llmtrain keeps prepared shipped data, tokenizer facts and the CPU's bf16 answer
     in: fresh for each test session, never the developer's own, and one for both pytest-xdist
     workers (their shared temporary folder), so each dataset is prepared once."""
     shared = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # not worker_id: the container venvs have no xdist
         shared = shared.parent
     before = os.environ.get(CACHE_VARIABLE)
     os.environ[CACHE_VARIABLE] = str(shared / "llmtrain-cache")
