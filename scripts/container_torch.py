@@ -34,7 +34,10 @@ sys.path.insert(0, str(REPO))
 from llmtrain.core.catalog import Catalog  # noqa: E402
 
 REQUIREMENTS = REPO / "training_jobs" / "requirements.txt"
-TEST_TOOLS = ("pytest", "psutil", "numpy")
+# The tests' own tools and the references they compare against (TRL's losses, with HF datasets;
+# datatrove for the data pipeline's quality steps), pinned as requirements-dev.txt and
+# requirements.txt pin them, installed with the container's torch held.
+TEST_TOOLS = ("pytest", "psutil", "numpy", "trl==1.16.0", "datatrove==0.10.1")
 # The SMP image runs the program's SMP path, which needs torch.sagemaker (absent outside the image):
 # its tests check the translation of settings, the clear error outside the image, and the parts an
 # SMP job shares with the others (configuration, data, checkpoint layout).
