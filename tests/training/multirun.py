@@ -40,6 +40,10 @@ def main(spec_path: str) -> int:
             outcome = {"ok": False, "error": type(error).__name__, "message": traceback.format_exc()}
         for name in extra:
             del os.environ[name]
+        if not outcome["ok"] and os.environ.get("RANK", "0") != "0":
+            # Only rank 0 writes the outcome: another rank's own failure would show only as rank 0's
+            # broken connection or a hang.
+            print(f"[multirun] rank {os.environ['RANK']}: {outcome['message']}", file=sys.stderr, flush=True)
         if os.environ.get("RANK", "0") == "0":
             (Path(job["root"]) / "outcome.json").write_text(json.dumps(outcome))
             # Which jobs a launch's time goes to (tests/training's slow launches are budgeted).
