@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from shared_tmp import workers_shared_folder
 
 from llmtrain.core.user_cache import CACHE_VARIABLE
 
@@ -14,9 +15,7 @@ def shared_data_cache(tmp_path_factory):
     """The user cache llmtrain keeps prepared shipped data, tokenizer facts and the CPU's bf16 answer
     in: fresh for each test session, never the developer's own, and one for both pytest-xdist
     workers (their shared temporary folder), so each dataset is prepared once."""
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # not worker_id: the container venvs have no xdist
-        shared = shared.parent
+    shared = workers_shared_folder(tmp_path_factory)
     before = os.environ.get(CACHE_VARIABLE)
     os.environ[CACHE_VARIABLE] = str(shared / "llmtrain-cache")
     yield shared / "llmtrain-cache"

@@ -76,6 +76,33 @@ def cached_json(kind: str, key: str, compute: Callable[[], Any]) -> Any:
     return value
 
 
+def cached_file(kind: str, name: str, make: Callable[[Path], bool]) -> Path | None:
+    """cache_root()/kind/name, made once by make(scratch), which writes the file at the path it is
+    given and says whether it did; renamed into place, so no reader sees half a file. None where the
+    cache cannot be written or make fails (nothing is left behind)."""
+    folder = writable_folder(kind)
+    if folder is None:
+        return None
+    entry = folder / name
+    if entry.is_file():
+        return entry
+    try:
+        handle, scratch = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
+    except OSError:
+        return None
+    os.close(handle)
+    os.unlink(scratch)  # make() creates it: a tool may refuse an existing empty file
+    try:
+        if not make(Path(scratch)):
+            return None
+        os.replace(scratch, entry)
+        return entry
+    except OSError:
+        return None
+    finally:
+        Path(scratch).unlink(missing_ok=True)
+
+
 def _write_atomically(path: Path, text: str) -> None:
     """Written beside and renamed: a reader never sees half an entry. A failure leaves nothing."""
     try:

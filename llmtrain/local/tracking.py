@@ -26,7 +26,7 @@ from typing import Any
 from llmtrain.core.render import MLFLOW_EXPERIMENT_ENV as EXPERIMENT_ENV
 from llmtrain.core.render import MLFLOW_TRACKING_URI_ENV as TRACKING_URI_ENV
 from llmtrain.core.render import MODEL_ARTIFACT_ENV, TAG_PREFIX, mlflow_experiment_name
-from llmtrain.core.user_cache import content_key, installed_version, writable_folder
+from llmtrain.core.user_cache import cached_file, content_key, installed_version
 from llmtrain.local.job import Adjustment, LocalJob
 
 STORE_FILE = "mlflow.db"
@@ -75,27 +75,18 @@ def seed_store(plan: LocalJob, run_dir: Path) -> None:
     store = (run_dir / STORE_FILE).resolve()
     if plan.environment.get(TRACKING_URI_ENV) != f"sqlite:///{store}" or store.exists():
         return
-    folder = writable_folder("mlflow")
-    if folder is None:
-        return
     key = content_key([], os.path.realpath(sys.executable), installed_version("mlflow"),
                       installed_version("mlflow-skinny"))
-    empty = folder / f"empty-{key}.db"
-    if not empty.is_file() and not _create_empty_store(empty):
+    empty = cached_file("mlflow", f"empty-{key}.db", _create_empty_store)
+    if empty is None:
         return
     store.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(empty, store)
 
 
 def _create_empty_store(path: Path) -> bool:
-    scratch = path.with_name(f".{path.name}.{os.getpid()}")
     try:
-        made = subprocess.run([sys.executable, "-c", _CREATE_STORE, str(scratch)], capture_output=True,
+        return subprocess.run([sys.executable, "-c", _CREATE_STORE, str(path)], capture_output=True,
                               cwd=path.parent, timeout=300).returncode == 0
-        if made:
-            os.replace(scratch, path)
-        return made
     except (OSError, subprocess.TimeoutExpired):
         return False
-    finally:
-        scratch.unlink(missing_ok=True)

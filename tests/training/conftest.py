@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from shared_tmp import workers_shared_folder
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "training_jobs" / "train.py"
@@ -137,9 +138,7 @@ def eight_rank_runs(tmp_path_factory) -> dict[str, Path]:
     it in the workers' shared temporary folder, and the other waits for it (a file lock)."""
     from filelock import FileLock
 
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # not worker_id: the container venvs have no xdist
-        shared = shared.parent
+    shared = workers_shared_folder(tmp_path_factory)
     folder = shared / "eight-ranks"
     with FileLock(str(shared / "eight-ranks.lock")):
         if not (folder / "launched").exists():
